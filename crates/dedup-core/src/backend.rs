@@ -1,0 +1,156 @@
+//! The metadata backend seam (Dmdedup §2.6): everything the engine needs to
+//! remember about chunks, behind one trait, so that researchers can add a
+//! backend without touching the engine.
+//!
+//! A backend owns three things and nothing else:
+//! - a **linear store** `LBN -> PBN` (the LBN map), dense over the logical device;
+//! - a **sparse store** `fingerprint -> PBN` (the hash index), keys uniformly spread;
+//! - the **space manager**: per-PBN reference counts, which double as the
+//!   allocation map (count 0 = free), and sequential allocation.
+//!
+//! # Who calls what
+//! Only the engine calls a backend, always under one mutex, so methods take
+//! `&mut self` and need no internal locking. Methods are cheap lookups and
+//! updates; hashing and data I/O never happen inside them.
+//!
+//! # Reference counts (Dmdedup §2.4)
+//! A PBN's count is the number of references to it: one from the hash index
+//! (if indexed) plus one per LBN mapped to it. `alloc_pbn` hands out a PBN with
+//! count 1, the reference the hash index will hold; mapping the first LBN
+//! brings it to 2. When LBNs are overwritten or trimmed, a chunk may be left
+//! with count 1 (only the index holds it); it stays until garbage collection
+//! removes its index entry and decrements it to 0 (free).
+//!
+//! # Durability
+//! Unless stated otherwise, a change is durable once `commit` returns (for a
+//! backend whose [`BackendTraits::crash_safe`] is true). Before that, a crash
+//! may lose it, but must never leave a state where a mapping points at a chunk
+//! whose data was not written before the mapping was made. A backend that is
+//! not crash-safe (INRAM) saves everything on `close` and must refuse to open
+//! after an unclean stop unless the caller explicitly accepts the loss.
+//!
+//! # Adding a backend
+//! Copy `backends/inram/` as a skeleton, implement this trait, register the
+//! name in `backends/mod.rs`, and run the conformance suite in `tests/`.
+
+use crate::config::{Lbn, Pbn};
+use crate::error::Result;
+use crate::fingerprint::Fingerprint;
+
+/// Opaque position in a scan; `ScanCursor::start()` begins one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScanCursor(pub Vec<u8>);
+
+impl ScanCursor {
+    pub fn start() -> Self {
+        ScanCursor(Vec::new())
+    }
+}
+
+/// How much the backend holds right now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendUsage {
+    /// LBNs with a mapping.
+    pub lbns_mapped: u64,
+    /// PBNs with a non-zero reference count (allocated).
+    pub pbns_used: u64,
+    /// Entries in the hash index.
+    pub hash_entries: u64,
+    /// Bytes the metadata structures occupy (in RAM or on the metadata device).
+    pub metadata_bytes: u64,
+}
+
+/// Metadata-device I/O done by the backend since it was opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MetaIoStats {
+    pub reads: u64,
+    pub writes: u64,
+    pub syncs: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+}
+
+/// Fixed properties of a backend implementation.
+#[derive(Clone, Copy, Debug)]
+pub struct BackendTraits {
+    /// After `commit` returns, all changes survive a crash.
+    pub crash_safe: bool,
+}
+
+pub trait MetadataBackend: Send {
+    /// The name users pass to `dedup create --backend`.
+    fn name(&self) -> &'static str;
+    fn traits(&self) -> BackendTraits;
+
+    // ---- linear store: the LBN map --------------------------------------
+
+    /// The PBN an LBN maps to, if any. `lbn` is below the logical chunk count.
+    fn lbn_map_lookup(&mut self, lbn: Lbn) -> Result<Option<Pbn>>;
+    /// Map `lbn` to `pbn`, replacing any earlier mapping. Reference counts are
+    /// the caller's job. Durable after `commit`.
+    fn lbn_map_insert(&mut self, lbn: Lbn, pbn: Pbn) -> Result<()>;
+    /// Remove `lbn`'s mapping (no-op if unmapped). Durable after `commit`.
+    fn lbn_map_delete(&mut self, lbn: Lbn) -> Result<()>;
+
+    // ---- sparse store: the hash index -----------------------------------
+
+    fn hash_index_lookup(&mut self, fp: &Fingerprint) -> Result<Option<Pbn>>;
+    /// Add `fp -> pbn`. The engine never inserts a fingerprint that is
+    /// already present. Durable after `commit`.
+    fn hash_index_insert(&mut self, fp: &Fingerprint, pbn: Pbn) -> Result<()>;
+    /// Remove `fp` (no-op if absent). Only garbage collection does this.
+    fn hash_index_delete(&mut self, fp: &Fingerprint) -> Result<()>;
+
+    // ---- space manager ----------------------------------------------------
+
+    /// Allocate a free PBN, searching sequentially from the last allocation
+    /// (write sequentialization), and set its count to 1. `None` when every
+    /// PBN is in use. The allocation is durable after `commit`; a backend
+    /// with transactions must not hand out a PBN freed in the open transaction.
+    fn alloc_pbn(&mut self) -> Result<Option<Pbn>>;
+    /// Add one reference; returns the new count.
+    fn refcount_inc(&mut self, pbn: Pbn) -> Result<u32>;
+    /// Drop one reference; returns the new count (0 = the PBN is free again).
+    /// Decrementing a free PBN is a `Corrupt` error, never an underflow.
+    fn refcount_dec(&mut self, pbn: Pbn) -> Result<u32>;
+    fn refcount_get(&mut self, pbn: Pbn) -> Result<u32>;
+
+    // ---- iteration, for garbage collection and checking -------------------
+
+    /// Append up to `max` hash index entries after `cursor` to `out`; returns
+    /// the cursor to continue from, or `None` when the scan is complete. Entries
+    /// inserted or deleted during a scan may or may not be seen; no entry
+    /// present for the whole scan is missed.
+    fn hash_index_scan(
+        &mut self,
+        cursor: &ScanCursor,
+        max: usize,
+        out: &mut Vec<(Fingerprint, Pbn)>,
+    ) -> Result<Option<ScanCursor>>;
+    /// Same as `hash_index_scan`, for the LBN map, in LBN order.
+    fn lbn_map_scan(
+        &mut self,
+        cursor: &ScanCursor,
+        max: usize,
+        out: &mut Vec<(Lbn, Pbn)>,
+    ) -> Result<Option<ScanCursor>>;
+
+    // ---- persistence ---------------------------------------------------------
+
+    /// Make every change so far durable (FLUSH/FUA). The engine has already
+    /// synced the data device, so mappings may point at the data they name.
+    fn commit(&mut self) -> Result<()>;
+    /// Clean shutdown: persist everything and mark the metadata clean. No
+    /// other method is called afterwards.
+    fn close(&mut self) -> Result<()>;
+
+    /// Engine counters saved at the last commit or close (empty when new).
+    fn saved_counters(&self) -> Vec<u64>;
+    /// Counters to persist with the next commit or close.
+    fn save_counters(&mut self, counters: &[u64]);
+
+    fn usage(&self) -> BackendUsage;
+    fn io_stats(&self) -> MetaIoStats;
+}

@@ -1,0 +1,146 @@
+//! A device's fixed geometry and choices, recorded at create time in the
+//! superblock and checked on every open.
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::fingerprint::HashAlgo;
+use crate::size::format_size;
+
+pub const MIN_CHUNK_SIZE: u32 = 4096;
+pub const MAX_CHUNK_SIZE: u32 = 1 << 20;
+pub const DEFAULT_CHUNK_SIZE: u32 = 4096;
+/// Where PBN 0 starts on the data device; the bytes before hold the data header.
+pub const DATA_OFFSET: u64 = 4096;
+
+/// Logical block number: index of a chunk in the device as clients see it.
+pub type Lbn = u64;
+/// Physical block number: index of a chunk slot on the data device.
+pub type Pbn = u64;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DeviceConfig {
+    /// Ties the data and metadata devices together; a mismatch means foreign files.
+    #[serde(serialize_with = "serialize_uuid")]
+    pub uuid: [u8; 16],
+    pub backend: String,
+    pub chunk_size: u32,
+    pub hash: HashAlgo,
+    /// Compare bytes on a fingerprint hit before sharing a chunk.
+    pub verify: bool,
+    /// Size clients see, in bytes (a multiple of `chunk_size`).
+    pub logical_size: u64,
+    /// Chunk slots on the data device.
+    pub physical_chunks: u64,
+}
+
+fn serialize_uuid<S: serde::Serializer>(uuid: &[u8; 16], s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(&uuid::Uuid::from_bytes(*uuid).to_string())
+}
+
+impl DeviceConfig {
+    pub fn logical_chunks(&self) -> u64 {
+        self.logical_size / self.chunk_size as u64
+    }
+
+    pub fn physical_size(&self) -> u64 {
+        self.physical_chunks * self.chunk_size as u64
+    }
+
+    /// Bytes the data device must hold.
+    pub fn data_device_len(&self) -> u64 {
+        DATA_OFFSET + self.physical_size()
+    }
+
+    /// Byte offset of a PBN on the data device.
+    pub fn pbn_offset(&self, pbn: Pbn) -> u64 {
+        DATA_OFFSET + pbn * self.chunk_size as u64
+    }
+
+    pub fn uuid_string(&self) -> String {
+        uuid::Uuid::from_bytes(self.uuid).to_string()
+    }
+
+    /// Check everything a superblock or a user could get wrong.
+    pub fn validate(&self) -> Result<()> {
+        validate_chunk_size(self.chunk_size)?;
+        let chunk = self.chunk_size as u64;
+        if self.logical_size == 0 {
+            return Err(Error::InvalidArgument(
+                "the device size must be greater than zero (e.g. --size 10G)".into(),
+            ));
+        }
+        if self.logical_size % chunk != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "the device size {} ({}) is not a multiple of the chunk size {}; try {}",
+                self.logical_size,
+                format_size(self.logical_size),
+                format_size(chunk),
+                self.logical_size / chunk * chunk + chunk
+            )));
+        }
+        if self.physical_chunks == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "the data device holds no chunk of {}; give a --physical-size of at least one chunk",
+                format_size(chunk)
+            )));
+        }
+        // Keep every byte offset computable without overflow, with room for
+        // the sentinel values the backends reserve at the top of the range.
+        let limit = 1u64 << 56;
+        if self.logical_size > limit || self.physical_size() > limit {
+            return Err(Error::InvalidArgument(format!(
+                "sizes above {} are not supported",
+                format_size(limit)
+            )));
+        }
+        Ok(())
+    }
+}
+
+pub fn validate_chunk_size(chunk_size: u32) -> Result<()> {
+    if !chunk_size.is_power_of_two() || !(MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&chunk_size) {
+        return Err(Error::InvalidArgument(format!(
+            "chunk size {chunk_size} is not allowed: it must be a power of two from 4K to 1M (e.g. --chunk-size 4K)"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> DeviceConfig {
+        DeviceConfig {
+            uuid: [7; 16],
+            backend: "inram".into(),
+            chunk_size: 4096,
+            hash: HashAlgo::Blake3,
+            verify: false,
+            logical_size: 1 << 20,
+            physical_chunks: 128,
+        }
+    }
+
+    #[test]
+    fn accepts_a_sane_geometry() {
+        cfg().validate().unwrap();
+    }
+
+    #[test]
+    fn rejects_bad_chunk_sizes_and_unaligned_sizes() {
+        for c in [0, 512, 2048, 4097, 6144, 2 << 20] {
+            let mut c2 = cfg();
+            c2.chunk_size = c;
+            assert!(c2.validate().is_err(), "chunk size {c}");
+        }
+        let mut c = cfg();
+        c.logical_size += 1;
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(msg.contains("not a multiple of the chunk size"), "{msg}");
+        let mut c = cfg();
+        c.physical_chunks = 0;
+        assert!(c.validate().is_err());
+    }
+}

@@ -1,0 +1,167 @@
+//! The control socket: how `dedup status`, `dedup gc` and `dedup check`
+//! reach a device while it is being served. A Unix socket next to the
+//! device; one JSON request per line in, one JSON reply per line out:
+//! `{"op":"status"}` -> `{"ok":true,"result":{...}}` or `{"ok":false,"error":"..."}`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tracing::{debug, warn};
+
+use crate::engine::Device;
+use crate::error::{Error, IoContext, Result};
+
+/// Longest request line accepted; anything longer is not ours.
+const MAX_REQUEST: u64 = 64 * 1024;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    Status,
+    Gc,
+    Check { data: bool },
+}
+
+pub struct ControlServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ControlServer {
+    /// Listen at `path` (replacing a stale socket left by a crash: the
+    /// caller holds the device lock, so no live server can own it).
+    pub fn start(path: &Path, device: Arc<Device>) -> Result<ControlServer> {
+        if path.exists() {
+            std::fs::remove_file(path).context(|| format!("removing stale socket {}", path.display()))?;
+        }
+        let listener = UnixListener::bind(path).context(|| format!("listening on {}", path.display()))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("dedup-control".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if stop2.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    match conn {
+                        Ok(stream) => {
+                            let dev = device.clone();
+                            let spawned = std::thread::Builder::new()
+                                .name("dedup-control-conn".into())
+                                .spawn(move || serve_one(stream, &dev));
+                            if let Err(e) = spawned {
+                                warn!("control socket: cannot start a handler thread: {e}");
+                            }
+                        }
+                        Err(e) => warn!("control socket: accept failed: {e}"),
+                    }
+                }
+            })
+            .context(|| "starting the control socket thread".to_string())?;
+        Ok(ControlServer {
+            path: path.to_path_buf(),
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stop listening and remove the socket.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the accept loop so it sees the flag.
+        let _ = UnixStream::connect(&self.path);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            self.shutdown();
+        }
+    }
+}
+
+fn serve_one(stream: UnixStream, device: &Device) {
+    let mut line = String::new();
+    let read = BufReader::new(&stream)
+        .take(MAX_REQUEST)
+        .read_line(&mut line);
+    let reply = match read {
+        Ok(_) => match serde_json::from_str::<Request>(line.trim()) {
+            Ok(req) => {
+                debug!("control request {req:?}");
+                execute(&req, device)
+            }
+            Err(e) => Err(Error::InvalidArgument(format!("bad control request: {e}"))),
+        },
+        Err(e) => Err(Error::io("reading a control request", e)),
+    };
+    let body = match reply {
+        Ok(result) => serde_json::json!({ "ok": true, "result": result }),
+        Err(e) => serde_json::json!({ "ok": false, "error": e.to_string() }),
+    };
+    let mut out = &stream;
+    let _ = writeln!(out, "{body}");
+}
+
+fn execute(req: &Request, device: &Device) -> Result<serde_json::Value> {
+    let value = match req {
+        Request::Status => serde_json::to_value(device.stats()),
+        Request::Gc => serde_json::to_value(device.gc()?),
+        Request::Check { data } => serde_json::to_value(device.check(*data)?),
+    };
+    value.map_err(|e| Error::InvalidArgument(format!("encoding reply: {e}")))
+}
+
+/// Send one request to a served device. `Ok(None)`: nobody is listening
+/// (the device is not being served, or its server died).
+pub fn request(path: &Path, req: &Request) -> Result<Option<serde_json::Value>> {
+    let stream = match UnixStream::connect(path) {
+        Ok(s) => s,
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
+            return Ok(None)
+        }
+        Err(e) => return Err(Error::io(format!("connecting to {}", path.display()), e)),
+    };
+    // GC and check of a large device can take a while; status is instant.
+    stream
+        .set_read_timeout(Some(Duration::from_secs(3600)))
+        .context(|| "setting a socket timeout".to_string())?;
+    let mut w = &stream;
+    let line = serde_json::to_string(req).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    writeln!(w, "{line}").context(|| format!("sending to {}", path.display()))?;
+    let mut reply = String::new();
+    BufReader::new(&stream)
+        .read_line(&mut reply)
+        .context(|| format!("reading the reply from {}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&reply).map_err(|e| {
+        Error::InvalidArgument(format!("bad reply from {}: {e}", path.display()))
+    })?;
+    if v["ok"] == serde_json::Value::Bool(true) {
+        Ok(Some(v["result"].clone()))
+    } else {
+        Err(Error::Remote(
+            v["error"].as_str().unwrap_or("no reason given").to_string(),
+        ))
+    }
+}

@@ -1,0 +1,220 @@
+//! The deduplication engine (Dmdedup §2.3): a block device whose chunks are
+//! fingerprinted, looked up in the hash index and stored once. It owns the
+//! data device and a metadata backend; it knows nothing of NBD or the CLI.
+//!
+//! Concurrency: any number of threads may call `read`, `write`, `discard`,
+//! `flush` and `gc` at once. Hashing and data I/O happen outside the metadata
+//! mutex; see `locks.rs` for the lock order.
+
+mod check;
+mod chunking;
+mod gc;
+mod locks;
+mod read_path;
+mod recover;
+mod write_path;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use tracing::{info, warn};
+
+use crate::backend::MetadataBackend;
+use crate::backends::{self, OpenOptions};
+use crate::blockfile::BlockFile;
+use crate::config::DeviceConfig;
+use crate::error::{Error, Result};
+use crate::lock::DeviceLock;
+use crate::stats::{ratio, Counters, Stats};
+use crate::superblock::{check_data_header, encode_data_header, Superblock};
+
+pub use check::{CheckReport, Problem, ProblemKind};
+pub use chunking::is_zero;
+pub use read_path::{Extent, EXTENT_SCAN_CHUNKS};
+pub use gc::GcReport;
+pub use recover::RecoveryReport;
+
+use locks::{FingerprintLocks, LbnLocks};
+
+/// Usage above which the device warns that it is running out of space.
+const SPACE_WARNING_PERCENT: u64 = 90;
+
+pub struct Device {
+    cfg: DeviceConfig,
+    data: Box<dyn BlockFile>,
+    meta: Mutex<Box<dyn MetadataBackend>>,
+    /// Requests hold it shared; `close` takes it exclusively, so it waits for
+    /// requests in flight and turns later ones away.
+    gate: RwLock<bool>,
+    lbn_locks: LbnLocks,
+    fp_locks: FingerprintLocks,
+    gc_lock: Mutex<()>,
+    counters: Counters,
+    space_warned: AtomicBool,
+    recovery: Option<RecoveryReport>,
+    _lock: Option<DeviceLock>,
+}
+
+impl Device {
+    /// Lay out a new device on `data` and `meta` (both already sized).
+    pub fn format(cfg: &DeviceConfig, data: &dyn BlockFile, meta: &dyn BlockFile) -> Result<()> {
+        cfg.validate()?;
+        backends::check_name(&cfg.backend)?;
+        data.write_at(&encode_data_header(cfg), 0)?;
+        data.sync()?;
+        backends::format(cfg, meta)
+    }
+
+    /// Open a formatted device. `lock` (if any) is held until the device drops.
+    pub fn open(
+        data: Box<dyn BlockFile>,
+        meta: Box<dyn BlockFile>,
+        opts: &OpenOptions,
+        lock: Option<DeviceLock>,
+    ) -> Result<Device> {
+        let meta_name = std::path::PathBuf::from(meta.describe());
+        let data_name = std::path::PathBuf::from(data.describe());
+        let sb = Superblock::read(meta.as_ref(), &meta_name)?;
+        let cfg = sb.config.clone();
+        check_data_header(data.as_ref(), &data_name, &cfg)?;
+        let opened = backends::open(sb, meta, opts)?;
+        let counters = Counters::default();
+        counters.load(&opened.backend.saved_counters());
+        let mut device = Device {
+            cfg,
+            data,
+            meta: Mutex::new(opened.backend),
+            gate: RwLock::new(false),
+            lbn_locks: LbnLocks::default(),
+            fp_locks: FingerprintLocks::default(),
+            gc_lock: Mutex::new(()),
+            counters,
+            space_warned: AtomicBool::new(false),
+            recovery: None,
+            _lock: lock,
+        };
+        if opened.rolled_back {
+            let report = device.recover_rolled_back()?;
+            warn!(
+                "recovered after an unclean shutdown: rolled back to the last clean stop; \
+                 {} stored chunks verified, {} no longer matched their fingerprint and \
+                 {} LBNs mapped to them now read as zeros",
+                report.chunks_verified, report.chunks_dropped, report.lbns_unmapped
+            );
+            device.recovery = Some(report);
+        }
+        Ok(device)
+    }
+
+    pub fn config(&self) -> &DeviceConfig {
+        &self.cfg
+    }
+
+    pub fn size(&self) -> u64 {
+        self.cfg.logical_size
+    }
+
+    /// What recovery did at open, if the device was rolled back.
+    pub fn recovery(&self) -> Option<&RecoveryReport> {
+        self.recovery.as_ref()
+    }
+
+    pub(crate) fn enter(&self) -> Result<RwLockReadGuard<'_, bool>> {
+        let g = self.gate.read();
+        if *g {
+            return Err(Error::Closed);
+        }
+        Ok(g)
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.cfg.logical_size => Ok(()),
+            _ => Err(Error::OutOfRange {
+                offset,
+                len,
+                size: self.cfg.logical_size,
+            }),
+        }
+    }
+
+    /// FLUSH: every write completed before this call is made durable (for
+    /// crash-safe backends); data first, so no durable mapping names a chunk
+    /// whose bytes are not on disk.
+    pub fn flush(&self) -> Result<()> {
+        let _g = self.enter()?;
+        self.flush_entered()
+    }
+
+    fn flush_entered(&self) -> Result<()> {
+        Counters::add(&self.counters.flushes, 1);
+        self.data.sync()?;
+        let mut m = self.meta.lock();
+        m.save_counters(&self.counters.to_vec());
+        m.commit()
+    }
+
+    /// Clean shutdown: waits for requests in flight, saves all metadata and
+    /// marks it clean. Later calls fail with `Error::Closed`. Dropping a
+    /// device without closing it is a crash, as far as its metadata knows.
+    pub fn close(&self) -> Result<()> {
+        let mut g = self.gate.write();
+        if *g {
+            return Ok(());
+        }
+        *g = true;
+        self.data.sync()?;
+        let mut m = self.meta.lock();
+        m.save_counters(&self.counters.to_vec());
+        m.close()?;
+        info!("device closed cleanly, metadata saved");
+        Ok(())
+    }
+
+    pub fn stats(&self) -> Stats {
+        let (usage, io, name) = {
+            let m = self.meta.lock();
+            (m.usage(), m.io_stats(), m.name())
+        };
+        let counters = self.counters.snapshot();
+        let cs = self.cfg.chunk_size as u64;
+        let used = usage.pbns_used * cs;
+        let physical = self.cfg.physical_size();
+        Stats {
+            backend: name.to_string(),
+            hash: self.cfg.hash.name().to_string(),
+            verify: self.cfg.verify,
+            chunk_size: self.cfg.chunk_size,
+            logical_size: self.cfg.logical_size,
+            physical_size: physical,
+            chunks_stored: usage.pbns_used,
+            chunks_mapped: usage.lbns_mapped,
+            hash_index_entries: usage.hash_entries,
+            physical_bytes_used: used,
+            physical_bytes_free: physical - used,
+            physical_used_percent: 100.0 * used as f64 / physical as f64,
+            logical_bytes_mapped: usage.lbns_mapped * cs,
+            metadata_bytes: usage.metadata_bytes,
+            dedup_ratio: ratio(usage.lbns_mapped, usage.pbns_used),
+            io_dedup_ratio: ratio(counters.bytes_written, counters.data_bytes_written),
+            counters,
+            metadata_io: io,
+        }
+    }
+
+    /// Warn once when usage crosses 90 %; re-arm once it falls well below.
+    fn note_space(&self, used: u64) {
+        let total = self.cfg.physical_chunks;
+        if used * 100 >= total * SPACE_WARNING_PERCENT {
+            if !self.space_warned.swap(true, Ordering::Relaxed) {
+                warn!(
+                    "data device is {}% full ({used} of {total} chunks); free space (fstrim) and run `dedup gc`, \
+                     or writes of new data will fail with ENOSPC",
+                    used * 100 / total
+                );
+            }
+        } else if used * 100 < total * (SPACE_WARNING_PERCENT - 5) {
+            self.space_warned.store(false, Ordering::Relaxed);
+        }
+    }
+}

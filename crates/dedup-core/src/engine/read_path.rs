@@ -1,0 +1,102 @@
+//! The read path (Dmdedup §2.5): look LBNs up in the LBN map, read mapped
+//! chunks from the data device (consecutive PBNs in one I/O), fill unmapped
+//! ones with zeros without any I/O.
+
+use super::chunking;
+use super::Device;
+use crate::config::Pbn;
+use crate::error::Result;
+use crate::stats::Counters;
+
+/// Most chunks one `extents` call looks at.
+pub const EXTENT_SCAN_CHUNKS: u64 = 1 << 16;
+
+/// A run of the device that is either all mapped or all unmapped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub offset: u64,
+    pub len: u64,
+    /// False: never written or trimmed (or all zeros): reads as zeros.
+    pub mapped: bool,
+}
+
+impl Device {
+    /// Fill `buf` from byte `offset`.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let _g = self.enter()?;
+        self.check_range(offset, buf.len() as u64)?;
+        Counters::add(&self.counters.read_requests, 1);
+        Counters::add(&self.counters.bytes_read, buf.len() as u64);
+        let cs = self.cfg.chunk_size as usize;
+        let pieces = chunking::pieces(offset, buf.len(), cs);
+        Counters::add(&self.counters.reads, pieces.len() as u64);
+        for batch in pieces.chunks(chunking::batch_chunks(cs)) {
+            // Shared stripes: no writer can remap (and GC can then never free)
+            // these chunks until the bytes are copied out.
+            let _guards = self.lbn_locks.read_many(batch.iter().map(|p| p.lbn));
+            let pbns: Vec<Option<Pbn>> = {
+                let mut m = self.meta.lock();
+                batch
+                    .iter()
+                    .map(|p| m.lbn_map_lookup(p.lbn))
+                    .collect::<Result<_>>()?
+            };
+            let mut i = 0;
+            while i < batch.len() {
+                let Some(first) = pbns[i] else {
+                    buf[batch[i].in_buf.clone()].fill(0);
+                    i += 1;
+                    continue;
+                };
+                let mut j = i + 1;
+                while j < batch.len()
+                    && pbns[j] == Some(first + (j - i) as u64)
+                    && batch[j - 1].in_chunk.end == cs
+                    && batch[j].in_chunk.start == 0
+                {
+                    j += 1;
+                }
+                let range = batch[i].in_buf.start..batch[j - 1].in_buf.end;
+                let at = self.cfg.pbn_offset(first) + batch[i].in_chunk.start as u64;
+                Counters::add(&self.counters.data_bytes_read, range.len() as u64);
+                self.data.read_at(&mut buf[range], at)?;
+                i = j;
+            }
+        }
+        Ok(())
+    }
+
+    /// Read one whole stored chunk.
+    pub(crate) fn read_pbn(&self, pbn: Pbn, buf: &mut [u8]) -> Result<()> {
+        Counters::add(&self.counters.data_bytes_read, buf.len() as u64);
+        self.data.read_at(buf, self.cfg.pbn_offset(pbn))
+    }
+
+    /// Which parts of `[offset, offset + len)` hold data (NBD block status),
+    /// at chunk granularity, merged into runs. Like NBD allows, the answer
+    /// may cover only a prefix of the range (at most `EXTENT_SCAN_CHUNKS`
+    /// chunks), so one call never holds the metadata mutex for long.
+    pub fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        let _g = self.enter()?;
+        self.check_range(offset, len)?;
+        let cs = self.cfg.chunk_size as u64;
+        let end = offset + len.min(EXTENT_SCAN_CHUNKS * cs);
+        let mut out: Vec<Extent> = Vec::new();
+        let mut m = self.meta.lock();
+        let mut pos = offset;
+        while pos < end {
+            let next = ((pos / cs + 1) * cs).min(end);
+            let mapped = m.lbn_map_lookup(pos / cs)?.is_some();
+            match out.last_mut() {
+                Some(e) if e.mapped == mapped => e.len += next - pos,
+                _ => out.push(Extent {
+                    offset: pos,
+                    len: next - pos,
+                    mapped,
+                }),
+            }
+            pos = next;
+        }
+        Ok(out)
+    }
+}

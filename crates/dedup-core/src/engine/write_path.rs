@@ -1,0 +1,358 @@
+//! The write path (Dmdedup §2.4, Figure 2), also used by TRIM and
+//! WRITE_ZEROES. Per batch of chunks:
+//!
+//! 1. lock the batch's LBN stripes; build each chunk's new image (partial
+//!    chunks by read-modify-write);
+//! 2. drop all-zero chunks from storage; fingerprint the rest (no global lock);
+//! 3. lock the fingerprint stripes, then under the metadata mutex (phase A)
+//!    pin every chunk found in the hash index (+1) and allocate a PBN (count 1)
+//!    for every new content;
+//! 4. outside the mutex: compare bytes on hits (verify mode) and write the new
+//!    chunks, coalescing consecutive PBNs into one I/O;
+//! 5. under the mutex again (phase B) apply Figure 2's branches to the LBN map,
+//!    hash index and reference counts.
+//!
+//! Data is written before any metadata that names it, and pins keep garbage
+//! collection away from chunks between the two phases.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use tracing::error;
+
+use super::chunking::{self, Piece};
+use super::gc;
+use super::Device;
+use crate::backend::MetadataBackend;
+use crate::config::{Lbn, Pbn};
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+use crate::stats::Counters;
+
+/// Where the new bytes of a request come from.
+#[derive(Clone, Copy)]
+pub(crate) enum Source<'a> {
+    /// A client WRITE.
+    Bytes(&'a [u8]),
+    /// TRIM/discard or WRITE_ZEROES: the range reads back as zeros.
+    Zeros,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plan {
+    /// All zeros: unmap, store nothing.
+    Zero,
+    /// Not yet looked up.
+    Unplanned,
+    /// Content already stored at this PBN (pinned with +1 in phase A).
+    Hit(Pbn),
+    /// New content, written to this freshly allocated PBN (count 1).
+    New(Pbn),
+    /// Same content as an earlier `New` chunk of this batch (its index).
+    SameAsNew(usize),
+    /// Verify mode: the fingerprint matched this PBN but the bytes did not.
+    Collision(Pbn),
+}
+
+struct Chunk<'a> {
+    lbn: Lbn,
+    data: Cow<'a, [u8]>,
+    fp: Option<Fingerprint>,
+    plan: Plan,
+}
+
+impl Device {
+    /// Write `buf` at byte `offset`; with `fua`, durable before returning.
+    pub fn write(&self, offset: u64, buf: &[u8], fua: bool) -> Result<()> {
+        let _g = self.enter()?;
+        self.check_range(offset, buf.len() as u64)?;
+        Counters::add(&self.counters.write_requests, 1);
+        Counters::add(&self.counters.bytes_written, buf.len() as u64);
+        self.apply(offset, buf.len(), Source::Bytes(buf))?;
+        if fua {
+            self.flush_entered()?;
+        }
+        Ok(())
+    }
+
+    /// TRIM/discard and WRITE_ZEROES: the range reads back as zeros; whole
+    /// chunks are unmapped and their references dropped.
+    pub fn discard(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        let _g = self.enter()?;
+        self.check_range(offset, len)?;
+        Counters::add(&self.counters.discard_requests, 1);
+        self.apply(offset, len as usize, Source::Zeros)?;
+        if fua {
+            self.flush_entered()?;
+        }
+        Ok(())
+    }
+
+    fn apply(&self, offset: u64, len: usize, src: Source) -> Result<()> {
+        let cs = self.cfg.chunk_size as usize;
+        let pieces = chunking::pieces(offset, len, cs);
+        for batch in pieces.chunks(chunking::batch_chunks(cs)) {
+            self.write_batch(batch, src)?;
+        }
+        Ok(())
+    }
+
+    fn write_batch(&self, pieces: &[Piece], src: Source<'_>) -> Result<()> {
+        let cs = self.cfg.chunk_size as usize;
+        let _lbn_guards = self.lbn_locks.write_many(pieces.iter().map(|p| p.lbn));
+
+        let mut chunks = Vec::with_capacity(pieces.len());
+        for p in pieces {
+            let data: Cow<[u8]> = match src {
+                Source::Bytes(b) if p.is_full(cs) => Cow::Borrowed(&b[p.in_buf.clone()]),
+                Source::Zeros if p.is_full(cs) => Cow::Borrowed(&[]),
+                _ => {
+                    let mut image = self.read_chunk_for_update(p.lbn)?;
+                    match src {
+                        Source::Bytes(b) => image[p.in_chunk.clone()].copy_from_slice(&b[p.in_buf.clone()]),
+                        Source::Zeros => image[p.in_chunk.clone()].fill(0),
+                    }
+                    Cow::Owned(image)
+                }
+            };
+            let zero = data.is_empty() || chunking::is_zero(&data);
+            chunks.push(Chunk {
+                lbn: p.lbn,
+                fp: (!zero).then(|| self.cfg.hash.fingerprint(&data)),
+                plan: if zero { Plan::Zero } else { Plan::Unplanned },
+                data,
+            });
+        }
+        if let Source::Bytes(_) = src {
+            Counters::add(&self.counters.writes, chunks.len() as u64);
+        }
+
+        let _fp_guards = self
+            .fp_locks
+            .lock_many(chunks.iter().filter_map(|c| c.fp.map(|f| f.prefix_u64())));
+
+        {
+            let mut m = self.meta.lock();
+            if let Err(e) = self.phase_a(&mut **m, &mut chunks) {
+                undo_pins(&mut **m, &chunks);
+                return Err(e);
+            }
+        }
+        if let Err(e) = self.verify_hits(&mut chunks).and_then(|_| self.write_new(&chunks)) {
+            undo_pins(&mut **self.meta.lock(), &chunks);
+            return Err(e);
+        }
+        self.phase_b(&mut chunks, src)?;
+        self.store_collisions(&chunks)
+    }
+
+    /// The current bytes of a chunk, for read-modify-write. The caller holds
+    /// the LBN's stripe exclusively, so the mapping cannot change meanwhile.
+    fn read_chunk_for_update(&self, lbn: Lbn) -> Result<Vec<u8>> {
+        let mut image = vec![0u8; self.cfg.chunk_size as usize];
+        let mapped = self.meta.lock().lbn_map_lookup(lbn)?;
+        if let Some(pbn) = mapped {
+            self.read_pbn(pbn, &mut image)?;
+            Counters::add(&self.counters.rmw_reads, 1);
+        }
+        Ok(image)
+    }
+
+    /// Phase A: look every fingerprint up; pin hits, allocate for new content.
+    fn phase_a(&self, m: &mut dyn MetadataBackend, chunks: &mut [Chunk]) -> Result<()> {
+        let mut batch_new: HashMap<Fingerprint, usize> = HashMap::new();
+        for i in 0..chunks.len() {
+            let Some(fp) = chunks[i].fp else { continue };
+            if let Some(&j) = batch_new.get(&fp) {
+                chunks[i].plan = Plan::SameAsNew(j);
+                continue;
+            }
+            chunks[i].plan = match m.hash_index_lookup(&fp)? {
+                Some(pbn) => {
+                    m.refcount_inc(pbn)?;
+                    Plan::Hit(pbn)
+                }
+                None => {
+                    batch_new.insert(fp, i);
+                    Plan::New(self.alloc(m)?)
+                }
+            };
+        }
+        self.note_space(m.usage().pbns_used);
+        Ok(())
+    }
+
+    /// Allocate a PBN; when the device is full, collect garbage first.
+    fn alloc(&self, m: &mut dyn MetadataBackend) -> Result<Pbn> {
+        if let Some(pbn) = m.alloc_pbn()? {
+            return Ok(pbn);
+        }
+        let (_, reclaimed) = gc::collect(&mut *m)?;
+        Counters::add(&self.counters.gc_runs, 1);
+        Counters::add(&self.counters.gc_reclaimed, reclaimed);
+        match m.alloc_pbn()? {
+            Some(pbn) => Ok(pbn),
+            None => {
+                Counters::add(&self.counters.nospace_errors, 1);
+                Err(Error::NoSpace {
+                    total_chunks: self.cfg.physical_chunks,
+                })
+            }
+        }
+    }
+
+    /// Verify mode: a fingerprint hit shares a chunk only if the bytes match.
+    fn verify_hits(&self, chunks: &mut [Chunk]) -> Result<()> {
+        if !self.cfg.verify {
+            return Ok(());
+        }
+        let mut stored = vec![0u8; self.cfg.chunk_size as usize];
+        for c in chunks.iter_mut() {
+            if let Plan::Hit(pbn) = c.plan {
+                self.read_pbn(pbn, &mut stored)?;
+                if stored[..] != c.data[..] {
+                    Counters::add(&self.counters.verify_mismatches, 1);
+                    c.plan = Plan::Collision(pbn);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Write the batch's new chunks; consecutive PBNs go out as one I/O.
+    fn write_new(&self, chunks: &[Chunk]) -> Result<()> {
+        let news: Vec<(Pbn, &[u8])> = chunks
+            .iter()
+            .filter_map(|c| match c.plan {
+                Plan::New(pbn) => Some((pbn, &c.data[..])),
+                _ => None,
+            })
+            .collect();
+        let mut staging = Vec::new();
+        let mut i = 0;
+        while i < news.len() {
+            let mut j = i + 1;
+            while j < news.len() && news[j].0 == news[j - 1].0 + 1 {
+                j += 1;
+            }
+            let offset = self.cfg.pbn_offset(news[i].0);
+            if j == i + 1 {
+                self.data.write_at(news[i].1, offset)?;
+            } else {
+                staging.clear();
+                for (_, d) in &news[i..j] {
+                    staging.extend_from_slice(d);
+                }
+                self.data.write_at(&staging, offset)?;
+            }
+            i = j;
+        }
+        let bytes = news.len() as u64 * self.cfg.chunk_size as u64;
+        Counters::add(&self.counters.data_bytes_written, bytes);
+        Ok(())
+    }
+
+    /// Phase B: Figure 2's metadata updates, chunk by chunk.
+    fn phase_b(&self, chunks: &mut [Chunk], src: Source<'_>) -> Result<()> {
+        let c = &self.counters;
+        let mut m = self.meta.lock();
+        let m = &mut **m;
+        for i in 0..chunks.len() {
+            let lbn = chunks[i].lbn;
+            let old = m.lbn_map_lookup(lbn)?;
+            let target = match chunks[i].plan {
+                Plan::Zero => {
+                    if let Some(o) = old {
+                        m.lbn_map_delete(lbn)?;
+                        m.refcount_dec(o)?;
+                    }
+                    match src {
+                        Source::Bytes(_) => {
+                            Counters::add(&c.zero_writes, 1);
+                            Counters::add(&c.overwrites, old.is_some() as u64);
+                        }
+                        Source::Zeros => Counters::add(&c.discarded_chunks, old.is_some() as u64),
+                    }
+                    continue;
+                }
+                Plan::Hit(pbn) if old == Some(pbn) => {
+                    // Rewrite of the data already there: drop the pin, change nothing.
+                    m.refcount_dec(pbn)?;
+                    Counters::add(&c.duplicate_writes, 1);
+                    Counters::add(&c.rewrites, 1);
+                    continue;
+                }
+                Plan::Hit(pbn) => {
+                    // Duplicate to a new LBN or over a different old LBN: the pin
+                    // becomes the LBN map's reference.
+                    Counters::add(&c.duplicate_writes, 1);
+                    pbn
+                }
+                Plan::New(pbn) => {
+                    // Dmdedup §2.4: +2, referenced from hash index and LBN map;
+                    // alloc gave the index's 1, this is the LBN's.
+                    let fp = chunks[i].fp.expect("a New chunk has a fingerprint");
+                    m.hash_index_insert(&fp, pbn)?;
+                    m.refcount_inc(pbn)?;
+                    Counters::add(&c.unique_writes, 1);
+                    pbn
+                }
+                Plan::SameAsNew(j) => {
+                    let Plan::New(pbn) = chunks[j].plan else {
+                        unreachable!("SameAsNew always points at a New chunk")
+                    };
+                    m.refcount_inc(pbn)?;
+                    Counters::add(&c.duplicate_writes, 1);
+                    pbn
+                }
+                Plan::Collision(pbn) => {
+                    // Unpin; the chunk is stored apart by `store_collisions`.
+                    m.refcount_dec(pbn)?;
+                    continue;
+                }
+                Plan::Unplanned => unreachable!("phase A plans every non-zero chunk"),
+            };
+            m.lbn_map_insert(lbn, target)?;
+            if let Some(o) = old {
+                m.refcount_dec(o)?;
+                Counters::add(&c.overwrites, 1);
+            }
+        }
+        Ok(())
+    }
+
+    /// Verify mode's rare case: same fingerprint, different bytes. The chunk
+    /// is stored without a hash index entry, referenced by its LBN only
+    /// (count 1), and freed as soon as that LBN moves on.
+    fn store_collisions(&self, chunks: &[Chunk]) -> Result<()> {
+        for ch in chunks.iter().filter(|c| matches!(c.plan, Plan::Collision(_))) {
+            let pbn = self.alloc(&mut **self.meta.lock())?;
+            if let Err(e) = self.data.write_at(&ch.data, self.cfg.pbn_offset(pbn)) {
+                self.meta.lock().refcount_dec(pbn)?;
+                return Err(e);
+            }
+            Counters::add(&self.counters.data_bytes_written, ch.data.len() as u64);
+            let mut m = self.meta.lock();
+            let old = m.lbn_map_lookup(ch.lbn)?;
+            m.lbn_map_insert(ch.lbn, pbn)?;
+            if let Some(o) = old {
+                m.refcount_dec(o)?;
+                Counters::add(&self.counters.overwrites, 1);
+            }
+            Counters::add(&self.counters.unique_writes, 1);
+        }
+        Ok(())
+    }
+}
+
+/// Give back what phase A took (pins and allocations) after a failure, so a
+/// failed write changes no reference count.
+fn undo_pins(m: &mut dyn MetadataBackend, chunks: &[Chunk]) {
+    for c in chunks {
+        if let Plan::Hit(pbn) | Plan::New(pbn) | Plan::Collision(pbn) = c.plan {
+            if let Err(e) = m.refcount_dec(pbn) {
+                error!("while undoing a failed write: {e}");
+            }
+        }
+    }
+}

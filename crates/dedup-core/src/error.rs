@@ -1,0 +1,130 @@
+//! Errors of the engine, as kinds a caller can match, each with a message that
+//! names the thing that is wrong and, where there is one, the fix.
+//!
+//! Nothing in this crate panics on data that came from disk or from a client:
+//! such problems become `Corrupt`, `Foreign`, `OutOfRange` or `InvalidArgument`.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An I/O error, with what we were doing when it happened.
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+
+    /// A user-supplied option or value is wrong.
+    #[error("{0}")]
+    InvalidArgument(String),
+
+    /// A request reaches past the end of the device.
+    #[error(
+        "I/O beyond the end of the device: offset {offset} + length {len} > device size {size}"
+    )]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+
+    /// The data device has no free chunk left, even after garbage collection.
+    #[error(
+        "no space left on the data device: all {total_chunks} chunks hold live data; \
+         free space by deleting files (with TRIM/discard enabled, e.g. `fstrim`) and run `dedup gc`, \
+         or create a device with a larger --physical-size"
+    )]
+    NoSpace { total_chunks: u64 },
+
+    /// A metadata structure failed a check (magic, checksum, bounds, invariant).
+    #[error("corrupt metadata in {structure}: {detail}")]
+    Corrupt { structure: String, detail: String },
+
+    /// A file belongs to another device or is not a dedup file at all.
+    #[error("{path}: {detail}")]
+    Foreign { path: PathBuf, detail: String },
+
+    /// The device is already open in another process.
+    #[error(
+        "device {path} is in use by another process (a running `dedup serve`?); \
+         stop it first, or talk to it with `dedup status` / `dedup gc`"
+    )]
+    Locked { path: PathBuf },
+
+    /// The previous run did not shut down cleanly and this backend cannot recover.
+    #[error(
+        "device {path} was not shut down cleanly and its {backend} metadata was only saved at the last \
+         clean stop, so mappings written since then are lost. Refusing to serve stale mappings. \
+         To roll back to the last clean stop (every chunk is verified against its fingerprint; \
+         chunks that no longer match read as zeros), open it with --accept-unclean \
+         (nbdkit key accept_unclean=true)"
+    )]
+    Unclean { path: PathBuf, backend: String },
+
+    /// `create` was pointed at a place that already holds a device.
+    #[error("{path} already holds a dedup device; pick another directory or remove it first")]
+    Exists { path: PathBuf },
+
+    /// The device was closed; no more I/O is accepted.
+    #[error("the device has been closed")]
+    Closed,
+
+    /// The caller asked for something this backend or device cannot do.
+    #[error("{0}")]
+    Unsupported(String),
+
+    /// The process serving the device reported an error for a control request.
+    #[error("the serving process reported: {0}")]
+    Remote(String),
+}
+
+impl Error {
+    /// The errno an NBD server should report for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::InvalidArgument(_) | Error::OutOfRange { .. } => libc::EINVAL,
+            Error::NoSpace { .. } => libc::ENOSPC,
+            Error::Locked { .. } => libc::EBUSY,
+            Error::Exists { .. } => libc::EEXIST,
+            Error::Closed => libc::ESHUTDOWN,
+            Error::Unsupported(_) => libc::ENOTSUP,
+            Error::Corrupt { .. } | Error::Foreign { .. } | Error::Unclean { .. } | Error::Remote(_) => {
+                libc::EIO
+            }
+        }
+    }
+
+    pub fn corrupt(structure: impl Into<String>, detail: impl Into<String>) -> Error {
+        Error::Corrupt {
+            structure: structure.into(),
+            detail: detail.into(),
+        }
+    }
+
+    pub fn io(context: impl Into<String>, source: io::Error) -> Error {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    pub fn foreign(path: &Path, detail: impl Into<String>) -> Error {
+        Error::Foreign {
+            path: path.to_path_buf(),
+            detail: detail.into(),
+        }
+    }
+}
+
+/// Attach "what we were doing" to an `io::Result`.
+pub trait IoContext<T> {
+    fn context(self, what: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> IoContext<T> for io::Result<T> {
+    fn context(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|e| Error::io(what(), e))
+    }
+}

@@ -1,0 +1,148 @@
+//! Chunk fingerprints (Dmdedup §2.4 "Hashing"): a collision-resistant hash of a
+//! chunk's bytes, the key of the hash index. The algorithm is chosen when the
+//! device is created and recorded in its superblock; it never changes after.
+//!
+//! This module owns hashing only; it never touches the index or the disk.
+
+use std::fmt;
+use std::str::FromStr;
+
+use md5::Md5;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::Error;
+
+/// Bytes reserved for a fingerprint in every structure. MD5 uses the first 16
+/// and leaves the rest zero; one device never mixes algorithms.
+pub const FINGERPRINT_BYTES: usize = 32;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HashAlgo {
+    Blake3,
+    Sha256,
+    Md5,
+}
+
+impl HashAlgo {
+    pub const ALL: [HashAlgo; 3] = [HashAlgo::Blake3, HashAlgo::Sha256, HashAlgo::Md5];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            HashAlgo::Blake3 => "blake3",
+            HashAlgo::Sha256 => "sha256",
+            HashAlgo::Md5 => "md5",
+        }
+    }
+
+    /// Stable code used in on-disk superblocks.
+    pub fn code(self) -> u8 {
+        match self {
+            HashAlgo::Blake3 => 1,
+            HashAlgo::Sha256 => 2,
+            HashAlgo::Md5 => 3,
+        }
+    }
+
+    pub fn from_code(code: u8) -> Option<HashAlgo> {
+        HashAlgo::ALL.into_iter().find(|a| a.code() == code)
+    }
+
+    /// Length of the digest this algorithm produces.
+    pub fn digest_len(self) -> usize {
+        match self {
+            HashAlgo::Blake3 | HashAlgo::Sha256 => 32,
+            HashAlgo::Md5 => 16,
+        }
+    }
+
+    /// Fingerprint one chunk.
+    pub fn fingerprint(self, chunk: &[u8]) -> Fingerprint {
+        let mut bytes = [0u8; FINGERPRINT_BYTES];
+        match self {
+            HashAlgo::Blake3 => bytes.copy_from_slice(blake3::hash(chunk).as_bytes()),
+            HashAlgo::Sha256 => bytes.copy_from_slice(&Sha256::digest(chunk)),
+            HashAlgo::Md5 => bytes[..16].copy_from_slice(&Md5::digest(chunk)),
+        }
+        Fingerprint(bytes)
+    }
+}
+
+impl fmt::Display for HashAlgo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for HashAlgo {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        HashAlgo::ALL
+            .into_iter()
+            .find(|a| a.name() == s.to_ascii_lowercase())
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "unknown hash {s:?}: choose one of blake3 (default), sha256, md5"
+                ))
+            })
+    }
+}
+
+/// A chunk's fingerprint. Its bytes are uniformly distributed, so any slice of
+/// them is a good hash-table key (the sparse store relies on that).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Fingerprint(pub [u8; FINGERPRINT_BYTES]);
+
+impl Fingerprint {
+    /// The first 8 bytes as an integer: a ready-made hash for tables and lock stripes.
+    pub fn prefix_u64(&self) -> u64 {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&self.0[..8]);
+        u64::from_le_bytes(b)
+    }
+
+    pub fn to_hex(&self, algo: HashAlgo) -> String {
+        self.0[..algo.digest_len()]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({})", self.to_hex(HashAlgo::Blake3))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_digests() {
+        assert_eq!(
+            HashAlgo::Md5.fingerprint(b"").to_hex(HashAlgo::Md5),
+            "d41d8cd98f00b204e9800998ecf8427e"
+        );
+        assert_eq!(
+            HashAlgo::Sha256.fingerprint(b"abc").to_hex(HashAlgo::Sha256),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(
+            HashAlgo::Blake3.fingerprint(b"").to_hex(HashAlgo::Blake3),
+            "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
+        );
+    }
+
+    #[test]
+    fn codes_and_names_round_trip() {
+        for a in HashAlgo::ALL {
+            assert_eq!(HashAlgo::from_code(a.code()), Some(a));
+            assert_eq!(a.name().parse::<HashAlgo>().unwrap(), a);
+        }
+        assert!(HashAlgo::from_code(0).is_none());
+        assert!("crc32".parse::<HashAlgo>().is_err());
+    }
+}

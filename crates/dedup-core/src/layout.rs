@@ -1,0 +1,244 @@
+//! The device directory: where a device's data and metadata live and how
+//! they are created and opened. By default `DIR/data` and `DIR/meta` are
+//! plain files; with explicit paths (files or block devices) they are
+//! symlinks to those. `DIR/control.sock` exists while the device is served.
+
+use std::fs;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+
+use crate::backends::{self, OpenOptions};
+use crate::blockfile::{BlockFile, FileBlockFile};
+use crate::config::{DeviceConfig, DATA_OFFSET};
+use crate::engine::Device;
+use crate::error::{Error, IoContext, Result};
+use crate::fingerprint::HashAlgo;
+use crate::lock::DeviceLock;
+use crate::size::format_size;
+use crate::superblock::{Superblock, DATA_MAGIC, META_MAGIC, SUPERBLOCK_SIZE};
+
+pub const DATA_NAME: &str = "data";
+pub const META_NAME: &str = "meta";
+pub const CONTROL_SOCKET_NAME: &str = "control.sock";
+
+/// Where one device's two halves are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DevicePaths {
+    pub data: PathBuf,
+    pub meta: PathBuf,
+}
+
+impl DevicePaths {
+    /// The paths inside a device directory, which must hold a device.
+    pub fn from_dir(dir: &Path) -> Result<DevicePaths> {
+        let meta = dir.join(META_NAME);
+        if fs::symlink_metadata(&meta).is_err() {
+            return Err(Error::InvalidArgument(format!(
+                "{} is not a dedup device directory (it has no {META_NAME}); create one with `dedup create {} --size 10G`",
+                dir.display(),
+                dir.display()
+            )));
+        }
+        Ok(DevicePaths {
+            data: dir.join(DATA_NAME),
+            meta,
+        })
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct CreateOptions {
+    /// Logical size clients see.
+    pub size: u64,
+    /// Data device capacity; default: the data device's size if it exists
+    /// already, else the logical size.
+    pub physical_size: Option<u64>,
+    pub backend: String,
+    pub chunk_size: u32,
+    pub hash: HashAlgo,
+    pub verify: bool,
+    /// Existing file or block device for data (else `DIR/data`).
+    pub data: Option<PathBuf>,
+    /// Existing file or block device for metadata (else `DIR/meta`).
+    pub meta: Option<PathBuf>,
+    /// Overwrite data/metadata devices that already hold a dedup device.
+    pub force: bool,
+}
+
+impl CreateOptions {
+    pub fn new(size: u64) -> Self {
+        CreateOptions {
+            size,
+            physical_size: None,
+            backend: backends::DEFAULT.to_string(),
+            chunk_size: crate::config::DEFAULT_CHUNK_SIZE,
+            hash: HashAlgo::Blake3,
+            verify: false,
+            data: None,
+            meta: None,
+            force: false,
+        }
+    }
+}
+
+fn is_block_device(path: &Path) -> bool {
+    fs::metadata(path).map(|m| m.file_type().is_block_device()).unwrap_or(false)
+}
+
+fn absolute(path: &Path) -> Result<PathBuf> {
+    std::path::absolute(path).context(|| format!("resolving {}", path.display()))
+}
+
+/// Files this `create` made, removed again if it fails half-way.
+#[derive(Default)]
+struct Undo(Vec<PathBuf>);
+
+impl Undo {
+    fn disarm(mut self) {
+        self.0.clear();
+    }
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        for p in self.0.iter().rev() {
+            let _ = fs::remove_file(p).or_else(|_| fs::remove_dir(p));
+        }
+    }
+}
+
+/// Prepare one half: an explicit path (existing or new file, or block
+/// device) or a new file in the directory. Returns the open file.
+fn prepare(
+    explicit: Option<&Path>,
+    in_dir: &Path,
+    min_len: u64,
+    what: &str,
+    force: bool,
+    undo: &mut Undo,
+) -> Result<FileBlockFile> {
+    let Some(path) = explicit else {
+        let f = FileBlockFile::create(in_dir, min_len)?;
+        undo.0.push(in_dir.to_path_buf());
+        return Ok(f);
+    };
+    let path = absolute(path)?;
+    let file = if path.exists() {
+        let f = FileBlockFile::open(&path, true)?;
+        if !force && holds_device(&f)? {
+            return Err(Error::InvalidArgument(format!(
+                "{} already holds a dedup {what} device; pass --force to overwrite it (its data is lost)",
+                path.display()
+            )));
+        }
+        let len = f.len()?;
+        if len < min_len {
+            if is_block_device(&path) {
+                return Err(Error::InvalidArgument(format!(
+                    "{what} device {} holds {} but needs {}: use a larger device or a smaller --size/--physical-size",
+                    path.display(),
+                    format_size(len),
+                    format_size(min_len)
+                )));
+            }
+            f.file()
+                .set_len(min_len)
+                .context(|| format!("growing {} to {min_len} bytes", path.display()))?;
+        }
+        f
+    } else {
+        let f = FileBlockFile::create(&path, min_len)?;
+        undo.0.push(path.clone());
+        f
+    };
+    std::os::unix::fs::symlink(&path, in_dir)
+        .context(|| format!("linking {} to {}", in_dir.display(), path.display()))?;
+    undo.0.push(in_dir.to_path_buf());
+    Ok(file)
+}
+
+/// Does this file hold a dedup superblock (either slot) or data header?
+fn holds_device(f: &FileBlockFile) -> Result<bool> {
+    let len = f.len()?;
+    for at in [0, SUPERBLOCK_SIZE as u64] {
+        if len >= at + 8 {
+            let mut magic = [0u8; 8];
+            f.read_at(&mut magic, at)?;
+            if &magic == META_MAGIC || (at == 0 && &magic == DATA_MAGIC) {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// Create a new device in `dir`. Returns its configuration.
+pub fn create(dir: &Path, opts: &CreateOptions) -> Result<DeviceConfig> {
+    backends::check_name(&opts.backend)?;
+    crate::config::validate_chunk_size(opts.chunk_size)?;
+    let meta_link = dir.join(META_NAME);
+    let data_link = dir.join(DATA_NAME);
+    if fs::symlink_metadata(&meta_link).is_ok() || fs::symlink_metadata(&data_link).is_ok() {
+        return Err(Error::Exists {
+            path: dir.to_path_buf(),
+        });
+    }
+    let mut undo = Undo::default();
+    if !dir.exists() {
+        fs::create_dir_all(dir).context(|| format!("creating directory {}", dir.display()))?;
+        undo.0.push(dir.to_path_buf());
+    }
+    let chunk = opts.chunk_size as u64;
+    let physical_size = match (opts.physical_size, &opts.data) {
+        (Some(p), _) => p,
+        (None, Some(path)) if path.exists() => {
+            let len = FileBlockFile::open(path, false)?.len()?;
+            if len > DATA_OFFSET {
+                (len - DATA_OFFSET) / chunk * chunk
+            } else {
+                opts.size
+            }
+        }
+        _ => opts.size,
+    };
+    if physical_size % chunk != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "the physical size {physical_size} is not a multiple of the chunk size {chunk}"
+        )));
+    }
+    let cfg = DeviceConfig {
+        uuid: *uuid::Uuid::new_v4().as_bytes(),
+        backend: opts.backend.clone(),
+        chunk_size: opts.chunk_size,
+        hash: opts.hash,
+        verify: opts.verify,
+        logical_size: opts.size,
+        physical_chunks: physical_size / chunk,
+    };
+    cfg.validate()?;
+    let data = prepare(opts.data.as_deref(), &data_link, cfg.data_device_len(), "data", opts.force, &mut undo)?;
+    let meta_len = backends::metadata_device_len(&cfg)?;
+    let meta = prepare(opts.meta.as_deref(), &meta_link, meta_len, "metadata", opts.force, &mut undo)?;
+    Device::format(&cfg, &data, &meta)?;
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .context(|| format!("syncing directory {}", dir.display()))?;
+    undo.disarm();
+    Ok(cfg)
+}
+
+/// Open a device for serving (or with `writable: false`, for inspection),
+/// holding its lock until the device is dropped.
+pub fn open(paths: &DevicePaths, opts: &OpenOptions) -> Result<Device> {
+    let lock = DeviceLock::acquire(&paths.meta)?;
+    let data = FileBlockFile::open(&paths.data, opts.writable)?;
+    let meta = FileBlockFile::open(&paths.meta, opts.writable)?;
+    Device::open(Box::new(data), Box::new(meta), opts, Some(lock))
+}
+
+/// Read a device's configuration without opening (or locking) it.
+pub fn read_config(paths: &DevicePaths) -> Result<(DeviceConfig, crate::superblock::DeviceState)> {
+    let meta = FileBlockFile::open(&paths.meta, false)?;
+    let sb = Superblock::read(&meta, &paths.meta)?;
+    Ok((sb.config, sb.state))
+}

@@ -1,0 +1,25 @@
+//! dedup-core: an inline, block-level deduplication engine after Dmdedup
+//! (Tarasov et al.): chunking, fingerprints, the write path of Figure 2,
+//! pluggable metadata backends, garbage collection, statistics, checking.
+//!
+//! This crate knows nothing of NBD or of the command line; `dedup-nbd` and
+//! `dedup-cli` sit on top of [`engine::Device`].
+
+pub mod backend;
+pub mod backends;
+pub mod blockfile;
+mod codec;
+pub mod config;
+pub mod control;
+pub mod engine;
+pub mod error;
+pub mod fingerprint;
+pub mod layout;
+pub mod lock;
+pub mod size;
+pub mod stats;
+pub mod superblock;
+
+pub use backends::OpenOptions;
+pub use engine::Device;
+pub use error::{Error, Result};

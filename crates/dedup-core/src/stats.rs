@@ -1,0 +1,148 @@
+//! Statistics (Dmdedup §2.6 "Statistics"): the engine's counters, kept in
+//! atomics while serving and saved with the metadata, and the `Stats`
+//! snapshot that `dedup status` prints.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+use crate::backend::MetaIoStats;
+
+macro_rules! define_counters {
+    ($($(#[doc = $doc:literal])* $name:ident,)*) => {
+        /// Live counters; each is a relaxed atomic (they are statistics, not state).
+        #[derive(Default)]
+        pub struct Counters {
+            $(pub $name: AtomicU64,)*
+        }
+
+        /// A copy of the counters at one instant.
+        #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+        pub struct CounterValues {
+            $($(#[doc = $doc])* pub $name: u64,)*
+        }
+
+        impl Counters {
+            pub fn snapshot(&self) -> CounterValues {
+                CounterValues { $($name: self.$name.load(Ordering::Relaxed),)* }
+            }
+
+            /// In persisted order. New counters are only ever appended.
+            pub fn to_vec(&self) -> Vec<u64> {
+                vec![$(self.$name.load(Ordering::Relaxed),)*]
+            }
+
+            /// Restore from a saved vector (older saves may be shorter).
+            pub fn load(&self, saved: &[u64]) {
+                let mut it = saved.iter();
+                $(if let Some(v) = it.next() { self.$name.store(*v, Ordering::Relaxed); })*
+            }
+        }
+    };
+}
+
+define_counters! {
+    /// Read requests from clients.
+    read_requests,
+    /// Write requests from clients.
+    write_requests,
+    /// Chunks read (a request covers one or more).
+    reads,
+    /// Chunks written.
+    writes,
+    /// Chunk writes of content not seen before: new data stored.
+    unique_writes,
+    /// Chunk writes of content already stored: no data written.
+    duplicate_writes,
+    /// Chunk writes to an LBN that already held other data.
+    overwrites,
+    /// Chunk writes of the data the LBN already held.
+    rewrites,
+    /// Chunk writes of all zeros: never stored.
+    zero_writes,
+    /// Partial-chunk writes that had to read the chunk first (read-modify-write).
+    rmw_reads,
+    /// Trim/discard and write-zeroes requests.
+    discard_requests,
+    /// Chunks unmapped by trim/discard or write-zeroes.
+    discarded_chunks,
+    /// Flush requests (FUA writes included).
+    flushes,
+    /// Bytes clients read.
+    bytes_read,
+    /// Bytes clients wrote.
+    bytes_written,
+    /// Bytes written to the data device.
+    data_bytes_written,
+    /// Bytes read from the data device.
+    data_bytes_read,
+    /// Garbage collection passes.
+    gc_runs,
+    /// Chunks freed by garbage collection.
+    gc_reclaimed,
+    /// Fingerprint hits whose bytes differed (verify mode): stored apart.
+    verify_mismatches,
+    /// Writes refused because the data device was full.
+    nospace_errors,
+}
+
+impl Counters {
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Everything `dedup status` reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct Stats {
+    pub backend: String,
+    pub hash: String,
+    pub verify: bool,
+    pub chunk_size: u32,
+    pub logical_size: u64,
+    pub physical_size: u64,
+    #[serde(flatten)]
+    pub counters: CounterValues,
+    /// Chunks on the data device holding data (reference count > 0).
+    pub chunks_stored: u64,
+    /// LBNs mapped to a stored chunk (all-zero chunks are never mapped).
+    pub chunks_mapped: u64,
+    pub hash_index_entries: u64,
+    pub physical_bytes_used: u64,
+    pub physical_bytes_free: u64,
+    pub physical_used_percent: f64,
+    pub logical_bytes_mapped: u64,
+    pub metadata_bytes: u64,
+    /// Mapped non-zero chunks per stored chunk (storage dedup ratio).
+    pub dedup_ratio: f64,
+    /// Bytes clients wrote per byte written to the data device (I/O dedup ratio).
+    pub io_dedup_ratio: f64,
+    pub metadata_io: MetaIoStats,
+}
+
+pub(crate) fn ratio(num: u64, den: u64) -> f64 {
+    if den == 0 {
+        1.0
+    } else {
+        num as f64 / den as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_round_trip_through_their_saved_form() {
+        let c = Counters::default();
+        Counters::add(&c.writes, 5);
+        Counters::add(&c.nospace_errors, 2);
+        let saved = c.to_vec();
+        let d = Counters::default();
+        d.load(&saved);
+        assert_eq!(c.snapshot(), d.snapshot());
+        let e = Counters::default();
+        e.load(&saved[..1]);
+        assert_eq!(e.snapshot().read_requests, 0);
+    }
+}
