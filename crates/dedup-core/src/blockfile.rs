@@ -32,6 +32,26 @@ pub trait BlockFile: Send + Sync {
     }
 }
 
+/// A shared handle, so a test can keep the device it handed to the engine
+/// and reopen (or inspect) it later.
+impl<T: BlockFile + ?Sized> BlockFile for std::sync::Arc<T> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        (**self).read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        (**self).write_at(buf, offset)
+    }
+    fn sync(&self) -> Result<()> {
+        (**self).sync()
+    }
+    fn len(&self) -> Result<u64> {
+        (**self).len()
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+}
+
 /// A regular file or a block device.
 pub struct FileBlockFile {
     file: File,
@@ -205,6 +225,9 @@ mod tests {
         let mut buf = [0u8; 5];
         g.read_at(&mut buf, 12345).unwrap();
         assert_eq!(&buf, b"hello");
-        assert!(FileBlockFile::create(&path, 1).is_err(), "create must not clobber");
+        assert!(
+            FileBlockFile::create(&path, 1).is_err(),
+            "create must not clobber"
+        );
     }
 }

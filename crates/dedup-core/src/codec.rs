@@ -34,7 +34,10 @@ impl Encoder {
     }
     /// Zero-fill up to `len` bytes in total.
     pub fn pad_to(&mut self, len: usize) -> &mut Self {
-        debug_assert!(self.buf.len() <= len, "encoded structure overflows its slot");
+        debug_assert!(
+            self.buf.len() <= len,
+            "encoded structure overflows its slot"
+        );
         self.buf.resize(len, 0);
         self
     }
@@ -122,7 +125,10 @@ mod tests {
         let mut d = Decoder::new(&[1, 2, 3], "test structure");
         assert_eq!(d.u8().unwrap(), 1);
         let err = d.u32().unwrap_err().to_string();
-        assert!(err.contains("test structure") && err.contains("truncated"), "{err}");
+        assert!(
+            err.contains("test structure") && err.contains("truncated"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -34,7 +34,10 @@ pub struct DeviceConfig {
     pub physical_chunks: u64,
 }
 
-fn serialize_uuid<S: serde::Serializer>(uuid: &[u8; 16], s: S) -> std::result::Result<S::Ok, S::Error> {
+fn serialize_uuid<S: serde::Serializer>(
+    uuid: &[u8; 16],
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
     s.serialize_str(&uuid::Uuid::from_bytes(*uuid).to_string())
 }
 

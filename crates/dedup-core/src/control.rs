@@ -39,9 +39,11 @@ impl ControlServer {
     /// caller holds the device lock, so no live server can own it).
     pub fn start(path: &Path, device: Arc<Device>) -> Result<ControlServer> {
         if path.exists() {
-            std::fs::remove_file(path).context(|| format!("removing stale socket {}", path.display()))?;
+            std::fs::remove_file(path)
+                .context(|| format!("removing stale socket {}", path.display()))?;
         }
-        let listener = UnixListener::bind(path).context(|| format!("listening on {}", path.display()))?;
+        let listener =
+            UnixListener::bind(path).context(|| format!("listening on {}", path.display()))?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
@@ -138,7 +140,12 @@ fn execute(req: &Request, device: &Device) -> Result<serde_json::Value> {
 pub fn request(path: &Path, req: &Request) -> Result<Option<serde_json::Value>> {
     let stream = match UnixStream::connect(path) {
         Ok(s) => s,
-        Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
             return Ok(None)
         }
         Err(e) => return Err(Error::io(format!("connecting to {}", path.display()), e)),
@@ -154,9 +161,8 @@ pub fn request(path: &Path, req: &Request) -> Result<Option<serde_json::Value>> 
     BufReader::new(&stream)
         .read_line(&mut reply)
         .context(|| format!("reading the reply from {}", path.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&reply).map_err(|e| {
-        Error::InvalidArgument(format!("bad reply from {}: {e}", path.display()))
-    })?;
+    let v: serde_json::Value = serde_json::from_str(&reply)
+        .map_err(|e| Error::InvalidArgument(format!("bad reply from {}: {e}", path.display())))?;
     if v["ok"] == serde_json::Value::Bool(true) {
         Ok(Some(v["result"].clone()))
     } else {

@@ -90,9 +90,10 @@ impl Error {
             Error::Exists { .. } => libc::EEXIST,
             Error::Closed => libc::ESHUTDOWN,
             Error::Unsupported(_) => libc::ENOTSUP,
-            Error::Corrupt { .. } | Error::Foreign { .. } | Error::Unclean { .. } | Error::Remote(_) => {
-                libc::EIO
-            }
+            Error::Corrupt { .. }
+            | Error::Foreign { .. }
+            | Error::Unclean { .. }
+            | Error::Remote(_) => libc::EIO,
         }
     }
 

@@ -127,7 +127,9 @@ mod tests {
             "d41d8cd98f00b204e9800998ecf8427e"
         );
         assert_eq!(
-            HashAlgo::Sha256.fingerprint(b"abc").to_hex(HashAlgo::Sha256),
+            HashAlgo::Sha256
+                .fingerprint(b"abc")
+                .to_hex(HashAlgo::Sha256),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
         assert_eq!(

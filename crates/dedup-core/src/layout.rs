@@ -82,7 +82,9 @@ impl CreateOptions {
 }
 
 fn is_block_device(path: &Path) -> bool {
-    fs::metadata(path).map(|m| m.file_type().is_block_device()).unwrap_or(false)
+    fs::metadata(path)
+        .map(|m| m.file_type().is_block_device())
+        .unwrap_or(false)
 }
 
 fn absolute(path: &Path) -> Result<PathBuf> {
@@ -216,9 +218,23 @@ pub fn create(dir: &Path, opts: &CreateOptions) -> Result<DeviceConfig> {
         physical_chunks: physical_size / chunk,
     };
     cfg.validate()?;
-    let data = prepare(opts.data.as_deref(), &data_link, cfg.data_device_len(), "data", opts.force, &mut undo)?;
+    let data = prepare(
+        opts.data.as_deref(),
+        &data_link,
+        cfg.data_device_len(),
+        "data",
+        opts.force,
+        &mut undo,
+    )?;
     let meta_len = backends::metadata_device_len(&cfg)?;
-    let meta = prepare(opts.meta.as_deref(), &meta_link, meta_len, "metadata", opts.force, &mut undo)?;
+    let meta = prepare(
+        opts.meta.as_deref(),
+        &meta_link,
+        meta_len,
+        "metadata",
+        opts.force,
+        &mut undo,
+    )?;
     Device::format(&cfg, &data, &meta)?;
     fs::File::open(dir)
         .and_then(|d| d.sync_all())

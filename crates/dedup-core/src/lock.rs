@@ -13,7 +13,8 @@ pub struct DeviceLock {
 
 impl DeviceLock {
     pub fn acquire(meta_path: &Path) -> Result<DeviceLock> {
-        let file = File::open(meta_path).context(|| format!("opening {} to lock it", meta_path.display()))?;
+        let file = File::open(meta_path)
+            .context(|| format!("opening {} to lock it", meta_path.display()))?;
         // SAFETY: flock on a valid, owned descriptor has no memory effects.
         let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if rc != 0 {
@@ -39,7 +40,9 @@ mod tests {
         let p = dir.path().join("meta");
         std::fs::write(&p, b"x").unwrap();
         let first = DeviceLock::acquire(&p).unwrap();
-        let err = DeviceLock::acquire(&p).err().expect("second lock must fail");
+        let err = DeviceLock::acquire(&p)
+            .err()
+            .expect("second lock must fail");
         assert!(matches!(err, Error::Locked { .. }));
         assert!(err.to_string().contains("in use"));
         drop(first);

@@ -33,7 +33,10 @@ pub fn parse_size(text: &str) -> Result<u64> {
         return Err(bad());
     }
     if let Ok(n) = number.parse::<u64>() {
-        return n.checked_shl(shift).filter(|v| v >> shift == n).ok_or_else(bad);
+        return n
+            .checked_shl(shift)
+            .filter(|v| v >> shift == n)
+            .ok_or_else(bad);
     }
     let f: f64 = number.parse().map_err(|_| bad())?;
     if !f.is_finite() || f < 0.0 {

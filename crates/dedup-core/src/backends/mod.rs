@@ -51,7 +51,11 @@ pub fn format(cfg: &DeviceConfig, meta: &dyn BlockFile) -> Result<()> {
     inram::format(cfg, meta)
 }
 
-pub fn open(superblock: Superblock, meta: Box<dyn BlockFile>, opts: &OpenOptions) -> Result<Opened> {
+pub fn open(
+    superblock: Superblock,
+    meta: Box<dyn BlockFile>,
+    opts: &OpenOptions,
+) -> Result<Opened> {
     match superblock.config.backend.as_str() {
         inram::NAME => inram::open(superblock, meta, opts),
         other => Err(Error::Unsupported(format!(

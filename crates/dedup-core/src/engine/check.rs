@@ -92,7 +92,10 @@ fn check_backend(
             report.lbns_mapped += 1;
             match lbn_refs.get_mut(pbn as usize) {
                 Some(r) => *r += 1,
-                None => report.problem(MappedButFree, format!("LBN {lbn} maps to PBN {pbn}, beyond the data device")),
+                None => report.problem(
+                    MappedButFree,
+                    format!("LBN {lbn} maps to PBN {pbn}, beyond the data device"),
+                ),
             }
         }
     }
@@ -106,11 +109,17 @@ fn check_backend(
         for &(fp, pbn) in &fps {
             report.hash_index_entries += 1;
             let Some(seen) = indexed.get_mut(pbn as usize) else {
-                report.problem(MappedButFree, format!("hash index names PBN {pbn}, beyond the data device"));
+                report.problem(
+                    MappedButFree,
+                    format!("hash index names PBN {pbn}, beyond the data device"),
+                );
                 continue;
             };
             if std::mem::replace(seen, true) {
-                report.problem(IndexedTwice, format!("PBN {pbn} is in the hash index under two fingerprints"));
+                report.problem(
+                    IndexedTwice,
+                    format!("PBN {pbn} is in the hash index under two fingerprints"),
+                );
             }
             if let Some(read) = read_chunk {
                 read(pbn, &mut chunk)?;
@@ -118,7 +127,10 @@ fn check_backend(
                 if cfg.hash.fingerprint(&chunk) != fp {
                     report.problem(
                         FingerprintMismatch,
-                        format!("PBN {pbn} no longer hashes to its fingerprint {}", fp.to_hex(cfg.hash)),
+                        format!(
+                            "PBN {pbn} no longer hashes to its fingerprint {}",
+                            fp.to_hex(cfg.hash)
+                        ),
                     );
                 }
             }
@@ -132,11 +144,20 @@ fn check_backend(
             report.pbns_used += 1;
         }
         if expected > 0 && count == 0 {
-            report.problem(MappedButFree, format!("PBN {pbn} is referenced {expected} times but marked free"));
+            report.problem(
+                MappedButFree,
+                format!("PBN {pbn} is referenced {expected} times but marked free"),
+            );
         } else if expected == 0 && count > 0 {
-            report.problem(Leaked, format!("PBN {pbn} has count {count} but nothing references it"));
+            report.problem(
+                Leaked,
+                format!("PBN {pbn} has count {count} but nothing references it"),
+            );
         } else if count != expected {
-            report.problem(RefcountMismatch, format!("PBN {pbn} has count {count}, expected {expected}"));
+            report.problem(
+                RefcountMismatch,
+                format!("PBN {pbn} has count {count}, expected {expected}"),
+            );
         }
         if indexed[pbn] && lbn_refs[pbn] == 0 && count == 1 {
             report.reclaimable_chunks += 1;

@@ -73,19 +73,61 @@ mod tests {
     fn aligned_request_is_whole_chunks() {
         let p = pieces(8192, 8192, 4096);
         assert_eq!(p.len(), 2);
-        assert_eq!(p[0], Piece { lbn: 2, in_chunk: 0..4096, in_buf: 0..4096 });
-        assert_eq!(p[1], Piece { lbn: 3, in_chunk: 0..4096, in_buf: 4096..8192 });
+        assert_eq!(
+            p[0],
+            Piece {
+                lbn: 2,
+                in_chunk: 0..4096,
+                in_buf: 0..4096
+            }
+        );
+        assert_eq!(
+            p[1],
+            Piece {
+                lbn: 3,
+                in_chunk: 0..4096,
+                in_buf: 4096..8192
+            }
+        );
         assert!(p.iter().all(|p| p.is_full(4096)));
     }
 
     #[test]
     fn unaligned_request_has_partial_edges() {
         let p = pieces(4000, 5000, 4096);
-        assert_eq!(p[0], Piece { lbn: 0, in_chunk: 4000..4096, in_buf: 0..96 });
-        assert_eq!(p[1], Piece { lbn: 1, in_chunk: 0..4096, in_buf: 96..4192 });
-        assert_eq!(p[2], Piece { lbn: 2, in_chunk: 0..808, in_buf: 4192..5000 });
+        assert_eq!(
+            p[0],
+            Piece {
+                lbn: 0,
+                in_chunk: 4000..4096,
+                in_buf: 0..96
+            }
+        );
+        assert_eq!(
+            p[1],
+            Piece {
+                lbn: 1,
+                in_chunk: 0..4096,
+                in_buf: 96..4192
+            }
+        );
+        assert_eq!(
+            p[2],
+            Piece {
+                lbn: 2,
+                in_chunk: 0..808,
+                in_buf: 4192..5000
+            }
+        );
         let inside = pieces(5, 10, 4096);
-        assert_eq!(inside, vec![Piece { lbn: 0, in_chunk: 5..15, in_buf: 0..10 }]);
+        assert_eq!(
+            inside,
+            vec![Piece {
+                lbn: 0,
+                in_chunk: 5..15,
+                in_buf: 0..10
+            }]
+        );
         assert!(pieces(123, 0, 4096).is_empty());
     }
 

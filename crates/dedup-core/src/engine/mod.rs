@@ -30,8 +30,8 @@ use crate::superblock::{check_data_header, encode_data_header, Superblock};
 
 pub use check::{CheckReport, Problem, ProblemKind};
 pub use chunking::is_zero;
-pub use read_path::{Extent, EXTENT_SCAN_CHUNKS};
 pub use gc::GcReport;
+pub use read_path::{Extent, EXTENT_SCAN_CHUNKS};
 pub use recover::RecoveryReport;
 
 use locks::{FingerprintLocks, LbnLocks};
@@ -112,6 +112,24 @@ impl Device {
 
     pub fn size(&self) -> u64 {
         self.cfg.logical_size
+    }
+
+    /// Where an LBN points and that chunk's reference count: for tests,
+    /// debugging and tools. `None` when unmapped.
+    pub fn inspect_lbn(
+        &self,
+        lbn: crate::config::Lbn,
+    ) -> Result<Option<(crate::config::Pbn, u32)>> {
+        let mut m = self.meta.lock();
+        match m.lbn_map_lookup(lbn)? {
+            Some(pbn) => Ok(Some((pbn, m.refcount_get(pbn)?))),
+            None => Ok(None),
+        }
+    }
+
+    /// A PBN's reference count (0 = free).
+    pub fn refcount(&self, pbn: crate::config::Pbn) -> Result<u32> {
+        self.meta.lock().refcount_get(pbn)
     }
 
     /// What recovery did at open, if the device was rolled back.

@@ -48,12 +48,11 @@ impl Device {
                     i += 1;
                     continue;
                 };
+                // Pieces after the first start at offset 0 of their chunk and
+                // all but the last end at its end, so consecutive PBNs are
+                // consecutive bytes on the data device.
                 let mut j = i + 1;
-                while j < batch.len()
-                    && pbns[j] == Some(first + (j - i) as u64)
-                    && batch[j - 1].in_chunk.end == cs
-                    && batch[j].in_chunk.start == 0
-                {
+                while j < batch.len() && pbns[j] == Some(first + (j - i) as u64) {
                     j += 1;
                 }
                 let range = batch[i].in_buf.start..batch[j - 1].in_buf.end;

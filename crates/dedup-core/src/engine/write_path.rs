@@ -109,7 +109,9 @@ impl Device {
                 _ => {
                     let mut image = self.read_chunk_for_update(p.lbn)?;
                     match src {
-                        Source::Bytes(b) => image[p.in_chunk.clone()].copy_from_slice(&b[p.in_buf.clone()]),
+                        Source::Bytes(b) => {
+                            image[p.in_chunk.clone()].copy_from_slice(&b[p.in_buf.clone()])
+                        }
                         Source::Zeros => image[p.in_chunk.clone()].fill(0),
                     }
                     Cow::Owned(image)
@@ -138,7 +140,10 @@ impl Device {
                 return Err(e);
             }
         }
-        if let Err(e) = self.verify_hits(&mut chunks).and_then(|_| self.write_new(&chunks)) {
+        if let Err(e) = self
+            .verify_hits(&mut chunks)
+            .and_then(|_| self.write_new(&chunks))
+        {
             undo_pins(&mut **self.meta.lock(), &chunks);
             return Err(e);
         }
@@ -161,13 +166,13 @@ impl Device {
     /// Phase A: look every fingerprint up; pin hits, allocate for new content.
     fn phase_a(&self, m: &mut dyn MetadataBackend, chunks: &mut [Chunk]) -> Result<()> {
         let mut batch_new: HashMap<Fingerprint, usize> = HashMap::new();
-        for i in 0..chunks.len() {
-            let Some(fp) = chunks[i].fp else { continue };
+        for (i, chunk) in chunks.iter_mut().enumerate() {
+            let Some(fp) = chunk.fp else { continue };
             if let Some(&j) = batch_new.get(&fp) {
-                chunks[i].plan = Plan::SameAsNew(j);
+                chunk.plan = Plan::SameAsNew(j);
                 continue;
             }
-            chunks[i].plan = match m.hash_index_lookup(&fp)? {
+            chunk.plan = match m.hash_index_lookup(&fp)? {
                 Some(pbn) => {
                     m.refcount_inc(pbn)?;
                     Plan::Hit(pbn)
@@ -325,7 +330,10 @@ impl Device {
     /// is stored without a hash index entry, referenced by its LBN only
     /// (count 1), and freed as soon as that LBN moves on.
     fn store_collisions(&self, chunks: &[Chunk]) -> Result<()> {
-        for ch in chunks.iter().filter(|c| matches!(c.plan, Plan::Collision(_))) {
+        for ch in chunks
+            .iter()
+            .filter(|c| matches!(c.plan, Plan::Collision(_)))
+        {
             let pbn = self.alloc(&mut **self.meta.lock())?;
             if let Err(e) = self.data.write_at(&ch.data, self.cfg.pbn_offset(pbn)) {
                 self.meta.lock().refcount_dec(pbn)?;

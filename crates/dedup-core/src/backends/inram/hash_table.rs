@@ -134,12 +134,7 @@ impl LinearProbeTable {
 
     /// Entries in slot order from slot `from`: up to `max` of them, and the
     /// slot to continue at (None at the end).
-    pub fn scan(
-        &self,
-        from: u64,
-        max: usize,
-        out: &mut Vec<(Fingerprint, Pbn)>,
-    ) -> Option<u64> {
+    pub fn scan(&self, from: u64, max: usize, out: &mut Vec<(Fingerprint, Pbn)>) -> Option<u64> {
         let mut i = from as usize;
         let mut taken = 0;
         while i < self.slots.len() {
@@ -229,7 +224,11 @@ mod tests {
         while t.insert(&fp(n), n) {
             n += 1;
         }
-        assert_eq!(t.len(), cap - 1, "one slot always stays empty to end probes");
+        assert_eq!(
+            t.len(),
+            cap - 1,
+            "one slot always stays empty to end probes"
+        );
         assert!(t.lookup(&fp(10_000)).is_none());
     }
 }

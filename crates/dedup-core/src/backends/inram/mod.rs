@@ -52,7 +52,11 @@ pub fn format(cfg: &DeviceConfig, meta: &dyn BlockFile) -> Result<()> {
     sb.write(meta)
 }
 
-pub fn open(superblock: Superblock, meta: Box<dyn BlockFile>, opts: &OpenOptions) -> Result<Opened> {
+pub fn open(
+    superblock: Superblock,
+    meta: Box<dyn BlockFile>,
+    opts: &OpenOptions,
+) -> Result<Opened> {
     let cfg = superblock.config.clone();
     let unclean = superblock.state == DeviceState::Open;
     if unclean && !opts.accept_unclean {
@@ -66,7 +70,9 @@ pub fn open(superblock: Superblock, meta: Box<dyn BlockFile>, opts: &OpenOptions
     if have < need {
         return Err(Error::foreign(
             &PathBuf::from(meta.describe()),
-            format!("metadata device is {have} bytes but this device needs {need}; was it truncated?"),
+            format!(
+                "metadata device is {have} bytes but this device needs {need}; was it truncated?"
+            ),
         ));
     }
     let table = SaveTable::decode(&superblock.backend_area, &cfg)?;
@@ -111,7 +117,10 @@ impl InRam {
             if v > nr_pbns {
                 return Err(Error::corrupt(
                     Section::LbnMap.name(),
-                    format!("LBN {lbn} maps to PBN {} beyond the data device ({nr_pbns} chunks)", v - 1),
+                    format!(
+                        "LBN {lbn} maps to PBN {} beyond the data device ({nr_pbns} chunks)",
+                        v - 1
+                    ),
                 ));
             }
             lbn_map[lbn as usize] = v;
@@ -129,11 +138,17 @@ impl InRam {
             let pbn = u64::from_le_bytes(item[32..40].try_into().expect("8-byte field"));
             let name = Section::HashEntries.name();
             if pbn >= nr_pbns {
-                return Err(Error::corrupt(name, format!("entry {i} names PBN {pbn} beyond the data device")));
+                return Err(Error::corrupt(
+                    name,
+                    format!("entry {i} names PBN {pbn} beyond the data device"),
+                ));
             }
             let fp = Fingerprint(fp);
             if hash_index.lookup(&fp).is_some() {
-                return Err(Error::corrupt(name, format!("entry {i} repeats a fingerprint")));
+                return Err(Error::corrupt(
+                    name,
+                    format!("entry {i} repeats a fingerprint"),
+                ));
             }
             if !hash_index.insert(&fp, pbn) {
                 return Err(Error::corrupt(name, "more entries than the table can hold"));
@@ -274,7 +289,10 @@ impl InRam {
         } else {
             Err(Error::corrupt(
                 "inram refcount array",
-                format!("PBN {pbn} is beyond the data device ({} chunks)", self.cfg.physical_chunks),
+                format!(
+                    "PBN {pbn} is beyond the data device ({} chunks)",
+                    self.cfg.physical_chunks
+                ),
             ))
         }
     }
@@ -283,7 +301,9 @@ impl InRam {
 fn cursor_position(cursor: &ScanCursor) -> Result<u64> {
     match cursor.0.len() {
         0 => Ok(0),
-        8 => Ok(u64::from_le_bytes(cursor.0[..].try_into().expect("8 bytes"))),
+        8 => Ok(u64::from_le_bytes(
+            cursor.0[..].try_into().expect("8 bytes"),
+        )),
         _ => Err(Error::InvalidArgument("not an inram scan cursor".into())),
     }
 }
@@ -331,6 +351,14 @@ impl MetadataBackend for InRam {
 
     fn hash_index_insert(&mut self, fp: &Fingerprint, pbn: Pbn) -> Result<()> {
         self.check_pbn(pbn)?;
+        if let Some(existing) = self.hash_index.lookup(fp) {
+            return Err(Error::corrupt(
+                "inram hash index",
+                format!(
+                    "fingerprint already indexed at PBN {existing}, cannot also index PBN {pbn}"
+                ),
+            ));
+        }
         if self.hash_index.insert(fp, pbn) {
             Ok(())
         } else {

@@ -87,7 +87,10 @@ impl SaveTable {
         let mut d = Decoder::new(area, S);
         let version = d.u32()?;
         if version != LAYOUT_VERSION {
-            return Err(Error::corrupt(S, format!("unknown layout version {version}")));
+            return Err(Error::corrupt(
+                S,
+                format!("unknown layout version {version}"),
+            ));
         }
         let active_region = d.u32()?;
         if active_region > 1 {
@@ -116,7 +119,10 @@ impl SaveTable {
         // afterwards the two arrays always cover the whole device.
         let fresh = t.items == [0; 4];
         if !fresh && (t.items[0] != cfg.logical_chunks() || t.items[1] != cfg.physical_chunks) {
-            return Err(Error::corrupt(S, "array sizes do not match the device geometry"));
+            return Err(Error::corrupt(
+                S,
+                "array sizes do not match the device geometry",
+            ));
         }
         Ok(t)
     }

@@ -1,0 +1,249 @@
+//! Shared helpers for the engine's integration tests: in-memory devices that
+//! can be closed, crashed and reopened, and chunk-periodic content patterns
+//! that make duplicates common.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use dedup_core::backends::{self, OpenOptions};
+use dedup_core::blockfile::{BlockFile, MemBlockFile};
+use dedup_core::config::DeviceConfig;
+use dedup_core::fingerprint::HashAlgo;
+use dedup_core::{Device, Result};
+
+pub struct MemDevice {
+    pub cfg: DeviceConfig,
+    pub data: Arc<MemBlockFile>,
+    pub meta: Arc<MemBlockFile>,
+}
+
+impl MemDevice {
+    pub fn new(chunk_size: u32, logical_chunks: u64, physical_chunks: u64) -> MemDevice {
+        Self::with(
+            chunk_size,
+            logical_chunks,
+            physical_chunks,
+            HashAlgo::Blake3,
+            false,
+        )
+    }
+
+    pub fn with(
+        chunk_size: u32,
+        logical_chunks: u64,
+        physical_chunks: u64,
+        hash: HashAlgo,
+        verify: bool,
+    ) -> MemDevice {
+        let cfg = DeviceConfig {
+            uuid: *uuid_bytes(),
+            backend: backends::DEFAULT.to_string(),
+            chunk_size,
+            hash,
+            verify,
+            logical_size: logical_chunks * chunk_size as u64,
+            physical_chunks,
+        };
+        let data = Arc::new(MemBlockFile::new(cfg.data_device_len(), "data"));
+        let meta_len = backends::metadata_device_len(&cfg).unwrap();
+        let meta = Arc::new(MemBlockFile::new(meta_len, "meta"));
+        Device::format(&cfg, data.as_ref(), meta.as_ref()).unwrap();
+        MemDevice { cfg, data, meta }
+    }
+
+    pub fn open(&self) -> Result<Device> {
+        self.open_with(false)
+    }
+
+    /// Open with a data device whose writes are slowed down.
+    pub fn open_slow(&self, write_delay: std::time::Duration) -> Result<Device> {
+        let opts = OpenOptions {
+            writable: true,
+            accept_unclean: false,
+        };
+        let data = SlowBlockFile {
+            inner: self.data.clone(),
+            write_delay,
+        };
+        Device::open(Box::new(data), Box::new(self.meta.clone()), &opts, None)
+    }
+
+    pub fn open_with(&self, accept_unclean: bool) -> Result<Device> {
+        let opts = OpenOptions {
+            writable: true,
+            accept_unclean,
+        };
+        Device::open(
+            Box::new(self.data.clone()) as Box<dyn BlockFile>,
+            Box::new(self.meta.clone()),
+            &opts,
+            None,
+        )
+    }
+}
+
+/// A device whose writes take a while: widens race windows in concurrency tests.
+pub struct SlowBlockFile {
+    pub inner: Arc<MemBlockFile>,
+    pub write_delay: std::time::Duration,
+}
+
+impl BlockFile for SlowBlockFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        std::thread::sleep(self.write_delay);
+        self.inner.write_at(buf, offset)
+    }
+    fn sync(&self) -> Result<()> {
+        self.inner.sync()
+    }
+    fn len(&self) -> Result<u64> {
+        self.inner.len()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+/// A device whose writes fail while `fail` is set: for error-path tests.
+pub struct FlakyBlockFile {
+    pub inner: Arc<MemBlockFile>,
+    pub fail: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl BlockFile for FlakyBlockFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(dedup_core::Error::io(
+                "injected write failure",
+                std::io::Error::from_raw_os_error(libc::EIO),
+            ));
+        }
+        self.inner.write_at(buf, offset)
+    }
+    fn sync(&self) -> Result<()> {
+        self.inner.sync()
+    }
+    fn len(&self) -> Result<u64> {
+        self.inner.len()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+fn uuid_bytes() -> &'static [u8; 16] {
+    &[0x42; 16]
+}
+
+/// Content patterns: pattern 0 is all zeros; the others are pseudo-random
+/// chunk images, so a write of pattern p over whole aligned chunks produces
+/// chunks identical to every other such write of p.
+pub struct Patterns {
+    images: Vec<Vec<u8>>,
+}
+
+impl Patterns {
+    pub fn new(count: usize, chunk_size: usize) -> Patterns {
+        let mut images = vec![vec![0u8; chunk_size]];
+        for p in 1..count {
+            let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ (p as u64 * 0x1234_5678_9abc);
+            images.push(
+                (0..chunk_size)
+                    .map(|_| {
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        state as u8
+                    })
+                    .collect(),
+            );
+        }
+        Patterns { images }
+    }
+
+    /// Bytes of pattern `p` for device range `[offset, offset + len)`.
+    pub fn bytes(&self, p: usize, offset: u64, len: usize) -> Vec<u8> {
+        let img = &self.images[p];
+        let cs = img.len() as u64;
+        (0..len as u64)
+            .map(|i| img[((offset + i) % cs) as usize])
+            .collect()
+    }
+
+    pub fn chunk(&self, p: usize) -> &[u8] {
+        &self.images[p]
+    }
+}
+
+/// A plain in-memory disk: the model every engine test compares against.
+#[derive(Clone)]
+pub struct ModelDisk {
+    pub bytes: Vec<u8>,
+    pub chunk_size: usize,
+}
+
+impl ModelDisk {
+    pub fn new(len: usize, chunk_size: usize) -> ModelDisk {
+        ModelDisk {
+            bytes: vec![0; len],
+            chunk_size,
+        }
+    }
+
+    pub fn write(&mut self, offset: u64, data: &[u8]) {
+        self.bytes[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+    }
+
+    pub fn zero(&mut self, offset: u64, len: u64) {
+        self.bytes[offset as usize..(offset + len) as usize].fill(0);
+    }
+
+    pub fn read(&self, offset: u64, len: usize) -> &[u8] {
+        &self.bytes[offset as usize..offset as usize + len]
+    }
+
+    pub fn chunk(&self, lbn: usize) -> &[u8] {
+        &self.bytes[lbn * self.chunk_size..(lbn + 1) * self.chunk_size]
+    }
+
+    pub fn chunks(&self) -> usize {
+        self.bytes.len() / self.chunk_size
+    }
+
+    /// Non-zero chunks, and how many distinct contents they hold.
+    pub fn nonzero_and_distinct(&self) -> (u64, u64) {
+        let mut set = std::collections::HashSet::new();
+        let mut nonzero = 0;
+        for i in 0..self.chunks() {
+            let c = self.chunk(i);
+            if c.iter().any(|&b| b != 0) {
+                nonzero += 1;
+                set.insert(c.to_vec());
+            }
+        }
+        (nonzero, set.len() as u64)
+    }
+}
+
+/// Read the whole device.
+pub fn read_all(dev: &Device) -> Vec<u8> {
+    let mut buf = vec![0u8; dev.size() as usize];
+    dev.read(0, &mut buf).unwrap();
+    buf
+}
+
+/// Assert the metadata is consistent.
+pub fn assert_consistent(dev: &Device) {
+    let report = dev.check(true).unwrap();
+    assert!(
+        report.is_clean(),
+        "check found problems: {:#?}",
+        report.problems
+    );
+}

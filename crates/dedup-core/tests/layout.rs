@@ -1,0 +1,271 @@
+//! Devices on real files: create, open, lock, and every kind of bad input a
+//! user can hand us (existing device, foreign or corrupt metadata, mismatched
+//! halves, truncation, a second opener), each refused by name, losing nothing.
+
+use std::path::Path;
+
+use dedup_core::backends::OpenOptions;
+use dedup_core::layout::{self, CreateOptions, DevicePaths};
+use dedup_core::Error;
+
+const RW: OpenOptions = OpenOptions {
+    writable: true,
+    accept_unclean: false,
+};
+
+fn create(dir: &Path, size: u64) -> DevicePaths {
+    layout::create(dir, &CreateOptions::new(size)).unwrap();
+    DevicePaths::from_dir(dir).unwrap()
+}
+
+fn write_some(paths: &DevicePaths) -> Vec<u8> {
+    let dev = layout::open(paths, &RW).unwrap();
+    let data: Vec<u8> = (0..3 * 4096 + 100).map(|i| (i % 251) as u8).collect();
+    dev.write(4096 * 5 + 7, &data, false).unwrap();
+    dev.close().unwrap();
+    data
+}
+
+fn read_back(paths: &DevicePaths, len: usize) -> Vec<u8> {
+    let dev = layout::open(paths, &RW).unwrap();
+    let mut got = vec![0; len];
+    dev.read(4096 * 5 + 7, &mut got).unwrap();
+    dev.close().unwrap();
+    got
+}
+
+#[test]
+fn create_open_write_close_reopen() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("dev");
+    let paths = create(&dir, 1 << 20);
+    let data = write_some(&paths);
+    assert_eq!(read_back(&paths, data.len()), data);
+    let (cfg, state) = layout::read_config(&paths).unwrap();
+    assert_eq!(cfg.logical_size, 1 << 20);
+    assert_eq!(state, dedup_core::superblock::DeviceState::Clean);
+}
+
+#[test]
+fn a_directory_that_already_holds_a_device_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let paths = create(tmp.path(), 1 << 20);
+    let data = write_some(&paths);
+    let err = layout::create(tmp.path(), &CreateOptions::new(1 << 20)).unwrap_err();
+    assert!(matches!(err, Error::Exists { .. }), "{err}");
+    assert_eq!(
+        read_back(&paths, data.len()),
+        data,
+        "the existing device is untouched"
+    );
+}
+
+#[test]
+fn bad_sizes_and_names_are_refused_before_anything_is_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("dev");
+    let cases: Vec<(CreateOptions, &str)> = vec![
+        (
+            CreateOptions::new(1_000_000),
+            "not a multiple of the chunk size",
+        ),
+        (
+            CreateOptions {
+                chunk_size: 6144,
+                ..CreateOptions::new(1 << 20)
+            },
+            "power of two",
+        ),
+        (
+            CreateOptions {
+                chunk_size: 2048,
+                ..CreateOptions::new(1 << 20)
+            },
+            "power of two",
+        ),
+        (
+            CreateOptions {
+                backend: "zfs".into(),
+                ..CreateOptions::new(1 << 20)
+            },
+            "unknown backend",
+        ),
+        (
+            CreateOptions {
+                physical_size: Some(1000),
+                ..CreateOptions::new(1 << 20)
+            },
+            "physical size",
+        ),
+        (CreateOptions::new(0), "greater than zero"),
+    ];
+    for (opts, want) in cases {
+        let err = layout::create(&dir, &opts).unwrap_err().to_string();
+        assert!(err.contains(want), "expected {want:?} in {err:?}");
+        assert!(
+            !dir.join("meta").exists() && !dir.join("data").exists(),
+            "nothing left behind"
+        );
+    }
+}
+
+#[test]
+fn a_second_opener_is_refused_while_the_first_serves() {
+    let tmp = tempfile::tempdir().unwrap();
+    let paths = create(tmp.path(), 1 << 20);
+    let first = layout::open(&paths, &RW).unwrap();
+    let err = layout::open(&paths, &RW)
+        .err()
+        .expect("second open must fail");
+    assert!(matches!(err, Error::Locked { .. }), "{err}");
+    assert!(err.to_string().contains("dedup serve"), "{err}");
+    first.close().unwrap();
+    drop(first);
+    layout::open(&paths, &RW).unwrap().close().unwrap();
+}
+
+#[test]
+fn mismatched_data_and_metadata_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = create(&tmp.path().join("a"), 1 << 20);
+    let b = create(&tmp.path().join("b"), 1 << 20);
+    let mixed = DevicePaths {
+        data: a.data.clone(),
+        meta: b.meta.clone(),
+    };
+    let err = layout::open(&mixed, &RW).err().expect("mismatch must fail");
+    assert!(matches!(err, Error::Foreign { .. }), "{err}");
+    assert!(err.to_string().contains("mismatched"), "{err}");
+}
+
+#[test]
+fn foreign_files_are_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let paths = create(tmp.path(), 1 << 20);
+    std::fs::write(&paths.meta, vec![0x5a; 3 << 20]).unwrap();
+    let err = layout::open(&paths, &RW).err().expect("foreign metadata");
+    assert!(
+        err.to_string().contains("not a dedup metadata device"),
+        "{err}"
+    );
+    std::fs::write(&paths.meta, b"tiny").unwrap();
+    let err = layout::open(&paths, &RW).err().expect("tiny metadata");
+    assert!(err.to_string().contains("too small"), "{err}");
+}
+
+#[test]
+fn corrupted_metadata_is_refused_naming_the_structure_and_never_panics() {
+    let tmp = tempfile::tempdir().unwrap();
+    let paths = create(tmp.path(), 1 << 20);
+    let data = write_some(&paths);
+    let pristine = std::fs::read(&paths.meta).unwrap();
+    // Flip one byte at many places: every open either fails cleanly or (for
+    // bytes nothing reads) serves exactly the data written.
+    let len = pristine.len();
+    let mut refused = 0;
+    for i in (0..len)
+        .step_by(len / 400 + 1)
+        .chain([0, 8, 4092, 4096 + 60, 8192, 8200])
+    {
+        let mut bad = pristine.clone();
+        bad[i] ^= 0x40;
+        std::fs::write(&paths.meta, &bad).unwrap();
+        match layout::open(&paths, &RW) {
+            Ok(dev) => {
+                let mut got = vec![0; data.len()];
+                dev.read(4096 * 5 + 7, &mut got).unwrap();
+                assert_eq!(
+                    got, data,
+                    "byte {i} flipped: an accepted open must serve the right data"
+                );
+                drop(dev);
+            }
+            Err(e) => {
+                refused += 1;
+                let msg = e.to_string();
+                assert!(
+                    matches!(
+                        e,
+                        Error::Corrupt { .. }
+                            | Error::Foreign { .. }
+                            | Error::Unsupported(_)
+                            | Error::Unclean { .. }
+                    ),
+                    "byte {i}: unexpected error kind: {msg}"
+                );
+            }
+        }
+    }
+    assert!(refused > 0);
+}
+
+#[test]
+fn a_crashed_server_is_refused_then_recovered_on_request() {
+    let tmp = tempfile::tempdir().unwrap();
+    let paths = create(tmp.path(), 1 << 20);
+    let data = write_some(&paths);
+    {
+        let dev = layout::open(&paths, &RW).unwrap();
+        dev.write(0, &[7u8; 4096], false).unwrap();
+        // Dropped without close: what a SIGKILL leaves behind.
+    }
+    let err = layout::open(&paths, &RW).err().expect("unclean");
+    assert!(matches!(err, Error::Unclean { .. }), "{err}");
+    let dev = layout::open(
+        &paths,
+        &OpenOptions {
+            writable: true,
+            accept_unclean: true,
+        },
+    )
+    .unwrap();
+    let mut got = vec![0; data.len()];
+    dev.read(4096 * 5 + 7, &mut got).unwrap();
+    assert_eq!(got, data, "data saved at the last clean stop survives");
+    let mut first = vec![1u8; 4096];
+    dev.read(0, &mut first).unwrap();
+    assert!(first == vec![0; 4096] || first == vec![7; 4096]);
+    dev.close().unwrap();
+}
+
+#[test]
+fn explicit_data_and_metadata_paths_are_linked_and_protected() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data_path = tmp.path().join("disk.img");
+    let meta_path = tmp.path().join("meta.img");
+    std::fs::write(&data_path, vec![0u8; (2 << 20) + 4096]).unwrap();
+    let opts = CreateOptions {
+        data: Some(data_path.clone()),
+        meta: Some(meta_path.clone()),
+        ..CreateOptions::new(4 << 20)
+    };
+    let cfg = layout::create(&tmp.path().join("dev"), &opts).unwrap();
+    assert_eq!(
+        cfg.physical_size(),
+        2 << 20,
+        "physical size taken from the existing data file"
+    );
+    let paths = DevicePaths::from_dir(&tmp.path().join("dev")).unwrap();
+    assert_eq!(std::fs::read_link(&paths.data).unwrap(), data_path);
+    write_some(&paths);
+    // Reusing those files for another device needs --force.
+    let again = CreateOptions {
+        data: Some(data_path),
+        meta: Some(meta_path),
+        ..CreateOptions::new(4 << 20)
+    };
+    let err = layout::create(&tmp.path().join("dev2"), &again).unwrap_err();
+    assert!(err.to_string().contains("--force"), "{err}");
+    let forced = CreateOptions {
+        force: true,
+        ..again
+    };
+    layout::create(&tmp.path().join("dev2"), &forced).unwrap();
+}
+
+#[test]
+fn not_a_device_directory_says_how_to_make_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let err = DevicePaths::from_dir(tmp.path()).unwrap_err().to_string();
+    assert!(err.contains("dedup create"), "{err}");
+}
