@@ -1,1 +1,58 @@
-fn main() {}
+//! `dedup`: create, serve and inspect deduplicating block devices.
+//! Each subcommand lives in `cmd/`; this file only parses and dispatches.
+
+mod cmd;
+mod render;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "dedup",
+    version,
+    about = "Inline deduplicating block device: identical chunks are stored once",
+    long_about = "Inline deduplicating block device: identical chunks are stored once.\n\n\
+        Create a device in a directory, serve it over NBD with nbdkit, put any filesystem on it.\n\
+        Quick start:\n  dedup create ./dev --size 10G\n  dedup serve ./dev\n  dedup status ./dev"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    Create(cmd::create::Args),
+    Serve(cmd::serve::Args),
+    Status(cmd::status::Args),
+    Gc(cmd::gc::Args),
+    Check(cmd::check::Args),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("DEDUP_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Create(a) => cmd::create::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
+        Command::Status(a) => cmd::status::run(a),
+        Command::Gc(a) => cmd::gc::run(a),
+        Command::Check(a) => cmd::check::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("dedup: error: {e:#}");
+            ExitCode::from(cmd::EXIT_FAILURE)
+        }
+    }
+}

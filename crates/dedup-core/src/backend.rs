@@ -61,7 +61,7 @@ pub struct BackendUsage {
 }
 
 /// Metadata-device I/O done by the backend since it was opened.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MetaIoStats {
     pub reads: u64,
     pub writes: u64,

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::backend::MetaIoStats;
 
@@ -17,7 +17,8 @@ macro_rules! define_counters {
         }
 
         /// A copy of the counters at one instant.
-        #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+        #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(default)]
         pub struct CounterValues {
             $($(#[doc = $doc])* pub $name: u64,)*
         }
@@ -93,7 +94,7 @@ impl Counters {
 }
 
 /// Everything `dedup status` reports.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Stats {
     pub backend: String,
     pub hash: String,

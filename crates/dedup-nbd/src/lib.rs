@@ -1,1 +1,293 @@
+//! dedup-nbd: the nbdkit plugin that serves a dedup device over NBD.
+//!
+//! Thin on purpose: nbdkit config keys become an open `Device`, and each NBD
+//! callback becomes one `Device` call. All dedup logic lives in dedup-core.
+//!
+//! Keys: `dir=DIR` (a device directory; also the bare argument), or
+//! `data=PATH meta=PATH` for explicit halves; `control=PATH` for the control
+//! socket (default `DIR/control.sock`); `accept_unclean=true` to roll back
+//! after an unclean stop.
 
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use dedup_core::control::ControlServer;
+use dedup_core::layout::{self, DevicePaths, CONTROL_SOCKET_NAME};
+use dedup_core::{Device, OpenOptions};
+use nbdkit::*;
+
+#[derive(Default)]
+struct Settings {
+    dir: Option<PathBuf>,
+    data: Option<PathBuf>,
+    meta: Option<PathBuf>,
+    control: Option<PathBuf>,
+    accept_unclean: bool,
+}
+
+#[derive(Default)]
+struct Served {
+    device: Option<Arc<Device>>,
+    control: Option<ControlServer>,
+}
+
+static SETTINGS: Mutex<Settings> = Mutex::new(Settings {
+    dir: None,
+    data: None,
+    meta: None,
+    control: None,
+    accept_unclean: false,
+});
+static SERVED: Mutex<Served> = Mutex::new(Served {
+    device: None,
+    control: None,
+});
+
+/// A poisoned mutex only means another callback panicked; the data is fine.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn nbd_error(e: dedup_core::Error) -> Error {
+    Error::new(e.errno(), e.to_string())
+}
+
+fn einval(msg: String) -> Error {
+    Error::new(libc::EINVAL, msg)
+}
+
+fn paths(s: &Settings) -> Result<DevicePaths> {
+    match (&s.dir, &s.data, &s.meta) {
+        (Some(dir), None, None) => DevicePaths::from_dir(dir).map_err(nbd_error),
+        (None, Some(data), Some(meta)) => Ok(DevicePaths {
+            data: data.clone(),
+            meta: meta.clone(),
+        }),
+        _ => Err(einval(
+            "give either dir=DIR (a directory made by `dedup create`) or both data=PATH and meta=PATH".into(),
+        )),
+    }
+}
+
+struct DedupPlugin {
+    device: Arc<Device>,
+}
+
+impl Server for DedupPlugin {
+    fn name() -> &'static str {
+        "dedup"
+    }
+
+    fn longname() -> Option<&'static str> {
+        Some("dedup: inline deduplicating block device")
+    }
+
+    fn description() -> Option<&'static str> {
+        Some("Serves a dedup device: identical chunks are stored once (see `dedup --help`).")
+    }
+
+    fn version() -> Option<&'static str> {
+        Some(env!("CARGO_PKG_VERSION"))
+    }
+
+    fn magic_config_key() -> Option<&'static str> {
+        Some("dir")
+    }
+
+    fn config_help() -> Option<&'static str> {
+        Some(
+            "dir=DIR                 Device directory made by `dedup create` (required,\n\
+             \x20                       unless data= and meta= are given).\n\
+             data=PATH meta=PATH     Explicit data and metadata devices.\n\
+             control=PATH            Control socket for `dedup status/gc` (default DIR/control.sock).\n\
+             accept_unclean=BOOL     After an unclean stop, roll back to the last clean state.",
+        )
+    }
+
+    fn config(key: &str, value: &str) -> Result<()> {
+        let mut s = lock(&SETTINGS);
+        match key {
+            "dir" => s.dir = Some(PathBuf::from(value)),
+            "data" => s.data = Some(PathBuf::from(value)),
+            "meta" => s.meta = Some(PathBuf::from(value)),
+            "control" => s.control = Some(PathBuf::from(value)),
+            "accept_unclean" => s.accept_unclean = parse_bool(value)?,
+            _ => {
+                return Err(einval(format!(
+                    "unknown key {key:?}: the dedup plugin takes dir, data, meta, control, accept_unclean"
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    fn config_complete() -> Result<()> {
+        paths(&lock(&SETTINGS)).map(|_| ())
+    }
+
+    fn thread_model() -> Result<ThreadModel> {
+        Ok(ThreadModel::Parallel)
+    }
+
+    /// Open the device before nbdkit accepts connections, so a bad device
+    /// fails the server's start with a clear message.
+    fn get_ready() -> Result<()> {
+        let _ = tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_env("DEDUP_LOG")
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            )
+            .try_init();
+        let s = lock(&SETTINGS);
+        let paths = paths(&s)?;
+        let opts = OpenOptions {
+            writable: true,
+            accept_unclean: s.accept_unclean,
+        };
+        let device = layout::open(&paths, &opts).map_err(nbd_error)?;
+        lock(&SERVED).device = Some(Arc::new(device));
+        Ok(())
+    }
+
+    /// Threads must start after nbdkit forks: the control socket lives here.
+    fn after_fork() -> Result<()> {
+        let s = lock(&SETTINGS);
+        let path = s
+            .control
+            .clone()
+            .or_else(|| s.dir.as_ref().map(|d| d.join(CONTROL_SOCKET_NAME)));
+        let mut served = lock(&SERVED);
+        if let (Some(path), Some(device)) = (path, served.device.clone()) {
+            served.control = Some(ControlServer::start(&path, device).map_err(nbd_error)?);
+        }
+        Ok(())
+    }
+
+    /// nbdkit is shutting down (SIGINT/SIGTERM): save metadata, mark clean.
+    fn unload() {
+        let mut served = lock(&SERVED);
+        if let Some(control) = served.control.take() {
+            control.stop();
+        }
+        if let Some(device) = served.device.take() {
+            if let Err(e) = device.close() {
+                tracing::error!("closing the device failed; metadata may not be saved: {e}");
+            }
+        }
+    }
+
+    fn open(_readonly: bool) -> Result<Box<dyn Server>> {
+        let device = lock(&SERVED)
+            .device
+            .clone()
+            .ok_or_else(|| Error::new(libc::EIO, "the dedup device is not open"))?;
+        Ok(Box::new(DedupPlugin { device }))
+    }
+
+    fn get_size(&self) -> Result<i64> {
+        Ok(self.device.size() as i64)
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.device.read(offset, buf).map_err(nbd_error)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, flags: Flags) -> Result<()> {
+        self.device
+            .write(offset, buf, flags.contains(Flags::FUA))
+            .map_err(nbd_error)
+    }
+
+    fn trim(&self, count: u32, offset: u64, flags: Flags) -> Result<()> {
+        self.device
+            .discard(offset, count as u64, flags.contains(Flags::FUA))
+            .map_err(nbd_error)
+    }
+
+    /// Zeroing is always fast here (zero chunks are unmapped, never
+    /// written), so FAST_ZERO needs no special case.
+    fn zero(&self, count: u32, offset: u64, flags: Flags) -> Result<()> {
+        self.device
+            .discard(offset, count as u64, flags.contains(Flags::FUA))
+            .map_err(nbd_error)
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.device.flush().map_err(nbd_error)
+    }
+
+    fn extents(&self, count: u32, offset: u64, flags: Flags, h: &mut ExtentHandle) -> Result<()> {
+        let extents = self
+            .device
+            .extents(offset, count as u64)
+            .map_err(nbd_error)?;
+        for e in extents {
+            let kind = if e.mapped {
+                ExtentType::Allocated
+            } else {
+                ExtentType::HoleZero
+            };
+            h.add(e.offset, e.len, kind)?;
+            if flags.contains(Flags::REQ_ONE) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn can_write(&self) -> Result<bool> {
+        Ok(true)
+    }
+    fn can_flush(&self) -> Result<bool> {
+        Ok(true)
+    }
+    fn can_trim(&self) -> Result<bool> {
+        Ok(true)
+    }
+    fn can_zero(&self) -> Result<bool> {
+        Ok(true)
+    }
+    fn can_fast_zero(&self) -> Result<bool> {
+        Ok(true)
+    }
+    fn can_fua(&self) -> Result<FuaFlags> {
+        Ok(FuaFlags::Native)
+    }
+    /// Safe: one device behind every connection, and a flush on any
+    /// connection makes all completed writes durable.
+    fn can_multi_conn(&self) -> Result<bool> {
+        Ok(true)
+    }
+    fn can_extents(&self) -> Result<bool> {
+        Ok(true)
+    }
+    fn is_rotational(&self) -> Result<bool> {
+        Ok(false)
+    }
+}
+
+plugin!(DedupPlugin {
+    config,
+    config_complete,
+    config_help,
+    thread_model,
+    get_ready,
+    after_fork,
+    unload,
+    write_at,
+    trim,
+    zero,
+    flush,
+    extents,
+    can_write,
+    can_flush,
+    can_trim,
+    can_zero,
+    can_fast_zero,
+    can_fua,
+    can_multi_conn,
+    can_extents,
+    is_rotational
+});

@@ -3,14 +3,14 @@
 //! every indexed chunk. Online, it quiesces I/O for its duration (it holds
 //! every LBN stripe), so it sees no write half-done.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::Device;
 use crate::backend::{MetadataBackend, ScanCursor};
 use crate::config::DeviceConfig;
 use crate::error::Result;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProblemKind {
     /// A count differs from the references found.
@@ -27,13 +27,13 @@ pub enum ProblemKind {
     FingerprintMismatch,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Problem {
     pub kind: ProblemKind,
     pub detail: String,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct CheckReport {
     pub lbns_mapped: u64,
     pub pbns_used: u64,

@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::Device;
 use crate::backend::{MetadataBackend, ScanCursor};
@@ -23,7 +23,7 @@ const SCAN_PAGE: usize = 4096;
 /// Candidates freed per mutex hold.
 const FREE_PAGE: usize = 1024;
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct GcReport {
     /// Hash index entries examined.
     pub scanned: u64,

@@ -1,0 +1,86 @@
+//! `dedup create`: lay out a new device.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use dedup_core::backends;
+use dedup_core::config::DEFAULT_CHUNK_SIZE;
+use dedup_core::fingerprint::HashAlgo;
+use dedup_core::layout::{self, CreateOptions};
+use dedup_core::size::format_size;
+
+use super::{print_json, size_arg};
+
+#[derive(clap::Args)]
+#[command(
+    about = "Create a new deduplicated device in a directory",
+    after_help = "Examples:\n  dedup create ./dev --size 10G\n  dedup create ./dev --size 1T --physical-size 200G --hash sha256 --verify\n  dedup create ./dev --size 100G --data /dev/sdb --meta /dev/nvme0n1p3"
+)]
+pub struct Args {
+    /// Directory for the device (created if missing; must not hold a device).
+    pub dir: PathBuf,
+    /// Logical size clients see (K, M, G, T suffixes); a multiple of the chunk size.
+    #[arg(long, value_parser = size_arg)]
+    pub size: u64,
+    /// Data capacity to store chunks in; may be less than --size when you
+    /// expect duplicates. Default: the size of an existing --data device, else --size.
+    #[arg(long, value_parser = size_arg)]
+    pub physical_size: Option<u64>,
+    /// Metadata backend.
+    #[arg(long, default_value = backends::DEFAULT, value_parser = clap::builder::PossibleValuesParser::new(backends::NAMES))]
+    pub backend: String,
+    /// Chunk size: a power of two from 4K to 1M; match your filesystem's block size.
+    #[arg(long, value_parser = size_arg, default_value_t = DEFAULT_CHUNK_SIZE as u64)]
+    pub chunk_size: u64,
+    /// Fingerprint hash.
+    #[arg(long, default_value = "blake3", value_parser = ["blake3", "sha256", "md5"])]
+    pub hash: String,
+    /// Compare bytes on every fingerprint match before sharing a chunk.
+    #[arg(long)]
+    pub verify: bool,
+    /// Existing file or block device to hold the data (default: DIR/data).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Existing file or block device to hold the metadata (default: DIR/meta).
+    #[arg(long)]
+    pub meta: Option<PathBuf>,
+    /// Overwrite --data/--meta devices that already hold a dedup device.
+    #[arg(long)]
+    pub force: bool,
+    /// Print the new device's configuration as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let chunk_size = u32::try_from(a.chunk_size)
+        .map_err(|_| anyhow::anyhow!("chunk size {} is too large (at most 1M)", a.chunk_size))?;
+    let opts = CreateOptions {
+        size: a.size,
+        physical_size: a.physical_size,
+        backend: a.backend,
+        chunk_size,
+        hash: a.hash.parse::<HashAlgo>()?,
+        verify: a.verify,
+        data: a.data,
+        meta: a.meta,
+        force: a.force,
+    };
+    let cfg = layout::create(&a.dir, &opts)?;
+    if a.json {
+        print_json(&cfg)?;
+    } else {
+        println!(
+            "Created a dedup device in {}: {} logical, {} of chunk space, {} chunks, {} fingerprints{}, {} backend.",
+            a.dir.display(),
+            format_size(cfg.logical_size),
+            format_size(cfg.physical_size()),
+            format_size(cfg.chunk_size as u64),
+            cfg.hash,
+            if cfg.verify { " (verified)" } else { "" },
+            cfg.backend
+        );
+        println!("Serve it with:  dedup serve {}", a.dir.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}

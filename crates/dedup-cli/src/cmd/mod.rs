@@ -1,0 +1,50 @@
+//! The subcommands, one file each, and what they share.
+
+pub mod check;
+pub mod create;
+pub mod gc;
+pub mod serve;
+pub mod status;
+
+use std::path::{Path, PathBuf};
+
+use dedup_core::control::{self, Request};
+use dedup_core::layout::{self, DevicePaths, CONTROL_SOCKET_NAME};
+use dedup_core::{Device, OpenOptions};
+
+/// Exit code for "could not do it" (check uses 1 for "problems found").
+pub const EXIT_FAILURE: u8 = 2;
+
+/// clap value parser for sizes with K/M/G/T suffixes.
+pub fn size_arg(s: &str) -> Result<u64, String> {
+    dedup_core::size::parse_size(s).map_err(|e| e.to_string())
+}
+
+pub fn control_path(dir: &Path) -> PathBuf {
+    dir.join(CONTROL_SOCKET_NAME)
+}
+
+/// A device reached either through its serving process or opened here.
+pub enum Reached {
+    Served(serde_json::Value),
+    Offline(Box<Device>),
+}
+
+/// Ask the serving process (if any) to do `req`; otherwise open the device
+/// here. `writable` offline opens may change metadata (gc).
+pub fn reach(dir: &Path, req: &Request, writable: bool) -> anyhow::Result<Reached> {
+    let paths = DevicePaths::from_dir(dir)?;
+    if let Some(reply) = control::request(&control_path(dir), req)? {
+        return Ok(Reached::Served(reply));
+    }
+    let opts = OpenOptions {
+        writable,
+        accept_unclean: false,
+    };
+    Ok(Reached::Offline(Box::new(layout::open(&paths, &opts)?)))
+}
+
+pub fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}

@@ -1,0 +1,206 @@
+//! `dedup serve`: run nbdkit with the dedup plugin on a device, in the
+//! foreground, until SIGINT/SIGTERM; then nbdkit unloads the plugin, which
+//! saves the metadata and marks the device clean.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use dedup_core::layout::{self, DevicePaths};
+use dedup_core::lock::DeviceLock;
+use dedup_core::size::format_size;
+use dedup_core::superblock::DeviceState;
+
+use super::EXIT_FAILURE;
+
+pub const PLUGIN_FILE: &str = "libdedup_nbd.so";
+const NBD_SOCKET_NAME: &str = "nbd.sock";
+const PID_FILE_NAME: &str = "nbdkit.pid";
+
+#[derive(clap::Args)]
+#[command(
+    about = "Serve a device over NBD (runs nbdkit with the dedup plugin) until Ctrl-C",
+    after_help = "Examples:\n  dedup serve ./dev                      # Unix socket ./dev/nbd.sock\n  dedup serve ./dev --port 10809         # TCP on localhost\n  dedup serve ./dev --accept-unclean     # roll back after a crash\n\nAttach the device with nbd-client, qemu, or nbdfuse + losetup (printed when ready)."
+)]
+pub struct Args {
+    /// Device directory made by `dedup create`.
+    pub dir: PathBuf,
+    /// Unix socket to listen on (default: DIR/nbd.sock).
+    #[arg(long, conflicts_with = "port")]
+    pub socket: Option<PathBuf>,
+    /// TCP port to listen on instead of a Unix socket.
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Address to bind with --port.
+    #[arg(long, default_value = "127.0.0.1", requires = "port")]
+    pub bind: String,
+    /// After an unclean stop, roll back to the last clean state (each chunk
+    /// verified against its fingerprint) instead of refusing to serve.
+    #[arg(long)]
+    pub accept_unclean: bool,
+    /// nbdkit worker threads (requests in flight).
+    #[arg(long, default_value_t = 16)]
+    pub threads: u32,
+    /// The nbdkit plugin (default: libdedup_nbd.so next to this program).
+    #[arg(long, env = "DEDUP_PLUGIN")]
+    pub plugin: Option<PathBuf>,
+    /// The nbdkit program.
+    #[arg(long, env = "NBDKIT", default_value = "nbdkit")]
+    pub nbdkit: PathBuf,
+}
+
+fn find_plugin(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = explicit {
+        if !p.exists() {
+            bail!("the plugin {} does not exist", p.display());
+        }
+        return Ok(p);
+    }
+    let exe = std::env::current_exe().context("finding the dedup program's own path")?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    let candidate = dir.join(PLUGIN_FILE);
+    if candidate.exists() {
+        return Ok(candidate);
+    }
+    bail!(
+        "cannot find the nbdkit plugin {PLUGIN_FILE} next to {}: build the whole workspace \
+         (`cargo build --release`) or pass --plugin PATH",
+        exe.display()
+    )
+}
+
+fn find_program(name: &Path) -> anyhow::Result<PathBuf> {
+    if name.components().count() > 1 {
+        return Ok(name.to_path_buf());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .with_context(|| {
+            format!(
+                "{} is not installed (or not on PATH): install it, e.g. `apt-get install nbdkit`",
+                name.display()
+            )
+        })
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let dir = std::path::absolute(&a.dir).context("resolving the device directory")?;
+    let paths = DevicePaths::from_dir(&dir)?;
+    let (cfg, state) = layout::read_config(&paths)?;
+    // Fail early, with our own words, on the two common refusals.
+    drop(DeviceLock::acquire(&paths.meta)?);
+    if state == DeviceState::Open && !a.accept_unclean {
+        return Err(dedup_core::Error::Unclean {
+            path: paths.meta.clone(),
+            backend: cfg.backend.clone(),
+        }
+        .into());
+    }
+    let plugin = find_plugin(a.plugin)?;
+    let nbdkit = find_program(&a.nbdkit)?;
+    let pidfile = dir.join(PID_FILE_NAME);
+    let _ = std::fs::remove_file(&pidfile);
+
+    let mut cmd = Command::new(&nbdkit);
+    cmd.arg("--foreground")
+        .arg("--exit-with-parent")
+        .arg("--pidfile")
+        .arg(&pidfile)
+        .arg("--threads")
+        .arg(a.threads.to_string());
+    let mut unix_socket = None;
+    let (uri, attach) = match a.port {
+        Some(port) => {
+            cmd.arg("--port")
+                .arg(port.to_string())
+                .arg("--ipaddr")
+                .arg(&a.bind);
+            let uri = format!("nbd://{}:{port}", a.bind);
+            let attach = format!("nbd-client {} {port} /dev/nbd0", a.bind);
+            (uri, attach)
+        }
+        None => {
+            let sock = match a.socket {
+                Some(s) => std::path::absolute(s).context("resolving --socket")?,
+                None => dir.join(NBD_SOCKET_NAME),
+            };
+            let _ = std::fs::remove_file(&sock);
+            cmd.arg("--unix").arg(&sock);
+            unix_socket = Some(sock.clone());
+            let uri = format!("nbd+unix:///?socket={}", sock.display());
+            let attach = format!("nbd-client -unix {} /dev/nbd0", sock.display());
+            (uri, attach)
+        }
+    };
+    cmd.arg(&plugin).arg(format!("dir={}", dir.display()));
+    if a.accept_unclean {
+        cmd.arg("accept_unclean=true");
+    }
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", nbdkit.display()))?;
+    let pid = child.id() as libc::pid_t;
+
+    let mut signals =
+        signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM, libc::SIGHUP])
+            .context("installing signal handlers")?;
+    let forwarder = signals.handle();
+    std::thread::spawn(move || {
+        for _ in signals.forever() {
+            // SAFETY: signalling our own child process.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+    });
+
+    let started = Instant::now();
+    while !pidfile.exists() {
+        if let Some(status) = child.try_wait()? {
+            forwarder.close();
+            eprintln!("dedup: nbdkit stopped before serving ({status}); see its message above");
+            return Ok(ExitCode::from(EXIT_FAILURE));
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            bail!("nbdkit did not start serving within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!(
+        "dedup: serving {} ({} logical, {} backend, {} chunks) at {uri}",
+        dir.display(),
+        format_size(cfg.logical_size),
+        cfg.backend,
+        format_size(cfg.chunk_size as u64)
+    );
+    println!("Attach it:");
+    println!("  kernel NBD client:  modprobe nbd && {attach}");
+    println!("  without nbd module: mkdir -p /mnt/dedup && nbdfuse /mnt/dedup/ '{uri}' &");
+    println!("                      losetup -f --show /mnt/dedup/nbd   # then mkfs.ext4 / mount the loop device");
+    println!("  qemu:               qemu-img info '{uri}'");
+    println!(
+        "Status: dedup status {}    Stop: Ctrl-C or SIGTERM (metadata is saved on a clean stop)",
+        dir.display()
+    );
+
+    let status = child.wait().context("waiting for nbdkit")?;
+    forwarder.close();
+    let _ = std::fs::remove_file(&pidfile);
+    if let Some(sock) = unix_socket {
+        let _ = std::fs::remove_file(sock);
+    }
+    match layout::read_config(&paths) {
+        Ok((_, DeviceState::Clean)) => eprintln!("dedup: stopped; metadata saved cleanly"),
+        Ok((_, DeviceState::Open)) => eprintln!(
+            "dedup: warning: nbdkit exited ({status}) without a clean shutdown; the next serve needs --accept-unclean"
+        ),
+        Err(e) => eprintln!("dedup: warning: cannot read the device state after stopping: {e}"),
+    }
+    Ok(if status.success() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_FAILURE)
+    })
+}

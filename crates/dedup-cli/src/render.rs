@@ -1,0 +1,136 @@
+//! Human-readable reports. JSON output bypasses this module entirely.
+
+use std::fmt::Write;
+
+use dedup_core::engine::{CheckReport, GcReport};
+use dedup_core::size::format_size;
+
+use crate::cmd::status::StatusReport;
+
+pub fn status(r: &StatusReport) -> String {
+    let s = &r.stats;
+    let c = &s.counters;
+    let cs = format_size(s.chunk_size as u64);
+    let mut o = String::new();
+    let state = if r.served { "serving" } else { "stopped" };
+    let _ = writeln!(
+        o,
+        "Device {} ({state}): {} backend, {} fingerprints{}, {cs} chunks",
+        r.device,
+        s.backend,
+        s.hash,
+        if s.verify { " + byte verify" } else { "" }
+    );
+    let _ = writeln!(
+        o,
+        "  Dedup ratio      {:.2}   (mapped chunks per stored chunk; I/O dedup ratio {:.2})",
+        s.dedup_ratio, s.io_dedup_ratio
+    );
+    let _ = writeln!(
+        o,
+        "  Logical          {} in all, {} mapped ({} chunks)",
+        format_size(s.logical_size),
+        format_size(s.logical_bytes_mapped),
+        s.chunks_mapped
+    );
+    let _ = writeln!(
+        o,
+        "  Physical         {} in all, {} used ({} chunks, {:.1}%), {} free",
+        format_size(s.physical_size),
+        format_size(s.physical_bytes_used),
+        s.chunks_stored,
+        s.physical_used_percent,
+        format_size(s.physical_bytes_free)
+    );
+    let _ = writeln!(
+        o,
+        "  Metadata         {} ({} hash index entries)",
+        format_size(s.metadata_bytes),
+        s.hash_index_entries
+    );
+    let _ = writeln!(
+        o,
+        "Writes           {} requests, {} written, {} chunks:",
+        c.write_requests,
+        format_size(c.bytes_written),
+        c.writes
+    );
+    let _ = writeln!(
+        o,
+        "  unique {}  duplicate {}  zero {}  overwrites {}  rewrites {}  read-modify-write {}",
+        c.unique_writes, c.duplicate_writes, c.zero_writes, c.overwrites, c.rewrites, c.rmw_reads
+    );
+    let _ = writeln!(
+        o,
+        "  data device: {} written, {} read",
+        format_size(c.data_bytes_written),
+        format_size(c.data_bytes_read)
+    );
+    let _ = writeln!(
+        o,
+        "Reads            {} requests, {} read, {} chunks",
+        c.read_requests,
+        format_size(c.bytes_read),
+        c.reads
+    );
+    let _ = writeln!(
+        o,
+        "Discards         {} requests, {} chunks unmapped;  flushes {}",
+        c.discard_requests, c.discarded_chunks, c.flushes
+    );
+    let _ = writeln!(
+        o,
+        "GC               {} runs, {} chunks reclaimed",
+        c.gc_runs, c.gc_reclaimed
+    );
+    if c.nospace_errors > 0 || c.verify_mismatches > 0 {
+        let _ = writeln!(o, "Errors           {} writes refused for lack of space, {} fingerprint collisions caught by verify", c.nospace_errors, c.verify_mismatches);
+    }
+    let m = &s.metadata_io;
+    let _ = writeln!(
+        o,
+        "Metadata I/O     {} reads ({}), {} writes ({}), {} syncs",
+        m.reads,
+        format_size(m.bytes_read),
+        m.writes,
+        format_size(m.bytes_written),
+        m.syncs
+    );
+    o
+}
+
+pub fn gc(r: &GcReport) -> String {
+    format!(
+        "Reclaimed {} chunks ({}) in {:.3} s; {} hash index entries examined.",
+        r.reclaimed,
+        format_size(r.bytes_reclaimed),
+        r.seconds,
+        r.scanned
+    )
+}
+
+pub fn check(r: &CheckReport) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{} LBNs mapped, {} chunks stored, {} hash index entries, {} reclaimable by GC{}",
+        r.lbns_mapped,
+        r.pbns_used,
+        r.hash_index_entries,
+        r.reclaimable_chunks,
+        if r.chunks_verified > 0 {
+            format!(", {} chunks re-hashed", r.chunks_verified)
+        } else {
+            String::new()
+        }
+    );
+    if r.is_clean() {
+        let _ = writeln!(o, "clean: no problems found");
+    } else {
+        let _ = writeln!(o, "{} problems found:", r.problems.len());
+        for p in &r.problems {
+            let _ = writeln!(o, "  {:?}: {}", p.kind, p.detail);
+        }
+    }
+    o
+}
