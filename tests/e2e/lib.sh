@@ -1,0 +1,77 @@
+# Helpers for the end-to-end tests: start and stop `dedup serve` on devices
+# in a scratch directory, read status JSON, and clean everything up on exit
+# (servers, FUSE mounts, loop devices) even when a test fails.
+# Sourced by each test; tests run as root (FUSE, loop devices, mount).
+
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+DEDUP=${DEDUP:-$ROOT/target/release/dedup}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/dedup-e2e.XXXXXX")
+CLEANUPS=()
+
+cleanup() {
+    local rc=$?
+    set +e
+    for ((i = ${#CLEANUPS[@]} - 1; i >= 0; i--)); do
+        eval "${CLEANUPS[$i]}" >/dev/null 2>&1
+    done
+    if [ "$rc" -ne 0 ]; then
+        for log in "$WORK"/*.serve.log; do
+            [ -f "$log" ] && { echo "--- $log"; tail -n 30 "$log"; }
+        done
+    fi
+    rm -rf "$WORK"
+    exit "$rc"
+}
+trap cleanup EXIT
+
+on_exit() { CLEANUPS+=("$1"); }
+fail() { echo "FAIL: $*" >&2; exit 1; }
+log() { echo "== $*"; }
+
+[ -x "$DEDUP" ] || fail "$DEDUP is missing: build with cargo build --release"
+
+uri() { echo "nbd+unix:///?socket=$1/nbd.sock"; }
+
+# serve DIR [dedup serve args...]: start serving and wait until ready.
+serve() {
+    local dir=$1
+    shift
+    "$DEDUP" serve "$dir" "$@" >"$dir.serve.log" 2>&1 &
+    local pid=$!
+    echo "$pid" >"$dir.servepid"
+    on_exit "kill -TERM $pid; wait $pid"
+    local i
+    for i in $(seq 300); do
+        grep -q "dedup: serving" "$dir.serve.log" && return 0
+        kill -0 "$pid" 2>/dev/null || { cat "$dir.serve.log"; fail "dedup serve $dir exited early"; }
+        sleep 0.1
+    done
+    fail "dedup serve $dir did not become ready"
+}
+
+# stop DIR: SIGTERM the server, which must save metadata cleanly.
+stop() {
+    local dir=$1 pid
+    pid=$(cat "$dir.servepid")
+    kill -TERM "$pid"
+    wait "$pid" || fail "dedup serve $dir exited with $?"
+    grep -q "metadata saved cleanly" "$dir.serve.log" || { cat "$dir.serve.log"; fail "$dir did not stop cleanly"; }
+}
+
+# status DIR KEY: one field of `dedup status --json`.
+status() {
+    "$DEDUP" status "$1" --json | python3 -c "import json,sys; print(json.load(sys.stdin)['$2'])"
+}
+
+# check_clean DIR: `dedup check --data` must find nothing.
+check_clean() {
+    "$DEDUP" check "$1" --data >"$WORK/check.out" || { cat "$WORK/check.out"; fail "dedup check $1 found problems"; }
+}
+
+# near A B TOL: |A - B| <= TOL (floats).
+near() {
+    python3 -c "import sys; a,b,t=map(float,sys.argv[1:]); sys.exit(0 if abs(a-b)<=t else 1)" "$1" "$2" "$3" \
+        || fail "$1 is not within $3 of $2"
+}
