@@ -95,4 +95,29 @@ for i in range(0, len(a), 4096):
 PY
 check_clean "$WORK/dev"
 stop "$WORK/dev"
+
+log "block devices (loop) for data and metadata, served over TCP"
+truncate -s 64M "$WORK/data.img"
+truncate -s 8M "$WORK/meta.img"
+truncate -s 1M "$WORK/small.img"
+dl=$(losetup -f --show "$WORK/data.img")
+on_exit "losetup -d $dl"
+ml=$(losetup -f --show "$WORK/meta.img")
+on_exit "losetup -d $ml"
+sl=$(losetup -f --show "$WORK/small.img")
+on_exit "losetup -d $sl"
+expect_fail "use a larger device" "$DEDUP" create "$WORK/blk" --size 128M --data "$dl" --meta "$sl"
+"$DEDUP" create "$WORK/blk" --size 128M --data "$dl" --meta "$ml" >/dev/null
+[ "$(readlink "$WORK/blk/data")" = "$dl" ] || fail "data is not linked to $dl"
+expect_fail "--force" "$DEDUP" create "$WORK/blk2" --size 128M --data "$dl" --meta "$ml"
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+serve "$WORK/blk" --port "$port"
+nbdcopy --flush "$WORK/a.bin" "nbd://127.0.0.1:$port"
+nbdcopy --flush "$WORK/a.bin" "nbd://127.0.0.1:$port"
+rm -f "$WORK/out.bin"
+nbdcopy "nbd://127.0.0.1:$port" "$WORK/out.bin"
+cmp -n $((4 << 20)) "$WORK/out.bin" "$WORK/a.bin" || fail "data on block devices differs"
+[ "$(status "$WORK/blk" physical_size)" = $(((64 << 20) - 4096)) ] || fail "physical size not taken from the data device"
+stop "$WORK/blk"
+check_clean "$WORK/blk"
 echo "PASS lifecycle"

@@ -75,8 +75,8 @@ pub fn status(r: &StatusReport) -> String {
     );
     let _ = writeln!(
         o,
-        "Discards         {} requests, {} chunks unmapped;  flushes {}",
-        c.discard_requests, c.discarded_chunks, c.flushes
+        "Discards         {} trim + {} write-zeroes requests, {} chunks unmapped;  flushes {}",
+        c.discard_requests, c.write_zeroes_requests, c.discarded_chunks, c.flushes
     );
     let _ = writeln!(
         o,

@@ -28,7 +28,9 @@ fn device(hash: HashAlgo) -> Device {
         logical_size: LOGICAL,
         physical_chunks: PHYSICAL / CS as u64,
     };
-    let data = MemBlockFile::new(cfg.data_device_len(), "data");
+    // Touch every page up front: first-touch page faults would otherwise
+    // dominate unique writes, and a real data device has none.
+    let data = MemBlockFile::from_bytes(vec![0x5a; cfg.data_device_len() as usize], "data");
     let meta = MemBlockFile::new(backends::metadata_device_len(&cfg).unwrap(), "meta");
     Device::format(&cfg, &data, &meta).unwrap();
     let opts = OpenOptions {

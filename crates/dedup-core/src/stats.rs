@@ -63,7 +63,7 @@ define_counters! {
     zero_writes,
     /// Partial-chunk writes that had to read the chunk first (read-modify-write).
     rmw_reads,
-    /// Trim/discard and write-zeroes requests.
+    /// Trim/discard requests.
     discard_requests,
     /// Chunks unmapped by trim/discard or write-zeroes.
     discarded_chunks,
@@ -85,6 +85,8 @@ define_counters! {
     verify_mismatches,
     /// Writes refused because the data device was full.
     nospace_errors,
+    /// Write-zeroes requests.
+    write_zeroes_requests,
 }
 
 impl Counters {

@@ -36,6 +36,11 @@ enum Op {
         offset: u64,
         len: u64,
     },
+    WriteZeroes {
+        offset: u64,
+        len: u64,
+        fua: bool,
+    },
     Flush,
     Gc,
     Reopen,
@@ -77,7 +82,8 @@ fn op(size: u64) -> impl Strategy<Value = Op> {
         }),
         4 => (range.clone(), 0..PATTERNS).prop_map(|((offset, len), pattern)| Op::WriteBytes { offset, len, pattern }),
         3 => range.clone().prop_map(|(offset, len)| Op::Read { offset, len }),
-        2 => range.prop_map(|(offset, len)| Op::Trim { offset, len }),
+        2 => range.clone().prop_map(|(offset, len)| Op::Trim { offset, len }),
+        1 => (range, any::<bool>()).prop_map(|((offset, len), fua)| Op::WriteZeroes { offset, len, fua }),
         1 => Just(Op::Flush),
         1 => Just(Op::Gc),
         1 => Just(Op::Reopen),
@@ -172,6 +178,11 @@ impl Harness {
                 let mut after = self.model.clone();
                 after.zero(offset, len);
                 self.mutate(offset, len, after, |d| d.discard(offset, len, false));
+            }
+            Op::WriteZeroes { offset, len, fua } => {
+                let mut after = self.model.clone();
+                after.zero(offset, len);
+                self.mutate(offset, len, after, |d| d.write_zeroes(offset, len, fua));
             }
             Op::Flush => self.dev().flush().unwrap(),
             Op::Gc => {
@@ -275,6 +286,10 @@ fn fold(op: &Op, size: u64) -> Op {
         Op::Trim { offset, len } => {
             let (offset, len) = clip(offset, len);
             Op::Trim { offset, len }
+        }
+        Op::WriteZeroes { offset, len, fua } => {
+            let (offset, len) = clip(offset, len);
+            Op::WriteZeroes { offset, len, fua }
         }
         ref other => other.clone(),
     }

@@ -210,7 +210,7 @@ impl Server for DedupPlugin {
     /// written), so FAST_ZERO needs no special case.
     fn zero(&self, count: u32, offset: u64, flags: Flags) -> Result<()> {
         self.device
-            .discard(offset, count as u64, flags.contains(Flags::FUA))
+            .write_zeroes(offset, count as u64, flags.contains(Flags::FUA))
             .map_err(nbd_error)
     }
 

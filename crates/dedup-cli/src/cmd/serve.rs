@@ -179,7 +179,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     println!("  kernel NBD client:  modprobe nbd && {attach}");
     println!("  without nbd module: mkdir -p /mnt/dedup && nbdfuse /mnt/dedup/ '{uri}' &");
     println!("                      losetup -f --show /mnt/dedup/nbd   # then mkfs.ext4 / mount the loop device");
-    println!("  or with qemu-nbd:   modprobe nbd && qemu-nbd --connect=/dev/nbd0 --format=raw '{uri}'");
+    println!(
+        "  or with qemu-nbd:   modprobe nbd && qemu-nbd --connect=/dev/nbd0 --format=raw '{uri}'"
+    );
     println!("  qemu:               qemu-img info '{uri}'  (or -drive file={uri},format=raw)");
     println!(
         "Status: dedup status {}    Stop: Ctrl-C or SIGTERM (metadata is saved on a clean stop)",

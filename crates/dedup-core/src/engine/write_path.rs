@@ -75,12 +75,29 @@ impl Device {
         Ok(())
     }
 
-    /// TRIM/discard and WRITE_ZEROES: the range reads back as zeros; whole
-    /// chunks are unmapped and their references dropped.
+    /// TRIM/discard: the range reads back as zeros; whole chunks are
+    /// unmapped and their references dropped (Dmdedup §2.4), partial chunks
+    /// get zeros over the covered bytes.
     pub fn discard(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        self.unmap(offset, len, fua, &self.counters.discard_requests)
+    }
+
+    /// WRITE_ZEROES: the same as a discard, since all-zero chunks are never
+    /// stored; counted apart so users can tell which their clients send.
+    pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        self.unmap(offset, len, fua, &self.counters.write_zeroes_requests)
+    }
+
+    fn unmap(
+        &self,
+        offset: u64,
+        len: u64,
+        fua: bool,
+        requests: &std::sync::atomic::AtomicU64,
+    ) -> Result<()> {
         let _g = self.enter()?;
         self.check_range(offset, len)?;
-        Counters::add(&self.counters.discard_requests, 1);
+        Counters::add(requests, 1);
         self.apply(offset, len as usize, Source::Zeros)?;
         if fua {
             self.flush_entered()?;
