@@ -120,9 +120,11 @@ pub trait MetadataBackend: Send {
     // ---- iteration, for garbage collection and checking -------------------
 
     /// Append up to `max` hash index entries after `cursor` to `out`; returns
-    /// the cursor to continue from, or `None` when the scan is complete. Entries
-    /// inserted or deleted during a scan may or may not be seen; no entry
-    /// present for the whole scan is missed.
+    /// the cursor to continue from, or `None` when the scan is complete.
+    /// Entries inserted or deleted during a scan may or may not be seen, and
+    /// a deletion may move other entries behind the cursor (open addressing),
+    /// so a scan interleaved with deletions can miss entries; without
+    /// deletions, no entry present for the whole scan is missed.
     fn hash_index_scan(
         &mut self,
         cursor: &ScanCursor,

@@ -90,8 +90,9 @@ impl DeviceConfig {
         }
         // Keep every byte offset computable without overflow, with room for
         // the sentinel values the backends reserve at the top of the range.
+        // (Checked before any multiplication: a superblock may claim anything.)
         let limit = 1u64 << 56;
-        if self.logical_size > limit || self.physical_size() > limit {
+        if self.logical_size > limit || self.physical_chunks > limit / chunk {
             return Err(Error::InvalidArgument(format!(
                 "sizes above {} are not supported",
                 format_size(limit)
@@ -129,6 +130,19 @@ mod tests {
     #[test]
     fn accepts_a_sane_geometry() {
         cfg().validate().unwrap();
+    }
+
+    #[test]
+    fn rejects_sizes_whose_byte_offsets_would_overflow() {
+        let mut c = cfg();
+        c.physical_chunks = (1 << 62) + 1;
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("not supported"));
+        c.physical_chunks = u64::MAX;
+        assert!(c.validate().is_err());
     }
 
     #[test]

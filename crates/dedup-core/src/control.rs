@@ -19,6 +19,30 @@ use crate::error::{Error, IoContext, Result};
 
 /// Longest request line accepted; anything longer is not ours.
 const MAX_REQUEST: u64 = 64 * 1024;
+/// How often the accept loop looks for connections and for `stop`.
+const ACCEPT_POLL: Duration = Duration::from_millis(50);
+
+/// Remove a socket left behind at `path` by a dead process. Refuses to
+/// touch anything that is not a socket, or a socket someone still answers on.
+pub fn remove_stale_socket(path: &Path) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    if !meta.file_type().is_socket() {
+        return Err(Error::InvalidArgument(format!(
+            "{} exists and is not a socket; refusing to replace it (pick another path)",
+            path.display()
+        )));
+    }
+    if UnixStream::connect(path).is_ok() {
+        return Err(Error::InvalidArgument(format!(
+            "another process is listening on {}; pick another path or stop it",
+            path.display()
+        )));
+    }
+    std::fs::remove_file(path).context(|| format!("removing stale socket {}", path.display()))
+}
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -35,26 +59,27 @@ pub struct ControlServer {
 }
 
 impl ControlServer {
-    /// Listen at `path` (replacing a stale socket left by a crash: the
-    /// caller holds the device lock, so no live server can own it).
+    /// Listen at `path`. A socket file already there is replaced only if
+    /// nothing answers on it (a crash leaves one behind); any other kind of
+    /// file, or a live socket, is an error.
     pub fn start(path: &Path, device: Arc<Device>) -> Result<ControlServer> {
-        if path.exists() {
-            std::fs::remove_file(path)
-                .context(|| format!("removing stale socket {}", path.display()))?;
-        }
+        remove_stale_socket(path)?;
         let listener =
             UnixListener::bind(path).context(|| format!("listening on {}", path.display()))?;
+        // Polled, so `stop` never depends on reaching the socket by its path
+        // (which someone may have removed).
+        listener
+            .set_nonblocking(true)
+            .context(|| format!("configuring {}", path.display()))?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("dedup-control".into())
             .spawn(move || {
-                for conn in listener.incoming() {
-                    if stop2.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    match conn {
-                        Ok(stream) => {
+                while !stop2.load(Ordering::SeqCst) {
+                    match listener.accept() {
+                        Ok((stream, _)) => {
+                            let _ = stream.set_nonblocking(false);
                             let dev = device.clone();
                             let spawned = std::thread::Builder::new()
                                 .name("dedup-control-conn".into())
@@ -63,7 +88,13 @@ impl ControlServer {
                                 warn!("control socket: cannot start a handler thread: {e}");
                             }
                         }
-                        Err(e) => warn!("control socket: accept failed: {e}"),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(ACCEPT_POLL);
+                        }
+                        Err(e) => {
+                            warn!("control socket: accept failed: {e}");
+                            std::thread::sleep(ACCEPT_POLL);
+                        }
                     }
                 }
             })
@@ -86,8 +117,6 @@ impl ControlServer {
 
     fn shutdown(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        // Wake the accept loop so it sees the flag.
-        let _ = UnixStream::connect(&self.path);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -74,6 +74,13 @@ pub enum Error {
     #[error("{0}")]
     Unsupported(String),
 
+    /// A table the device needs does not fit in this machine's memory.
+    #[error(
+        "not enough memory for {what} ({bytes} bytes); the inram backend keeps all metadata in RAM: \
+         use a machine with more memory, a larger --chunk-size, or a smaller device"
+    )]
+    OutOfMemory { what: String, bytes: u64 },
+
     /// The process serving the device reported an error for a control request.
     #[error("the serving process reported: {0}")]
     Remote(String),
@@ -89,6 +96,7 @@ impl Error {
             Error::Locked { .. } => libc::EBUSY,
             Error::Exists { .. } => libc::EEXIST,
             Error::Closed => libc::ESHUTDOWN,
+            Error::OutOfMemory { .. } => libc::ENOMEM,
             Error::Unsupported(_) => libc::ENOTSUP,
             Error::Corrupt { .. }
             | Error::Foreign { .. }

@@ -23,6 +23,10 @@ pub enum HashAlgo {
     Blake3,
     Sha256,
     Md5,
+    /// Unit tests only: 4 bits of fingerprint, so distinct chunks collide
+    /// all the time and verify mode has to earn its keep.
+    #[cfg(test)]
+    Weak4,
 }
 
 impl HashAlgo {
@@ -33,6 +37,8 @@ impl HashAlgo {
             HashAlgo::Blake3 => "blake3",
             HashAlgo::Sha256 => "sha256",
             HashAlgo::Md5 => "md5",
+            #[cfg(test)]
+            HashAlgo::Weak4 => "weak4",
         }
     }
 
@@ -42,10 +48,16 @@ impl HashAlgo {
             HashAlgo::Blake3 => 1,
             HashAlgo::Sha256 => 2,
             HashAlgo::Md5 => 3,
+            #[cfg(test)]
+            HashAlgo::Weak4 => 0xf4,
         }
     }
 
     pub fn from_code(code: u8) -> Option<HashAlgo> {
+        #[cfg(test)]
+        if code == 0xf4 {
+            return Some(HashAlgo::Weak4);
+        }
         HashAlgo::ALL.into_iter().find(|a| a.code() == code)
     }
 
@@ -54,6 +66,8 @@ impl HashAlgo {
         match self {
             HashAlgo::Blake3 | HashAlgo::Sha256 => 32,
             HashAlgo::Md5 => 16,
+            #[cfg(test)]
+            HashAlgo::Weak4 => 1,
         }
     }
 
@@ -64,6 +78,8 @@ impl HashAlgo {
             HashAlgo::Blake3 => bytes.copy_from_slice(blake3::hash(chunk).as_bytes()),
             HashAlgo::Sha256 => bytes.copy_from_slice(&Sha256::digest(chunk)),
             HashAlgo::Md5 => bytes[..16].copy_from_slice(&Md5::digest(chunk)),
+            #[cfg(test)]
+            HashAlgo::Weak4 => bytes[0] = blake3::hash(chunk).as_bytes()[0] & 0x0f,
         }
         Fingerprint(bytes)
     }

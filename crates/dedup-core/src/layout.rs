@@ -110,18 +110,24 @@ impl Drop for Undo {
 }
 
 /// Prepare one half: an explicit path (existing or new file, or block
-/// device) or a new file in the directory. Returns the open file.
+/// device) or a new file in the directory. Returns the open file. With
+/// `reserve`, a regular file gets its blocks allocated now, so that saving
+/// metadata later can never fail for lack of space on the host filesystem.
 fn prepare(
     explicit: Option<&Path>,
     in_dir: &Path,
     min_len: u64,
     what: &str,
     force: bool,
+    reserve: bool,
     undo: &mut Undo,
 ) -> Result<FileBlockFile> {
     let Some(path) = explicit else {
         let f = FileBlockFile::create(in_dir, min_len)?;
         undo.0.push(in_dir.to_path_buf());
+        if reserve {
+            reserve_space(&f, in_dir, min_len)?;
+        }
         return Ok(f);
     };
     let path = absolute(path)?;
@@ -153,10 +159,33 @@ fn prepare(
         undo.0.push(path.clone());
         f
     };
+    if reserve && !is_block_device(&path) {
+        reserve_space(&file, &path, min_len)?;
+    }
     std::os::unix::fs::symlink(&path, in_dir)
         .context(|| format!("linking {} to {}", in_dir.display(), path.display()))?;
     undo.0.push(in_dir.to_path_buf());
     Ok(file)
+}
+
+fn reserve_space(f: &FileBlockFile, path: &Path, len: u64) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: posix_fallocate on a valid, owned descriptor; no memory is touched.
+    let rc = unsafe { libc::posix_fallocate(f.file().as_raw_fd(), 0, len as libc::off_t) };
+    match rc {
+        0 => Ok(()),
+        // Filesystems without fallocate: the file stays sparse.
+        libc::EOPNOTSUPP | libc::EINVAL => Ok(()),
+        libc::ENOSPC => Err(Error::InvalidArgument(format!(
+            "not enough free space for the metadata file {} ({}): free some space or put --meta elsewhere",
+            path.display(),
+            format_size(len)
+        ))),
+        e => Err(Error::io(
+            format!("reserving {} for {}", format_size(len), path.display()),
+            std::io::Error::from_raw_os_error(e),
+        )),
+    }
 }
 
 /// Does this file hold a dedup superblock (either slot) or data header?
@@ -224,6 +253,7 @@ pub fn create(dir: &Path, opts: &CreateOptions) -> Result<DeviceConfig> {
         cfg.data_device_len(),
         "data",
         opts.force,
+        false,
         &mut undo,
     )?;
     let meta_len = backends::metadata_device_len(&cfg)?;
@@ -233,6 +263,7 @@ pub fn create(dir: &Path, opts: &CreateOptions) -> Result<DeviceConfig> {
         meta_len,
         "metadata",
         opts.force,
+        true,
         &mut undo,
     )?;
     Device::format(&cfg, &data, &meta)?;

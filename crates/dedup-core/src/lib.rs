@@ -19,6 +19,7 @@ pub mod lock;
 pub mod size;
 pub mod stats;
 pub mod superblock;
+pub mod zeroed;
 
 pub use backends::OpenOptions;
 pub use engine::Device;

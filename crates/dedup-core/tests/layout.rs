@@ -260,7 +260,13 @@ fn explicit_data_and_metadata_paths_are_linked_and_protected() {
         force: true,
         ..again
     };
-    layout::create(&tmp.path().join("dev2"), &forced).unwrap();
+    let cfg2 = layout::create(&tmp.path().join("dev2"), &forced).unwrap();
+    // The old device's superblocks are gone: the new one opens, empty.
+    let paths2 = DevicePaths::from_dir(&tmp.path().join("dev2")).unwrap();
+    let dev = layout::open(&paths2, &RW).unwrap();
+    assert_eq!(dev.config().uuid, cfg2.uuid);
+    assert_eq!(dev.stats().chunks_mapped, 0);
+    dev.close().unwrap();
 }
 
 #[test]

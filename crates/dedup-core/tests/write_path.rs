@@ -457,3 +457,56 @@ fn a_failed_data_write_changes_no_metadata() {
     assert_eq!(read_chunk(&dev, 1), p.chunk(3));
     assert_consistent(&dev);
 }
+
+#[test]
+fn a_failed_close_keeps_the_device_open_so_close_can_be_retried() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let (md, p) = setup();
+    let fail = Arc::new(AtomicBool::new(false));
+    let meta = common::FlakyBlockFile {
+        inner: md.meta.clone(),
+        fail: fail.clone(),
+    };
+    let opts = dedup_core::OpenOptions {
+        writable: true,
+        accept_unclean: false,
+    };
+    let dev =
+        dedup_core::Device::open(Box::new(md.data.clone()), Box::new(meta), &opts, None).unwrap();
+    write_chunk(&dev, &p, 4, 2);
+    fail.store(true, Ordering::SeqCst);
+    assert!(dev.close().is_err(), "the save cannot be written");
+    assert_eq!(read_chunk(&dev, 4), p.chunk(2), "still open and serving");
+    fail.store(false, Ordering::SeqCst);
+    dev.close().unwrap();
+    drop(dev);
+    let dev = md.open().unwrap();
+    assert_eq!(read_chunk(&dev, 4), p.chunk(2));
+}
+
+#[test]
+fn a_full_device_without_garbage_does_not_rescan_the_index_on_every_refused_write() {
+    let md = MemDevice::new(CS as u32, 16, 3);
+    let p = Patterns::new(8, CS);
+    let dev = md.open().unwrap();
+    for pat in 1..=3 {
+        write_chunk(&dev, &p, pat as u64, pat);
+    }
+    for pat in 4..=7 {
+        assert!(matches!(
+            dev.write(0, p.chunk(pat), false),
+            Err(Error::NoSpace { .. })
+        ));
+    }
+    assert_eq!(
+        dev.stats().counters.gc_runs,
+        1,
+        "one fruitless scan, then no more until garbage appears"
+    );
+    dev.discard(CS as u64, CS as u64, false).unwrap(); // pattern 1's chunk is now garbage
+    write_chunk(&dev, &p, 0, 4);
+    assert_eq!(dev.stats().counters.gc_runs, 2);
+    assert_eq!(read_chunk(&dev, 0), p.chunk(4));
+    assert_consistent(&dev);
+}

@@ -172,8 +172,21 @@ impl Server for DedupPlugin {
             control.stop();
         }
         if let Some(device) = served.device.take() {
-            if let Err(e) = device.close() {
-                tracing::error!("closing the device failed; metadata may not be saved: {e}");
+            // A failed save (say, a full filesystem under the metadata file)
+            // may clear up; the session's metadata is worth a few retries.
+            for attempt in 1..=5 {
+                match device.close() {
+                    Ok(()) => break,
+                    Err(e) if attempt < 5 => {
+                        tracing::error!(
+                            "saving metadata failed (attempt {attempt} of 5), retrying: {e}"
+                        );
+                        std::thread::sleep(std::time::Duration::from_secs(2));
+                    }
+                    Err(e) => tracing::error!(
+                        "saving metadata failed; the device will need --accept-unclean: {e}"
+                    ),
+                }
             }
         }
     }

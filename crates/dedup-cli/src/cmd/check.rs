@@ -30,7 +30,21 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let report: CheckReport = match reach(&a.dir, &Request::Check { data: a.data }, false)? {
         Reached::Served(v) => serde_json::from_value(v)?,
-        Reached::Offline(dev) => dev.check(a.data)?,
+        Reached::Offline(dev) => {
+            let bar = indicatif::ProgressBar::new(0).with_style(
+                indicatif::ProgressStyle::with_template(
+                    "{msg} [{bar:40}] {pos}/{len} chunks ({per_sec}, {eta} left)",
+                )?
+                .progress_chars("=> "),
+            );
+            bar.set_message(if a.data { "re-hashing" } else { "checking" });
+            let report = dev.check_with_progress(a.data, &|done, total| {
+                bar.set_length(total);
+                bar.set_position(done);
+            })?;
+            bar.finish_and_clear();
+            report
+        }
     };
     if a.json {
         print_json(&report)?;

@@ -103,6 +103,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let nbdkit = find_program(&a.nbdkit)?;
     let pidfile = dir.join(PID_FILE_NAME);
     let _ = std::fs::remove_file(&pidfile);
+    // Left by a server that was killed; readiness below waits for a new one.
+    dedup_core::control::remove_stale_socket(&super::control_path(&dir))?;
 
     let mut cmd = Command::new(&nbdkit);
     cmd.arg("--foreground")
@@ -127,7 +129,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 Some(s) => std::path::absolute(s).context("resolving --socket")?,
                 None => dir.join(NBD_SOCKET_NAME),
             };
-            let _ = std::fs::remove_file(&sock);
+            dedup_core::control::remove_stale_socket(&sock)?;
             cmd.arg("--unix").arg(&sock);
             unix_socket = Some(sock.clone());
             let uri = format!("nbd+unix:///?socket={}", sock.display());
@@ -155,16 +157,21 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         }
     });
 
+    // Opening loads the metadata (and, with --accept-unclean, re-hashes every
+    // stored chunk), which takes as long as it takes on a big device: wait
+    // for as long as nbdkit lives, saying so now and then.
     let started = Instant::now();
-    while !pidfile.exists() {
+    let control = super::control_path(&dir);
+    let mut told = Duration::ZERO;
+    while !(pidfile.exists() && control.exists()) {
         if let Some(status) = child.try_wait()? {
             forwarder.close();
             eprintln!("dedup: nbdkit stopped before serving ({status}); see its message above");
             return Ok(ExitCode::from(EXIT_FAILURE));
         }
-        if started.elapsed() > Duration::from_secs(60) {
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-            bail!("nbdkit did not start serving within 60 s");
+        if started.elapsed() >= told + Duration::from_secs(10) {
+            told = started.elapsed();
+            eprintln!("dedup: still opening the device ({} s)...", told.as_secs());
         }
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -61,12 +61,21 @@ impl CheckReport {
 impl Device {
     /// Check metadata consistency; with `verify_data`, also re-hash chunks.
     pub fn check(&self, verify_data: bool) -> Result<CheckReport> {
+        self.check_with_progress(verify_data, &|_, _| {})
+    }
+
+    /// `check`, reporting (hash index entries done, total) as it goes.
+    pub fn check_with_progress(
+        &self,
+        verify_data: bool,
+        progress: &dyn Fn(u64, u64),
+    ) -> Result<CheckReport> {
         let _g = self.enter()?;
         let _gc = self.gc_lock.lock();
         let _quiet = self.lbn_locks.write_many(0..1024);
         let mut m = self.meta.lock();
         let data = |pbn, buf: &mut [u8]| self.read_pbn(pbn, buf);
-        check_backend(&self.cfg, &mut **m, verify_data.then_some(&data))
+        check_backend(&self.cfg, &mut **m, verify_data.then_some(&data), progress)
     }
 }
 
@@ -76,6 +85,7 @@ fn check_backend(
     cfg: &DeviceConfig,
     m: &mut dyn MetadataBackend,
     read_chunk: Option<ReadChunk>,
+    progress: &dyn Fn(u64, u64),
 ) -> Result<CheckReport> {
     use ProblemKind::*;
     let nr = cfg.physical_chunks as usize;
@@ -102,8 +112,10 @@ fn check_backend(
 
     let mut chunk = vec![0u8; cfg.chunk_size as usize];
     let mut fps = Vec::new();
+    let total_entries = m.usage().hash_entries;
     let mut cursor = Some(ScanCursor::start());
     while let Some(c) = cursor.take() {
+        progress(report.hash_index_entries, total_entries);
         fps.clear();
         cursor = m.hash_index_scan(&c, 4096, &mut fps)?;
         for &(fp, pbn) in &fps {

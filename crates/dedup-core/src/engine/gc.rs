@@ -22,6 +22,8 @@ use crate::stats::Counters;
 const SCAN_PAGE: usize = 4096;
 /// Candidates freed per mutex hold.
 const FREE_PAGE: usize = 1024;
+/// Most candidates held in memory at once (40 bytes each).
+const ROUND: usize = 1 << 20;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct GcReport {
@@ -51,25 +53,40 @@ impl<'a> MetaAccess for &mut (dyn MetadataBackend + 'a) {
     }
 }
 
-/// One full pass: returns (entries scanned, chunks freed).
-pub(crate) fn collect(mut meta: impl MetaAccess) -> Result<(u64, u64)> {
+/// One pass over the hash index, freeing up to `limit` chunks (all, if
+/// `None`): returns (entries scanned, chunks freed). Candidates are gathered
+/// in rounds of at most `ROUND` and freed between rounds, so memory stays
+/// bounded however much garbage there is; entries that a round's deletions
+/// move behind the scan position are left for the next pass.
+pub(crate) fn collect(mut meta: impl MetaAccess, limit: Option<u64>) -> Result<(u64, u64)> {
+    let limit = limit.unwrap_or(u64::MAX);
     let mut candidates: Vec<(Fingerprint, Pbn)> = Vec::new();
     let mut page = Vec::with_capacity(SCAN_PAGE);
     let mut cursor = Some(ScanCursor::start());
-    let mut scanned = 0u64;
-    while let Some(c) = cursor.take() {
+    let (mut scanned, mut freed) = (0u64, 0u64);
+    while freed < limit {
+        let Some(c) = cursor.take() else { break };
+        let want = (limit - freed).min(ROUND as u64) as usize;
         cursor = meta.with(|m| -> Result<_> {
             page.clear();
             let next = m.hash_index_scan(&c, SCAN_PAGE, &mut page)?;
             for &(fp, pbn) in &page {
-                if m.refcount_get(pbn)? == 1 {
+                if candidates.len() < want && m.refcount_get(pbn)? == 1 {
                     candidates.push((fp, pbn));
                 }
             }
             Ok(next)
         })?;
         scanned += page.len() as u64;
+        if candidates.len() >= want || cursor.is_none() {
+            freed += free(&mut meta, &candidates)?;
+            candidates.clear();
+        }
     }
+    Ok((scanned, freed))
+}
+
+fn free(meta: &mut impl MetaAccess, candidates: &[(Fingerprint, Pbn)]) -> Result<u64> {
     let mut freed = 0u64;
     for group in candidates.chunks(FREE_PAGE) {
         freed += meta.with(|m| -> Result<u64> {
@@ -86,7 +103,7 @@ pub(crate) fn collect(mut meta: impl MetaAccess) -> Result<(u64, u64)> {
             Ok(n)
         })?;
     }
-    Ok((scanned, freed))
+    Ok(freed)
 }
 
 impl Device {
@@ -95,7 +112,7 @@ impl Device {
         let _g = self.enter()?;
         let _one_at_a_time = self.gc_lock.lock();
         let start = Instant::now();
-        let (scanned, reclaimed) = collect(&self.meta)?;
+        let (scanned, reclaimed) = collect(&self.meta, None)?;
         Counters::add(&self.counters.gc_runs, 1);
         Counters::add(&self.counters.gc_reclaimed, reclaimed);
         self.note_space(self.meta.lock().usage().pbns_used);

@@ -14,7 +14,10 @@ mod read_path;
 mod recover;
 mod write_path;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+#[cfg(test)]
+mod verify_tests;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use tracing::{info, warn};
@@ -26,7 +29,7 @@ use crate::config::DeviceConfig;
 use crate::error::{Error, Result};
 use crate::lock::DeviceLock;
 use crate::stats::{ratio, Counters, Stats};
-use crate::superblock::{check_data_header, encode_data_header, Superblock};
+use crate::superblock::{check_data_header, encode_data_header, Superblock, SUPERBLOCK_AREA};
 
 pub use check::{CheckReport, Problem, ProblemKind};
 pub use chunking::is_zero;
@@ -51,6 +54,10 @@ pub struct Device {
     gc_lock: Mutex<()>,
     counters: Counters,
     space_warned: AtomicBool,
+    /// Times a chunk was left with count 1 (garbage); see `alloc`.
+    releases: AtomicU64,
+    /// `releases` when an inline collection last found nothing to free.
+    fruitless_gc_at: AtomicU64,
     recovery: Option<RecoveryReport>,
     _lock: Option<DeviceLock>,
 }
@@ -62,6 +69,10 @@ impl Device {
         backends::check_name(&cfg.backend)?;
         data.write_at(&encode_data_header(cfg), 0)?;
         data.sync()?;
+        // Wipe both superblock slots first: a device formatted over an old one
+        // (`create --force`) must not find the old superblock in the other slot.
+        meta.write_at(&[0u8; SUPERBLOCK_AREA as usize], 0)?;
+        meta.sync()?;
         backends::format(cfg, meta)
     }
 
@@ -90,6 +101,8 @@ impl Device {
             gc_lock: Mutex::new(()),
             counters,
             space_warned: AtomicBool::new(false),
+            releases: AtomicU64::new(0),
+            fruitless_gc_at: AtomicU64::new(u64::MAX),
             recovery: None,
             _lock: lock,
         };
@@ -173,18 +186,19 @@ impl Device {
     }
 
     /// Clean shutdown: waits for requests in flight, saves all metadata and
-    /// marks it clean. Later calls fail with `Error::Closed`. Dropping a
-    /// device without closing it is a crash, as far as its metadata knows.
+    /// marks it clean; later requests fail with `Error::Closed`. If saving
+    /// fails, the device stays open and `close` can be tried again. Dropping
+    /// a device without closing it is a crash, as far as its metadata knows.
     pub fn close(&self) -> Result<()> {
         let mut g = self.gate.write();
         if *g {
             return Ok(());
         }
-        *g = true;
         self.data.sync()?;
         let mut m = self.meta.lock();
         m.save_counters(&self.counters.to_vec());
         m.close()?;
+        *g = true;
         info!("device closed cleanly, metadata saved");
         Ok(())
     }

@@ -17,6 +17,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 
 use tracing::error;
 
@@ -28,6 +29,10 @@ use crate::config::{Lbn, Pbn};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::stats::Counters;
+
+/// Most chunks one inline collection (on a full device) frees: enough for
+/// many batches, few enough to keep the metadata mutex hold short.
+const INLINE_GC_CHUNKS: u64 = 4096;
 
 /// Where the new bytes of a request come from.
 #[derive(Clone, Copy)]
@@ -52,6 +57,9 @@ enum Plan {
     SameAsNew(usize),
     /// Verify mode: the fingerprint matched this PBN but the bytes did not.
     Collision(Pbn),
+    /// Verify mode: same fingerprint as an earlier new chunk of this batch,
+    /// different bytes. Nothing pinned; stored apart like a collision.
+    Apart,
 }
 
 struct Chunk<'a> {
@@ -153,7 +161,7 @@ impl Device {
         {
             let mut m = self.meta.lock();
             if let Err(e) = self.phase_a(&mut **m, &mut chunks) {
-                undo_pins(&mut **m, &chunks);
+                self.undo_pins(&mut **m, &chunks);
                 return Err(e);
             }
         }
@@ -161,10 +169,10 @@ impl Device {
             .verify_hits(&mut chunks)
             .and_then(|_| self.write_new(&chunks))
         {
-            undo_pins(&mut **self.meta.lock(), &chunks);
+            self.undo_pins(&mut **self.meta.lock(), &chunks);
             return Err(e);
         }
-        self.phase_b(&mut chunks, src)?;
+        self.phase_b(&chunks, src)?;
         self.store_collisions(&chunks)
     }
 
@@ -204,38 +212,63 @@ impl Device {
         Ok(())
     }
 
-    /// Allocate a PBN; when the device is full, collect garbage first.
+    /// Allocate a PBN; when the device is full, collect some garbage first,
+    /// unless a collection since the last release found nothing to free
+    /// (then there is none, and rescanning the index on every refused
+    /// write would only stall the device).
     fn alloc(&self, m: &mut dyn MetadataBackend) -> Result<Pbn> {
         if let Some(pbn) = m.alloc_pbn()? {
             return Ok(pbn);
         }
-        let (_, reclaimed) = gc::collect(&mut *m)?;
-        Counters::add(&self.counters.gc_runs, 1);
-        Counters::add(&self.counters.gc_reclaimed, reclaimed);
-        match m.alloc_pbn()? {
-            Some(pbn) => Ok(pbn),
-            None => {
-                Counters::add(&self.counters.nospace_errors, 1);
-                Err(Error::NoSpace {
-                    total_chunks: self.cfg.physical_chunks,
-                })
+        let releases = self.releases.load(Ordering::Relaxed);
+        if self.fruitless_gc_at.load(Ordering::Relaxed) != releases {
+            let (_, reclaimed) = gc::collect(&mut *m, Some(INLINE_GC_CHUNKS))?;
+            Counters::add(&self.counters.gc_runs, 1);
+            Counters::add(&self.counters.gc_reclaimed, reclaimed);
+            if reclaimed == 0 {
+                self.fruitless_gc_at.store(releases, Ordering::Relaxed);
+            }
+            if let Some(pbn) = m.alloc_pbn()? {
+                return Ok(pbn);
             }
         }
+        Counters::add(&self.counters.nospace_errors, 1);
+        Err(Error::NoSpace {
+            total_chunks: self.cfg.physical_chunks,
+        })
     }
 
-    /// Verify mode: a fingerprint hit shares a chunk only if the bytes match.
+    /// Drop one reference. A chunk left with count 1 is held by the hash
+    /// index alone: garbage for the next collection.
+    fn release(&self, m: &mut dyn MetadataBackend, pbn: Pbn) -> Result<()> {
+        if m.refcount_dec(pbn)? == 1 {
+            self.releases.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Verify mode: a fingerprint match shares a chunk only if the bytes
+    /// match, whether the match is on disk or earlier in this batch.
     fn verify_hits(&self, chunks: &mut [Chunk]) -> Result<()> {
         if !self.cfg.verify {
             return Ok(());
         }
         let mut stored = vec![0u8; self.cfg.chunk_size as usize];
-        for c in chunks.iter_mut() {
-            if let Plan::Hit(pbn) = c.plan {
-                self.read_pbn(pbn, &mut stored)?;
-                if stored[..] != c.data[..] {
-                    Counters::add(&self.counters.verify_mismatches, 1);
-                    c.plan = Plan::Collision(pbn);
+        for i in 0..chunks.len() {
+            let differs = match chunks[i].plan {
+                Plan::Hit(pbn) => {
+                    self.read_pbn(pbn, &mut stored)?;
+                    stored[..] != chunks[i].data[..]
                 }
+                Plan::SameAsNew(j) => chunks[j].data[..] != chunks[i].data[..],
+                _ => false,
+            };
+            if differs {
+                Counters::add(&self.counters.verify_mismatches, 1);
+                chunks[i].plan = match chunks[i].plan {
+                    Plan::Hit(pbn) => Plan::Collision(pbn),
+                    _ => Plan::Apart,
+                };
             }
         }
         Ok(())
@@ -274,71 +307,86 @@ impl Device {
         Ok(())
     }
 
-    /// Phase B: Figure 2's metadata updates, chunk by chunk.
-    fn phase_b(&self, chunks: &mut [Chunk], src: Source<'_>) -> Result<()> {
-        let c = &self.counters;
+    /// Phase B: Figure 2's metadata updates, chunk by chunk. If the backend
+    /// fails part-way, the chunks not yet applied give back their pins.
+    fn phase_b(&self, chunks: &[Chunk], src: Source<'_>) -> Result<()> {
         let mut m = self.meta.lock();
-        let m = &mut **m;
         for i in 0..chunks.len() {
-            let lbn = chunks[i].lbn;
-            let old = m.lbn_map_lookup(lbn)?;
-            let target = match chunks[i].plan {
-                Plan::Zero => {
-                    if let Some(o) = old {
-                        m.lbn_map_delete(lbn)?;
-                        m.refcount_dec(o)?;
-                    }
-                    match src {
-                        Source::Bytes(_) => {
-                            Counters::add(&c.zero_writes, 1);
-                            Counters::add(&c.overwrites, old.is_some() as u64);
-                        }
-                        Source::Zeros => Counters::add(&c.discarded_chunks, old.is_some() as u64),
-                    }
-                    continue;
-                }
-                Plan::Hit(pbn) if old == Some(pbn) => {
-                    // Rewrite of the data already there: drop the pin, change nothing.
-                    m.refcount_dec(pbn)?;
-                    Counters::add(&c.duplicate_writes, 1);
-                    Counters::add(&c.rewrites, 1);
-                    continue;
-                }
-                Plan::Hit(pbn) => {
-                    // Duplicate to a new LBN or over a different old LBN: the pin
-                    // becomes the LBN map's reference.
-                    Counters::add(&c.duplicate_writes, 1);
-                    pbn
-                }
-                Plan::New(pbn) => {
-                    // Dmdedup §2.4: +2, referenced from hash index and LBN map;
-                    // alloc gave the index's 1, this is the LBN's.
-                    let fp = chunks[i].fp.expect("a New chunk has a fingerprint");
-                    m.hash_index_insert(&fp, pbn)?;
-                    m.refcount_inc(pbn)?;
-                    Counters::add(&c.unique_writes, 1);
-                    pbn
-                }
-                Plan::SameAsNew(j) => {
-                    let Plan::New(pbn) = chunks[j].plan else {
-                        unreachable!("SameAsNew always points at a New chunk")
-                    };
-                    m.refcount_inc(pbn)?;
-                    Counters::add(&c.duplicate_writes, 1);
-                    pbn
-                }
-                Plan::Collision(pbn) => {
-                    // Unpin; the chunk is stored apart by `store_collisions`.
-                    m.refcount_dec(pbn)?;
-                    continue;
-                }
-                Plan::Unplanned => unreachable!("phase A plans every non-zero chunk"),
-            };
-            m.lbn_map_insert(lbn, target)?;
-            if let Some(o) = old {
-                m.refcount_dec(o)?;
-                Counters::add(&c.overwrites, 1);
+            if let Err(e) = self.apply_chunk(&mut **m, chunks, i, src) {
+                self.undo_pins(&mut **m, &chunks[i + 1..]);
+                return Err(e);
             }
+        }
+        Ok(())
+    }
+
+    fn apply_chunk(
+        &self,
+        m: &mut dyn MetadataBackend,
+        chunks: &[Chunk],
+        i: usize,
+        src: Source<'_>,
+    ) -> Result<()> {
+        let c = &self.counters;
+        let lbn = chunks[i].lbn;
+        let old = m.lbn_map_lookup(lbn)?;
+        let target = match chunks[i].plan {
+            Plan::Zero => {
+                if let Some(o) = old {
+                    m.lbn_map_delete(lbn)?;
+                    self.release(m, o)?;
+                }
+                match src {
+                    Source::Bytes(_) => {
+                        Counters::add(&c.zero_writes, 1);
+                        Counters::add(&c.overwrites, old.is_some() as u64);
+                    }
+                    Source::Zeros => Counters::add(&c.discarded_chunks, old.is_some() as u64),
+                }
+                return Ok(());
+            }
+            Plan::Hit(pbn) if old == Some(pbn) => {
+                // Rewrite of the data already there: drop the pin, change nothing.
+                self.release(m, pbn)?;
+                Counters::add(&c.duplicate_writes, 1);
+                Counters::add(&c.rewrites, 1);
+                return Ok(());
+            }
+            Plan::Hit(pbn) => {
+                // Duplicate to a new LBN or over a different old LBN: the pin
+                // becomes the LBN map's reference.
+                Counters::add(&c.duplicate_writes, 1);
+                pbn
+            }
+            Plan::New(pbn) => {
+                // Dmdedup §2.4: +2, referenced from hash index and LBN map;
+                // alloc gave the index's 1, this is the LBN's.
+                let fp = chunks[i].fp.expect("a New chunk has a fingerprint");
+                m.hash_index_insert(&fp, pbn)?;
+                m.refcount_inc(pbn)?;
+                Counters::add(&c.unique_writes, 1);
+                pbn
+            }
+            Plan::SameAsNew(j) => {
+                let Plan::New(pbn) = chunks[j].plan else {
+                    unreachable!("SameAsNew always points at a New chunk")
+                };
+                m.refcount_inc(pbn)?;
+                Counters::add(&c.duplicate_writes, 1);
+                pbn
+            }
+            Plan::Collision(pbn) => {
+                // Unpin; the chunk is stored apart by `store_collisions`.
+                self.release(m, pbn)?;
+                return Ok(());
+            }
+            Plan::Apart => return Ok(()),
+            Plan::Unplanned => unreachable!("phase A plans every non-zero chunk"),
+        };
+        m.lbn_map_insert(lbn, target)?;
+        if let Some(o) = old {
+            self.release(m, o)?;
+            Counters::add(&c.overwrites, 1);
         }
         Ok(())
     }
@@ -349,11 +397,11 @@ impl Device {
     fn store_collisions(&self, chunks: &[Chunk]) -> Result<()> {
         for ch in chunks
             .iter()
-            .filter(|c| matches!(c.plan, Plan::Collision(_)))
+            .filter(|c| matches!(c.plan, Plan::Collision(_) | Plan::Apart))
         {
             let pbn = self.alloc(&mut **self.meta.lock())?;
             if let Err(e) = self.data.write_at(&ch.data, self.cfg.pbn_offset(pbn)) {
-                self.meta.lock().refcount_dec(pbn)?;
+                self.release(&mut **self.meta.lock(), pbn)?;
                 return Err(e);
             }
             Counters::add(&self.counters.data_bytes_written, ch.data.len() as u64);
@@ -361,7 +409,7 @@ impl Device {
             let old = m.lbn_map_lookup(ch.lbn)?;
             m.lbn_map_insert(ch.lbn, pbn)?;
             if let Some(o) = old {
-                m.refcount_dec(o)?;
+                self.release(&mut **m, o)?;
                 Counters::add(&self.counters.overwrites, 1);
             }
             Counters::add(&self.counters.unique_writes, 1);
@@ -370,13 +418,15 @@ impl Device {
     }
 }
 
-/// Give back what phase A took (pins and allocations) after a failure, so a
-/// failed write changes no reference count.
-fn undo_pins(m: &mut dyn MetadataBackend, chunks: &[Chunk]) {
-    for c in chunks {
-        if let Plan::Hit(pbn) | Plan::New(pbn) | Plan::Collision(pbn) = c.plan {
-            if let Err(e) = m.refcount_dec(pbn) {
-                error!("while undoing a failed write: {e}");
+impl Device {
+    /// Give back what phase A took (pins and allocations) after a failure,
+    /// so a failed write changes no reference count.
+    fn undo_pins(&self, m: &mut dyn MetadataBackend, chunks: &[Chunk]) {
+        for c in chunks {
+            if let Plan::Hit(pbn) | Plan::New(pbn) | Plan::Collision(pbn) = c.plan {
+                if let Err(e) = self.release(m, pbn) {
+                    error!("while undoing a failed write: {e}");
+                }
             }
         }
     }

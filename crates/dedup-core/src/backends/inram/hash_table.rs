@@ -7,7 +7,9 @@
 //! run back (no tombstones), so lookups stay short after garbage collection.
 
 use crate::config::Pbn;
+use crate::error::Result;
 use crate::fingerprint::Fingerprint;
+use crate::zeroed::{zeroed_vec, ZeroIsValid};
 
 #[derive(Clone, Copy)]
 struct Slot {
@@ -16,6 +18,9 @@ struct Slot {
     /// (calloc'd lazily by the OS, not touched up front).
     pbn_plus_one: u64,
 }
+
+// SAFETY: a slot is a byte array and an integer; all zeros is the empty slot.
+unsafe impl ZeroIsValid for Slot {}
 
 const EMPTY: Slot = Slot {
     fp: Fingerprint([0; 32]),
@@ -29,12 +34,12 @@ pub struct LinearProbeTable {
 
 impl LinearProbeTable {
     /// A table able to hold `max_entries` with at least 10 % spare slots.
-    pub fn with_max_entries(max_entries: u64) -> Self {
+    pub fn with_max_entries(max_entries: u64) -> Result<Self> {
         let capacity = (max_entries + max_entries / 10 + 1).max(16);
-        LinearProbeTable {
-            slots: vec![EMPTY; capacity as usize],
+        Ok(LinearProbeTable {
+            slots: zeroed_vec(capacity as usize, "the inram hash index")?,
             len: 0,
-        }
+        })
     }
 
     pub fn capacity(&self) -> u64 {
@@ -172,7 +177,7 @@ mod tests {
     fn matches_a_hashmap_under_random_inserts_and_deletes() {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        let mut t = LinearProbeTable::with_max_entries(200);
+        let mut t = LinearProbeTable::with_max_entries(200).unwrap();
         let mut model: HashMap<Fingerprint, Pbn> = HashMap::new();
         for step in 0..20_000 {
             let k = rng.random_range(0..300u64);
@@ -198,7 +203,7 @@ mod tests {
 
     #[test]
     fn wraps_probe_runs_around_the_end_of_the_table() {
-        let mut t = LinearProbeTable::with_max_entries(10);
+        let mut t = LinearProbeTable::with_max_entries(10).unwrap();
         let cap = t.capacity();
         let mut keys = Vec::new();
         for n in 0..6 {
@@ -218,7 +223,7 @@ mod tests {
 
     #[test]
     fn refuses_to_overfill() {
-        let mut t = LinearProbeTable::with_max_entries(10);
+        let mut t = LinearProbeTable::with_max_entries(10).unwrap();
         let cap = t.capacity();
         let mut n = 0;
         while t.insert(&fp(n), n) {

@@ -20,6 +20,7 @@ use crate::config::{DeviceConfig, Lbn, Pbn};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::superblock::{DeviceState, Superblock};
+use crate::zeroed::zeroed_vec;
 
 use hash_table::LinearProbeTable;
 use persist::{read_section, SaveTable, Section, SectionWriter, HASH_ENTRY_BYTES, MAX_COUNTERS};
@@ -77,9 +78,9 @@ pub fn open(
     }
     let table = SaveTable::decode(&superblock.backend_area, &cfg)?;
     let mut backend = InRam {
-        lbn_map: vec![0; cfg.logical_chunks() as usize],
-        refcounts: vec![0; cfg.physical_chunks as usize],
-        hash_index: LinearProbeTable::with_max_entries(cfg.physical_chunks),
+        lbn_map: zeroed_vec(cfg.logical_chunks() as usize, "the inram LBN map")?,
+        refcounts: zeroed_vec(cfg.physical_chunks as usize, "the inram refcount array")?,
+        hash_index: LinearProbeTable::with_max_entries(cfg.physical_chunks)?,
         cfg,
         meta,
         superblock,
@@ -176,20 +177,21 @@ impl InRam {
                 expected[(v - 1) as usize] += 1;
             }
         }
-        let mut entries = Vec::new();
+        let mut indexed = vec![false; self.refcounts.len()];
+        let mut page = Vec::new();
         let mut cursor = Some(0);
         while let Some(c) = cursor {
-            cursor = self.hash_index.scan(c, 1 << 16, &mut entries);
-        }
-        let mut indexed = vec![false; self.refcounts.len()];
-        for (_, pbn) in entries {
-            if std::mem::replace(&mut indexed[pbn as usize], true) {
-                return Err(Error::corrupt(
-                    Section::HashEntries.name(),
-                    format!("PBN {pbn} is indexed under two fingerprints"),
-                ));
+            page.clear();
+            cursor = self.hash_index.scan(c, 1 << 16, &mut page);
+            for &(_, pbn) in &page {
+                if std::mem::replace(&mut indexed[pbn as usize], true) {
+                    return Err(Error::corrupt(
+                        Section::HashEntries.name(),
+                        format!("PBN {pbn} is indexed under two fingerprints"),
+                    ));
+                }
+                expected[pbn as usize] += 1;
             }
-            expected[pbn as usize] += 1;
         }
         if let Some(pbn) = (0..expected.len()).find(|&p| expected[p] != self.refcounts[p]) {
             return Err(Error::corrupt(
