@@ -21,7 +21,13 @@ fn concurrent_writers_of_the_same_new_content_store_it_once() {
     let p = Patterns::new(4, CS);
     // Slow data writes keep each writer between its index lookup and its
     // index insert for a while: exactly where a second writer must wait.
-    let dev = md.open_slow(std::time::Duration::from_micros(200)).unwrap();
+    let slow = common::FaultyBlockFile {
+        write_delay: std::time::Duration::from_micros(200),
+        ..common::FaultyBlockFile::new(md.data.clone())
+    };
+    let dev = md
+        .open_on(Box::new(slow), Box::new(md.meta.clone()))
+        .unwrap();
     for round in 1..4usize {
         let barrier = Barrier::new(threads as usize);
         std::thread::scope(|s| {

@@ -281,26 +281,32 @@ fn a_full_device_collects_garbage_before_refusing_with_enospc() {
     assert_consistent(&dev);
 }
 
-#[test]
-fn verify_mode_stores_a_colliding_chunk_apart() {
-    // Simulate a fingerprint collision: change a stored chunk's bytes behind
-    // the engine's back, then write content whose fingerprint is indexed.
+/// Simulate a fingerprint collision: write pattern 1 to LBN 0, then change
+/// its stored bytes to pattern 2 behind the engine's back, and write pattern
+/// 1 (whose fingerprint is indexed) to LBN 1.
+fn collide(verify: bool) -> (MemDevice, dedup_core::Device, Patterns, u64) {
+    use dedup_core::blockfile::BlockFile;
     let md = MemDevice::with(
         CS as u32,
         16,
         16,
         dedup_core::fingerprint::HashAlgo::Md5,
-        true,
+        verify,
     );
     let p = Patterns::new(4, CS);
     let dev = md.open().unwrap();
     write_chunk(&dev, &p, 0, 1);
     let (pbn, _) = dev.inspect_lbn(0).unwrap().unwrap();
-    use dedup_core::blockfile::BlockFile;
     md.data
         .write_at(p.chunk(2), dev.config().pbn_offset(pbn))
         .unwrap();
     write_chunk(&dev, &p, 1, 1);
+    (md, dev, p, pbn)
+}
+
+#[test]
+fn verify_mode_stores_a_colliding_chunk_apart() {
+    let (_md, dev, p, pbn) = collide(true);
     assert_eq!(
         read_chunk(&dev, 1),
         p.chunk(1),
@@ -317,23 +323,8 @@ fn verify_mode_stores_a_colliding_chunk_apart() {
 
 #[test]
 fn without_verify_a_collision_would_share_the_stored_bytes() {
-    // The same setup as above with verify off shows what verify protects from.
-    let md = MemDevice::with(
-        CS as u32,
-        16,
-        16,
-        dedup_core::fingerprint::HashAlgo::Md5,
-        false,
-    );
-    let p = Patterns::new(4, CS);
-    let dev = md.open().unwrap();
-    write_chunk(&dev, &p, 0, 1);
-    let (pbn, _) = dev.inspect_lbn(0).unwrap().unwrap();
-    use dedup_core::blockfile::BlockFile;
-    md.data
-        .write_at(p.chunk(2), dev.config().pbn_offset(pbn))
-        .unwrap();
-    write_chunk(&dev, &p, 1, 1);
+    // What verify protects from: the same setup with verify off.
+    let (_md, dev, p, _) = collide(false);
     assert_eq!(read_chunk(&dev, 1), p.chunk(2));
 }
 
@@ -420,20 +411,13 @@ fn an_unclean_stop_is_refused_and_recovery_rolls_back_safely() {
 
 #[test]
 fn a_failed_data_write_changes_no_metadata() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
     let (md, p) = setup();
-    let fail = Arc::new(AtomicBool::new(false));
-    let data = common::FlakyBlockFile {
-        inner: md.data.clone(),
-        fail: fail.clone(),
-    };
-    let opts = dedup_core::OpenOptions {
-        writable: true,
-        accept_unclean: false,
-    };
-    let dev =
-        dedup_core::Device::open(Box::new(data), Box::new(md.meta.clone()), &opts, None).unwrap();
+    let data = common::FaultyBlockFile::new(md.data.clone());
+    let fail = data.fail_writes.clone();
+    let dev = md
+        .open_on(Box::new(data), Box::new(md.meta.clone()))
+        .unwrap();
     write_chunk(&dev, &p, 0, 1);
     write_chunk(&dev, &p, 1, 2);
     let before = dev.stats();
@@ -460,20 +444,13 @@ fn a_failed_data_write_changes_no_metadata() {
 
 #[test]
 fn a_failed_close_keeps_the_device_open_so_close_can_be_retried() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
     let (md, p) = setup();
-    let fail = Arc::new(AtomicBool::new(false));
-    let meta = common::FlakyBlockFile {
-        inner: md.meta.clone(),
-        fail: fail.clone(),
-    };
-    let opts = dedup_core::OpenOptions {
-        writable: true,
-        accept_unclean: false,
-    };
-    let dev =
-        dedup_core::Device::open(Box::new(md.data.clone()), Box::new(meta), &opts, None).unwrap();
+    let meta = common::FaultyBlockFile::new(md.meta.clone());
+    let fail = meta.fail_writes.clone();
+    let dev = md
+        .open_on(Box::new(md.data.clone()), Box::new(meta))
+        .unwrap();
     write_chunk(&dev, &p, 4, 2);
     fail.store(true, Ordering::SeqCst);
     assert!(dev.close().is_err(), "the save cannot be written");

@@ -55,17 +55,13 @@ impl MemDevice {
         self.open_with(false)
     }
 
-    /// Open with a data device whose writes are slowed down.
-    pub fn open_slow(&self, write_delay: std::time::Duration) -> Result<Device> {
+    /// Open through arbitrary wrappers of the two memory devices.
+    pub fn open_on(&self, data: Box<dyn BlockFile>, meta: Box<dyn BlockFile>) -> Result<Device> {
         let opts = OpenOptions {
             writable: true,
             accept_unclean: false,
         };
-        let data = SlowBlockFile {
-            inner: self.data.clone(),
-            write_delay,
-        };
-        Device::open(Box::new(data), Box::new(self.meta.clone()), &opts, None)
+        Device::open(data, meta, &opts, None)
     }
 
     pub fn open_with(&self, accept_unclean: bool) -> Result<Device> {
@@ -82,43 +78,31 @@ impl MemDevice {
     }
 }
 
-/// A device whose writes take a while: widens race windows in concurrency tests.
-pub struct SlowBlockFile {
+/// A memory device with faults on demand: slow writes (to widen race
+/// windows in concurrency tests) and failing writes (for error paths).
+pub struct FaultyBlockFile {
     pub inner: Arc<MemBlockFile>,
     pub write_delay: std::time::Duration,
+    pub fail_writes: Arc<std::sync::atomic::AtomicBool>,
 }
 
-impl BlockFile for SlowBlockFile {
+impl FaultyBlockFile {
+    pub fn new(inner: Arc<MemBlockFile>) -> Self {
+        FaultyBlockFile {
+            inner,
+            write_delay: std::time::Duration::ZERO,
+            fail_writes: Arc::default(),
+        }
+    }
+}
+
+impl BlockFile for FaultyBlockFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.inner.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         std::thread::sleep(self.write_delay);
-        self.inner.write_at(buf, offset)
-    }
-    fn sync(&self) -> Result<()> {
-        self.inner.sync()
-    }
-    fn len(&self) -> Result<u64> {
-        self.inner.len()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-}
-
-/// A device whose writes fail while `fail` is set: for error-path tests.
-pub struct FlakyBlockFile {
-    pub inner: Arc<MemBlockFile>,
-    pub fail: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl BlockFile for FlakyBlockFile {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+        if self.fail_writes.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(dedup_core::Error::io(
                 "injected write failure",
                 std::io::Error::from_raw_os_error(libc::EIO),
