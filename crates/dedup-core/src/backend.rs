@@ -54,6 +54,9 @@ pub struct BackendUsage {
     pub lbns_mapped: u64,
     /// PBNs with a non-zero reference count (allocated).
     pub pbns_used: u64,
+    /// PBNs `alloc_pbn` could hand out now (free, and not freed in the
+    /// current transaction).
+    pub pbns_free: u64,
     /// Entries in the hash index.
     pub hash_entries: u64,
     /// Bytes the metadata structures occupy (in RAM or on the metadata device).
@@ -116,6 +119,9 @@ pub trait MetadataBackend: Send {
     /// Decrementing a free PBN is a `Corrupt` error, never an underflow.
     fn refcount_dec(&mut self, pbn: Pbn) -> Result<u32>;
     fn refcount_get(&mut self, pbn: Pbn) -> Result<u32>;
+    /// Set a count outright (0 frees the PBN). Only `check --repair` calls
+    /// this, to rebuild counts from the LBN map and hash index.
+    fn refcount_set(&mut self, pbn: Pbn, count: u32) -> Result<()>;
 
     // ---- iteration, for garbage collection and checking -------------------
 
@@ -141,9 +147,17 @@ pub trait MetadataBackend: Send {
 
     // ---- persistence ---------------------------------------------------------
 
-    /// Make every change so far durable (FLUSH/FUA). The engine has already
-    /// synced the data device, so mappings may point at the data they name.
+    /// Make every change so far durable, atomically (FLUSH/FUA, or a
+    /// transaction end the backend asked for). The engine has already synced
+    /// the data device and no write is half-applied, so every mapping names
+    /// data on disk. PBNs freed since the previous commit become reusable
+    /// only after this returns.
     fn commit(&mut self) -> Result<()>;
+    /// Whether the backend wants a commit soon (transaction length reached,
+    /// cache mostly dirty). The engine asks after every write batch.
+    fn wants_commit(&self) -> bool {
+        false
+    }
     /// Clean shutdown: persist everything and mark the metadata clean. No
     /// other method is called afterwards.
     fn close(&mut self) -> Result<()>;

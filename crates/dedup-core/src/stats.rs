@@ -87,6 +87,8 @@ define_counters! {
     nospace_errors,
     /// Write-zeroes requests.
     write_zeroes_requests,
+    /// Metadata commits (flushes, FUA writes, transaction ends).
+    commits,
 }
 
 impl Counters {

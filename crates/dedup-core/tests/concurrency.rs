@@ -13,6 +13,16 @@ use rand::{Rng, SeedableRng};
 
 const CS: usize = 4096;
 
+/// Sets the flag when dropped, so a panicking worker stops its companions
+/// instead of leaving them looping forever.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 #[test]
 fn concurrent_writers_of_the_same_new_content_store_it_once() {
     let threads = 8;
@@ -62,7 +72,9 @@ fn concurrent_writers_of_the_same_new_content_store_it_once() {
 fn mixed_workloads_with_gc_running_match_per_thread_models() {
     let threads = 4usize;
     let region_chunks = 48usize;
-    let md = MemDevice::new(CS as u32, (threads * region_chunks) as u64, 160);
+    // Room for every LBN's own content plus the batches in flight, so a
+    // write never fails for space however GC and writers interleave.
+    let md = MemDevice::new(CS as u32, (threads * region_chunks) as u64, 240);
     let p = Patterns::new(6, CS);
     let dev = md.open().unwrap();
     let stop = AtomicBool::new(false);
@@ -79,7 +91,9 @@ fn mixed_workloads_with_gc_running_match_per_thread_models() {
         let workers: Vec<_> = (0..threads)
             .map(|t| {
                 let (dev, p) = (&dev, &p);
+                let stop = &stop;
                 s.spawn(move || {
+                    let _stop = StopOnDrop(stop);
                     let mut rng = rand::rngs::StdRng::seed_from_u64(1000 + t as u64);
                     let base = (t * region_chunks * CS) as u64;
                     let len = region_chunks * CS;
@@ -153,6 +167,7 @@ fn readers_racing_writers_and_gc_never_see_another_chunks_bytes() {
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         let writer = s.spawn(|| {
+            let _stop = StopOnDrop(&stop);
             let mut rng = rand::rngs::StdRng::seed_from_u64(5);
             for _ in 0..20_000 {
                 let lbn = rng.random_range(0..chunks);

@@ -8,6 +8,7 @@
 
 mod check;
 mod chunking;
+mod commit;
 mod gc;
 mod locks;
 mod read_path;
@@ -49,6 +50,10 @@ pub struct Device {
     /// Requests hold it shared; `close` takes it exclusively, so it waits for
     /// requests in flight and turns later ones away.
     gate: RwLock<bool>,
+    /// Write batches hold it shared, commits exclusively (see `commit.rs`).
+    commit_gate: RwLock<()>,
+    /// The backend persists commits (so commits need the gate).
+    crash_safe: bool,
     lbn_locks: LbnLocks,
     fp_locks: FingerprintLocks,
     gc_lock: Mutex<()>,
@@ -91,11 +96,14 @@ impl Device {
         let opened = backends::open(sb, meta, opts)?;
         let counters = Counters::default();
         counters.load(&opened.backend.saved_counters());
+        let crash_safe = opened.backend.traits().crash_safe;
         let mut device = Device {
             cfg,
             data,
             meta: Mutex::new(opened.backend),
             gate: RwLock::new(false),
+            commit_gate: RwLock::new(()),
+            crash_safe,
             lbn_locks: LbnLocks::default(),
             fp_locks: FingerprintLocks::default(),
             gc_lock: Mutex::new(()),
@@ -179,10 +187,7 @@ impl Device {
 
     fn flush_entered(&self) -> Result<()> {
         Counters::add(&self.counters.flushes, 1);
-        self.data.sync()?;
-        let mut m = self.meta.lock();
-        m.save_counters(&self.counters.to_vec());
-        m.commit()
+        self.commit()
     }
 
     /// Clean shutdown: waits for requests in flight, saves all metadata and

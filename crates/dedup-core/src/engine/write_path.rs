@@ -22,7 +22,6 @@ use std::sync::atomic::Ordering;
 use tracing::error;
 
 use super::chunking::{self, Piece};
-use super::gc;
 use super::Device;
 use crate::backend::MetadataBackend;
 use crate::config::{Lbn, Pbn};
@@ -30,9 +29,8 @@ use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::stats::Counters;
 
-/// Most chunks one inline collection (on a full device) frees: enough for
-/// many batches, few enough to keep the metadata mutex hold short.
-const INLINE_GC_CHUNKS: u64 = 4096;
+/// Times a batch that found the device full is retried after making room.
+const RECLAIM_ATTEMPTS: u32 = 8;
 
 /// Where the new bytes of a request come from.
 #[derive(Clone, Copy)]
@@ -117,14 +115,35 @@ impl Device {
         let cs = self.cfg.chunk_size as usize;
         let pieces = chunking::pieces(offset, len, cs);
         for batch in pieces.chunks(chunking::batch_chunks(cs)) {
-            self.write_batch(batch, src)?;
+            // Full: make room (GC, and a commit to release what it freed),
+            // then try again; concurrent writers may take the room first.
+            let mut attempts = 0;
+            let wants_commit = loop {
+                match self.write_batch(batch, src) {
+                    Err(Error::NoSpace { .. })
+                        if attempts < RECLAIM_ATTEMPTS && self.reclaim_for_space()? =>
+                    {
+                        attempts += 1
+                    }
+                    other => break other,
+                }
+            }
+            .inspect_err(|e| {
+                if matches!(e, Error::NoSpace { .. }) {
+                    Counters::add(&self.counters.nospace_errors, 1);
+                }
+            })?;
+            self.commit_if_wanted(wants_commit)?;
         }
         Ok(())
     }
 
-    fn write_batch(&self, pieces: &[Piece], src: Source<'_>) -> Result<()> {
+    /// One batch under its locks. Returns whether the backend wants a commit.
+    fn write_batch(&self, pieces: &[Piece], src: Source<'_>) -> Result<bool> {
         let cs = self.cfg.chunk_size as usize;
         let _lbn_guards = self.lbn_locks.write_many(pieces.iter().map(|p| p.lbn));
+        // No commit may capture this batch half-applied.
+        let _batch = self.commit_gate.read();
 
         let mut chunks = Vec::with_capacity(pieces.len());
         for p in pieces {
@@ -173,7 +192,8 @@ impl Device {
             return Err(e);
         }
         self.phase_b(&chunks, src)?;
-        self.store_collisions(&chunks)
+        self.store_collisions(&chunks)?;
+        Ok(self.meta.lock().wants_commit())
     }
 
     /// The current bytes of a chunk, for read-modify-write. The caller holds
@@ -212,28 +232,9 @@ impl Device {
         Ok(())
     }
 
-    /// Allocate a PBN; when the device is full, collect some garbage first,
-    /// unless a collection since the last release found nothing to free
-    /// (then there is none, and rescanning the index on every refused
-    /// write would only stall the device).
+    /// Allocate a PBN, or fail with `NoSpace` (the caller makes room and retries).
     fn alloc(&self, m: &mut dyn MetadataBackend) -> Result<Pbn> {
-        if let Some(pbn) = m.alloc_pbn()? {
-            return Ok(pbn);
-        }
-        let releases = self.releases.load(Ordering::Relaxed);
-        if self.fruitless_gc_at.load(Ordering::Relaxed) != releases {
-            let (_, reclaimed) = gc::collect(&mut *m, Some(INLINE_GC_CHUNKS))?;
-            Counters::add(&self.counters.gc_runs, 1);
-            Counters::add(&self.counters.gc_reclaimed, reclaimed);
-            if reclaimed == 0 {
-                self.fruitless_gc_at.store(releases, Ordering::Relaxed);
-            }
-            if let Some(pbn) = m.alloc_pbn()? {
-                return Ok(pbn);
-            }
-        }
-        Counters::add(&self.counters.nospace_errors, 1);
-        Err(Error::NoSpace {
+        m.alloc_pbn()?.ok_or(Error::NoSpace {
             total_chunks: self.cfg.physical_chunks,
         })
     }

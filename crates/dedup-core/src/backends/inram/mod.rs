@@ -438,6 +438,17 @@ impl MetadataBackend for InRam {
         Ok(self.refcounts[i])
     }
 
+    fn refcount_set(&mut self, pbn: Pbn, count: u32) -> Result<()> {
+        let i = self.check_pbn(pbn)?;
+        match (self.refcounts[i], count) {
+            (0, c) if c > 0 => self.pbns_used += 1,
+            (c, 0) if c > 0 => self.pbns_used -= 1,
+            _ => {}
+        }
+        self.refcounts[i] = count;
+        Ok(())
+    }
+
     fn hash_index_scan(
         &mut self,
         cursor: &ScanCursor,
@@ -495,6 +506,7 @@ impl MetadataBackend for InRam {
         BackendUsage {
             lbns_mapped: self.lbns_mapped,
             pbns_used: self.pbns_used,
+            pbns_free: self.cfg.physical_chunks - self.pbns_used,
             hash_entries: self.hash_index.len(),
             metadata_bytes: self.lbn_map.len() as u64 * 8
                 + self.refcounts.len() as u64 * 4

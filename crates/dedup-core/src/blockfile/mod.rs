@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 use parking_lot::RwLock;
 
+pub mod sim;
+
 use crate::error::{IoContext, Result};
 
 /// Positional I/O on a file or block device. Implementations are shared by

@@ -1,0 +1,67 @@
+//! Committing metadata (FLUSH, FUA, and the backend's own transaction
+//! boundaries), and making room when the data device is full.
+//!
+//! A commit must capture a state in which every mapping names a chunk whose
+//! bytes are on disk, and no write is half-applied (a PBN allocated or pinned
+//! but not yet mapped). So writers hold the commit gate shared for a whole
+//! batch, and a commit takes it exclusively, syncs the data device, then
+//! commits the backend. Backends that are not crash-safe (INRAM) skip the
+//! gate: their commit persists nothing.
+
+use std::sync::atomic::Ordering;
+
+use tracing::debug;
+
+use super::gc;
+use super::Device;
+use crate::error::Result;
+use crate::stats::Counters;
+
+/// Most chunks one space-making collection frees: enough for many batches,
+/// few enough to keep it short.
+const RECLAIM_CHUNKS: u64 = 4096;
+
+impl Device {
+    /// Make every completed write durable (crash-safe backends).
+    pub(super) fn commit(&self) -> Result<()> {
+        let _quiet = self.crash_safe.then(|| self.commit_gate.write());
+        self.data.sync()?;
+        let mut m = self.meta.lock();
+        m.save_counters(&self.counters.to_vec());
+        m.commit()?;
+        Counters::add(&self.counters.commits, 1);
+        Ok(())
+    }
+
+    /// After a batch: commit if the backend asked (transaction length
+    /// reached, cache mostly dirty).
+    pub(super) fn commit_if_wanted(&self, wanted: bool) -> Result<()> {
+        if wanted && self.crash_safe {
+            debug!("backend asked for a commit");
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    /// The data device is full: collect some garbage and, for crash-safe
+    /// backends, commit so the freed chunks may be reused (they stay
+    /// quarantined until the commit that frees them is durable). Returns
+    /// whether a retry may now find a free chunk. A collection that found
+    /// nothing is not repeated until some chunk has become garbage since.
+    pub(super) fn reclaim_for_space(&self) -> Result<bool> {
+        let _one_at_a_time = self.gc_lock.lock();
+        let releases = self.releases.load(Ordering::Relaxed);
+        if self.fruitless_gc_at.load(Ordering::Relaxed) != releases {
+            let (_, reclaimed) = gc::collect(&self.meta, Some(RECLAIM_CHUNKS))?;
+            Counters::add(&self.counters.gc_runs, 1);
+            Counters::add(&self.counters.gc_reclaimed, reclaimed);
+            if reclaimed == 0 {
+                self.fruitless_gc_at.store(releases, Ordering::Relaxed);
+            } else if self.crash_safe {
+                self.commit()?;
+            }
+        }
+        // Room made here, or by another thread meanwhile.
+        Ok(self.meta.lock().usage().pbns_free > 0)
+    }
+}
