@@ -35,7 +35,7 @@ fn device(hash: HashAlgo) -> Device {
     Device::format(&cfg, &data, &meta).unwrap();
     let opts = OpenOptions {
         writable: true,
-        accept_unclean: false,
+        ..Default::default()
     };
     Device::open(Box::new(data), Box::new(meta), &opts, None).unwrap()
 }

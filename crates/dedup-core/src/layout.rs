@@ -7,7 +7,7 @@ use std::fs;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
-use crate::backends::{self, OpenOptions};
+use crate::backends::{self, BackendParams, OpenOptions};
 use crate::blockfile::{BlockFile, FileBlockFile};
 use crate::config::{DeviceConfig, DATA_OFFSET};
 use crate::engine::Device;
@@ -63,6 +63,8 @@ pub struct CreateOptions {
     pub meta: Option<PathBuf>,
     /// Overwrite data/metadata devices that already hold a dedup device.
     pub force: bool,
+    /// Backend tunables (cache, transaction length).
+    pub params: BackendParams,
 }
 
 impl CreateOptions {
@@ -77,6 +79,7 @@ impl CreateOptions {
             data: None,
             meta: None,
             force: false,
+            params: BackendParams::default(),
         }
     }
 }
@@ -256,17 +259,18 @@ pub fn create(dir: &Path, opts: &CreateOptions) -> Result<DeviceConfig> {
         false,
         &mut undo,
     )?;
-    let meta_len = backends::metadata_device_len(&cfg)?;
+    opts.params.validate()?;
+    let space = backends::metadata_space(&cfg)?;
     let meta = prepare(
         opts.meta.as_deref(),
         &meta_link,
-        meta_len,
+        space.len,
         "metadata",
         opts.force,
-        true,
+        !space.grows,
         &mut undo,
     )?;
-    Device::format(&cfg, &data, &meta)?;
+    Device::format(&cfg, &data, std::sync::Arc::new(meta), &opts.params)?;
     fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .context(|| format!("syncing directory {}", dir.display()))?;

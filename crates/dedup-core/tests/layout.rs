@@ -8,10 +8,12 @@ use dedup_core::backends::OpenOptions;
 use dedup_core::layout::{self, CreateOptions, DevicePaths};
 use dedup_core::Error;
 
-const RW: OpenOptions = OpenOptions {
-    writable: true,
-    accept_unclean: false,
-};
+fn rw() -> OpenOptions {
+    OpenOptions {
+        writable: true,
+        ..Default::default()
+    }
+}
 
 fn create(dir: &Path, size: u64) -> DevicePaths {
     layout::create(dir, &CreateOptions::new(size)).unwrap();
@@ -19,7 +21,7 @@ fn create(dir: &Path, size: u64) -> DevicePaths {
 }
 
 fn write_some(paths: &DevicePaths) -> Vec<u8> {
-    let dev = layout::open(paths, &RW).unwrap();
+    let dev = layout::open(paths, &rw()).unwrap();
     let data: Vec<u8> = (0..3 * 4096 + 100).map(|i| (i % 251) as u8).collect();
     dev.write(4096 * 5 + 7, &data, false).unwrap();
     dev.close().unwrap();
@@ -27,7 +29,7 @@ fn write_some(paths: &DevicePaths) -> Vec<u8> {
 }
 
 fn read_back(paths: &DevicePaths, len: usize) -> Vec<u8> {
-    let dev = layout::open(paths, &RW).unwrap();
+    let dev = layout::open(paths, &rw()).unwrap();
     let mut got = vec![0; len];
     dev.read(4096 * 5 + 7, &mut got).unwrap();
     dev.close().unwrap();
@@ -113,15 +115,15 @@ fn bad_sizes_and_names_are_refused_before_anything_is_written() {
 fn a_second_opener_is_refused_while_the_first_serves() {
     let tmp = tempfile::tempdir().unwrap();
     let paths = create(tmp.path(), 1 << 20);
-    let first = layout::open(&paths, &RW).unwrap();
-    let err = layout::open(&paths, &RW)
+    let first = layout::open(&paths, &rw()).unwrap();
+    let err = layout::open(&paths, &rw())
         .err()
         .expect("second open must fail");
     assert!(matches!(err, Error::Locked { .. }), "{err}");
     assert!(err.to_string().contains("dedup serve"), "{err}");
     first.close().unwrap();
     drop(first);
-    layout::open(&paths, &RW).unwrap().close().unwrap();
+    layout::open(&paths, &rw()).unwrap().close().unwrap();
 }
 
 #[test]
@@ -133,7 +135,9 @@ fn mismatched_data_and_metadata_are_refused() {
         data: a.data.clone(),
         meta: b.meta.clone(),
     };
-    let err = layout::open(&mixed, &RW).err().expect("mismatch must fail");
+    let err = layout::open(&mixed, &rw())
+        .err()
+        .expect("mismatch must fail");
     assert!(matches!(err, Error::Foreign { .. }), "{err}");
     assert!(err.to_string().contains("mismatched"), "{err}");
 }
@@ -143,13 +147,13 @@ fn foreign_files_are_refused_by_name() {
     let tmp = tempfile::tempdir().unwrap();
     let paths = create(tmp.path(), 1 << 20);
     std::fs::write(&paths.meta, vec![0x5a; 3 << 20]).unwrap();
-    let err = layout::open(&paths, &RW).err().expect("foreign metadata");
+    let err = layout::open(&paths, &rw()).err().expect("foreign metadata");
     assert!(
         err.to_string().contains("not a dedup metadata device"),
         "{err}"
     );
     std::fs::write(&paths.meta, b"tiny").unwrap();
-    let err = layout::open(&paths, &RW).err().expect("tiny metadata");
+    let err = layout::open(&paths, &rw()).err().expect("tiny metadata");
     assert!(err.to_string().contains("too small"), "{err}");
 }
 
@@ -170,7 +174,7 @@ fn corrupted_metadata_is_refused_naming_the_structure_and_never_panics() {
         let mut bad = pristine.clone();
         bad[i] ^= 0x40;
         std::fs::write(&paths.meta, &bad).unwrap();
-        match layout::open(&paths, &RW) {
+        match layout::open(&paths, &rw()) {
             Ok(dev) => {
                 let mut got = vec![0; data.len()];
                 dev.read(4096 * 5 + 7, &mut got).unwrap();
@@ -205,17 +209,18 @@ fn a_crashed_server_is_refused_then_recovered_on_request() {
     let paths = create(tmp.path(), 1 << 20);
     let data = write_some(&paths);
     {
-        let dev = layout::open(&paths, &RW).unwrap();
+        let dev = layout::open(&paths, &rw()).unwrap();
         dev.write(0, &[7u8; 4096], false).unwrap();
         // Dropped without close: what a SIGKILL leaves behind.
     }
-    let err = layout::open(&paths, &RW).err().expect("unclean");
+    let err = layout::open(&paths, &rw()).err().expect("unclean");
     assert!(matches!(err, Error::Unclean { .. }), "{err}");
     let dev = layout::open(
         &paths,
         &OpenOptions {
             writable: true,
             accept_unclean: true,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -263,7 +268,7 @@ fn explicit_data_and_metadata_paths_are_linked_and_protected() {
     let cfg2 = layout::create(&tmp.path().join("dev2"), &forced).unwrap();
     // The old device's superblocks are gone: the new one opens, empty.
     let paths2 = DevicePaths::from_dir(&tmp.path().join("dev2")).unwrap();
-    let dev = layout::open(&paths2, &RW).unwrap();
+    let dev = layout::open(&paths2, &rw()).unwrap();
     assert_eq!(dev.config().uuid, cfg2.uuid);
     assert_eq!(dev.stats().chunks_mapped, 0);
     dev.close().unwrap();

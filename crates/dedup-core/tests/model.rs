@@ -1,11 +1,22 @@
-//! Model-based test: random sequences of write / read / trim / flush / gc /
-//! clean reopen / crash+recover over a small device with a small alphabet of
-//! contents (so duplicates are common), checked after every step against a
-//! plain in-memory disk, with the metadata checked for consistency too.
+//! The conformance suite, run against every backend: random sequences of
+//! write / read / trim / write-zeroes / flush / gc / clean reopen / crash
+//! over a small device with a small alphabet of contents (so duplicates are
+//! common), checked after every step against a plain in-memory disk, with
+//! the metadata checked for consistency too.
+//!
+//! A crash here drops the device without closing it (a process crash: the
+//! disks keep every write). Crash-safe backends must then reopen on their
+//! own with every chunk holding its content as of the last flush or a
+//! content written since; INRAM must refuse, and on request roll back to
+//! its last clean stop (each chunk: that content or zeros). Power loss,
+//! where unsynced writes vanish too, is `crash.rs`'s job.
 
 mod common;
 
+use std::collections::HashSet;
+
 use common::{MemDevice, ModelDisk, Patterns};
+use dedup_core::backends::{self, BackendParams};
 use dedup_core::fingerprint::HashAlgo;
 use dedup_core::{Device, Error};
 use proptest::prelude::*;
@@ -49,14 +60,17 @@ enum Op {
 
 #[derive(Clone, Debug)]
 struct Setup {
+    backend: &'static str,
     chunk_size: u32,
     physical_chunks: u64,
     hash: HashAlgo,
     verify: bool,
+    txn_writes: u64,
 }
 
 fn setup() -> impl Strategy<Value = Setup> {
     (
+        proptest::sample::select(backends::NAMES),
         prop_oneof![Just(4096u32), Just(8192u32)],
         prop_oneof![Just(5u64), Just(8), Just(16)],
         prop_oneof![
@@ -65,13 +79,18 @@ fn setup() -> impl Strategy<Value = Setup> {
             Just(HashAlgo::Md5)
         ],
         any::<bool>(),
+        prop_oneof![Just(0u64), Just(1), Just(3)],
     )
-        .prop_map(|(chunk_size, physical_chunks, hash, verify)| Setup {
-            chunk_size,
-            physical_chunks,
-            hash,
-            verify,
-        })
+        .prop_map(
+            |(backend, chunk_size, physical_chunks, hash, verify, txn_writes)| Setup {
+                backend,
+                chunk_size,
+                physical_chunks,
+                hash,
+                verify,
+                txn_writes,
+            },
+        )
 }
 
 fn op(size: u64) -> impl Strategy<Value = Op> {
@@ -94,15 +113,32 @@ fn op(size: u64) -> impl Strategy<Value = Op> {
 struct Harness {
     md: MemDevice,
     dev: Option<Device>,
+    crash_safe: bool,
     model: ModelDisk,
-    /// Contents as of the last clean close: what a crash rolls back to.
+    /// INRAM: contents as of the last clean close, what a roll-back restores.
     saved: ModelDisk,
+    /// Crash-safe backends: per chunk, every content a crash may leave: its
+    /// content at the last flush and everything written to it since.
+    possible: Vec<HashSet<Vec<u8>>>,
     patterns: Patterns,
 }
 
 impl Harness {
     fn dev(&self) -> &Device {
         self.dev.as_ref().expect("device is open")
+    }
+
+    fn chunk_range(&self, offset: u64, len: u64) -> std::ops::Range<u64> {
+        let cs = self.model.chunk_size as u64;
+        offset / cs..(offset + len).div_ceil(cs)
+    }
+
+    /// Everything is durable now: a crash can only leave current contents.
+    fn settle(&mut self) {
+        for (lbn, set) in self.possible.iter_mut().enumerate() {
+            set.clear();
+            set.insert(self.model.chunk(lbn).to_vec());
+        }
     }
 
     /// Apply a mutation that may fail with ENOSPC (writes, and trims that
@@ -112,15 +148,17 @@ impl Harness {
         offset: u64,
         len: u64,
         after: ModelDisk,
+        durable: bool,
         f: impl FnOnce(&Device) -> dedup_core::Result<()>,
     ) {
         let cs = self.model.chunk_size as u64;
-        match f(self.dev()) {
+        let result = f(self.dev());
+        match result {
             Ok(()) => self.model = after,
             Err(Error::NoSpace { .. }) => {
                 // A failed write leaves each chunk of its range either as it
                 // was or as written; nothing outside the range changes.
-                for lbn in offset / cs..(offset + len).div_ceil(cs) {
+                for lbn in self.chunk_range(offset, len) {
                     let mut got = vec![0u8; cs as usize];
                     self.dev().read(lbn * cs, &mut got).unwrap();
                     let (old, new) = (self.model.chunk(lbn as usize), after.chunk(lbn as usize));
@@ -133,14 +171,73 @@ impl Harness {
             }
             Err(e) => panic!("mutation failed: {e}"),
         }
+        for lbn in self.chunk_range(offset, len) {
+            let c = self.model.chunk(lbn as usize).to_vec();
+            self.possible[lbn as usize].insert(c);
+        }
+        if durable && result.is_ok() {
+            self.settle();
+        }
     }
 
     fn write(&mut self, offset: u64, data: &[u8], fua: bool) {
         let mut after = self.model.clone();
         after.write(offset, data);
-        self.mutate(offset, data.len() as u64, after, |d| {
+        self.mutate(offset, data.len() as u64, after, fua, |d| {
             d.write(offset, data, fua)
         });
+    }
+
+    fn zero(&mut self, offset: u64, len: u64, fua: bool, trim: bool) {
+        let mut after = self.model.clone();
+        after.zero(offset, len);
+        self.mutate(offset, len, after, fua, |d| {
+            if trim {
+                d.discard(offset, len, fua)
+            } else {
+                d.write_zeroes(offset, len, fua)
+            }
+        });
+    }
+
+    fn crash(&mut self) {
+        let cs = self.model.chunk_size;
+        drop(self.dev.take());
+        if self.crash_safe {
+            let dev = self
+                .md
+                .open()
+                .expect("a crash-safe backend recovers on its own");
+            let got = common::read_all(&dev);
+            for lbn in 0..self.model.chunks() {
+                let c = &got[lbn * cs..(lbn + 1) * cs];
+                assert!(
+                    self.possible[lbn].contains(c),
+                    "after a crash, chunk {lbn} holds neither its content at the last flush nor one written since"
+                );
+            }
+            self.dev = Some(dev);
+            self.model.bytes = got;
+            self.settle();
+        } else {
+            match self.md.open() {
+                Err(Error::Unclean { .. }) => {}
+                other => panic!(
+                    "an unclean INRAM device must be refused, got {:?}",
+                    other.map(|_| ())
+                ),
+            }
+            self.dev = Some(self.md.open_with(true).unwrap());
+            let got = common::read_all(self.dev());
+            for lbn in 0..self.model.chunks() {
+                let c = &got[lbn * cs..(lbn + 1) * cs];
+                assert!(
+                    c == self.saved.chunk(lbn) || c.iter().all(|&b| b == 0),
+                    "after recovery chunk {lbn} must read its last saved content or zeros"
+                );
+            }
+            self.model.bytes = got;
+        }
     }
 
     fn step(&mut self, op: &Op) {
@@ -174,17 +271,12 @@ impl Harness {
                     "read {len} at {offset}"
                 );
             }
-            Op::Trim { offset, len } => {
-                let mut after = self.model.clone();
-                after.zero(offset, len);
-                self.mutate(offset, len, after, |d| d.discard(offset, len, false));
+            Op::Trim { offset, len } => self.zero(offset, len, false, true),
+            Op::WriteZeroes { offset, len, fua } => self.zero(offset, len, fua, false),
+            Op::Flush => {
+                self.dev().flush().unwrap();
+                self.settle();
             }
-            Op::WriteZeroes { offset, len, fua } => {
-                let mut after = self.model.clone();
-                after.zero(offset, len);
-                self.mutate(offset, len, after, |d| d.write_zeroes(offset, len, fua));
-            }
-            Op::Flush => self.dev().flush().unwrap(),
             Op::Gc => {
                 self.dev().gc().unwrap();
                 let (nonzero, distinct) = self.model.nonzero_and_distinct();
@@ -201,33 +293,14 @@ impl Harness {
                 drop(dev);
                 self.dev = Some(self.md.open().unwrap());
                 self.saved = self.model.clone();
+                self.settle();
                 assert_eq!(
                     common::read_all(self.dev()),
                     self.model.bytes,
                     "after a clean reopen"
                 );
             }
-            Op::Crash => {
-                drop(self.dev.take());
-                match self.md.open() {
-                    Err(Error::Unclean { .. }) => {}
-                    other => panic!(
-                        "an unclean INRAM device must be refused, got {:?}",
-                        other.map(|_| ())
-                    ),
-                }
-                self.dev = Some(self.md.open_with(true).unwrap());
-                let got = common::read_all(self.dev());
-                for lbn in 0..self.model.chunks() {
-                    let c = &got[lbn * cs as usize..(lbn + 1) * cs as usize];
-                    assert!(
-                        c == self.saved.chunk(lbn) || c.iter().all(|&b| b == 0),
-                        "after recovery chunk {lbn} must read its last saved content or zeros"
-                    );
-                }
-                self.model.bytes = got;
-                // Recovery ends with a clean state only at the next close.
-            }
+            Op::Crash => self.crash(),
         }
         let report = self.dev().check(true).unwrap();
         assert!(report.is_clean(), "after {op:?}: {:#?}", report.problems);
@@ -240,16 +313,22 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
     #[test]
-    fn engine_matches_a_plain_disk(setup in setup(), ops in proptest::collection::vec(op(LOGICAL_CHUNKS * 8192), 1..60)) {
+    fn every_backend_matches_a_plain_disk(setup in setup(), ops in proptest::collection::vec(op(LOGICAL_CHUNKS * 8192), 1..60)) {
         let cs = setup.chunk_size as u64;
         let size = LOGICAL_CHUNKS * cs;
-        let md = MemDevice::with(setup.chunk_size, LOGICAL_CHUNKS, setup.physical_chunks, setup.hash, setup.verify);
+        let cfg = common::config(setup.backend, setup.chunk_size, LOGICAL_CHUNKS, setup.physical_chunks, setup.hash, setup.verify);
+        let params = BackendParams { txn_writes: setup.txn_writes, ..BackendParams::default() };
+        let md = MemDevice::format(cfg, &params);
         let dev = md.open().unwrap();
+        let crash_safe = setup.backend != "inram";
+        let chunks = LOGICAL_CHUNKS as usize;
         let mut h = Harness {
             md,
             dev: Some(dev),
+            crash_safe,
             model: ModelDisk::new(size as usize, cs as usize),
             saved: ModelDisk::new(size as usize, cs as usize),
+            possible: vec![HashSet::from([vec![0u8; cs as usize]]); chunks],
             patterns: Patterns::new(PATTERNS, cs as usize),
         };
         for op in &ops {

@@ -23,6 +23,7 @@ struct Settings {
     meta: Option<PathBuf>,
     control: Option<PathBuf>,
     accept_unclean: bool,
+    cache_bytes: Option<u64>,
 }
 
 #[derive(Default)]
@@ -37,6 +38,7 @@ static SETTINGS: Mutex<Settings> = Mutex::new(Settings {
     meta: None,
     control: None,
     accept_unclean: false,
+    cache_bytes: None,
 });
 static SERVED: Mutex<Served> = Mutex::new(Served {
     device: None,
@@ -100,7 +102,8 @@ impl Server for DedupPlugin {
              \x20                       unless data= and meta= are given).\n\
              data=PATH meta=PATH     Explicit data and metadata devices.\n\
              control=PATH            Control socket for `dedup status/gc` (default DIR/control.sock).\n\
-             accept_unclean=BOOL     After an unclean stop, roll back to the last clean state.",
+             accept_unclean=BOOL     After an unclean stop, roll back to the last clean state.\n\
+             cache=SIZE              Metadata cache size (overrides the one chosen at create).",
         )
     }
 
@@ -112,9 +115,10 @@ impl Server for DedupPlugin {
             "meta" => s.meta = Some(PathBuf::from(value)),
             "control" => s.control = Some(PathBuf::from(value)),
             "accept_unclean" => s.accept_unclean = parse_bool(value)?,
+            "cache" => s.cache_bytes = Some(parse_size(value)? as u64),
             _ => {
                 return Err(einval(format!(
-                    "unknown key {key:?}: the dedup plugin takes dir, data, meta, control, accept_unclean"
+                    "unknown key {key:?}: the dedup plugin takes dir, data, meta, control, accept_unclean, cache"
                 )))
             }
         }
@@ -145,6 +149,7 @@ impl Server for DedupPlugin {
         let opts = OpenOptions {
             writable: true,
             accept_unclean: s.accept_unclean,
+            cache_bytes: s.cache_bytes,
         };
         let device = layout::open(&paths, &opts).map_err(nbd_error)?;
         lock(&SERVED).device = Some(Arc::new(device));

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use dedup_core::backends;
+use dedup_core::backends::{self, BackendParams};
 use dedup_core::config::DEFAULT_CHUNK_SIZE;
 use dedup_core::fingerprint::HashAlgo;
 use dedup_core::layout::{self, CreateOptions};
@@ -38,6 +38,14 @@ pub struct Args {
     /// Compare bytes on every fingerprint match before sharing a chunk.
     #[arg(long)]
     pub verify: bool,
+    /// Metadata cache for the disk-based backends (disktable buffer cache,
+    /// cowbtree B-tree cache, lsm block cache); `dedup serve --cache` overrides it.
+    #[arg(long, value_parser = size_arg, default_value = "64M")]
+    pub cache: u64,
+    /// Writes per metadata transaction for cowbtree and lsm: 1 commits after
+    /// every write, 0 only at FLUSH/FUA (and when the cache fills). Default 1000, as Dmdedup.
+    #[arg(long, default_value_t = 1000)]
+    pub txn_writes: u64,
     /// Existing file or block device to hold the data (default: DIR/data).
     #[arg(long)]
     pub data: Option<PathBuf>,
@@ -65,6 +73,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         data: a.data,
         meta: a.meta,
         force: a.force,
+        params: BackendParams {
+            cache_bytes: a.cache,
+            txn_writes: a.txn_writes,
+        },
     };
     let cfg = layout::create(&a.dir, &opts)?;
     if a.json {

@@ -39,7 +39,7 @@ pub fn reach(dir: &Path, req: &Request, writable: bool) -> anyhow::Result<Reache
     }
     let opts = OpenOptions {
         writable,
-        accept_unclean: false,
+        ..Default::default()
     };
     Ok(Reached::Offline(Box::new(layout::open(&paths, &opts)?)))
 }

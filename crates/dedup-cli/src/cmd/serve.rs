@@ -39,6 +39,9 @@ pub struct Args {
     /// verified against its fingerprint) instead of refusing to serve.
     #[arg(long)]
     pub accept_unclean: bool,
+    /// Metadata cache size for this run (default: the one chosen at create).
+    #[arg(long, value_parser = super::size_arg)]
+    pub cache: Option<u64>,
     /// nbdkit worker threads (requests in flight).
     #[arg(long, default_value_t = 16)]
     pub threads: u32,
@@ -140,6 +143,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     cmd.arg(&plugin).arg(format!("dir={}", dir.display()));
     if a.accept_unclean {
         cmd.arg("accept_unclean=true");
+    }
+    if let Some(cache) = a.cache {
+        cmd.arg(format!("cache={cache}"));
     }
     let mut child = cmd
         .spawn()

@@ -1,24 +1,93 @@
 //! The registry of metadata backends: the one place that maps a backend's
 //! name to its code. The engine only ever sees `Box<dyn MetadataBackend>`.
 
+pub mod cowbtree;
 pub mod inram;
+pub mod kv;
+pub mod space_map;
+
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::backend::MetadataBackend;
 use crate::blockfile::BlockFile;
+use crate::codec::{Decoder, Encoder};
 use crate::config::DeviceConfig;
 use crate::error::{Error, Result};
-use crate::superblock::Superblock;
+use crate::superblock::{Superblock, SUPERBLOCK_AREA};
 
 /// Backends users can pick with `dedup create --backend`.
-pub const NAMES: &[&str] = &[inram::NAME];
+pub const NAMES: &[&str] = &[inram::NAME, cowbtree::NAME];
 pub const DEFAULT: &str = inram::NAME;
 
-#[derive(Clone, Copy, Debug, Default)]
+/// Tunables chosen at create time and recorded in the superblock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackendParams {
+    /// Metadata cache (buffer cache, B-tree cache, LSM block cache) in bytes.
+    pub cache_bytes: u64,
+    /// Writes per transaction (cowbtree, lsm); 0 = only FLUSH/FUA and cache
+    /// pressure end one.
+    pub txn_writes: u64,
+}
+
+pub const MIN_CACHE_BYTES: u64 = 1 << 20;
+
+impl Default for BackendParams {
+    fn default() -> Self {
+        BackendParams {
+            cache_bytes: 64 << 20,
+            txn_writes: 1000,
+        }
+    }
+}
+
+const PARAMS_VERSION: u32 = 1;
+
+impl BackendParams {
+    pub fn validate(&self) -> Result<()> {
+        if self.cache_bytes < MIN_CACHE_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "a metadata cache of {} bytes is too small: give at least 1M (e.g. --cache 64M)",
+                self.cache_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// The leading bytes of a persistent backend's superblock area.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder::default();
+        e.u32(PARAMS_VERSION)
+            .u64(self.cache_bytes)
+            .u64(self.txn_writes);
+        e.buf
+    }
+
+    pub fn decode(area: &[u8]) -> Result<BackendParams> {
+        const S: &str = "backend parameters (superblock backend area)";
+        let mut d = Decoder::new(area, S);
+        let version = d.u32()?;
+        if version != PARAMS_VERSION {
+            return Err(Error::corrupt(S, format!("unknown version {version}")));
+        }
+        let p = BackendParams {
+            cache_bytes: d.u64()?,
+            txn_writes: d.u64()?,
+        };
+        p.validate().map_err(|e| Error::corrupt(S, e.to_string()))?;
+        Ok(p)
+    }
+}
+
+#[derive(Clone, Debug, Default)]
 pub struct OpenOptions {
     /// Open for serving (false: inspect only, write nothing).
     pub writable: bool,
-    /// Accept a roll-back to the last saved state after an unclean stop.
+    /// Accept a roll-back to the last saved state after an unclean stop
+    /// (backends that are not crash-safe).
     pub accept_unclean: bool,
+    /// Override the metadata cache size recorded at create time.
+    pub cache_bytes: Option<u64>,
 }
 
 pub struct Opened {
@@ -39,16 +108,43 @@ pub fn check_name(name: &str) -> Result<()> {
     }
 }
 
-/// Bytes the metadata device needs for this device.
-pub fn metadata_device_len(cfg: &DeviceConfig) -> Result<u64> {
+/// How much metadata device a backend needs at create time.
+#[derive(Clone, Copy, Debug)]
+pub struct MetaSpace {
+    /// Bytes the device must hold now (files may grow later where `grows`).
+    pub len: u64,
+    /// Whether the metadata grows into a regular file as needed.
+    pub grows: bool,
+}
+
+pub fn metadata_space(cfg: &DeviceConfig) -> Result<MetaSpace> {
     check_name(&cfg.backend)?;
-    Ok(inram::metadata_device_len(cfg))
+    Ok(match cfg.backend.as_str() {
+        inram::NAME => MetaSpace {
+            len: inram::metadata_device_len(cfg),
+            grows: false,
+        },
+        _ => MetaSpace {
+            len: SUPERBLOCK_AREA + (1 << 20),
+            grows: true,
+        },
+    })
+}
+
+/// Bytes the metadata device needs for this device (at create time).
+pub fn metadata_device_len(cfg: &DeviceConfig) -> Result<u64> {
+    metadata_space(cfg).map(|s| s.len)
 }
 
 /// Write an empty metadata layout (superblock included) for a new device.
-pub fn format(cfg: &DeviceConfig, meta: &dyn BlockFile) -> Result<()> {
+pub fn format(cfg: &DeviceConfig, meta: Arc<dyn BlockFile>, params: &BackendParams) -> Result<()> {
     check_name(&cfg.backend)?;
-    inram::format(cfg, meta)
+    params.validate()?;
+    match cfg.backend.as_str() {
+        inram::NAME => inram::format(cfg, meta.as_ref()),
+        cowbtree::NAME => cowbtree::format(cfg, Box::new(meta), params),
+        _ => unreachable!("check_name accepted it"),
+    }
 }
 
 pub fn open(
@@ -56,11 +152,27 @@ pub fn open(
     meta: Box<dyn BlockFile>,
     opts: &OpenOptions,
 ) -> Result<Opened> {
+    if let Some(cache) = opts.cache_bytes {
+        BackendParams {
+            cache_bytes: cache,
+            ..BackendParams::default()
+        }
+        .validate()?;
+    }
     match superblock.config.backend.as_str() {
         inram::NAME => inram::open(superblock, meta, opts),
+        cowbtree::NAME => cowbtree::open(superblock, meta, opts),
         other => Err(Error::Unsupported(format!(
             "this metadata uses the {other:?} backend, which this dedup does not have (it has {})",
             NAMES.join(", ")
         ))),
     }
+}
+
+/// Where a backend that keeps files of its own (lsm) puts them, next to
+/// the metadata device path.
+pub fn aux_dir(meta_path: &std::path::Path) -> PathBuf {
+    let mut p = meta_path.as_os_str().to_owned();
+    p.push(".lsm");
+    PathBuf::from(p)
 }

@@ -28,6 +28,9 @@ pub trait BlockFile: Send + Sync {
     fn len(&self) -> Result<u64>;
     /// A name for error messages (usually the path).
     fn describe(&self) -> String;
+    /// The most bytes this device can hold, or `None` if writes past the
+    /// end grow it (a regular file).
+    fn capacity(&self) -> Result<Option<u64>>;
 
     fn is_empty(&self) -> Result<bool> {
         Ok(self.len()? == 0)
@@ -52,12 +55,16 @@ impl<T: BlockFile + ?Sized> BlockFile for std::sync::Arc<T> {
     fn describe(&self) -> String {
         (**self).describe()
     }
+    fn capacity(&self) -> Result<Option<u64>> {
+        (**self).capacity()
+    }
 }
 
 /// A regular file or a block device.
 pub struct FileBlockFile {
     file: File,
     path: PathBuf,
+    block_device: bool,
 }
 
 impl FileBlockFile {
@@ -67,9 +74,14 @@ impl FileBlockFile {
             .write(writable)
             .open(path)
             .context(|| format!("opening {}", path.display()))?;
+        let block_device = file
+            .metadata()
+            .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
+            .context(|| format!("inspecting {}", path.display()))?;
         Ok(FileBlockFile {
             file,
             path: path.to_path_buf(),
+            block_device,
         })
     }
 
@@ -86,6 +98,7 @@ impl FileBlockFile {
         Ok(FileBlockFile {
             file,
             path: path.to_path_buf(),
+            block_device: false,
         })
     }
 
@@ -131,6 +144,14 @@ impl BlockFile for FileBlockFile {
 
     fn describe(&self) -> String {
         self.path.display().to_string()
+    }
+
+    fn capacity(&self) -> Result<Option<u64>> {
+        if self.block_device {
+            self.len().map(Some)
+        } else {
+            Ok(None)
+        }
     }
 }
 
@@ -197,6 +218,10 @@ impl BlockFile for MemBlockFile {
 
     fn describe(&self) -> String {
         self.name.clone()
+    }
+
+    fn capacity(&self) -> Result<Option<u64>> {
+        self.len().map(Some)
     }
 }
 

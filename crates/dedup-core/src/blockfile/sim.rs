@@ -219,6 +219,10 @@ impl BlockFile for SimDisk {
     fn describe(&self) -> String {
         self.name.clone()
     }
+
+    fn capacity(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
 }
 
 #[cfg(test)]

@@ -19,12 +19,13 @@ mod write_path;
 mod verify_tests;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use tracing::{info, warn};
 
 use crate::backend::MetadataBackend;
-use crate::backends::{self, OpenOptions};
+use crate::backends::{self, BackendParams, OpenOptions};
 use crate::blockfile::BlockFile;
 use crate::config::DeviceConfig;
 use crate::error::{Error, Result};
@@ -69,16 +70,22 @@ pub struct Device {
 
 impl Device {
     /// Lay out a new device on `data` and `meta` (both already sized).
-    pub fn format(cfg: &DeviceConfig, data: &dyn BlockFile, meta: &dyn BlockFile) -> Result<()> {
+    pub fn format(
+        cfg: &DeviceConfig,
+        data: &dyn BlockFile,
+        meta: Arc<dyn BlockFile>,
+        params: &BackendParams,
+    ) -> Result<()> {
         cfg.validate()?;
         backends::check_name(&cfg.backend)?;
+        params.validate()?;
         data.write_at(&encode_data_header(cfg), 0)?;
         data.sync()?;
         // Wipe both superblock slots first: a device formatted over an old one
         // (`create --force`) must not find the old superblock in the other slot.
         meta.write_at(&[0u8; SUPERBLOCK_AREA as usize], 0)?;
         meta.sync()?;
-        backends::format(cfg, meta)
+        backends::format(cfg, meta, params)
     }
 
     /// Open a formatted device. `lock` (if any) is held until the device drops.

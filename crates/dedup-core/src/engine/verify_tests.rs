@@ -36,14 +36,14 @@ impl Mem {
             backends::metadata_device_len(&cfg).unwrap(),
             "meta",
         ));
-        Device::format(&cfg, data.as_ref(), meta.as_ref()).unwrap();
+        Device::format(&cfg, data.as_ref(), meta.clone(), &Default::default()).unwrap();
         Mem { data, meta }
     }
 
     fn open(&self) -> Device {
         let opts = OpenOptions {
             writable: true,
-            accept_unclean: false,
+            ..Default::default()
         };
         let data: Box<dyn BlockFile> = Box::new(self.data.clone());
         Device::open(data, Box::new(self.meta.clone()), &opts, None).unwrap()

@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use dedup_core::backends::{self, OpenOptions};
+use dedup_core::backends::{self, BackendParams, OpenOptions};
+use dedup_core::blockfile::sim::SimDisk;
 use dedup_core::blockfile::{BlockFile, MemBlockFile};
 use dedup_core::config::DeviceConfig;
 use dedup_core::fingerprint::HashAlgo;
@@ -14,7 +15,9 @@ use dedup_core::{Device, Result};
 pub struct MemDevice {
     pub cfg: DeviceConfig,
     pub data: Arc<MemBlockFile>,
-    pub meta: Arc<MemBlockFile>,
+    /// A simulated disk: it grows like a file (the B-tree backends need
+    /// that) and never loses a write unless a test asks it to.
+    pub meta: Arc<SimDisk>,
 }
 
 impl MemDevice {
@@ -35,19 +38,23 @@ impl MemDevice {
         hash: HashAlgo,
         verify: bool,
     ) -> MemDevice {
-        let cfg = DeviceConfig {
-            uuid: *uuid_bytes(),
-            backend: backends::DEFAULT.to_string(),
+        let cfg = config(
+            backends::DEFAULT,
             chunk_size,
+            logical_chunks,
+            physical_chunks,
             hash,
             verify,
-            logical_size: logical_chunks * chunk_size as u64,
-            physical_chunks,
-        };
+        );
+        Self::format(cfg, &BackendParams::default())
+    }
+
+    /// A device of the given backend and geometry.
+    pub fn format(cfg: DeviceConfig, params: &BackendParams) -> MemDevice {
         let data = Arc::new(MemBlockFile::new(cfg.data_device_len(), "data"));
         let meta_len = backends::metadata_device_len(&cfg).unwrap();
-        let meta = Arc::new(MemBlockFile::new(meta_len, "meta"));
-        Device::format(&cfg, data.as_ref(), meta.as_ref()).unwrap();
+        let meta = Arc::new(SimDisk::new(meta_len, "meta", Arc::default()));
+        Device::format(&cfg, data.as_ref(), meta.clone(), params).unwrap();
         MemDevice { cfg, data, meta }
     }
 
@@ -59,7 +66,7 @@ impl MemDevice {
     pub fn open_on(&self, data: Box<dyn BlockFile>, meta: Box<dyn BlockFile>) -> Result<Device> {
         let opts = OpenOptions {
             writable: true,
-            accept_unclean: false,
+            ..Default::default()
         };
         Device::open(data, meta, &opts, None)
     }
@@ -68,6 +75,7 @@ impl MemDevice {
         let opts = OpenOptions {
             writable: true,
             accept_unclean,
+            ..Default::default()
         };
         Device::open(
             Box::new(self.data.clone()) as Box<dyn BlockFile>,
@@ -81,13 +89,13 @@ impl MemDevice {
 /// A memory device with faults on demand: slow writes (to widen race
 /// windows in concurrency tests) and failing writes (for error paths).
 pub struct FaultyBlockFile {
-    pub inner: Arc<MemBlockFile>,
+    pub inner: Arc<dyn BlockFile>,
     pub write_delay: std::time::Duration,
     pub fail_writes: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl FaultyBlockFile {
-    pub fn new(inner: Arc<MemBlockFile>) -> Self {
+    pub fn new(inner: Arc<dyn BlockFile>) -> Self {
         FaultyBlockFile {
             inner,
             write_delay: std::time::Duration::ZERO,
@@ -119,10 +127,28 @@ impl BlockFile for FaultyBlockFile {
     fn describe(&self) -> String {
         self.inner.describe()
     }
+    fn capacity(&self) -> Result<Option<u64>> {
+        self.inner.capacity()
+    }
 }
 
-fn uuid_bytes() -> &'static [u8; 16] {
-    &[0x42; 16]
+pub fn config(
+    backend: &str,
+    chunk_size: u32,
+    logical_chunks: u64,
+    physical_chunks: u64,
+    hash: HashAlgo,
+    verify: bool,
+) -> DeviceConfig {
+    DeviceConfig {
+        uuid: [0x42; 16],
+        backend: backend.to_string(),
+        chunk_size,
+        hash,
+        verify,
+        logical_size: logical_chunks * chunk_size as u64,
+        physical_chunks,
+    }
 }
 
 /// Content patterns: pattern 0 is all zeros; the others are pseudo-random
