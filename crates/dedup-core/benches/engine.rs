@@ -31,8 +31,11 @@ fn device(hash: HashAlgo) -> Device {
     // Touch every page up front: first-touch page faults would otherwise
     // dominate unique writes, and a real data device has none.
     let data = MemBlockFile::from_bytes(vec![0x5a; cfg.data_device_len() as usize], "data");
-    let meta = MemBlockFile::new(backends::metadata_device_len(&cfg).unwrap(), "meta");
-    Device::format(&cfg, &data, &meta).unwrap();
+    let meta = std::sync::Arc::new(MemBlockFile::new(
+        backends::metadata_device_len(&cfg).unwrap(),
+        "meta",
+    ));
+    Device::format(&cfg, &data, meta.clone(), &Default::default()).unwrap();
     let opts = OpenOptions {
         writable: true,
         ..Default::default()
