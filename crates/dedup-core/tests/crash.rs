@@ -31,8 +31,16 @@ const CUTS_PER_SEED: u64 = 50;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Write { offset: u64, len: usize, pattern: usize, fua: bool },
-    Trim { offset: u64, len: u64 },
+    Write {
+        offset: u64,
+        len: usize,
+        pattern: usize,
+        fua: bool,
+    },
+    Trim {
+        offset: u64,
+        len: u64,
+    },
     Flush,
     Gc,
 }
@@ -55,11 +63,19 @@ fn workload(seed: u64) -> Vec<Op> {
             10..=13 => {
                 let offset = rng.random_range(0..size - 1);
                 let len = rng.random_range(1..=(size - offset).min(3 * CS as u64)) as usize;
-                Op::Write { offset, len, pattern: rng.random_range(0..6), fua: false }
+                Op::Write {
+                    offset,
+                    len,
+                    pattern: rng.random_range(0..6),
+                    fua: false,
+                }
             }
             14..=15 => {
                 let offset = rng.random_range(0..size - 1);
-                Op::Trim { offset, len: rng.random_range(1..=(size - offset).min(2 * CS as u64)) }
+                Op::Trim {
+                    offset,
+                    len: rng.random_range(1..=(size - offset).min(2 * CS as u64)),
+                }
             }
             16..=18 => Op::Flush,
             _ => Op::Gc,
@@ -74,16 +90,38 @@ struct Disks {
 }
 
 fn open(data: Arc<SimDisk>, meta: Arc<SimDisk>) -> dedup_core::Result<Device> {
-    let opts = OpenOptions { writable: true, ..Default::default() };
-    Device::open(Box::new(data) as Box<dyn BlockFile>, Box::new(meta), &opts, None)
+    let opts = OpenOptions {
+        writable: true,
+        ..Default::default()
+    };
+    Device::open(
+        Box::new(data) as Box<dyn BlockFile>,
+        Box::new(meta),
+        &opts,
+        None,
+    )
 }
 
 fn format(backend: &str, power: Arc<PowerSwitch>, txn_writes: u64) -> Disks {
-    let cfg = common::config(backend, CS as u32, CHUNKS, CHUNKS + 8, HashAlgo::Blake3, false);
+    let cfg = common::config(
+        backend,
+        CS as u32,
+        CHUNKS,
+        CHUNKS + 8,
+        HashAlgo::Blake3,
+        false,
+    );
     // Format on reliable disks, then move the images under the power switch.
     let data = SimDisk::new(cfg.data_device_len(), "data", Arc::default());
-    let meta = Arc::new(SimDisk::new(backends::metadata_device_len(&cfg).unwrap(), "meta", Arc::default()));
-    let params = BackendParams { txn_writes, ..BackendParams::default() };
+    let meta = Arc::new(SimDisk::new(
+        backends::metadata_device_len(&cfg).unwrap(),
+        "meta",
+        Arc::default(),
+    ));
+    let params = BackendParams {
+        txn_writes,
+        ..BackendParams::default()
+    };
     Device::format(&cfg, &data, meta.clone(), &params).unwrap();
     Disks {
         data: Arc::new(SimDisk::from_image(data.contents(), "data", power.clone())),
@@ -129,7 +167,12 @@ impl Expect {
 fn run(dev: &Device, ops: &[Op], patterns: &Patterns, exp: &mut Expect) -> bool {
     for op in ops {
         let result = match *op {
-            Op::Write { offset, len, pattern, fua } => {
+            Op::Write {
+                offset,
+                len,
+                pattern,
+                fua,
+            } => {
                 let data = patterns.bytes(pattern, offset, len);
                 exp.apply(offset, len as u64, |m| m.write(offset, &data));
                 dev.write(offset, &data, fua).map(|_| fua)
@@ -180,8 +223,16 @@ fn crash_once(backend: &str, seed: u64, cut: u64, txn_writes: u64) {
     }
     let mut rng = splitmix(seed ^ cut.rotate_left(32));
     let tear = cut % 2 == 0;
-    let data = Arc::new(SimDisk::from_image(disks.data.crash_image(&mut rng, tear), "data", Arc::default()));
-    let meta = Arc::new(SimDisk::from_image(disks.meta.crash_image(&mut rng, tear), "meta", Arc::default()));
+    let data = Arc::new(SimDisk::from_image(
+        disks.data.crash_image(&mut rng, tear),
+        "data",
+        Arc::default(),
+    ));
+    let meta = Arc::new(SimDisk::from_image(
+        disks.meta.crash_image(&mut rng, tear),
+        "meta",
+        Arc::default(),
+    ));
     let dev = match open(data.clone(), meta.clone()) {
         Ok(d) => d,
         Err(e) => panic!("{at}: the device did not reopen after the crash: {e}"),
@@ -195,7 +246,11 @@ fn crash_once(backend: &str, seed: u64, cut: u64, txn_writes: u64) {
         );
     }
     let report = dev.check(true).unwrap();
-    assert!(report.is_clean(), "{at}: check after recovery: {:#?}", report.problems);
+    assert!(
+        report.is_clean(),
+        "{at}: check after recovery: {:#?}",
+        report.problems
+    );
     // The recovered device keeps working and survives a clean restart.
     let more = patterns.bytes(5, 0, 2 * CS);
     dev.write(0, &more, true).unwrap();
@@ -205,7 +260,10 @@ fn crash_once(backend: &str, seed: u64, cut: u64, txn_writes: u64) {
     let mut back = vec![0u8; 2 * CS];
     dev.read(0, &mut back).unwrap();
     assert_eq!(back, more, "{at}: a write after recovery was lost");
-    assert!(dev.check(true).unwrap().is_clean(), "{at}: check after restart");
+    assert!(
+        dev.check(true).unwrap().is_clean(),
+        "{at}: check after restart"
+    );
     let _ = disks.cfg;
 }
 
@@ -214,7 +272,12 @@ fn ops_in_workload(backend: &str, seed: u64, txn_writes: u64) -> u64 {
     let power = Arc::new(PowerSwitch::default());
     let disks = format(backend, power.clone(), txn_writes);
     let dev = open(disks.data.clone(), disks.meta.clone()).unwrap();
-    let failed = run(&dev, &workload(seed), &Patterns::new(6, CS), &mut Expect::new());
+    let failed = run(
+        &dev,
+        &workload(seed),
+        &Patterns::new(6, CS),
+        &mut Expect::new(),
+    );
     assert!(!failed);
     power.ops()
 }
@@ -228,14 +291,19 @@ fn crash_suite(backend: &str) {
         }
         return;
     }
-    let seeds: u64 = std::env::var("DEDUP_CRASH_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(40);
+    let seeds: u64 = std::env::var("DEDUP_CRASH_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40);
     let mut crashes = 0;
     for seed in 0..seeds {
         // Transaction lengths 0 (flush only), 1 (every write), 2, 3.
         let txn_writes = seed % 4;
         let total = ops_in_workload(backend, seed, txn_writes);
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let mut cuts: Vec<u64> = (0..CUTS_PER_SEED).map(|i| i * total / CUTS_PER_SEED).collect();
+        let mut cuts: Vec<u64> = (0..CUTS_PER_SEED)
+            .map(|i| i * total / CUTS_PER_SEED)
+            .collect();
         cuts.extend((0..CUTS_PER_SEED / 5).map(|_| rng.random_range(0..total)));
         for cut in cuts {
             crash_once(backend, seed, cut, txn_writes);

@@ -4,6 +4,7 @@
 pub mod cowbtree;
 pub mod inram;
 pub mod kv;
+pub mod probe;
 pub mod space_map;
 
 use std::path::PathBuf;

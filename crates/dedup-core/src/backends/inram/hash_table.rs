@@ -1,11 +1,7 @@
-//! The INRAM sparse store (Dmdedup §2.6.1): a statically sized open-addressing
-//! hash table with linear probing, `fingerprint -> PBN`.
-//!
-//! Sized once from the data device (every PBN holds at most one fingerprint,
-//! so the table can never hold more entries than there are PBNs) with 10 %
-//! over-provisioning, as the paper. Deletion shifts later entries of the probe
-//! run back (no tombstones), so lookups stay short after garbage collection.
+//! The INRAM sparse store (Dmdedup §2.6.1): the linear-probing hash index
+//! of `probe.rs` over slots in RAM.
 
+use crate::backends::probe::{self, Slots};
 use crate::config::Pbn;
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;
@@ -32,12 +28,38 @@ pub struct LinearProbeTable {
     len: u64,
 }
 
+impl Slots for Vec<Slot> {
+    fn slot_count(&self) -> u64 {
+        self.len() as u64
+    }
+
+    #[inline]
+    fn get(&mut self, i: u64) -> Result<Option<(Fingerprint, Pbn)>> {
+        let s = &self[i as usize];
+        Ok((s.pbn_plus_one != 0).then_some((s.fp, s.pbn_plus_one.wrapping_sub(1))))
+    }
+
+    #[inline]
+    fn set(&mut self, i: u64, entry: Option<(Fingerprint, Pbn)>) -> Result<()> {
+        self[i as usize] = match entry {
+            Some((fp, pbn)) => Slot {
+                fp,
+                pbn_plus_one: pbn + 1,
+            },
+            None => EMPTY,
+        };
+        Ok(())
+    }
+}
+
 impl LinearProbeTable {
     /// A table able to hold `max_entries` with at least 10 % spare slots.
     pub fn with_max_entries(max_entries: u64) -> Result<Self> {
-        let capacity = (max_entries + max_entries / 10 + 1).max(16);
         Ok(LinearProbeTable {
-            slots: zeroed_vec(capacity as usize, "the inram hash index")?,
+            slots: zeroed_vec(
+                probe::slots_for(max_entries) as usize,
+                "the inram hash index",
+            )?,
             len: 0,
         })
     }
@@ -55,105 +77,34 @@ impl LinearProbeTable {
         self.capacity() * std::mem::size_of::<Slot>() as u64
     }
 
-    fn home(&self, fp: &Fingerprint) -> usize {
-        // Fingerprint bytes are uniform: a multiply-shift of the prefix spreads
-        // them over the table without a modulo bias worth caring about.
-        ((fp.prefix_u64() as u128 * self.slots.len() as u128) >> 64) as usize
-    }
-
-    fn next(&self, i: usize) -> usize {
-        if i + 1 == self.slots.len() {
-            0
-        } else {
-            i + 1
-        }
-    }
-
-    /// Slot index holding `fp`, or the empty slot ending its probe run.
-    fn probe(&self, fp: &Fingerprint) -> (usize, bool) {
-        let mut i = self.home(fp);
-        loop {
-            let s = &self.slots[i];
-            if s.pbn_plus_one == 0 {
-                return (i, false);
-            }
-            if s.fp == *fp {
-                return (i, true);
-            }
-            i = self.next(i);
-        }
-    }
-
-    pub fn lookup(&self, fp: &Fingerprint) -> Option<Pbn> {
-        match self.probe(fp) {
-            (i, true) => Some(self.slots[i].pbn_plus_one - 1),
-            _ => None,
-        }
+    pub fn lookup(&mut self, fp: &Fingerprint) -> Result<Option<Pbn>> {
+        probe::lookup(&mut self.slots, fp)
     }
 
     /// Insert or replace. Returns false if the table is full (never happens
     /// while entries stay below the PBN count it was sized for).
-    pub fn insert(&mut self, fp: &Fingerprint, pbn: Pbn) -> bool {
-        if self.len + 1 >= self.capacity() && self.lookup(fp).is_none() {
-            return false;
-        }
-        let (i, found) = self.probe(fp);
-        if !found {
-            self.len += 1;
-        }
-        self.slots[i] = Slot {
-            fp: *fp,
-            pbn_plus_one: pbn + 1,
-        };
-        true
+    pub fn insert(&mut self, fp: &Fingerprint, pbn: Pbn) -> Result<bool> {
+        let outcome = probe::insert(&mut self.slots, fp, pbn, self.len)?;
+        self.len += (outcome == probe::Inserted::New) as u64;
+        Ok(outcome != probe::Inserted::Full)
     }
 
     /// Remove `fp`; returns its PBN if it was present.
-    pub fn delete(&mut self, fp: &Fingerprint) -> Option<Pbn> {
-        let (mut hole, found) = self.probe(fp);
-        if !found {
-            return None;
-        }
-        let pbn = self.slots[hole].pbn_plus_one - 1;
-        self.slots[hole] = EMPTY;
-        self.len -= 1;
-        // Backward-shift: move later members of the run into the hole when
-        // their home position does not lie cyclically in (hole, j].
-        let mut j = self.next(hole);
-        while self.slots[j].pbn_plus_one != 0 {
-            let home = self.home(&self.slots[j].fp);
-            let stays = if hole <= j {
-                hole < home && home <= j
-            } else {
-                hole < home || home <= j
-            };
-            if !stays {
-                self.slots[hole] = self.slots[j];
-                self.slots[j] = EMPTY;
-                hole = j;
-            }
-            j = self.next(j);
-        }
-        Some(pbn)
+    pub fn delete(&mut self, fp: &Fingerprint) -> Result<Option<Pbn>> {
+        let removed = probe::delete(&mut self.slots, fp)?;
+        self.len -= removed.is_some() as u64;
+        Ok(removed)
     }
 
     /// Entries in slot order from slot `from`: up to `max` of them, and the
     /// slot to continue at (None at the end).
-    pub fn scan(&self, from: u64, max: usize, out: &mut Vec<(Fingerprint, Pbn)>) -> Option<u64> {
-        let mut i = from as usize;
-        let mut taken = 0;
-        while i < self.slots.len() {
-            if taken == max {
-                return Some(i as u64);
-            }
-            let s = &self.slots[i];
-            if s.pbn_plus_one != 0 {
-                out.push((s.fp, s.pbn_plus_one - 1));
-                taken += 1;
-            }
-            i += 1;
-        }
-        None
+    pub fn scan(
+        &mut self,
+        from: u64,
+        max: usize,
+        out: &mut Vec<(Fingerprint, Pbn)>,
+    ) -> Result<Option<u64>> {
+        probe::scan(&mut self.slots, from, max, out)
     }
 }
 
@@ -183,20 +134,20 @@ mod tests {
             let k = rng.random_range(0..300u64);
             let key = if k % 3 == 0 { colliding(k) } else { fp(k) };
             if rng.random_bool(0.55) && model.len() < 200 {
-                assert!(t.insert(&key, step));
+                assert!(t.insert(&key, step).unwrap());
                 model.insert(key, step);
             } else {
-                assert_eq!(t.delete(&key), model.remove(&key));
+                assert_eq!(t.delete(&key).unwrap(), model.remove(&key));
             }
             assert_eq!(t.len(), model.len() as u64);
         }
         for (k, v) in &model {
-            assert_eq!(t.lookup(k), Some(*v));
+            assert_eq!(t.lookup(k).unwrap(), Some(*v));
         }
         let mut all = Vec::new();
         let mut cursor = Some(0);
         while let Some(c) = cursor {
-            cursor = t.scan(c, 7, &mut all);
+            cursor = t.scan(c, 7, &mut all).unwrap();
         }
         assert_eq!(all.len(), model.len());
     }
@@ -211,13 +162,13 @@ mod tests {
             // home = last slot
             let prefix = u64::MAX - (u64::MAX / cap) / 2;
             f.0[..8].copy_from_slice(&prefix.to_le_bytes());
-            assert_eq!(t.home(&f), cap as usize - 1);
-            assert!(t.insert(&f, n));
+            assert_eq!(probe::home(&f, cap), cap - 1);
+            assert!(t.insert(&f, n).unwrap());
             keys.push(f);
         }
-        assert_eq!(t.delete(&keys[0]), Some(0));
+        assert_eq!(t.delete(&keys[0]).unwrap(), Some(0));
         for (n, k) in keys.iter().enumerate().skip(1) {
-            assert_eq!(t.lookup(k), Some(n as u64));
+            assert_eq!(t.lookup(k).unwrap(), Some(n as u64));
         }
     }
 
@@ -226,7 +177,7 @@ mod tests {
         let mut t = LinearProbeTable::with_max_entries(10).unwrap();
         let cap = t.capacity();
         let mut n = 0;
-        while t.insert(&fp(n), n) {
+        while t.insert(&fp(n), n).unwrap() {
             n += 1;
         }
         assert_eq!(
@@ -234,6 +185,6 @@ mod tests {
             cap - 1,
             "one slot always stays empty to end probes"
         );
-        assert!(t.lookup(&fp(10_000)).is_none());
+        assert!(t.lookup(&fp(10_000)).unwrap().is_none());
     }
 }

@@ -145,13 +145,13 @@ impl InRam {
                 ));
             }
             let fp = Fingerprint(fp);
-            if hash_index.lookup(&fp).is_some() {
+            if hash_index.lookup(&fp)?.is_some() {
                 return Err(Error::corrupt(
                     name,
                     format!("entry {i} repeats a fingerprint"),
                 ));
             }
-            if !hash_index.insert(&fp, pbn) {
+            if !hash_index.insert(&fp, pbn)? {
                 return Err(Error::corrupt(name, "more entries than the table can hold"));
             }
             Ok(())
@@ -170,7 +170,7 @@ impl InRam {
 
     /// Reference counts are derivable from the maps; a saved array that
     /// disagrees means damage, and trusting it could hand a live PBN out again.
-    fn verify_refcounts(&self) -> Result<()> {
+    fn verify_refcounts(&mut self) -> Result<()> {
         let mut expected = vec![0u32; self.refcounts.len()];
         for &v in &self.lbn_map {
             if v != 0 {
@@ -182,7 +182,7 @@ impl InRam {
         let mut cursor = Some(0);
         while let Some(c) = cursor {
             page.clear();
-            cursor = self.hash_index.scan(c, 1 << 16, &mut page);
+            cursor = self.hash_index.scan(c, 1 << 16, &mut page)?;
             for &(_, pbn) in &page {
                 if std::mem::replace(&mut indexed[pbn as usize], true) {
                     return Err(Error::corrupt(
@@ -243,7 +243,7 @@ impl InRam {
         let mut item = [0u8; HASH_ENTRY_BYTES as usize];
         while let Some(c) = cursor {
             entries.clear();
-            cursor = self.hash_index.scan(c, 1 << 16, &mut entries);
+            cursor = self.hash_index.scan(c, 1 << 16, &mut entries)?;
             for (fp, pbn) in &entries {
                 item[..32].copy_from_slice(&fp.0);
                 item[32..].copy_from_slice(&pbn.to_le_bytes());
@@ -348,12 +348,12 @@ impl MetadataBackend for InRam {
     }
 
     fn hash_index_lookup(&mut self, fp: &Fingerprint) -> Result<Option<Pbn>> {
-        Ok(self.hash_index.lookup(fp))
+        self.hash_index.lookup(fp)
     }
 
     fn hash_index_insert(&mut self, fp: &Fingerprint, pbn: Pbn) -> Result<()> {
         self.check_pbn(pbn)?;
-        if let Some(existing) = self.hash_index.lookup(fp) {
+        if let Some(existing) = self.hash_index.lookup(fp)? {
             return Err(Error::corrupt(
                 "inram hash index",
                 format!(
@@ -361,7 +361,7 @@ impl MetadataBackend for InRam {
                 ),
             ));
         }
-        if self.hash_index.insert(fp, pbn) {
+        if self.hash_index.insert(fp, pbn)? {
             Ok(())
         } else {
             Err(Error::corrupt(
@@ -372,7 +372,7 @@ impl MetadataBackend for InRam {
     }
 
     fn hash_index_delete(&mut self, fp: &Fingerprint) -> Result<()> {
-        self.hash_index.delete(fp);
+        self.hash_index.delete(fp)?;
         Ok(())
     }
 
@@ -456,7 +456,7 @@ impl MetadataBackend for InRam {
         out: &mut Vec<(Fingerprint, Pbn)>,
     ) -> Result<Option<ScanCursor>> {
         let from = cursor_position(cursor)?;
-        Ok(next_cursor(self.hash_index.scan(from, max, out)))
+        Ok(next_cursor(self.hash_index.scan(from, max, out)?))
     }
 
     fn lbn_map_scan(
