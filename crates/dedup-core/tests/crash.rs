@@ -317,3 +317,8 @@ fn crash_suite(backend: &str) {
 fn cowbtree_survives_power_cuts_at_any_io() {
     crash_suite("cowbtree");
 }
+
+#[test]
+fn disktable_survives_power_cuts_at_any_io() {
+    crash_suite("disktable");
+}

@@ -310,7 +310,7 @@ impl Harness {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 2000, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn every_backend_matches_a_plain_disk(setup in setup(), ops in proptest::collection::vec(op(LOGICAL_CHUNKS * 8192), 1..60)) {

@@ -2,6 +2,7 @@
 //! name to its code. The engine only ever sees `Box<dyn MetadataBackend>`.
 
 pub mod cowbtree;
+pub mod disktable;
 pub mod inram;
 pub mod kv;
 pub mod probe;
@@ -18,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::superblock::{Superblock, SUPERBLOCK_AREA};
 
 /// Backends users can pick with `dedup create --backend`.
-pub const NAMES: &[&str] = &[inram::NAME, cowbtree::NAME];
+pub const NAMES: &[&str] = &[inram::NAME, disktable::NAME, cowbtree::NAME];
 pub const DEFAULT: &str = inram::NAME;
 
 /// Tunables chosen at create time and recorded in the superblock.
@@ -125,6 +126,10 @@ pub fn metadata_space(cfg: &DeviceConfig) -> Result<MetaSpace> {
             len: inram::metadata_device_len(cfg),
             grows: false,
         },
+        disktable::NAME => MetaSpace {
+            len: disktable::metadata_device_len(cfg),
+            grows: false,
+        },
         _ => MetaSpace {
             len: SUPERBLOCK_AREA + (1 << 20),
             grows: true,
@@ -143,6 +148,7 @@ pub fn format(cfg: &DeviceConfig, meta: Arc<dyn BlockFile>, params: &BackendPara
     params.validate()?;
     match cfg.backend.as_str() {
         inram::NAME => inram::format(cfg, meta.as_ref()),
+        disktable::NAME => disktable::format(cfg, meta.as_ref(), params),
         cowbtree::NAME => cowbtree::format(cfg, Box::new(meta), params),
         _ => unreachable!("check_name accepted it"),
     }
@@ -162,6 +168,7 @@ pub fn open(
     }
     match superblock.config.backend.as_str() {
         inram::NAME => inram::open(superblock, meta, opts),
+        disktable::NAME => disktable::open(superblock, meta, opts),
         cowbtree::NAME => cowbtree::open(superblock, meta, opts),
         other => Err(Error::Unsupported(format!(
             "this metadata uses the {other:?} backend, which this dedup does not have (it has {})",

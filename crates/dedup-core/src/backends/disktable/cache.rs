@@ -1,0 +1,137 @@
+//! disktable's buffer cache (Dmdedup §2.6.2, dm-bufio): table blocks in
+//! 4 KiB units, a configurable capacity, least-recently-used eviction of
+//! clean blocks. Dirty blocks are never evicted: they leave the cache only
+//! through a journaled commit, which the backend asks for when 75 % of the
+//! cache is dirty (the paper's write-back threshold).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use lru::LruCache;
+
+use super::geometry::{block_ok, seal_block, Geometry, BLOCK};
+use crate::backend::MetaIoStats;
+use crate::blockfile::BlockFile;
+use crate::error::{Error, Result};
+
+pub type Block = Box<[u8; BLOCK]>;
+
+pub struct Cache {
+    file: Arc<dyn BlockFile>,
+    geo: Geometry,
+    capacity: usize,
+    clean: LruCache<u64, Block>,
+    dirty: HashMap<u64, Block>,
+    pub io: MetaIoStats,
+}
+
+fn new_block() -> Block {
+    Box::new([0u8; BLOCK])
+}
+
+impl Cache {
+    pub fn new(file: Arc<dyn BlockFile>, geo: Geometry, capacity_bytes: u64) -> Cache {
+        Cache {
+            file,
+            geo,
+            capacity: ((capacity_bytes / BLOCK as u64) as usize).max(64),
+            clean: LruCache::unbounded(),
+            dirty: HashMap::new(),
+            io: MetaIoStats::default(),
+        }
+    }
+
+    pub fn capacity_blocks(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn dirty_count(&self) -> usize {
+        self.dirty.len()
+    }
+
+    /// Read a table block from the metadata device, checking it.
+    pub fn read_home(&mut self, block_no: u64) -> Result<Block> {
+        let mut b = new_block();
+        let at = self.geo.table_start() + block_no * BLOCK as u64;
+        self.file.read_at(&mut b[..], at)?;
+        self.io.reads += 1;
+        self.io.bytes_read += BLOCK as u64;
+        if !block_ok(block_no, &b[..]) {
+            return Err(Error::corrupt(
+                self.geo.table_name(block_no),
+                format!("block {block_no} fails its checksum"),
+            ));
+        }
+        Ok(b)
+    }
+
+    fn evict(&mut self) {
+        while self.clean.len() + self.dirty.len() > self.capacity {
+            if self.clean.pop_lru().is_none() {
+                break;
+            }
+        }
+    }
+
+    /// A block to read.
+    pub fn get(&mut self, block_no: u64) -> Result<&[u8; BLOCK]> {
+        if self.dirty.contains_key(&block_no) {
+            self.io.cache_hits += 1;
+            return Ok(self.dirty.get(&block_no).expect("checked"));
+        }
+        if self.clean.contains(&block_no) {
+            self.io.cache_hits += 1;
+            return Ok(self.clean.get(&block_no).expect("checked"));
+        }
+        self.io.cache_misses += 1;
+        let b = self.read_home(block_no)?;
+        self.clean.put(block_no, b);
+        self.evict();
+        // Eviction takes the least recently used block, never the one just read.
+        Ok(self.clean.get(&block_no).expect("just inserted"))
+    }
+
+    /// A block to change; it stays in the cache until the next commit.
+    pub fn get_mut(&mut self, block_no: u64) -> Result<&mut [u8; BLOCK]> {
+        if !self.dirty.contains_key(&block_no) {
+            let b = match self.clean.pop(&block_no) {
+                Some(b) => {
+                    self.io.cache_hits += 1;
+                    b
+                }
+                None => {
+                    self.io.cache_misses += 1;
+                    self.read_home(block_no)?
+                }
+            };
+            self.dirty.insert(block_no, b);
+            self.evict();
+        } else {
+            self.io.cache_hits += 1;
+        }
+        Ok(self.dirty.get_mut(&block_no).expect("inserted above"))
+    }
+
+    /// The dirty blocks, sealed, in block order (for a commit).
+    pub fn sealed_dirty(&mut self) -> Vec<(u64, Block)> {
+        let mut out: Vec<(u64, Block)> = self
+            .dirty
+            .iter()
+            .map(|(&n, b)| {
+                let mut copy = b.clone();
+                seal_block(n, &mut copy[..]);
+                (n, copy)
+            })
+            .collect();
+        out.sort_unstable_by_key(|(n, _)| *n);
+        out
+    }
+
+    /// The commit is durable: dirty blocks become clean cached blocks.
+    pub fn mark_clean(&mut self) {
+        for (n, b) in std::mem::take(&mut self.dirty) {
+            self.clean.put(n, b);
+        }
+        self.evict();
+    }
+}

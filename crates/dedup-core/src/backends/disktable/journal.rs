@@ -1,0 +1,172 @@
+//! disktable's write-ahead (redo) journal, which makes its in-place tables
+//! crash-consistent. A commit writes, in one sequential I/O at the start of
+//! the journal area, a header, the block numbers and the images of every
+//! dirty table block; syncs; writes the blocks to their homes; syncs again.
+//! The header's crc32c covers everything after it, so a torn journal write
+//! is ignored (the homes were not touched yet), and a complete journal is
+//! replayed at open (the homes may be half-written). Replay is idempotent.
+
+use super::geometry::{Geometry, BLOCK, DESC_ENTRIES};
+use crate::backend::MetaIoStats;
+use crate::blockfile::BlockFile;
+use crate::codec::{is_sealed, seal, Decoder, Encoder};
+use crate::error::{Error, Result};
+
+const MAGIC: &[u8; 8] = b"DDUPJRNL";
+const S: &str = "disktable journal";
+
+pub struct Journal {
+    pub seq: u64,
+}
+
+fn header(seq: u64, count: u64, body_crc: u32) -> Vec<u8> {
+    let mut e = Encoder::with_capacity(BLOCK);
+    e.bytes(MAGIC)
+        .u64(seq)
+        .u64(count)
+        .u32(body_crc)
+        .pad_to(BLOCK);
+    let mut h = e.buf;
+    seal(&mut h);
+    h
+}
+
+fn desc_blocks(count: u64) -> u64 {
+    count.div_ceil(DESC_ENTRIES)
+}
+
+/// Journal blocks a transaction of `count` blocks occupies.
+pub fn journal_len(count: u64) -> u64 {
+    1 + desc_blocks(count) + count
+}
+
+impl Journal {
+    /// Write `blocks` (sealed, sorted) through the journal to their homes.
+    pub fn commit(
+        &mut self,
+        file: &dyn BlockFile,
+        geo: &Geometry,
+        blocks: &[(u64, super::cache::Block)],
+        io: &mut MetaIoStats,
+    ) -> Result<()> {
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let count = blocks.len() as u64;
+        if journal_len(count) > geo.journal_blocks {
+            return Err(Error::corrupt(
+                S,
+                format!(
+                    "a transaction of {count} blocks does not fit the {}-block journal",
+                    geo.journal_blocks
+                ),
+            ));
+        }
+        let mut body = vec![0u8; ((desc_blocks(count) + count) as usize) * BLOCK];
+        for (i, (n, _)) in blocks.iter().enumerate() {
+            body[i * 8..i * 8 + 8].copy_from_slice(&n.to_le_bytes());
+        }
+        let data_start = desc_blocks(count) as usize * BLOCK;
+        for (i, (_, b)) in blocks.iter().enumerate() {
+            body[data_start + i * BLOCK..data_start + (i + 1) * BLOCK].copy_from_slice(&b[..]);
+        }
+        self.seq += 1;
+        let mut all = header(self.seq, count, crc32c::crc32c(&body));
+        all.extend_from_slice(&body);
+        file.write_at(&all, geo.journal_start())?;
+        file.sync()?;
+        io.writes += 1;
+        io.syncs += 1;
+        io.bytes_written += all.len() as u64;
+        write_homes(file, geo, blocks, io)?;
+        file.sync()?;
+        io.syncs += 1;
+        Ok(())
+    }
+
+    /// At open: replay a complete journal, if there is one, then clear it.
+    /// Returns the journal and how many blocks were replayed.
+    pub fn recover(
+        file: &dyn BlockFile,
+        geo: &Geometry,
+        io: &mut MetaIoStats,
+    ) -> Result<(Journal, u64)> {
+        let mut h = vec![0u8; BLOCK];
+        file.read_at(&mut h, geo.journal_start())?;
+        io.reads += 1;
+        io.bytes_read += BLOCK as u64;
+        if &h[..8] != MAGIC || !is_sealed(&h) {
+            // Never written, or a torn write of a transaction whose homes
+            // were never touched: nothing to replay.
+            return Ok((Journal { seq: 0 }, 0));
+        }
+        let mut d = Decoder::new(&h[8..], S);
+        let seq = d.u64()?;
+        let count = d.u64()?;
+        let body_crc = d.u32()?;
+        if count == 0 || journal_len(count) > geo.journal_blocks {
+            return Ok((Journal { seq }, 0));
+        }
+        let mut body = vec![0u8; ((desc_blocks(count) + count) as usize) * BLOCK];
+        file.read_at(&mut body, geo.journal_start() + BLOCK as u64)?;
+        io.reads += 1;
+        io.bytes_read += body.len() as u64;
+        if crc32c::crc32c(&body) != body_crc {
+            // Torn: the homes of this transaction were never written.
+            return Ok((Journal { seq }, 0));
+        }
+        let data_start = desc_blocks(count) as usize * BLOCK;
+        let mut blocks = Vec::with_capacity(count as usize);
+        for i in 0..count as usize {
+            let n = u64::from_le_bytes(body[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+            if n >= geo.table_blocks() {
+                return Err(Error::corrupt(
+                    S,
+                    format!("entry {i} names block {n}, beyond the tables"),
+                ));
+            }
+            let mut b: super::cache::Block = Box::new([0u8; BLOCK]);
+            b.copy_from_slice(&body[data_start + i * BLOCK..data_start + (i + 1) * BLOCK]);
+            blocks.push((n, b));
+        }
+        write_homes(file, geo, &blocks, io)?;
+        // Clear it, so the next open does not replay it again.
+        file.write_at(&header(seq, 0, 0), geo.journal_start())?;
+        file.sync()?;
+        io.writes += 1;
+        io.syncs += 1;
+        Ok((Journal { seq }, count))
+    }
+
+    /// After a clean close: an empty journal, so the next open replays nothing.
+    pub fn clear(&self, file: &dyn BlockFile, geo: &Geometry) -> Result<()> {
+        file.write_at(&header(self.seq, 0, 0), geo.journal_start())?;
+        file.sync()
+    }
+}
+
+/// Write blocks to their home locations, runs of consecutive blocks as one I/O.
+fn write_homes(
+    file: &dyn BlockFile,
+    geo: &Geometry,
+    blocks: &[(u64, super::cache::Block)],
+    io: &mut MetaIoStats,
+) -> Result<()> {
+    let mut i = 0;
+    let mut run = Vec::new();
+    while i < blocks.len() {
+        let mut j = i + 1;
+        while j < blocks.len() && blocks[j].0 == blocks[j - 1].0 + 1 {
+            j += 1;
+        }
+        run.clear();
+        for (_, b) in &blocks[i..j] {
+            run.extend_from_slice(&b[..]);
+        }
+        file.write_at(&run, geo.table_start() + blocks[i].0 * BLOCK as u64)?;
+        io.writes += 1;
+        io.bytes_written += run.len() as u64;
+        i = j;
+    }
+    Ok(())
+}

@@ -1,0 +1,580 @@
+//! disktable backend (Dmdedup §2.6.2, DTB): INRAM's structures (an LBN
+//! array, a refcount array, a linear-probing hash table) laid out on the
+//! metadata device and reached through a buffer cache of configurable size
+//! with LRU eviction.
+//!
+//! Crash consistency: a write-ahead redo journal (`journal.rs`). Changed
+//! blocks stay in the cache until a commit journals them and then writes
+//! them home; a commit happens on FLUSH/FUA and whenever 75 % of the cache
+//! is dirty (the paper's write-back threshold), or the journal would fill.
+//! After a crash, the last complete journal is replayed at open, so the
+//! tables are exactly those of the last commit.
+
+mod cache;
+mod geometry;
+mod journal;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use crate::backend::{BackendTraits, BackendUsage, MetaIoStats, MetadataBackend, ScanCursor};
+use crate::backends::kv::store::StoreState;
+use crate::backends::probe::{self, Slots};
+use crate::backends::space_map::SpaceMap;
+use crate::backends::{BackendParams, OpenOptions, Opened};
+use crate::blockfile::BlockFile;
+use crate::codec::{Decoder, Encoder};
+use crate::config::{DeviceConfig, Lbn, Pbn};
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+use crate::superblock::{DeviceState, Superblock};
+
+use cache::Cache;
+use geometry::{block_ok, Geometry, BLOCK, HEADER, REFS_PER_BLOCK, SLOT_BYTES};
+use journal::Journal;
+
+pub const NAME: &str = "disktable";
+
+/// Blocks one write batch or GC page may dirty between two commit checks,
+/// kept free in the journal so a commit always fits.
+const JOURNAL_HEADROOM: u64 = 6144;
+/// Where disktable's own fields start in the superblock backend area.
+const AREA_OFFSET: usize = 64;
+
+pub fn metadata_device_len(cfg: &DeviceConfig) -> u64 {
+    Geometry::new(cfg).device_len()
+}
+
+pub struct DiskTable {
+    cfg: DeviceConfig,
+    geo: Geometry,
+    cache: Cache,
+    journal: Journal,
+    space: SpaceMap,
+    lbns_mapped: u64,
+    hash_entries: u64,
+    counters: Vec<u64>,
+    dirty_limit: usize,
+    file: Arc<dyn BlockFile>,
+    superblock: Superblock,
+    writable: bool,
+}
+
+fn read_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+fn read_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+/// The hash table's slots, through the cache.
+struct HashSlots<'a> {
+    cache: &'a mut Cache,
+    geo: &'a Geometry,
+}
+
+impl Slots for HashSlots<'_> {
+    fn slot_count(&self) -> u64 {
+        self.geo.hash_slots
+    }
+
+    fn get(&mut self, i: u64) -> Result<Option<(Fingerprint, Pbn)>> {
+        let (b, off) = self.geo.slot(i);
+        let block = self.cache.get(b)?;
+        let at = HEADER + off;
+        let pbn_plus_one = read_u64(block, at + 32);
+        if pbn_plus_one == 0 {
+            return Ok(None);
+        }
+        let mut fp = [0u8; 32];
+        fp.copy_from_slice(&block[at..at + 32]);
+        Ok(Some((Fingerprint(fp), pbn_plus_one - 1)))
+    }
+
+    fn set(&mut self, i: u64, entry: Option<(Fingerprint, Pbn)>) -> Result<()> {
+        let (b, off) = self.geo.slot(i);
+        let block = self.cache.get_mut(b)?;
+        let at = HEADER + off;
+        let slot = &mut block[at..at + SLOT_BYTES];
+        match entry {
+            Some((fp, pbn)) => {
+                slot[..32].copy_from_slice(&fp.0);
+                slot[32..].copy_from_slice(&(pbn + 1).to_le_bytes());
+            }
+            None => slot.fill(0),
+        }
+        Ok(())
+    }
+}
+
+/// disktable's fields in the superblock backend area, after the parameters.
+fn encode_area(params: &BackendParams, geo: &Geometry) -> Vec<u8> {
+    let mut e = Encoder::default();
+    e.bytes(&params.encode())
+        .pad_to(AREA_OFFSET)
+        .u64(geo.journal_blocks);
+    e.buf
+}
+
+fn decode_area(area: &[u8], cfg: &DeviceConfig) -> Result<(BackendParams, Geometry)> {
+    let params = BackendParams::decode(area)?;
+    let mut d = Decoder::new(
+        &area[AREA_OFFSET..],
+        "disktable layout (superblock backend area)",
+    );
+    let journal_blocks = d.u64()?;
+    let geo = Geometry::new(cfg);
+    if journal_blocks != geo.journal_blocks {
+        return Err(Error::corrupt(
+            "disktable layout (superblock backend area)",
+            format!(
+                "journal of {journal_blocks} blocks, expected {}",
+                geo.journal_blocks
+            ),
+        ));
+    }
+    Ok((params, geo))
+}
+
+/// Zero `[start, end)` of the device, skipping pieces already zero (a fresh
+/// sparse file), so old contents of a reused device never look like tables.
+fn zero_range(file: &dyn BlockFile, start: u64, end: u64) -> Result<()> {
+    const PIECE: u64 = 1 << 20;
+    let zeros = vec![0u8; PIECE as usize];
+    let mut buf = vec![0u8; PIECE as usize];
+    let mut at = start;
+    while at < end {
+        let n = (end - at).min(PIECE) as usize;
+        file.read_at(&mut buf[..n], at)?;
+        if buf[..n].iter().any(|&b| b != 0) {
+            file.write_at(&zeros[..n], at)?;
+        }
+        at += n as u64;
+    }
+    file.sync()
+}
+
+pub fn format(cfg: &DeviceConfig, meta: &dyn BlockFile, params: &BackendParams) -> Result<()> {
+    let geo = Geometry::new(cfg);
+    zero_range(meta, geo.journal_start(), geo.device_len())?;
+    let mut sb = Superblock::new(cfg.clone());
+    sb.backend_area = encode_area(params, &geo);
+    sb.write(meta)
+}
+
+pub fn open(
+    superblock: Superblock,
+    meta: Box<dyn BlockFile>,
+    opts: &OpenOptions,
+) -> Result<Opened> {
+    Ok(Opened {
+        backend: Box::new(open_table(superblock, meta, opts)?),
+        rolled_back: false,
+    })
+}
+
+fn open_table(
+    superblock: Superblock,
+    meta: Box<dyn BlockFile>,
+    opts: &OpenOptions,
+) -> Result<DiskTable> {
+    let cfg = superblock.config.clone();
+    let (params, geo) = decode_area(&superblock.backend_area, &cfg)?;
+    let file: Arc<dyn BlockFile> = Arc::from(meta);
+    let have = file.len()?;
+    if have < geo.device_len() {
+        return Err(Error::foreign(
+            std::path::Path::new(&file.describe()),
+            format!(
+                "metadata device is {have} bytes but this device's tables need {}; was it truncated?",
+                geo.device_len()
+            ),
+        ));
+    }
+    let cache_bytes = opts.cache_bytes.unwrap_or(params.cache_bytes);
+    let mut cache = Cache::new(file.clone(), geo, cache_bytes);
+    let (journal, replayed) = Journal::recover(file.as_ref(), &geo, &mut cache.io)?;
+    if replayed > 0 {
+        tracing::info!("disktable: replayed {replayed} journaled blocks after an unclean stop");
+    }
+    let root = cache.get(Geometry::ROOT)?;
+    let state = if root.iter().all(|&b| b == 0) {
+        StoreState::default()
+    } else {
+        let len = read_u32(root, HEADER) as usize;
+        if len > BLOCK - HEADER - 4 {
+            return Err(Error::corrupt(
+                "disktable root block",
+                "state record too long",
+            ));
+        }
+        StoreState::decode(&root[HEADER + 4..HEADER + 4 + len], "disktable root block")?
+    };
+    let space = load_space(file.as_ref(), &cfg, &geo, &state, &mut cache.io)?;
+    let cache_blocks = cache.capacity_blocks() as u64;
+    let dirty_limit = if geo.journal_holds_everything() {
+        cache_blocks * 3 / 4
+    } else {
+        (cache_blocks * 3 / 4).min(geo.journal_blocks.saturating_sub(JOURNAL_HEADROOM))
+    }
+    .max(1) as usize;
+    let mut backend = DiskTable {
+        cfg,
+        geo,
+        cache,
+        journal,
+        space,
+        lbns_mapped: state.lbns_mapped,
+        hash_entries: state.hash_entries,
+        counters: state.counters,
+        dirty_limit,
+        file,
+        superblock,
+        writable: opts.writable,
+    };
+    if backend.writable {
+        backend.superblock.state = DeviceState::Open;
+        backend.superblock.write(backend.file.as_ref())?;
+    }
+    Ok(backend)
+}
+
+/// Rebuild the allocation map from the refcount array (read straight from
+/// the device, not through the cache).
+fn load_space(
+    file: &dyn BlockFile,
+    cfg: &DeviceConfig,
+    geo: &Geometry,
+    state: &StoreState,
+    io: &mut MetaIoStats,
+) -> Result<SpaceMap> {
+    let mut space = SpaceMap::new(cfg.physical_chunks);
+    space.set_cursor(state.alloc_cursor);
+    let first = geo.refcount(0).0;
+    let per_read = 256u64;
+    let mut buf = vec![0u8; per_read as usize * BLOCK];
+    let mut used = 0u64;
+    let mut b = 0;
+    while b < geo.ref_blocks {
+        let n = (geo.ref_blocks - b).min(per_read);
+        let bytes = &mut buf[..n as usize * BLOCK];
+        file.read_at(bytes, geo.table_start() + (first + b) * BLOCK as u64)?;
+        io.reads += 1;
+        io.bytes_read += bytes.len() as u64;
+        for (i, block) in bytes.chunks(BLOCK).enumerate() {
+            let block_no = first + b + i as u64;
+            if !block_ok(block_no, block) {
+                return Err(Error::corrupt(
+                    "disktable refcount array",
+                    format!("block {block_no} fails its checksum"),
+                ));
+            }
+            for k in 0..REFS_PER_BLOCK {
+                let pbn = (b + i as u64) * REFS_PER_BLOCK + k;
+                if pbn >= cfg.physical_chunks {
+                    break;
+                }
+                if read_u32(block, HEADER + k as usize * 4) != 0 {
+                    space.mark_used(pbn);
+                    used += 1;
+                }
+            }
+        }
+        b += n;
+    }
+    if used != state.pbns_used {
+        return Err(Error::corrupt(
+            "disktable root block",
+            format!(
+                "{used} PBNs hold data but the committed state says {}",
+                state.pbns_used
+            ),
+        ));
+    }
+    Ok(space)
+}
+
+impl DiskTable {
+    fn slots(&mut self) -> HashSlots<'_> {
+        HashSlots {
+            cache: &mut self.cache,
+            geo: &self.geo,
+        }
+    }
+
+    fn check_lbn(&self, lbn: Lbn) -> Result<()> {
+        if lbn < self.cfg.logical_chunks() {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "LBN {lbn} is beyond the device ({} chunks)",
+                self.cfg.logical_chunks()
+            )))
+        }
+    }
+
+    fn check_pbn(&self, pbn: Pbn) -> Result<()> {
+        if pbn < self.cfg.physical_chunks {
+            Ok(())
+        } else {
+            Err(Error::corrupt(
+                "disktable refcount array",
+                format!(
+                    "PBN {pbn} is beyond the data device ({} chunks)",
+                    self.cfg.physical_chunks
+                ),
+            ))
+        }
+    }
+
+    fn set_lbn(&mut self, lbn: Lbn, value: u64) -> Result<()> {
+        let (b, off) = self.geo.lbn(lbn);
+        let block = self.cache.get_mut(b)?;
+        block[HEADER + off..HEADER + off + 8].copy_from_slice(&value.to_le_bytes());
+        Ok(())
+    }
+
+    fn set_refcount(&mut self, pbn: Pbn, count: u32) -> Result<()> {
+        let (b, off) = self.geo.refcount(pbn);
+        let block = self.cache.get_mut(b)?;
+        block[HEADER + off..HEADER + off + 4].copy_from_slice(&count.to_le_bytes());
+        Ok(())
+    }
+
+    fn write_root(&mut self) -> Result<()> {
+        let state = StoreState {
+            lbns_mapped: self.lbns_mapped,
+            pbns_used: self.space.used(),
+            hash_entries: self.hash_entries,
+            alloc_cursor: self.space.cursor(),
+            counters: self.counters.clone(),
+        }
+        .encode();
+        let root = self.cache.get_mut(Geometry::ROOT)?;
+        root[HEADER..HEADER + 4].copy_from_slice(&(state.len() as u32).to_le_bytes());
+        root[HEADER + 4..HEADER + 4 + state.len()].copy_from_slice(&state);
+        Ok(())
+    }
+}
+
+impl MetadataBackend for DiskTable {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn traits(&self) -> BackendTraits {
+        BackendTraits { crash_safe: true }
+    }
+
+    fn lbn_map_lookup(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
+        self.check_lbn(lbn)?;
+        let (b, off) = self.geo.lbn(lbn);
+        let v = read_u64(self.cache.get(b)?, HEADER + off);
+        if v > self.cfg.physical_chunks {
+            return Err(Error::corrupt(
+                "disktable LBN map",
+                format!("LBN {lbn} maps to PBN {} beyond the data device", v - 1),
+            ));
+        }
+        Ok(v.checked_sub(1))
+    }
+
+    fn lbn_map_insert(&mut self, lbn: Lbn, pbn: Pbn) -> Result<()> {
+        self.check_pbn(pbn)?;
+        if self.lbn_map_lookup(lbn)?.is_none() {
+            self.lbns_mapped += 1;
+        }
+        self.set_lbn(lbn, pbn + 1)
+    }
+
+    fn lbn_map_delete(&mut self, lbn: Lbn) -> Result<()> {
+        if self.lbn_map_lookup(lbn)?.is_some() {
+            self.lbns_mapped -= 1;
+            self.set_lbn(lbn, 0)?;
+        }
+        Ok(())
+    }
+
+    fn hash_index_lookup(&mut self, fp: &Fingerprint) -> Result<Option<Pbn>> {
+        probe::lookup(&mut self.slots(), fp)
+    }
+
+    fn hash_index_insert(&mut self, fp: &Fingerprint, pbn: Pbn) -> Result<()> {
+        self.check_pbn(pbn)?;
+        let len = self.hash_entries;
+        match probe::insert(&mut self.slots(), fp, pbn, len)? {
+            probe::Inserted::New => {
+                self.hash_entries += 1;
+                Ok(())
+            }
+            probe::Inserted::Replaced => Err(Error::corrupt(
+                "disktable hash index",
+                format!("fingerprint was already indexed when PBN {pbn} was added"),
+            )),
+            probe::Inserted::Full => Err(Error::corrupt(
+                "disktable hash index",
+                "table full: more fingerprints than data chunks, so reference counts are wrong",
+            )),
+        }
+    }
+
+    fn hash_index_delete(&mut self, fp: &Fingerprint) -> Result<()> {
+        if probe::delete(&mut self.slots(), fp)?.is_some() {
+            self.hash_entries -= 1;
+        }
+        Ok(())
+    }
+
+    fn alloc_pbn(&mut self) -> Result<Option<Pbn>> {
+        let Some(pbn) = self.space.alloc() else {
+            return Ok(None);
+        };
+        if self.refcount_get(pbn)? != 0 {
+            return Err(Error::corrupt(
+                "disktable refcount array",
+                format!("PBN {pbn} is free in the allocation map but has references"),
+            ));
+        }
+        self.set_refcount(pbn, 1)?;
+        Ok(Some(pbn))
+    }
+
+    fn refcount_inc(&mut self, pbn: Pbn) -> Result<u32> {
+        let c = self.refcount_get(pbn)?;
+        if c == 0 {
+            return Err(Error::corrupt(
+                "disktable refcount array",
+                format!("reference added to free PBN {pbn}"),
+            ));
+        }
+        let c = c.checked_add(1).ok_or_else(|| {
+            Error::corrupt(
+                "disktable refcount array",
+                format!("PBN {pbn} count overflows"),
+            )
+        })?;
+        self.set_refcount(pbn, c)?;
+        Ok(c)
+    }
+
+    fn refcount_dec(&mut self, pbn: Pbn) -> Result<u32> {
+        let c = self.refcount_get(pbn)?;
+        if c == 0 {
+            return Err(Error::corrupt(
+                "disktable refcount array",
+                format!("reference dropped from free PBN {pbn} (count would underflow)"),
+            ));
+        }
+        self.set_refcount(pbn, c - 1)?;
+        if c == 1 {
+            self.space.free(pbn);
+        }
+        Ok(c - 1)
+    }
+
+    fn refcount_get(&mut self, pbn: Pbn) -> Result<u32> {
+        self.check_pbn(pbn)?;
+        let (b, off) = self.geo.refcount(pbn);
+        Ok(read_u32(self.cache.get(b)?, HEADER + off))
+    }
+
+    fn refcount_set(&mut self, pbn: Pbn, count: u32) -> Result<()> {
+        let c = self.refcount_get(pbn)?;
+        match (c, count) {
+            (0, n) if n > 0 => self.space.mark_used(pbn),
+            (n, 0) if n > 0 => self.space.free(pbn),
+            _ => {}
+        }
+        self.set_refcount(pbn, count)
+    }
+
+    fn hash_index_scan(
+        &mut self,
+        cursor: &ScanCursor,
+        max: usize,
+        out: &mut Vec<(Fingerprint, Pbn)>,
+    ) -> Result<Option<ScanCursor>> {
+        let from = match cursor.0.len() {
+            0 => 0,
+            8 => read_u64(&cursor.0, 0),
+            _ => return Err(Error::InvalidArgument("not a disktable scan cursor".into())),
+        };
+        let next = probe::scan(&mut self.slots(), from, max, out)?;
+        Ok(next.map(|n| ScanCursor(n.to_le_bytes().to_vec())))
+    }
+
+    fn lbn_map_scan(
+        &mut self,
+        cursor: &ScanCursor,
+        max: usize,
+        out: &mut Vec<(Lbn, Pbn)>,
+    ) -> Result<Option<ScanCursor>> {
+        let mut lbn = match cursor.0.len() {
+            0 => 0,
+            8 => read_u64(&cursor.0, 0),
+            _ => return Err(Error::InvalidArgument("not a disktable scan cursor".into())),
+        };
+        let mut taken = 0;
+        while lbn < self.cfg.logical_chunks() {
+            if taken == max {
+                return Ok(Some(ScanCursor(lbn.to_le_bytes().to_vec())));
+            }
+            if let Some(pbn) = self.lbn_map_lookup(lbn)? {
+                out.push((lbn, pbn));
+                taken += 1;
+            }
+            lbn += 1;
+        }
+        Ok(None)
+    }
+
+    fn commit(&mut self) -> Result<()> {
+        self.write_root()?;
+        let blocks = self.cache.sealed_dirty();
+        self.journal
+            .commit(self.file.as_ref(), &self.geo, &blocks, &mut self.cache.io)?;
+        self.cache.mark_clean();
+        self.space.commit();
+        Ok(())
+    }
+
+    fn wants_commit(&self) -> bool {
+        self.cache.dirty_count() >= self.dirty_limit
+    }
+
+    fn close(&mut self) -> Result<()> {
+        if !self.writable {
+            return Ok(());
+        }
+        self.commit()?;
+        self.journal.clear(self.file.as_ref(), &self.geo)?;
+        self.superblock.state = DeviceState::Clean;
+        self.superblock.write(self.file.as_ref())?;
+        self.writable = false;
+        Ok(())
+    }
+
+    fn saved_counters(&self) -> Vec<u64> {
+        self.counters.clone()
+    }
+
+    fn save_counters(&mut self, counters: &[u64]) {
+        self.counters = counters.to_vec();
+    }
+
+    fn usage(&self) -> BackendUsage {
+        BackendUsage {
+            lbns_mapped: self.lbns_mapped,
+            pbns_used: self.space.used(),
+            pbns_free: self.space.allocatable(),
+            hash_entries: self.hash_entries,
+            metadata_bytes: self.geo.device_len(),
+        }
+    }
+
+    fn io_stats(&self) -> MetaIoStats {
+        self.cache.io
+    }
+}

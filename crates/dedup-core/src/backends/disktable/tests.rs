@@ -1,0 +1,232 @@
+//! disktable with a cache far smaller than its tables, so eviction, re-reads
+//! and 75 %-dirty commits happen all the time: random backend operations
+//! checked against a model, and power cuts at any metadata I/O, after which
+//! the tables must be exactly those of the last commit (or of the one in
+//! flight, if its journal was complete).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rand::{Rng, SeedableRng};
+
+use super::*;
+use crate::blockfile::sim::{PowerSwitch, SimDisk};
+use crate::fingerprint::HashAlgo;
+
+const LOGICAL: u64 = 40_000;
+const PHYSICAL: u64 = 8_000;
+
+fn cfg() -> DeviceConfig {
+    DeviceConfig {
+        uuid: [5; 16],
+        backend: NAME.into(),
+        chunk_size: 4096,
+        hash: HashAlgo::Blake3,
+        verify: false,
+        logical_size: LOGICAL * 4096,
+        physical_chunks: PHYSICAL,
+    }
+}
+
+/// The smallest cache the backend allows (64 blocks): the tables need ~175.
+fn open_tiny(meta: Arc<SimDisk>) -> Result<DiskTable> {
+    let sb = Superblock::read(meta.as_ref(), std::path::Path::new("meta"))?;
+    let opts = OpenOptions {
+        writable: true,
+        cache_bytes: Some(1),
+        ..Default::default()
+    };
+    open_table(sb, Box::new(meta), &opts)
+}
+
+#[derive(Clone, Default, PartialEq, Eq, Debug)]
+struct Model {
+    lbn: BTreeMap<u64, u64>,
+    hash: BTreeMap<Fingerprint, u64>,
+    refs: BTreeMap<u64, u32>,
+}
+
+fn fp(n: u64) -> Fingerprint {
+    HashAlgo::Blake3.fingerprint(&n.to_le_bytes())
+}
+
+/// One random, reference-count-consistent change, mirrored in the model.
+fn step(t: &mut DiskTable, m: &mut Model, rng: &mut impl Rng) -> Result<()> {
+    match rng.random_range(0..10) {
+        0..=4 => {
+            // Map an LBN to a new chunk (alloc + index + map), or to an existing one.
+            let lbn = rng.random_range(0..LOGICAL);
+            let target = if rng.random_bool(0.5) || m.hash.is_empty() {
+                let Some(pbn) = t.alloc_pbn()? else {
+                    return Ok(());
+                };
+                let key = fp(rng.random::<u64>());
+                t.hash_index_insert(&key, pbn)?;
+                m.hash.insert(key, pbn);
+                m.refs.insert(pbn, 1);
+                pbn
+            } else {
+                let i = rng.random_range(0..m.hash.len());
+                *m.hash.values().nth(i).expect("in range")
+            };
+            t.refcount_inc(target)?;
+            *m.refs.get_mut(&target).expect("live") += 1;
+            if let Some(old) = m.lbn.insert(lbn, target) {
+                t.refcount_dec(old)?;
+                *m.refs.get_mut(&old).expect("live") -= 1;
+            }
+            t.lbn_map_insert(lbn, target)
+        }
+        5..=6 => {
+            // Unmap an LBN.
+            let Some((&lbn, &pbn)) = m.lbn.iter().nth(rng.random_range(0..m.lbn.len().max(1)))
+            else {
+                return Ok(());
+            };
+            t.lbn_map_delete(lbn)?;
+            t.refcount_dec(pbn)?;
+            m.lbn.remove(&lbn);
+            *m.refs.get_mut(&pbn).expect("live") -= 1;
+            Ok(())
+        }
+        _ => {
+            // Collect one index-only chunk.
+            let garbage: Vec<(Fingerprint, u64)> = m
+                .hash
+                .iter()
+                .filter(|(_, p)| m.refs[*p] == 1)
+                .map(|(f, p)| (*f, *p))
+                .take(3)
+                .collect();
+            for (f, pbn) in garbage {
+                t.hash_index_delete(&f)?;
+                t.refcount_dec(pbn)?;
+                m.hash.remove(&f);
+                m.refs.remove(&pbn);
+            }
+            Ok(())
+        }
+    }
+}
+
+fn assert_matches(t: &mut DiskTable, m: &Model, at: &str) {
+    for lbn in 0..LOGICAL {
+        assert_eq!(
+            t.lbn_map_lookup(lbn).unwrap(),
+            m.lbn.get(&lbn).copied(),
+            "{at}: LBN {lbn}"
+        );
+    }
+    for (f, p) in &m.hash {
+        assert_eq!(
+            t.hash_index_lookup(f).unwrap(),
+            Some(*p),
+            "{at}: fingerprint"
+        );
+    }
+    for pbn in 0..PHYSICAL {
+        let want = m.refs.get(&pbn).copied().unwrap_or(0);
+        assert_eq!(t.refcount_get(pbn).unwrap(), want, "{at}: PBN {pbn}");
+    }
+    assert_eq!(t.usage().hash_entries, m.hash.len() as u64, "{at}: entries");
+    assert_eq!(t.usage().lbns_mapped, m.lbn.len() as u64, "{at}: mapped");
+}
+
+fn formatted(power: Arc<PowerSwitch>) -> Arc<SimDisk> {
+    let c = cfg();
+    let meta = SimDisk::new(metadata_device_len(&c), "meta", Arc::default());
+    format(&c, &meta, &BackendParams::default()).unwrap();
+    Arc::new(SimDisk::from_image(meta.contents(), "meta", power))
+}
+
+#[test]
+fn a_tiny_cache_still_matches_the_model() {
+    let meta = formatted(Arc::default());
+    let mut t = open_tiny(meta.clone()).unwrap();
+    let mut m = Model::default();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    for i in 0..3000 {
+        step(&mut t, &mut m, &mut rng).unwrap();
+        if t.wants_commit() || i % 500 == 0 {
+            t.commit().unwrap();
+        }
+    }
+    assert!(
+        t.io_stats().cache_misses > 1000,
+        "the cache really was too small"
+    );
+    assert_matches(&mut t, &m, "before reopen");
+    t.close().unwrap();
+    let mut t = open_tiny(meta).unwrap();
+    assert_matches(&mut t, &m, "after reopen");
+}
+
+#[test]
+fn power_cuts_leave_exactly_a_committed_state() {
+    let total = {
+        let power = Arc::new(PowerSwitch::default());
+        let meta = formatted(power.clone());
+        let mut t = open_tiny(meta).unwrap();
+        let mut m = Model::default();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for _ in 0..600 {
+            step(&mut t, &mut m, &mut rng).unwrap();
+            if t.wants_commit() {
+                t.commit().unwrap();
+            }
+        }
+        power.ops()
+    };
+    for cut in (0..total).step_by((total / 60).max(1) as usize) {
+        let power = PowerSwitch::cutting_at(cut);
+        let meta = formatted(power.clone());
+        let mut committed = Model::default();
+        let mut in_flight = None;
+        if let Ok(mut t) = open_tiny(meta.clone()) {
+            let mut m = Model::default();
+            let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+            for _ in 0..600 {
+                if step(&mut t, &mut m, &mut rng).is_err() {
+                    break;
+                }
+                if t.wants_commit() {
+                    in_flight = Some(m.clone());
+                    if t.commit().is_err() {
+                        break;
+                    }
+                    committed = in_flight.take().expect("set above");
+                }
+            }
+        }
+        power.cut();
+        for seed in 0..3 {
+            let mut rng = {
+                let mut s = cut * 31 + seed;
+                move || {
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    s >> 11
+                }
+            };
+            let image = meta.crash_image(&mut rng, seed % 2 == 0);
+            let disk = Arc::new(SimDisk::from_image(image, "meta", Arc::default()));
+            let mut t = open_tiny(disk).unwrap_or_else(|e| panic!("cut {cut}: reopen failed: {e}"));
+            let at = format!("cut {cut} image {seed}");
+            let mut probe = Model::default();
+            for lbn in 0..LOGICAL {
+                if let Some(p) = t.lbn_map_lookup(lbn).unwrap() {
+                    probe.lbn.insert(lbn, p);
+                }
+            }
+            let expected = if probe.lbn == committed.lbn {
+                &committed
+            } else {
+                in_flight
+                    .as_ref()
+                    .unwrap_or_else(|| panic!("{at}: LBN map matches no committed state"))
+            };
+            assert_matches(&mut t, expected, &at);
+        }
+    }
+}
