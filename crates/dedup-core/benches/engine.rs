@@ -35,7 +35,7 @@ fn device(hash: HashAlgo) -> Device {
         backends::metadata_device_len(&cfg).unwrap(),
         "meta",
     ));
-    Device::format(&cfg, &data, meta.clone(), &Default::default()).unwrap();
+    Device::format(&cfg, &data, meta.clone(), &Default::default(), None).unwrap();
     let opts = OpenOptions {
         writable: true,
         ..Default::default()

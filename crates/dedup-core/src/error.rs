@@ -11,13 +11,10 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// An I/O error, with what we were doing when it happened.
-    #[error("{context}: {source}")]
-    Io {
-        context: String,
-        #[source]
-        source: io::Error,
-    },
+    /// An I/O error, with what we were doing when it happened. (The cause
+    /// is part of the message, not a separate source, so it prints once.)
+    #[error("{context}: {cause}")]
+    Io { context: String, cause: io::Error },
 
     /// A user-supplied option or value is wrong.
     #[error("{0}")]
@@ -90,7 +87,7 @@ impl Error {
     /// The errno an NBD server should report for this error.
     pub fn errno(&self) -> i32 {
         match self {
-            Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::Io { cause, .. } => cause.raw_os_error().unwrap_or(libc::EIO),
             Error::InvalidArgument(_) | Error::OutOfRange { .. } => libc::EINVAL,
             Error::NoSpace { .. } => libc::ENOSPC,
             Error::Locked { .. } => libc::EBUSY,
@@ -112,10 +109,10 @@ impl Error {
         }
     }
 
-    pub fn io(context: impl Into<String>, source: io::Error) -> Error {
+    pub fn io(context: impl Into<String>, cause: io::Error) -> Error {
         Error::Io {
             context: context.into(),
-            source,
+            cause,
         }
     }
 

@@ -107,7 +107,7 @@ impl Undo {
 impl Drop for Undo {
     fn drop(&mut self) {
         for p in self.0.iter().rev() {
-            let _ = fs::remove_file(p).or_else(|_| fs::remove_dir(p));
+            let _ = fs::remove_file(p).or_else(|_| fs::remove_dir_all(p));
         }
     }
 }
@@ -212,7 +212,11 @@ pub fn create(dir: &Path, opts: &CreateOptions) -> Result<DeviceConfig> {
     crate::config::validate_chunk_size(opts.chunk_size)?;
     let meta_link = dir.join(META_NAME);
     let data_link = dir.join(DATA_NAME);
-    if fs::symlink_metadata(&meta_link).is_ok() || fs::symlink_metadata(&data_link).is_ok() {
+    let aux = backends::aux_dir(&meta_link);
+    if fs::symlink_metadata(&meta_link).is_ok()
+        || fs::symlink_metadata(&data_link).is_ok()
+        || aux.exists()
+    {
         return Err(Error::Exists {
             path: dir.to_path_buf(),
         });
@@ -270,7 +274,19 @@ pub fn create(dir: &Path, opts: &CreateOptions) -> Result<DeviceConfig> {
         !space.grows,
         &mut undo,
     )?;
-    Device::format(&cfg, &data, std::sync::Arc::new(meta), &opts.params)?;
+    if cfg.backend == backends::lsm::NAME && is_block_device(&meta_link) {
+        return Err(Error::InvalidArgument(
+            "the lsm backend keeps its tables in files next to the metadata file: give --meta a file path, not a block device".into(),
+        ));
+    }
+    undo.0.push(aux.clone());
+    Device::format(
+        &cfg,
+        &data,
+        std::sync::Arc::new(meta),
+        &opts.params,
+        Some(&aux),
+    )?;
     fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .context(|| format!("syncing directory {}", dir.display()))?;
@@ -282,8 +298,17 @@ pub fn create(dir: &Path, opts: &CreateOptions) -> Result<DeviceConfig> {
 /// holding its lock until the device is dropped.
 pub fn open(paths: &DevicePaths, opts: &OpenOptions) -> Result<Device> {
     let lock = DeviceLock::acquire(&paths.meta)?;
-    let data = FileBlockFile::open(&paths.data, opts.writable)?;
-    let meta = FileBlockFile::open(&paths.meta, opts.writable)?;
+    let opts = &OpenOptions {
+        aux_dir: opts
+            .aux_dir
+            .clone()
+            .or_else(|| Some(backends::aux_dir(&paths.meta))),
+        ..opts.clone()
+    };
+    // Read-write even to inspect: the B-tree and LSM engines may write while
+    // opening (recovery); our own state is only changed when `writable`.
+    let data = FileBlockFile::open(&paths.data, true)?;
+    let meta = FileBlockFile::open(&paths.meta, true)?;
     Device::open(Box::new(data), Box::new(meta), opts, Some(lock))
 }
 

@@ -122,7 +122,7 @@ fn format(backend: &str, power: Arc<PowerSwitch>, txn_writes: u64) -> Disks {
         txn_writes,
         ..BackendParams::default()
     };
-    Device::format(&cfg, &data, meta.clone(), &params).unwrap();
+    Device::format(&cfg, &data, meta.clone(), &params, None).unwrap();
     Disks {
         data: Arc::new(SimDisk::from_image(data.contents(), "data", power.clone())),
         meta: Arc::new(SimDisk::from_image(meta.contents(), "meta", power)),

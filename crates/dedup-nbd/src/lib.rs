@@ -150,6 +150,8 @@ impl Server for DedupPlugin {
             writable: true,
             accept_unclean: s.accept_unclean,
             cache_bytes: s.cache_bytes,
+            // layout::open puts lsm's files next to the metadata path.
+            aux_dir: None,
         };
         let device = layout::open(&paths, &opts).map_err(nbd_error)?;
         lock(&SERVED).device = Some(Arc::new(device));

@@ -5,6 +5,7 @@ pub mod cowbtree;
 pub mod disktable;
 pub mod inram;
 pub mod kv;
+pub mod lsm;
 pub mod probe;
 pub mod space_map;
 
@@ -19,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::superblock::{Superblock, SUPERBLOCK_AREA};
 
 /// Backends users can pick with `dedup create --backend`.
-pub const NAMES: &[&str] = &[inram::NAME, disktable::NAME, cowbtree::NAME];
+pub const NAMES: &[&str] = &[inram::NAME, disktable::NAME, cowbtree::NAME, lsm::NAME];
 pub const DEFAULT: &str = inram::NAME;
 
 /// Tunables chosen at create time and recorded in the superblock.
@@ -90,6 +91,8 @@ pub struct OpenOptions {
     pub accept_unclean: bool,
     /// Override the metadata cache size recorded at create time.
     pub cache_bytes: Option<u64>,
+    /// Directory for a backend that keeps files of its own (lsm); see `aux_dir`.
+    pub aux_dir: Option<PathBuf>,
 }
 
 pub struct Opened {
@@ -130,6 +133,10 @@ pub fn metadata_space(cfg: &DeviceConfig) -> Result<MetaSpace> {
             len: disktable::metadata_device_len(cfg),
             grows: false,
         },
+        lsm::NAME => MetaSpace {
+            len: SUPERBLOCK_AREA,
+            grows: false,
+        },
         _ => MetaSpace {
             len: SUPERBLOCK_AREA + (1 << 20),
             grows: true,
@@ -143,13 +150,20 @@ pub fn metadata_device_len(cfg: &DeviceConfig) -> Result<u64> {
 }
 
 /// Write an empty metadata layout (superblock included) for a new device.
-pub fn format(cfg: &DeviceConfig, meta: Arc<dyn BlockFile>, params: &BackendParams) -> Result<()> {
+/// `aux_dir` is where a backend with files of its own (lsm) keeps them.
+pub fn format(
+    cfg: &DeviceConfig,
+    meta: Arc<dyn BlockFile>,
+    params: &BackendParams,
+    aux_dir: Option<&std::path::Path>,
+) -> Result<()> {
     check_name(&cfg.backend)?;
     params.validate()?;
     match cfg.backend.as_str() {
         inram::NAME => inram::format(cfg, meta.as_ref()),
         disktable::NAME => disktable::format(cfg, meta.as_ref(), params),
         cowbtree::NAME => cowbtree::format(cfg, Box::new(meta), params),
+        lsm::NAME => lsm::format(cfg, meta.as_ref(), params, aux_dir),
         _ => unreachable!("check_name accepted it"),
     }
 }
@@ -170,6 +184,7 @@ pub fn open(
         inram::NAME => inram::open(superblock, meta, opts),
         disktable::NAME => disktable::open(superblock, meta, opts),
         cowbtree::NAME => cowbtree::open(superblock, meta, opts),
+        lsm::NAME => lsm::open(superblock, meta, opts),
         other => Err(Error::Unsupported(format!(
             "this metadata uses the {other:?} backend, which this dedup does not have (it has {})",
             NAMES.join(", ")
@@ -177,8 +192,8 @@ pub fn open(
     }
 }
 
-/// Where a backend that keeps files of its own (lsm) puts them, next to
-/// the metadata device path.
+/// Where a backend that keeps files of its own (lsm) puts them: next to the
+/// metadata device's path (`DIR/meta` -> `DIR/meta.lsm`).
 pub fn aux_dir(meta_path: &std::path::Path) -> PathBuf {
     let mut p = meta_path.as_os_str().to_owned();
     p.push(".lsm");

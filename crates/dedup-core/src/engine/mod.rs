@@ -70,11 +70,13 @@ pub struct Device {
 
 impl Device {
     /// Lay out a new device on `data` and `meta` (both already sized).
+    /// `aux_dir`: where a backend with files of its own (lsm) keeps them.
     pub fn format(
         cfg: &DeviceConfig,
         data: &dyn BlockFile,
         meta: Arc<dyn BlockFile>,
         params: &BackendParams,
+        aux_dir: Option<&std::path::Path>,
     ) -> Result<()> {
         cfg.validate()?;
         backends::check_name(&cfg.backend)?;
@@ -85,7 +87,7 @@ impl Device {
         // (`create --force`) must not find the old superblock in the other slot.
         meta.write_at(&[0u8; SUPERBLOCK_AREA as usize], 0)?;
         meta.sync()?;
-        backends::format(cfg, meta, params)
+        backends::format(cfg, meta, params, aux_dir)
     }
 
     /// Open a formatted device. `lock` (if any) is held until the device drops.

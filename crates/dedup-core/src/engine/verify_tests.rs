@@ -36,7 +36,7 @@ impl Mem {
             backends::metadata_device_len(&cfg).unwrap(),
             "meta",
         ));
-        Device::format(&cfg, data.as_ref(), meta.clone(), &Default::default()).unwrap();
+        Device::format(&cfg, data.as_ref(), meta.clone(), &Default::default(), None).unwrap();
         Mem { data, meta }
     }
 

@@ -18,6 +18,8 @@ pub struct MemDevice {
     /// A simulated disk: it grows like a file (the B-tree backends need
     /// that) and never loses a write unless a test asks it to.
     pub meta: Arc<SimDisk>,
+    /// Where the lsm backend keeps its files.
+    pub aux: tempfile::TempDir,
 }
 
 impl MemDevice {
@@ -54,8 +56,15 @@ impl MemDevice {
         let data = Arc::new(MemBlockFile::new(cfg.data_device_len(), "data"));
         let meta_len = backends::metadata_device_len(&cfg).unwrap();
         let meta = Arc::new(SimDisk::new(meta_len, "meta", Arc::default()));
-        Device::format(&cfg, data.as_ref(), meta.clone(), params).unwrap();
-        MemDevice { cfg, data, meta }
+        let aux = tempfile::tempdir().unwrap();
+        let lsm = aux.path().join("meta.lsm");
+        Device::format(&cfg, data.as_ref(), meta.clone(), params, Some(&lsm)).unwrap();
+        MemDevice {
+            cfg,
+            data,
+            meta,
+            aux,
+        }
     }
 
     pub fn open(&self) -> Result<Device> {
@@ -66,6 +75,7 @@ impl MemDevice {
     pub fn open_on(&self, data: Box<dyn BlockFile>, meta: Box<dyn BlockFile>) -> Result<Device> {
         let opts = OpenOptions {
             writable: true,
+            aux_dir: Some(self.aux.path().join("meta.lsm")),
             ..Default::default()
         };
         Device::open(data, meta, &opts, None)
@@ -75,6 +85,7 @@ impl MemDevice {
         let opts = OpenOptions {
             writable: true,
             accept_unclean,
+            aux_dir: Some(self.aux.path().join("meta.lsm")),
             ..Default::default()
         };
         Device::open(

@@ -171,7 +171,7 @@ impl Region {
 
 fn io_err(e: Error) -> io::Error {
     match e {
-        Error::Io { source, .. } => source,
+        Error::Io { cause, .. } => cause,
         other => io::Error::other(other.to_string()),
     }
 }
