@@ -1,20 +1,25 @@
 //! `dedup check`: verify metadata consistency (and, with --data, that every
-//! stored chunk still hashes to its fingerprint). Exit 0 clean, 1 problems
-//! found, 2 could not run.
+//! stored chunk still hashes to its fingerprint); with --repair, rebuild
+//! reference counts and free space from the mappings. Exit 0 clean, 1
+//! problems found (repaired or not), 2 could not run.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use dedup_core::control::Request;
-use dedup_core::engine::CheckReport;
+use anyhow::bail;
+use dedup_core::control::{self, Request};
+use dedup_core::engine::{CheckReport, RepairReport};
+use dedup_core::layout::{self, DevicePaths};
+use dedup_core::{Device, OpenOptions};
+use serde::Serialize;
 
-use super::{print_json, reach, Reached};
+use super::{control_path, print_json, reach, Reached};
 use crate::render;
 
 #[derive(clap::Args)]
 #[command(
     about = "Check a device's metadata: refcounts, mappings, allocation (exit 0 clean, 1 problems, 2 could not run)",
-    after_help = "Online checks pause I/O while they run.\n\nExamples:\n  dedup check ./dev\n  dedup check ./dev --data --json"
+    after_help = "Online checks pause I/O while they run; --repair needs a stopped device.\n\nExamples:\n  dedup check ./dev\n  dedup check ./dev --data --json\n  dedup check ./dev --repair"
 )]
 pub struct Args {
     /// Device directory.
@@ -22,29 +27,88 @@ pub struct Args {
     /// Also read every stored chunk and compare it with its fingerprint.
     #[arg(long)]
     pub data: bool,
+    /// Fix what the check finds: rebuild reference counts and free space from
+    /// the LBN map and hash index, drop index entries that are out of range,
+    /// duplicated or (with --data) no longer match their chunk.
+    #[arg(long)]
+    pub repair: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
 }
 
+#[derive(Serialize)]
+struct Repaired {
+    before: CheckReport,
+    changed: RepairReport,
+    after: CheckReport,
+}
+
+fn progress_bar(data: bool) -> anyhow::Result<indicatif::ProgressBar> {
+    let bar = indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:40}] {pos}/{len} chunks ({per_sec}, {eta} left)",
+        )?
+        .progress_chars("=> "),
+    );
+    bar.set_message(if data { "re-hashing" } else { "checking" });
+    Ok(bar)
+}
+
+fn check_offline(dev: &Device, data: bool) -> anyhow::Result<CheckReport> {
+    let bar = progress_bar(data)?;
+    let report = dev.check_with_progress(data, &|done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })?;
+    bar.finish_and_clear();
+    Ok(report)
+}
+
+fn repair(a: &Args) -> anyhow::Result<ExitCode> {
+    if control::request(&control_path(&a.dir), &Request::Status)?.is_some() {
+        bail!(
+            "{} is being served; stop `dedup serve` first (--repair works on a stopped device)",
+            a.dir.display()
+        );
+    }
+    let paths = DevicePaths::from_dir(&a.dir)?;
+    let dev = layout::open(
+        &paths,
+        &OpenOptions {
+            writable: true,
+            ..Default::default()
+        },
+    )?;
+    let (before, changed) = dev.repair(a.data)?;
+    let after = check_offline(&dev, a.data)?;
+    dev.close()?;
+    let clean_before = before.is_clean();
+    let r = Repaired {
+        before,
+        changed,
+        after,
+    };
+    if a.json {
+        print_json(&r)?;
+    } else {
+        print!("{}", render::check(&r.before));
+        println!(
+            "repaired: {} LBNs unmapped, {} hash index entries removed, {} reference counts set",
+            r.changed.lbns_unmapped, r.changed.index_entries_removed, r.changed.refcounts_set
+        );
+        print!("after repair: {}", render::check(&r.after));
+    }
+    Ok(ExitCode::from(if clean_before { 0 } else { 1 }))
+}
+
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    if a.repair {
+        return repair(&a);
+    }
     let report: CheckReport = match reach(&a.dir, &Request::Check { data: a.data }, false)? {
         Reached::Served(v) => serde_json::from_value(v)?,
-        Reached::Offline(dev) => {
-            let bar = indicatif::ProgressBar::new(0).with_style(
-                indicatif::ProgressStyle::with_template(
-                    "{msg} [{bar:40}] {pos}/{len} chunks ({per_sec}, {eta} left)",
-                )?
-                .progress_chars("=> "),
-            );
-            bar.set_message(if a.data { "re-hashing" } else { "checking" });
-            let report = dev.check_with_progress(a.data, &|done, total| {
-                bar.set_length(total);
-                bar.set_position(done);
-            })?;
-            bar.finish_and_clear();
-            report
-        }
+        Reached::Offline(dev) => check_offline(&dev, a.data)?,
     };
     if a.json {
         print_json(&report)?;

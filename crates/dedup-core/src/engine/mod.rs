@@ -33,7 +33,7 @@ use crate::lock::DeviceLock;
 use crate::stats::{ratio, Counters, Stats};
 use crate::superblock::{check_data_header, encode_data_header, Superblock, SUPERBLOCK_AREA};
 
-pub use check::{CheckReport, Problem, ProblemKind};
+pub use check::{CheckReport, Problem, ProblemKind, RepairReport};
 pub use chunking::is_zero;
 pub use gc::GcReport;
 pub use read_path::{Extent, EXTENT_SCAN_CHUNKS};
