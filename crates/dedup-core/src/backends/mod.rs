@@ -163,7 +163,7 @@ pub fn format(
         inram::NAME => inram::format(cfg, meta.as_ref()),
         disktable::NAME => disktable::format(cfg, meta.as_ref(), params),
         cowbtree::NAME => cowbtree::format(cfg, Box::new(meta), params),
-        lsm::NAME => lsm::format(cfg, meta.as_ref(), params, aux_dir),
+        lsm::NAME => lsm::format(cfg, meta, params, aux_dir),
         _ => unreachable!("check_name accepted it"),
     }
 }

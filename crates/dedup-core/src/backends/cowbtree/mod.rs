@@ -14,7 +14,8 @@ use std::sync::Arc;
 use redb::{Database, ReadOnlyTable, ReadableDatabase, TableDefinition};
 
 use crate::backend::{MetaIoStats, MetadataBackend};
-use crate::backends::kv::store::{Changes, KvStore, StoreState};
+use crate::backends::kv::guard::Guard;
+use crate::backends::kv::store::{check_entry, entry_crc, Changes, KvStore, StoreState, Table};
 use crate::backends::kv::KvBackend;
 use crate::backends::{BackendParams, OpenOptions, Opened};
 use crate::blockfile::BlockFile;
@@ -27,12 +28,32 @@ use region::{IoCounters, Region};
 
 pub const NAME: &str = "cowbtree";
 
-const LBN_MAP: TableDefinition<u64, u64> = TableDefinition::new("lbn_map");
-const HASH_INDEX: TableDefinition<[u8; 32], u64> = TableDefinition::new("hash_index");
-const REFCOUNTS: TableDefinition<u64, u32> = TableDefinition::new("refcounts");
+// Values carry a crc32c of table, key and value (see `kv/store.rs`).
+const LBN_MAP: TableDefinition<u64, (u64, u32)> = TableDefinition::new("lbn_map");
+const HASH_INDEX: TableDefinition<[u8; 32], (u64, u32)> = TableDefinition::new("hash_index");
+const REFCOUNTS: TableDefinition<u64, (u32, u32)> = TableDefinition::new("refcounts");
 const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("state");
 const STATE_KEY: &str = "state";
 const S: &str = "cowbtree B-tree";
+
+fn lbn_value(lbn: Lbn, (pbn, crc): (u64, u32)) -> Result<Pbn> {
+    check_entry(NAME, Table::LbnMap, &lbn.to_le_bytes(), pbn, crc)
+}
+
+fn hash_value(fp: &[u8; 32], (pbn, crc): (u64, u32)) -> Result<Pbn> {
+    check_entry(NAME, Table::HashIndex, fp, pbn, crc)
+}
+
+fn ref_value(pbn: Pbn, (count, crc): (u32, u32)) -> Result<u32> {
+    check_entry(
+        NAME,
+        Table::Refcounts,
+        &pbn.to_le_bytes(),
+        count as u64,
+        crc,
+    )
+    .map(|c| c as u32)
+}
 
 fn db_err(e: impl Into<redb::Error>) -> Error {
     match e.into() {
@@ -43,17 +64,23 @@ fn db_err(e: impl Into<redb::Error>) -> Error {
 
 /// Committed-state views, refreshed after every commit.
 struct Snapshot {
-    lbn_map: ReadOnlyTable<u64, u64>,
-    hash_index: ReadOnlyTable<[u8; 32], u64>,
-    refcounts: ReadOnlyTable<u64, u32>,
+    lbn_map: ReadOnlyTable<u64, (u64, u32)>,
+    hash_index: ReadOnlyTable<[u8; 32], (u64, u32)>,
+    refcounts: ReadOnlyTable<u64, (u32, u32)>,
     state: ReadOnlyTable<&'static str, &'static [u8]>,
 }
 
+/// The engine, behind a `Guard` (see `kv/guard.rs`).
 pub struct RedbStore {
-    db: Database,
-    snap: Option<Snapshot>,
+    inner: Option<RedbInner>,
+    guard: Guard,
     io: Arc<IoCounters>,
     file: Arc<dyn BlockFile>,
+}
+
+struct RedbInner {
+    db: Database,
+    snap: Option<Snapshot>,
 }
 
 fn build(cache_bytes: u64, region: Region) -> Result<Database> {
@@ -63,7 +90,23 @@ fn build(cache_bytes: u64, region: Region) -> Result<Database> {
         .map_err(db_err)
 }
 
+impl Drop for RedbStore {
+    fn drop(&mut self) {
+        self.guard.drop_engine(self.inner.take());
+    }
+}
+
 impl RedbStore {
+    fn with<T>(&mut self, f: impl FnOnce(&mut RedbInner) -> Result<T>) -> Result<T> {
+        let RedbStore { inner, guard, .. } = self;
+        let inner = inner
+            .as_mut()
+            .ok_or_else(|| Error::corrupt(S, "the B-tree is closed"))?;
+        guard.run(|| f(inner))
+    }
+}
+
+impl RedbInner {
     fn snapshot(&mut self) -> Result<&Snapshot> {
         if self.snap.is_none() {
             let txn = self.db.begin_read().map_err(db_err)?;
@@ -75,35 +118,6 @@ impl RedbStore {
             });
         }
         Ok(self.snap.as_ref().expect("just opened"))
-    }
-}
-
-impl KvStore for RedbStore {
-    fn get_lbn(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
-        Ok(self
-            .snapshot()?
-            .lbn_map
-            .get(lbn)
-            .map_err(db_err)?
-            .map(|v| v.value()))
-    }
-
-    fn get_hash(&mut self, fp: &Fingerprint) -> Result<Option<Pbn>> {
-        Ok(self
-            .snapshot()?
-            .hash_index
-            .get(fp.0)
-            .map_err(db_err)?
-            .map(|v| v.value()))
-    }
-
-    fn get_refcount(&mut self, pbn: Pbn) -> Result<u32> {
-        Ok(self
-            .snapshot()?
-            .refcounts
-            .get(pbn)
-            .map_err(db_err)?
-            .map_or(0, |v| v.value()))
     }
 
     fn scan_lbn(
@@ -122,7 +136,7 @@ impl KvStore for RedbStore {
         .map_err(db_err)?;
         for entry in range.take(max) {
             let (k, v) = entry.map_err(db_err)?;
-            out.push((k.value(), v.value()));
+            out.push((k.value(), lbn_value(k.value(), v.value())?));
         }
         Ok(())
     }
@@ -143,7 +157,7 @@ impl KvStore for RedbStore {
         .map_err(db_err)?;
         for entry in range.take(max) {
             let (k, v) = entry.map_err(db_err)?;
-            out.push((Fingerprint(k.value()), v.value()));
+            out.push((Fingerprint(k.value()), hash_value(&k.value(), v.value())?));
         }
         Ok(())
     }
@@ -152,7 +166,7 @@ impl KvStore for RedbStore {
         let snap = self.snapshot()?;
         for entry in snap.refcounts.range::<u64>(..).map_err(db_err)? {
             let (k, v) = entry.map_err(db_err)?;
-            f(k.value(), v.value())?;
+            f(k.value(), ref_value(k.value(), v.value())?)?;
         }
         Ok(())
     }
@@ -173,7 +187,10 @@ impl KvStore for RedbStore {
             let mut lbn_map = txn.open_table(LBN_MAP).map_err(db_err)?;
             for (&lbn, v) in &changes.lbn_map {
                 match v {
-                    Some(pbn) => lbn_map.insert(lbn, *pbn).map(|_| ()),
+                    Some(pbn) => {
+                        let crc = entry_crc(Table::LbnMap, &lbn.to_le_bytes(), *pbn);
+                        lbn_map.insert(lbn, (*pbn, crc)).map(|_| ())
+                    }
                     None => lbn_map.remove(lbn).map(|_| ()),
                 }
                 .map_err(db_err)?;
@@ -181,7 +198,10 @@ impl KvStore for RedbStore {
             let mut hash_index = txn.open_table(HASH_INDEX).map_err(db_err)?;
             for (fp, v) in &changes.hash_index {
                 match v {
-                    Some(pbn) => hash_index.insert(fp.0, *pbn).map(|_| ()),
+                    Some(pbn) => {
+                        let crc = entry_crc(Table::HashIndex, &fp.0, *pbn);
+                        hash_index.insert(fp.0, (*pbn, crc)).map(|_| ())
+                    }
                     None => hash_index.remove(fp.0).map(|_| ()),
                 }
                 .map_err(db_err)?;
@@ -191,7 +211,8 @@ impl KvStore for RedbStore {
                 if count == 0 {
                     refcounts.remove(pbn).map(|_| ())
                 } else {
-                    refcounts.insert(pbn, count).map(|_| ())
+                    let crc = entry_crc(Table::Refcounts, &pbn.to_le_bytes(), count as u64);
+                    refcounts.insert(pbn, (count, crc)).map(|_| ())
                 }
                 .map_err(db_err)?;
             }
@@ -201,19 +222,75 @@ impl KvStore for RedbStore {
         }
         txn.commit().map_err(db_err)
     }
+}
+
+impl KvStore for RedbStore {
+    fn get_lbn(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
+        self.with(|i| {
+            let v = i.snapshot()?.lbn_map.get(lbn).map_err(db_err)?;
+            v.map(|v| lbn_value(lbn, v.value())).transpose()
+        })
+    }
+
+    fn get_hash(&mut self, fp: &Fingerprint) -> Result<Option<Pbn>> {
+        self.with(|i| {
+            let v = i.snapshot()?.hash_index.get(fp.0).map_err(db_err)?;
+            v.map(|v| hash_value(&fp.0, v.value())).transpose()
+        })
+    }
+
+    fn get_refcount(&mut self, pbn: Pbn) -> Result<u32> {
+        self.with(|i| {
+            let v = i.snapshot()?.refcounts.get(pbn).map_err(db_err)?;
+            v.map_or(Ok(0), |v| ref_value(pbn, v.value()))
+        })
+    }
+
+    fn scan_lbn(
+        &mut self,
+        after: Option<Lbn>,
+        max: usize,
+        out: &mut Vec<(Lbn, Pbn)>,
+    ) -> Result<()> {
+        self.with(|i| i.scan_lbn(after, max, out))
+    }
+
+    fn scan_hash(
+        &mut self,
+        after: Option<&Fingerprint>,
+        max: usize,
+        out: &mut Vec<(Fingerprint, Pbn)>,
+    ) -> Result<()> {
+        self.with(|i| i.scan_hash(after, max, out))
+    }
+
+    fn for_each_refcount(&mut self, f: &mut dyn FnMut(Pbn, u32) -> Result<()>) -> Result<()> {
+        self.with(|i| i.for_each_refcount(f))
+    }
+
+    fn state(&mut self) -> Result<StoreState> {
+        self.with(|i| i.state())
+    }
+
+    fn apply(&mut self, changes: &Changes, state: &StoreState) -> Result<()> {
+        self.with(|i| i.apply(changes, state))
+    }
 
     fn close(&mut self) -> Result<()> {
-        self.snap = None;
-        Ok(())
+        self.with(|i| {
+            i.snap = None;
+            Ok(())
+        })
     }
 
     fn io_stats(&self) -> MetaIoStats {
-        let cache = self.db.cache_stats();
-        MetaIoStats {
-            cache_hits: cache.read_hits() + cache.write_hits(),
-            cache_misses: cache.read_misses() + cache.write_misses(),
-            ..self.io.snapshot()
+        let mut stats = self.io.snapshot();
+        if let Some(inner) = self.inner.as_ref().filter(|_| !self.guard.is_poisoned()) {
+            let cache = inner.db.cache_stats();
+            stats.cache_hits = cache.read_hits() + cache.write_hits();
+            stats.cache_misses = cache.read_misses() + cache.write_misses();
         }
+        stats
     }
 
     fn size_bytes(&self) -> u64 {
@@ -267,10 +344,11 @@ pub fn open(
             "the B-tree was never created (interrupted `dedup create`?)",
         ));
     }
-    let db = build(cache, region)?;
+    let mut guard = Guard::new(S);
+    let db = guard.run(|| build(cache, region))?;
     let store = RedbStore {
-        db,
-        snap: None,
+        inner: Some(RedbInner { db, snap: None }),
+        guard,
         io,
         file: file.clone(),
     };

@@ -12,6 +12,7 @@
 //! backend asks (`wants_commit`) after `txn_writes` LBN updates, or when the
 //! write set reaches three quarters of the cache budget.
 
+pub mod guard;
 pub mod store;
 
 use std::ops::Bound;

@@ -145,3 +145,47 @@ mod tests {
         assert!(StoreState::decode(&[], "t").is_err());
     }
 }
+
+/// Which table an entry belongs to, mixed into its checksum.
+#[derive(Clone, Copy)]
+pub enum Table {
+    LbnMap = 1,
+    HashIndex = 2,
+    Refcounts = 3,
+}
+
+impl Table {
+    fn name(self) -> &'static str {
+        match self {
+            Table::LbnMap => "LBN map",
+            Table::HashIndex => "hash index",
+            Table::Refcounts => "refcounts",
+        }
+    }
+}
+
+/// Every entry a key-value engine stores carries a crc32c of its table, key
+/// and value: the engines check their own pages and blocks against torn or
+/// damaged writes, but a flipped bit inside a B-tree page could otherwise
+/// move a mapping to another LBN and still look consistent.
+pub fn entry_crc(table: Table, key: &[u8], value: u64) -> u32 {
+    let mut c = crc32c::crc32c(&[table as u8]);
+    c = crc32c::crc32c_append(c, key);
+    crc32c::crc32c_append(c, &value.to_le_bytes())
+}
+
+/// Check a stored entry's crc32c; a mismatch names the table and key.
+pub fn check_entry(engine: &str, table: Table, key: &[u8], value: u64, crc: u32) -> Result<u64> {
+    if entry_crc(table, key, value) == crc {
+        Ok(value)
+    } else {
+        Err(crate::error::Error::corrupt(
+            format!("{engine} {}", table.name()),
+            format!("the entry for key {} fails its checksum", hex(key)),
+        ))
+    }
+}
+
+fn hex(key: &[u8]) -> String {
+    key.iter().map(|b| format!("{b:02x}")).collect()
+}

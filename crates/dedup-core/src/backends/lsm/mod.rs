@@ -7,20 +7,24 @@
 //! atomic across the three keyspaces, persisted with `SyncAll`; fjall's
 //! journal replays it after a crash.
 
+mod sums;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 
 use crate::backend::{MetaIoStats, MetadataBackend};
-use crate::backends::kv::store::{Changes, KvStore, StoreState};
+use crate::backends::kv::guard::Guard;
+use crate::backends::kv::store::{check_entry, entry_crc, Changes, KvStore, StoreState, Table};
 use crate::backends::kv::KvBackend;
 use crate::backends::{BackendParams, OpenOptions, Opened};
 use crate::blockfile::BlockFile;
 use crate::config::{DeviceConfig, Lbn, Pbn};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
-use crate::superblock::Superblock;
+use crate::superblock::{DeviceState, Superblock};
 
 pub const NAME: &str = "lsm";
 const S: &str = "lsm tables";
@@ -33,25 +37,57 @@ fn db_err(e: fjall::Error) -> Error {
     }
 }
 
+/// The engine, behind a `Guard` (see `kv/guard.rs`).
 pub struct FjallStore {
-    db: Database,
-    lbn_map: Keyspace,
-    hash_index: Keyspace,
-    refcounts: Keyspace,
-    state: Keyspace,
+    inner: Option<FjallInner>,
+    guard: Guard,
+    dir: PathBuf,
+    meta: Arc<dyn BlockFile>,
     writes: AtomicU64,
     syncs: AtomicU64,
     bytes_written: AtomicU64,
 }
 
-fn decode_u64(v: &[u8], what: &str) -> Result<u64> {
-    v.try_into()
-        .map(u64::from_le_bytes)
-        .map_err(|_| Error::corrupt(S, format!("{what} value of {} bytes", v.len())))
+struct FjallInner {
+    db: Database,
+    lbn_map: Keyspace,
+    hash_index: Keyspace,
+    refcounts: Keyspace,
+    state: Keyspace,
 }
 
-impl FjallStore {
-    fn open(dir: &Path, cache_bytes: u64) -> Result<FjallStore> {
+impl Drop for FjallStore {
+    fn drop(&mut self) {
+        self.guard.drop_engine(self.inner.take());
+    }
+}
+
+/// An entry's value: the number, then the crc32c of table, key and value
+/// (see `kv/store.rs`).
+fn encode_value(table: Table, key: &[u8], value: u64) -> [u8; 12] {
+    let mut v = [0u8; 12];
+    v[..8].copy_from_slice(&value.to_le_bytes());
+    v[8..].copy_from_slice(&entry_crc(table, key, value).to_le_bytes());
+    v
+}
+
+fn decode_value(table: Table, key: &[u8], v: &[u8]) -> Result<u64> {
+    let v: [u8; 12] = v
+        .try_into()
+        .map_err(|_| Error::corrupt(S, format!("a value of {} bytes", v.len())))?;
+    let value = u64::from_le_bytes(v[..8].try_into().expect("8 bytes"));
+    let crc = u32::from_le_bytes(v[8..].try_into().expect("4 bytes"));
+    check_entry(NAME, table, key, value, crc)
+}
+
+fn key_u64(k: &[u8], what: &str) -> Result<u64> {
+    k.try_into()
+        .map(u64::from_be_bytes)
+        .map_err(|_| Error::corrupt(S, format!("{what} key of {} bytes", k.len())))
+}
+
+impl FjallInner {
+    fn open(dir: &Path, cache_bytes: u64) -> Result<FjallInner> {
         let db = Database::builder(dir)
             .cache_size(cache_bytes)
             .open()
@@ -60,69 +96,30 @@ impl FjallStore {
             db.keyspace(name, KeyspaceCreateOptions::default)
                 .map_err(db_err)
         };
-        Ok(FjallStore {
+        Ok(FjallInner {
             lbn_map: ks("lbn_map")?,
             hash_index: ks("hash_index")?,
             refcounts: ks("refcounts")?,
             state: ks("state")?,
             db,
-            writes: AtomicU64::new(0),
-            syncs: AtomicU64::new(0),
-            bytes_written: AtomicU64::new(0),
         })
     }
-}
 
-impl KvStore for FjallStore {
-    fn get_lbn(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
-        match self.lbn_map.get(lbn.to_be_bytes()).map_err(db_err)? {
-            Some(v) => decode_u64(&v, "LBN map").map(Some),
-            None => Ok(None),
-        }
-    }
-
-    fn get_hash(&mut self, fp: &Fingerprint) -> Result<Option<Pbn>> {
-        match self.hash_index.get(fp.0).map_err(db_err)? {
-            Some(v) => decode_u64(&v, "hash index").map(Some),
-            None => Ok(None),
-        }
-    }
-
-    fn get_refcount(&mut self, pbn: Pbn) -> Result<u32> {
-        match self.refcounts.get(pbn.to_be_bytes()).map_err(db_err)? {
-            Some(v) => v
-                .as_ref()
-                .try_into()
-                .map(u32::from_le_bytes)
-                .map_err(|_| Error::corrupt(S, "refcount value of the wrong size")),
-            None => Ok(0),
-        }
-    }
-
-    fn scan_lbn(
-        &mut self,
-        after: Option<Lbn>,
-        max: usize,
-        out: &mut Vec<(Lbn, Pbn)>,
-    ) -> Result<()> {
-        let start = after.map_or(0, |a| a + 1);
-        if after == Some(u64::MAX) {
-            return Ok(());
-        }
+    fn scan_lbn(&self, after: Option<Lbn>, max: usize, out: &mut Vec<(Lbn, Pbn)>) -> Result<()> {
+        let start = match after {
+            Some(u64::MAX) => return Ok(()),
+            Some(a) => a + 1,
+            None => 0,
+        };
         for g in self.lbn_map.range(start.to_be_bytes()..).take(max) {
             let (k, v) = g.into_inner().map_err(db_err)?;
-            let lbn = u64::from_be_bytes(
-                k.as_ref()
-                    .try_into()
-                    .map_err(|_| Error::corrupt(S, "LBN key of the wrong size"))?,
-            );
-            out.push((lbn, decode_u64(&v, "LBN map")?));
+            out.push((key_u64(&k, "LBN")?, decode_value(Table::LbnMap, &k, &v)?));
         }
         Ok(())
     }
 
     fn scan_hash(
-        &mut self,
+        &self,
         after: Option<&Fingerprint>,
         max: usize,
         out: &mut Vec<(Fingerprint, Pbn)>,
@@ -139,49 +136,41 @@ impl KvStore for FjallStore {
                 .as_ref()
                 .try_into()
                 .map_err(|_| Error::corrupt(S, "fingerprint key of the wrong size"))?;
-            out.push((Fingerprint(fp), decode_u64(&v, "hash index")?));
+            out.push((Fingerprint(fp), decode_value(Table::HashIndex, &k, &v)?));
         }
         Ok(())
     }
 
-    fn for_each_refcount(&mut self, f: &mut dyn FnMut(Pbn, u32) -> Result<()>) -> Result<()> {
+    fn for_each_refcount(&self, f: &mut dyn FnMut(Pbn, u32) -> Result<()>) -> Result<()> {
         for g in self.refcounts.iter() {
             let (k, v) = g.into_inner().map_err(db_err)?;
-            let pbn = u64::from_be_bytes(
-                k.as_ref()
-                    .try_into()
-                    .map_err(|_| Error::corrupt(S, "PBN key of the wrong size"))?,
-            );
-            let count = u32::from_le_bytes(
-                v.as_ref()
-                    .try_into()
-                    .map_err(|_| Error::corrupt(S, "refcount value of the wrong size"))?,
-            );
-            f(pbn, count)?;
+            let count = decode_value(Table::Refcounts, &k, &v)? as u32;
+            f(key_u64(&k, "PBN")?, count)?;
         }
         Ok(())
     }
 
-    fn state(&mut self) -> Result<StoreState> {
-        match self.state.get(STATE_KEY).map_err(db_err)? {
-            Some(v) => StoreState::decode(&v, "lsm state record"),
-            None => Ok(StoreState::default()),
-        }
-    }
-
-    fn apply(&mut self, changes: &Changes, state: &StoreState) -> Result<()> {
+    /// Returns the bytes handed to the engine.
+    fn apply(&self, changes: &Changes, state: &StoreState) -> Result<u64> {
         let mut batch = self.db.batch().durability(Some(PersistMode::SyncAll));
         let mut bytes = 0u64;
         for (&lbn, v) in &changes.lbn_map {
             match v {
-                Some(pbn) => batch.insert(&self.lbn_map, lbn.to_be_bytes(), pbn.to_le_bytes()),
+                Some(pbn) => {
+                    let key = lbn.to_be_bytes();
+                    batch.insert(&self.lbn_map, key, encode_value(Table::LbnMap, &key, *pbn))
+                }
                 None => batch.remove(&self.lbn_map, lbn.to_be_bytes()),
             }
             bytes += 16;
         }
         for (fp, v) in &changes.hash_index {
             match v {
-                Some(pbn) => batch.insert(&self.hash_index, fp.0, pbn.to_le_bytes()),
+                Some(pbn) => batch.insert(
+                    &self.hash_index,
+                    fp.0,
+                    encode_value(Table::HashIndex, &fp.0, *pbn),
+                ),
                 None => batch.remove(&self.hash_index, fp.0),
             }
             bytes += 40;
@@ -190,7 +179,12 @@ impl KvStore for FjallStore {
             if count == 0 {
                 batch.remove(&self.refcounts, pbn.to_be_bytes());
             } else {
-                batch.insert(&self.refcounts, pbn.to_be_bytes(), count.to_le_bytes());
+                let key = pbn.to_be_bytes();
+                batch.insert(
+                    &self.refcounts,
+                    key,
+                    encode_value(Table::Refcounts, &key, count as u64),
+                );
             }
             bytes += 12;
         }
@@ -198,38 +192,134 @@ impl KvStore for FjallStore {
         bytes += st.len() as u64;
         batch.insert(&self.state, STATE_KEY, st);
         batch.commit().map_err(db_err)?;
+        Ok(bytes)
+    }
+}
+
+impl FjallStore {
+    fn with<T>(&mut self, f: impl FnOnce(&FjallInner) -> Result<T>) -> Result<T> {
+        let FjallStore { inner, guard, .. } = self;
+        let inner = inner
+            .as_ref()
+            .ok_or_else(|| Error::corrupt(S, "the LSM tables are closed"))?;
+        guard.run(|| f(inner))
+    }
+}
+
+impl KvStore for FjallStore {
+    fn get_lbn(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
+        let key = lbn.to_be_bytes();
+        self.with(|i| match i.lbn_map.get(key).map_err(db_err)? {
+            Some(v) => decode_value(Table::LbnMap, &key, &v).map(Some),
+            None => Ok(None),
+        })
+    }
+
+    fn get_hash(&mut self, fp: &Fingerprint) -> Result<Option<Pbn>> {
+        self.with(|i| match i.hash_index.get(fp.0).map_err(db_err)? {
+            Some(v) => decode_value(Table::HashIndex, &fp.0, &v).map(Some),
+            None => Ok(None),
+        })
+    }
+
+    fn get_refcount(&mut self, pbn: Pbn) -> Result<u32> {
+        let key = pbn.to_be_bytes();
+        self.with(|i| match i.refcounts.get(key).map_err(db_err)? {
+            Some(v) => decode_value(Table::Refcounts, &key, &v).map(|c| c as u32),
+            None => Ok(0),
+        })
+    }
+
+    fn scan_lbn(
+        &mut self,
+        after: Option<Lbn>,
+        max: usize,
+        out: &mut Vec<(Lbn, Pbn)>,
+    ) -> Result<()> {
+        self.with(|i| i.scan_lbn(after, max, out))
+    }
+
+    fn scan_hash(
+        &mut self,
+        after: Option<&Fingerprint>,
+        max: usize,
+        out: &mut Vec<(Fingerprint, Pbn)>,
+    ) -> Result<()> {
+        self.with(|i| i.scan_hash(after, max, out))
+    }
+
+    fn for_each_refcount(&mut self, f: &mut dyn FnMut(Pbn, u32) -> Result<()>) -> Result<()> {
+        self.with(|i| i.for_each_refcount(f))
+    }
+
+    fn state(&mut self) -> Result<StoreState> {
+        self.with(|i| match i.state.get(STATE_KEY).map_err(db_err)? {
+            Some(v) => StoreState::decode(&v, "lsm state record"),
+            None => Ok(StoreState::default()),
+        })
+    }
+
+    fn apply(&mut self, changes: &Changes, state: &StoreState) -> Result<()> {
+        let bytes = self.with(|i| i.apply(changes, state))?;
         self.writes.fetch_add(1, Ordering::Relaxed);
         self.syncs.fetch_add(1, Ordering::Relaxed);
         self.bytes_written.fetch_add(bytes, Ordering::Relaxed);
         Ok(())
     }
 
+    /// Persist, shut fjall down (its files then stay put), and record their
+    /// checksums so the next clean open can check them before fjall reads them.
     fn close(&mut self) -> Result<()> {
-        self.db.persist(PersistMode::SyncAll).map_err(db_err)
+        self.with(|i| i.db.persist(PersistMode::SyncAll).map_err(db_err))?;
+        let inner = self.inner.take();
+        self.guard.run(|| {
+            drop(inner);
+            Ok(())
+        })?;
+        sums::record(self.meta.as_ref(), &self.dir)
     }
 
     fn io_stats(&self) -> MetaIoStats {
-        let (mut reads, mut hits, mut bytes_read) = (0u64, 0u64, 0u64);
-        for ks in [&self.lbn_map, &self.hash_index, &self.refcounts] {
-            let m = ks.metrics();
-            reads += m.block_load_io_count() as u64;
-            hits += m.block_load_cached_count() as u64;
-            bytes_read += m.block_io();
-        }
-        MetaIoStats {
-            reads,
+        let mut stats = MetaIoStats {
             writes: self.writes.load(Ordering::Relaxed),
             syncs: self.syncs.load(Ordering::Relaxed),
-            bytes_read,
             bytes_written: self.bytes_written.load(Ordering::Relaxed),
-            cache_hits: hits,
-            cache_misses: reads,
+            ..MetaIoStats::default()
+        };
+        if let Some(i) = self.inner.as_ref().filter(|_| !self.guard.is_poisoned()) {
+            for ks in [&i.lbn_map, &i.hash_index, &i.refcounts] {
+                let m = ks.metrics();
+                stats.reads += m.block_load_io_count() as u64;
+                stats.cache_hits += m.block_load_cached_count() as u64;
+                stats.bytes_read += m.block_io();
+            }
+            stats.cache_misses = stats.reads;
         }
+        stats
     }
 
     fn size_bytes(&self) -> u64 {
-        self.db.disk_space().unwrap_or(0)
+        self.inner
+            .as_ref()
+            .filter(|_| !self.guard.is_poisoned())
+            .and_then(|i| i.db.disk_space().ok())
+            .unwrap_or(0)
     }
+}
+
+/// Open fjall under a guard.
+fn open_store(dir: &Path, cache_bytes: u64, meta: Arc<dyn BlockFile>) -> Result<FjallStore> {
+    let mut guard = Guard::new(S);
+    let inner = guard.run(|| FjallInner::open(dir, cache_bytes))?;
+    Ok(FjallStore {
+        inner: Some(inner),
+        guard,
+        dir: dir.to_path_buf(),
+        meta,
+        writes: AtomicU64::new(0),
+        syncs: AtomicU64::new(0),
+        bytes_written: AtomicU64::new(0),
+    })
 }
 
 fn need_dir(dir: Option<&Path>) -> Result<&Path> {
@@ -244,7 +334,7 @@ fn need_dir(dir: Option<&Path>) -> Result<&Path> {
 
 pub fn format(
     cfg: &DeviceConfig,
-    meta: &dyn BlockFile,
+    meta: Arc<dyn BlockFile>,
     params: &BackendParams,
     dir: Option<&Path>,
 ) -> Result<()> {
@@ -258,12 +348,13 @@ pub fn format(
             path: dir.to_path_buf(),
         });
     }
-    let mut store = FjallStore::open(dir, params.cache_bytes)?;
+
+    let mut store = open_store(dir, params.cache_bytes, meta.clone())?;
     store.apply(&Changes::default(), &StoreState::default())?;
     store.close()?;
     let mut sb = Superblock::new(cfg.clone());
     sb.backend_area = params.encode();
-    sb.write(meta)
+    sb.write(meta.as_ref())
 }
 
 pub fn open(
@@ -279,13 +370,18 @@ pub fn open(
             "the lsm tables are missing (was the .lsm directory moved or deleted?)",
         ));
     }
+    let meta: Arc<dyn BlockFile> = Arc::from(meta);
+    if superblock.state == DeviceState::Clean {
+        // fjall may abort on some damaged files: check them first.
+        sums::verify(meta.as_ref(), &dir)?;
+    }
     let cache = opts.cache_bytes.unwrap_or(params.cache_bytes);
-    let store = FjallStore::open(&dir, cache)?;
+    let store = open_store(&dir, cache, meta.clone())?;
     let backend: Box<dyn MetadataBackend> = Box::new(KvBackend::open(
         NAME,
         store,
         superblock,
-        meta,
+        Box::new(meta),
         params.txn_writes,
         cache,
         opts.writable,
