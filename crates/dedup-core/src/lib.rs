@@ -14,6 +14,8 @@ pub mod control;
 pub mod engine;
 pub mod error;
 pub mod fingerprint;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod layout;
 pub mod lock;
 pub mod size;

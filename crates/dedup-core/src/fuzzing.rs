@@ -1,0 +1,48 @@
+//! Entry points for fuzzers (the cargo-fuzz targets in `fuzz/`, and the
+//! seeded mutation test that runs them in CI). Each takes arbitrary bytes
+//! and must never panic, whatever the bytes are.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::backends::OpenOptions;
+use crate::blockfile::sim::SimDisk;
+use crate::blockfile::{BlockFile, MemBlockFile};
+use crate::engine::Device;
+use crate::superblock::{encode_data_header, Superblock};
+
+/// Largest data device a fuzz input may ask for.
+const MAX_DATA: u64 = 64 << 20;
+
+/// Open `bytes` as a metadata device (with a data device made to match its
+/// superblock, when it has a readable one), then check it and read from it.
+pub fn open_metadata(bytes: &[u8]) {
+    let meta = Arc::new(SimDisk::from_image(bytes.to_vec(), "fuzz-meta", Arc::default()));
+    let Ok(sb) = Superblock::read(meta.as_ref(), Path::new("fuzz-meta")) else {
+        return;
+    };
+    let cfg = sb.config;
+    if cfg.data_device_len() > MAX_DATA || cfg.logical_size > MAX_DATA * 16 {
+        return;
+    }
+    let data = Arc::new(MemBlockFile::new(cfg.data_device_len(), "fuzz-data"));
+    if data.write_at(&encode_data_header(&cfg), 0).is_err() {
+        return;
+    }
+    let aux = std::env::temp_dir().join(format!("dedup-fuzz-{}.lsm", std::process::id()));
+    let opts = OpenOptions {
+        writable: true,
+        accept_unclean: true,
+        aux_dir: Some(aux),
+        ..Default::default()
+    };
+    let Ok(dev) = Device::open(Box::new(data) as Box<dyn BlockFile>, Box::new(meta), &opts, None) else {
+        return;
+    };
+    let _ = dev.check(true);
+    let mut buf = vec![0u8; 3 * cfg.chunk_size as usize];
+    let _ = dev.read(0, &mut buf);
+    let _ = dev.write(0, &buf, false);
+    let _ = dev.gc();
+    let _ = dev.close();
+}
