@@ -7,6 +7,8 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DEDUP=${DEDUP:-$ROOT/target/release/dedup}
+# The metadata backend the device-level tests create devices with.
+BACKEND=${BACKEND:-inram}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/dedup-e2e.XXXXXX")
 CLEANUPS=()
 

@@ -17,7 +17,11 @@ const MAX_DATA: u64 = 64 << 20;
 /// Open `bytes` as a metadata device (with a data device made to match its
 /// superblock, when it has a readable one), then check it and read from it.
 pub fn open_metadata(bytes: &[u8]) {
-    let meta = Arc::new(SimDisk::from_image(bytes.to_vec(), "fuzz-meta", Arc::default()));
+    let meta = Arc::new(SimDisk::from_image(
+        bytes.to_vec(),
+        "fuzz-meta",
+        Arc::default(),
+    ));
     let Ok(sb) = Superblock::read(meta.as_ref(), Path::new("fuzz-meta")) else {
         return;
     };
@@ -36,7 +40,12 @@ pub fn open_metadata(bytes: &[u8]) {
         aux_dir: Some(aux),
         ..Default::default()
     };
-    let Ok(dev) = Device::open(Box::new(data) as Box<dyn BlockFile>, Box::new(meta), &opts, None) else {
+    let Ok(dev) = Device::open(
+        Box::new(data) as Box<dyn BlockFile>,
+        Box::new(meta),
+        &opts,
+        None,
+    ) else {
         return;
     };
     let _ = dev.check(true);

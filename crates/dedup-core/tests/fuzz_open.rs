@@ -18,9 +18,20 @@ use rand::{Rng, SeedableRng};
 fn image(backend: &str) -> Vec<u8> {
     let cfg = common::config(backend, 4096, 32, 24, HashAlgo::Blake3, false);
     let data = Arc::new(MemBlockFile::new(cfg.data_device_len(), "data"));
-    let meta = Arc::new(SimDisk::new(backends::metadata_device_len(&cfg).unwrap(), "meta", Arc::default()));
+    let meta = Arc::new(SimDisk::new(
+        backends::metadata_device_len(&cfg).unwrap(),
+        "meta",
+        Arc::default(),
+    ));
     let aux = tempfile::tempdir().unwrap();
-    Device::format(&cfg, data.as_ref(), meta.clone(), &BackendParams::default(), Some(&aux.path().join("m.lsm"))).unwrap();
+    Device::format(
+        &cfg,
+        data.as_ref(),
+        meta.clone(),
+        &BackendParams::default(),
+        Some(&aux.path().join("m.lsm")),
+    )
+    .unwrap();
     let opts = dedup_core::OpenOptions {
         writable: true,
         aux_dir: Some(aux.path().join("m.lsm")),
@@ -29,7 +40,8 @@ fn image(backend: &str) -> Vec<u8> {
     let dev = Device::open(Box::new(data), Box::new(meta.clone()), &opts, None).unwrap();
     let p = common::Patterns::new(4, 4096);
     for lbn in 0..20 {
-        dev.write(lbn * 4096, p.chunk((lbn % 4) as usize), false).unwrap();
+        dev.write(lbn * 4096, p.chunk((lbn % 4) as usize), false)
+            .unwrap();
     }
     dev.close().unwrap();
     meta.contents()
@@ -37,7 +49,10 @@ fn image(backend: &str) -> Vec<u8> {
 
 #[test]
 fn opening_mutated_metadata_never_panics() {
-    let iterations: usize = std::env::var("DEDUP_FUZZ_ITERATIONS").ok().and_then(|s| s.parse().ok()).unwrap_or(400);
+    let iterations: usize = std::env::var("DEDUP_FUZZ_ITERATIONS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(400);
     let corpus = std::env::var_os("DEDUP_FUZZ_CORPUS");
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     for backend in ["inram", "disktable", "cowbtree"] {

@@ -7,6 +7,7 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use dedup_core::backends;
 use dedup_core::layout::{self, DevicePaths};
 use dedup_core::lock::DeviceLock;
 use dedup_core::size::format_size;
@@ -95,12 +96,20 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let (cfg, state) = layout::read_config(&paths)?;
     // Fail early, with our own words, on the two common refusals.
     drop(DeviceLock::acquire(&paths.meta)?);
-    if state == DeviceState::Open && !a.accept_unclean {
-        return Err(dedup_core::Error::Unclean {
-            path: paths.meta.clone(),
-            backend: cfg.backend.clone(),
+    if state == DeviceState::Open {
+        if !backends::crash_safe(&cfg.backend) && !a.accept_unclean {
+            return Err(dedup_core::Error::Unclean {
+                path: paths.meta.clone(),
+                backend: cfg.backend.clone(),
+            }
+            .into());
         }
-        .into());
+        if backends::crash_safe(&cfg.backend) {
+            eprintln!(
+                "dedup: the device was not shut down cleanly; the {} backend recovers on its own",
+                cfg.backend
+            );
+        }
     }
     let plugin = find_plugin(a.plugin)?;
     let nbdkit = find_program(&a.nbdkit)?;

@@ -113,6 +113,11 @@ pub fn check_name(name: &str) -> Result<()> {
     }
 }
 
+/// Whether a backend recovers on its own after a crash (all but INRAM).
+pub fn crash_safe(name: &str) -> bool {
+    name != inram::NAME
+}
+
 /// How much metadata device a backend needs at create time.
 #[derive(Clone, Copy, Debug)]
 pub struct MetaSpace {
