@@ -29,6 +29,7 @@ enum Command {
     Status(cmd::status::Args),
     Gc(cmd::gc::Args),
     Check(cmd::check::Args),
+    Bench(cmd::bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +48,7 @@ fn main() -> ExitCode {
         Command::Status(a) => cmd::status::run(a),
         Command::Gc(a) => cmd::gc::run(a),
         Command::Check(a) => cmd::check::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
     };
     match result {
         Ok(code) => code,

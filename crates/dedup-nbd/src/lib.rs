@@ -54,6 +54,24 @@ fn nbd_error(e: dedup_core::Error) -> Error {
     Error::new(e.errno(), e.to_string())
 }
 
+/// Run one request. A panic (a bug) fails that request with EIO instead of
+/// unwinding into nbdkit, which would abort the server and, for INRAM, lose
+/// every mapping made since the last clean stop.
+fn request<T>(what: &str, f: impl FnOnce() -> dedup_core::Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r.map_err(nbd_error),
+        Err(_) => {
+            tracing::error!(
+                "internal error during {what}; the request failed: stop the server and run `dedup check`"
+            );
+            Err(Error::new(
+                libc::EIO,
+                format!("internal error during {what}"),
+            ))
+        }
+    }
+}
+
 fn einval(msg: String) -> Error {
     Error::new(libc::EINVAL, msg)
 }
@@ -211,38 +229,37 @@ impl Server for DedupPlugin {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.device.read(offset, buf).map_err(nbd_error)
+        request("read", || self.device.read(offset, buf))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, flags: Flags) -> Result<()> {
-        self.device
-            .write(offset, buf, flags.contains(Flags::FUA))
-            .map_err(nbd_error)
+        request("write", || {
+            self.device.write(offset, buf, flags.contains(Flags::FUA))
+        })
     }
 
     fn trim(&self, count: u32, offset: u64, flags: Flags) -> Result<()> {
-        self.device
-            .discard(offset, count as u64, flags.contains(Flags::FUA))
-            .map_err(nbd_error)
+        request("trim", || {
+            self.device
+                .discard(offset, count as u64, flags.contains(Flags::FUA))
+        })
     }
 
     /// Zeroing is always fast here (zero chunks are unmapped, never
     /// written), so FAST_ZERO needs no special case.
     fn zero(&self, count: u32, offset: u64, flags: Flags) -> Result<()> {
-        self.device
-            .write_zeroes(offset, count as u64, flags.contains(Flags::FUA))
-            .map_err(nbd_error)
+        request("write zeroes", || {
+            self.device
+                .write_zeroes(offset, count as u64, flags.contains(Flags::FUA))
+        })
     }
 
     fn flush(&self) -> Result<()> {
-        self.device.flush().map_err(nbd_error)
+        request("flush", || self.device.flush())
     }
 
     fn extents(&self, count: u32, offset: u64, flags: Flags, h: &mut ExtentHandle) -> Result<()> {
-        let extents = self
-            .device
-            .extents(offset, count as u64)
-            .map_err(nbd_error)?;
+        let extents = request("block status", || self.device.extents(offset, count as u64))?;
         for e in extents {
             let kind = if e.mapped {
                 ExtentType::Allocated

@@ -1,8 +1,10 @@
 //! The subcommands, one file each, and what they share.
 
+pub mod bench;
 pub mod check;
 pub mod create;
 pub mod gc;
+pub mod nbdkit;
 pub mod serve;
 pub mod status;
 

@@ -2,20 +2,19 @@
 //! foreground, until SIGINT/SIGTERM; then nbdkit unloads the plugin, which
 //! saves the metadata and marks the device clean.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
-use std::time::{Duration, Instant};
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use dedup_core::backends;
 use dedup_core::layout::{self, DevicePaths};
 use dedup_core::lock::DeviceLock;
 use dedup_core::size::format_size;
 use dedup_core::superblock::DeviceState;
 
+use super::nbdkit::{find_plugin, find_program, Listen, Nbdkit};
 use super::EXIT_FAILURE;
-
-pub const PLUGIN_FILE: &str = "libdedup_nbd.so";
 const NBD_SOCKET_NAME: &str = "nbd.sock";
 const PID_FILE_NAME: &str = "nbdkit.pid";
 
@@ -54,42 +53,6 @@ pub struct Args {
     pub nbdkit: PathBuf,
 }
 
-fn find_plugin(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    if let Some(p) = explicit {
-        if !p.exists() {
-            bail!("the plugin {} does not exist", p.display());
-        }
-        return Ok(p);
-    }
-    let exe = std::env::current_exe().context("finding the dedup program's own path")?;
-    let dir = exe.parent().unwrap_or(Path::new("."));
-    let candidate = dir.join(PLUGIN_FILE);
-    if candidate.exists() {
-        return Ok(candidate);
-    }
-    bail!(
-        "cannot find the nbdkit plugin {PLUGIN_FILE} next to {}: build the whole workspace \
-         (`cargo build --release`) or pass --plugin PATH",
-        exe.display()
-    )
-}
-
-fn find_program(name: &Path) -> anyhow::Result<PathBuf> {
-    if name.components().count() > 1 {
-        return Ok(name.to_path_buf());
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-        .with_context(|| {
-            format!(
-                "{} is not installed (or not on PATH): install it, e.g. `apt-get install nbdkit`",
-                name.display()
-            )
-        })
-}
-
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let dir = std::path::absolute(&a.dir).context("resolving the device directory")?;
     let paths = DevicePaths::from_dir(&dir)?;
@@ -114,52 +77,31 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let plugin = find_plugin(a.plugin)?;
     let nbdkit = find_program(&a.nbdkit)?;
     let pidfile = dir.join(PID_FILE_NAME);
-    let _ = std::fs::remove_file(&pidfile);
     // Left by a server that was killed; readiness below waits for a new one.
     dedup_core::control::remove_stale_socket(&super::control_path(&dir))?;
-
-    let mut cmd = Command::new(&nbdkit);
-    cmd.arg("--foreground")
-        .arg("--exit-with-parent")
-        .arg("--pidfile")
-        .arg(&pidfile)
-        .arg("--threads")
-        .arg(a.threads.to_string());
-    let mut unix_socket = None;
-    let (uri, attach) = match a.port {
-        Some(port) => {
-            cmd.arg("--port")
-                .arg(port.to_string())
-                .arg("--ipaddr")
-                .arg(&a.bind);
-            let uri = format!("nbd://{}:{port}", a.bind);
-            let attach = format!("nbd-client {} {port} /dev/nbd0", a.bind);
-            (uri, attach)
-        }
-        None => {
-            let sock = match a.socket {
-                Some(s) => std::path::absolute(s).context("resolving --socket")?,
-                None => dir.join(NBD_SOCKET_NAME),
-            };
-            dedup_core::control::remove_stale_socket(&sock)?;
-            cmd.arg("--unix").arg(&sock);
-            unix_socket = Some(sock.clone());
-            let uri = format!("nbd+unix:///?socket={}", sock.display());
-            let attach = format!("nbd-client -unix {} /dev/nbd0", sock.display());
-            (uri, attach)
-        }
+    let listen = match (a.port, a.socket) {
+        (Some(port), _) => Listen::Tcp {
+            bind: a.bind.clone(),
+            port,
+        },
+        (None, Some(s)) => Listen::Unix(std::path::absolute(s).context("resolving --socket")?),
+        (None, None) => Listen::Unix(dir.join(NBD_SOCKET_NAME)),
     };
-    cmd.arg(&plugin).arg(format!("dir={}", dir.display()));
+    let uri = listen.uri();
+    let attach = match &listen {
+        Listen::Unix(sock) => format!("nbd-client -unix {} /dev/nbd0", sock.display()),
+        Listen::Tcp { bind, port } => format!("nbd-client {bind} {port} /dev/nbd0"),
+    };
+    let mut plugin_args: Vec<OsString> =
+        vec![plugin.into(), format!("dir={}", dir.display()).into()];
     if a.accept_unclean {
-        cmd.arg("accept_unclean=true");
+        plugin_args.push("accept_unclean=true".into());
     }
     if let Some(cache) = a.cache {
-        cmd.arg(format!("cache={cache}"));
+        plugin_args.push(format!("cache={cache}").into());
     }
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("starting {}", nbdkit.display()))?;
-    let pid = child.id() as libc::pid_t;
+    let mut server = Nbdkit::spawn(&nbdkit, &listen, &pidfile, a.threads, &plugin_args)?;
+    let pid = server.pid();
 
     let mut signals =
         signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM, libc::SIGHUP])
@@ -172,23 +114,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         }
     });
 
-    // Opening loads the metadata (and, with --accept-unclean, re-hashes every
-    // stored chunk), which takes as long as it takes on a big device: wait
-    // for as long as nbdkit lives, saying so now and then.
-    let started = Instant::now();
     let control = super::control_path(&dir);
-    let mut told = Duration::ZERO;
-    while !(pidfile.exists() && control.exists()) {
-        if let Some(status) = child.try_wait()? {
-            forwarder.close();
-            eprintln!("dedup: nbdkit stopped before serving ({status}); see its message above");
-            return Ok(ExitCode::from(EXIT_FAILURE));
-        }
-        if started.elapsed() >= told + Duration::from_secs(10) {
-            told = started.elapsed();
-            eprintln!("dedup: still opening the device ({} s)...", told.as_secs());
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    if let Some(status) = server.wait_ready(|| control.exists())? {
+        forwarder.close();
+        eprintln!("dedup: nbdkit stopped before serving ({status}); see its message above");
+        return Ok(ExitCode::from(EXIT_FAILURE));
     }
     println!(
         "dedup: serving {} ({} logical, {} backend, {} chunks) at {uri}",
@@ -210,12 +140,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         dir.display()
     );
 
-    let status = child.wait().context("waiting for nbdkit")?;
+    let status = server.wait()?;
     forwarder.close();
-    let _ = std::fs::remove_file(&pidfile);
-    if let Some(sock) = unix_socket {
-        let _ = std::fs::remove_file(sock);
-    }
     match layout::read_config(&paths) {
         Ok((_, DeviceState::Clean)) => eprintln!("dedup: stopped; metadata saved cleanly"),
         Ok((_, DeviceState::Open)) => eprintln!(

@@ -33,7 +33,7 @@ pub struct BackendParams {
     pub txn_writes: u64,
 }
 
-pub const MIN_CACHE_BYTES: u64 = 1 << 20;
+pub const MIN_CACHE_BYTES: u64 = 256 << 10;
 
 impl Default for BackendParams {
     fn default() -> Self {
@@ -50,7 +50,7 @@ impl BackendParams {
     pub fn validate(&self) -> Result<()> {
         if self.cache_bytes < MIN_CACHE_BYTES {
             return Err(Error::InvalidArgument(format!(
-                "a metadata cache of {} bytes is too small: give at least 1M (e.g. --cache 64M)",
+                "a metadata cache of {} bytes is too small: give at least 256K (e.g. --cache 64M)",
                 self.cache_bytes
             )));
         }
@@ -111,6 +111,13 @@ pub fn check_name(name: &str) -> Result<()> {
             NAMES.join(", ")
         )))
     }
+}
+
+/// The metadata size benchmarks scale caches by (as Dmdedup §4.1 does):
+/// one LBN map entry (8 bytes) per logical chunk, and per physical chunk a
+/// reference count (4 bytes) and a hash table slot (40 bytes, 10 % spare).
+pub fn metadata_reference_bytes(cfg: &DeviceConfig) -> u64 {
+    cfg.logical_chunks() * 8 + cfg.physical_chunks * (4 + 44)
 }
 
 /// Whether a backend recovers on its own after a crash (all but INRAM).

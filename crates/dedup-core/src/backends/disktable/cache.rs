@@ -65,8 +65,11 @@ impl Cache {
         Ok(b)
     }
 
-    fn evict(&mut self) {
-        while self.clean.len() + self.dirty.len() > self.capacity {
+    /// Evict least recently used clean blocks until `room` more blocks fit.
+    /// Dirty blocks are never evicted: with the cache full of them it grows
+    /// past its capacity until the commit the backend is asking for.
+    fn evict(&mut self, room: usize) {
+        while self.clean.len() + self.dirty.len() + room > self.capacity {
             if self.clean.pop_lru().is_none() {
                 break;
             }
@@ -85,9 +88,8 @@ impl Cache {
         }
         self.io.cache_misses += 1;
         let b = self.read_home(block_no)?;
+        self.evict(1);
         self.clean.put(block_no, b);
-        self.evict();
-        // Eviction takes the least recently used block, never the one just read.
         Ok(self.clean.get(&block_no).expect("just inserted"))
     }
 
@@ -104,8 +106,8 @@ impl Cache {
                     self.read_home(block_no)?
                 }
             };
+            self.evict(1);
             self.dirty.insert(block_no, b);
-            self.evict();
         } else {
             self.io.cache_hits += 1;
         }
@@ -132,6 +134,6 @@ impl Cache {
         for (n, b) in std::mem::take(&mut self.dirty) {
             self.clean.put(n, b);
         }
-        self.evict();
+        self.evict(0);
     }
 }

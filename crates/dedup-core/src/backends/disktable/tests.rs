@@ -230,3 +230,20 @@ fn power_cuts_leave_exactly_a_committed_state() {
         }
     }
 }
+
+#[test]
+fn more_dirty_blocks_than_the_cache_holds_between_commits() {
+    let meta = formatted(Arc::default());
+    let mut t = open_tiny(meta.clone()).unwrap();
+    let mut m = Model::default();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+    // No commit for a long while: the dirty set outgrows the 64-block cache,
+    // and reads of other blocks must still work.
+    for _ in 0..400 {
+        step(&mut t, &mut m, &mut rng).unwrap();
+    }
+    assert!(t.cache.dirty_count() > t.cache.capacity_blocks());
+    assert_matches(&mut t, &m, "with the cache over-full");
+    t.commit().unwrap();
+    assert_matches(&mut t, &m, "after the commit");
+}

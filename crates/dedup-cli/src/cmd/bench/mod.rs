@@ -1,0 +1,295 @@
+//! `dedup bench`: micro-workloads (Dmdedup §4.2.1) against the raw device
+//! and dedup devices, all in one run, the systems alternating so drift hits
+//! all alike; medians, spreads and ratios to the raw baseline; a table,
+//! JSON, and an SVG chart.
+
+mod fio;
+mod plot;
+mod report;
+mod systems;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use super::nbdkit::{find_plugin, find_program};
+use super::{print_json, size_arg};
+use fio::{Dataset, Measured, Pattern, Phase};
+use systems::{System, Tools};
+
+#[derive(clap::Args)]
+#[command(
+    about = "Benchmark dedup backends against the raw device (fio over NBD), side by side",
+    after_help = "Examples:\n  dedup bench --runtime 5\n  dedup bench --systems raw,inram,disktable --cache 1,25,100 --patterns rand4k\n  dedup bench --preset dmdedup --plot backends.svg --out backends.json\n\nNeeds nbdkit and fio. Devices are created fresh for each run in --dir and removed after."
+)]
+pub struct Args {
+    /// Systems: raw (nbdkit's file plugin on the same storage) and backends.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "raw,inram,disktable,cowbtree,lsm"
+    )]
+    pub systems: Vec<String>,
+    /// Metadata cache sizes for disktable, cowbtree and lsm, in percent of
+    /// the metadata size (8 B per logical chunk + 48 B per physical chunk).
+    #[arg(long, value_delimiter = ',', default_value = "25")]
+    pub cache: Vec<f64>,
+    /// cowbtree writes per transaction: 1 = every write, 0 = unlimited.
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    pub txn: Vec<u64>,
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_enum,
+        default_value = "unique,alldup"
+    )]
+    pub datasets: Vec<Dataset>,
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_enum,
+        default_value = "seq640k,rand4k"
+    )]
+    pub patterns: Vec<Pattern>,
+    /// Device size (logical = physical).
+    #[arg(long, value_parser = size_arg, default_value = "4G")]
+    pub size: u64,
+    /// Each run writes the whole device once (as Dmdedup's), or stops after
+    /// this many seconds.
+    #[arg(long, default_value_t = 30)]
+    pub runtime: u64,
+    /// Repetitions of the whole matrix (medians and spreads over them).
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
+    #[arg(long, default_value_t = 16)]
+    pub iodepth: u32,
+    #[arg(long, default_value_t = 1)]
+    pub jobs: u32,
+    /// Send a FLUSH every N writes (0: only what the backend does itself).
+    #[arg(long, default_value_t = 0)]
+    pub flush_every: u32,
+    /// After each write run, read back what it wrote.
+    #[arg(long)]
+    pub read: bool,
+    /// The Dmdedup §4.2.1 matrix: raw, inram, disktable and cowbtree at
+    /// caches of 1, 25 and 100 %, cowbtree at 1, 1000 and unlimited writes
+    /// per transaction, lsm at 25 %; both datasets and both patterns.
+    #[arg(long, value_parser = ["dmdedup"])]
+    pub preset: Option<String>,
+    /// Where to create the devices (default: a new directory under /var/tmp).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// nbdkit worker threads.
+    #[arg(long, default_value_t = 16)]
+    pub threads: u32,
+    #[arg(long, env = "DEDUP_PLUGIN")]
+    pub plugin: Option<PathBuf>,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Write an SVG chart of throughput per system.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Save every run and the summary as JSON.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// One run of one system.
+#[derive(Clone, Debug, Serialize)]
+pub struct Run {
+    pub system: String,
+    pub dataset: Dataset,
+    pub pattern: Pattern,
+    pub phase: Phase,
+    pub repetition: u32,
+    #[serde(flatten)]
+    pub io: Measured,
+    pub server_cpu_seconds: f64,
+    pub dedup_ratio: Option<f64>,
+    pub io_dedup_ratio: Option<f64>,
+    pub metadata_reads: Option<u64>,
+    pub metadata_writes: Option<u64>,
+    pub metadata_syncs: Option<u64>,
+    pub metadata_bytes_written: Option<u64>,
+}
+
+fn expand(a: &Args) -> Vec<System> {
+    let (systems, caches, txns): (Vec<String>, Vec<f64>, Vec<u64>) = match a.preset.as_deref() {
+        Some(_) => (
+            ["raw", "inram", "disktable", "cowbtree", "lsm"]
+                .map(String::from)
+                .to_vec(),
+            vec![1.0, 25.0, 100.0],
+            vec![1, 1000, 0],
+        ),
+        None => (a.systems.clone(), a.cache.clone(), a.txn.clone()),
+    };
+    let mut out = Vec::new();
+    for s in &systems {
+        match s.as_str() {
+            "raw" => out.push(System::raw()),
+            "inram" => out.push(System::dedup("inram", None, None)),
+            "disktable" => out.extend(
+                caches
+                    .iter()
+                    .map(|&c| System::dedup("disktable", Some(c), None)),
+            ),
+            "cowbtree" => {
+                for &c in &caches {
+                    out.extend(
+                        txns.iter()
+                            .map(|&t| System::dedup("cowbtree", Some(c), Some(t))),
+                    );
+                }
+            }
+            "lsm" if a.preset.is_some() => out.push(System::dedup("lsm", Some(25.0), None)),
+            "lsm" => out.extend(caches.iter().map(|&c| System::dedup("lsm", Some(c), None))),
+            _ => {}
+        }
+    }
+    out
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    for s in &a.systems {
+        if s != "raw" {
+            dedup_core::backends::check_name(s)?;
+        }
+    }
+    let systems = expand(&a);
+    let (datasets, patterns) = match a.preset {
+        Some(_) => (
+            vec![Dataset::Unique, Dataset::Alldup],
+            vec![Pattern::Seq640k, Pattern::Rand4k],
+        ),
+        None => (a.datasets.clone(), a.patterns.clone()),
+    };
+    let tools = Tools {
+        nbdkit: find_program(std::path::Path::new("nbdkit"))?,
+        plugin: find_plugin(a.plugin.clone())?,
+        threads: a.threads,
+    };
+    let fio =
+        find_program(std::path::Path::new("fio")).context("fio is needed: apt-get install fio")?;
+    let workdir = match &a.dir {
+        Some(d) => d.clone(),
+        None => tempfile::Builder::new()
+            .prefix("dedup-bench-")
+            .tempdir_in("/var/tmp")
+            .context("creating a work directory in /var/tmp")?
+            .keep(),
+    };
+    std::fs::create_dir_all(&workdir)?;
+    let total = systems.len() * datasets.len() * patterns.len() * a.repeat as usize;
+    let bar = indicatif::ProgressBar::new(total as u64).with_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg:40} [{bar:30}] {pos}/{len} runs, {eta} left",
+        )?
+        .progress_chars("=> "),
+    );
+    let mut runs = Vec::new();
+    for rep in 0..a.repeat {
+        for &dataset in &datasets {
+            for &pattern in &patterns {
+                // Alternate the order so slow drift of the machine hits all systems alike.
+                let order: Vec<&System> = if rep % 2 == 0 {
+                    systems.iter().collect()
+                } else {
+                    systems.iter().rev().collect()
+                };
+                for system in order {
+                    bar.set_message(format!("{} {:?} {:?}", system.label, dataset, pattern));
+                    runs.extend(one(
+                        &a, &fio, &tools, &workdir, system, dataset, pattern, rep,
+                    )?);
+                    bar.inc(1);
+                }
+            }
+        }
+    }
+    bar.finish_and_clear();
+    let _ = std::fs::remove_dir(&workdir);
+    let summary = report::summarize(&systems, &runs);
+    if let Some(path) = &a.out {
+        let all = serde_json::json!({ "runs": runs, "summary": summary });
+        std::fs::write(path, serde_json::to_string_pretty(&all)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &a.plot {
+        plot::draw(path, &summary)?;
+    }
+    if a.json {
+        print_json(&summary)?;
+    } else {
+        print!("{}", report::table(&summary, &a));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn one(
+    a: &Args,
+    fio_bin: &std::path::Path,
+    tools: &Tools,
+    workdir: &std::path::Path,
+    system: &System,
+    dataset: Dataset,
+    pattern: Pattern,
+    rep: u32,
+) -> anyhow::Result<Vec<Run>> {
+    let running = systems::start(system, workdir, a.size, tools)?;
+    let result = (|| -> anyhow::Result<Vec<Run>> {
+        let mut out = Vec::new();
+        let mut span = a.size;
+        let phases: &[Phase] = if a.read {
+            &[Phase::Write, Phase::Read]
+        } else {
+            &[Phase::Write]
+        };
+        for &phase in phases {
+            let cpu_before = running.cpu_seconds();
+            let job = fio::Job {
+                uri: &running.uri,
+                dataset,
+                pattern,
+                phase,
+                span,
+                runtime_s: a.runtime,
+                iodepth: a.iodepth,
+                jobs: a.jobs,
+                flush_every: a.flush_every,
+            };
+            let io = fio::run(fio_bin, &job, &workdir.join("fio.json"))?;
+            if phase == Phase::Write {
+                // Read back only what was written (never-written space reads
+                // as zeros without I/O on a dedup device).
+                let written = io.bytes.min(a.size);
+                span = (written.max(1 << 20) / (1 << 20)) * (1 << 20);
+            }
+            let stats = running.stats()?;
+            out.push(Run {
+                system: system.label.clone(),
+                dataset,
+                pattern,
+                phase,
+                repetition: rep,
+                io,
+                server_cpu_seconds: running.cpu_seconds() - cpu_before,
+                dedup_ratio: stats.as_ref().map(|s| s.dedup_ratio),
+                io_dedup_ratio: stats.as_ref().map(|s| s.io_dedup_ratio),
+                metadata_reads: stats.as_ref().map(|s| s.metadata_io.reads),
+                metadata_writes: stats.as_ref().map(|s| s.metadata_io.writes),
+                metadata_syncs: stats.as_ref().map(|s| s.metadata_io.syncs),
+                metadata_bytes_written: stats.as_ref().map(|s| s.metadata_io.bytes_written),
+            });
+        }
+        Ok(out)
+    })();
+    let finished = running.finish();
+    let runs = result?;
+    finished?;
+    Ok(runs)
+}
