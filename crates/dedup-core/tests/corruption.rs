@@ -11,67 +11,19 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use dedup_core::backends::{self, BackendParams, OpenOptions};
+use dedup_core::backends::OpenOptions;
 use dedup_core::blockfile::sim::SimDisk;
 use dedup_core::blockfile::{BlockFile, MemBlockFile};
 use dedup_core::fingerprint::HashAlgo;
 use dedup_core::{Device, Error};
 use rand::{Rng, SeedableRng};
 
-const CS: usize = 4096;
 const CHUNKS: u64 = 48;
-
-struct Built {
-    data: Vec<u8>,
-    meta: Vec<u8>,
-    aux: tempfile::TempDir,
-    contents: Vec<u8>,
-}
-
-fn lsm_dir(aux: &Path) -> PathBuf {
-    aux.join("meta.lsm")
-}
-
-fn build(backend: &str) -> Built {
-    let cfg = common::config(backend, CS as u32, CHUNKS, CHUNKS, HashAlgo::Sha256, false);
-    let data = Arc::new(MemBlockFile::new(cfg.data_device_len(), "data"));
-    let meta = Arc::new(SimDisk::new(
-        backends::metadata_device_len(&cfg).unwrap(),
-        "meta",
-        Arc::default(),
-    ));
-    let aux = tempfile::tempdir().unwrap();
-    Device::format(
-        &cfg,
-        data.as_ref(),
-        meta.clone(),
-        &BackendParams::default(),
-        Some(&lsm_dir(aux.path())),
-    )
-    .unwrap();
-    let dev = open(data.clone(), meta.clone(), aux.path()).unwrap();
-    let p = common::Patterns::new(5, CS);
-    for lbn in 0..CHUNKS - 8 {
-        dev.write(lbn * CS as u64, p.chunk((lbn % 5) as usize), false)
-            .unwrap();
-    }
-    dev.write(3 * CS as u64 + 100, &p.bytes(2, 0, 5000), false)
-        .unwrap();
-    let contents = common::read_all(&dev);
-    dev.close().unwrap();
-    drop(dev);
-    Built {
-        data: data.snapshot(),
-        meta: meta.contents(),
-        aux,
-        contents,
-    }
-}
 
 fn open(data: Arc<MemBlockFile>, meta: Arc<SimDisk>, aux: &Path) -> dedup_core::Result<Device> {
     let opts = OpenOptions {
         writable: true,
-        aux_dir: Some(lsm_dir(aux)),
+        aux_dir: Some(common::lsm_dir(aux)),
         ..Default::default()
     };
     Device::open(
@@ -90,7 +42,7 @@ struct Tally {
 }
 
 /// Open damaged metadata and classify the outcome; panics on a violation.
-fn try_damaged(built: &Built, meta: Vec<u8>, aux: &Path, what: &str, tally: &mut Tally) {
+fn try_damaged(built: &common::Image, meta: Vec<u8>, aux: &Path, what: &str, tally: &mut Tally) {
     let data = Arc::new(MemBlockFile::from_bytes(built.data.clone(), "data"));
     let meta = Arc::new(SimDisk::from_image(meta, "meta", Arc::default()));
     let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<(), Error> {
@@ -144,7 +96,7 @@ fn files(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 fn corruption_suite(backend: &str) {
-    let built = build(backend);
+    let built = common::image(backend, CHUNKS, CHUNKS, HashAlgo::Sha256);
     let mut rng = rand::rngs::StdRng::seed_from_u64(0xc0ffee);
     let mut tally = Tally::default();
     let len = built.meta.len();

@@ -196,17 +196,6 @@ fn run(dev: &Device, ops: &[Op], patterns: &Patterns, exp: &mut Expect) -> bool 
     false
 }
 
-fn splitmix(seed: u64) -> impl FnMut() -> u64 {
-    let mut s = seed;
-    move || {
-        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
 /// One crash: cut the power at I/O `cut`, crash, reopen, verify.
 fn crash_once(backend: &str, seed: u64, cut: u64, txn_writes: u64) {
     let at = format!("backend {backend}, seed {seed}, cut {cut} (replay: DEDUP_CRASH_ONLY={backend}:{seed}:{cut})");
@@ -221,7 +210,8 @@ fn crash_once(backend: &str, seed: u64, cut: u64, txn_writes: u64) {
         power.cut();
         // Dropped with the power off: nothing more reaches the disks.
     }
-    let mut rng = splitmix(seed ^ cut.rotate_left(32));
+    let mut images = rand::rngs::StdRng::seed_from_u64(seed ^ cut.rotate_left(32));
+    let mut rng = || images.random::<u64>();
     let tear = cut % 2 == 0;
     let data = Arc::new(SimDisk::from_image(
         disks.data.crash_image(&mut rng, tear),

@@ -6,46 +6,9 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use dedup_core::backends::{self, BackendParams};
-use dedup_core::blockfile::sim::SimDisk;
-use dedup_core::blockfile::MemBlockFile;
 use dedup_core::fingerprint::HashAlgo;
-use dedup_core::{fuzzing, Device};
+use dedup_core::fuzzing;
 use rand::{Rng, SeedableRng};
-
-fn image(backend: &str) -> Vec<u8> {
-    let cfg = common::config(backend, 4096, 32, 24, HashAlgo::Blake3, false);
-    let data = Arc::new(MemBlockFile::new(cfg.data_device_len(), "data"));
-    let meta = Arc::new(SimDisk::new(
-        backends::metadata_device_len(&cfg).unwrap(),
-        "meta",
-        Arc::default(),
-    ));
-    let aux = tempfile::tempdir().unwrap();
-    Device::format(
-        &cfg,
-        data.as_ref(),
-        meta.clone(),
-        &BackendParams::default(),
-        Some(&aux.path().join("m.lsm")),
-    )
-    .unwrap();
-    let opts = dedup_core::OpenOptions {
-        writable: true,
-        aux_dir: Some(aux.path().join("m.lsm")),
-        ..Default::default()
-    };
-    let dev = Device::open(Box::new(data), Box::new(meta.clone()), &opts, None).unwrap();
-    let p = common::Patterns::new(4, 4096);
-    for lbn in 0..20 {
-        dev.write(lbn * 4096, p.chunk((lbn % 4) as usize), false)
-            .unwrap();
-    }
-    dev.close().unwrap();
-    meta.contents()
-}
 
 #[test]
 fn opening_mutated_metadata_never_panics() {
@@ -56,7 +19,7 @@ fn opening_mutated_metadata_never_panics() {
     let corpus = std::env::var_os("DEDUP_FUZZ_CORPUS");
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     for backend in ["inram", "disktable", "cowbtree"] {
-        let base = image(backend);
+        let base = common::image(backend, 32, 24, HashAlgo::Blake3).meta;
         if let Some(dir) = &corpus {
             std::fs::create_dir_all(dir).unwrap();
             std::fs::write(std::path::Path::new(dir).join(backend), &base).unwrap();

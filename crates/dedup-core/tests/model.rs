@@ -317,7 +317,7 @@ proptest! {
         let cs = setup.chunk_size as u64;
         let size = LOGICAL_CHUNKS * cs;
         let cfg = common::config(setup.backend, setup.chunk_size, LOGICAL_CHUNKS, setup.physical_chunks, setup.hash, setup.verify);
-        let params = BackendParams { txn_writes: setup.txn_writes, ..BackendParams::default() };
+        let params = BackendParams { txn_writes: setup.txn_writes, cache_bytes: 1 << 20 };
         let md = MemDevice::format(cfg, &params);
         let dev = md.open().unwrap();
         let crash_safe = setup.backend != "inram";

@@ -56,7 +56,7 @@ impl MemDevice {
         let data = Arc::new(MemBlockFile::new(cfg.data_device_len(), "data"));
         let meta_len = backends::metadata_device_len(&cfg).unwrap();
         let meta = Arc::new(SimDisk::new(meta_len, "meta", Arc::default()));
-        let aux = tempfile::tempdir().unwrap();
+        let aux = scratch_dir();
         let lsm = aux.path().join("meta.lsm");
         Device::format(&cfg, data.as_ref(), meta.clone(), params, Some(&lsm)).unwrap();
         MemDevice {
@@ -267,4 +267,75 @@ pub fn assert_consistent(dev: &Device) {
         "check found problems: {:#?}",
         report.problems
     );
+}
+
+/// A device written with some duplicate-rich data and closed cleanly, as
+/// bytes: the raw material of corruption and fuzz tests.
+pub struct Image {
+    pub data: Vec<u8>,
+    pub meta: Vec<u8>,
+    /// Holds lsm's files (`lsm_dir`).
+    pub aux: tempfile::TempDir,
+    /// What the device reads back.
+    pub contents: Vec<u8>,
+}
+
+pub fn lsm_dir(aux: &std::path::Path) -> std::path::PathBuf {
+    aux.join("meta.lsm")
+}
+
+pub fn image(backend: &str, logical_chunks: u64, physical_chunks: u64, hash: HashAlgo) -> Image {
+    let cfg = config(backend, 4096, logical_chunks, physical_chunks, hash, false);
+    let data = Arc::new(MemBlockFile::new(cfg.data_device_len(), "data"));
+    let meta = Arc::new(SimDisk::new(
+        backends::metadata_device_len(&cfg).unwrap(),
+        "meta",
+        Arc::default(),
+    ));
+    let aux = scratch_dir();
+    Device::format(
+        &cfg,
+        data.as_ref(),
+        meta.clone(),
+        &BackendParams::default(),
+        Some(&lsm_dir(aux.path())),
+    )
+    .unwrap();
+    let opts = OpenOptions {
+        writable: true,
+        aux_dir: Some(lsm_dir(aux.path())),
+        ..Default::default()
+    };
+    let dev = Device::open(
+        Box::new(data.clone()) as Box<dyn BlockFile>,
+        Box::new(meta.clone()),
+        &opts,
+        None,
+    )
+    .unwrap();
+    let p = Patterns::new(5, 4096);
+    for lbn in 0..logical_chunks - logical_chunks / 6 {
+        dev.write(lbn * 4096, p.chunk((lbn % 5) as usize), false)
+            .unwrap();
+    }
+    dev.write(3 * 4096 + 100, &p.bytes(2, 0, 5000), false)
+        .unwrap();
+    let contents = read_all(&dev);
+    dev.close().unwrap();
+    drop(dev);
+    Image {
+        data: data.snapshot(),
+        meta: meta.contents(),
+        aux,
+        contents,
+    }
+}
+
+/// A scratch directory for lsm's files: in RAM when the machine has
+/// /dev/shm (these are the simulated disks' companions, not a durability
+/// test), which keeps fjall's syncs from dominating the test's time.
+pub fn scratch_dir() -> tempfile::TempDir {
+    tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .unwrap()
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use redb::{Database, ReadOnlyTable, ReadableDatabase, TableDefinition};
 
 use crate::backend::{MetaIoStats, MetadataBackend};
-use crate::backends::kv::guard::Guard;
+use crate::backends::kv::guard::Guarded;
 use crate::backends::kv::store::{check_entry, entry_crc, Changes, KvStore, StoreState, Table};
 use crate::backends::kv::KvBackend;
 use crate::backends::{BackendParams, OpenOptions, Opened};
@@ -70,10 +70,9 @@ struct Snapshot {
     state: ReadOnlyTable<&'static str, &'static [u8]>,
 }
 
-/// The engine, behind a `Guard` (see `kv/guard.rs`).
+/// The engine, behind a guard (see `kv/guard.rs`).
 pub struct RedbStore {
-    inner: Option<RedbInner>,
-    guard: Guard,
+    engine: Guarded<RedbInner>,
     io: Arc<IoCounters>,
     file: Arc<dyn BlockFile>,
 }
@@ -88,22 +87,6 @@ fn build(cache_bytes: u64, region: Region) -> Result<Database> {
         .set_cache_size(cache_bytes as usize)
         .create_with_backend(region)
         .map_err(db_err)
-}
-
-impl Drop for RedbStore {
-    fn drop(&mut self) {
-        self.guard.drop_engine(self.inner.take());
-    }
-}
-
-impl RedbStore {
-    fn with<T>(&mut self, f: impl FnOnce(&mut RedbInner) -> Result<T>) -> Result<T> {
-        let RedbStore { inner, guard, .. } = self;
-        let inner = inner
-            .as_mut()
-            .ok_or_else(|| Error::corrupt(S, "the B-tree is closed"))?;
-        guard.run(|| f(inner))
-    }
 }
 
 impl RedbInner {
@@ -226,21 +209,21 @@ impl RedbInner {
 
 impl KvStore for RedbStore {
     fn get_lbn(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
-        self.with(|i| {
+        self.engine.with(|i| {
             let v = i.snapshot()?.lbn_map.get(lbn).map_err(db_err)?;
             v.map(|v| lbn_value(lbn, v.value())).transpose()
         })
     }
 
     fn get_hash(&mut self, fp: &Fingerprint) -> Result<Option<Pbn>> {
-        self.with(|i| {
+        self.engine.with(|i| {
             let v = i.snapshot()?.hash_index.get(fp.0).map_err(db_err)?;
             v.map(|v| hash_value(&fp.0, v.value())).transpose()
         })
     }
 
     fn get_refcount(&mut self, pbn: Pbn) -> Result<u32> {
-        self.with(|i| {
+        self.engine.with(|i| {
             let v = i.snapshot()?.refcounts.get(pbn).map_err(db_err)?;
             v.map_or(Ok(0), |v| ref_value(pbn, v.value()))
         })
@@ -252,7 +235,7 @@ impl KvStore for RedbStore {
         max: usize,
         out: &mut Vec<(Lbn, Pbn)>,
     ) -> Result<()> {
-        self.with(|i| i.scan_lbn(after, max, out))
+        self.engine.with(|i| i.scan_lbn(after, max, out))
     }
 
     fn scan_hash(
@@ -261,23 +244,23 @@ impl KvStore for RedbStore {
         max: usize,
         out: &mut Vec<(Fingerprint, Pbn)>,
     ) -> Result<()> {
-        self.with(|i| i.scan_hash(after, max, out))
+        self.engine.with(|i| i.scan_hash(after, max, out))
     }
 
     fn for_each_refcount(&mut self, f: &mut dyn FnMut(Pbn, u32) -> Result<()>) -> Result<()> {
-        self.with(|i| i.for_each_refcount(f))
+        self.engine.with(|i| i.for_each_refcount(f))
     }
 
     fn state(&mut self) -> Result<StoreState> {
-        self.with(|i| i.state())
+        self.engine.with(|i| i.state())
     }
 
     fn apply(&mut self, changes: &Changes, state: &StoreState) -> Result<()> {
-        self.with(|i| i.apply(changes, state))
+        self.engine.with(|i| i.apply(changes, state))
     }
 
     fn close(&mut self) -> Result<()> {
-        self.with(|i| {
+        self.engine.with(|i| {
             i.snap = None;
             Ok(())
         })
@@ -285,7 +268,7 @@ impl KvStore for RedbStore {
 
     fn io_stats(&self) -> MetaIoStats {
         let mut stats = self.io.snapshot();
-        if let Some(inner) = self.inner.as_ref().filter(|_| !self.guard.is_poisoned()) {
+        if let Some(inner) = self.engine.peek() {
             let cache = inner.db.cache_stats();
             stats.cache_hits = cache.read_hits() + cache.write_hits();
             stats.cache_misses = cache.read_misses() + cache.write_misses();
@@ -344,11 +327,14 @@ pub fn open(
             "the B-tree was never created (interrupted `dedup create`?)",
         ));
     }
-    let mut guard = Guard::new(S);
-    let db = guard.run(|| build(cache, region))?;
+    let engine = Guarded::open(S, || {
+        Ok(RedbInner {
+            db: build(cache, region)?,
+            snap: None,
+        })
+    })?;
     let store = RedbStore {
-        inner: Some(RedbInner { db, snap: None }),
-        guard,
+        engine,
         io,
         file: file.clone(),
     };

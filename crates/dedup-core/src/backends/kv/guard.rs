@@ -71,6 +71,52 @@ impl Guard {
     }
 }
 
+/// An engine that is only ever used under its `Guard`.
+pub struct Guarded<T> {
+    engine: Option<T>,
+    guard: Guard,
+}
+
+impl<T> Guarded<T> {
+    /// Build the engine under a guard of its own.
+    pub fn open(structure: &'static str, build: impl FnOnce() -> Result<T>) -> Result<Guarded<T>> {
+        let mut guard = Guard::new(structure);
+        let engine = guard.run(build)?;
+        Ok(Guarded {
+            engine: Some(engine),
+            guard,
+        })
+    }
+
+    pub fn with<R>(&mut self, f: impl FnOnce(&mut T) -> Result<R>) -> Result<R> {
+        let Guarded { engine, guard } = self;
+        match engine.as_mut() {
+            Some(e) => guard.run(|| f(e)),
+            None => Err(Error::corrupt(
+                guard.structure,
+                "the storage engine is closed",
+            )),
+        }
+    }
+
+    /// The engine, for read-only peeks (statistics); None once poisoned or closed.
+    pub fn peek(&self) -> Option<&T> {
+        self.engine.as_ref().filter(|_| !self.guard.is_poisoned())
+    }
+
+    /// Shut the engine down now (guarded), e.g. so its files stop changing.
+    pub fn close(&mut self) {
+        let engine = self.engine.take();
+        self.guard.drop_engine(engine);
+    }
+}
+
+impl<T> Drop for Guarded<T> {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

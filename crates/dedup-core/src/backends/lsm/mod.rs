@@ -16,7 +16,7 @@ use std::sync::Arc;
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 
 use crate::backend::{MetaIoStats, MetadataBackend};
-use crate::backends::kv::guard::Guard;
+use crate::backends::kv::guard::Guarded;
 use crate::backends::kv::store::{check_entry, entry_crc, Changes, KvStore, StoreState, Table};
 use crate::backends::kv::KvBackend;
 use crate::backends::{BackendParams, OpenOptions, Opened};
@@ -37,10 +37,9 @@ fn db_err(e: fjall::Error) -> Error {
     }
 }
 
-/// The engine, behind a `Guard` (see `kv/guard.rs`).
+/// The engine, behind a guard (see `kv/guard.rs`).
 pub struct FjallStore {
-    inner: Option<FjallInner>,
-    guard: Guard,
+    engine: Guarded<FjallInner>,
     dir: PathBuf,
     meta: Arc<dyn BlockFile>,
     writes: AtomicU64,
@@ -54,12 +53,6 @@ struct FjallInner {
     hash_index: Keyspace,
     refcounts: Keyspace,
     state: Keyspace,
-}
-
-impl Drop for FjallStore {
-    fn drop(&mut self) {
-        self.guard.drop_engine(self.inner.take());
-    }
 }
 
 /// An entry's value: the number, then the crc32c of table, key and value
@@ -196,38 +189,31 @@ impl FjallInner {
     }
 }
 
-impl FjallStore {
-    fn with<T>(&mut self, f: impl FnOnce(&FjallInner) -> Result<T>) -> Result<T> {
-        let FjallStore { inner, guard, .. } = self;
-        let inner = inner
-            .as_ref()
-            .ok_or_else(|| Error::corrupt(S, "the LSM tables are closed"))?;
-        guard.run(|| f(inner))
-    }
-}
-
 impl KvStore for FjallStore {
     fn get_lbn(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
         let key = lbn.to_be_bytes();
-        self.with(|i| match i.lbn_map.get(key).map_err(db_err)? {
-            Some(v) => decode_value(Table::LbnMap, &key, &v).map(Some),
-            None => Ok(None),
-        })
+        self.engine
+            .with(|i| match i.lbn_map.get(key).map_err(db_err)? {
+                Some(v) => decode_value(Table::LbnMap, &key, &v).map(Some),
+                None => Ok(None),
+            })
     }
 
     fn get_hash(&mut self, fp: &Fingerprint) -> Result<Option<Pbn>> {
-        self.with(|i| match i.hash_index.get(fp.0).map_err(db_err)? {
-            Some(v) => decode_value(Table::HashIndex, &fp.0, &v).map(Some),
-            None => Ok(None),
-        })
+        self.engine
+            .with(|i| match i.hash_index.get(fp.0).map_err(db_err)? {
+                Some(v) => decode_value(Table::HashIndex, &fp.0, &v).map(Some),
+                None => Ok(None),
+            })
     }
 
     fn get_refcount(&mut self, pbn: Pbn) -> Result<u32> {
         let key = pbn.to_be_bytes();
-        self.with(|i| match i.refcounts.get(key).map_err(db_err)? {
-            Some(v) => decode_value(Table::Refcounts, &key, &v).map(|c| c as u32),
-            None => Ok(0),
-        })
+        self.engine
+            .with(|i| match i.refcounts.get(key).map_err(db_err)? {
+                Some(v) => decode_value(Table::Refcounts, &key, &v).map(|c| c as u32),
+                None => Ok(0),
+            })
     }
 
     fn scan_lbn(
@@ -236,7 +222,7 @@ impl KvStore for FjallStore {
         max: usize,
         out: &mut Vec<(Lbn, Pbn)>,
     ) -> Result<()> {
-        self.with(|i| i.scan_lbn(after, max, out))
+        self.engine.with(|i| i.scan_lbn(after, max, out))
     }
 
     fn scan_hash(
@@ -245,22 +231,23 @@ impl KvStore for FjallStore {
         max: usize,
         out: &mut Vec<(Fingerprint, Pbn)>,
     ) -> Result<()> {
-        self.with(|i| i.scan_hash(after, max, out))
+        self.engine.with(|i| i.scan_hash(after, max, out))
     }
 
     fn for_each_refcount(&mut self, f: &mut dyn FnMut(Pbn, u32) -> Result<()>) -> Result<()> {
-        self.with(|i| i.for_each_refcount(f))
+        self.engine.with(|i| i.for_each_refcount(f))
     }
 
     fn state(&mut self) -> Result<StoreState> {
-        self.with(|i| match i.state.get(STATE_KEY).map_err(db_err)? {
-            Some(v) => StoreState::decode(&v, "lsm state record"),
-            None => Ok(StoreState::default()),
-        })
+        self.engine
+            .with(|i| match i.state.get(STATE_KEY).map_err(db_err)? {
+                Some(v) => StoreState::decode(&v, "lsm state record"),
+                None => Ok(StoreState::default()),
+            })
     }
 
     fn apply(&mut self, changes: &Changes, state: &StoreState) -> Result<()> {
-        let bytes = self.with(|i| i.apply(changes, state))?;
+        let bytes = self.engine.with(|i| i.apply(changes, state))?;
         self.writes.fetch_add(1, Ordering::Relaxed);
         self.syncs.fetch_add(1, Ordering::Relaxed);
         self.bytes_written.fetch_add(bytes, Ordering::Relaxed);
@@ -270,12 +257,9 @@ impl KvStore for FjallStore {
     /// Persist, shut fjall down (its files then stay put), and record their
     /// checksums so the next clean open can check them before fjall reads them.
     fn close(&mut self) -> Result<()> {
-        self.with(|i| i.db.persist(PersistMode::SyncAll).map_err(db_err))?;
-        let inner = self.inner.take();
-        self.guard.run(|| {
-            drop(inner);
-            Ok(())
-        })?;
+        self.engine
+            .with(|i| i.db.persist(PersistMode::SyncAll).map_err(db_err))?;
+        self.engine.close();
         sums::record(self.meta.as_ref(), &self.dir)
     }
 
@@ -286,7 +270,7 @@ impl KvStore for FjallStore {
             bytes_written: self.bytes_written.load(Ordering::Relaxed),
             ..MetaIoStats::default()
         };
-        if let Some(i) = self.inner.as_ref().filter(|_| !self.guard.is_poisoned()) {
+        if let Some(i) = self.engine.peek() {
             for ks in [&i.lbn_map, &i.hash_index, &i.refcounts] {
                 let m = ks.metrics();
                 stats.reads += m.block_load_io_count() as u64;
@@ -299,9 +283,8 @@ impl KvStore for FjallStore {
     }
 
     fn size_bytes(&self) -> u64 {
-        self.inner
-            .as_ref()
-            .filter(|_| !self.guard.is_poisoned())
+        self.engine
+            .peek()
             .and_then(|i| i.db.disk_space().ok())
             .unwrap_or(0)
     }
@@ -309,11 +292,8 @@ impl KvStore for FjallStore {
 
 /// Open fjall under a guard.
 fn open_store(dir: &Path, cache_bytes: u64, meta: Arc<dyn BlockFile>) -> Result<FjallStore> {
-    let mut guard = Guard::new(S);
-    let inner = guard.run(|| FjallInner::open(dir, cache_bytes))?;
     Ok(FjallStore {
-        inner: Some(inner),
-        guard,
+        engine: Guarded::open(S, || FjallInner::open(dir, cache_bytes))?,
         dir: dir.to_path_buf(),
         meta,
         writes: AtomicU64::new(0),
