@@ -190,9 +190,15 @@ impl Superblock {
                     best = Some(sb)
                 }
                 Ok(_) => {}
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
+                // A slot with our magic explains more than one without.
+                Err(e) => match (&first_err, &e) {
+                    (None, _)
+                    | (
+                        Some(Error::Foreign { .. }),
+                        Error::Corrupt { .. } | Error::Unsupported(_),
+                    ) => first_err = Some(e),
+                    _ => {}
+                },
             }
         }
         match (best, first_err) {
@@ -322,6 +328,25 @@ mod tests {
         f.write_at(&[1], 4096 + 100).unwrap();
         let err = Superblock::read(&f, Path::new("meta")).unwrap_err();
         assert!(err.to_string().contains("superblock"), "{err}");
+    }
+
+    #[test]
+    fn a_superblock_of_an_unknown_version_is_refused_by_name() {
+        let f = MemBlockFile::new(SUPERBLOCK_AREA, "meta");
+        let mut sb = Superblock::new(config());
+        sb.write(&f).unwrap();
+        let mut block = vec![0u8; SUPERBLOCK_SIZE];
+        f.read_at(&mut block, SUPERBLOCK_SIZE as u64).unwrap();
+        block[8..12].copy_from_slice(&7u32.to_le_bytes());
+        seal(&mut block);
+        f.write_at(&block, SUPERBLOCK_SIZE as u64).unwrap();
+        let err = Superblock::read(&f, Path::new("meta"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("format version 7") && err.contains("matching dedup"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! holds its content as of the last completed flush or a content written
 //! since (including by the op in flight), and `check --data` is clean.
 //!
-//! `DEDUP_KILLS` scales the run (default 60 kills per backend).
+//! `DEDUP_KILLS` scales the run (default 200 kills per backend).
 
 mod common;
 
@@ -156,7 +156,7 @@ fn kill_suite(backend: &str, test_name: &str) {
     let kills: u64 = std::env::var("DEDUP_KILLS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
+        .unwrap_or(200);
     let mut rng = rand::rngs::StdRng::seed_from_u64(99);
     for seed in 0..kills {
         let scratch = common::scratch_dir();
