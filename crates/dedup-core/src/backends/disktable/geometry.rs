@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! 0        superblock slots (8 KiB)
-//! 8 KiB    journal: journal_blocks blocks of 4 KiB
+//! 8 KiB    journal: journal_blocks blocks of 4 KiB (room for every table block)
 //! T        table blocks: root, LBN array, refcount array, hash table slots
 //! ```
 //! Every table block is 4 KiB: an 8-byte header (crc32c of the block number
@@ -19,8 +19,6 @@ pub const LBNS_PER_BLOCK: u64 = (PAYLOAD / 8) as u64;
 pub const REFS_PER_BLOCK: u64 = (PAYLOAD / 4) as u64;
 pub const SLOT_BYTES: usize = 40;
 pub const SLOTS_PER_BLOCK: u64 = (PAYLOAD / SLOT_BYTES) as u64;
-/// Largest journal: 64 MiB.
-const MAX_JOURNAL_BLOCKS: u64 = 16384;
 /// Block numbers per journal descriptor block.
 pub const DESC_ENTRIES: u64 = (BLOCK / 8) as u64;
 
@@ -40,8 +38,10 @@ impl Geometry {
         let hash_slots = crate::backends::probe::slots_for(cfg.physical_chunks);
         let hash_blocks = hash_slots.div_ceil(SLOTS_PER_BLOCK);
         let tables = 1 + lbn_blocks + ref_blocks + hash_blocks;
-        // Big enough for every table block at once on small devices.
-        let journal_blocks = (1 + tables.div_ceil(DESC_ENTRIES) + tables).min(MAX_JOURNAL_BLOCKS);
+        // Big enough for every table block at once: a transaction can then
+        // never outgrow it, however much a GC pass or a repair changes
+        // (this doubles the metadata device, to about 2.8 % of the data).
+        let journal_blocks = 1 + tables.div_ceil(DESC_ENTRIES) + tables;
         Geometry {
             journal_blocks,
             lbn_blocks,
@@ -66,13 +66,6 @@ impl Geometry {
     /// Bytes the metadata device must hold.
     pub fn device_len(&self) -> u64 {
         self.table_start() + self.table_blocks() * BLOCK as u64
-    }
-
-    /// Whether one transaction can dirty every table block without
-    /// overflowing the journal.
-    pub fn journal_holds_everything(&self) -> bool {
-        let t = self.table_blocks();
-        1 + t.div_ceil(DESC_ENTRIES) + t <= self.journal_blocks
     }
 
     pub const ROOT: u64 = 0;

@@ -2,9 +2,16 @@
 //! crash-consistent. A commit writes, in one sequential I/O at the start of
 //! the journal area, a header, the block numbers and the images of every
 //! dirty table block; syncs; writes the blocks to their homes; syncs again.
-//! The header's crc32c covers everything after it, so a torn journal write
-//! is ignored (the homes were not touched yet), and a complete journal is
-//! replayed at open (the homes may be half-written). Replay is idempotent.
+//! The header holds a blake3 digest of everything after it, so a torn
+//! journal write is ignored (the homes were not touched yet), and a
+//! complete journal is replayed at open (the homes may be half-written).
+//! Replay is idempotent.
+//!
+//! Why not crc32c for the body: the root block carries a state record that
+//! ends in its own crc32c, and a CRC over a stream that contains `X ||
+//! crc(X)` does not depend on X at all (the residue property). A torn
+//! write that kept a newer root's state sectors under an older header then
+//! passed the check and replayed a root that disagreed with its tables.
 
 use super::geometry::{Geometry, BLOCK, DESC_ENTRIES};
 use crate::backend::MetaIoStats;
@@ -19,12 +26,21 @@ pub struct Journal {
     pub seq: u64,
 }
 
-fn header(seq: u64, count: u64, body_crc: u32) -> Vec<u8> {
+/// What the header keeps of the body's blake3 digest.
+const DIGEST: usize = 16;
+
+fn digest(body: &[u8]) -> [u8; DIGEST] {
+    let mut d = [0u8; DIGEST];
+    d.copy_from_slice(&blake3::hash(body).as_bytes()[..DIGEST]);
+    d
+}
+
+fn header(seq: u64, count: u64, body_digest: &[u8; DIGEST]) -> Vec<u8> {
     let mut e = Encoder::with_capacity(BLOCK);
     e.bytes(MAGIC)
         .u64(seq)
         .u64(count)
-        .u32(body_crc)
+        .bytes(body_digest)
         .pad_to(BLOCK);
     let mut h = e.buf;
     seal(&mut h);
@@ -71,7 +87,7 @@ impl Journal {
             body[data_start + i * BLOCK..data_start + (i + 1) * BLOCK].copy_from_slice(&b[..]);
         }
         self.seq += 1;
-        let mut all = header(self.seq, count, crc32c::crc32c(&body));
+        let mut all = header(self.seq, count, &digest(&body));
         all.extend_from_slice(&body);
         file.write_at(&all, geo.journal_start())?;
         file.sync()?;
@@ -103,7 +119,7 @@ impl Journal {
         let mut d = Decoder::new(&h[8..], S);
         let seq = d.u64()?;
         let count = d.u64()?;
-        let body_crc = d.u32()?;
+        let body_digest = d.bytes(DIGEST)?;
         if count == 0 || journal_len(count) > geo.journal_blocks {
             return Ok((Journal { seq }, 0));
         }
@@ -111,7 +127,7 @@ impl Journal {
         file.read_at(&mut body, geo.journal_start() + BLOCK as u64)?;
         io.reads += 1;
         io.bytes_read += body.len() as u64;
-        if crc32c::crc32c(&body) != body_crc {
+        if digest(&body)[..] != body_digest[..] {
             // Torn: the homes of this transaction were never written.
             return Ok((Journal { seq }, 0));
         }
@@ -130,8 +146,12 @@ impl Journal {
             blocks.push((n, b));
         }
         write_homes(file, geo, &blocks, io)?;
+        // The homes must be durable before the journal that repairs them is
+        // cleared, or a crash here could keep the clear and lose some homes.
+        file.sync()?;
+        io.syncs += 1;
         // Clear it, so the next open does not replay it again.
-        file.write_at(&header(seq, 0, 0), geo.journal_start())?;
+        file.write_at(&header(seq, 0, &[0; DIGEST]), geo.journal_start())?;
         file.sync()?;
         io.writes += 1;
         io.syncs += 1;
@@ -140,7 +160,7 @@ impl Journal {
 
     /// After a clean close: an empty journal, so the next open replays nothing.
     pub fn clear(&self, file: &dyn BlockFile, geo: &Geometry) -> Result<()> {
-        file.write_at(&header(self.seq, 0, 0), geo.journal_start())?;
+        file.write_at(&header(self.seq, 0, &[0; DIGEST]), geo.journal_start())?;
         file.sync()
     }
 }

@@ -8,7 +8,9 @@
 //! them home; a commit happens on FLUSH/FUA and whenever 75 % of the cache
 //! is dirty (the paper's write-back threshold), or the journal would fill.
 //! After a crash, the last complete journal is replayed at open, so the
-//! tables are exactly those of the last commit.
+//! tables are exactly those of the last commit. The journal has room for
+//! every table block, so a transaction (a big GC pass, a repair) can never
+//! outgrow it.
 
 mod cache;
 mod geometry;
@@ -36,9 +38,6 @@ use journal::Journal;
 
 pub const NAME: &str = "disktable";
 
-/// Blocks one write batch or GC page may dirty between two commit checks,
-/// kept free in the journal so a commit always fits.
-const JOURNAL_HEADROOM: u64 = 6144;
 /// Where disktable's own fields start in the superblock backend area.
 const AREA_OFFSET: usize = 64;
 
@@ -213,13 +212,9 @@ fn open_table(
         StoreState::decode(&root[HEADER + 4..HEADER + 4 + len], "disktable root block")?
     };
     let space = load_space(file.as_ref(), &cfg, &geo, &state, &mut cache.io)?;
-    let cache_blocks = cache.capacity_blocks() as u64;
-    let dirty_limit = if geo.journal_holds_everything() {
-        cache_blocks * 3 / 4
-    } else {
-        (cache_blocks * 3 / 4).min(geo.journal_blocks.saturating_sub(JOURNAL_HEADROOM))
-    }
-    .max(1) as usize;
+    // Dmdedup §2.6.2: write back when more than 75 % of the cache is dirty.
+    // (The journal holds every table block, so no transaction outgrows it.)
+    let dirty_limit = (cache.capacity_blocks() * 3 / 4).max(1);
     let mut backend = DiskTable {
         cfg,
         geo,
@@ -241,24 +236,22 @@ fn open_table(
     Ok(backend)
 }
 
-/// Rebuild the allocation map from the refcount array (read straight from
-/// the device, not through the cache).
-fn load_space(
+/// Read `count` table blocks from `first`, straight from the device (not
+/// through the cache), checking each, and hand them to `each` with their
+/// index in the run.
+fn scan_blocks(
     file: &dyn BlockFile,
-    cfg: &DeviceConfig,
     geo: &Geometry,
-    state: &StoreState,
+    first: u64,
+    count: u64,
     io: &mut MetaIoStats,
-) -> Result<SpaceMap> {
-    let mut space = SpaceMap::new(cfg.physical_chunks);
-    space.set_cursor(state.alloc_cursor);
-    let first = geo.refcount(0).0;
-    let per_read = 256u64;
-    let mut buf = vec![0u8; per_read as usize * BLOCK];
-    let mut used = 0u64;
+    mut each: impl FnMut(u64, &[u8]) -> Result<()>,
+) -> Result<()> {
+    const PER_READ: u64 = 256;
+    let mut buf = vec![0u8; PER_READ as usize * BLOCK];
     let mut b = 0;
-    while b < geo.ref_blocks {
-        let n = (geo.ref_blocks - b).min(per_read);
+    while b < count {
+        let n = (count - b).min(PER_READ);
         let bytes = &mut buf[..n as usize * BLOCK];
         file.read_at(bytes, geo.table_start() + (first + b) * BLOCK as u64)?;
         io.reads += 1;
@@ -267,33 +260,138 @@ fn load_space(
             let block_no = first + b + i as u64;
             if !block_ok(block_no, block) {
                 return Err(Error::corrupt(
-                    "disktable refcount array",
+                    geo.table_name(block_no),
                     format!("block {block_no} fails its checksum"),
                 ));
             }
+            each(b + i as u64, block)?;
+        }
+        b += n;
+    }
+    Ok(())
+}
+
+/// At open: read every table once, checking every block, rebuild the
+/// allocation map from the refcount array, and cross-check the totals of
+/// all three tables against the root block. A block lost or zeroed since
+/// the last commit cannot then go unnoticed (a zero block is also a valid
+/// empty one).
+fn load_space(
+    file: &dyn BlockFile,
+    cfg: &DeviceConfig,
+    geo: &Geometry,
+    state: &StoreState,
+    io: &mut MetaIoStats,
+) -> Result<SpaceMap> {
+    let nr = cfg.physical_chunks;
+    let mut space = SpaceMap::new(nr);
+    space.set_cursor(state.alloc_cursor);
+    let mut used = 0u64;
+    scan_blocks(
+        file,
+        geo,
+        geo.refcount(0).0,
+        geo.ref_blocks,
+        io,
+        |i, block| {
             for k in 0..REFS_PER_BLOCK {
-                let pbn = (b + i as u64) * REFS_PER_BLOCK + k;
-                if pbn >= cfg.physical_chunks {
-                    break;
-                }
-                if read_u32(block, HEADER + k as usize * 4) != 0 {
+                let pbn = i * REFS_PER_BLOCK + k;
+                if pbn < nr && read_u32(block, HEADER + k as usize * 4) != 0 {
                     space.mark_used(pbn);
                     used += 1;
                 }
             }
+            Ok(())
+        },
+    )?;
+    let mapped = count_pbn_entries(
+        file,
+        geo,
+        io,
+        PbnEntries {
+            table: "disktable LBN map",
+            entry: "LBN",
+            first_block: geo.lbn(0).0,
+            blocks: geo.lbn_blocks,
+            per_block: geometry::LBNS_PER_BLOCK,
+            stride: 8,
+            at: 0,
+            entries: cfg.logical_chunks(),
+            pbns: nr,
+        },
+    )?;
+    let entries = count_pbn_entries(
+        file,
+        geo,
+        io,
+        PbnEntries {
+            table: "disktable hash index",
+            entry: "slot",
+            first_block: geo.slot(0).0,
+            blocks: geo.hash_blocks,
+            per_block: geometry::SLOTS_PER_BLOCK,
+            stride: SLOT_BYTES,
+            at: 32,
+            entries: geo.hash_slots,
+            pbns: nr,
+        },
+    )?;
+    for (what, found, recorded) in [
+        ("PBNs hold data", used, state.pbns_used),
+        ("LBNs are mapped", mapped, state.lbns_mapped),
+        ("fingerprints are indexed", entries, state.hash_entries),
+    ] {
+        if found != recorded {
+            return Err(Error::corrupt(
+                "disktable tables",
+                format!("{found} {what} but the last commit recorded {recorded}"),
+            ));
         }
-        b += n;
-    }
-    if used != state.pbns_used {
-        return Err(Error::corrupt(
-            "disktable root block",
-            format!(
-                "{used} PBNs hold data but the committed state says {}",
-                state.pbns_used
-            ),
-        ));
     }
     Ok(space)
+}
+
+/// A table of entries that each hold `PBN + 1` (0 = empty) as 8 bytes.
+struct PbnEntries {
+    table: &'static str,
+    entry: &'static str,
+    first_block: u64,
+    blocks: u64,
+    per_block: u64,
+    /// Bytes per entry, and where in the entry the PBN field is.
+    stride: usize,
+    at: usize,
+    /// Entries in use (the last block may have spare room).
+    entries: u64,
+    /// PBNs on the data device.
+    pbns: u64,
+}
+
+/// Count a table's non-empty entries, refusing one beyond the data device.
+fn count_pbn_entries(
+    file: &dyn BlockFile,
+    geo: &Geometry,
+    io: &mut MetaIoStats,
+    t: PbnEntries,
+) -> Result<u64> {
+    let mut found = 0u64;
+    scan_blocks(file, geo, t.first_block, t.blocks, io, |i, block| {
+        for k in 0..t.per_block {
+            let n = i * t.per_block + k;
+            let v = read_u64(block, HEADER + k as usize * t.stride + t.at);
+            if n < t.entries && v != 0 {
+                if v > t.pbns {
+                    return Err(Error::corrupt(
+                        t.table,
+                        format!("{} {n} names a PBN beyond the data device", t.entry),
+                    ));
+                }
+                found += 1;
+            }
+        }
+        Ok(())
+    })?;
+    Ok(found)
 }
 
 impl DiskTable {
@@ -488,6 +586,12 @@ impl MetadataBackend for DiskTable {
             _ => {}
         }
         self.set_refcount(pbn, count)
+    }
+
+    fn set_totals(&mut self, lbns_mapped: u64, hash_entries: u64) -> Result<()> {
+        self.lbns_mapped = lbns_mapped;
+        self.hash_entries = hash_entries;
+        Ok(())
     }
 
     fn hash_index_scan(
