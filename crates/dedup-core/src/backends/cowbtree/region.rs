@@ -220,6 +220,11 @@ impl redb::StorageBackend for Region {
             self.io.bytes_written.fetch_add(n as u64, Ordering::Relaxed);
             at += n as u64;
         }
+        if len > s.len {
+            // The zeros must be durable before the length that exposes them.
+            self.file.sync().map_err(io_err)?;
+            self.io.syncs.fetch_add(1, Ordering::Relaxed);
+        }
         self.persist_len(&mut s, len).map_err(io_err)
     }
 
