@@ -122,6 +122,9 @@ pub trait MetadataBackend: Send {
     /// Set a count outright (0 frees the PBN). Only `check --repair` calls
     /// this, to rebuild counts from the LBN map and hash index.
     fn refcount_set(&mut self, pbn: Pbn, count: u32) -> Result<()>;
+    /// Overwrite the totals `usage` reports (mapped LBNs, index entries)
+    /// with what a full scan found. Only `check --repair` calls this.
+    fn set_totals(&mut self, lbns_mapped: u64, hash_entries: u64) -> Result<()>;
 
     // ---- iteration, for garbage collection and checking -------------------
 

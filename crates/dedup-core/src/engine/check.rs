@@ -9,6 +9,7 @@ use super::Device;
 use crate::backend::{MetadataBackend, ScanCursor};
 use crate::config::DeviceConfig;
 use crate::error::Result;
+use crate::fingerprint::Fingerprint;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -75,15 +76,17 @@ impl Device {
         let _quiet = self.lbn_locks.write_many(0..1024);
         let mut m = self.meta.lock();
         let data = |pbn, buf: &mut [u8]| self.read_pbn(pbn, buf);
-        check_backend(&self.cfg, &mut **m, verify_data.then_some(&data), progress).map(|(r, _)| r)
+        check_backend(&self.cfg, &mut **m, &data, verify_data, progress).map(|(r, _)| r)
     }
 
     /// Check, then rebuild what the check found wrong: unmap LBNs and drop
-    /// index entries that name PBNs beyond the device, drop duplicate index
-    /// entries (and, with `verify_data`, entries whose chunk no longer
-    /// matches), and set every reference count (and so the free space) to
-    /// the references actually found. Returns the check before the repair
-    /// and what changed; the change is committed before this returns.
+    /// index entries that name PBNs beyond the device; for a PBN indexed
+    /// under several fingerprints, keep only the one its bytes hash to (none,
+    /// if none does); with `verify_data`, drop entries whose chunk no longer
+    /// matches; then set every reference count (and so the free space) and
+    /// the totals to what the mappings say. Returns the check before the
+    /// repair and what changed; the change is committed before this returns
+    /// (in several transactions when it is large).
     pub fn repair(&self, verify_data: bool) -> Result<(CheckReport, RepairReport)> {
         let _g = self.enter()?;
         let _gc = self.gc_lock.lock();
@@ -91,33 +94,56 @@ impl Device {
         let (before, fixes) = {
             let mut m = self.meta.lock();
             let data = |pbn, buf: &mut [u8]| self.read_pbn(pbn, buf);
-            check_backend(
-                &self.cfg,
-                &mut **m,
-                verify_data.then_some(&data),
-                &|_, _| {},
-            )?
+            check_backend(&self.cfg, &mut **m, &data, verify_data, &|_, _| {})?
         };
         let mut report = RepairReport::default();
-        {
-            let mut m = self.meta.lock();
-            for lbn in &fixes.unmap {
-                m.lbn_map_delete(*lbn)?;
-                report.lbns_unmapped += 1;
-            }
-            for fp in &fixes.drop_index {
-                m.hash_index_delete(fp)?;
-                report.index_entries_removed += 1;
-            }
-            for &(pbn, count) in &fixes.set_counts {
-                m.refcount_set(pbn, count)?;
-                report.refcounts_set += 1;
-            }
+        for group in fixes.unmap.chunks(REPAIR_SLICE) {
+            self.repair_slice(|m| {
+                for lbn in group {
+                    m.lbn_map_delete(*lbn)?;
+                }
+                Ok(())
+            })?;
+            report.lbns_unmapped += group.len() as u64;
         }
+        for group in fixes.drop_index.chunks(REPAIR_SLICE) {
+            self.repair_slice(|m| {
+                for fp in group {
+                    m.hash_index_delete(fp)?;
+                }
+                Ok(())
+            })?;
+            report.index_entries_removed += group.len() as u64;
+        }
+        for group in fixes.set_counts.chunks(REPAIR_SLICE) {
+            self.repair_slice(|m| {
+                for &(pbn, count) in group {
+                    m.refcount_set(pbn, count)?;
+                }
+                Ok(())
+            })?;
+            report.refcounts_set += group.len() as u64;
+        }
+        self.meta
+            .lock()
+            .set_totals(fixes.lbns_mapped, fixes.hash_entries)?;
         self.commit()?;
         Ok((before, report))
     }
+
+    /// Apply part of a repair, then commit if the backend wants to.
+    fn repair_slice(&self, f: impl FnOnce(&mut dyn MetadataBackend) -> Result<()>) -> Result<()> {
+        let wants = {
+            let mut m = self.meta.lock();
+            f(&mut **m)?;
+            m.wants_commit()
+        };
+        self.commit_if_wanted(wants)
+    }
 }
+
+/// Repair changes applied per metadata-mutex hold.
+const REPAIR_SLICE: usize = 1024;
 
 /// What `repair` changed.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -127,20 +153,40 @@ pub struct RepairReport {
     pub refcounts_set: u64,
 }
 
-/// The corrections a check implies.
+/// The corrections a check implies, and the totals after them.
 #[derive(Default)]
 struct Fixes {
     unmap: Vec<crate::config::Lbn>,
-    drop_index: Vec<crate::fingerprint::Fingerprint>,
+    drop_index: Vec<Fingerprint>,
     set_counts: Vec<(u64, u32)>,
+    lbns_mapped: u64,
+    hash_entries: u64,
 }
 
 type ReadChunk<'a> = &'a dyn Fn(u64, &mut [u8]) -> Result<()>;
 
+/// Every entry of a paged scan (the LBN map or the hash index).
+fn scan_all<K: Copy>(
+    mut scan: impl FnMut(&ScanCursor, &mut Vec<(K, u64)>) -> Result<Option<ScanCursor>>,
+    mut each: impl FnMut(K, u64) -> Result<()>,
+) -> Result<()> {
+    let mut page = Vec::new();
+    let mut cursor = Some(ScanCursor::start());
+    while let Some(c) = cursor.take() {
+        page.clear();
+        cursor = scan(&c, &mut page)?;
+        for &(key, pbn) in &page {
+            each(key, pbn)?;
+        }
+    }
+    Ok(())
+}
+
 fn check_backend(
     cfg: &DeviceConfig,
     m: &mut dyn MetadataBackend,
-    read_chunk: Option<ReadChunk>,
+    read_chunk: ReadChunk,
+    verify_data: bool,
     progress: &dyn Fn(u64, u64),
 ) -> Result<(CheckReport, Fixes)> {
     use ProblemKind::*;
@@ -148,16 +194,14 @@ fn check_backend(
     let mut report = CheckReport::default();
     let mut fixes = Fixes::default();
     let mut lbn_refs = vec![0u32; nr];
-    // Indexed at all (for reporting), and by an entry a repair keeps.
-    let mut indexed = vec![false; nr];
+    // Index entries naming each PBN (saturating), and whether an entry a
+    // repair keeps names it.
+    let mut index_count = vec![0u8; nr];
     let mut kept = vec![false; nr];
 
-    let mut page = Vec::new();
-    let mut cursor = Some(ScanCursor::start());
-    while let Some(c) = cursor.take() {
-        page.clear();
-        cursor = m.lbn_map_scan(&c, 4096, &mut page)?;
-        for &(lbn, pbn) in &page {
+    scan_all(
+        |c, page| m.lbn_map_scan(c, 4096, page),
+        |lbn, pbn| {
             report.lbns_mapped += 1;
             match lbn_refs.get_mut(pbn as usize) {
                 Some(r) => *r += 1,
@@ -169,37 +213,36 @@ fn check_backend(
                     fixes.unmap.push(lbn);
                 }
             }
-        }
-    }
+            Ok(())
+        },
+    )?;
 
     let mut chunk = vec![0u8; cfg.chunk_size as usize];
-    let mut fps = Vec::new();
     let total_entries = m.usage().hash_entries;
-    let mut cursor = Some(ScanCursor::start());
-    while let Some(c) = cursor.take() {
-        progress(report.hash_index_entries, total_entries);
-        fps.clear();
-        cursor = m.hash_index_scan(&c, 4096, &mut fps)?;
-        for &(fp, pbn) in &fps {
+    let mut dropped_for_data = Vec::new();
+    let mut seen = 0u64;
+    scan_all(
+        |c, page| m.hash_index_scan(c, 4096, page),
+        |fp, pbn| {
             report.hash_index_entries += 1;
-            let Some(seen) = indexed.get_mut(pbn as usize) else {
+            seen += 1;
+            if seen % 4096 == 0 {
+                progress(seen, total_entries);
+            }
+            let Some(count) = index_count.get_mut(pbn as usize) else {
                 report.problem(
                     MappedButFree,
                     format!("hash index names PBN {pbn}, beyond the data device"),
                 );
                 fixes.drop_index.push(fp);
-                continue;
+                return Ok(());
             };
-            if std::mem::replace(seen, true) {
-                report.problem(
-                    IndexedTwice,
-                    format!("PBN {pbn} is in the hash index under two fingerprints"),
-                );
-                fixes.drop_index.push(fp);
-                continue;
+            *count = count.saturating_add(1);
+            if *count > 1 {
+                return Ok(()); // resolved below, once all its entries are known
             }
-            if let Some(read) = read_chunk {
-                read(pbn, &mut chunk)?;
+            if verify_data {
+                read_chunk(pbn, &mut chunk)?;
                 report.chunks_verified += 1;
                 if cfg.hash.fingerprint(&chunk) != fp {
                     report.problem(
@@ -209,17 +252,60 @@ fn check_backend(
                             fp.to_hex(cfg.hash)
                         ),
                     );
-                    fixes.drop_index.push(fp);
-                    continue;
+                    dropped_for_data.push((fp, pbn));
+                    return Ok(());
                 }
             }
             kept[pbn as usize] = true;
+            Ok(())
+        },
+    )?;
+    progress(seen, total_entries);
+
+    // PBNs indexed under several fingerprints: keep only the entry its bytes
+    // hash to (never trust the scan order), or none.
+    let twice: std::collections::HashSet<u64> = (0..nr as u64)
+        .filter(|&p| index_count[p as usize] > 1)
+        .collect();
+    if !twice.is_empty() {
+        let mut entries: std::collections::HashMap<u64, Vec<Fingerprint>> =
+            std::collections::HashMap::new();
+        scan_all(
+            |c, page| m.hash_index_scan(c, 4096, page),
+            |fp, pbn| {
+                if twice.contains(&pbn) {
+                    entries.entry(pbn).or_default().push(fp);
+                }
+                Ok(())
+            },
+        )?;
+        for (pbn, fps) in entries {
+            report.problem(
+                IndexedTwice,
+                format!(
+                    "PBN {pbn} is in the hash index under {} fingerprints",
+                    fps.len()
+                ),
+            );
+            read_chunk(pbn, &mut chunk)?;
+            let actual = cfg.hash.fingerprint(&chunk);
+            kept[pbn as usize] = fps.contains(&actual);
+            fixes
+                .drop_index
+                .extend(fps.into_iter().filter(|f| *f != actual));
         }
     }
+    fixes.drop_index.extend(
+        dropped_for_data
+            .into_iter()
+            .filter(|(_, p)| !twice.contains(p))
+            .map(|(f, _)| f),
+    );
 
     for pbn in 0..nr {
         let count = m.refcount_get(pbn as u64)?;
-        let expected = lbn_refs[pbn] + indexed[pbn] as u32;
+        let indexed = index_count[pbn] > 0;
+        let expected = lbn_refs[pbn] + indexed as u32;
         if count != 0 {
             report.pbns_used += 1;
         }
@@ -233,20 +319,22 @@ fn check_backend(
                 Leaked,
                 format!("PBN {pbn} has count {count} but nothing references it"),
             );
-        } else if count != expected {
+        } else if count != expected && index_count[pbn] <= 1 {
             report.problem(
                 RefcountMismatch,
                 format!("PBN {pbn} has count {count}, expected {expected}"),
             );
         }
-        if indexed[pbn] && lbn_refs[pbn] == 0 && count == 1 {
+        if indexed && lbn_refs[pbn] == 0 && count == 1 {
             report.reclaimable_chunks += 1;
         }
         let after_repair = lbn_refs[pbn] + kept[pbn] as u32;
         if count != after_repair {
             fixes.set_counts.push((pbn as u64, after_repair));
         }
+        fixes.hash_entries += kept[pbn] as u64;
     }
+    fixes.lbns_mapped = report.lbns_mapped - fixes.unmap.len() as u64;
 
     let usage = m.usage();
     if usage.lbns_mapped != report.lbns_mapped

@@ -12,7 +12,6 @@ use std::sync::atomic::Ordering;
 
 use tracing::debug;
 
-use super::gc;
 use super::Device;
 use crate::error::Result;
 use crate::stats::Counters;
@@ -52,14 +51,18 @@ impl Device {
         let _one_at_a_time = self.gc_lock.lock();
         let releases = self.releases.load(Ordering::Relaxed);
         if self.fruitless_gc_at.load(Ordering::Relaxed) != releases {
-            let (_, reclaimed) = gc::collect(&self.meta, Some(RECLAIM_CHUNKS))?;
+            let (_, reclaimed) = self.collect(Some(RECLAIM_CHUNKS))?;
             Counters::add(&self.counters.gc_runs, 1);
             Counters::add(&self.counters.gc_reclaimed, reclaimed);
             if reclaimed == 0 {
                 self.fruitless_gc_at.store(releases, Ordering::Relaxed);
-            } else if self.crash_safe {
-                self.commit()?;
             }
+        }
+        // Chunks freed here or earlier (by an online GC, an undone write)
+        // wait in quarantine for a commit: give them one.
+        let usage = self.meta.lock().usage();
+        if self.crash_safe && usage.pbns_used + usage.pbns_free < self.cfg.physical_chunks {
+            self.commit()?;
         }
         // Room made here, or by another thread meanwhile.
         Ok(self.meta.lock().usage().pbns_free > 0)

@@ -8,11 +8,10 @@
 
 use std::time::Instant;
 
-use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::Device;
-use crate::backend::{MetadataBackend, ScanCursor};
+use crate::backend::ScanCursor;
 use crate::config::Pbn;
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;
@@ -35,86 +34,77 @@ pub struct GcReport {
     pub seconds: f64,
 }
 
-/// Runs a closure against the backend: under the mutex for each call
-/// (online), or directly when the caller already holds it.
-pub(crate) trait MetaAccess {
-    fn with<R>(&mut self, f: impl FnOnce(&mut dyn MetadataBackend) -> R) -> R;
-}
-
-impl MetaAccess for &Mutex<Box<dyn MetadataBackend>> {
-    fn with<R>(&mut self, f: impl FnOnce(&mut dyn MetadataBackend) -> R) -> R {
-        f(&mut **self.lock())
-    }
-}
-
-impl<'a> MetaAccess for &mut (dyn MetadataBackend + 'a) {
-    fn with<R>(&mut self, f: impl FnOnce(&mut dyn MetadataBackend) -> R) -> R {
-        f(&mut **self)
-    }
-}
-
-/// One pass over the hash index, freeing up to `limit` chunks (all, if
-/// `None`): returns (entries scanned, chunks freed). Candidates are gathered
-/// in rounds of at most `ROUND` and freed between rounds, so memory stays
-/// bounded however much garbage there is; entries that a round's deletions
-/// move behind the scan position are left for the next pass.
-pub(crate) fn collect(mut meta: impl MetaAccess, limit: Option<u64>) -> Result<(u64, u64)> {
-    let limit = limit.unwrap_or(u64::MAX);
-    let mut candidates: Vec<(Fingerprint, Pbn)> = Vec::new();
-    let mut page = Vec::with_capacity(SCAN_PAGE);
-    let mut cursor = Some(ScanCursor::start());
-    let (mut scanned, mut freed) = (0u64, 0u64);
-    while freed < limit {
-        let Some(c) = cursor.take() else { break };
-        let want = (limit - freed).min(ROUND as u64) as usize;
-        cursor = meta.with(|m| -> Result<_> {
-            page.clear();
-            let next = m.hash_index_scan(&c, SCAN_PAGE, &mut page)?;
-            for &(fp, pbn) in &page {
-                if candidates.len() < want && m.refcount_get(pbn)? == 1 {
-                    candidates.push((fp, pbn));
-                }
-            }
-            Ok(next)
-        })?;
-        scanned += page.len() as u64;
-        if candidates.len() >= want || cursor.is_none() {
-            freed += free(&mut meta, &candidates)?;
-            candidates.clear();
-        }
-    }
-    Ok((scanned, freed))
-}
-
-fn free(meta: &mut impl MetaAccess, candidates: &[(Fingerprint, Pbn)]) -> Result<u64> {
-    let mut freed = 0u64;
-    for group in candidates.chunks(FREE_PAGE) {
-        freed += meta.with(|m| -> Result<u64> {
-            let mut n = 0;
-            for (fp, pbn) in group {
-                // Still held by the index alone? (A writer may have
-                // re-referenced it since the scan.)
-                if m.hash_index_lookup(fp)? == Some(*pbn) && m.refcount_get(*pbn)? == 1 {
-                    m.hash_index_delete(fp)?;
-                    m.refcount_dec(*pbn)?;
-                    n += 1;
-                }
-            }
-            Ok(n)
-        })?;
-    }
-    Ok(freed)
-}
-
 impl Device {
+    /// One pass over the hash index, freeing up to `limit` chunks (all, if
+    /// `None`): returns (entries scanned, chunks freed). Candidates are
+    /// gathered in rounds of at most `ROUND` and freed between rounds, so
+    /// memory stays bounded however much garbage there is; entries that a
+    /// round's deletions move behind the scan position are left for the next
+    /// pass. The mutex is held for one page at a time, and the backend may
+    /// commit between pages (a big collection is many transactions).
+    /// The caller holds `gc_lock`.
+    pub(super) fn collect(&self, limit: Option<u64>) -> Result<(u64, u64)> {
+        let limit = limit.unwrap_or(u64::MAX);
+        let mut candidates: Vec<(Fingerprint, Pbn)> = Vec::new();
+        let mut page = Vec::with_capacity(SCAN_PAGE);
+        let mut cursor = Some(ScanCursor::start());
+        let (mut scanned, mut freed) = (0u64, 0u64);
+        while freed < limit {
+            let Some(c) = cursor.take() else { break };
+            let want = (limit - freed).min(ROUND as u64) as usize;
+            cursor = {
+                let mut m = self.meta.lock();
+                page.clear();
+                let next = m.hash_index_scan(&c, SCAN_PAGE, &mut page)?;
+                for &(fp, pbn) in &page {
+                    if candidates.len() < want && m.refcount_get(pbn)? == 1 {
+                        candidates.push((fp, pbn));
+                    }
+                }
+                next
+            };
+            scanned += page.len() as u64;
+            if candidates.len() >= want || cursor.is_none() {
+                freed += self.free_candidates(&candidates)?;
+                candidates.clear();
+            }
+        }
+        Ok((scanned, freed))
+    }
+
+    fn free_candidates(&self, candidates: &[(Fingerprint, Pbn)]) -> Result<u64> {
+        let mut freed = 0u64;
+        for group in candidates.chunks(FREE_PAGE) {
+            let wants_commit = {
+                let mut m = self.meta.lock();
+                for (fp, pbn) in group {
+                    // Still held by the index alone? (A writer may have
+                    // re-referenced it since the scan.)
+                    if m.hash_index_lookup(fp)? == Some(*pbn) && m.refcount_get(*pbn)? == 1 {
+                        m.hash_index_delete(fp)?;
+                        m.refcount_dec(*pbn)?;
+                        freed += 1;
+                    }
+                }
+                m.wants_commit()
+            };
+            self.commit_if_wanted(wants_commit)?;
+        }
+        Ok(freed)
+    }
+
     /// Run a garbage collection pass while the device keeps serving.
     pub fn gc(&self) -> Result<GcReport> {
         let _g = self.enter()?;
         let _one_at_a_time = self.gc_lock.lock();
         let start = Instant::now();
-        let (scanned, reclaimed) = collect(&self.meta, None)?;
+        let (scanned, reclaimed) = self.collect(None)?;
         Counters::add(&self.counters.gc_runs, 1);
         Counters::add(&self.counters.gc_reclaimed, reclaimed);
+        // Freed chunks are reusable only once their freeing is durable.
+        if self.crash_safe && reclaimed > 0 {
+            self.commit()?;
+        }
         self.note_space(self.meta.lock().usage().pbns_used);
         Ok(GcReport {
             scanned,

@@ -449,6 +449,21 @@ impl MetadataBackend for InRam {
         Ok(())
     }
 
+    fn set_totals(&mut self, lbns_mapped: u64, hash_entries: u64) -> Result<()> {
+        // INRAM's hash table counts its own entries.
+        if hash_entries != self.hash_index.len() {
+            return Err(Error::corrupt(
+                "inram hash index",
+                format!(
+                    "{} entries in the table, {hash_entries} found by a scan",
+                    self.hash_index.len()
+                ),
+            ));
+        }
+        self.lbns_mapped = lbns_mapped;
+        Ok(())
+    }
+
     fn hash_index_scan(
         &mut self,
         cursor: &ScanCursor,

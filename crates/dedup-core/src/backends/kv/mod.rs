@@ -331,6 +331,12 @@ impl<S: KvStore> MetadataBackend for KvBackend<S> {
         Ok(())
     }
 
+    fn set_totals(&mut self, lbns_mapped: u64, hash_entries: u64) -> Result<()> {
+        self.lbns_mapped = lbns_mapped;
+        self.hash_entries = hash_entries;
+        Ok(())
+    }
+
     fn hash_index_scan(
         &mut self,
         cursor: &ScanCursor,
