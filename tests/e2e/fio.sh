@@ -7,7 +7,7 @@ source "$(dirname "$0")/lib.sh"
 "$DEDUP" create "$WORK/dev" --size 512M --backend "$BACKEND" >/dev/null
 serve "$WORK/dev"
 U=$(uri "$WORK/dev")
-common=(--ioengine=nbd --uri="$U" --bs=4k --iodepth=16 --numjobs=4 --group_reporting --verify_fatal=1)
+common=(--ioengine=nbd --uri="$U" --bs=4k --iodepth=16 --numjobs=4 --group_reporting --verify_fatal=1 --verify_state_save=0)
 
 log "random 4 KiB writes, verify=crc32c, 4 jobs"
 fio --name=crc "${common[@]}" --rw=randwrite --size=32M --offset_increment=32M --verify=crc32c \
