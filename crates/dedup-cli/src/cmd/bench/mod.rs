@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::nbdkit::{find_plugin, find_program};
 use super::{print_json, size_arg};
@@ -95,10 +95,60 @@ pub struct Args {
     /// Save every run and the summary as JSON.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Report a file saved with --out again (table, --json, --plot)
+    /// without running anything.
+    #[arg(long, value_name = "FILE", conflicts_with = "out")]
+    pub from: Option<PathBuf>,
+}
+
+/// The settings a report's header names, saved with the runs.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Settings {
+    pub size: u64,
+    pub runtime: u64,
+    pub repeat: u32,
+    pub iodepth: u32,
+    pub jobs: u32,
+    pub flush_every: u32,
+}
+
+/// What --out writes and --from reads.
+#[derive(Serialize, Deserialize)]
+struct Saved {
+    settings: Settings,
+    runs: Vec<Run>,
+    summary: Vec<report::Summary>,
+}
+
+/// Write the chart, then print the table or JSON.
+fn report_out(a: &Args, settings: &Settings, summary: &[report::Summary]) -> anyhow::Result<()> {
+    if let Some(path) = &a.plot {
+        plot::draw(path, summary)?;
+    }
+    if a.json {
+        print_json(&summary)?;
+    } else {
+        print!("{}", report::table(summary, settings));
+    }
+    Ok(())
+}
+
+/// --from: re-report a saved run.
+fn report_saved(a: &Args, path: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let saved: Saved = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not a file written by `dedup bench --out`",
+            path.display()
+        )
+    })?;
+    report_out(a, &saved.settings, &saved.summary)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// One run of one system.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Run {
     pub system: String,
     pub dataset: Dataset,
@@ -154,6 +204,9 @@ fn expand(a: &Args) -> Vec<System> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    if let Some(path) = &a.from {
+        return report_saved(&a, path);
+    }
     for s in &a.systems {
         if s != "raw" {
             dedup_core::backends::check_name(s)?;
@@ -211,20 +264,28 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         }
     }
     bar.finish_and_clear();
+    let _ = std::fs::remove_file(workdir.join("fio.json"));
     let _ = std::fs::remove_dir(&workdir);
     let summary = report::summarize(&systems, &runs);
+    let settings = Settings {
+        size: a.size,
+        runtime: a.runtime,
+        repeat: a.repeat,
+        iodepth: a.iodepth,
+        jobs: a.jobs,
+        flush_every: a.flush_every,
+    };
     if let Some(path) = &a.out {
-        let all = serde_json::json!({ "runs": runs, "summary": summary });
-        std::fs::write(path, serde_json::to_string_pretty(&all)?)
+        let saved = Saved {
+            settings: settings.clone(),
+            runs,
+            summary,
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&saved)?)
             .with_context(|| format!("writing {}", path.display()))?;
-    }
-    if let Some(path) = &a.plot {
-        plot::draw(path, &summary)?;
-    }
-    if a.json {
-        print_json(&summary)?;
+        report_out(&a, &settings, &saved.summary)?;
     } else {
-        print!("{}", report::table(&summary, &a));
+        report_out(&a, &settings, &summary)?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::report::Summary;
 
@@ -51,18 +52,10 @@ pub fn draw(path: &Path, summary: &[Summary]) -> anyhow::Result<()> {
             .configure_mesh()
             .disable_x_mesh()
             .y_desc("MB/s")
+            // Labels are drawn below, by hand: plotters centres rotated
+            // axis labels on the tick, so half of each would sit in the plot.
             .x_labels(panel.len())
-            .x_label_formatter(&|x| match x {
-                SegmentValue::CenterOf(i) => {
-                    panel.get(*i).map_or(String::new(), |s| s.system.clone())
-                }
-                _ => String::new(),
-            })
-            .x_label_style(
-                ("sans-serif", 11)
-                    .into_font()
-                    .transform(FontTransform::Rotate90),
-            )
+            .x_label_formatter(&|_| String::new())
             .draw()
             .map_err(|e| anyhow::anyhow!("drawing: {e}"))?;
         chart
@@ -83,6 +76,17 @@ pub fn draw(path: &Path, summary: &[Summary]) -> anyhow::Result<()> {
                 bar
             }))
             .map_err(|e| anyhow::anyhow!("drawing: {e}"))?;
+        let label = TextStyle::from(
+            ("sans-serif", 11)
+                .into_font()
+                .transform(FontTransform::Rotate90),
+        )
+        .pos(Pos::new(HPos::Left, VPos::Center));
+        for (i, s) in panel.iter().enumerate() {
+            let (x, y) = chart.backend_coord(&(SegmentValue::CenterOf(i), 0.0));
+            root.draw(&Text::new(s.system.clone(), (x, y + 8), &label))
+                .map_err(|e| anyhow::anyhow!("drawing: {e}"))?;
+        }
         // Min-max whiskers over the repetitions.
         chart
             .draw_series(panel.iter().enumerate().map(|(i, s)| {

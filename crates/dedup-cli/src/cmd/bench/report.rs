@@ -2,14 +2,14 @@
 
 use std::fmt::Write;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::fio::{Dataset, Pattern, Phase};
 use super::systems::System;
-use super::{Args, Run};
+use super::{Run, Settings};
 
 /// One system on one workload, over all repetitions.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Summary {
     pub system: String,
     pub dataset: Dataset,
@@ -107,7 +107,7 @@ pub fn summarize(systems: &[System], runs: &[Run]) -> Vec<Summary> {
     out
 }
 
-pub fn table(summary: &[Summary], a: &Args) -> String {
+pub fn table(summary: &[Summary], a: &Settings) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
