@@ -170,6 +170,7 @@ impl Server for DedupPlugin {
             cache_bytes: s.cache_bytes,
             // layout::open puts lsm's files next to the metadata path.
             aux_dir: None,
+            for_check: false,
         };
         let device = layout::open(&paths, &opts).map_err(nbd_error)?;
         lock(&SERVED).device = Some(Arc::new(device));

@@ -77,6 +77,7 @@ fn repair(a: &Args) -> anyhow::Result<ExitCode> {
         &paths,
         &OpenOptions {
             writable: true,
+            for_check: true,
             ..Default::default()
         },
     )?;
@@ -106,7 +107,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if a.repair {
         return repair(&a);
     }
-    let report: CheckReport = match reach(&a.dir, &Request::Check { data: a.data }, false)? {
+    let opts = OpenOptions {
+        for_check: true,
+        ..Default::default()
+    };
+    let report: CheckReport = match reach(&a.dir, &Request::Check { data: a.data }, &opts)? {
         Reached::Served(v) => serde_json::from_value(v)?,
         Reached::Offline(dev) => check_offline(&dev, a.data)?,
     };

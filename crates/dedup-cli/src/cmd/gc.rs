@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use dedup_core::control::Request;
 use dedup_core::engine::GcReport;
+use dedup_core::OpenOptions;
 
 use super::{print_json, reach, Reached};
 use crate::render;
@@ -24,7 +25,14 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let report: GcReport = match reach(&a.dir, &Request::Gc, true)? {
+    let report: GcReport = match reach(
+        &a.dir,
+        &Request::Gc,
+        &OpenOptions {
+            writable: true,
+            ..Default::default()
+        },
+    )? {
         Reached::Served(v) => serde_json::from_value(v)?,
         Reached::Offline(dev) => {
             let r = dev.gc()?;

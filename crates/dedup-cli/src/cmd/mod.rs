@@ -33,17 +33,13 @@ pub enum Reached {
 }
 
 /// Ask the serving process (if any) to do `req`; otherwise open the device
-/// here. `writable` offline opens may change metadata (gc).
-pub fn reach(dir: &Path, req: &Request, writable: bool) -> anyhow::Result<Reached> {
+/// here with `opts` (writable ones may change metadata: gc).
+pub fn reach(dir: &Path, req: &Request, opts: &OpenOptions) -> anyhow::Result<Reached> {
     let paths = DevicePaths::from_dir(dir)?;
     if let Some(reply) = control::request(&control_path(dir), req)? {
         return Ok(Reached::Served(reply));
     }
-    let opts = OpenOptions {
-        writable,
-        ..Default::default()
-    };
-    Ok(Reached::Offline(Box::new(layout::open(&paths, &opts)?)))
+    Ok(Reached::Offline(Box::new(layout::open(&paths, opts)?)))
 }
 
 pub fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use dedup_core::control::Request;
 use dedup_core::stats::Stats;
+use dedup_core::OpenOptions;
 use serde::Serialize;
 
 use super::{print_json, reach, Reached};
@@ -34,7 +35,7 @@ pub struct StatusReport {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let (served, stats) = match reach(&a.dir, &Request::Status, false)? {
+    let (served, stats) = match reach(&a.dir, &Request::Status, &OpenOptions::default())? {
         Reached::Served(v) => (true, serde_json::from_value::<Stats>(v)?),
         Reached::Offline(dev) => (false, dev.stats()),
     };

@@ -93,6 +93,10 @@ pub struct OpenOptions {
     pub cache_bytes: Option<u64>,
     /// Directory for a backend that keeps files of its own (lsm); see `aux_dir`.
     pub aux_dir: Option<PathBuf>,
+    /// Opened by `check` or `repair`: damage those report and fix (totals
+    /// that disagree with the tables, entries naming PBNs beyond the data
+    /// device) is logged instead of refusing the open. Never set to serve.
+    pub for_check: bool,
 }
 
 pub struct Opened {

@@ -18,6 +18,8 @@ pub enum ProblemKind {
     RefcountMismatch,
     /// An LBN or index entry names a PBN whose count is 0 (free).
     MappedButFree,
+    /// An LBN beyond the logical size, or a PBN beyond the data device.
+    OutOfRange,
     /// Two fingerprints name one PBN.
     IndexedTwice,
     /// A chunk with references but none from the index or LBN map.
@@ -97,6 +99,10 @@ impl Device {
             check_backend(&self.cfg, &mut **m, &data, verify_data, &|_, _| {})?
         };
         let mut report = RepairReport::default();
+        // First make the backend's totals those the scan counted, so the
+        // deletes below bring them exactly to the repaired state and every
+        // commit between slices records totals that match its tables.
+        self.repair_slice(|m| m.set_totals(before.lbns_mapped, before.hash_index_entries))?;
         for group in fixes.unmap.chunks(REPAIR_SLICE) {
             self.repair_slice(|m| {
                 for lbn in group {
@@ -203,11 +209,22 @@ fn check_backend(
         |c, page| m.lbn_map_scan(c, 4096, page),
         |lbn, pbn| {
             report.lbns_mapped += 1;
+            if lbn >= cfg.logical_chunks() {
+                report.problem(
+                    OutOfRange,
+                    format!(
+                        "LBN {lbn} is mapped but the device has {} chunks",
+                        cfg.logical_chunks()
+                    ),
+                );
+                fixes.unmap.push(lbn);
+                return Ok(());
+            }
             match lbn_refs.get_mut(pbn as usize) {
                 Some(r) => *r += 1,
                 None => {
                     report.problem(
-                        MappedButFree,
+                        OutOfRange,
                         format!("LBN {lbn} maps to PBN {pbn}, beyond the data device"),
                     );
                     fixes.unmap.push(lbn);
@@ -231,7 +248,7 @@ fn check_backend(
             }
             let Some(count) = index_count.get_mut(pbn as usize) else {
                 report.problem(
-                    MappedButFree,
+                    OutOfRange,
                     format!("hash index names PBN {pbn}, beyond the data device"),
                 );
                 fixes.drop_index.push(fp);
@@ -262,32 +279,46 @@ fn check_backend(
     )?;
     progress(seen, total_entries);
 
-    // PBNs indexed under several fingerprints: keep only the entry its bytes
-    // hash to (never trust the scan order), or none.
-    let twice: std::collections::HashSet<u64> = (0..nr as u64)
-        .filter(|&p| index_count[p as usize] > 1)
+    let mut counts = Vec::with_capacity(nr);
+    for pbn in 0..nr as u64 {
+        counts.push(m.refcount_get(pbn)?);
+    }
+
+    // Entries a repair must not keep on trust, resolved by re-hashing the
+    // chunk: a PBN indexed under several fingerprints (keep only the one its
+    // bytes hash to, never the scan's first), and an indexed PBN marked free
+    // (its chunk may have been reused for other bytes; keeping the entry
+    // unchecked would let a later write share the wrong chunk).
+    let suspect: std::collections::BTreeSet<u64> = (0..nr)
+        .filter(|&p| {
+            index_count[p] > 1 || (index_count[p] == 1 && kept[p] && counts[p] == 0 && !verify_data)
+        })
+        .map(|p| p as u64)
         .collect();
-    if !twice.is_empty() {
-        let mut entries: std::collections::HashMap<u64, Vec<Fingerprint>> =
-            std::collections::HashMap::new();
+    if !suspect.is_empty() {
+        let mut entries: std::collections::BTreeMap<u64, Vec<Fingerprint>> =
+            std::collections::BTreeMap::new();
         scan_all(
             |c, page| m.hash_index_scan(c, 4096, page),
             |fp, pbn| {
-                if twice.contains(&pbn) {
+                if suspect.contains(&pbn) {
                     entries.entry(pbn).or_default().push(fp);
                 }
                 Ok(())
             },
         )?;
         for (pbn, fps) in entries {
-            report.problem(
-                IndexedTwice,
-                format!(
-                    "PBN {pbn} is in the hash index under {} fingerprints",
-                    fps.len()
-                ),
-            );
+            if fps.len() > 1 {
+                report.problem(
+                    IndexedTwice,
+                    format!(
+                        "PBN {pbn} is in the hash index under {} fingerprints",
+                        fps.len()
+                    ),
+                );
+            }
             read_chunk(pbn, &mut chunk)?;
+            report.chunks_verified += 1;
             let actual = cfg.hash.fingerprint(&chunk);
             kept[pbn as usize] = fps.contains(&actual);
             fixes
@@ -298,12 +329,11 @@ fn check_backend(
     fixes.drop_index.extend(
         dropped_for_data
             .into_iter()
-            .filter(|(_, p)| !twice.contains(p))
+            .filter(|(_, p)| !suspect.contains(p))
             .map(|(f, _)| f),
     );
 
-    for pbn in 0..nr {
-        let count = m.refcount_get(pbn as u64)?;
+    for (pbn, &count) in counts.iter().enumerate() {
         let indexed = index_count[pbn] > 0;
         let expected = lbn_refs[pbn] + indexed as u32;
         if count != 0 {
@@ -359,6 +389,8 @@ fn check_backend(
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
     use crate::backends::{self, BackendParams, OpenOptions};
@@ -368,48 +400,82 @@ mod tests {
     use crate::engine::Device;
     use crate::fingerprint::{Fingerprint, HashAlgo};
 
-    use super::ProblemKind;
+    use std::path::Path;
 
-    fn device(backend: &str) -> (Device, Arc<MemBlockFile>) {
-        let cfg = DeviceConfig {
-            uuid: [8; 16],
-            backend: backend.into(),
-            chunk_size: 4096,
-            hash: HashAlgo::Blake3,
-            verify: false,
-            logical_size: 64 * 4096,
-            physical_chunks: 64,
-        };
-        let data = Arc::new(MemBlockFile::new(cfg.data_device_len(), "data"));
-        let meta = Arc::new(SimDisk::new(
-            backends::metadata_device_len(&cfg).unwrap(),
-            "meta",
-            Arc::default(),
-        ));
-        let aux =
-            std::env::temp_dir().join(format!("dedup-repair-{}-{backend}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&aux);
-        Device::format(
-            &cfg,
-            data.as_ref(),
-            meta.clone(),
-            &BackendParams::default(),
-            Some(&aux),
-        )
-        .unwrap();
-        let opts = OpenOptions {
-            writable: true,
-            aux_dir: Some(aux),
-            ..Default::default()
-        };
-        let dev = Device::open(
-            Box::new(data.clone()) as Box<dyn BlockFile>,
-            Box::new(meta),
-            &opts,
-            None,
-        )
-        .unwrap();
-        (dev, data)
+    use super::ProblemKind;
+    use crate::superblock::Superblock;
+
+    /// A device's files, kept so a test can close and reopen it.
+    struct Rig {
+        data: Arc<MemBlockFile>,
+        meta: Arc<SimDisk>,
+        aux: PathBuf,
+    }
+
+    impl Rig {
+        fn new(backend: &str) -> Rig {
+            let cfg = DeviceConfig {
+                uuid: [8; 16],
+                backend: backend.into(),
+                chunk_size: 4096,
+                hash: HashAlgo::Blake3,
+                verify: false,
+                logical_size: 64 * 4096,
+                physical_chunks: 64,
+            };
+            let data = Arc::new(MemBlockFile::new(cfg.data_device_len(), "data"));
+            let meta = Arc::new(SimDisk::new(
+                backends::metadata_device_len(&cfg).unwrap(),
+                "meta",
+                Arc::default(),
+            ));
+            // Tests run in parallel: each rig gets its own directory.
+            static NEXT: AtomicUsize = AtomicUsize::new(0);
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let aux = std::env::temp_dir()
+                .join(format!("dedup-repair-{}-{n}-{backend}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&aux);
+            Device::format(
+                &cfg,
+                data.as_ref(),
+                meta.clone(),
+                &BackendParams::default(),
+                Some(&aux),
+            )
+            .unwrap();
+            Rig { data, meta, aux }
+        }
+
+        fn open(&self, for_check: bool) -> crate::error::Result<Device> {
+            let opts = OpenOptions {
+                writable: true,
+                aux_dir: Some(self.aux.clone()),
+                for_check,
+                ..Default::default()
+            };
+            Device::open(
+                Box::new(self.data.clone()) as Box<dyn BlockFile>,
+                Box::new(self.meta.clone()),
+                &opts,
+                None,
+            )
+        }
+    }
+
+    impl Drop for Rig {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.aux);
+        }
+    }
+
+    fn device(backend: &str) -> (Device, Arc<MemBlockFile>, Rig) {
+        let rig = Rig::new(backend);
+        let dev = rig.open(false).unwrap();
+        (dev, rig.data.clone(), rig)
+    }
+
+    fn kinds(report: &super::CheckReport) -> Vec<ProblemKind> {
+        report.problems.iter().map(|p| p.kind).collect()
     }
 
     fn chunk(n: u8) -> Vec<u8> {
@@ -419,7 +485,7 @@ mod tests {
     #[test]
     fn repair_rebuilds_counts_and_drops_bad_index_entries_for_every_backend() {
         for backend in backends::NAMES {
-            let (dev, data) = device(backend);
+            let (dev, data, _rig) = device(backend);
             for lbn in 0..6u8 {
                 dev.write(lbn as u64 * 4096, &chunk(lbn % 3 + 1), false)
                     .unwrap();
@@ -471,6 +537,180 @@ mod tests {
             dev.write(20 * 4096, &chunk(8), false).unwrap();
             dev.read(20 * 4096, &mut b).unwrap();
             assert_eq!(b, chunk(8));
+            dev.close().unwrap();
+        }
+    }
+
+    #[test]
+    fn repair_drops_an_index_entry_on_a_free_chunk_unless_its_bytes_still_match() {
+        for backend in backends::NAMES {
+            let (dev, data, _rig) = device(backend);
+            dev.write(0, &chunk(1), false).unwrap();
+            dev.write(4096, &chunk(2), false).unwrap();
+            let (reused, _) = dev.inspect_lbn(0).unwrap().unwrap();
+            let (intact, _) = dev.inspect_lbn(1).unwrap().unwrap();
+            // Both chunks are now held only by the hash index (count 1).
+            dev.write(0, &chunk(3), false).unwrap();
+            dev.write(4096, &chunk(4), false).unwrap();
+            {
+                let mut m = dev.meta.lock();
+                // Counts lost: both chunks look free while still indexed.
+                m.refcount_set(reused, 0).unwrap();
+                m.refcount_set(intact, 0).unwrap();
+            }
+            // One of them was reused for other bytes meanwhile.
+            data.write_at(&chunk(42), dev.config().pbn_offset(reused))
+                .unwrap();
+
+            let report = dev.check(false).unwrap();
+            assert!(
+                kinds(&report).contains(&ProblemKind::MappedButFree),
+                "{backend}: {:#?}",
+                report.problems
+            );
+            // Without --data, repair still re-hashes exactly these chunks.
+            let (_, fixed) = dev.repair(false).unwrap();
+            assert_eq!(fixed.index_entries_removed, 1, "{backend}: {fixed:?}");
+            let after = dev.check(true).unwrap();
+            assert!(after.is_clean(), "{backend}: {:#?}", after.problems);
+            assert_eq!(dev.meta.lock().refcount_get(intact).unwrap(), 1);
+
+            // The stale fingerprint no longer attracts its old content...
+            let mut b = vec![0u8; 4096];
+            dev.write(5 * 4096, &chunk(1), false).unwrap();
+            dev.read(5 * 4096, &mut b).unwrap();
+            assert_eq!(b, chunk(1), "{backend}: stale entry shared a reused chunk");
+            // ...while the one whose bytes match still deduplicates.
+            dev.write(6 * 4096, &chunk(2), false).unwrap();
+            assert_eq!(dev.inspect_lbn(6).unwrap().unwrap().0, intact);
+            dev.read(6 * 4096, &mut b).unwrap();
+            assert_eq!(b, chunk(2));
+            dev.close().unwrap();
+        }
+    }
+
+    #[test]
+    fn repair_restores_wrong_totals_so_a_strict_open_accepts_the_device() {
+        for backend in backends::NAMES {
+            let rig = Rig::new(backend);
+            let dev = rig.open(false).unwrap();
+            for lbn in 0..5u8 {
+                dev.write(lbn as u64 * 4096, &chunk(lbn + 1), false)
+                    .unwrap();
+            }
+            {
+                let mut m = dev.meta.lock();
+                let usage = m.usage();
+                // INRAM's index counts itself; only its LBN total can drift.
+                let hash = if *backend == "inram" {
+                    usage.hash_entries
+                } else {
+                    usage.hash_entries + 3
+                };
+                m.set_totals(usage.lbns_mapped + 7, hash).unwrap();
+            }
+            let report = dev.check(false).unwrap();
+            assert!(
+                kinds(&report).contains(&ProblemKind::UsageMismatch),
+                "{backend}: {:#?}",
+                report.problems
+            );
+            dev.close().unwrap();
+            drop(dev);
+
+            let strict = rig.open(false);
+            if *backend == "disktable" {
+                // disktable cross-checks its tables against the totals.
+                let e = strict.err().expect("disktable opened with wrong totals");
+                assert!(e.to_string().contains("recorded"), "{e}");
+            } else {
+                strict.unwrap().close().unwrap();
+            }
+
+            let dev = rig.open(true).unwrap();
+            let report = dev.check(false).unwrap();
+            // INRAM recounts its LBN map when it loads.
+            if *backend != "inram" {
+                assert!(
+                    kinds(&report).contains(&ProblemKind::UsageMismatch),
+                    "{backend} after reopening: {:#?}",
+                    report.problems
+                );
+            }
+            dev.repair(false).unwrap();
+            assert!(dev.check(true).unwrap().is_clean(), "{backend}");
+            dev.close().unwrap();
+            drop(dev);
+
+            let dev = rig.open(false).unwrap();
+            let after = dev.check(true).unwrap();
+            assert!(after.is_clean(), "{backend}: {:#?}", after.problems);
+            assert_eq!(after.lbns_mapped, 5);
+            let mut b = vec![0u8; 4096];
+            dev.read(3 * 4096, &mut b).unwrap();
+            assert_eq!(b, chunk(4));
+            dev.close().unwrap();
+        }
+    }
+
+    #[test]
+    fn repair_unmaps_entries_out_of_range() {
+        for backend in backends::NAMES {
+            let (dev, _data, _rig) = device(backend);
+            dev.write(0, &chunk(1), false).unwrap();
+            dev.write(4096, &chunk(2), false).unwrap();
+            // An LBN naming a PBN beyond the data device (INRAM refuses to
+            // hold one at all).
+            if dev.meta.lock().lbn_map_insert(1, 1_000_000).is_err() {
+                assert!(matches!(*backend, "inram" | "disktable"), "{backend}");
+                continue;
+            }
+            let report = dev.check(false).unwrap();
+            assert!(
+                kinds(&report).contains(&ProblemKind::OutOfRange),
+                "{backend}: {:#?}",
+                report.problems
+            );
+            dev.repair(false).unwrap();
+            let after = dev.check(true).unwrap();
+            assert!(after.is_clean(), "{backend}: {:#?}", after.problems);
+            let mut b = vec![0u8; 4096];
+            dev.read(4096, &mut b).unwrap();
+            assert_eq!(b, vec![0u8; 4096], "{backend}: the bad LBN reads as a hole");
+            dev.read(0, &mut b).unwrap();
+            assert_eq!(b, chunk(1));
+            dev.close().unwrap();
+        }
+    }
+
+    #[test]
+    fn repair_unmaps_lbns_beyond_a_shrunken_device() {
+        // Key-value backends store LBNs as keys, so a damaged superblock
+        // size can leave keys beyond the device; the tables of inram and
+        // disktable are sized by the superblock and cannot hold one.
+        for backend in ["cowbtree", "lsm"] {
+            let rig = Rig::new(backend);
+            let dev = rig.open(false).unwrap();
+            dev.write(0, &chunk(1), false).unwrap();
+            dev.write(60 * 4096, &chunk(2), false).unwrap();
+            dev.close().unwrap();
+            drop(dev);
+            let mut sb = Superblock::read(rig.meta.as_ref(), Path::new("meta")).unwrap();
+            sb.config.logical_size = 32 * 4096;
+            sb.write(rig.meta.as_ref()).unwrap();
+
+            let dev = rig.open(true).unwrap();
+            let report = dev.check(false).unwrap();
+            assert!(
+                kinds(&report).contains(&ProblemKind::OutOfRange),
+                "{backend}: {:#?}",
+                report.problems
+            );
+            let (_, fixed) = dev.repair(false).unwrap();
+            assert_eq!(fixed.lbns_unmapped, 1, "{backend}: {fixed:?}");
+            let after = dev.check(true).unwrap();
+            assert!(after.is_clean(), "{backend}: {:#?}", after.problems);
+            assert_eq!(after.lbns_mapped, 1);
             dev.close().unwrap();
         }
     }

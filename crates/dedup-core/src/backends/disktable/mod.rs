@@ -109,11 +109,18 @@ impl Slots for HashSlots<'_> {
 }
 
 /// disktable's fields in the superblock backend area, after the parameters.
+/// The disktable layout (journal and table formats). 2: the journal body
+/// is checked by blake3 and holds every table block; 1 (recorded as 0, the
+/// field did not exist) had a crc32c body check and a journal of at most
+/// 64 MiB.
+const LAYOUT: u32 = 2;
+
 fn encode_area(params: &BackendParams, geo: &Geometry) -> Vec<u8> {
     let mut e = Encoder::default();
     e.bytes(&params.encode())
         .pad_to(AREA_OFFSET)
-        .u64(geo.journal_blocks);
+        .u64(geo.journal_blocks)
+        .u32(LAYOUT);
     e.buf
 }
 
@@ -124,6 +131,22 @@ fn decode_area(area: &[u8], cfg: &DeviceConfig) -> Result<(BackendParams, Geomet
         "disktable layout (superblock backend area)",
     );
     let journal_blocks = d.u64()?;
+    let layout = d.u32()?;
+    if layout != LAYOUT {
+        return Err(Error::corrupt(
+            "disktable layout (superblock backend area)",
+            format!(
+                "layout {} but this dedup reads layout {LAYOUT}: {}",
+                layout.max(1),
+                if layout < LAYOUT {
+                    "the device was made by an earlier development version of dedup; \
+                     copy its data off with that version and create it again"
+                } else {
+                    "the device was made by a newer dedup; use that version"
+                }
+            ),
+        ));
+    }
     let geo = Geometry::new(cfg);
     if journal_blocks != geo.journal_blocks {
         return Err(Error::corrupt(
@@ -211,7 +234,14 @@ fn open_table(
         }
         StoreState::decode(&root[HEADER + 4..HEADER + 4 + len], "disktable root block")?
     };
-    let space = load_space(file.as_ref(), &cfg, &geo, &state, &mut cache.io)?;
+    let space = load_space(
+        file.as_ref(),
+        &cfg,
+        &geo,
+        &state,
+        opts.for_check,
+        &mut cache.io,
+    )?;
     // Dmdedup §2.6.2: write back when more than 75 % of the cache is dirty.
     // (The journal holds every table block, so no transaction outgrows it.)
     let dirty_limit = (cache.capacity_blocks() * 3 / 4).max(1);
@@ -275,12 +305,14 @@ fn scan_blocks(
 /// allocation map from the refcount array, and cross-check the totals of
 /// all three tables against the root block. A block lost or zeroed since
 /// the last commit cannot then go unnoticed (a zero block is also a valid
-/// empty one).
+/// empty one). `for_check` logs what `check` reports and `repair` fixes
+/// instead of refusing.
 fn load_space(
     file: &dyn BlockFile,
     cfg: &DeviceConfig,
     geo: &Geometry,
     state: &StoreState,
+    for_check: bool,
     io: &mut MetaIoStats,
 ) -> Result<SpaceMap> {
     let nr = cfg.physical_chunks;
@@ -318,6 +350,7 @@ fn load_space(
             at: 0,
             entries: cfg.logical_chunks(),
             pbns: nr,
+            for_check,
         },
     )?;
     let entries = count_pbn_entries(
@@ -334,6 +367,7 @@ fn load_space(
             at: 32,
             entries: geo.hash_slots,
             pbns: nr,
+            for_check,
         },
     )?;
     for (what, found, recorded) in [
@@ -342,10 +376,14 @@ fn load_space(
         ("fingerprints are indexed", entries, state.hash_entries),
     ] {
         if found != recorded {
-            return Err(Error::corrupt(
-                "disktable tables",
-                format!("{found} {what} but the last commit recorded {recorded}"),
-            ));
+            let detail = format!("{found} {what} but the last commit recorded {recorded}");
+            if !for_check {
+                return Err(Error::corrupt(
+                    "disktable tables",
+                    format!("{detail}; {REPAIR}"),
+                ));
+            }
+            tracing::warn!("disktable tables: {detail}");
         }
     }
     Ok(space)
@@ -365,7 +403,13 @@ struct PbnEntries {
     entries: u64,
     /// PBNs on the data device.
     pbns: u64,
+    /// Count an entry beyond the device (for `check` to report) instead of
+    /// refusing.
+    for_check: bool,
 }
+
+/// What to do about damage `check --repair` fixes.
+const REPAIR: &str = "`dedup check --repair DIR` (device stopped) reports and fixes this";
 
 /// Count a table's non-empty entries, refusing one beyond the data device.
 fn count_pbn_entries(
@@ -381,10 +425,11 @@ fn count_pbn_entries(
             let v = read_u64(block, HEADER + k as usize * t.stride + t.at);
             if n < t.entries && v != 0 {
                 if v > t.pbns {
-                    return Err(Error::corrupt(
-                        t.table,
-                        format!("{} {n} names a PBN beyond the data device", t.entry),
-                    ));
+                    let what = format!("{} {n} names a PBN beyond the data device", t.entry);
+                    if !t.for_check {
+                        return Err(Error::corrupt(t.table, format!("{what}; {REPAIR}")));
+                    }
+                    tracing::warn!("{}: {what}", t.table);
                 }
                 found += 1;
             }
@@ -489,7 +534,7 @@ impl MetadataBackend for DiskTable {
 
     fn lbn_map_delete(&mut self, lbn: Lbn) -> Result<()> {
         if self.lbn_map_lookup(lbn)?.is_some() {
-            self.lbns_mapped -= 1;
+            self.lbns_mapped = self.lbns_mapped.saturating_sub(1);
             self.set_lbn(lbn, 0)?;
         }
         Ok(())
@@ -520,7 +565,7 @@ impl MetadataBackend for DiskTable {
 
     fn hash_index_delete(&mut self, fp: &Fingerprint) -> Result<()> {
         if probe::delete(&mut self.slots(), fp)?.is_some() {
-            self.hash_entries -= 1;
+            self.hash_entries = self.hash_entries.saturating_sub(1);
         }
         Ok(())
     }

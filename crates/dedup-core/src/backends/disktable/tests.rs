@@ -283,3 +283,17 @@ fn a_torn_journal_under_an_older_header_is_not_replayed() {
     }
     assert_eq!(probe, t.usage().lbns_mapped);
 }
+
+#[test]
+fn a_device_of_another_layout_is_refused_with_what_to_do() {
+    for (layout, advice) in [(0u32, "earlier development version"), (9, "newer dedup")] {
+        let meta = formatted(Arc::default());
+        let mut sb = Superblock::read(meta.as_ref(), std::path::Path::new("meta")).unwrap();
+        let at = AREA_OFFSET + 8;
+        sb.backend_area[at..at + 4].copy_from_slice(&layout.to_le_bytes());
+        sb.write(meta.as_ref()).unwrap();
+        let e = open_tiny(meta).err().expect("opened a foreign layout");
+        let msg = e.to_string();
+        assert!(msg.contains("layout") && msg.contains(advice), "{msg}");
+    }
+}

@@ -341,7 +341,7 @@ impl MetadataBackend for InRam {
     fn lbn_map_delete(&mut self, lbn: Lbn) -> Result<()> {
         let i = self.check_lbn(lbn)?;
         if self.lbn_map[i] != 0 {
-            self.lbns_mapped -= 1;
+            self.lbns_mapped = self.lbns_mapped.saturating_sub(1);
             self.lbn_map[i] = 0;
         }
         Ok(())

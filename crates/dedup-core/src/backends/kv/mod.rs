@@ -232,8 +232,14 @@ impl<S: KvStore> MetadataBackend for KvBackend<S> {
     }
 
     fn lbn_map_delete(&mut self, lbn: Lbn) -> Result<()> {
-        if self.lbn_map_lookup(lbn)?.is_some() {
-            self.lbns_mapped -= 1;
+        // No range check here: a repair deletes stray keys beyond the device.
+        let current = match self.changes.lbn_map.get(&lbn) {
+            Some(&v) => v,
+            None => self.store.get_lbn(lbn)?,
+        };
+        if current.is_some() {
+            // Saturating: the totals come from disk and may be damaged.
+            self.lbns_mapped = self.lbns_mapped.saturating_sub(1);
             self.changes.lbn_map.insert(lbn, None);
             self.writes_in_txn += 1;
         }
@@ -263,7 +269,7 @@ impl<S: KvStore> MetadataBackend for KvBackend<S> {
 
     fn hash_index_delete(&mut self, fp: &Fingerprint) -> Result<()> {
         if self.hash_index_lookup(fp)?.is_some() {
-            self.hash_entries -= 1;
+            self.hash_entries = self.hash_entries.saturating_sub(1);
             self.changes.hash_index.insert(*fp, None);
         }
         Ok(())
