@@ -14,11 +14,11 @@ run() {
     BACKEND=$backend bash "$here/$t.sh"
     echo "=== e2e: $t ($backend) passed in $(($(date +%s) - start)) s"
 }
-for t in nbdcopy qemu-io fio lifecycle ext4 bench; do
+for t in nbdcopy qemu-io fio lifecycle ext4 bench replay; do
     run inram "$t"
 done
 for backend in disktable cowbtree lsm; do
-    for t in nbdcopy qemu-io fio ext4 crash-kill; do
+    for t in nbdcopy qemu-io fio ext4 crash-kill replay; do
         run "$backend" "$t"
     done
 done

@@ -30,6 +30,8 @@ enum Command {
     Gc(cmd::gc::Args),
     Check(cmd::check::Args),
     Bench(cmd::bench::Args),
+    Replay(cmd::replay::Args),
+    Trace(cmd::trace::Args),
 }
 
 fn main() -> ExitCode {
@@ -49,6 +51,8 @@ fn main() -> ExitCode {
         Command::Gc(a) => cmd::gc::run(a),
         Command::Check(a) => cmd::check::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Replay(a) => cmd::replay::run(a),
+        Command::Trace(a) => cmd::trace::run(a),
     };
     match result {
         Ok(code) => code,

@@ -6,7 +6,10 @@
 //! Keys: `dir=DIR` (a device directory; also the bare argument), or
 //! `data=PATH meta=PATH` for explicit halves; `control=PATH` for the control
 //! socket (default `DIR/control.sock`); `accept_unclean=true` to roll back
-//! after an unclean stop.
+//! after an unclean stop; `record=FILE` to record every request as a
+//! trace for `dedup replay`.
+
+mod record;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -14,7 +17,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use dedup_core::control::ControlServer;
 use dedup_core::layout::{self, DevicePaths, CONTROL_SOCKET_NAME};
 use dedup_core::{Device, OpenOptions};
+use dedup_trace::Op;
 use nbdkit::*;
+use record::Recorder;
 
 #[derive(Default)]
 struct Settings {
@@ -24,12 +29,14 @@ struct Settings {
     control: Option<PathBuf>,
     accept_unclean: bool,
     cache_bytes: Option<u64>,
+    record: Option<PathBuf>,
 }
 
 #[derive(Default)]
 struct Served {
     device: Option<Arc<Device>>,
     control: Option<ControlServer>,
+    recorder: Option<Arc<Recorder>>,
 }
 
 static SETTINGS: Mutex<Settings> = Mutex::new(Settings {
@@ -39,10 +46,12 @@ static SETTINGS: Mutex<Settings> = Mutex::new(Settings {
     control: None,
     accept_unclean: false,
     cache_bytes: None,
+    record: None,
 });
 static SERVED: Mutex<Served> = Mutex::new(Served {
     device: None,
     control: None,
+    recorder: None,
 });
 
 /// A poisoned mutex only means another callback panicked; the data is fine.
@@ -91,6 +100,16 @@ fn paths(s: &Settings) -> Result<DevicePaths> {
 
 struct DedupPlugin {
     device: Arc<Device>,
+    recorder: Option<Arc<Recorder>>,
+}
+
+impl DedupPlugin {
+    /// Record a completed request without data (`record=FILE`).
+    fn record(&self, op: Op, offset: u64, len: u64, fua: bool) {
+        if let Some(r) = &self.recorder {
+            r.other(op, offset, len, fua);
+        }
+    }
 }
 
 impl Server for DedupPlugin {
@@ -121,7 +140,8 @@ impl Server for DedupPlugin {
              data=PATH meta=PATH     Explicit data and metadata devices.\n\
              control=PATH            Control socket for `dedup status/gc` (default DIR/control.sock).\n\
              accept_unclean=BOOL     After an unclean stop, roll back to the last clean state.\n\
-             cache=SIZE              Metadata cache size (overrides the one chosen at create).",
+             cache=SIZE              Metadata cache size (overrides the one chosen at create).\n\
+             record=FILE             Record every request as a trace (`dedup replay`).",
         )
     }
 
@@ -134,9 +154,10 @@ impl Server for DedupPlugin {
             "control" => s.control = Some(PathBuf::from(value)),
             "accept_unclean" => s.accept_unclean = parse_bool(value)?,
             "cache" => s.cache_bytes = Some(parse_size(value)? as u64),
+            "record" => s.record = Some(PathBuf::from(value)),
             _ => {
                 return Err(einval(format!(
-                    "unknown key {key:?}: the dedup plugin takes dir, data, meta, control, accept_unclean, cache"
+                    "unknown key {key:?}: the dedup plugin takes dir, data, meta, control, accept_unclean, cache, record"
                 )))
             }
         }
@@ -173,7 +194,18 @@ impl Server for DedupPlugin {
             for_check: false,
         };
         let device = layout::open(&paths, &opts).map_err(nbd_error)?;
-        lock(&SERVED).device = Some(Arc::new(device));
+        let recorder = match &s.record {
+            Some(path) => Some(Arc::new(Recorder::create(path).map_err(|e| {
+                Error::new(
+                    libc::EIO,
+                    format!("cannot create the trace file {}: {e}", path.display()),
+                )
+            })?)),
+            None => None,
+        };
+        let mut served = lock(&SERVED);
+        served.device = Some(Arc::new(device));
+        served.recorder = recorder;
         Ok(())
     }
 
@@ -197,6 +229,9 @@ impl Server for DedupPlugin {
         if let Some(control) = served.control.take() {
             control.stop();
         }
+        if let Some(recorder) = served.recorder.take() {
+            recorder.finish();
+        }
         if let Some(device) = served.device.take() {
             // A failed save (say, a full filesystem under the metadata file)
             // may clear up; the session's metadata is worth a few retries.
@@ -218,11 +253,15 @@ impl Server for DedupPlugin {
     }
 
     fn open(_readonly: bool) -> Result<Box<dyn Server>> {
-        let device = lock(&SERVED)
+        let served = lock(&SERVED);
+        let device = served
             .device
             .clone()
             .ok_or_else(|| Error::new(libc::EIO, "the dedup device is not open"))?;
-        Ok(Box::new(DedupPlugin { device }))
+        Ok(Box::new(DedupPlugin {
+            device,
+            recorder: served.recorder.clone(),
+        }))
     }
 
     fn get_size(&self) -> Result<i64> {
@@ -230,33 +269,42 @@ impl Server for DedupPlugin {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        request("read", || self.device.read(offset, buf))
+        request("read", || self.device.read(offset, buf))?;
+        self.record(Op::Read, offset, buf.len() as u64, false);
+        Ok(())
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, flags: Flags) -> Result<()> {
-        request("write", || {
-            self.device.write(offset, buf, flags.contains(Flags::FUA))
-        })
+        let fua = flags.contains(Flags::FUA);
+        request("write", || self.device.write(offset, buf, fua))?;
+        if let Some(r) = &self.recorder {
+            r.write(offset, buf, fua);
+        }
+        Ok(())
     }
 
     fn trim(&self, count: u32, offset: u64, flags: Flags) -> Result<()> {
-        request("trim", || {
-            self.device
-                .discard(offset, count as u64, flags.contains(Flags::FUA))
-        })
+        let fua = flags.contains(Flags::FUA);
+        request("trim", || self.device.discard(offset, count as u64, fua))?;
+        self.record(Op::Trim, offset, count as u64, fua);
+        Ok(())
     }
 
     /// Zeroing is always fast here (zero chunks are unmapped, never
     /// written), so FAST_ZERO needs no special case.
     fn zero(&self, count: u32, offset: u64, flags: Flags) -> Result<()> {
+        let fua = flags.contains(Flags::FUA);
         request("write zeroes", || {
-            self.device
-                .write_zeroes(offset, count as u64, flags.contains(Flags::FUA))
-        })
+            self.device.write_zeroes(offset, count as u64, fua)
+        })?;
+        self.record(Op::Zero, offset, count as u64, fua);
+        Ok(())
     }
 
     fn flush(&self) -> Result<()> {
-        request("flush", || self.device.flush())
+        request("flush", || self.device.flush())?;
+        self.record(Op::Flush, 0, 0, false);
+        Ok(())
     }
 
     fn extents(&self, count: u32, offset: u64, flags: Flags, h: &mut ExtentHandle) -> Result<()> {

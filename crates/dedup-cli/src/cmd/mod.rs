@@ -5,8 +5,10 @@ pub mod check;
 pub mod create;
 pub mod gc;
 pub mod nbdkit;
+pub mod replay;
 pub mod serve;
 pub mod status;
+pub mod trace;
 
 use std::path::{Path, PathBuf};
 

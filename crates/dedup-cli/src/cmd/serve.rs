@@ -21,7 +21,7 @@ const PID_FILE_NAME: &str = "nbdkit.pid";
 #[derive(clap::Args)]
 #[command(
     about = "Serve a device over NBD (runs nbdkit with the dedup plugin) until Ctrl-C",
-    after_help = "Examples:\n  dedup serve ./dev                      # Unix socket ./dev/nbd.sock\n  dedup serve ./dev --port 10809         # TCP on localhost\n  dedup serve ./dev --accept-unclean     # roll back after a crash\n\nAttach the device with nbd-client, qemu, or nbdfuse + losetup (printed when ready)."
+    after_help = "Examples:\n  dedup serve ./dev                      # Unix socket ./dev/nbd.sock\n  dedup serve ./dev --port 10809         # TCP on localhost\n  dedup serve ./dev --accept-unclean     # roll back after a crash\n  dedup serve ./dev --record build.trace # capture the workload for `dedup replay`\n\nAttach the device with nbd-client, qemu, or nbdfuse + losetup (printed when ready)."
 )]
 pub struct Args {
     /// Device directory made by `dedup create`.
@@ -45,6 +45,10 @@ pub struct Args {
     /// nbdkit worker threads (requests in flight).
     #[arg(long, default_value_t = 16)]
     pub threads: u32,
+    /// Record every request (time, op, offset, length, chunk fingerprints;
+    /// no data) to FILE, to replay later with `dedup replay FILE DIR`.
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
     /// The nbdkit plugin (default: libdedup_nbd.so next to this program).
     #[arg(long, env = "DEDUP_PLUGIN")]
     pub plugin: Option<PathBuf>,
@@ -99,6 +103,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     if let Some(cache) = a.cache {
         plugin_args.push(format!("cache={cache}").into());
+    }
+    if let Some(record) = &a.record {
+        let path = std::path::absolute(record).context("resolving --record")?;
+        plugin_args.push(format!("record={}", path.display()).into());
     }
     let mut server = Nbdkit::spawn(&nbdkit, &listen, &pidfile, a.threads, &plugin_args)?;
     let pid = server.pid();

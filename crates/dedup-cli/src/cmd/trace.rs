@@ -1,0 +1,245 @@
+//! `dedup trace gen` (synthetic traces shaped like Dmdedup Table 1's) and
+//! `dedup trace stats` (a trace's own Table 1 columns).
+
+use std::io::{BufReader, BufWriter};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use dedup_core::size::format_size;
+use dedup_trace::gen::{GenParams, Generator, Preset};
+use dedup_trace::native::Writer;
+use dedup_trace::stats::{StatsBuilder, TraceStats};
+use dedup_trace::TraceReader;
+
+use super::{print_json, size_arg};
+
+#[derive(clap::Args)]
+#[command(about = "Make synthetic traces, or show a trace's statistics")]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: TraceCommand,
+}
+
+#[derive(clap::Subcommand)]
+pub enum TraceCommand {
+    Gen(GenArgs),
+    Stats(StatsArgs),
+}
+
+#[derive(clap::Args)]
+#[command(
+    about = "Write a synthetic trace (dedup's format) with a chosen dedup ratio, mix, sizes and locality",
+    after_help = "Presets take Dmdedup Table 1's dedup ratio, read share and working-set share;\n\
+        options given after them override.\n\nExamples:\n  dedup trace gen web.trace --preset web --size 2G\n  dedup trace gen t.trace --size 256M --dedup-ratio 4 --read-share 0.3 --request-sizes 4k,64k --working-set 128M"
+)]
+pub struct GenArgs {
+    /// Where to write the trace.
+    pub out: PathBuf,
+    /// web, mail or homes (FIU traces of Dmdedup Table 1).
+    #[arg(long, value_parser = ["web", "mail", "homes"])]
+    pub preset: Option<String>,
+    /// Bytes the trace writes in total.
+    #[arg(long, value_parser = size_arg, default_value = "1G")]
+    pub size: u64,
+    /// Written blocks / distinct contents (1 = nothing deduplicates).
+    #[arg(long)]
+    pub dedup_ratio: Option<f64>,
+    /// Share of requests that are reads, 0 to below 1.
+    #[arg(long)]
+    pub read_share: Option<f64>,
+    /// Request sizes (multiples of 4 KiB), drawn uniformly.
+    #[arg(long, value_delimiter = ',', value_parser = size_arg)]
+    pub request_sizes: Option<Vec<u64>>,
+    /// Probability that a request starts where the previous one ended.
+    #[arg(long)]
+    pub locality: Option<f64>,
+    /// The span of offsets requests fall in.
+    #[arg(long, value_parser = size_arg)]
+    pub working_set: Option<u64>,
+    /// A FLUSH after every N writes (0: none).
+    #[arg(long)]
+    pub flush_every: Option<u64>,
+    /// Requests per second, for the timestamps (`replay --timing`).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print the trace's statistics as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args)]
+#[command(about = "A trace's statistics: Dmdedup Table 1's columns and the span a replay needs")]
+pub struct StatsArgs {
+    pub trace: PathBuf,
+    /// Refuse the trace at its first malformed line (default: skip and count).
+    #[arg(long)]
+    pub strict: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    match a.command {
+        TraceCommand::Gen(g) => gen(g),
+        TraceCommand::Stats(s) => stats(s),
+    }
+}
+
+fn gen(a: GenArgs) -> anyhow::Result<ExitCode> {
+    let mut p = match a.preset.as_deref().and_then(Preset::parse) {
+        Some(preset) => preset.params(a.size, a.seed),
+        None => GenParams {
+            seed: a.seed,
+            write_bytes: a.size,
+            dedup_ratio: 2.0,
+            read_share: 0.0,
+            request_sizes: vec![4096],
+            locality: 0.0,
+            working_set: a.size.div_ceil(4096) * 4096,
+            flush_every: 0,
+            rate: 10_000.0,
+        },
+    };
+    p.dedup_ratio = a.dedup_ratio.unwrap_or(p.dedup_ratio);
+    p.read_share = a.read_share.unwrap_or(p.read_share);
+    p.request_sizes = a.request_sizes.unwrap_or(p.request_sizes);
+    p.locality = a.locality.unwrap_or(p.locality);
+    p.working_set = a.working_set.unwrap_or(p.working_set);
+    p.flush_every = a.flush_every.unwrap_or(p.flush_every);
+    p.rate = a.rate.unwrap_or(p.rate);
+    let generator = Generator::new(p).map_err(anyhow::Error::msg)?;
+    let file =
+        std::fs::File::create(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let mut w = Writer::new(BufWriter::new(file))?;
+    let mut b = StatsBuilder::default();
+    for r in generator {
+        b.add(&r);
+        w.write(&r)?;
+    }
+    w.into_inner()
+        .into_inner()
+        .map_err(|e| e.into_error())
+        .and_then(|f| f.sync_all())
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    let s = b.finish();
+    if a.json {
+        print_json(&s)?;
+    } else {
+        print!("{}", table(&s));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Read a whole trace for its statistics (and the blocks a replay should
+/// pre-fill). Malformed lines are reported on stderr.
+pub fn measure(
+    path: &Path,
+    strict: bool,
+    bar: Option<&indicatif::ProgressBar>,
+) -> anyhow::Result<(TraceStats, Vec<u64>, u64)> {
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let len = file.metadata()?.len();
+    if let Some(bar) = bar {
+        bar.set_length(len);
+    }
+    let input = BufReader::with_capacity(1 << 20, ProgressRead { inner: file, bar });
+    let mut reader = TraceReader::new(input, strict);
+    let mut b = StatsBuilder::default();
+    for r in reader.by_ref() {
+        let r = r.with_context(|| format!("in {}", path.display()))?;
+        b.add(&r);
+    }
+    report_skipped(path, &reader);
+    let stats = b.finish();
+    if stats.requests == 0 {
+        bail!("{} holds no requests", path.display());
+    }
+    Ok((stats, b.prefill_blocks().to_vec(), reader.skipped))
+}
+
+pub fn report_skipped<R: std::io::BufRead>(path: &Path, reader: &TraceReader<R>) {
+    if reader.skipped > 0 {
+        eprintln!(
+            "dedup: skipped {} malformed line(s) of {} (--strict refuses them):",
+            reader.skipped,
+            path.display()
+        );
+        for s in &reader.first_skipped {
+            eprintln!("  {s}");
+        }
+    }
+}
+
+/// Counts bytes read into a progress bar.
+pub struct ProgressRead<'a, R> {
+    pub inner: R,
+    pub bar: Option<&'a indicatif::ProgressBar>,
+}
+
+impl<R: std::io::Read> std::io::Read for ProgressRead<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if let Some(bar) = self.bar {
+            bar.inc(n as u64);
+        }
+        Ok(n)
+    }
+}
+
+fn stats(a: StatsArgs) -> anyhow::Result<ExitCode> {
+    let bar = super::replay::bytes_bar("reading the trace")?;
+    let (s, _, _) = measure(&a.trace, a.strict, Some(&bar))?;
+    bar.finish_and_clear();
+    if a.json {
+        print_json(&s)?;
+    } else {
+        print!("{}", table(&s));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Dmdedup Table 1's columns for one trace.
+pub fn table(s: &TraceStats) -> String {
+    let mut out = String::new();
+    let gib = |b: u64| format_size(b);
+    let _ = writeln!(
+        out,
+        "requests {} ({} reads, {} writes, {} trims/zeroes, {} flushes) over {:.1} s",
+        s.requests,
+        s.reads,
+        s.writes,
+        s.trims + s.zeroes,
+        s.flushes,
+        s.duration_s
+    );
+    let _ = writeln!(
+        out,
+        "{:>12} {:>18} {:>18} {:>12} {:>8} {:>10} {:>12} {:>10}",
+        "written",
+        "unique (content)",
+        "unique (offset)",
+        "read",
+        "dedup",
+        "block",
+        "accessed",
+        "span"
+    );
+    let _ = writeln!(
+        out,
+        "{:>12} {:>18} {:>18} {:>12} {:>8.2} {:>10} {:>12} {:>10}",
+        gib(s.written_bytes),
+        gib(s.written_unique_by_content_bytes),
+        gib(s.written_unique_by_offset_bytes),
+        gib(s.read_bytes),
+        s.dedup_ratio,
+        s.block_size,
+        gib(s.accessed_bytes),
+        gib(s.span_bytes)
+    );
+    out
+}
+
+use std::fmt::Write as _;
