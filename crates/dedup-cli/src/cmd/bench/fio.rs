@@ -16,6 +16,17 @@ pub enum Dataset {
     Unique,
     /// One 4 KiB block repeated (Dmdedup's All-duplicates).
     Alldup,
+    /// The --source tree as one tar stream, copied onto the device by nbdcopy.
+    Tar,
+    /// The --source tree extracted as files onto ext4 over the device.
+    Files,
+}
+
+impl Dataset {
+    /// Written by fio (with --patterns), or by a real client as it writes.
+    pub fn by_fio(self) -> bool {
+        matches!(self, Dataset::Unique | Dataset::Alldup)
+    }
 }
 
 /// How a run writes.
@@ -28,13 +39,15 @@ pub enum Pattern {
     Seq640k,
     /// Random 4 KiB writes.
     Rand4k,
+    /// As the client writes it (tar and files datasets).
+    Stream,
 }
 
 impl Pattern {
     fn block(self) -> &'static str {
         match self {
             Pattern::Seq640k => "640k",
-            Pattern::Rand4k => "4k",
+            Pattern::Rand4k | Pattern::Stream => "4k",
         }
     }
 }
@@ -74,9 +87,9 @@ pub struct Measured {
 
 pub fn run(fio: &Path, job: &Job, output: &Path) -> anyhow::Result<Measured> {
     let rw = match (job.phase, job.pattern) {
-        (Phase::Write, Pattern::Seq640k) => "write",
+        (Phase::Write, Pattern::Seq640k | Pattern::Stream) => "write",
         (Phase::Write, Pattern::Rand4k) => "randwrite",
-        (Phase::Read, Pattern::Seq640k) => "read",
+        (Phase::Read, Pattern::Seq640k | Pattern::Stream) => "read",
         (Phase::Read, Pattern::Rand4k) => "randread",
     };
     let mut cmd = Command::new(fio);
@@ -100,6 +113,9 @@ pub fn run(fio: &Path, job: &Job, output: &Path) -> anyhow::Result<Measured> {
         Dataset::Alldup => cmd
             .arg("--scramble_buffers=0")
             .arg("--buffer_pattern=0x5eed5eed"),
+        Dataset::Tar | Dataset::Files => {
+            bail!("the {:?} dataset is not written by fio", job.dataset)
+        }
     };
     if job.flush_every > 0 && job.phase == Phase::Write {
         cmd.arg(format!("--fsync={}", job.flush_every));

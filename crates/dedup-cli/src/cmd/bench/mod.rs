@@ -3,6 +3,7 @@
 //! all alike; medians, spreads and ratios to the raw baseline; a table,
 //! JSON, and an SVG chart.
 
+mod client;
 mod fio;
 mod plot;
 mod report;
@@ -11,7 +12,7 @@ mod systems;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
 use super::nbdkit::{find_plugin, find_program};
@@ -22,7 +23,7 @@ use systems::{System, Tools};
 #[derive(clap::Args)]
 #[command(
     about = "Benchmark dedup backends against the raw device (fio over NBD), side by side",
-    after_help = "Examples:\n  dedup bench --runtime 5\n  dedup bench --systems raw,inram,disktable --cache 1,25,100 --patterns rand4k\n  dedup bench --preset dmdedup --plot backends.svg --out backends.json\n\nNeeds nbdkit and fio. Devices are created fresh for each run in --dir and removed after."
+    after_help = "Examples:\n  dedup bench --runtime 5\n  dedup bench --datasets tar,files --source ~/src/releases --systems raw,inram,lsm\n  dedup bench --systems raw,inram,disktable --cache 1,25,100 --patterns rand4k\n  dedup bench --preset dmdedup --plot backends.svg --out backends.json\n\nNeeds nbdkit and fio. Devices are created fresh for each run in --dir and removed after."
 )]
 pub struct Args {
     /// Systems: raw (nbdkit's file plugin on the same storage) and backends.
@@ -46,6 +47,8 @@ pub struct Args {
         default_value = "unique,alldup"
     )]
     pub datasets: Vec<Dataset>,
+    /// fio's write patterns (unique and alldup); tar and files are written
+    /// as their client writes them.
     #[arg(
         long,
         value_delimiter = ',',
@@ -53,6 +56,10 @@ pub struct Args {
         default_value = "seq640k,rand4k"
     )]
     pub patterns: Vec<Pattern>,
+    /// The dataset for `tar` and `files`: a directory (archived once with
+    /// tar) or a tar file. `files` needs root, nbdfuse and mkfs.ext4.
+    #[arg(long, value_name = "DIR|TAR")]
+    pub source: Option<PathBuf>,
     /// Device size (logical = physical).
     #[arg(long, value_parser = size_arg, default_value = "4G")]
     pub size: u64,
@@ -70,6 +77,10 @@ pub struct Args {
     /// Send a FLUSH every N writes (0: only what the backend does itself).
     #[arg(long, default_value_t = 0)]
     pub flush_every: u32,
+    /// Synchronous writes: every write carries FUA (nbdkit's fua filter
+    /// forces it, for the raw baseline too).
+    #[arg(long)]
+    pub sync: bool,
     /// After each write run, read back what it wrote.
     #[arg(long)]
     pub read: bool,
@@ -110,6 +121,8 @@ pub struct Settings {
     pub iodepth: u32,
     pub jobs: u32,
     pub flush_every: u32,
+    #[serde(default)]
+    pub sync: bool,
 }
 
 /// What --out writes and --from reads.
@@ -164,6 +177,10 @@ pub struct Run {
     pub metadata_writes: Option<u64>,
     pub metadata_syncs: Option<u64>,
     pub metadata_bytes_written: Option<u64>,
+    /// Bytes the system holds on its data storage after the run: chunks in
+    /// use for dedup, allocated blocks of the image file for raw.
+    #[serde(default)]
+    pub physical_bytes: Option<u64>,
 }
 
 fn expand(a: &Args) -> Vec<System> {
@@ -220,10 +237,25 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         ),
         None => (a.datasets.clone(), a.patterns.clone()),
     };
+    if patterns.contains(&Pattern::Stream) {
+        bail!("--patterns takes seq640k and rand4k; tar and files are written as their client writes them");
+    }
+    // (dataset, pattern) pairs in run order.
+    let workloads: Vec<(Dataset, Pattern)> = datasets
+        .iter()
+        .flat_map(|&d| {
+            if d.by_fio() {
+                patterns.iter().map(|&p| (d, p)).collect::<Vec<_>>()
+            } else {
+                vec![(d, Pattern::Stream)]
+            }
+        })
+        .collect();
     let tools = Tools {
         nbdkit: find_program(std::path::Path::new("nbdkit"))?,
         plugin: find_plugin(a.plugin.clone())?,
         threads: a.threads,
+        sync: a.sync,
     };
     let fio =
         find_program(std::path::Path::new("fio")).context("fio is needed: apt-get install fio")?;
@@ -236,7 +268,27 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             .keep(),
     };
     std::fs::create_dir_all(&workdir)?;
-    let total = systems.len() * datasets.len() * patterns.len() * a.repeat as usize;
+    let tar = match (datasets.iter().any(|d| !d.by_fio()), &a.source) {
+        (false, _) => None,
+        (true, None) => bail!("the tar and files datasets need --source DIR or --source FILE.tar"),
+        (true, Some(src)) => {
+            let tar = client::tar_stream(src, &workdir)?;
+            let len = std::fs::metadata(&tar)?.len();
+            // ext4 needs room beyond the data: its metadata and journal.
+            if len + len / 4 + (64 << 20) > a.size {
+                bail!(
+                    "the dataset's tar stream is {} but devices are {}: pass --size {} or more",
+                    dedup_core::size::format_size(len),
+                    dedup_core::size::format_size(a.size),
+                    dedup_core::size::format_size(
+                        (len + len / 4 + (64 << 20)).div_ceil(1 << 30) << 30
+                    )
+                );
+            }
+            Some(tar)
+        }
+    };
+    let total = systems.len() * workloads.len() * a.repeat as usize;
     let bar = indicatif::ProgressBar::new(total as u64).with_style(
         indicatif::ProgressStyle::with_template(
             "{msg:40} [{bar:30}] {pos}/{len} runs, {eta} left",
@@ -245,26 +297,28 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     );
     let mut runs = Vec::new();
     for rep in 0..a.repeat {
-        for &dataset in &datasets {
-            for &pattern in &patterns {
-                // Alternate the order so slow drift of the machine hits all systems alike.
-                let order: Vec<&System> = if rep % 2 == 0 {
-                    systems.iter().collect()
-                } else {
-                    systems.iter().rev().collect()
+        for &(dataset, pattern) in &workloads {
+            // Alternate the order so slow drift of the machine hits all systems alike.
+            let order: Vec<&System> = if rep % 2 == 0 {
+                systems.iter().collect()
+            } else {
+                systems.iter().rev().collect()
+            };
+            for system in order {
+                bar.set_message(format!("{} {:?} {:?}", system.label, dataset, pattern));
+                let w = Workload {
+                    dataset,
+                    pattern,
+                    tar: tar.as_deref(),
                 };
-                for system in order {
-                    bar.set_message(format!("{} {:?} {:?}", system.label, dataset, pattern));
-                    runs.extend(one(
-                        &a, &fio, &tools, &workdir, system, dataset, pattern, rep,
-                    )?);
-                    bar.inc(1);
-                }
+                runs.extend(one(&a, &fio, &tools, &workdir, system, &w, rep)?);
+                bar.inc(1);
             }
         }
     }
     bar.finish_and_clear();
     let _ = std::fs::remove_file(workdir.join("fio.json"));
+    let _ = std::fs::remove_file(workdir.join("source.tar"));
     let _ = std::fs::remove_dir(&workdir);
     let summary = report::summarize(&systems, &runs);
     let settings = Settings {
@@ -274,6 +328,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         iodepth: a.iodepth,
         jobs: a.jobs,
         flush_every: a.flush_every,
+        sync: a.sync,
     };
     if let Some(path) = &a.out {
         let saved = Saved {
@@ -290,40 +345,56 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What one run writes.
+struct Workload<'a> {
+    dataset: Dataset,
+    pattern: Pattern,
+    /// The tar stream of --source (tar and files datasets).
+    tar: Option<&'a std::path::Path>,
+}
+
 fn one(
     a: &Args,
     fio_bin: &std::path::Path,
     tools: &Tools,
     workdir: &std::path::Path,
     system: &System,
-    dataset: Dataset,
-    pattern: Pattern,
+    w: &Workload,
     rep: u32,
 ) -> anyhow::Result<Vec<Run>> {
+    let (dataset, pattern) = (w.dataset, w.pattern);
     let running = systems::start(system, workdir, a.size, tools)?;
     let result = (|| -> anyhow::Result<Vec<Run>> {
         let mut out = Vec::new();
         let mut span = a.size;
-        let phases: &[Phase] = if a.read {
+        // Reading back is measured for fio's datasets only.
+        let phases: &[Phase] = if a.read && dataset.by_fio() {
             &[Phase::Write, Phase::Read]
         } else {
             &[Phase::Write]
         };
         for &phase in phases {
             let cpu_before = running.cpu_seconds();
-            let job = fio::Job {
-                uri: &running.uri,
-                dataset,
-                pattern,
-                phase,
-                span,
-                runtime_s: a.runtime,
-                iodepth: a.iodepth,
-                jobs: a.jobs,
-                flush_every: a.flush_every,
+            let io = match (dataset, w.tar) {
+                (Dataset::Tar, Some(tar)) => client::write_tar(&running.uri, tar)?,
+                (Dataset::Files, Some(tar)) => {
+                    client::write_files(&running.uri, tar, &running.dir)?
+                }
+                _ => {
+                    let job = fio::Job {
+                        uri: &running.uri,
+                        dataset,
+                        pattern,
+                        phase,
+                        span,
+                        runtime_s: a.runtime,
+                        iodepth: a.iodepth,
+                        jobs: a.jobs,
+                        flush_every: a.flush_every,
+                    };
+                    fio::run(fio_bin, &job, &workdir.join("fio.json"))?
+                }
             };
-            let io = fio::run(fio_bin, &job, &workdir.join("fio.json"))?;
             if phase == Phase::Write {
                 // Read back only what was written (never-written space reads
                 // as zeros without I/O on a dedup device).
@@ -345,6 +416,10 @@ fn one(
                 metadata_writes: stats.as_ref().map(|s| s.metadata_io.writes),
                 metadata_syncs: stats.as_ref().map(|s| s.metadata_io.syncs),
                 metadata_bytes_written: stats.as_ref().map(|s| s.metadata_io.bytes_written),
+                physical_bytes: match &stats {
+                    Some(s) => Some(s.physical_bytes_used),
+                    None => running.raw_allocated_bytes(),
+                },
             });
         }
         Ok(out)

@@ -31,6 +31,9 @@ pub struct Summary {
     pub metadata_writes: Option<u64>,
     pub metadata_syncs: Option<u64>,
     pub metadata_bytes_written: Option<u64>,
+    /// Data bytes held after the run (dedup: chunks in use; raw: allocated).
+    #[serde(default)]
+    pub physical_bytes: Option<u64>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -96,6 +99,7 @@ pub fn summarize(systems: &[System], runs: &[Run]) -> Vec<Summary> {
                 metadata_syncs: mo(&|r| r.metadata_syncs.map(|v| v as f64)).map(|v| v as u64),
                 metadata_bytes_written: mo(&|r| r.metadata_bytes_written.map(|v| v as f64))
                     .map(|v| v as u64),
+                physical_bytes: mo(&|r| r.physical_bytes.map(|v| v as f64)).map(|v| v as u64),
             });
         }
         let raw = group.iter().find(|g| g.system == "raw").map(|g| g.mb_per_s);
@@ -111,7 +115,7 @@ pub fn table(summary: &[Summary], a: &Settings) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "dedup bench: {} per run, {} repetition(s), iodepth {}, {} job(s){}",
+        "dedup bench: {} per run, {} repetition(s), iodepth {}, {} job(s){}{}",
         dedup_core::size::format_size(a.size),
         a.repeat,
         a.iodepth,
@@ -120,7 +124,8 @@ pub fn table(summary: &[Summary], a: &Settings) -> String {
             format!(", FLUSH every {} writes", a.flush_every)
         } else {
             String::new()
-        }
+        },
+        if a.sync { ", every write FUA" } else { "" }
     );
     let mut last = None;
     for s in summary {
@@ -129,7 +134,7 @@ pub fn table(summary: &[Summary], a: &Settings) -> String {
             let _ = writeln!(o, "\n{:?} data, {:?}, {:?}:", s.dataset, s.pattern, s.phase);
             let _ = writeln!(
                 o,
-                "  {:<24} {:>9} {:>13} {:>7} {:>9} {:>8} {:>8} {:>9} {:>6} {:>6} {:>9}",
+                "  {:<24} {:>9} {:>13} {:>7} {:>9} {:>8} {:>8} {:>9} {:>6} {:>6} {:>9} {:>10}",
                 "system",
                 "MB/s",
                 "(min-max)",
@@ -140,26 +145,37 @@ pub fn table(summary: &[Summary], a: &Settings) -> String {
                 "p99.9 us",
                 "CPU s",
                 "dedup",
-                "meta wr"
+                "meta wr",
+                "stored"
             );
             last = Some(key);
         }
         let opt =
             |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |x| format!("{x:.prec$}"));
+        // Real clients (tar, files) give throughput only.
+        let fio = |v: f64| {
+            if s.pattern == Pattern::Stream {
+                "-".to_string()
+            } else {
+                format!("{v:.0}")
+            }
+        };
         let _ = writeln!(
             o,
-            "  {:<24} {:>9.1} {:>13} {:>7} {:>9.0} {:>8.0} {:>8.0} {:>9.0} {:>6.1} {:>6} {:>9}",
+            "  {:<24} {:>9.1} {:>13} {:>7} {:>9} {:>8} {:>8} {:>9} {:>6.1} {:>6} {:>9} {:>10}",
             s.system,
             s.mb_per_s,
             format!("({:.0}-{:.0})", s.mb_per_s_min, s.mb_per_s_max),
             opt(s.vs_raw, 2),
-            s.iops,
-            s.lat_p50_us,
-            s.lat_p99_us,
-            s.lat_p999_us,
+            fio(s.iops),
+            fio(s.lat_p50_us),
+            fio(s.lat_p99_us),
+            fio(s.lat_p999_us),
             s.server_cpu_seconds,
             opt(s.dedup_ratio, 2),
             s.metadata_writes.map_or("-".to_string(), |v| v.to_string()),
+            s.physical_bytes
+                .map_or("-".to_string(), dedup_core::size::format_size),
         );
     }
     o

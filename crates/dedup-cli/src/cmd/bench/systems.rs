@@ -58,12 +58,15 @@ pub struct Tools {
     pub nbdkit: PathBuf,
     pub plugin: PathBuf,
     pub threads: u32,
+    /// Every write with FUA (nbdkit's fua filter, fuamode=force).
+    pub sync: bool,
 }
 
 pub struct Running {
     server: Nbdkit,
     pub uri: String,
-    dir: PathBuf,
+    /// The system's own directory (scratch space for mounts goes here too).
+    pub dir: PathBuf,
     control: Option<PathBuf>,
 }
 
@@ -116,6 +119,16 @@ pub fn start(system: &System, workdir: &Path, size: u64, tools: &Tools) -> anyho
             Some(dev.join(CONTROL_SOCKET_NAME)),
         )
     };
+    let plugin_args = if tools.sync {
+        // Synchronous writes: each is durable when acknowledged, on every
+        // system alike (the file plugin then fdatasyncs per write).
+        let mut v: Vec<OsString> = vec!["--filter=fua".into()];
+        v.extend(plugin_args);
+        v.push("fuamode=force".into());
+        v
+    } else {
+        plugin_args
+    };
     let listen = Listen::Unix(dir.join("nbd.sock"));
     let mut server = Nbdkit::spawn(
         &tools.nbdkit,
@@ -153,6 +166,17 @@ impl Running {
             Some(v) => Ok(Some(serde_json::from_value(v)?)),
             None => bail!("the device stopped answering on {}", control.display()),
         }
+    }
+
+    /// The raw baseline's allocated image bytes (None for dedup devices).
+    pub fn raw_allocated_bytes(&self) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        if self.control.is_some() {
+            return None;
+        }
+        std::fs::metadata(self.dir.join("raw.img"))
+            .ok()
+            .map(|m| m.blocks() * 512)
     }
 
     /// Stop the server and delete the storage.
