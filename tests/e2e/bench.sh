@@ -61,7 +61,7 @@ assert dev["dedup_ratio"] > 1.6, dev["dedup_ratio"]
 assert dev["physical_bytes"] < 0.7 * raw["physical_bytes"], (dev, raw)
 assert runs[("inram", "tar")]["dedup_ratio"] >= 1.0
 PY
-grep -q "Files data" "$WORK/ttable.txt" || fail "the table has no files section"
+grep -q "extracted onto ext4" "$WORK/ttable.txt" || fail "the table has no files section"
 ! mount | grep -q "$WORK" || fail "bench left a mount behind"
 ! losetup -a | grep -q "$WORK" || fail "bench left a loop device behind"
 [ -z "$(ls -A "$WORK/bench" 2>/dev/null)" ] || fail "bench left files behind: $(ls "$WORK/bench")"

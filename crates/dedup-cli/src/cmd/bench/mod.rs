@@ -229,6 +229,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             dedup_core::backends::check_name(s)?;
         }
     }
+    // The servers' info lines would drown the progress bar.
+    if std::env::var_os("DEDUP_LOG").is_none() {
+        std::env::set_var("DEDUP_LOG", "warn");
+    }
     let systems = expand(&a);
     let (datasets, patterns) = match a.preset {
         Some(_) => (

@@ -37,10 +37,7 @@ pub fn draw(path: &Path, summary: &[Summary]) -> anyhow::Result<()> {
             .map(|s| s.mb_per_s_max.max(s.mb_per_s))
             .fold(1.0, f64::max)
             * 1.15;
-        let title = format!(
-            "{:?} data, {:?} {:?}",
-            panel[0].dataset, panel[0].pattern, panel[0].phase
-        );
+        let title = super::report::workload_title(panel[0]);
         let mut chart = ChartBuilder::on(&area)
             .caption(title, ("sans-serif", 18))
             .margin(10)

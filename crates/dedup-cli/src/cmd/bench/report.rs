@@ -111,6 +111,15 @@ pub fn summarize(systems: &[System], runs: &[Run]) -> Vec<Summary> {
     out
 }
 
+/// A workload's name in tables and charts.
+pub fn workload_title(s: &Summary) -> String {
+    match s.dataset {
+        Dataset::Tar => "tar stream of --source, nbdcopy".into(),
+        Dataset::Files => "--source extracted onto ext4, to sync".into(),
+        _ => format!("{:?} data, {:?}, {:?}", s.dataset, s.pattern, s.phase),
+    }
+}
+
 pub fn table(summary: &[Summary], a: &Settings) -> String {
     let mut o = String::new();
     let _ = writeln!(
@@ -131,7 +140,7 @@ pub fn table(summary: &[Summary], a: &Settings) -> String {
     for s in summary {
         let key = (s.dataset, s.pattern, s.phase);
         if last != Some(key) {
-            let _ = writeln!(o, "\n{:?} data, {:?}, {:?}:", s.dataset, s.pattern, s.phase);
+            let _ = writeln!(o, "\n{}:", workload_title(s));
             let _ = writeln!(
                 o,
                 "  {:<24} {:>9} {:>13} {:>7} {:>9} {:>8} {:>8} {:>9} {:>6} {:>6} {:>9} {:>10}",
