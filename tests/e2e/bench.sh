@@ -39,7 +39,7 @@ grep -q "not a file written by" "$WORK/bad.err" || { cat "$WORK/bad.err"; fail "
 [ -z "$(ls -A "$WORK/bench" 2>/dev/null)" ] || fail "bench left devices behind: $(ls "$WORK/bench")"
 
 log "a directory as a tar stream (nbdcopy) and as files on ext4 (nbdfuse + loop)"
-python3 "$(dirname "$0")/make-tree.py" "$WORK/tree/v1" 16 3 >/dev/null
+python3 "$(dirname "$0")/make-tree.py" "$WORK/tree/v1" 32 3 >/dev/null
 cp -a "$WORK/tree/v1" "$WORK/tree/v2"      # a second "release": all duplicates
 "$DEDUP" bench --systems raw,inram --datasets tar,files --source "$WORK/tree" --size 256M \
     --dir "$WORK/bench" --out "$WORK/t.json" >"$WORK/ttable.txt" 2>"$WORK/tbench.err" \
@@ -50,15 +50,19 @@ d = json.load(open(sys.argv[1]))
 runs = {(r["system"], r["dataset"]): r for r in d["runs"]}
 assert set(runs) == {(s, ds) for s in ("raw", "inram") for ds in ("tar", "files")}, set(runs)
 tar = runs[("raw", "tar")]["bytes"]
-assert 32 << 20 < tar < 34 << 20, tar          # two 16 MiB copies plus tar headers
+assert 64 << 20 < tar < 66 << 20, tar          # two 32 MiB copies plus tar headers
 for (system, ds), r in runs.items():
     assert r["bytes"] == tar and r["mb_per_s"] > 0 and r["physical_bytes"] > 0, r
 # Two identical copies as files on ext4 (4 KiB-aligned): the device stores
-# about one, the raw image both. (In the tar stream, members are 512-byte
-# aligned, so the copies rarely line up with 4 KiB chunks: no claim there.)
+# one, the raw image both (bench makes ext4 with 4 KiB blocks; mke2fs
+# alone would pick 1 KiB on a device this small). ext4's journal and
+# metadata are unique, hence the margins. (In the tar stream, members are
+# 512-byte aligned, so the copies rarely line up with 4 KiB chunks: no
+# claim there.)
 dev, raw = runs[("inram", "files")], runs[("raw", "files")]
-assert dev["dedup_ratio"] > 1.6, dev["dedup_ratio"]
-assert dev["physical_bytes"] < 0.7 * raw["physical_bytes"], (dev, raw)
+print(f"files: dedup ratio {dev['dedup_ratio']:.2f}, stored {dev['physical_bytes']} vs raw {raw['physical_bytes']}")
+assert dev["dedup_ratio"] > 1.8, dev["dedup_ratio"]
+assert dev["physical_bytes"] < 0.6 * raw["physical_bytes"], (dev, raw)
 assert runs[("inram", "tar")]["dedup_ratio"] >= 1.0
 PY
 grep -q "extracted onto ext4" "$WORK/ttable.txt" || fail "the table has no files section"

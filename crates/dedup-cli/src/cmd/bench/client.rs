@@ -133,7 +133,11 @@ fn mount(uri: &str, dir: &Path) -> anyhow::Result<Mounted> {
     let loop_dev = sh(Command::new("losetup").arg("-f").arg("--show").arg(&file))
         .context("making a loop device (needs root)")?;
     m.loop_dev = Some(loop_dev.clone());
-    sh(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&loop_dev))?;
+    // 4 KiB blocks whatever the size (mke2fs picks 1 KiB below 512 MiB,
+    // which would misalign file data with the chunks).
+    sh(Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-b", "4096"])
+        .arg(&loop_dev))?;
     sh(Command::new("mount").arg(&loop_dev).arg(&mnt))?;
     m.mnt = Some(mnt);
     Ok(m)
