@@ -129,6 +129,14 @@ assert d["ratio_to_raw"] > 0 and d["device"]["lat_p99_us"] >= d["device"]["lat_p
 PY
 [ -z "$(ls "$WORK/again" | grep baseline)" ] || fail "the baseline file was left behind"
 
+log "a pipe is refused (the trace is read more than once); a bad --record path leaves the device clean"
+if "$DEDUP" replay <(cat "$WORK/known.trace") "$WORK/dev2" 2>"$WORK/pipe.err"; then fail "a pipe was replayed"; fi
+grep -q "not a regular file" "$WORK/pipe.err" || { cat "$WORK/pipe.err"; fail "unclear error for a pipe"; }
+if "$DEDUP" serve "$WORK/dev2" --record "$WORK/no/such/dir/t.trace" >"$WORK/badrec.log" 2>&1; then fail "serve accepted an impossible --record path"; fi
+grep -q "cannot create the trace file" "$WORK/badrec.log" || { cat "$WORK/badrec.log"; fail "unclear error for --record"; }
+serve "$WORK/dev2"
+stop "$WORK/dev2"
+
 log "trace gen presets reach their ratios"
 for p in web:2.33 mail:10.29 homes:3.43; do
     "$DEDUP" trace gen "$WORK/${p%%:*}.trace" --preset "${p%%:*}" --size 32M --json >"$WORK/gen.json"

@@ -193,7 +193,8 @@ impl Server for DedupPlugin {
             aux_dir: None,
             for_check: false,
         };
-        let device = layout::open(&paths, &opts).map_err(nbd_error)?;
+        // The trace file first: failing after the open would drop the
+        // device unclosed, which an INRAM device takes for a crash.
         let recorder = match &s.record {
             Some(path) => Some(Arc::new(Recorder::create(path).map_err(|e| {
                 Error::new(
@@ -203,6 +204,7 @@ impl Server for DedupPlugin {
             })?)),
             None => None,
         };
+        let device = layout::open(&paths, &opts).map_err(nbd_error)?;
         let mut served = lock(&SERVED);
         served.device = Some(Arc::new(device));
         served.recorder = recorder;

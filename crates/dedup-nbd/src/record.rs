@@ -4,17 +4,24 @@
 //! and at shutdown, so a recording is complete up to the last flush.
 
 use std::fs::File;
-use std::io::BufWriter;
+use std::io::{BufWriter, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
 use dedup_trace::native::{write_request, Writer};
+use dedup_trace::reader::INCOMPLETE;
 use dedup_trace::{Content, Op, Request};
 
+/// Requests are recorded as they complete. Overlapping requests that were
+/// in flight together complete in an order NBD leaves undefined; a replay
+/// reproduces the recorded one.
 pub struct Recorder {
     start: Instant,
     out: Mutex<Writer<BufWriter<File>>>,
+    /// Set at the first failed write: the rest is not recorded.
+    failed: AtomicBool,
 }
 
 impl Recorder {
@@ -23,6 +30,7 @@ impl Recorder {
         Ok(Recorder {
             start: Instant::now(),
             out: Mutex::new(Writer::new(BufWriter::with_capacity(1 << 20, file))?),
+            failed: AtomicBool::new(false),
         })
     }
 
@@ -31,14 +39,22 @@ impl Recorder {
     }
 
     fn put(&self, r: &Request, flush: bool) {
+        if self.failed.load(Ordering::Relaxed) {
+            return;
+        }
         let mut w = self.out.lock().unwrap_or_else(|e| e.into_inner());
         let res = w
             .write(r)
             .and_then(|_| if flush { w.flush() } else { Ok(()) });
         if let Err(e) = res {
-            // Recording is a side job: a full disk under the trace must
-            // not fail the client's I/O.
-            tracing::error!("recording the trace failed: {e}");
+            // Recording is a side job: a full disk under the trace must not
+            // fail the client's I/O. Stop, and mark the trace so that no
+            // replay takes it for the whole workload.
+            self.failed.store(true, Ordering::Relaxed);
+            tracing::error!("recording the trace failed, recording stops: {e}");
+            let inner = w.get_mut();
+            let _ = inner.write_all(format!("\n{INCOMPLETE}: {e}\n").as_bytes());
+            let _ = inner.flush();
         }
     }
 

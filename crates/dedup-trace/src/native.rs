@@ -63,6 +63,10 @@ impl<W: Write> Writer<W> {
     pub fn into_inner(self) -> W {
         self.out
     }
+
+    pub fn get_mut(&mut self) -> &mut W {
+        &mut self.out
+    }
 }
 
 /// The per-block seeds of a write of `data` at `offset`, as a recorder

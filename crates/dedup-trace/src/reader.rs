@@ -1,7 +1,7 @@
 //! Reading a trace of either format, line by line, with line numbers in
 //! every complaint.
 
-use std::io::BufRead;
+use std::io::{BufRead, Read};
 
 use crate::request::Request;
 use crate::{fiu, native};
@@ -34,10 +34,18 @@ pub struct TraceReader<R: BufRead> {
     pub skipped: u64,
     pub first_skipped: Vec<String>,
     done: bool,
-    buf: String,
+    buf: Vec<u8>,
 }
 
 const KEEP_SKIPPED: usize = 20;
+
+/// The longest line read (a 64 MiB write lists 16,384 blocks of 33 bytes:
+/// about 540 KB); a longer one is malformed, and a file without newlines
+/// is not read whole into memory.
+const MAX_LINE: u64 = 1 << 20;
+
+/// A recorder that could not write its whole trace says so on this line.
+pub const INCOMPLETE: &str = "# dedup-trace incomplete";
 
 impl<R: BufRead> TraceReader<R> {
     pub fn new(input: R, strict: bool) -> Self {
@@ -50,7 +58,7 @@ impl<R: BufRead> TraceReader<R> {
             skipped: 0,
             first_skipped: Vec::new(),
             done: false,
-            buf: String::new(),
+            buf: Vec::new(),
         }
     }
 
@@ -82,51 +90,84 @@ impl<R: BufRead> Iterator for TraceReader<R> {
     fn next(&mut self) -> Option<Self::Item> {
         while !self.done {
             self.buf.clear();
-            match self.input.read_line(&mut self.buf) {
-                Ok(0) => self.done = true,
-                Ok(_) => {
-                    self.line_no += 1;
-                    let line = self.buf.trim();
-                    if self.format.is_none() && !line.is_empty() {
-                        self.format = Some(if line.starts_with(native::HEADER) {
-                            Format::Native
-                        } else {
-                            Format::Fiu
-                        });
-                    }
-                    if line.is_empty() || line.starts_with('#') {
-                        continue;
-                    }
-                    let parsed = match self.format {
-                        Some(Format::Native) => native::parse_line(line),
-                        _ => fiu::parse_line(line),
-                    };
-                    match parsed {
-                        Ok(mut r) => {
-                            if self.format == Some(Format::Fiu) {
-                                let t0 = *self.first_time.get_or_insert(r.time_ns);
-                                r.time_ns = r.time_ns.saturating_sub(t0);
-                            }
-                            return Some(Ok(r));
-                        }
-                        Err(m) => {
-                            if let Some(e) = self.bad(m) {
-                                return Some(e);
-                            }
-                        }
-                    }
-                }
+            let n = match (&mut self.input)
+                .take(MAX_LINE)
+                .read_until(b'\n', &mut self.buf)
+            {
+                Ok(n) => n,
                 Err(e) => {
-                    // Not UTF-8, or the file went away: a line we cannot read.
-                    if e.kind() == std::io::ErrorKind::InvalidData {
-                        self.line_no += 1;
-                        if let Some(e) = self.bad("not text (invalid UTF-8)".into()) {
-                            return Some(e);
-                        }
-                        continue;
-                    }
                     self.done = true;
                     return Some(Err(ParseError::Io(e.to_string())));
+                }
+            };
+            if n == 0 {
+                self.done = true;
+                break;
+            }
+            self.line_no += 1;
+            if n as u64 == MAX_LINE && self.buf.last() != Some(&b'\n') {
+                // Skip the rest of the overlong line.
+                loop {
+                    let mut rest = Vec::new();
+                    match (&mut self.input)
+                        .take(MAX_LINE)
+                        .read_until(b'\n', &mut rest)
+                    {
+                        Ok(m) if m as u64 == MAX_LINE && rest.last() != Some(&b'\n') => continue,
+                        _ => break,
+                    }
+                }
+                if let Some(e) =
+                    self.bad(format!("longer than {MAX_LINE} bytes (is this a trace?)"))
+                {
+                    return Some(e);
+                }
+                continue;
+            }
+            let Ok(line) = std::str::from_utf8(&self.buf) else {
+                if let Some(e) = self.bad("not text (invalid UTF-8)".into()) {
+                    return Some(e);
+                }
+                continue;
+            };
+            let line = line.trim().to_string();
+            if let Some(why) = line.strip_prefix(INCOMPLETE) {
+                // Refused even when lenient: requests are missing here.
+                self.done = true;
+                return Some(Err(ParseError::Line {
+                    line: self.line_no,
+                    message: format!(
+                        "the recording is incomplete from here on ({}): requests are missing",
+                        why.trim_start_matches(':').trim()
+                    ),
+                }));
+            }
+            if self.format.is_none() && !line.is_empty() {
+                self.format = Some(if line.starts_with(native::HEADER) {
+                    Format::Native
+                } else {
+                    Format::Fiu
+                });
+            }
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let parsed = match self.format {
+                Some(Format::Native) => native::parse_line(&line),
+                _ => fiu::parse_line(&line),
+            };
+            match parsed {
+                Ok(mut r) => {
+                    if self.format == Some(Format::Fiu) {
+                        let t0 = *self.first_time.get_or_insert(r.time_ns);
+                        r.time_ns = r.time_ns.saturating_sub(t0);
+                    }
+                    return Some(Ok(r));
+                }
+                Err(m) => {
+                    if let Some(e) = self.bad(m) {
+                        return Some(e);
+                    }
                 }
             }
         }
@@ -170,6 +211,25 @@ mod tests {
         assert_eq!(got.len(), 2);
         let e = got[1].as_ref().unwrap_err().to_string();
         assert!(e.starts_with("line 3:"), "{e}");
+    }
+
+    #[test]
+    fn an_overlong_line_is_skipped_and_an_incomplete_recording_refused() {
+        let mut bytes = b"# dedup-trace 1\n".to_vec();
+        bytes.extend(std::iter::repeat_n(b'7', 3 << 20));
+        bytes.extend_from_slice(b"\n0 F 0 0\n# dedup-trace incomplete: disk full\n1 F 0 0\n");
+        let mut r = TraceReader::new(&bytes[..], false);
+        let got: Vec<_> = r.by_ref().collect();
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got[0].is_ok());
+        let e = got[1].as_ref().unwrap_err().to_string();
+        assert!(e.starts_with("line 4:") && e.contains("disk full"), "{e}");
+        assert_eq!(r.skipped, 1);
+        assert!(
+            r.first_skipped[0].contains("longer than"),
+            "{:?}",
+            r.first_skipped
+        );
     }
 
     #[test]

@@ -94,7 +94,9 @@ fn fit(r: &mut Request, index: u64, size: u64, wrap: bool) -> Result<bool, Repla
         len: r.len,
         size,
     };
-    if !wrap || r.len > size - size % BLOCK {
+    // Wrapping keeps the offset within its 4 KiB block, so the request
+    // must fit behind that offset.
+    if !wrap || r.offset % BLOCK + r.len > size - size % BLOCK {
         return Err(beyond);
     }
     r.offset = wrap_offset(r.offset, r.len, size);
@@ -253,7 +255,13 @@ pub fn replay(
                     Ok(j) => j,
                     Err(_) => return,
                 };
-                let (latency, error) = execute(target.as_ref(), &job.r);
+                // A panicking target fails its request instead of leaving
+                // the dispatcher waiting for it forever.
+                let (latency, error) =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        execute(target.as_ref(), &job.r)
+                    }))
+                    .unwrap_or_else(|_| (Duration::ZERO, Some("the target panicked".into())));
                 let done = Done {
                     index: job.index,
                     r: job.r,

@@ -53,7 +53,8 @@ pub struct Args {
     #[arg(long)]
     pub baseline: bool,
     /// After replaying, read back every block the trace wrote and compare
-    /// with what the trace implies (memory: ~40 bytes per block written).
+    /// with what the trace implies (memory: ~40 bytes per block written
+    /// whole, 4 KiB per block written in part).
     #[arg(long)]
     pub verify: bool,
     #[arg(long)]
@@ -66,9 +67,12 @@ struct ReplayOutput {
     skipped_lines: u64,
     backend: String,
     device: Report,
-    /// Device's view after the replay.
+    /// The device after the replay (pre-filled blocks included).
     dedup_ratio: f64,
+    /// Bytes the replay wrote / bytes it made the device write (the
+    /// pre-fill and --verify excluded).
     io_dedup_ratio: f64,
+    /// Metadata I/O during the replay alone.
     metadata_reads: u64,
     metadata_writes: u64,
     metadata_syncs: u64,
@@ -219,17 +223,27 @@ fn prefill(target: &dyn Target, blocks: &[u64], wrap: bool) -> anyhow::Result<()
     target.flush().map_err(anyhow::Error::msg)
 }
 
+/// Pre-fill (if asked), not timed.
+fn prepare(
+    a: &Args,
+    label: &str,
+    target: &dyn Target,
+    prefill_blocks: &[u64],
+) -> anyhow::Result<()> {
+    if a.prefill && !prefill_blocks.is_empty() {
+        prefill(target, prefill_blocks, a.wrap).with_context(|| format!("pre-filling {label}"))?;
+    }
+    Ok(())
+}
+
+/// Replay the whole trace on `target`; `requests` is what the first pass
+/// counted, and the replay must see the same.
 fn run_one(
     a: &Args,
     label: &str,
     target: Arc<dyn Target>,
-    prefill_blocks: &[u64],
     requests: u64,
 ) -> anyhow::Result<Report> {
-    if a.prefill && !prefill_blocks.is_empty() {
-        prefill(target.as_ref(), prefill_blocks, a.wrap)
-            .with_context(|| format!("pre-filling {label}"))?;
-    }
     let file = std::fs::File::open(&a.trace)?;
     let mut reader = TraceReader::new(BufReader::with_capacity(1 << 20, file), a.strict);
     let bar = count_bar(format!("replaying on {label}"), requests)?;
@@ -241,6 +255,14 @@ fn run_one(
     let report = replay::replay(reader.by_ref(), target, &opts, &|n| bar.set_position(n))
         .with_context(|| format!("replaying {} on {label}", a.trace.display()))?;
     bar.finish_and_clear();
+    if report.requests != requests {
+        bail!(
+            "{} gave {} requests on the first reading and {} on the second: was it changed meanwhile?",
+            a.trace.display(),
+            requests,
+            report.requests
+        );
+    }
     Ok(report)
 }
 
@@ -393,24 +415,30 @@ fn replay_all(
             .truncate(true)
             .open(&raw_path)
             .with_context(|| format!("creating {}", raw_path.display()))?;
-        file.set_len(size)?;
         let raw = Arc::new(RawTarget { file, size });
-        let result = run_one(a, "raw", raw, prefill_blocks, stats.requests);
+        let result = raw
+            .file
+            .set_len(size)
+            .map_err(anyhow::Error::from)
+            .and_then(|_| prepare(a, "raw", raw.as_ref(), prefill_blocks))
+            .and_then(|_| run_one(a, "raw", raw.clone(), stats.requests));
         let _ = std::fs::remove_file(&raw_path);
         Some(result?)
     } else {
         None
     };
 
+    prepare(a, &backend, target.as_ref(), prefill_blocks)?;
+    let before = target.0.stats();
     let cpu0 = cpu_seconds();
-    let rep = run_one(a, &backend, target.clone(), prefill_blocks, stats.requests)?;
+    let rep = run_one(a, &backend, target.clone(), stats.requests)?;
     let cpu = cpu_seconds() - cpu0;
+    let after = target.0.stats();
     let verified = if a.verify {
         Some(verify(a, target.as_ref(), prefill_blocks)?)
     } else {
         None
     };
-    let dev_stats = target.0.stats();
 
     let out = ReplayOutput {
         ratio_to_raw: baseline
@@ -420,12 +448,32 @@ fn replay_all(
         skipped_lines: skipped,
         backend,
         device: rep,
-        dedup_ratio: dev_stats.dedup_ratio,
-        io_dedup_ratio: dev_stats.io_dedup_ratio,
-        metadata_reads: dev_stats.metadata_io.reads,
-        metadata_writes: dev_stats.metadata_io.writes,
-        metadata_syncs: dev_stats.metadata_io.syncs,
-        metadata_bytes_written: dev_stats.metadata_io.bytes_written,
+        dedup_ratio: after.dedup_ratio,
+        io_dedup_ratio: {
+            let client = after.counters.bytes_written - before.counters.bytes_written;
+            let data = after.counters.data_bytes_written - before.counters.data_bytes_written;
+            if data == 0 {
+                1.0
+            } else {
+                client as f64 / data as f64
+            }
+        },
+        metadata_reads: after
+            .metadata_io
+            .reads
+            .saturating_sub(before.metadata_io.reads),
+        metadata_writes: after
+            .metadata_io
+            .writes
+            .saturating_sub(before.metadata_io.writes),
+        metadata_syncs: after
+            .metadata_io
+            .syncs
+            .saturating_sub(before.metadata_io.syncs),
+        metadata_bytes_written: after
+            .metadata_io
+            .bytes_written
+            .saturating_sub(before.metadata_io.bytes_written),
         cpu_seconds: cpu,
         baseline,
         verified_blocks: verified,

@@ -45,8 +45,9 @@ pub struct Args {
     /// nbdkit worker threads (requests in flight).
     #[arg(long, default_value_t = 16)]
     pub threads: u32,
-    /// Record every request (time, op, offset, length, chunk fingerprints;
-    /// no data) to FILE, to replay later with `dedup replay FILE DIR`.
+    /// Record every completed request (time, op, offset, length, a 128-bit
+    /// blake3 per 4 KiB block written; no data) to FILE, to replay later
+    /// with `dedup replay FILE DIR`.
     #[arg(long, value_name = "FILE")]
     pub record: Option<PathBuf>,
     /// The nbdkit plugin (default: libdedup_nbd.so next to this program).

@@ -141,7 +141,15 @@ pub fn measure(
     bar: Option<&indicatif::ProgressBar>,
 ) -> anyhow::Result<(TraceStats, Vec<u64>, u64)> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let len = file.metadata()?.len();
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        // The trace is read more than once (statistics, replay, verify).
+        bail!(
+            "{} is not a regular file: save the trace to a file first (a pipe can be read only once)",
+            path.display()
+        );
+    }
+    let len = meta.len();
     if let Some(bar) = bar {
         bar.set_length(len);
     }

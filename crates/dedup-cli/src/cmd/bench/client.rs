@@ -34,6 +34,19 @@ pub fn tar_stream(source: &Path, workdir: &Path) -> anyhow::Result<PathBuf> {
     let meta = std::fs::metadata(source)
         .with_context(|| format!("reading the dataset {}", source.display()))?;
     if meta.is_file() {
+        // An uncompressed tar has "ustar" at byte 257 of its first header;
+        // a compressed one would be written as compressed bytes.
+        let mut head = [0u8; 262];
+        let is_tar = std::fs::File::open(source)
+            .and_then(|f| std::os::unix::fs::FileExt::read_exact_at(&f, &mut head, 0))
+            .is_ok()
+            && &head[257..262] == b"ustar";
+        if !is_tar {
+            bail!(
+                "--source {} is not an uncompressed tar file: decompress it first (e.g. `xz -dk`), or give a directory",
+                source.display()
+            );
+        }
         return Ok(source.to_path_buf());
     }
     if !meta.is_dir() {
@@ -84,7 +97,15 @@ struct Mounted {
 impl Drop for Mounted {
     fn drop(&mut self) {
         if let Some(m) = self.mnt.take() {
-            let _ = Command::new("umount").arg(&m).status();
+            let unmounted = Command::new("umount")
+                .arg(&m)
+                .status()
+                .is_ok_and(|s| s.success());
+            if !unmounted {
+                // Busy: detach it now so that nothing below it is removed
+                // while still mounted; the kernel finishes when it can.
+                let _ = Command::new("umount").arg("-l").arg(&m).status();
+            }
         }
         if let Some(l) = self.loop_dev.take() {
             let _ = Command::new("losetup").arg("-d").arg(&l).status();
@@ -125,6 +146,10 @@ fn mount(uri: &str, dir: &Path) -> anyhow::Result<Mounted> {
     let file = fuse_dir.join("nbd");
     let deadline = Instant::now() + Duration::from_secs(30);
     while !file.exists() {
+        if let Some(status) = m.fuse.as_mut().and_then(|f| f.try_wait().ok().flatten()) {
+            m.fuse = None;
+            bail!("nbdfuse exited ({status}) before exposing the device; its message is above");
+        }
         if Instant::now() > deadline {
             bail!("nbdfuse did not expose {} within 30 s", file.display());
         }

@@ -272,6 +272,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             .keep(),
     };
     std::fs::create_dir_all(&workdir)?;
+    // Removed however the run ends (it can be gigabytes).
+    let tar_guard = RemoveOnDrop(workdir.join("source.tar"));
     let tar = match (datasets.iter().any(|d| !d.by_fio()), &a.source) {
         (false, _) => None,
         (true, None) => bail!("the tar and files datasets need --source DIR or --source FILE.tar"),
@@ -322,7 +324,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     bar.finish_and_clear();
     let _ = std::fs::remove_file(workdir.join("fio.json"));
-    let _ = std::fs::remove_file(workdir.join("source.tar"));
+    drop(tar_guard);
     let _ = std::fs::remove_dir(&workdir);
     let summary = report::summarize(&systems, &runs);
     let settings = Settings {
@@ -347,6 +349,15 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         report_out(&a, &settings, &summary)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Deletes a file when dropped.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// What one run writes.
