@@ -272,6 +272,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             .keep(),
     };
     std::fs::create_dir_all(&workdir)?;
+    // Declared first so it drops last: the work directory goes once empty,
+    // however the run ends.
+    let _dir_guard = RemoveOnDrop(workdir.clone());
     // Removed however the run ends (it can be gigabytes).
     let tar_guard = RemoveOnDrop(workdir.join("source.tar"));
     let tar = match (datasets.iter().any(|d| !d.by_fio()), &a.source) {
@@ -325,7 +328,6 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     bar.finish_and_clear();
     let _ = std::fs::remove_file(workdir.join("fio.json"));
     drop(tar_guard);
-    let _ = std::fs::remove_dir(&workdir);
     let summary = report::summarize(&systems, &runs);
     let settings = Settings {
         size: a.size,
@@ -351,12 +353,16 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Deletes a file when dropped.
+/// Deletes a file, or a directory if it is empty, when dropped.
 struct RemoveOnDrop(PathBuf);
 
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        if self.0.is_dir() {
+            let _ = std::fs::remove_dir(&self.0);
+        } else {
+            let _ = std::fs::remove_file(&self.0);
+        }
     }
 }
 
