@@ -20,6 +20,7 @@ pub mod reader;
 pub mod replay;
 pub mod request;
 pub mod stats;
+pub mod workload;
 
 pub use reader::{ParseError, TraceReader};
 pub use request::{Content, Op, Request, Seed, BLOCK};
