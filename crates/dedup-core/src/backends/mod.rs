@@ -8,6 +8,7 @@ pub mod kv;
 pub mod lsm;
 pub mod probe;
 pub mod space_map;
+pub mod thin;
 
 use std::path::PathBuf;
 use std::sync::Arc;
