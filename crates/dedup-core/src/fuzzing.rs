@@ -56,16 +56,20 @@ pub fn open_metadata(bytes: &[u8]) {
     let _ = dev.close();
 }
 
-/// Open `bytes` as a thin C-block: refused or decoded, never a panic; a
-/// decoded block gives a whole chunk, and its entries fit in the block.
+/// Open `bytes` as a thin C-block and as a thin metadata block: refused or
+/// decoded, never a panic; a decoded C-block gives a whole chunk, and the
+/// entries of either fit in the block.
 /// The bytes are tried as they are and with their checksum made right, so
 /// the decoder's bounds checks are reached too (a fuzzer rarely forges a
 /// crc32c).
 pub fn open_cblock(bytes: &[u8]) {
-    use crate::backends::thin::cblock;
+    use crate::backends::thin::{cblock, window};
     let check = |b: &[u8]| {
         if let Ok((chunk, entries)) = cblock::open(b) {
             assert_eq!(chunk.len(), b.len());
+            assert!(entries.len() * cblock::ENTRY_BYTES < b.len());
+        }
+        if let Ok(entries) = window::open_mblock(b) {
             assert!(entries.len() * cblock::ENTRY_BYTES < b.len());
         }
     };

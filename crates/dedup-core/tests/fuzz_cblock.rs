@@ -1,9 +1,11 @@
 //! The `open_cblock` fuzz target over seeded mutations of real C-blocks
+//! and metadata blocks
 //! (bit flips, overwritten runs, truncations, extensions, and a valid
 //! checksum over damaged contents, which `open_cblock` also tries), in CI:
 //! nothing may panic.
 
 use dedup_core::backends::thin::cblock::{Compressed, Entry};
+use dedup_core::backends::thin::window;
 use dedup_core::fuzzing::open_cblock;
 use rand::{Rng, SeedableRng};
 
@@ -23,10 +25,14 @@ fn opening_mutated_cblocks_never_panics() {
                 timestamp: i,
             })
             .collect();
-        let base = c.seal(&entries);
-        open_cblock(&base);
-        for _ in 0..2000 {
-            let mut b = base.clone();
+        let cblock = c.seal(&entries);
+        let mblock = window::mblock(&entries[..entries.len().min(100)], 4096);
+        for i in 0..4000 {
+            let mut b = if i % 2 == 0 {
+                cblock.clone()
+            } else {
+                mblock.clone()
+            };
             match rng.random_range(0..4) {
                 0 => {
                     for _ in 0..rng.random_range(1..8) {

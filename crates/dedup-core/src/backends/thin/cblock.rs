@@ -27,6 +27,16 @@ pub struct Entry {
     pub timestamp: u64,
 }
 
+/// Encode an entry into 40 bytes (C-blocks and metadata blocks alike).
+pub(crate) fn encode_entry(e: &Entry, out: &mut [u8]) {
+    e.encode(out)
+}
+
+/// Decode the 40 bytes at the start of `b`.
+pub(crate) fn decode_entry(b: &[u8]) -> Entry {
+    Entry::decode(b)
+}
+
 impl Entry {
     fn encode(&self, out: &mut [u8]) {
         out[..8].copy_from_slice(&self.lbn.to_le_bytes());

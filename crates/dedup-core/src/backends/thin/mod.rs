@@ -4,6 +4,9 @@
 //! data and metadata need no ordering flush.
 //!
 //! Built in parts; not yet selectable with `dedup create --backend`. Done:
-//! the compressed-block format (`cblock`).
+//! the compressed-block format (`cblock`) and the packing of a window's
+//! metadata into its blocks, with metadata blocks for what does not fit
+//! (`window`).
 
 pub mod cblock;
+pub mod window;
