@@ -56,14 +56,14 @@ pub fn open_metadata(bytes: &[u8]) {
     let _ = dev.close();
 }
 
-/// Open `bytes` as a thin C-block and as a thin metadata block: refused or
-/// decoded, never a panic; a decoded C-block gives a whole chunk, and the
-/// entries of either fit in the block.
+/// Open `bytes` as each of the thin backend's on-disk blocks (a C-block, a
+/// metadata block, a zone record): refused or decoded, never a panic; a
+/// decoded C-block gives a whole chunk, and the entries fit in the block.
 /// The bytes are tried as they are and with their checksum made right, so
 /// the decoder's bounds checks are reached too (a fuzzer rarely forges a
 /// crc32c).
-pub fn open_cblock(bytes: &[u8]) {
-    use crate::backends::thin::{cblock, window};
+pub fn thin_blocks(bytes: &[u8]) {
+    use crate::backends::thin::{cblock, window, zones};
     let check = |b: &[u8]| {
         if let Ok((chunk, entries)) = cblock::open(b) {
             assert_eq!(chunk.len(), b.len());
@@ -72,6 +72,10 @@ pub fn open_cblock(bytes: &[u8]) {
         if let Ok(entries) = window::open_mblock(b) {
             assert!(entries.len() * cblock::ENTRY_BYTES < b.len());
         }
+        // A record of a 1024-block zone, the last one of a device that
+        // ends 100 blocks into it.
+        let mut z = zones::Zones::new(1024 + 100, 1024);
+        let _ = z.decode(1, b);
     };
     check(bytes);
     if bytes.len() >= 16 {

@@ -6,7 +6,9 @@
 //! Built in parts; not yet selectable with `dedup create --backend`. Done:
 //! the compressed-block format (`cblock`) and the packing of a window's
 //! metadata into its blocks, with metadata blocks for what does not fit
-//! (`window`).
+//! (`window`); zones with their status, free bitmaps and clean/dirty flags
+//! (`zones`).
 
 pub mod cblock;
 pub mod window;
+pub mod zones;

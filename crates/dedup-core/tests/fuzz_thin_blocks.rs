@@ -1,16 +1,16 @@
-//! The `open_cblock` fuzz target over seeded mutations of real C-blocks
-//! and metadata blocks
+//! The `thin_blocks` fuzz target over seeded mutations of real C-blocks,
+//! metadata blocks and zone records
 //! (bit flips, overwritten runs, truncations, extensions, and a valid
-//! checksum over damaged contents, which `open_cblock` also tries), in CI:
+//! checksum over damaged contents, which `thin_blocks` also tries), in CI:
 //! nothing may panic.
 
 use dedup_core::backends::thin::cblock::{Compressed, Entry};
-use dedup_core::backends::thin::window;
-use dedup_core::fuzzing::open_cblock;
+use dedup_core::backends::thin::{window, zones};
+use dedup_core::fuzzing::thin_blocks;
 use rand::{Rng, SeedableRng};
 
 #[test]
-fn opening_mutated_cblocks_never_panics() {
+fn opening_mutated_thin_blocks_never_panics() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     for head in [100usize, 1500, 3000] {
         let chunk: Vec<u8> = (0..4096)
@@ -27,12 +27,11 @@ fn opening_mutated_cblocks_never_panics() {
             .collect();
         let cblock = c.seal(&entries);
         let mblock = window::mblock(&entries[..entries.len().min(100)], 4096);
-        for i in 0..4000 {
-            let mut b = if i % 2 == 0 {
-                cblock.clone()
-            } else {
-                mblock.clone()
-            };
+        let mut zs = zones::Zones::new(1024 + 100, 1024);
+        zs.alloc(zones::Kind::C, 1100, &mut zones::Changes::default());
+        let record = zs.encode(1, true);
+        for i in 0..6000 {
+            let mut b = [&cblock, &mblock, &record][i % 3].clone();
             match rng.random_range(0..4) {
                 0 => {
                     for _ in 0..rng.random_range(1..8) {
@@ -48,7 +47,7 @@ fn opening_mutated_cblocks_never_panics() {
                 2 => b.truncate(rng.random_range(0..b.len())),
                 _ => b.extend((0..rng.random_range(1..4096)).map(|_| rng.random::<u8>())),
             }
-            open_cblock(&b);
+            thin_blocks(&b);
         }
     }
 }
