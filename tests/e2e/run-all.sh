@@ -14,7 +14,7 @@ run() {
     BACKEND=$backend bash "$here/$t.sh"
     echo "=== e2e: $t ($backend) passed in $(($(date +%s) - start)) s"
 }
-for t in nbdcopy qemu-io fio lifecycle ext4 bench replay; do
+for t in nbdcopy qemu-io fio lifecycle ext4 bench replay analyze; do
     run inram "$t"
 done
 for backend in disktable cowbtree lsm; do

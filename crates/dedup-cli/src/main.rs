@@ -31,6 +31,7 @@ enum Command {
     Check(cmd::check::Args),
     Bench(cmd::bench::Args),
     Replay(cmd::replay::Args),
+    Analyze(cmd::analyze::Args),
     Trace(cmd::trace::Args),
 }
 
@@ -52,6 +53,7 @@ fn main() -> ExitCode {
         Command::Check(a) => cmd::check::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Replay(a) => cmd::replay::run(a),
+        Command::Analyze(a) => cmd::analyze::run(a),
         Command::Trace(a) => cmd::trace::run(a),
     };
     match result {

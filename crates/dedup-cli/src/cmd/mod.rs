@@ -1,5 +1,6 @@
 //! The subcommands, one file each, and what they share.
 
+pub mod analyze;
 pub mod bench;
 pub mod check;
 pub mod create;

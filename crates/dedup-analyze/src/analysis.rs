@@ -1,0 +1,317 @@
+//! Reading the inputs once and feeding every algorithm: directories are
+//! walked (symlinks not followed), files are read by several threads, and
+//! each algorithm counts its chunks, distinct chunks, zero chunks, chunk
+//! sizes, CPU time, and how many runs of contiguous storage each file
+//! would be read back from.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dedup_core::fingerprint::HashAlgo;
+
+use crate::algo::Algorithm;
+use crate::chunker::{Chunker, Piece};
+use crate::index::Index;
+use crate::rabin;
+
+const READ_SIZE: usize = 1 << 20;
+/// Skipped inputs named in the report (the count covers all).
+const KEEP_SKIPPED: usize = 50;
+
+/// Counts for one algorithm, summed over files and threads.
+#[derive(Clone, Debug, Default)]
+pub struct Counts {
+    pub logical_bytes: u64,
+    pub chunks: u64,
+    pub unique_chunks: u64,
+    pub unique_bytes: u64,
+    pub zero_chunks: u64,
+    pub zero_bytes: u64,
+    pub chunk_time: Duration,
+    pub hash_time: Duration,
+    /// Chunks per power-of-two size class: `sizes[k]` counts chunks of
+    /// 2^(k-1) < len ≤ 2^k bytes.
+    pub sizes: Vec<u64>,
+    /// Sum over files of the runs of contiguous storage they would be read
+    /// back from (chunks stored in first-seen order).
+    pub reads: u64,
+    pub files: u64,
+}
+
+impl Counts {
+    fn merge(&mut self, o: &Counts) {
+        self.logical_bytes += o.logical_bytes;
+        self.chunks += o.chunks;
+        self.unique_chunks += o.unique_chunks;
+        self.unique_bytes += o.unique_bytes;
+        self.zero_chunks += o.zero_chunks;
+        self.zero_bytes += o.zero_bytes;
+        self.chunk_time += o.chunk_time;
+        self.hash_time += o.hash_time;
+        if self.sizes.len() < o.sizes.len() {
+            self.sizes.resize(o.sizes.len(), 0);
+        }
+        for (a, b) in self.sizes.iter_mut().zip(&o.sizes) {
+            *a += b;
+        }
+        self.reads += o.reads;
+        self.files += o.files;
+    }
+}
+
+/// What was read, and what was not.
+#[derive(Clone, Debug, Default)]
+pub struct Totals {
+    pub files: u64,
+    pub bytes: u64,
+    pub skipped: u64,
+    pub first_skipped: Vec<String>,
+    pub elapsed: Duration,
+    /// Stopped early (Ctrl-C): the counts cover what was read.
+    pub interrupted: bool,
+}
+
+pub struct Analysis {
+    pub algorithms: Vec<Algorithm>,
+    pub hash: HashAlgo,
+    indexes: Vec<Index>,
+    counts: Mutex<Vec<Counts>>,
+    totals: Mutex<Totals>,
+    /// Bytes read so far (for progress).
+    pub bytes_read: AtomicU64,
+    pub files_read: AtomicU64,
+    /// Set to stop early; what was read so far is still reported.
+    pub stop: AtomicBool,
+    tables: Arc<rabin::Tables>,
+}
+
+/// Expand the inputs to regular files; what cannot be read is recorded.
+pub fn walk(inputs: &[PathBuf], skipped: &mut dyn FnMut(&Path, String)) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut stack: Vec<PathBuf> = inputs.iter().rev().cloned().collect();
+    while let Some(p) = stack.pop() {
+        let meta = match std::fs::symlink_metadata(&p) {
+            Ok(m) => m,
+            Err(e) => {
+                skipped(&p, e.to_string());
+                continue;
+            }
+        };
+        let ft = meta.file_type();
+        if ft.is_symlink() {
+            continue; // not followed (a link to data counted elsewhere)
+        } else if ft.is_dir() {
+            match std::fs::read_dir(&p) {
+                Ok(entries) => {
+                    let mut children: Vec<PathBuf> =
+                        entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+                    children.sort();
+                    stack.extend(children.into_iter().rev());
+                }
+                Err(e) => skipped(&p, e.to_string()),
+            }
+        } else if ft.is_file() {
+            files.push(p);
+        } else {
+            skipped(
+                &p,
+                "not a regular file (device, socket or pipe); analyse a disk image as a file"
+                    .into(),
+            );
+        }
+    }
+    files
+}
+
+impl Analysis {
+    pub fn new(algorithms: Vec<Algorithm>, hash: HashAlgo) -> Analysis {
+        let n = algorithms.len();
+        Analysis {
+            indexes: (0..n).map(|_| Index::default()).collect(),
+            counts: Mutex::new(vec![Counts::default(); n]),
+            totals: Mutex::new(Totals::default()),
+            algorithms,
+            hash,
+            bytes_read: AtomicU64::new(0),
+            files_read: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            tables: Arc::new(rabin::Tables::new()),
+        }
+    }
+
+    pub fn skip(&self, what: &Path, why: String) {
+        let mut t = self.totals.lock().unwrap_or_else(|e| e.into_inner());
+        t.skipped += 1;
+        if t.first_skipped.len() < KEEP_SKIPPED {
+            t.first_skipped.push(format!("{}: {why}", what.display()));
+        }
+    }
+
+    /// Analyse `files` with `threads` readers.
+    pub fn run(&self, files: &[PathBuf], threads: usize) {
+        let started = Instant::now();
+        let next = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..threads.max(1) {
+                s.spawn(|| {
+                    let mut local = vec![Counts::default(); self.algorithms.len()];
+                    loop {
+                        if self.stop.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(path) = files.get(i) else { break };
+                        if let Err(why) = self.file(path, &mut local) {
+                            self.skip(path, why);
+                        }
+                    }
+                    let mut all = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+                    for (a, l) in all.iter_mut().zip(&local) {
+                        a.merge(l);
+                    }
+                });
+            }
+        });
+        let mut t = self.totals.lock().unwrap_or_else(|e| e.into_inner());
+        t.elapsed += started.elapsed();
+        t.interrupted |= self.stop.load(Ordering::Relaxed);
+    }
+
+    /// Read one file through every algorithm.
+    fn file(&self, path: &Path, local: &mut [Counts]) -> Result<(), String> {
+        let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+        let before = f.metadata().map_err(|e| e.to_string())?;
+        let mut chunkers: Vec<Chunker> = self
+            .algorithms
+            .iter()
+            .map(|a| Chunker::new(a, &self.tables))
+            .collect();
+        // Per algorithm: where the previous chunk is stored, for runs.
+        let mut last: Vec<Option<u64>> = vec![None; chunkers.len()];
+        let mut runs = vec![0u64; chunkers.len()];
+        let mut buf = vec![0u8; READ_SIZE];
+        let mut len = 0u64;
+        let mut filled = read_full(&mut f, &mut buf).map_err(|e| e.to_string())?;
+        loop {
+            // Read ahead one block to know whether this one is the last.
+            let mut next = vec![0u8; READ_SIZE];
+            let next_len = if filled == READ_SIZE {
+                read_full(&mut f, &mut next).map_err(|e| e.to_string())?
+            } else {
+                0
+            };
+            let eof = next_len == 0;
+            let data = &buf[..filled];
+            len += filled as u64;
+            for (k, c) in chunkers.iter_mut().enumerate() {
+                let counts = &mut local[k];
+                let index = &self.indexes[k];
+                let mut hash_time = Duration::ZERO;
+                let mut emit = |p: Piece| {
+                    let t0 = Instant::now();
+                    let (key, n, zero) = match p {
+                        Piece::Bytes(b) => {
+                            let fp = self.hash.fingerprint(b);
+                            let key = u128::from_le_bytes(fp.0[..16].try_into().expect("16"));
+                            (key, b.len() as u64, dedup_core::engine::is_zero(b))
+                        }
+                        Piece::Hashed(h, n) => (
+                            u128::from_le_bytes(h[..16].try_into().expect("16")),
+                            n,
+                            false,
+                        ),
+                    };
+                    let (new, at) = index.insert(key);
+                    hash_time += t0.elapsed();
+                    counts.chunks += 1;
+                    counts.logical_bytes += n;
+                    if new {
+                        counts.unique_chunks += 1;
+                        counts.unique_bytes += n;
+                    }
+                    if zero {
+                        counts.zero_chunks += 1;
+                        counts.zero_bytes += n;
+                    }
+                    let class = 64 - n.max(1).saturating_sub(1).leading_zeros() as usize;
+                    if counts.sizes.len() <= class {
+                        counts.sizes.resize(class + 1, 0);
+                    }
+                    counts.sizes[class] += 1;
+                    if last[k].is_none_or(|l| l + 1 != at) {
+                        runs[k] += 1;
+                    }
+                    last[k] = Some(at);
+                };
+                let spent = c.feed(data, eof, &mut emit);
+                if matches!(c, Chunker::Whole(..)) {
+                    hash_time += spent;
+                } else {
+                    local[k].chunk_time += spent;
+                }
+                local[k].hash_time += hash_time;
+            }
+            self.bytes_read.fetch_add(filled as u64, Ordering::Relaxed);
+            if eof {
+                break;
+            }
+            buf = next;
+            filled = next_len;
+        }
+        for (k, r) in runs.iter().enumerate() {
+            local[k].reads += r;
+            local[k].files += 1;
+        }
+        self.files_read.fetch_add(1, Ordering::Relaxed);
+        let mut t = self.totals.lock().unwrap_or_else(|e| e.into_inner());
+        t.files += 1;
+        t.bytes += len;
+        drop(t);
+        if len != before.len() {
+            self.skip(
+                path,
+                format!(
+                    "changed while read ({} bytes at the start, {len} read); counted as read",
+                    before.len()
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    pub fn counts(&self) -> Vec<Counts> {
+        self.counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn totals(&self) -> Totals {
+        self.totals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Distinct chunks held in memory across all algorithms.
+    pub fn index_entries(&self) -> u64 {
+        self.indexes.iter().map(|i| i.len()).sum()
+    }
+}
+
+/// Fill `buf` as far as the file allows.
+fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}

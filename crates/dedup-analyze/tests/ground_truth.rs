@@ -1,0 +1,144 @@
+//! Datasets with known answers, made here: copies of one file (WFH folds
+//! exactly N), files sharing aligned blocks (FBH exact), an insertion near
+//! the start (CDC keeps finding the rest, FBH loses it), zero blocks, and
+//! inputs that cannot be read.
+
+use std::path::{Path, PathBuf};
+
+use dedup_analyze::{report, walk, Algorithm, Analysis, Report};
+use dedup_core::fingerprint::HashAlgo;
+
+fn random(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn analyse(inputs: &[PathBuf], algos: &[&str]) -> Report {
+    let algorithms = algos.iter().map(|a| Algorithm::parse(a).unwrap()).collect();
+    let a = Analysis::new(algorithms, HashAlgo::Blake3);
+    let files = walk(inputs, &mut |p, why| a.skip(p, why));
+    a.run(&files, 2);
+    report(&a)
+}
+
+fn get<'a>(r: &'a Report, label: &str) -> &'a dedup_analyze::report::AlgoReport {
+    r.algorithms.iter().find(|a| a.label == label).unwrap()
+}
+
+fn write(dir: &Path, name: &str, data: &[u8]) {
+    let p = dir.join(name);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, data).unwrap();
+}
+
+#[test]
+fn n_copies_of_a_file_fold_n_times_under_whole_file_hashing() {
+    let d = tempfile::tempdir().unwrap();
+    let f = random(300_001, 1);
+    for i in 0..5 {
+        write(d.path(), &format!("sub{i}/copy.bin"), &f);
+    }
+    write(d.path(), "other.bin", &random(1000, 2));
+    let r = analyse(&[d.path().to_path_buf()], &["wfh", "fbh:4k", "fastcdc:8k"]);
+    assert_eq!(r.files, 6);
+    let wfh = get(&r, "wfh");
+    assert_eq!(wfh.chunks, 6);
+    assert_eq!(wfh.unique_chunks, 2);
+    let expect = (5 * 300_001 + 1000) as f64 / (300_001 + 1000) as f64;
+    assert!(
+        (wfh.fold_factor - expect).abs() < 1e-12,
+        "{}",
+        wfh.fold_factor
+    );
+    // Whole copies fold the same under any chunking.
+    assert!((get(&r, "fbh-4K").fold_factor - expect).abs() < 1e-12);
+    assert!((get(&r, "fastcdc-8K").fold_factor - expect).abs() < 1e-12);
+    // A file of chunks never seen before is one contiguous read.
+    assert!(get(&r, "fbh-4K").reads_per_file >= 1.0);
+}
+
+#[test]
+fn files_sharing_aligned_blocks_are_counted_exactly_by_fixed_blocks() {
+    let d = tempfile::tempdir().unwrap();
+    let blocks: Vec<Vec<u8>> = (0..15).map(|i| random(4096, 100 + i)).collect();
+    let a: Vec<u8> = blocks[..10].concat();
+    let b: Vec<u8> = [&blocks[..5], &blocks[10..15]].concat().concat();
+    let zeros = vec![0u8; 8 * 4096];
+    write(d.path(), "a", &a);
+    write(d.path(), "b", &b);
+    write(d.path(), "z", &zeros);
+    let r = analyse(&[d.path().to_path_buf()], &["fbh:4k", "wfh"]);
+    let fbh = get(&r, "fbh-4K");
+    assert_eq!(fbh.chunks, 28);
+    assert_eq!(
+        fbh.unique_chunks, 16,
+        "15 distinct blocks and the zero block"
+    );
+    assert_eq!(fbh.unique_bytes, 16 * 4096);
+    assert_eq!(fbh.zero_chunks, 8);
+    assert!((fbh.zero_share - 8.0 / 28.0).abs() < 1e-12);
+    assert_eq!(get(&r, "wfh").unique_chunks, 3);
+    assert_eq!(fbh.index_bytes, 16 * 40);
+    assert_eq!(fbh.recipe_bytes, 28 * 12);
+}
+
+#[test]
+fn an_insertion_near_the_start_defeats_fixed_blocks_but_not_cdc() {
+    let d = tempfile::tempdir().unwrap();
+    let f = random(8 << 20, 7);
+    let mut g = f.clone();
+    g.splice(1000..1000, random(100, 8));
+    write(d.path(), "v1", &f);
+    write(d.path(), "v2", &g);
+    let r = analyse(
+        &[d.path().join("v1"), d.path().join("v2")],
+        &["fbh:8k", "fastcdc:8k", "rabin:8k"],
+    );
+    let fbh = get(&r, "fbh-8K").fold_factor;
+    let fast = get(&r, "fastcdc-8K").fold_factor;
+    let rabin = get(&r, "rabin-8K").fold_factor;
+    assert!(fbh < 1.01, "FBH found shifted duplicates: {fbh}");
+    assert!(
+        fast > 1.98 && rabin > 1.98,
+        "CDC missed them: fastcdc {fast}, rabin {rabin}"
+    );
+    // Sizes near the asked-for average (min = avg/2, max = 2 avg).
+    for a in ["fastcdc-8K", "rabin-8K"] {
+        let mean = get(&r, a).mean_chunk_bytes;
+        assert!((6000.0..16384.0).contains(&mean), "{a}: mean {mean}");
+        let h = &get(&r, a).size_histogram;
+        assert!(h.iter().all(|&(bound, _)| bound <= 16384), "{a}: {h:?}");
+    }
+    assert!(get(&r, "fastcdc-8K").chunk_mb_per_cpu_s.unwrap() > 0.0);
+}
+
+#[test]
+fn what_cannot_be_read_is_reported_and_the_rest_analysed() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "ok", &random(5000, 3));
+    let fifo = d.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    std::os::unix::fs::symlink(d.path().join("ok"), d.path().join("link")).unwrap();
+    let r = analyse(
+        &[d.path().to_path_buf(), d.path().join("missing")],
+        &["wfh"],
+    );
+    assert_eq!(r.files, 1, "the symlink is not followed");
+    assert_eq!(r.skipped, 2);
+    let all = r.first_skipped.join("\n");
+    assert!(
+        all.contains("fifo") && all.contains("not a regular file"),
+        "{all}"
+    );
+    assert!(all.contains("missing"), "{all}");
+    let empty = analyse(&[], &["wfh"]);
+    assert_eq!((empty.files, get(&empty, "wfh").fold_factor), (0, 1.0));
+}

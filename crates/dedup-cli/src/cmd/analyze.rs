@@ -1,0 +1,106 @@
+//! `dedup analyze PATH...`: how much would deduplication save on this
+//! data, with which chunking, at what cost (library: dedup-analyze).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use dedup_analyze::{report, walk, Algorithm, Analysis};
+use dedup_core::fingerprint::HashAlgo;
+
+use super::print_json;
+
+#[derive(clap::Args)]
+#[command(
+    about = "Estimate what deduplication would save on files or directories, per chunking algorithm",
+    after_help = "Algorithms: wfh (whole files), fbh:SIZE (fixed blocks), rabin:AVG[:MIN:MAX] and\n\
+        fastcdc:AVG[:MIN:MAX] (content-defined; min = avg/2, max = 2 avg by default).\n\
+        Sizes 4K to 1M, powers of two. Ctrl-C stops and reports what was read.\n\n\
+        Examples:\n  dedup analyze ~/src\n  dedup analyze /srv/vm-images --algorithms fbh:4k,fastcdc:8k --json\n  dedup analyze disk.img --algorithms fbh:4k   # as a block device would see it"
+)]
+pub struct Args {
+    /// Files and directories (walked; symlinks are not followed).
+    #[arg(required = true)]
+    pub paths: Vec<PathBuf>,
+    /// Algorithms to compare in one read of the data (default: wfh, and
+    /// fbh, rabin and fastcdc at 4K, 8K, 16K, 32K, 64K).
+    #[arg(long, value_delimiter = ',')]
+    pub algorithms: Option<Vec<String>>,
+    /// Fingerprint: blake3, sha256 or md5.
+    #[arg(long, default_value = "blake3")]
+    pub hash: String,
+    /// Reader threads (default: the number of CPUs).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    #[arg(long, conflicts_with = "csv")]
+    pub json: bool,
+    /// One CSV row per algorithm.
+    #[arg(long)]
+    pub csv: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let algorithms: Vec<Algorithm> = match &a.algorithms {
+        Some(list) => list
+            .iter()
+            .map(|s| Algorithm::parse(s.trim()).map_err(anyhow::Error::msg))
+            .collect::<anyhow::Result<_>>()?,
+        None => dedup_analyze::algo::defaults(),
+    };
+    if algorithms.is_empty() {
+        bail!("--algorithms is empty");
+    }
+    let hash: HashAlgo = a.hash.parse().map_err(|e| anyhow::anyhow!("--hash: {e}"))?;
+    let analysis = Arc::new(Analysis::new(algorithms, hash));
+    let files = walk(&a.paths, &mut |p, why| analysis.skip(p, why));
+    let total: u64 = files
+        .iter()
+        .filter_map(|f| std::fs::metadata(f).ok())
+        .map(|m| m.len())
+        .sum();
+    // Ctrl-C: stop reading and report what was read.
+    let stopper = analysis.clone();
+    let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])
+        .context("installing signal handlers")?;
+    let handle = signals.handle();
+    std::thread::spawn(move || {
+        if signals.forever().next().is_some() {
+            stopper.stop.store(true, Ordering::Relaxed);
+        }
+    });
+    let bar = indicatif::ProgressBar::new(total).with_style(
+        indicatif::ProgressStyle::with_template(
+            "{bytes}/{total_bytes} [{bar:30}] {msg} {bytes_per_sec}, {eta} left",
+        )?
+        .progress_chars("=> "),
+    );
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    std::thread::scope(|s| {
+        let worker = s.spawn(|| analysis.run(&files, threads));
+        while !worker.is_finished() {
+            bar.set_position(analysis.bytes_read.load(Ordering::Relaxed));
+            bar.set_message(format!(
+                "{}/{} files",
+                analysis.files_read.load(Ordering::Relaxed),
+                files.len()
+            ));
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    bar.finish_and_clear();
+    handle.close();
+    let r = report(&analysis);
+    if a.json {
+        print_json(&r)?;
+    } else if a.csv {
+        print!("{}", dedup_analyze::report::csv(&r));
+    } else {
+        print!("{}", dedup_analyze::report::table(&r));
+    }
+    Ok(ExitCode::SUCCESS)
+}
