@@ -161,18 +161,7 @@ impl Chunker {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn random(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
+    use crate::testdata::random;
 
     /// Chunk lengths of `data` fed in pieces of `step`.
     fn lengths(a: &str, data: &[u8], step: usize) -> Vec<usize> {

@@ -10,6 +10,8 @@ pub mod chunker;
 pub mod index;
 pub mod rabin;
 pub mod report;
+#[cfg(test)]
+mod testdata;
 
 pub use algo::Algorithm;
 pub use analysis::{walk, Analysis};

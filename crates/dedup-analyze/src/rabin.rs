@@ -140,19 +140,8 @@ impl Rabin {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testdata::random;
     use std::sync::Arc;
-
-    fn random(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
 
     fn chunks(data: &[u8], step: usize) -> Vec<usize> {
         let mut r = Rabin::new(Arc::new(Tables::new()), 4096, 8192, 16384);
