@@ -184,6 +184,72 @@ impl Analysis {
     fn file(&self, path: &Path, local: &mut [Counts]) -> Result<(), String> {
         let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
         let before = f.metadata().map_err(|e| e.to_string())?;
+        let len = self.stream(&mut f, local)?;
+        let mut t = self.totals.lock().unwrap_or_else(|e| e.into_inner());
+        t.files += 1;
+        t.bytes += len;
+        drop(t);
+        if len != before.len() {
+            self.skip(
+                path,
+                format!(
+                    "changed while read ({} bytes at the start, {len} read); counted as read",
+                    before.len()
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// Analyse a tar stream: each regular file in it as a file. A stream
+    /// that ends early or is damaged stops there, reported; what was read
+    /// is counted.
+    pub fn run_tar(&self, input: impl Read) {
+        let started = Instant::now();
+        let mut local = vec![Counts::default(); self.algorithms.len()];
+        let mut archive = tar::Archive::new(input);
+        let mut entries_read = 0u64;
+        let result = (|| -> Result<(), String> {
+            let entries = archive.entries().map_err(|e| e.to_string())?;
+            for entry in entries {
+                if self.stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let mut entry = entry.map_err(|e| e.to_string())?;
+                entries_read += 1;
+                if entry.header().entry_type() != tar::EntryType::Regular {
+                    continue;
+                }
+                let want = entry.header().size().unwrap_or(0);
+                let len = self.stream(&mut entry, &mut local)?;
+                let mut t = self.totals.lock().unwrap_or_else(|e| e.into_inner());
+                t.files += 1;
+                t.bytes += len;
+                drop(t);
+                if len != want {
+                    return Err(format!("a member ends after {len} of its {want} bytes"));
+                }
+            }
+            Ok(())
+        })();
+        if let Err(why) = result {
+            self.skip(
+                Path::new("tar stream"),
+                format!("stopped after {entries_read} entries: {why} (the stream ended early or is damaged)"),
+            );
+        }
+        let mut all = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        for (a, l) in all.iter_mut().zip(&local) {
+            a.merge(l);
+        }
+        drop(all);
+        let mut t = self.totals.lock().unwrap_or_else(|e| e.into_inner());
+        t.elapsed += started.elapsed();
+        t.interrupted |= self.stop.load(Ordering::Relaxed);
+    }
+
+    /// Read one file's bytes through every algorithm; returns its length.
+    fn stream(&self, f: &mut dyn Read, local: &mut [Counts]) -> Result<u64, String> {
         let mut chunkers: Vec<Chunker> = self
             .algorithms
             .iter()
@@ -194,12 +260,12 @@ impl Analysis {
         let mut runs = vec![0u64; chunkers.len()];
         let mut buf = vec![0u8; READ_SIZE];
         let mut len = 0u64;
-        let mut filled = read_full(&mut f, &mut buf).map_err(|e| e.to_string())?;
+        let mut filled = read_full(f, &mut buf).map_err(|e| e.to_string())?;
         loop {
             // Read ahead one block to know whether this one is the last.
             let mut next = vec![0u8; READ_SIZE];
             let next_len = if filled == READ_SIZE {
-                read_full(&mut f, &mut next).map_err(|e| e.to_string())?
+                read_full(f, &mut next).map_err(|e| e.to_string())?
             } else {
                 0
             };
@@ -266,20 +332,7 @@ impl Analysis {
             local[k].files += 1;
         }
         self.files_read.fetch_add(1, Ordering::Relaxed);
-        let mut t = self.totals.lock().unwrap_or_else(|e| e.into_inner());
-        t.files += 1;
-        t.bytes += len;
-        drop(t);
-        if len != before.len() {
-            self.skip(
-                path,
-                format!(
-                    "changed while read ({} bytes at the start, {len} read); counted as read",
-                    before.len()
-                ),
-            );
-        }
-        Ok(())
+        Ok(len)
     }
 
     pub fn counts(&self) -> Vec<Counts> {
@@ -303,7 +356,7 @@ impl Analysis {
 }
 
 /// Fill `buf` as far as the file allows.
-fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+fn read_full(f: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match f.read(&mut buf[n..]) {

@@ -142,3 +142,41 @@ fn what_cannot_be_read_is_reported_and_the_rest_analysed() {
     let empty = analyse(&[], &["wfh"]);
     assert_eq!((empty.files, get(&empty, "wfh").fold_factor), (0, 1.0));
 }
+
+#[test]
+fn a_tar_stream_counts_as_its_files_and_one_ending_early_is_reported() {
+    let f = random(200_000, 11);
+    let mut builder = tar::Builder::new(Vec::new());
+    for name in ["x/one", "y/two", "z/three"] {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(f.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        builder.append_data(&mut h, name, &f[..]).unwrap();
+    }
+    let tar = builder.into_inner().unwrap();
+    let analyse_tar = |bytes: &[u8]| {
+        let a = Analysis::new(
+            vec![Algorithm::Wfh, Algorithm::parse("fbh:4k").unwrap()],
+            HashAlgo::Blake3,
+        );
+        a.run_tar(bytes);
+        report(&a)
+    };
+    let r = analyse_tar(&tar);
+    assert_eq!((r.files, r.skipped), (3, 0));
+    assert!((get(&r, "wfh").fold_factor - 3.0).abs() < 1e-12);
+    // Cut inside the second member.
+    let cut = &tar[..512 + 200_000 + 512 + 100_000];
+    let r = analyse_tar(cut);
+    assert_eq!(r.skipped, 1, "{:?}", r.first_skipped);
+    assert!(
+        r.first_skipped[0].contains("ended early"),
+        "{:?}",
+        r.first_skipped
+    );
+    assert!(
+        get(&r, "fbh-4K").logical_bytes >= 200_000,
+        "the first member counts"
+    );
+}

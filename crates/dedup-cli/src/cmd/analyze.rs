@@ -19,12 +19,17 @@ use super::print_json;
     after_help = "Algorithms: wfh (whole files), fbh:SIZE (fixed blocks), rabin:AVG[:MIN:MAX] and\n\
         fastcdc:AVG[:MIN:MAX] (content-defined; min = avg/2, max = 2 avg by default).\n\
         Sizes 4K to 1M, powers of two. Ctrl-C stops and reports what was read.\n\n\
-        Examples:\n  dedup analyze ~/src\n  dedup analyze /srv/vm-images --algorithms fbh:4k,fastcdc:8k --json\n  dedup analyze disk.img --algorithms fbh:4k   # as a block device would see it"
+        Examples:\n  dedup analyze ~/src\n  tar -c ~/src | dedup analyze --tar -\n  dedup analyze /srv/vm-images --algorithms fbh:4k,fastcdc:8k --json\n  dedup analyze disk.img --algorithms fbh:4k   # as a block device would see it"
 )]
 pub struct Args {
-    /// Files and directories (walked; symlinks are not followed).
+    /// Files and directories (walked; symlinks are not followed); with
+    /// --tar, tar streams ("-" for stdin).
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
+    /// The paths are tar streams: each regular file in them is analysed as
+    /// a file.
+    #[arg(long)]
+    pub tar: bool,
     /// Algorithms to compare in one read of the data (default: wfh, and
     /// fbh, rabin and fastcdc at 4K, 8K, 16K, 32K, 64K).
     #[arg(long, value_delimiter = ',')]
@@ -55,12 +60,23 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     let hash: HashAlgo = a.hash.parse().map_err(|e| anyhow::anyhow!("--hash: {e}"))?;
     let analysis = Arc::new(Analysis::new(algorithms, hash));
-    let files = walk(&a.paths, &mut |p, why| analysis.skip(p, why));
-    let total: u64 = files
-        .iter()
-        .filter_map(|f| std::fs::metadata(f).ok())
-        .map(|m| m.len())
-        .sum();
+    let files = if a.tar {
+        Vec::new()
+    } else {
+        walk(&a.paths, &mut |p, why| analysis.skip(p, why))
+    };
+    let sizes = |paths: &[PathBuf]| -> u64 {
+        paths
+            .iter()
+            .filter_map(|f| std::fs::metadata(f).ok())
+            .map(|m| m.len())
+            .sum()
+    };
+    let total = if a.tar {
+        sizes(&a.paths)
+    } else {
+        sizes(&files)
+    };
     // Ctrl-C: stop reading and report what was read.
     let stopper = analysis.clone();
     let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])
@@ -81,7 +97,21 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
     std::thread::scope(|s| {
-        let worker = s.spawn(|| analysis.run(&files, threads));
+        let worker = s.spawn(|| {
+            if !a.tar {
+                return analysis.run(&files, threads);
+            }
+            for p in &a.paths {
+                if p.as_os_str() == "-" {
+                    analysis.run_tar(std::io::stdin().lock());
+                    continue;
+                }
+                match std::fs::File::open(p) {
+                    Ok(f) => analysis.run_tar(std::io::BufReader::with_capacity(1 << 20, f)),
+                    Err(e) => analysis.skip(p, e.to_string()),
+                }
+            }
+        });
         while !worker.is_finished() {
             bar.set_position(analysis.bytes_read.load(Ordering::Relaxed));
             bar.set_message(format!(
