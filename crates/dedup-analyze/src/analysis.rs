@@ -39,6 +39,9 @@ pub struct Counts {
     /// back from (chunks stored in first-seen order).
     pub reads: u64,
     pub files: u64,
+    /// Per `Analysis::codecs`: distinct chunks' bytes after compression,
+    /// and the time it took.
+    pub compressed: Vec<(u64, Duration)>,
 }
 
 impl Counts {
@@ -59,6 +62,14 @@ impl Counts {
         }
         self.reads += o.reads;
         self.files += o.files;
+        if self.compressed.len() < o.compressed.len() {
+            self.compressed
+                .resize(o.compressed.len(), (0, Duration::ZERO));
+        }
+        for (a, b) in self.compressed.iter_mut().zip(&o.compressed) {
+            a.0 += b.0;
+            a.1 += b.1;
+        }
     }
 }
 
@@ -74,9 +85,48 @@ pub struct Totals {
     pub interrupted: bool,
 }
 
+/// A compressor applied to each distinct chunk, to show deduplication and
+/// compression together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Codec {
+    Lz4,
+    /// zstd at level 3 (its default).
+    Zstd,
+}
+
+impl Codec {
+    pub fn parse(s: &str) -> Result<Codec, String> {
+        match s {
+            "lz4" => Ok(Codec::Lz4),
+            "zstd" => Ok(Codec::Zstd),
+            _ => Err(format!("unknown compression `{s}`: use lz4 or zstd")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::Lz4 => "lz4",
+            Codec::Zstd => "zstd",
+        }
+    }
+
+    /// Compressed size (never more than the chunk: an incompressible
+    /// chunk would be stored as it is).
+    fn size(self, chunk: &[u8]) -> u64 {
+        let n = match self {
+            Codec::Lz4 => lz4_flex::block::compress(chunk).len(),
+            Codec::Zstd => zstd::bulk::compress(chunk, 3).map_or(chunk.len(), |c| c.len()),
+        };
+        n.min(chunk.len()) as u64
+    }
+}
+
 pub struct Analysis {
     pub algorithms: Vec<Algorithm>,
     pub hash: HashAlgo,
+    /// Compressors applied to distinct chunks (not WFH's whole files).
+    pub codecs: Vec<Codec>,
     indexes: Vec<Index>,
     counts: Mutex<Vec<Counts>>,
     totals: Mutex<Totals>,
@@ -135,6 +185,7 @@ impl Analysis {
             totals: Mutex::new(Totals::default()),
             algorithms,
             hash,
+            codecs: Vec::new(),
             bytes_read: AtomicU64::new(0),
             files_read: AtomicU64::new(0),
             stop: AtomicBool::new(false),
@@ -278,20 +329,33 @@ impl Analysis {
                 let mut hash_time = Duration::ZERO;
                 let mut emit = |p: Piece| {
                     let t0 = Instant::now();
-                    let (key, n, zero) = match p {
+                    let (key, n, zero, bytes) = match p {
                         Piece::Bytes(b) => {
                             let fp = self.hash.fingerprint(b);
                             let key = u128::from_le_bytes(fp.0[..16].try_into().expect("16"));
-                            (key, b.len() as u64, dedup_core::engine::is_zero(b))
+                            (key, b.len() as u64, dedup_core::engine::is_zero(b), Some(b))
                         }
                         Piece::Hashed(h, n) => (
                             u128::from_le_bytes(h[..16].try_into().expect("16")),
                             n,
                             false,
+                            None,
                         ),
                     };
                     let (new, at) = index.insert(key);
                     hash_time += t0.elapsed();
+                    if let (true, Some(b)) = (new, bytes) {
+                        if counts.compressed.len() < self.codecs.len() {
+                            counts
+                                .compressed
+                                .resize(self.codecs.len(), (0, Duration::ZERO));
+                        }
+                        for (c, slot) in self.codecs.iter().zip(counts.compressed.iter_mut()) {
+                            let t1 = Instant::now();
+                            slot.0 += c.size(b);
+                            slot.1 += t1.elapsed();
+                        }
+                    }
                     counts.chunks += 1;
                     counts.logical_bytes += n;
                     if new {

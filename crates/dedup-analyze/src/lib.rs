@@ -14,5 +14,5 @@ pub mod report;
 mod testdata;
 
 pub use algo::Algorithm;
-pub use analysis::{walk, Analysis};
+pub use analysis::{walk, Analysis, Codec};
 pub use report::{report, Report};

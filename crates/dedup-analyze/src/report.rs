@@ -6,7 +6,7 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use crate::algo::Algorithm;
-use crate::analysis::{Analysis, Counts};
+use crate::analysis::{Analysis, Codec, Counts};
 use crate::index::BYTES_PER_ENTRY;
 
 /// Bytes of one hash-index entry in a deduplicating store: a 32-byte
@@ -50,6 +50,18 @@ pub struct AlgoReport {
     pub reads_per_file: f64,
     /// (upper bound of the size class in bytes, chunks).
     pub size_histogram: Vec<(u64, u64)>,
+    /// Distinct chunks compressed one by one (not for WFH).
+    pub compression: Vec<CompressionReport>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CompressionReport {
+    pub codec: Codec,
+    /// Distinct bytes after compressing each distinct chunk.
+    pub stored_bytes: u64,
+    /// logical / stored: deduplication and compression together.
+    pub fold_factor: f64,
+    pub cpu_s: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -77,7 +89,7 @@ fn ratio(a: f64, b: f64) -> f64 {
     }
 }
 
-fn algo_report(a: &Algorithm, c: &Counts) -> AlgoReport {
+fn algo_report(a: &Algorithm, c: &Counts, codecs: &[Codec]) -> AlgoReport {
     let logical = c.logical_bytes as f64;
     let unique = c.unique_bytes as f64;
     let index_bytes = c.unique_chunks * INDEX_ENTRY_BYTES;
@@ -120,6 +132,27 @@ fn algo_report(a: &Algorithm, c: &Counts) -> AlgoReport {
             .filter(|(_, &n)| n > 0)
             .map(|(k, &n)| (1u64 << k, n))
             .collect(),
+        compression: if *a == Algorithm::Wfh {
+            Vec::new()
+        } else {
+            codecs
+                .iter()
+                .enumerate()
+                .map(|(k, &codec)| {
+                    let (stored, t) = c.compressed.get(k).copied().unwrap_or_default();
+                    CompressionReport {
+                        codec,
+                        stored_bytes: stored,
+                        fold_factor: if stored == 0 {
+                            1.0
+                        } else {
+                            logical / stored as f64
+                        },
+                        cpu_s: t.as_secs_f64(),
+                    }
+                })
+                .collect()
+        },
     }
 }
 
@@ -140,7 +173,7 @@ pub fn report(a: &Analysis) -> Report {
             .algorithms
             .iter()
             .zip(a.counts())
-            .map(|(al, c)| algo_report(al, &c))
+            .map(|(al, c)| algo_report(al, &c, &a.codecs))
             .collect(),
     }
 }
@@ -221,6 +254,25 @@ pub fn table(r: &Report) -> String {
             a.mb_per_cpu_s,
             a.reads_per_file
         );
+    }
+    if r.algorithms.iter().any(|a| !a.compression.is_empty()) {
+        let _ = writeln!(o, "\nwith each distinct chunk compressed:");
+        for a in r.algorithms.iter().filter(|a| !a.compression.is_empty()) {
+            let parts: Vec<String> = a
+                .compression
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{} {} stored, fold {:.2}× ({:.1} CPU s)",
+                        c.codec.name(),
+                        size(c.stored_bytes),
+                        c.fold_factor,
+                        c.cpu_s
+                    )
+                })
+                .collect();
+            let _ = writeln!(o, "  {:<14} {}", a.label, parts.join("; "));
+        }
     }
     let _ = writeln!(
         o,

@@ -180,3 +180,43 @@ fn a_tar_stream_counts_as_its_files_and_one_ending_early_is_reported() {
         "the first member counts"
     );
 }
+
+#[test]
+fn compression_of_distinct_chunks_adds_to_deduplication_and_never_grows_a_chunk() {
+    let d = tempfile::tempdir().unwrap();
+    // Text-like data compresses; random data does not.
+    let text: Vec<u8> = (0..400_000u32)
+        .flat_map(|i| format!("line {} of a log, status ok\n", i % 977).into_bytes())
+        .take(400_000)
+        .collect();
+    write(d.path(), "a.log", &text);
+    write(d.path(), "b.log", &text);
+    write(d.path(), "r.bin", &random(200_000, 9));
+    let algorithms = vec![Algorithm::parse("fbh:4k").unwrap()];
+    let mut a = Analysis::new(algorithms, HashAlgo::Blake3);
+    a.codecs = vec![dedup_analyze::Codec::Lz4, dedup_analyze::Codec::Zstd];
+    let files = walk(&[d.path().to_path_buf()], &mut |p, why| a.skip(p, why));
+    a.run(&files, 2);
+    let r = report(&a);
+    let f = get(&r, "fbh-4K");
+    assert_eq!(f.compression.len(), 2);
+    for c in &f.compression {
+        // The random file stays (nearly) its size; the log shrinks a lot.
+        assert!(c.stored_bytes < f.unique_bytes, "{c:?}");
+        assert!(c.stored_bytes > 200_000 - 4096, "{c:?}");
+        assert!(c.fold_factor > f.fold_factor, "{c:?}");
+    }
+    // zstd beats lz4 on text.
+    assert!(f.compression[1].stored_bytes < f.compression[0].stored_bytes);
+
+    // Only random data: compression gains nothing and loses nothing.
+    let d2 = tempfile::tempdir().unwrap();
+    write(d2.path(), "r.bin", &random(100_000, 10));
+    let mut a = Analysis::new(vec![Algorithm::parse("fbh:4k").unwrap()], HashAlgo::Blake3);
+    a.codecs = vec![dedup_analyze::Codec::Lz4];
+    let files = walk(&[d2.path().to_path_buf()], &mut |p, why| a.skip(p, why));
+    a.run(&files, 1);
+    let r = report(&a);
+    let f = get(&r, "fbh-4K");
+    assert_eq!(f.compression[0].stored_bytes, 100_000);
+}

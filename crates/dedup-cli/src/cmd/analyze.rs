@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use dedup_analyze::{report, walk, Algorithm, Analysis};
+use dedup_analyze::{report, walk, Algorithm, Analysis, Codec};
 use dedup_core::fingerprint::HashAlgo;
 
 use super::print_json;
@@ -34,6 +34,10 @@ pub struct Args {
     /// fbh, rabin and fastcdc at 4K, 8K, 16K, 32K, 64K).
     #[arg(long, value_delimiter = ',')]
     pub algorithms: Option<Vec<String>>,
+    /// Also compress each distinct chunk (lz4, zstd): deduplication and
+    /// compression together.
+    #[arg(long, value_delimiter = ',')]
+    pub compression: Vec<String>,
     /// Fingerprint: blake3, sha256 or md5.
     #[arg(long, default_value = "blake3")]
     pub hash: String,
@@ -59,7 +63,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         bail!("--algorithms is empty");
     }
     let hash: HashAlgo = a.hash.parse().map_err(|e| anyhow::anyhow!("--hash: {e}"))?;
-    let analysis = Arc::new(Analysis::new(algorithms, hash));
+    let mut analysis = Analysis::new(algorithms, hash);
+    analysis.codecs = a
+        .compression
+        .iter()
+        .map(|c| Codec::parse(c.trim()).map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<_>>()?;
+    let analysis = Arc::new(analysis);
     let files = if a.tar {
         Vec::new()
     } else {
