@@ -36,6 +36,46 @@ head -1 "$WORK/a.csv" | grep -q "^algorithm,kind,nominal_bytes" || fail "CSV hea
 "$DEDUP" analyze "$WORK/data" --algorithms fbh:4k >"$WORK/a.txt" 2>/dev/null
 grep -q "^Best: fbh-4K folds" "$WORK/a.txt" || { cat "$WORK/a.txt"; fail "the table does not lead with the answer"; }
 
+log "a disk image and the same image as a block device give the same answer"
+# 8 MiB: 1 MiB of zeros, two copies of a 2 MiB random region, the rest zero.
+head -c 2M /dev/urandom >"$WORK/region"
+{ head -c 1M /dev/zero; cat "$WORK/region" "$WORK/region"; head -c 3M /dev/zero; } >"$WORK/disk.img"
+"$DEDUP" analyze "$WORK/disk.img" --algorithms fbh:4k --json >"$WORK/img.json" 2>/dev/null
+loop=$(losetup -f --show -r "$WORK/disk.img")
+on_exit "losetup -d $loop"
+"$DEDUP" analyze "$loop" --algorithms fbh:4k --json >"$WORK/dev.json" 2>"$WORK/dev.err" || { cat "$WORK/dev.err"; fail "analyze of $loop"; }
+losetup -d "$loop"
+python3 - "$WORK/img.json" "$WORK/dev.json" <<'PY'
+import json, sys
+img, dev = (json.load(open(p)) for p in sys.argv[1:3])
+assert dev["skipped"] == 0 and dev["files"] == 1, dev
+a, b = img["algorithms"][0], dev["algorithms"][0]
+for k in ["logical_bytes", "unique_bytes", "zero_chunks", "fold_factor"]:
+    assert a[k] == b[k], (k, a[k], b[k])
+assert b["logical_bytes"] == 8 << 20
+# 4 MiB of zero chunks counted apart; distinct: the region and one zero chunk.
+assert b["zero_chunks"] == 1024 and abs(b["zero_share"] - 0.5) < 1e-9, b
+assert b["unique_bytes"] == (2 << 20) + 4096, b
+PY
+
+log "--sample, --delta, --compression, --plot"
+"$DEDUP" analyze "$WORK/data" --algorithms fbh:4k,fastcdc:8k --sample 4 --json >"$WORK/s.json" 2>/dev/null
+python3 - "$WORK/s.json" "$WORK/a.json" <<'PY'
+import json, sys
+s, exact = (json.load(open(p)) for p in sys.argv[1:3])
+assert s["sample_rate"] == 4
+e = {x["label"]: x for x in exact["algorithms"]}
+for x in s["algorithms"]:
+    lo, hi = x["fold_factor_range"]
+    assert lo <= e[x["label"]]["fold_factor"] <= hi, (x["label"], lo, hi)
+PY
+"$DEDUP" analyze "$WORK/data" --algorithms fbh:4k --delta --compression lz4,zstd --plot "$WORK/fold.svg" >"$WORK/d.txt" 2>/dev/null
+grep -q "delta-encoded" "$WORK/d.txt" || { cat "$WORK/d.txt"; fail "no delta section"; }
+grep -q "lz4 .* stored, fold" "$WORK/d.txt" || { cat "$WORK/d.txt"; fail "no compression section"; }
+grep -q "<svg" "$WORK/fold.svg" || fail "no plot"
+if "$DEDUP" analyze "$WORK/data" --delta --sample 4 2>"$WORK/bad.err"; then fail "--delta with --sample accepted"; fi
+grep -q "cannot be combined" "$WORK/bad.err" || { cat "$WORK/bad.err"; fail "unclear error for --delta --sample"; }
+
 log "bad input"
 if "$DEDUP" analyze "$WORK/data" --algorithms fastcdc:8k:16k 2>"$WORK/bad.err"; then fail "min > avg accepted"; fi
 grep -q "min ≤ avg ≤ max" "$WORK/bad.err" || { cat "$WORK/bad.err"; fail "unclear error for min > avg"; }

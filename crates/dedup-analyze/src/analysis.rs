@@ -14,8 +14,10 @@ use dedup_core::fingerprint::HashAlgo;
 
 use crate::algo::Algorithm;
 use crate::chunker::{Chunker, Piece};
+use crate::delta::{DeltaCounts, Resemblance};
 use crate::index::Index;
 use crate::rabin;
+use crate::sample::Sampling;
 
 const READ_SIZE: usize = 1 << 20;
 /// Skipped inputs named in the report (the count covers all).
@@ -42,6 +44,9 @@ pub struct Counts {
     /// Per `Analysis::codecs`: distinct chunks' bytes after compression,
     /// and the time it took.
     pub compressed: Vec<(u64, Duration)>,
+    /// Σ size² of the distinct chunks counted, for the sampling bound.
+    pub unique_sq: f64,
+    pub delta: DeltaCounts,
 }
 
 impl Counts {
@@ -70,6 +75,8 @@ impl Counts {
             a.0 += b.0;
             a.1 += b.1;
         }
+        self.unique_sq += o.unique_sq;
+        self.delta.merge(&o.delta);
     }
 }
 
@@ -127,6 +134,10 @@ pub struct Analysis {
     pub hash: HashAlgo,
     /// Compressors applied to distinct chunks (not WFH's whole files).
     pub codecs: Vec<Codec>,
+    /// 1 in `rate` distinct chunks indexed (content-based).
+    pub sample: Sampling,
+    /// Per algorithm, when delta compression is measured (None for WFH).
+    delta: Vec<Option<Resemblance>>,
     indexes: Vec<Index>,
     counts: Mutex<Vec<Counts>>,
     totals: Mutex<Totals>,
@@ -140,8 +151,18 @@ pub struct Analysis {
 
 /// Expand the inputs to regular files; what cannot be read is recorded.
 pub fn walk(inputs: &[PathBuf], skipped: &mut dyn FnMut(&Path, String)) -> Vec<PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
     let mut files = Vec::new();
-    let mut stack: Vec<PathBuf> = inputs.iter().rev().cloned().collect();
+    let mut stack: Vec<PathBuf> = Vec::new();
+    // A block device named on the command line is read whole, as the
+    // device would see it; one met inside a directory (say /dev) is not.
+    for p in inputs.iter() {
+        match std::fs::metadata(p) {
+            Ok(m) if m.file_type().is_block_device() => files.push(p.clone()),
+            _ => stack.push(p.clone()),
+        }
+    }
+    stack.reverse();
     while let Some(p) = stack.pop() {
         let meta = match std::fs::symlink_metadata(&p) {
             Ok(m) => m,
@@ -168,7 +189,7 @@ pub fn walk(inputs: &[PathBuf], skipped: &mut dyn FnMut(&Path, String)) -> Vec<P
         } else {
             skipped(
                 &p,
-                "not a regular file (device, socket or pipe); analyse a disk image as a file"
+                "not a regular file (device, socket or pipe); name a block device on the command line to read it whole"
                     .into(),
             );
         }
@@ -186,11 +207,33 @@ impl Analysis {
             algorithms,
             hash,
             codecs: Vec::new(),
+            sample: Sampling::default(),
+            delta: Vec::new(),
             bytes_read: AtomicU64::new(0),
             files_read: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             tables: Arc::new(rabin::Tables::new()),
         }
+    }
+
+    /// Measure delta compression of non-duplicate chunks against similar
+    /// stored ones, keeping at most `memory` bytes of bases in all.
+    pub fn measure_delta(&mut self, memory: u64) {
+        let n = self
+            .algorithms
+            .iter()
+            .filter(|a| **a != Algorithm::Wfh)
+            .count();
+        let each = memory / n.max(1) as u64;
+        self.delta = self
+            .algorithms
+            .iter()
+            .map(|a| (*a != Algorithm::Wfh).then(|| Resemblance::new(each)))
+            .collect();
+    }
+
+    pub fn measures_delta(&self) -> bool {
+        !self.delta.is_empty()
     }
 
     pub fn skip(&self, what: &Path, why: String) {
@@ -234,18 +277,17 @@ impl Analysis {
     /// Read one file through every algorithm.
     fn file(&self, path: &Path, local: &mut [Counts]) -> Result<(), String> {
         let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
-        let before = f.metadata().map_err(|e| e.to_string())?;
+        let before = input_len(&mut f).map_err(|e| e.to_string())?;
         let len = self.stream(&mut f, local)?;
         let mut t = self.totals.lock().unwrap_or_else(|e| e.into_inner());
         t.files += 1;
         t.bytes += len;
         drop(t);
-        if len != before.len() {
+        if len != before {
             self.skip(
                 path,
                 format!(
-                    "changed while read ({} bytes at the start, {len} read); counted as read",
-                    before.len()
+                    "changed while read ({before} bytes at the start, {len} read); counted as read"
                 ),
             );
         }
@@ -342,9 +384,17 @@ impl Analysis {
                             None,
                         ),
                     };
-                    let (new, at) = index.insert(key);
+                    let sampled = self.sample.keeps(key);
+                    let (new, at) = if sampled {
+                        index.insert(key)
+                    } else {
+                        (false, 0)
+                    };
                     hash_time += t0.elapsed();
                     if let (true, Some(b)) = (new, bytes) {
+                        if let Some(Some(r)) = self.delta.get(k) {
+                            r.add(b, &mut counts.delta);
+                        }
                         if counts.compressed.len() < self.codecs.len() {
                             counts
                                 .compressed
@@ -361,6 +411,7 @@ impl Analysis {
                     if new {
                         counts.unique_chunks += 1;
                         counts.unique_bytes += n;
+                        counts.unique_sq += (n as f64) * (n as f64);
                     }
                     if zero {
                         counts.zero_chunks += 1;
@@ -371,7 +422,8 @@ impl Analysis {
                         counts.sizes.resize(class + 1, 0);
                     }
                     counts.sizes[class] += 1;
-                    if last[k].is_none_or(|l| l + 1 != at) {
+                    // Where unsampled chunks are stored is unknown.
+                    if sampled && last[k].is_none_or(|l| l + 1 != at) {
                         runs[k] += 1;
                     }
                     last[k] = Some(at);
@@ -417,6 +469,18 @@ impl Analysis {
     pub fn index_entries(&self) -> u64 {
         self.indexes.iter().map(|i| i.len()).sum()
     }
+}
+
+/// Bytes in a file or block device (whose metadata says 0).
+pub fn input_len(f: &mut std::fs::File) -> std::io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    let m = f.metadata()?;
+    if m.is_file() {
+        return Ok(m.len());
+    }
+    let n = f.seek(SeekFrom::End(0))?;
+    f.seek(SeekFrom::Start(0))?;
+    Ok(n)
 }
 
 /// Fill `buf` as far as the file allows.

@@ -7,12 +7,14 @@
 pub mod algo;
 pub mod analysis;
 pub mod chunker;
+pub mod delta;
 pub mod index;
 pub mod rabin;
 pub mod report;
+pub mod sample;
 #[cfg(test)]
 mod testdata;
 
 pub use algo::Algorithm;
-pub use analysis::{walk, Analysis, Codec};
+pub use analysis::{input_len, walk, Analysis, Codec};
 pub use report::{report, Report};

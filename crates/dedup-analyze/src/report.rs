@@ -24,6 +24,10 @@ pub struct AlgoReport {
     pub unique_bytes: u64,
     /// logical / unique bytes.
     pub fold_factor: f64,
+    /// Under `--sample`: the fold factor's bound (low, high), from the
+    /// distinct bytes' estimate ± `unique_bytes_bound`.
+    pub fold_factor_range: Option<[f64; 2]>,
+    pub unique_bytes_bound: Option<u64>,
     /// 1 - unique / logical.
     pub space_saved: f64,
     pub chunks: u64,
@@ -47,11 +51,33 @@ pub struct AlgoReport {
     pub chunks_per_file: f64,
     /// Runs of contiguous storage a file is read back from, on average,
     /// with chunks stored in first-seen order: random reads per file.
-    pub reads_per_file: f64,
+    /// Not known under `--sample`.
+    pub reads_per_file: Option<f64>,
     /// (upper bound of the size class in bytes, chunks).
     pub size_histogram: Vec<(u64, u64)>,
     /// Distinct chunks compressed one by one (not for WFH).
     pub compression: Vec<CompressionReport>,
+    /// With `--delta`: non-duplicate chunks delta-encoded against a
+    /// similar stored chunk (not for WFH).
+    pub delta: Option<DeltaReport>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DeltaReport {
+    /// Distinct chunks that resemble a stored chunk, and their bytes.
+    pub similar_chunks: u64,
+    pub similar_bytes: u64,
+    /// Those chunks delta-encoded (zstd with the similar chunk as
+    /// dictionary), and compressed by zstd alone for comparison.
+    pub delta_bytes: u64,
+    pub zstd_alone_bytes: u64,
+    /// Matches lost because the base had left the bounded store.
+    pub base_evicted: u64,
+    /// Distinct bytes with the similar chunks stored as deltas.
+    pub stored_bytes: u64,
+    /// logical / stored: deduplication and delta together.
+    pub fold_factor: f64,
+    pub cpu_s: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -78,6 +104,10 @@ pub struct Report {
     pub recipe_entry_bytes: u64,
     /// The analyzer's own memory per distinct chunk, per algorithm.
     pub analyzer_bytes_per_chunk: u64,
+    /// 1 in this many distinct chunks indexed (1: exact).
+    pub sample_rate: u64,
+    /// Confidence of the sampling bounds.
+    pub sample_confidence: f64,
     pub algorithms: Vec<AlgoReport>,
 }
 
@@ -89,30 +119,46 @@ fn ratio(a: f64, b: f64) -> f64 {
     }
 }
 
-fn algo_report(a: &Algorithm, c: &Counts, codecs: &[Codec]) -> AlgoReport {
+fn fold(logical: f64, stored: f64) -> f64 {
+    if stored > 0.0 {
+        logical / stored
+    } else {
+        1.0
+    }
+}
+
+fn algo_report(a: &Algorithm, c: &Counts, an: &Analysis) -> AlgoReport {
     let logical = c.logical_bytes as f64;
-    let unique = c.unique_bytes as f64;
-    let index_bytes = c.unique_chunks * INDEX_ENTRY_BYTES;
+    // Under sampling, distinct counts are scaled up by the rate; the
+    // bound says how far off that may be.
+    let rate = an.sample.rate();
+    let (unique, bound) = an.sample.estimate(c.unique_bytes, c.unique_sq);
+    let unique_chunks = c.unique_chunks * rate;
+    let index_bytes = unique_chunks * INDEX_ENTRY_BYTES;
     let recipe_bytes = c.chunks * RECIPE_ENTRY_BYTES;
     let chunk_s = c.chunk_time.as_secs_f64();
     let cpu = chunk_s + c.hash_time.as_secs_f64();
+    let fold_factor = fold(logical, unique);
     AlgoReport {
         algorithm: *a,
         label: a.label(),
         logical_bytes: c.logical_bytes,
-        unique_bytes: c.unique_bytes,
-        fold_factor: if c.unique_bytes == 0 {
-            1.0
-        } else {
-            logical / unique
-        },
+        unique_bytes: unique.round() as u64,
+        fold_factor,
+        fold_factor_range: an.sample.is_sampling().then(|| {
+            [
+                fold(logical, (unique + bound).min(logical)),
+                fold(logical, (unique - bound).max(1.0)),
+            ]
+        }),
+        unique_bytes_bound: an.sample.is_sampling().then_some(bound.round() as u64),
         space_saved: if c.logical_bytes == 0 {
             0.0
         } else {
-            1.0 - unique / logical
+            (1.0 - unique / logical).max(0.0)
         },
         chunks: c.chunks,
-        unique_chunks: c.unique_chunks,
+        unique_chunks,
         mean_chunk_bytes: ratio(logical, c.chunks as f64),
         zero_chunks: c.zero_chunks,
         zero_share: ratio(c.zero_bytes as f64, logical),
@@ -124,7 +170,7 @@ fn algo_report(a: &Algorithm, c: &Counts, codecs: &[Codec]) -> AlgoReport {
         chunk_mb_per_cpu_s: (chunk_s > 0.0).then(|| logical / 1e6 / chunk_s),
         mb_per_cpu_s: ratio(logical / 1e6, cpu),
         chunks_per_file: ratio(c.chunks as f64, c.files as f64),
-        reads_per_file: ratio(c.reads as f64, c.files as f64),
+        reads_per_file: (!an.sample.is_sampling()).then(|| ratio(c.reads as f64, c.files as f64)),
         size_histogram: c
             .sizes
             .iter()
@@ -135,24 +181,37 @@ fn algo_report(a: &Algorithm, c: &Counts, codecs: &[Codec]) -> AlgoReport {
         compression: if *a == Algorithm::Wfh {
             Vec::new()
         } else {
-            codecs
+            an.codecs
                 .iter()
                 .enumerate()
                 .map(|(k, &codec)| {
                     let (stored, t) = c.compressed.get(k).copied().unwrap_or_default();
+                    let stored = stored * rate;
                     CompressionReport {
                         codec,
                         stored_bytes: stored,
-                        fold_factor: if stored == 0 {
-                            1.0
-                        } else {
-                            logical / stored as f64
-                        },
+                        fold_factor: fold(logical, stored as f64),
                         cpu_s: t.as_secs_f64(),
                     }
                 })
                 .collect()
         },
+        delta: (an.measures_delta() && *a != Algorithm::Wfh && !an.sample.is_sampling()).then(
+            || {
+                let d = &c.delta;
+                let stored = c.unique_bytes - d.similar_bytes + d.delta_bytes;
+                DeltaReport {
+                    similar_chunks: d.similar_chunks,
+                    similar_bytes: d.similar_bytes,
+                    delta_bytes: d.delta_bytes,
+                    zstd_alone_bytes: d.alone_bytes,
+                    base_evicted: d.base_evicted,
+                    stored_bytes: stored,
+                    fold_factor: fold(logical, stored as f64),
+                    cpu_s: d.time.as_secs_f64(),
+                }
+            },
+        ),
     }
 }
 
@@ -169,11 +228,13 @@ pub fn report(a: &Analysis) -> Report {
         index_entry_bytes: INDEX_ENTRY_BYTES,
         recipe_entry_bytes: RECIPE_ENTRY_BYTES,
         analyzer_bytes_per_chunk: BYTES_PER_ENTRY,
+        sample_rate: a.sample.rate(),
+        sample_confidence: 0.99,
         algorithms: a
             .algorithms
             .iter()
             .zip(a.counts())
-            .map(|(al, c)| algo_report(al, &c, &a.codecs))
+            .map(|(al, c)| algo_report(al, &c, a))
             .collect(),
     }
 }
@@ -240,7 +301,7 @@ pub fn table(r: &Report) -> String {
     for a in &r.algorithms {
         let _ = writeln!(
             o,
-            "{:<14} {:>7.3} {:>7.1}% {:>11} {:>11} {:>9} {:>10} {:>10} {:>5.1}% {:>11} {:>9.0} {:>8.1}",
+            "{:<14} {:>7.3} {:>7.1}% {:>11} {:>11} {:>9} {:>10} {:>10} {:>5.1}% {:>11} {:>9.0} {:>8}",
             a.label,
             a.fold_factor,
             a.space_saved * 100.0,
@@ -252,8 +313,54 @@ pub fn table(r: &Report) -> String {
             a.zero_share * 100.0,
             a.chunk_mb_per_cpu_s.map_or("-".into(), |v| format!("{v:.0}")),
             a.mb_per_cpu_s,
-            a.reads_per_file
+            a.reads_per_file.map_or("-".into(), |v| format!("{v:.1}"))
         );
+    }
+    if r.sample_rate > 1 {
+        let _ = writeln!(
+            o,
+            "\nsampled 1 in {} distinct chunks by fingerprint; fold factor within ({:.0} % confidence):",
+            r.sample_rate,
+            r.sample_confidence * 100.0
+        );
+        for a in &r.algorithms {
+            if let (Some([lo, hi]), Some(b)) = (a.fold_factor_range, a.unique_bytes_bound) {
+                let _ = writeln!(
+                    o,
+                    "  {:<14} {:.3} to {:.3} (distinct bytes {} ± {})",
+                    a.label,
+                    lo,
+                    hi,
+                    size(a.unique_bytes),
+                    size(b)
+                );
+            }
+        }
+    }
+    if r.algorithms.iter().any(|a| a.delta.is_some()) {
+        let _ = writeln!(
+            o,
+            "\nwith chunks similar to a stored chunk delta-encoded (zstd, the similar chunk as dictionary):"
+        );
+        for a in &r.algorithms {
+            let Some(d) = &a.delta else { continue };
+            let _ = writeln!(
+                o,
+                "  {:<14} {} similar chunks ({}) → {} as deltas ({} by zstd alone); fold {:.2}×; {:.1} CPU s{}",
+                a.label,
+                d.similar_chunks,
+                size(d.similar_bytes),
+                size(d.delta_bytes),
+                size(d.zstd_alone_bytes),
+                d.fold_factor,
+                d.cpu_s,
+                if d.base_evicted > 0 {
+                    format!("; {} matches lost to the memory bound (raise --delta-memory)", d.base_evicted)
+                } else {
+                    String::new()
+                }
+            );
+        }
     }
     if r.algorithms.iter().any(|a| !a.compression.is_empty()) {
         let _ = writeln!(o, "\nwith each distinct chunk compressed:");
@@ -288,10 +395,14 @@ pub fn table(r: &Report) -> String {
     o
 }
 
+fn opt(v: Option<f64>) -> String {
+    v.map_or(String::new(), |v| format!("{v:.6}"))
+}
+
 /// One CSV row per algorithm.
 pub fn csv(r: &Report) -> String {
     let mut o = String::from(
-        "algorithm,kind,nominal_bytes,logical_bytes,unique_bytes,fold_factor,space_saved,chunks,unique_chunks,mean_chunk_bytes,zero_share,index_bytes,recipe_bytes,metadata_share,chunk_cpu_s,hash_cpu_s,mb_per_cpu_s,chunks_per_file,reads_per_file\n",
+        "algorithm,kind,nominal_bytes,logical_bytes,unique_bytes,fold_factor,space_saved,chunks,unique_chunks,mean_chunk_bytes,zero_share,index_bytes,recipe_bytes,metadata_share,chunk_cpu_s,hash_cpu_s,mb_per_cpu_s,chunks_per_file,reads_per_file,fold_low,fold_high,delta_fold_factor,delta_similar_bytes,delta_bytes\n",
     );
     for a in &r.algorithms {
         let kind = match a.algorithm {
@@ -302,7 +413,7 @@ pub fn csv(r: &Report) -> String {
         };
         let _ = writeln!(
             o,
-            "{},{kind},{},{},{},{:.6},{:.6},{},{},{:.1},{:.6},{},{},{:.6},{:.4},{:.4},{:.1},{:.3},{:.3}",
+            "{},{kind},{},{},{},{:.6},{:.6},{},{},{:.1},{:.6},{},{},{:.6},{:.4},{:.4},{:.1},{:.3},{},{},{},{},{},{}",
             a.label,
             a.algorithm.nominal_size().map_or(String::new(), |s| s.to_string()),
             a.logical_bytes,
@@ -320,7 +431,12 @@ pub fn csv(r: &Report) -> String {
             a.hash_cpu_s,
             a.mb_per_cpu_s,
             a.chunks_per_file,
-            a.reads_per_file
+            opt(a.reads_per_file),
+            opt(a.fold_factor_range.map(|r| r[0])),
+            opt(a.fold_factor_range.map(|r| r[1])),
+            opt(a.delta.as_ref().map(|d| d.fold_factor)),
+            a.delta.as_ref().map_or(String::new(), |d| d.similar_bytes.to_string()),
+            a.delta.as_ref().map_or(String::new(), |d| d.delta_bytes.to_string()),
         );
     }
     o

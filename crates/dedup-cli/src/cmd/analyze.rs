@@ -19,11 +19,11 @@ use super::print_json;
     after_help = "Algorithms: wfh (whole files), fbh:SIZE (fixed blocks), rabin:AVG[:MIN:MAX] and\n\
         fastcdc:AVG[:MIN:MAX] (content-defined; min = avg/2, max = 2 avg by default).\n\
         Sizes 4K to 1M, powers of two. Ctrl-C stops and reports what was read.\n\n\
-        Examples:\n  dedup analyze ~/src\n  tar -c ~/src | dedup analyze --tar -\n  dedup analyze /srv/vm-images --algorithms fbh:4k,fastcdc:8k --json\n  dedup analyze disk.img --algorithms fbh:4k   # as a block device would see it"
+        Examples:\n  dedup analyze ~/src\n  tar -c ~/src | dedup analyze --tar -\n  dedup analyze /srv/vm-images --algorithms fbh:4k,fastcdc:8k --json\n  dedup analyze disk.img /dev/sdb --algorithms fbh:4k   # as a block device would see them\n  dedup analyze ~/src --delta --compression lz4,zstd --plot fold.svg\n  dedup analyze /big/archive --sample 64   # 1/64 of the index, ratios ± a 99 % bound"
 )]
 pub struct Args {
-    /// Files and directories (walked; symlinks are not followed); with
-    /// --tar, tar streams ("-" for stdin).
+    /// Files, directories (walked; symlinks are not followed) and block
+    /// devices; with --tar, tar streams ("-" for stdin).
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
     /// The paths are tar streams: each regular file in them is analysed as
@@ -38,6 +38,22 @@ pub struct Args {
     /// compression together.
     #[arg(long, value_delimiter = ',')]
     pub compression: Vec<String>,
+    /// Also find, for each non-duplicate chunk, a similar stored chunk
+    /// (super-features) and measure its delta-encoded size.
+    #[arg(long)]
+    pub delta: bool,
+    /// Memory for the chunks delta encoding diffs against, over all
+    /// algorithms (oldest dropped first; the report counts what that lost).
+    #[arg(long, default_value = "1G", value_name = "SIZE")]
+    pub delta_memory: String,
+    /// Index only 1 in RATE distinct chunks (chosen by fingerprint), for
+    /// datasets whose index would not fit in memory: ratios become
+    /// estimates with a stated 99 % bound.
+    #[arg(long, value_name = "RATE", default_value_t = 1)]
+    pub sample: u64,
+    /// Draw fold factor and CPU cost against chunk size to this SVG file.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
     /// Fingerprint: blake3, sha256 or md5.
     #[arg(long, default_value = "blake3")]
     pub hash: String,
@@ -69,6 +85,16 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|c| Codec::parse(c.trim()).map_err(anyhow::Error::msg))
         .collect::<anyhow::Result<_>>()?;
+    analysis.sample = dedup_analyze::sample::Sampling::new(a.sample)
+        .map_err(|e| anyhow::anyhow!("--sample: {e}"))?;
+    if a.delta {
+        if a.sample > 1 {
+            bail!("--delta needs every chunk's bytes and cannot be combined with --sample; drop one of them");
+        }
+        let memory = dedup_core::size::parse_size(&a.delta_memory)
+            .map_err(|e| anyhow::anyhow!("--delta-memory `{}`: {e}", a.delta_memory))?;
+        analysis.measure_delta(memory);
+    }
     let analysis = Arc::new(analysis);
     let files = if a.tar {
         Vec::new()
@@ -78,8 +104,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let sizes = |paths: &[PathBuf]| -> u64 {
         paths
             .iter()
-            .filter_map(|f| std::fs::metadata(f).ok())
-            .map(|m| m.len())
+            .filter_map(|f| std::fs::File::open(f).ok())
+            .filter_map(|mut f| dedup_analyze::input_len(&mut f).ok())
             .sum()
     };
     let total = if a.tar {
@@ -135,6 +161,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     bar.finish_and_clear();
     handle.close();
     let r = report(&analysis);
+    if let Some(p) = &a.plot {
+        super::analyze_plot::draw(p, &r)?;
+        eprintln!("plot written to {}", p.display());
+    }
     if a.json {
         print_json(&r)?;
     } else if a.csv {

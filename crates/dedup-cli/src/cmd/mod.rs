@@ -1,6 +1,7 @@
 //! The subcommands, one file each, and what they share.
 
 pub mod analyze;
+mod analyze_plot;
 pub mod bench;
 pub mod check;
 pub mod create;
