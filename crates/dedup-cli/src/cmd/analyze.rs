@@ -104,8 +104,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let sizes = |paths: &[PathBuf]| -> u64 {
         paths
             .iter()
-            .filter_map(|f| std::fs::File::open(f).ok())
-            .filter_map(|mut f| dedup_analyze::input_len(&mut f).ok())
+            .filter_map(|f| match std::fs::metadata(f) {
+                Ok(m) if m.is_file() => Some(m.len()),
+                // Block devices say 0: ask the device.
+                _ => dedup_analyze::input_len(&mut std::fs::File::open(f).ok()?).ok(),
+            })
             .sum()
     };
     let total = if a.tar {
@@ -155,7 +158,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 analysis.files_read.load(Ordering::Relaxed),
                 files.len()
             ));
-            std::thread::sleep(Duration::from_millis(200));
+            std::thread::sleep(Duration::from_millis(50));
         }
     });
     bar.finish_and_clear();
