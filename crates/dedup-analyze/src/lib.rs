@@ -8,6 +8,7 @@ pub mod algo;
 pub mod analysis;
 pub mod chunker;
 pub mod delta;
+pub mod fuzzing;
 pub mod index;
 pub mod rabin;
 pub mod report;
