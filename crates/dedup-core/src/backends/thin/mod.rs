@@ -7,8 +7,10 @@
 //! the compressed-block format (`cblock`) and the packing of a window's
 //! metadata into its blocks, with metadata blocks for what does not fit
 //! (`window`); zones with their status, free bitmaps and clean/dirty flags
-//! (`zones`).
+//! (`zones`); recovery by fingerprints, applying the entries written since
+//! the last commit on top of it (`replay`).
 
 pub mod cblock;
+pub mod replay;
 pub mod window;
 pub mod zones;
