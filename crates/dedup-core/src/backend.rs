@@ -33,6 +33,9 @@
 //! Copy `backends/inram/` as a skeleton, implement this trait, register the
 //! name in `backends/mod.rs`, and run the conformance suite in `tests/`.
 
+use std::sync::Arc;
+
+use crate::blockfile::BlockFile;
 use crate::config::{Lbn, Pbn};
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;
@@ -80,6 +83,23 @@ pub struct MetaIoStats {
 pub struct BackendTraits {
     /// After `commit` returns, all changes survive a crash.
     pub crash_safe: bool,
+    /// The backend writes chunk data itself (thin: compressed blocks with
+    /// metadata embedded, written a window at a time): the engine hands it
+    /// new chunks with `stage_chunk` instead of writing them, and asks
+    /// `locate` where a chunk's bytes are before reading.
+    pub places_data: bool,
+}
+
+/// Where a stored chunk's bytes are, for a backend that places data.
+#[derive(Clone, Debug)]
+pub enum DataLocation {
+    /// The chunk as it is, at the PBN's offset on the data device.
+    Plain,
+    /// A thin C-block at the PBN's offset: the chunk LZ4-compressed with
+    /// metadata entries beside it.
+    Compressed,
+    /// Not on the data device yet: the bytes, from the open window.
+    Staged(Arc<[u8]>),
 }
 
 pub trait MetadataBackend: Send {
@@ -172,4 +192,33 @@ pub trait MetadataBackend: Send {
 
     fn usage(&self) -> BackendUsage;
     fn io_stats(&self) -> MetaIoStats;
+
+    // ---- data placement (only backends whose traits say `places_data`) ----
+
+    /// The data device, given once at open.
+    fn attach_data(&mut self, _data: Arc<dyn BlockFile>) {}
+    /// `alloc_pbn` for a chunk whose LZ4 form is `compressed` bytes long
+    /// (None: it does not compress), so the backend can place it.
+    fn alloc_pbn_for(&mut self, _compressed: Option<usize>) -> Result<Option<Pbn>> {
+        self.alloc_pbn()
+    }
+    /// Take a new chunk's bytes (and their LZ4 form, if it compresses) for
+    /// the PBN `alloc_pbn_for` gave; the backend writes them, durable after
+    /// `commit`.
+    fn stage_chunk(&mut self, _pbn: Pbn, _data: &[u8], _lz4: Option<Vec<u8>>) -> Result<()> {
+        Err(crate::error::Error::Unsupported(format!(
+            "the {} backend does not place data",
+            self.name()
+        )))
+    }
+    /// Where the chunk at `pbn` is to be read from.
+    fn locate(&mut self, _pbn: Pbn) -> DataLocation {
+        DataLocation::Plain
+    }
+    /// `lbn_map_insert`, with the fingerprint of the chunk mapped, for a
+    /// backend that keeps it beside the mapping (thin's recovery checks the
+    /// chunk against it).
+    fn lbn_map_insert_fp(&mut self, lbn: Lbn, pbn: Pbn, _fp: &Fingerprint) -> Result<()> {
+        self.lbn_map_insert(lbn, pbn)
+    }
 }

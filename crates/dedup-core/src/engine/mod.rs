@@ -46,7 +46,7 @@ const SPACE_WARNING_PERCENT: u64 = 90;
 
 pub struct Device {
     cfg: DeviceConfig,
-    data: Box<dyn BlockFile>,
+    data: Arc<dyn BlockFile>,
     meta: Mutex<Box<dyn MetadataBackend>>,
     /// Requests hold it shared; `close` takes it exclusively, so it waits for
     /// requests in flight and turns later ones away.
@@ -55,6 +55,8 @@ pub struct Device {
     commit_gate: RwLock<()>,
     /// The backend persists commits (so commits need the gate).
     crash_safe: bool,
+    /// The backend writes chunk data itself (see `BackendTraits`).
+    places_data: bool,
     lbn_locks: LbnLocks,
     fp_locks: FingerprintLocks,
     gc_lock: Mutex<()>,
@@ -102,10 +104,15 @@ impl Device {
         let sb = Superblock::read(meta.as_ref(), &meta_name)?;
         let cfg = sb.config.clone();
         check_data_header(data.as_ref(), &data_name, &cfg)?;
-        let opened = backends::open(sb, meta, opts)?;
+        let mut opened = backends::open(sb, meta, opts)?;
         let counters = Counters::default();
         counters.load(&opened.backend.saved_counters());
-        let crash_safe = opened.backend.traits().crash_safe;
+        let traits = opened.backend.traits();
+        let crash_safe = traits.crash_safe;
+        let data: Arc<dyn BlockFile> = Arc::from(data);
+        if traits.places_data {
+            opened.backend.attach_data(data.clone());
+        }
         let mut device = Device {
             cfg,
             data,
@@ -113,6 +120,7 @@ impl Device {
             gate: RwLock::new(false),
             commit_gate: RwLock::new(()),
             crash_safe,
+            places_data: traits.places_data,
             lbn_locks: LbnLocks::default(),
             fp_locks: FingerprintLocks::default(),
             gc_lock: Mutex::new(()),

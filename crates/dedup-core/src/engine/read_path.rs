@@ -4,8 +4,10 @@
 
 use super::chunking;
 use super::Device;
+use crate::backend::DataLocation;
+use crate::backends::thin::cblock;
 use crate::config::Pbn;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::stats::Counters;
 
 /// Most chunks one `extents` call looks at.
@@ -41,6 +43,21 @@ impl Device {
                     .map(|p| m.lbn_map_lookup(p.lbn))
                     .collect::<Result<_>>()?
             };
+            if self.places_data {
+                // The backend says where each chunk is (window, C-block or
+                // plain); one chunk at a time.
+                let mut chunk = vec![0u8; cs];
+                for (p, pbn) in batch.iter().zip(&pbns) {
+                    match pbn {
+                        Some(pbn) => {
+                            self.read_pbn(*pbn, &mut chunk)?;
+                            buf[p.in_buf.clone()].copy_from_slice(&chunk[p.in_chunk.clone()]);
+                        }
+                        None => buf[p.in_buf.clone()].fill(0),
+                    }
+                }
+                continue;
+            }
             let mut i = 0;
             while i < batch.len() {
                 let Some(first) = pbns[i] else {
@@ -67,8 +84,39 @@ impl Device {
 
     /// Read one whole stored chunk.
     pub(crate) fn read_pbn(&self, pbn: Pbn, buf: &mut [u8]) -> Result<()> {
-        Counters::add(&self.counters.data_bytes_read, buf.len() as u64);
-        self.data.read_at(buf, self.cfg.pbn_offset(pbn))
+        let at = self.cfg.pbn_offset(pbn);
+        if !self.places_data {
+            Counters::add(&self.counters.data_bytes_read, buf.len() as u64);
+            return self.data.read_at(buf, at);
+        }
+        let location = self.meta.lock().locate(pbn);
+        match location {
+            DataLocation::Plain => {
+                Counters::add(&self.counters.data_bytes_read, buf.len() as u64);
+                self.data.read_at(buf, at)
+            }
+            DataLocation::Staged(bytes) => {
+                buf.copy_from_slice(&bytes);
+                Ok(())
+            }
+            DataLocation::Compressed => {
+                Counters::add(&self.counters.data_bytes_read, buf.len() as u64);
+                self.data.read_at(buf, at)?;
+                // A damaged block fails this one read (EIO), never returns
+                // other bytes.
+                let (chunk, _) = cblock::open(buf).map_err(|e| {
+                    Error::corrupt(format!("compressed chunk at PBN {pbn}"), e.to_string())
+                })?;
+                if chunk.len() != buf.len() {
+                    return Err(Error::corrupt(
+                        format!("compressed chunk at PBN {pbn}"),
+                        format!("decompresses to {} bytes, not {}", chunk.len(), buf.len()),
+                    ));
+                }
+                buf.copy_from_slice(&chunk);
+                Ok(())
+            }
+        }
     }
 
     /// Which parts of `[offset, offset + len)` hold data (NBD block status),

@@ -20,6 +20,11 @@ pub struct RecoveryReport {
 
 impl Device {
     pub(super) fn recover_rolled_back(&mut self) -> Result<RecoveryReport> {
+        // Reads below go straight to the data device.
+        debug_assert!(
+            !self.places_data,
+            "a backend that places data recovers by itself"
+        );
         let cfg = self.cfg.clone();
         let m = self.meta.get_mut();
         let mut report = RecoveryReport::default();

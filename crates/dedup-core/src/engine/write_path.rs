@@ -64,6 +64,9 @@ struct Chunk<'a> {
     lbn: Lbn,
     data: Cow<'a, [u8]>,
     fp: Option<Fingerprint>,
+    /// For a backend that places data: the chunk LZ4-compressed, if that
+    /// makes it smaller (computed here, outside the metadata mutex).
+    lz4: Option<Vec<u8>>,
     plan: Plan,
 }
 
@@ -162,9 +165,13 @@ impl Device {
                 }
             };
             let zero = data.is_empty() || chunking::is_zero(&data);
+            let lz4 = (self.places_data && !zero)
+                .then(|| lz4_flex::block::compress(&data))
+                .filter(|c| c.len() < data.len());
             chunks.push(Chunk {
                 lbn: p.lbn,
                 fp: (!zero).then(|| self.cfg.hash.fingerprint(&data)),
+                lz4,
                 plan: if zero { Plan::Zero } else { Plan::Unplanned },
                 data,
             });
@@ -224,7 +231,7 @@ impl Device {
                 }
                 None => {
                     batch_new.insert(fp, i);
-                    Plan::New(self.alloc(m)?)
+                    Plan::New(self.alloc(m, chunk.lz4.as_ref().map(Vec::len))?)
                 }
             };
         }
@@ -232,9 +239,10 @@ impl Device {
         Ok(())
     }
 
-    /// Allocate a PBN, or fail with `NoSpace` (the caller makes room and retries).
-    fn alloc(&self, m: &mut dyn MetadataBackend) -> Result<Pbn> {
-        m.alloc_pbn()?.ok_or(Error::NoSpace {
+    /// Allocate a PBN (for a chunk of that LZ4 size, if it compresses), or
+    /// fail with `NoSpace` (the caller makes room and retries).
+    fn alloc(&self, m: &mut dyn MetadataBackend, lz4: Option<usize>) -> Result<Pbn> {
+        m.alloc_pbn_for(lz4)?.ok_or(Error::NoSpace {
             total_chunks: self.cfg.physical_chunks,
         })
     }
@@ -276,7 +284,18 @@ impl Device {
     }
 
     /// Write the batch's new chunks; consecutive PBNs go out as one I/O.
+    /// A backend that places data takes them instead.
     fn write_new(&self, chunks: &[Chunk]) -> Result<()> {
+        if self.places_data {
+            let mut m = self.meta.lock();
+            for c in chunks {
+                if let Plan::New(pbn) = c.plan {
+                    m.stage_chunk(pbn, &c.data, c.lz4.clone())?;
+                    Counters::add(&self.counters.data_bytes_written, c.data.len() as u64);
+                }
+            }
+            return Ok(());
+        }
         let news: Vec<(Pbn, &[u8])> = chunks
             .iter()
             .filter_map(|c| match c.plan {
@@ -384,7 +403,8 @@ impl Device {
             Plan::Apart => return Ok(()),
             Plan::Unplanned => unreachable!("phase A plans every non-zero chunk"),
         };
-        m.lbn_map_insert(lbn, target)?;
+        let fp = chunks[i].fp.expect("a mapped chunk has a fingerprint");
+        m.lbn_map_insert_fp(lbn, target, &fp)?;
         if let Some(o) = old {
             self.release(m, o)?;
             Counters::add(&c.overwrites, 1);
@@ -400,15 +420,22 @@ impl Device {
             .iter()
             .filter(|c| matches!(c.plan, Plan::Collision(_) | Plan::Apart))
         {
-            let pbn = self.alloc(&mut **self.meta.lock())?;
-            if let Err(e) = self.data.write_at(&ch.data, self.cfg.pbn_offset(pbn)) {
+            let lz4 = ch.lz4.as_ref().map(Vec::len);
+            let pbn = self.alloc(&mut **self.meta.lock(), lz4)?;
+            let stored = if self.places_data {
+                self.meta.lock().stage_chunk(pbn, &ch.data, ch.lz4.clone())
+            } else {
+                self.data.write_at(&ch.data, self.cfg.pbn_offset(pbn))
+            };
+            if let Err(e) = stored {
                 self.release(&mut **self.meta.lock(), pbn)?;
                 return Err(e);
             }
             Counters::add(&self.counters.data_bytes_written, ch.data.len() as u64);
             let mut m = self.meta.lock();
             let old = m.lbn_map_lookup(ch.lbn)?;
-            m.lbn_map_insert(ch.lbn, pbn)?;
+            let fp = ch.fp.expect("a stored chunk has a fingerprint");
+            m.lbn_map_insert_fp(ch.lbn, pbn, &fp)?;
             if let Some(o) = old {
                 self.release(&mut **m, o)?;
                 Counters::add(&self.counters.overwrites, 1);

@@ -508,7 +508,10 @@ impl MetadataBackend for DiskTable {
     }
 
     fn traits(&self) -> BackendTraits {
-        BackendTraits { crash_safe: true }
+        BackendTraits {
+            crash_safe: true,
+            places_data: false,
+        }
     }
 
     fn lbn_map_lookup(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {

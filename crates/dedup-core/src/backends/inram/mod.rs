@@ -320,7 +320,10 @@ impl MetadataBackend for InRam {
     }
 
     fn traits(&self) -> BackendTraits {
-        BackendTraits { crash_safe: false }
+        BackendTraits {
+            crash_safe: false,
+            places_data: false,
+        }
     }
 
     fn lbn_map_lookup(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {

@@ -211,7 +211,10 @@ impl<S: KvStore> MetadataBackend for KvBackend<S> {
     }
 
     fn traits(&self) -> BackendTraits {
-        BackendTraits { crash_safe: true }
+        BackendTraits {
+            crash_safe: true,
+            places_data: false,
+        }
     }
 
     fn lbn_map_lookup(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
