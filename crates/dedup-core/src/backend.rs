@@ -195,8 +195,10 @@ pub trait MetadataBackend: Send {
 
     // ---- data placement (only backends whose traits say `places_data`) ----
 
-    /// The data device, given once at open.
-    fn attach_data(&mut self, _data: Arc<dyn BlockFile>) {}
+    /// The data device, given once at open (a backend may recover here).
+    fn attach_data(&mut self, _data: Arc<dyn BlockFile>) -> Result<()> {
+        Ok(())
+    }
     /// `alloc_pbn` for a chunk whose LZ4 form is `compressed` bytes long
     /// (None: it does not compress), so the backend can place it.
     fn alloc_pbn_for(&mut self, _compressed: Option<usize>) -> Result<Option<Pbn>> {

@@ -312,3 +312,13 @@ fn cowbtree_survives_power_cuts_at_any_io() {
 fn disktable_survives_power_cuts_at_any_io() {
     crash_suite("disktable");
 }
+
+#[test]
+fn thin_survives_power_cuts_at_any_io() {
+    crash_suite("thin");
+}
+
+#[test]
+fn ordered_survives_power_cuts_at_any_io() {
+    crash_suite("ordered");
+}

@@ -70,7 +70,7 @@ struct Setup {
 
 fn setup() -> impl Strategy<Value = Setup> {
     (
-        proptest::sample::select(backends::NAMES),
+        proptest::sample::select(backends::ALL),
         prop_oneof![Just(4096u32), Just(8192u32)],
         prop_oneof![Just(5u64), Just(8), Just(16)],
         prop_oneof![
@@ -317,10 +317,10 @@ proptest! {
         let cs = setup.chunk_size as u64;
         let size = LOGICAL_CHUNKS * cs;
         let cfg = common::config(setup.backend, setup.chunk_size, LOGICAL_CHUNKS, setup.physical_chunks, setup.hash, setup.verify);
-        let params = BackendParams { txn_writes: setup.txn_writes, cache_bytes: 1 << 20 };
+        let params = BackendParams { txn_writes: setup.txn_writes, cache_bytes: 1 << 20, ..Default::default() };
         let md = MemDevice::format(cfg, &params);
         let dev = md.open().unwrap();
-        let crash_safe = setup.backend != "inram";
+        let crash_safe = dedup_core::backends::crash_safe(setup.backend);
         let chunks = LOGICAL_CHUNKS as usize;
         let mut h = Harness {
             md,

@@ -46,6 +46,13 @@ pub struct Args {
     /// every write, 0 only at FLUSH/FUA (and when the cache fills). Default 1000, as Dmdedup.
     #[arg(long, default_value_t = 1000)]
     pub txn_writes: u64,
+    /// thin, ordered, ideal: new chunks per write window (ThinDedup §II-A).
+    #[arg(long, default_value_t = 32)]
+    pub window_blocks: u64,
+    /// thin, ordered, ideal: the longest a window stays open, in ms (it
+    /// ends at the next request after that; FLUSH and FUA end it at once).
+    #[arg(long, default_value_t = 100)]
+    pub window_ms: u64,
     /// Existing file or block device to hold the data (default: DIR/data).
     #[arg(long)]
     pub data: Option<PathBuf>,
@@ -76,6 +83,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         params: BackendParams {
             cache_bytes: a.cache,
             txn_writes: a.txn_writes,
+            window: dedup_core::backends::thin::backend::WindowParams {
+                blocks: a.window_blocks,
+                ms: a.window_ms,
+            },
         },
     };
     let cfg = layout::create(&a.dir, &opts)?;

@@ -77,7 +77,8 @@ impl Device {
         let _gc = self.gc_lock.lock();
         let _quiet = self.lbn_locks.write_many(0..1024);
         let mut m = self.meta.lock();
-        let data = |pbn, buf: &mut [u8]| self.read_pbn(pbn, buf);
+        let compressed = self.compressed_map(&mut **m)?;
+        let data = |pbn, buf: &mut [u8]| self.read_mapped(compressed.as_ref(), pbn, buf);
         check_backend(&self.cfg, &mut **m, &data, verify_data, progress).map(|(r, _)| r)
     }
 
@@ -95,7 +96,8 @@ impl Device {
         let _quiet = self.lbn_locks.write_many(0..1024);
         let (before, fixes) = {
             let mut m = self.meta.lock();
-            let data = |pbn, buf: &mut [u8]| self.read_pbn(pbn, buf);
+            let compressed = self.compressed_map(&mut **m)?;
+            let data = |pbn, buf: &mut [u8]| self.read_mapped(compressed.as_ref(), pbn, buf);
             check_backend(&self.cfg, &mut **m, &data, verify_data, &|_, _| {})?
         };
         let mut report = RepairReport::default();

@@ -111,7 +111,7 @@ impl Device {
         let crash_safe = traits.crash_safe;
         let data: Arc<dyn BlockFile> = Arc::from(data);
         if traits.places_data {
-            opened.backend.attach_data(data.clone());
+            opened.backend.attach_data(data.clone())?;
         }
         let mut device = Device {
             cfg,

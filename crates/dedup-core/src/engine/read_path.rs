@@ -84,12 +84,22 @@ impl Device {
 
     /// Read one whole stored chunk.
     pub(crate) fn read_pbn(&self, pbn: Pbn, buf: &mut [u8]) -> Result<()> {
+        let location = if self.places_data {
+            self.meta.lock().locate(pbn)
+        } else {
+            DataLocation::Plain
+        };
+        self.read_located(pbn, location, buf)
+    }
+
+    /// Read one whole stored chunk from where the backend said it is.
+    pub(crate) fn read_located(
+        &self,
+        pbn: Pbn,
+        location: DataLocation,
+        buf: &mut [u8],
+    ) -> Result<()> {
         let at = self.cfg.pbn_offset(pbn);
-        if !self.places_data {
-            Counters::add(&self.counters.data_bytes_read, buf.len() as u64);
-            return self.data.read_at(buf, at);
-        }
-        let location = self.meta.lock().locate(pbn);
         match location {
             DataLocation::Plain => {
                 Counters::add(&self.counters.data_bytes_read, buf.len() as u64);
@@ -117,6 +127,37 @@ impl Device {
                 Ok(())
             }
         }
+    }
+
+    /// For `check` and `repair`, which hold the metadata mutex while they
+    /// read chunks: end the open window (so nothing is staged) and note
+    /// which PBNs hold C-blocks. `None` when the backend does not place data.
+    pub(crate) fn compressed_map(
+        &self,
+        m: &mut dyn crate::backend::MetadataBackend,
+    ) -> Result<Option<Vec<bool>>> {
+        if !self.places_data {
+            return Ok(None);
+        }
+        m.commit()?;
+        Ok(Some(
+            (0..self.cfg.physical_chunks)
+                .map(|p| matches!(m.locate(p), DataLocation::Compressed))
+                .collect(),
+        ))
+    }
+
+    pub(crate) fn read_mapped(
+        &self,
+        compressed: Option<&Vec<bool>>,
+        pbn: Pbn,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        let location = match compressed {
+            Some(c) if c.get(pbn as usize).copied().unwrap_or(false) => DataLocation::Compressed,
+            _ => DataLocation::Plain,
+        };
+        self.read_located(pbn, location, buf)
     }
 
     /// Which parts of `[offset, offset + len)` hold data (NBD block status),

@@ -109,6 +109,7 @@ pub fn start(system: &System, workdir: &Path, size: u64, tools: &Tools) -> anyho
                 .map(|p| ((reference as f64 * p / 100.0) as u64).max(backends::MIN_CACHE_BYTES))
                 .unwrap_or(defaults.cache_bytes),
             txn_writes: system.txn_writes.unwrap_or(defaults.txn_writes),
+            ..defaults
         };
         layout::create(&dev, &opts)?;
         (

@@ -162,7 +162,7 @@ fn decode_area(area: &[u8], cfg: &DeviceConfig) -> Result<(BackendParams, Geomet
 
 /// Zero `[start, end)` of the device, skipping pieces already zero (a fresh
 /// sparse file), so old contents of a reused device never look like tables.
-fn zero_range(file: &dyn BlockFile, start: u64, end: u64) -> Result<()> {
+pub(crate) fn zero_range(file: &dyn BlockFile, start: u64, end: u64) -> Result<()> {
     const PIECE: u64 = 1 << 20;
     let zeros = vec![0u8; PIECE as usize];
     let mut buf = vec![0u8; PIECE as usize];

@@ -73,9 +73,15 @@ impl Compressed {
         (c.capacity() > 0).then_some(c)
     }
 
+    /// A chunk of `block` bytes already compressed to `payload` (LZ4
+    /// block format).
+    pub fn from_lz4(payload: Vec<u8>, block: usize) -> Compressed {
+        Compressed { payload, block }
+    }
+
     /// Entries this block can carry.
     pub fn capacity(&self) -> usize {
-        self.block.saturating_sub(HEADER + CRC + self.payload.len()) / ENTRY_BYTES
+        capacity_for(self.payload.len(), self.block)
     }
 
     /// The block with `entries` (at most `capacity`) embedded.
@@ -96,6 +102,12 @@ impl Compressed {
         crate::codec::seal(&mut b);
         b
     }
+}
+
+/// Entries a C-block of `block` bytes carries beside a payload of
+/// `compressed` bytes (0: the chunk does not compress enough).
+pub fn capacity_for(compressed: usize, block: usize) -> usize {
+    block.saturating_sub(HEADER + CRC + compressed) / ENTRY_BYTES
 }
 
 fn corrupt(detail: impl Into<String>) -> Error {

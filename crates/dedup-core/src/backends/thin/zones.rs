@@ -45,7 +45,7 @@ impl Status {
             _ => return None,
         })
     }
-    fn is_c(self) -> bool {
+    pub fn is_c(self) -> bool {
         matches!(self, Status::UncommittedC | Status::CommittedC)
     }
 }
@@ -68,6 +68,8 @@ pub struct Zone {
     pub committed_ts: u64,
     /// One bit per block: in use.
     pub bitmap: Vec<u8>,
+    /// One bit per block: holds a C-block (set only for blocks in use).
+    pub cblocks: Vec<u8>,
 }
 
 impl Zone {
@@ -83,6 +85,16 @@ impl Zone {
     }
     fn is_empty(&self) -> bool {
         self.bitmap.iter().all(|&b| b == 0)
+    }
+    fn is_c(&self, i: usize) -> bool {
+        self.cblocks[i / 8] & (1 << (i % 8)) != 0
+    }
+    fn set_c(&mut self, i: usize, v: bool) {
+        if v {
+            self.cblocks[i / 8] |= 1 << (i % 8);
+        } else {
+            self.cblocks[i / 8] &= !(1 << (i % 8));
+        }
     }
 }
 
@@ -104,10 +116,10 @@ pub struct Zones {
 }
 
 /// Bytes of one zone record on disk for zones of `zone_blocks` blocks:
-/// status (1), dirty (1), reserved (2), committed timestamp (8), bitmap,
-/// crc32c (4).
+/// status (1), dirty (1), reserved (2), committed timestamp (8), in-use
+/// bitmap, C-block bitmap, crc32c (4).
 pub fn record_len(zone_blocks: usize) -> usize {
-    12 + zone_blocks.div_ceil(8) + 4
+    12 + 2 * zone_blocks.div_ceil(8) + 4
 }
 
 fn kind_slot(k: Kind) -> usize {
@@ -130,6 +142,7 @@ impl Zones {
                     dirty: false,
                     committed_ts: 0,
                     bitmap: vec![0; zone_blocks / 8],
+                    cblocks: vec![0; zone_blocks / 8],
                 })
                 .collect(),
             open: [None, None],
@@ -208,20 +221,41 @@ impl Zones {
         let mut out = Vec::with_capacity(n);
         let slot = kind_slot(kind);
         while out.len() < n {
-            let (z, mut i) = match self.open[slot] {
-                Some(o) => o,
+            // A kind fills zones of its own; when none has room, it spills
+            // into the other kind's zones (each block records whether it
+            // is a C-block), so typed zones never cause an early ENOSPC.
+            let (z, mut i, spill) = match self.open[slot] {
+                Some((z, i)) => (z, i, false),
                 None => match self.pick(kind) {
-                    Some(z) => (z, 0),
-                    None => break,
+                    Some(z) => (z, 0, false),
+                    None => match self.pick_any() {
+                        Some(z) => (z, 0, true),
+                        None => break,
+                    },
                 },
             };
+            let fits = match kind {
+                Kind::U => self.zones[z].status == Status::U,
+                Kind::C => self.zones[z].status.is_c(),
+            };
+            if !spill && !fits && !self.zones[z].is_empty() {
+                // The zone this kind was filling went to the other kind
+                // while empty and holds its blocks now: find another.
+                self.open[slot] = None;
+                continue;
+            }
             let want = match kind {
+                // Plain blocks in a C-zone leave it a C-zone (recovery
+                // still scans it for the C-blocks' entries).
+                Kind::U if self.zones[z].status.is_c() && !self.zones[z].is_empty() => {
+                    self.zones[z].status
+                }
                 Kind::U => Status::U,
                 Kind::C => Status::UncommittedC,
             };
             if self.zones[z].status != want {
                 // Taking an empty zone for a kind, or new C-blocks (with
-                // uncommitted entries) into a committed C-zone.
+                // uncommitted entries) into a committed C-zone or a U-zone.
                 self.zones[z].status = want;
                 self.zones[z].dirty = true;
                 changes.now.push(z);
@@ -236,12 +270,28 @@ impl Zones {
             }
             self.mark_dirty(z, changes);
             self.zones[z].set(i, true);
+            self.zones[z].set_c(i, kind == Kind::C);
             out.push(z as u64 * self.zone_blocks as u64 + i as u64);
-            self.open[slot] = Some((z, i + 1));
+            self.open[slot] = (!spill).then_some((z, i + 1));
         }
         changes.now.sort_unstable();
         changes.now.dedup();
         out
+    }
+
+    /// Any zone with a free block (for a kind whose own zones are full).
+    fn pick_any(&self) -> Option<usize> {
+        (0..self.zones.len())
+            .map(|z| (self.longest_free_run(z), z))
+            .filter(|&(run, _)| run > 0)
+            .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
+            .map(|(_, z)| z)
+    }
+
+    /// Whether the block at `pbn` holds a C-block.
+    pub fn is_cblock(&self, pbn: u64) -> bool {
+        let (z, i) = self.locate(pbn);
+        z < self.zones.len() && self.zones[z].used(i) && self.zones[z].is_c(i)
     }
 
     /// A block's last reference went away: its space is free again.
@@ -250,6 +300,7 @@ impl Zones {
         if self.zones[z].used(i) {
             self.mark_dirty(z, changes);
             self.zones[z].set(i, false);
+            self.zones[z].set_c(i, false);
         }
     }
 
@@ -285,6 +336,8 @@ impl Zones {
         b[1] = zone.dirty as u8;
         b[4..12].copy_from_slice(&zone.committed_ts.to_le_bytes());
         b[12..12 + zone.bitmap.len()].copy_from_slice(&zone.bitmap);
+        let c = 12 + zone.bitmap.len();
+        b[c..c + zone.cblocks.len()].copy_from_slice(&zone.cblocks);
         crate::codec::seal(&mut b);
         b
     }
@@ -300,13 +353,19 @@ impl Zones {
         if b[1] > 1 {
             return Err(bad(format!("dirty flag {}", b[1])));
         }
-        let bitmap = b[12..12 + self.zone_blocks / 8].to_vec();
+        let n = self.zone_blocks / 8;
+        let bitmap = b[12..12 + n].to_vec();
+        let cblocks = b[12 + n..12 + 2 * n].to_vec();
+        if cblocks.iter().zip(&bitmap).any(|(c, u)| c & !u != 0) {
+            return Err(bad("C-blocks marked on blocks not in use".into()));
+        }
         let size = self.size(z);
         let zone = Zone {
             status,
             dirty: b[1] == 1,
             committed_ts: u64::from_le_bytes(b[4..12].try_into().expect("8 bytes")),
             bitmap,
+            cblocks,
         };
         if (size..self.zone_blocks).any(|i| zone.used(i)) {
             return Err(bad("blocks beyond the data device marked in use".into()));
@@ -326,12 +385,15 @@ impl Zones {
             .collect()
     }
 
-    /// Replace a dirty zone's bitmap with the blocks the mappings use.
-    pub fn rebuild(&mut self, z: usize, in_use: impl Iterator<Item = usize>) {
+    /// Replace a dirty zone's bitmaps with the blocks the mappings use,
+    /// and which of them are C-blocks.
+    pub fn rebuild(&mut self, z: usize, in_use: impl Iterator<Item = (usize, bool)>) {
         let zone = &mut self.zones[z];
         zone.bitmap.fill(0);
-        for i in in_use {
+        zone.cblocks.fill(0);
+        for (i, c) in in_use {
             zone.set(i, true);
+            zone.set_c(i, c);
         }
     }
 }
@@ -394,6 +456,45 @@ mod tests {
     }
 
     #[test]
+    fn a_kind_spills_into_the_other_kinds_zones_rather_than_fail_and_blocks_say_what_they_are() {
+        let mut z = Zones::new(32, 16);
+        let mut ch = Changes::default();
+        // Zone 0 takes C-blocks, zone 1 plain ones; then plain blocks fill
+        // zone 1 and spill into zone 0's free blocks.
+        assert_eq!(z.alloc(Kind::C, 2, &mut ch), vec![0, 1]);
+        let plain = z.alloc(Kind::U, 30, &mut ch);
+        assert_eq!(plain.len(), 30, "no ENOSPC while blocks are free");
+        assert!(plain.contains(&2) && plain.contains(&16));
+        assert!(z.is_cblock(0) && z.is_cblock(1));
+        assert!(!z.is_cblock(2) && !z.is_cblock(16));
+        // Zone 0 still holds C-blocks: recovery must keep scanning it.
+        assert_eq!(z.zone(0).status, Status::UncommittedC);
+        // Freed blocks lose their kind.
+        z.free(0, &mut ch);
+        assert!(!z.is_cblock(0));
+        // The bits survive a record round trip.
+        let rec = z.encode(0, true);
+        let mut back = Zones::new(32, 16);
+        back.decode(0, &rec).unwrap();
+        assert!(back.is_cblock(1) && !back.is_cblock(2));
+    }
+
+    #[test]
+    fn a_zone_that_changed_kind_while_empty_is_not_taken_back_by_the_old_kind() {
+        let mut z = Zones::new(32, 16);
+        let mut ch = Changes::default();
+        assert_eq!(z.alloc(Kind::C, 1, &mut ch), vec![0]);
+        z.free(0, &mut ch);
+        // Zone 0 (empty) goes to plain blocks, which fill it.
+        assert_eq!(z.alloc(Kind::U, 16, &mut ch).len(), 16);
+        assert_eq!(z.zone(0).status, Status::U);
+        // C-blocks must not resume in zone 0 where they left off.
+        let c = z.alloc(Kind::C, 1, &mut ch);
+        assert_eq!(c, vec![16]);
+        assert_eq!(z.zone(0).status, Status::U);
+    }
+
+    #[test]
     fn commit_and_reuse_of_a_committed_c_zone() {
         // One zone only, so the committed zone is the one reused.
         let mut z = Zones::new(16, 16);
@@ -452,7 +553,7 @@ mod tests {
         assert!(z.dirty().is_empty());
         z.free(17, &mut ch);
         assert_eq!(z.dirty(), vec![1]);
-        z.rebuild(1, [0usize, 1, 2].into_iter());
+        z.rebuild(1, [(0usize, false), (1, false), (2, false)].into_iter());
         assert!(z.zone(1).used(2) && !z.zone(1).used(3));
     }
 }

@@ -1,0 +1,885 @@
+//! The `thin` backend (and its comparison policies `ordered` and `ideal`):
+//! ThinDedup's window-based persistence on top of a structured metadata
+//! area (disktable's LBN array, refcount array and hash index, committed
+//! through its journal).
+//!
+//! Write path: the engine allocates a PBN per new chunk with its LZ4 size;
+//! a chunk that compresses enough to carry entries goes to a C-zone, the
+//! rest to a U-zone. New chunks are staged here (reads find them) and every
+//! mapping change becomes an entry (LBN, PBN, fingerprint prefix,
+//! timestamp). A window ends after `window_blocks` new chunks, after
+//! `window_ms`, or at a FLUSH/FUA; then:
+//! - `thin`: the window's entries are embedded in its C-blocks, what does
+//!   not fit goes to metadata blocks of the log, everything is written
+//!   with no ordering between data and metadata, and one flush (of each
+//!   device) makes the window durable;
+//! - `ordered` (OrderedWrites): data, flush, then all entries in metadata
+//!   blocks, flush;
+//! - `ideal`: data, flush; no entries at all (the metadata lives in memory
+//!   until a clean close: the upper bound, not crash-safe).
+//!
+//! Every `commit_windows` windows (or when the log or the area's cache
+//! fills) the structured area is committed with the newest timestamp, the
+//! C-zones whose entries it now holds become committed, and chunks freed
+//! since the last such commit become reusable (until then they stay
+//! quarantined, so a PBN changes content at most once between commits,
+//! which recovery relies on). Recovery opens the area at its last commit
+//! and replays the entries of uncommitted C-zones and of the log
+//! (`replay`), then commits.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::cblock::{self, Entry};
+use super::replay::{self, ReplayReport, UNMAPPED};
+use super::window;
+use super::zones::{Changes, Kind, Zones};
+use crate::backend::{
+    BackendTraits, BackendUsage, DataLocation, MetaIoStats, MetadataBackend, ScanCursor,
+};
+use crate::backends::{disktable, OpenOptions, Opened};
+use crate::blockfile::BlockFile;
+use crate::config::{DeviceConfig, Lbn, Pbn};
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+use crate::superblock::{DeviceState, Superblock};
+
+pub const THIN: &str = "thin";
+pub const ORDERED: &str = "ordered";
+pub const IDEAL: &str = "ideal";
+
+const BLOCK: usize = 4096;
+const HEADER_MAGIC: &[u8; 8] = b"DDTHIN01";
+/// Blocks per zone, at most; small devices get smaller zones so both kinds
+/// find room (at least 64 zones, at least 8 blocks each).
+const ZONE_BLOCKS_MAX: usize = 256;
+
+fn zone_blocks(cfg: &DeviceConfig) -> usize {
+    let per = (cfg.physical_chunks / 64) as usize;
+    (per / 8 * 8).clamp(8, ZONE_BLOCKS_MAX)
+}
+/// Metadata blocks in the log (a ring; a commit empties it).
+const LOG_BLOCKS: u64 = 1024;
+/// Windows between commits of the structured area.
+const COMMIT_WINDOWS: u64 = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    Thin,
+    Ordered,
+    Ideal,
+}
+
+impl Policy {
+    pub fn of(name: &str) -> Option<Policy> {
+        match name {
+            THIN => Some(Policy::Thin),
+            ORDERED => Some(Policy::Ordered),
+            IDEAL => Some(Policy::Ideal),
+            _ => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Policy::Thin => THIN,
+            Policy::Ordered => ORDERED,
+            Policy::Ideal => IDEAL,
+        }
+    }
+}
+
+/// Window parameters, chosen at create time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowParams {
+    pub blocks: u64,
+    pub ms: u64,
+}
+
+impl Default for WindowParams {
+    fn default() -> Self {
+        WindowParams {
+            blocks: 32,
+            ms: 100,
+        }
+    }
+}
+
+/// Where thin's own areas start on the metadata device: after the
+/// structured area.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    header: u64,
+    zones: u64,
+    log: u64,
+    end: u64,
+}
+
+impl Layout {
+    fn new(cfg: &DeviceConfig) -> Layout {
+        let header = disktable::metadata_device_len(cfg).next_multiple_of(BLOCK as u64);
+        let zones = header + BLOCK as u64;
+        let n = cfg.physical_chunks.div_ceil(zone_blocks(cfg) as u64);
+        let log = zones + n * BLOCK as u64;
+        Layout {
+            header,
+            zones,
+            log,
+            end: log + LOG_BLOCKS * BLOCK as u64,
+        }
+    }
+}
+
+pub fn metadata_device_len(cfg: &DeviceConfig) -> u64 {
+    Layout::new(cfg).end
+}
+
+fn encode_header(w: WindowParams, zone_blocks: usize) -> Vec<u8> {
+    let mut b = vec![0u8; BLOCK];
+    b[..8].copy_from_slice(HEADER_MAGIC);
+    b[8..16].copy_from_slice(&w.blocks.to_le_bytes());
+    b[16..24].copy_from_slice(&w.ms.to_le_bytes());
+    b[24..32].copy_from_slice(&(zone_blocks as u64).to_le_bytes());
+    b[32..40].copy_from_slice(&LOG_BLOCKS.to_le_bytes());
+    crate::codec::seal(&mut b);
+    b
+}
+
+fn decode_header(b: &[u8], zone_blocks: usize) -> Result<WindowParams> {
+    let bad = |d: &str| Error::corrupt("thin header", d.to_string());
+    if &b[..8] != HEADER_MAGIC {
+        return Err(bad("no thin header magic (not a thin device, or damaged)"));
+    }
+    if !crate::codec::is_sealed(b) {
+        return Err(bad("checksum mismatch"));
+    }
+    let u = |r: std::ops::Range<usize>| u64::from_le_bytes(b[r].try_into().expect("8 bytes"));
+    if u(24..32) != zone_blocks as u64 || u(32..40) != LOG_BLOCKS {
+        return Err(bad("zone or log size this dedup does not use"));
+    }
+    let w = WindowParams {
+        blocks: u(8..16),
+        ms: u(16..24),
+    };
+    if w.blocks == 0 || w.blocks > 4096 {
+        return Err(bad("window size out of range"));
+    }
+    Ok(w)
+}
+
+pub fn format(
+    cfg: &DeviceConfig,
+    meta: &dyn BlockFile,
+    params: &crate::backends::BackendParams,
+    window: WindowParams,
+) -> Result<()> {
+    if window.blocks == 0 || window.blocks > 4096 {
+        return Err(Error::InvalidArgument(format!(
+            "--window-blocks {} is out of range: give 1 to 4096 (default 32)",
+            window.blocks
+        )));
+    }
+    disktable::format(cfg, meta, params)?;
+    let l = Layout::new(cfg);
+    disktable::zero_range(meta, l.zones, l.end)?;
+    meta.write_at(&encode_header(window, zone_blocks(cfg)), l.header)?;
+    meta.sync()
+}
+
+struct Staged {
+    raw: Arc<[u8]>,
+    lz4: Option<Vec<u8>>,
+}
+
+/// What thin wrote, for status and the benchmark.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ThinStats {
+    pub windows: u64,
+    pub c_blocks: u64,
+    pub u_blocks: u64,
+    pub meta_blocks: u64,
+    pub entries: u64,
+    pub entries_embedded: u64,
+    pub zone_records: u64,
+    pub area_commits: u64,
+    /// Windows made durable by a commit of the area (the log was full).
+    pub windows_via_commit: u64,
+}
+
+pub struct Thin {
+    policy: Policy,
+    inner: Box<dyn MetadataBackend>,
+    cfg: DeviceConfig,
+    meta: Arc<dyn BlockFile>,
+    data: Option<Arc<dyn BlockFile>>,
+    layout: Layout,
+    window: WindowParams,
+    zones: Zones,
+    staged: BTreeMap<Pbn, Staged>,
+    entries: Vec<Entry>,
+    window_started: Option<Instant>,
+    ts: u64,
+    /// Freed since the last commit of the structured area.
+    quarantine: Vec<Pbn>,
+    log_next: u64,
+    log_used: u64,
+    windows_since_commit: u64,
+    /// A change recovery could not replay (a mapping without fingerprint):
+    /// the next window commits the structured area.
+    must_commit: bool,
+    /// Not closed cleanly: recovery runs once the data device is attached.
+    unclean: bool,
+    writable: bool,
+    stats: ThinStats,
+    meta_io: MetaIoStats,
+    pub recovery: Option<(ReplayReport, Duration)>,
+}
+
+fn zone_record_at(l: &Layout, z: usize) -> u64 {
+    l.zones + z as u64 * BLOCK as u64
+}
+
+pub fn open(
+    superblock: Superblock,
+    meta: Box<dyn BlockFile>,
+    opts: &OpenOptions,
+) -> Result<Opened> {
+    let cfg = superblock.config.clone();
+    let policy = Policy::of(&cfg.backend).expect("registered name");
+    let unclean = superblock.state == DeviceState::Open;
+    if policy == Policy::Ideal && unclean && opts.writable && !opts.accept_unclean {
+        return Err(Error::Unclean {
+            path: std::path::PathBuf::from(meta.describe()),
+            backend: IDEAL.into(),
+        });
+    }
+    let meta: Arc<dyn BlockFile> = Arc::from(meta);
+    let l = Layout::new(&cfg);
+    let have = meta.len()?;
+    if have < l.end {
+        return Err(Error::foreign(
+            std::path::Path::new(&meta.describe()),
+            format!(
+                "metadata device is {have} bytes but this thin device needs {}; was it truncated?",
+                l.end
+            ),
+        ));
+    }
+    let mut hb = vec![0u8; BLOCK];
+    meta.read_at(&mut hb, l.header)?;
+    let zb = zone_blocks(&cfg);
+    let window = decode_header(&hb, zb)?;
+    let inner = disktable::open(superblock, Box::new(meta.clone()), opts)?.backend;
+    let mut zones = Zones::new(cfg.physical_chunks, zb);
+    let mut rec = vec![0u8; super::zones::record_len(zb)];
+    for z in 0..zones.len() {
+        meta.read_at(&mut rec, zone_record_at(&l, z))?;
+        if rec.iter().all(|&b| b == 0) {
+            continue; // never written: unallocated
+        }
+        zones.decode(z, &rec)?;
+    }
+    let mut t = Thin {
+        policy,
+        inner,
+        cfg,
+        meta,
+        data: None,
+        layout: l,
+        window,
+        zones,
+        staged: BTreeMap::new(),
+        entries: Vec::new(),
+        window_started: None,
+        ts: 0,
+        quarantine: Vec::new(),
+        log_next: 0,
+        log_used: 0,
+        windows_since_commit: 0,
+        must_commit: false,
+        unclean,
+        writable: opts.writable,
+        stats: ThinStats::default(),
+        meta_io: MetaIoStats::default(),
+        recovery: None,
+    };
+    t.ts = t.commit_ts();
+    // Recovery needs the data device: it runs in `attach_data`. `ideal`
+    // rolls back to its last save, which the engine then verifies.
+    Ok(Opened {
+        backend: Box::new(t),
+        rolled_back: policy == Policy::Ideal && unclean,
+    })
+}
+
+impl Thin {
+    /// The timestamp the structured area was last committed with (saved
+    /// as the last of the engine's counters).
+    fn commit_ts(&self) -> u64 {
+        self.inner.saved_counters().last().copied().unwrap_or(0)
+    }
+
+    fn data(&self) -> Result<&Arc<dyn BlockFile>> {
+        self.data
+            .as_ref()
+            .ok_or_else(|| Error::Unsupported("thin: the data device is not attached".into()))
+    }
+
+    fn meta_write(&mut self, b: &[u8], at: u64) -> Result<()> {
+        self.meta.write_at(b, at)?;
+        self.meta_io.writes += 1;
+        self.meta_io.bytes_written += b.len() as u64;
+        Ok(())
+    }
+
+    fn meta_sync(&mut self) -> Result<()> {
+        self.meta.sync()?;
+        self.meta_io.syncs += 1;
+        Ok(())
+    }
+
+    fn write_zone(&mut self, z: usize, clean: bool) -> Result<()> {
+        let mut b = self.zones.encode(z, clean);
+        b.resize(BLOCK, 0);
+        let at = zone_record_at(&self.layout, z);
+        self.stats.zone_records += 1;
+        self.meta_write(&b, at)
+    }
+
+    /// Zone records that must be on disk before the blocks they cover are
+    /// written: written and flushed now (once per zone per commit period).
+    fn persist_changes(&mut self, changes: Changes) -> Result<()> {
+        if changes.now.is_empty() {
+            return Ok(());
+        }
+        for z in changes.now {
+            self.write_zone(z, false)?;
+        }
+        self.meta_sync()
+    }
+
+    /// The bytes of the chunk stored at `pbn` whose fingerprint starts
+    /// with `fp`, and whether it is a C-block; `None` if neither reading of
+    /// the block (as a C-block, as a plain chunk) matches. Recovery cannot
+    /// always know from the zone record which one a block allocated since
+    /// the last commit is, so it lets the fingerprint decide: a block
+    /// cannot match both.
+    fn read_stored(&self, pbn: Pbn, fp: &[u8; 16]) -> Option<(Vec<u8>, bool)> {
+        let data = self.data.as_ref()?;
+        let mut b = vec![0u8; self.cfg.chunk_size as usize];
+        data.read_at(&mut b, self.cfg.pbn_offset(pbn)).ok()?;
+        let hash = self.cfg.hash;
+        let matches = |c: &[u8]| hash.fingerprint(c).0[..16] == fp[..];
+        if let Ok((chunk, _)) = cblock::open(&b) {
+            if chunk.len() == b.len() && matches(&chunk) {
+                return Some((chunk, true));
+            }
+        }
+        matches(&b).then_some((b, false))
+    }
+
+    /// After a crash: the entries of uncommitted C-zones and of the log,
+    /// replayed on the structured area; then bitmaps of dirty zones rebuilt
+    /// and everything committed.
+    fn recover(&mut self) -> Result<()> {
+        let started = Instant::now();
+        let data = self.data()?.clone();
+        let commit_ts = self.commit_ts();
+        let mut entries = Vec::new();
+        let mut b = vec![0u8; self.cfg.chunk_size as usize];
+        for z in self.zones.uncommitted() {
+            let zb = zone_blocks(&self.cfg) as u64;
+            let first = z as u64 * zb;
+            let last = (first + zb).min(self.cfg.physical_chunks);
+            for pbn in first..last {
+                data.read_at(&mut b, self.cfg.pbn_offset(pbn))?;
+                if let Ok((_, es)) = cblock::open(&b) {
+                    entries.extend(es);
+                }
+            }
+        }
+        let mut b = vec![0u8; BLOCK];
+        for i in 0..LOG_BLOCKS {
+            self.meta
+                .read_at(&mut b, self.layout.log + i * BLOCK as u64)?;
+            if let Ok(es) = window::open_mblock(&b) {
+                entries.extend(es);
+            }
+        }
+        let newest = entries.iter().map(|e| e.timestamp).max().unwrap_or(0);
+        let hash = self.cfg.hash;
+        // Entries naming PBNs or LBNs beyond the device are damage: never
+        // applied.
+        entries.retain(|e| e.pbn == UNMAPPED || e.pbn < self.cfg.physical_chunks);
+        entries.retain(|e| e.lbn < self.cfg.logical_chunks());
+        // Each entry's chunk, read once (every entry naming a PBN since the
+        // commit names the same content: see `replay`).
+        let mut reads: BTreeMap<Pbn, Option<(Vec<u8>, bool)>> = BTreeMap::new();
+        for e in entries
+            .iter()
+            .filter(|e| e.timestamp > commit_ts && e.pbn != UNMAPPED)
+        {
+            if let std::collections::btree_map::Entry::Vacant(v) = reads.entry(e.pbn) {
+                v.insert(self.read_stored(e.pbn, &e.fp));
+            }
+        }
+        let report = replay::replay(self.inner.as_mut(), entries, commit_ts, hash, &mut |p| {
+            reads.get(&p).cloned().flatten().map(|(c, _)| c)
+        })?;
+        self.ts = self.ts.max(newest).max(commit_ts);
+        // Dirty zones: the bitmaps are what the counts say now, C-blocks as
+        // the records or the reads above found them.
+        let found: BTreeMap<Pbn, bool> = reads
+            .iter()
+            .filter_map(|(&p, r)| r.as_ref().map(|(_, c)| (p, *c)))
+            .collect();
+        self.rebuild_bitmaps(self.zones.dirty(), &found)?;
+        self.commit_area()?;
+        self.recovery = Some((report, started.elapsed()));
+        tracing::info!(
+            "thin: recovered in {:.3} s: {:?}",
+            started.elapsed().as_secs_f64(),
+            self.recovery.as_ref().map(|r| &r.0)
+        );
+        Ok(())
+    }
+
+    /// Set these zones' bitmaps to the PBNs whose count is not zero.
+    /// `found`: blocks whose kind recovery read (C-block or not); the rest
+    /// keep what their zone record says.
+    fn rebuild_bitmaps(
+        &mut self,
+        zones: impl IntoIterator<Item = usize>,
+        found: &BTreeMap<Pbn, bool>,
+    ) -> Result<()> {
+        for z in zones {
+            let zb = zone_blocks(&self.cfg) as u64;
+            let first = z as u64 * zb;
+            let last = (first + zb).min(self.cfg.physical_chunks);
+            let mut used = Vec::new();
+            for pbn in first..last {
+                if self.inner.refcount_get(pbn)? > 0 {
+                    let c = found
+                        .get(&pbn)
+                        .copied()
+                        .unwrap_or_else(|| self.zones.is_cblock(pbn));
+                    used.push(((pbn - first) as usize, c));
+                }
+            }
+            self.zones.rebuild(z, used.into_iter());
+        }
+        Ok(())
+    }
+
+    fn entry(&mut self, lbn: Lbn, pbn: Pbn, fp: [u8; 16]) {
+        self.ts += 1;
+        self.entries.push(Entry {
+            lbn,
+            pbn,
+            fp,
+            timestamp: self.ts,
+        });
+        self.window_started.get_or_insert_with(Instant::now);
+    }
+
+    /// End the open window: write its blocks and entries as the policy
+    /// says, and make them durable.
+    fn close_window(&mut self) -> Result<()> {
+        if self.staged.is_empty() && self.entries.is_empty() {
+            return self.maybe_commit_area();
+        }
+        let data = self.data()?.clone();
+        let staged = std::mem::take(&mut self.staged);
+        let mut entries = std::mem::take(&mut self.entries);
+        self.window_started = None;
+        self.stats.windows += 1;
+        self.stats.entries += entries.len() as u64;
+        if self.policy == Policy::Ideal {
+            entries.clear();
+        }
+        // Embed entries in the window's C-blocks (thin only).
+        let mut blocks: Vec<(Pbn, Vec<u8>)> = Vec::with_capacity(staged.len());
+        for (&pbn, s) in &staged {
+            if self.zones.is_cblock(pbn) {
+                let c = cblock::Compressed::from_lz4(
+                    s.lz4.clone().expect("C-zone chunks compress"),
+                    s.raw.len(),
+                );
+                let take = if self.policy == Policy::Thin {
+                    c.capacity().min(entries.len())
+                } else {
+                    0
+                };
+                let carried: Vec<Entry> = entries.drain(..take).collect();
+                self.stats.entries_embedded += carried.len() as u64;
+                blocks.push((pbn, c.seal(&carried)));
+                self.stats.c_blocks += 1;
+            } else {
+                blocks.push((pbn, s.raw.to_vec()));
+                self.stats.u_blocks += 1;
+            }
+        }
+        // What did not fit: metadata blocks in the log. The log must not
+        // wrap over entries the structured area does not hold yet.
+        let per = window::mblock_capacity(BLOCK);
+        let mblocks = entries.len().div_ceil(per) as u64;
+        if self.log_used + mblocks > LOG_BLOCKS {
+            // The log is full: make this window's data durable, then commit
+            // the structured area, which holds every change made so far
+            // (this window's included), so its entries need no carrier.
+            self.write_blocks(&data, &blocks)?;
+            data.sync()?;
+            self.stats.windows_via_commit += 1;
+            return self.commit_area();
+        }
+        let mut meta_blocks = Vec::new();
+        for part in entries.chunks(per) {
+            let at = self.layout.log + self.log_next * BLOCK as u64;
+            meta_blocks.push((at, window::mblock(part, BLOCK)));
+            self.log_next = (self.log_next + 1) % LOG_BLOCKS;
+            self.log_used += 1;
+        }
+        let write_data = |blocks: &[(Pbn, Vec<u8>)]| self.write_blocks(&data, blocks);
+        match self.policy {
+            Policy::Thin => {
+                // No ordering: everything out, then one flush of each.
+                write_data(&blocks)?;
+                for (at, b) in &meta_blocks {
+                    self.meta_write(b, *at)?;
+                }
+                data.sync()?;
+                if !meta_blocks.is_empty() {
+                    self.meta_sync()?;
+                }
+            }
+            Policy::Ordered => {
+                write_data(&blocks)?;
+                data.sync()?;
+                for (at, b) in &meta_blocks {
+                    self.meta_write(b, *at)?;
+                }
+                if !meta_blocks.is_empty() {
+                    self.meta_sync()?;
+                }
+            }
+            Policy::Ideal => {
+                write_data(&blocks)?;
+                data.sync()?;
+            }
+        }
+        self.stats.meta_blocks += meta_blocks.len() as u64;
+        self.windows_since_commit += 1;
+        self.maybe_commit_area()
+    }
+
+    /// Commit the structured area when it is due: every `COMMIT_WINDOWS`
+    /// windows, when its cache fills, after a change recovery could not
+    /// replay, and when chunks were freed (garbage collection, which frees
+    /// chunks to make room: they become reusable only after a commit).
+    fn maybe_commit_area(&mut self) -> Result<()> {
+        if self.policy == Policy::Ideal {
+            // Metadata in memory only: freed chunks are reusable at once
+            // (after a crash the engine re-verifies every chunk anyway).
+            let mut changes = Changes::default();
+            for pbn in std::mem::take(&mut self.quarantine) {
+                self.zones.free(pbn, &mut changes);
+            }
+            if self.inner.wants_commit() {
+                self.commit_area()?;
+            }
+            return Ok(());
+        }
+        let due = self.inner.wants_commit()
+            || !self.quarantine.is_empty()
+            || (self.policy != Policy::Ideal
+                && (self.must_commit || self.windows_since_commit >= COMMIT_WINDOWS));
+        if due {
+            self.commit_area()?;
+        }
+        Ok(())
+    }
+
+    /// Data blocks out; consecutive PBNs in one write.
+    fn write_blocks(&self, data: &Arc<dyn BlockFile>, blocks: &[(Pbn, Vec<u8>)]) -> Result<()> {
+        let mut i = 0;
+        let mut buf = Vec::new();
+        while i < blocks.len() {
+            let mut j = i + 1;
+            while j < blocks.len() && blocks[j].0 == blocks[j - 1].0 + 1 {
+                j += 1;
+            }
+            buf.clear();
+            for (_, b) in &blocks[i..j] {
+                buf.extend_from_slice(b);
+            }
+            data.write_at(&buf, self.cfg.pbn_offset(blocks[i].0))?;
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// Commit the structured area with the newest timestamp; then the
+    /// C-zones' entries are committed, the log is empty, and chunks freed
+    /// since the last commit become reusable.
+    fn commit_area(&mut self) -> Result<()> {
+        if !self.writable {
+            return Ok(());
+        }
+        // First the zones' bitmaps as they are (status unchanged): after a
+        // crash from here on, recovery knows every block allocated before
+        // this commit, C-blocks included, from the records.
+        let mut dirty = self.zones.dirty();
+        dirty.extend(self.zones.uncommitted());
+        dirty.sort_unstable();
+        dirty.dedup();
+        for &z in &dirty {
+            self.write_zone(z, false)?;
+        }
+        if !dirty.is_empty() {
+            self.meta_sync()?;
+        }
+        let mut counters = self.engine_counters();
+        counters.push(self.ts);
+        self.inner.save_counters(&counters);
+        self.inner.commit()?;
+        let mut changes = Changes::default();
+        for pbn in std::mem::take(&mut self.quarantine) {
+            self.zones.free(pbn, &mut changes);
+        }
+        let mut write: Vec<usize> = self.zones.uncommitted();
+        for &z in &write {
+            self.zones.committed(z, self.ts);
+        }
+        // Written clean with their bitmaps: zones that changed, and the
+        // C-zones just committed (so recovery stops scanning them).
+        write.extend(self.zones.dirty());
+        write.sort_unstable();
+        write.dedup();
+        for z in write {
+            self.write_zone(z, true)?;
+        }
+        self.meta_sync()?;
+        self.log_used = 0;
+        self.windows_since_commit = 0;
+        self.must_commit = false;
+        self.stats.area_commits += 1;
+        Ok(())
+    }
+
+    fn engine_counters(&self) -> Vec<u64> {
+        let mut c = self.inner.saved_counters();
+        c.pop();
+        c
+    }
+
+    pub fn thin_stats(&self) -> ThinStats {
+        self.stats
+    }
+}
+
+impl MetadataBackend for Thin {
+    fn name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    fn traits(&self) -> BackendTraits {
+        BackendTraits {
+            // `ideal` is not, but the engine must still end its windows.
+            crash_safe: true,
+            places_data: true,
+        }
+    }
+
+    fn lbn_map_lookup(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
+        self.inner.lbn_map_lookup(lbn)
+    }
+
+    fn lbn_map_insert(&mut self, lbn: Lbn, pbn: Pbn) -> Result<()> {
+        // Without a fingerprint recovery could not check this mapping:
+        // the structured area is committed with the next window.
+        self.must_commit = true;
+        self.inner.lbn_map_insert(lbn, pbn)
+    }
+
+    fn lbn_map_insert_fp(&mut self, lbn: Lbn, pbn: Pbn, fp: &Fingerprint) -> Result<()> {
+        self.inner.lbn_map_insert(lbn, pbn)?;
+        self.entry(lbn, pbn, fp.0[..16].try_into().expect("16 bytes"));
+        Ok(())
+    }
+
+    fn lbn_map_delete(&mut self, lbn: Lbn) -> Result<()> {
+        self.inner.lbn_map_delete(lbn)?;
+        self.entry(lbn, UNMAPPED, [0; 16]);
+        Ok(())
+    }
+
+    fn hash_index_lookup(&mut self, fp: &Fingerprint) -> Result<Option<Pbn>> {
+        self.inner.hash_index_lookup(fp)
+    }
+
+    fn hash_index_insert(&mut self, fp: &Fingerprint, pbn: Pbn) -> Result<()> {
+        self.inner.hash_index_insert(fp, pbn)
+    }
+
+    fn hash_index_delete(&mut self, fp: &Fingerprint) -> Result<()> {
+        self.inner.hash_index_delete(fp)
+    }
+
+    fn alloc_pbn(&mut self) -> Result<Option<Pbn>> {
+        self.alloc_pbn_for(None)
+    }
+
+    fn alloc_pbn_for(&mut self, compressed: Option<usize>) -> Result<Option<Pbn>> {
+        let kind = match compressed {
+            Some(n) if cblock::capacity_for(n, self.cfg.chunk_size as usize) > 0 => Kind::C,
+            _ => Kind::U,
+        };
+        let mut changes = Changes::default();
+        let got = self.zones.alloc(kind, 1, &mut changes);
+        self.persist_changes(changes)?;
+        let Some(&pbn) = got.first() else {
+            return Ok(None);
+        };
+        self.inner.refcount_set(pbn, 1)?;
+        Ok(Some(pbn))
+    }
+
+    fn stage_chunk(&mut self, pbn: Pbn, data: &[u8], lz4: Option<Vec<u8>>) -> Result<()> {
+        // A compressible chunk given a plain block is stored plain.
+        let lz4 = if self.zones.is_cblock(pbn) {
+            Some(lz4.unwrap_or_else(|| lz4_flex::block::compress(data)))
+        } else {
+            None
+        };
+        self.staged.insert(
+            pbn,
+            Staged {
+                raw: data.into(),
+                lz4,
+            },
+        );
+        self.window_started.get_or_insert_with(Instant::now);
+        Ok(())
+    }
+
+    fn locate(&mut self, pbn: Pbn) -> DataLocation {
+        if let Some(s) = self.staged.get(&pbn) {
+            return DataLocation::Staged(s.raw.clone());
+        }
+        if self.zones.is_cblock(pbn) {
+            DataLocation::Compressed
+        } else {
+            DataLocation::Plain
+        }
+    }
+
+    fn attach_data(&mut self, data: Arc<dyn BlockFile>) -> Result<()> {
+        self.data = Some(data);
+        if self.unclean && self.policy != Policy::Ideal {
+            self.recover()?;
+        } else if self.unclean {
+            // `ideal` rolled back to its last save: the zones' bitmaps are
+            // what its counts say (the engine then verifies every chunk).
+            self.rebuild_bitmaps(0..self.zones.len(), &BTreeMap::new())?;
+        }
+        Ok(())
+    }
+
+    fn refcount_inc(&mut self, pbn: Pbn) -> Result<u32> {
+        self.inner.refcount_inc(pbn)
+    }
+
+    fn refcount_dec(&mut self, pbn: Pbn) -> Result<u32> {
+        let n = self.inner.refcount_dec(pbn)?;
+        if n == 0 {
+            self.quarantine.push(pbn);
+        }
+        Ok(n)
+    }
+
+    fn refcount_get(&mut self, pbn: Pbn) -> Result<u32> {
+        self.inner.refcount_get(pbn)
+    }
+
+    fn refcount_set(&mut self, pbn: Pbn, count: u32) -> Result<()> {
+        let was = self.inner.refcount_get(pbn)?;
+        self.inner.refcount_set(pbn, count)?;
+        if was > 0 && count == 0 {
+            self.quarantine.push(pbn);
+        }
+        self.must_commit = true;
+        Ok(())
+    }
+
+    fn set_totals(&mut self, lbns_mapped: u64, hash_entries: u64) -> Result<()> {
+        self.inner.set_totals(lbns_mapped, hash_entries)
+    }
+
+    fn hash_index_scan(
+        &mut self,
+        cursor: &ScanCursor,
+        max: usize,
+        out: &mut Vec<(Fingerprint, Pbn)>,
+    ) -> Result<Option<ScanCursor>> {
+        self.inner.hash_index_scan(cursor, max, out)
+    }
+
+    fn lbn_map_scan(
+        &mut self,
+        cursor: &ScanCursor,
+        max: usize,
+        out: &mut Vec<(Lbn, Pbn)>,
+    ) -> Result<Option<ScanCursor>> {
+        self.inner.lbn_map_scan(cursor, max, out)
+    }
+
+    fn commit(&mut self) -> Result<()> {
+        self.close_window()
+    }
+
+    fn wants_commit(&self) -> bool {
+        self.staged.len() as u64 >= self.window.blocks
+            || self.entries.len() as u64 >= self.window.blocks * 4
+            || self
+                .window_started
+                .is_some_and(|t| t.elapsed() >= Duration::from_millis(self.window.ms))
+            || self.inner.wants_commit()
+    }
+
+    fn close(&mut self) -> Result<()> {
+        self.close_window()?;
+        self.commit_area()?;
+        let counters = {
+            let mut c = self.engine_counters();
+            c.push(self.ts);
+            c
+        };
+        self.inner.save_counters(&counters);
+        self.inner.close()
+    }
+
+    fn saved_counters(&self) -> Vec<u64> {
+        self.engine_counters()
+    }
+
+    fn save_counters(&mut self, counters: &[u64]) {
+        let mut c = counters.to_vec();
+        c.push(self.ts);
+        self.inner.save_counters(&c);
+    }
+
+    fn usage(&self) -> BackendUsage {
+        let mut u = self.inner.usage();
+        u.metadata_bytes = self.layout.end;
+        u
+    }
+
+    fn io_stats(&self) -> MetaIoStats {
+        let mut s = self.inner.io_stats();
+        s.writes += self.meta_io.writes;
+        s.bytes_written += self.meta_io.bytes_written;
+        s.syncs += self.meta_io.syncs;
+        s
+    }
+}
