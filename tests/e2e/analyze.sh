@@ -79,6 +79,26 @@ grep -q "cannot be combined" "$WORK/bad.err" || { cat "$WORK/bad.err"; fail "unc
 log "bad input"
 if "$DEDUP" analyze "$WORK/data" --algorithms fastcdc:8k:16k 2>"$WORK/bad.err"; then fail "min > avg accepted"; fi
 grep -q "min ≤ avg ≤ max" "$WORK/bad.err" || { cat "$WORK/bad.err"; fail "unclear error for min > avg"; }
-"$DEDUP" analyze "$WORK/nothing-here" --algorithms wfh --json >"$WORK/none.json" 2>/dev/null
+if "$DEDUP" analyze "$WORK/nothing-here" --algorithms wfh --json >"$WORK/none.json" 2>"$WORK/none.err"; then fail "no data read, yet exit 0"; fi
+grep -q "no data read" "$WORK/none.err" || { cat "$WORK/none.err"; fail "unclear message for empty input"; }
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['files']==0 and d['skipped']==1" "$WORK/none.json"
+log "a link named on the command line is followed; links inside are counted"
+ln -s "$WORK/data/a" "$WORK/link-to-a"
+ln -s "$WORK/data/a" "$WORK/data/link-inside"
+"$DEDUP" analyze "$WORK/link-to-a" --algorithms wfh --json >"$WORK/l.json" 2>/dev/null
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['files'] > 0, d" "$WORK/l.json"
+"$DEDUP" analyze "$WORK/data" --algorithms wfh --json >"$WORK/l2.json" 2>/dev/null
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['symlinks_not_followed'] == 1, d['symlinks_not_followed']" "$WORK/l2.json"
+log "a compressed tar stream gets a hint, Ctrl-C mid-file reports what was read"
+tar -C "$WORK/data" -czf "$WORK/a.tar.gz" a
+"$DEDUP" analyze --tar "$WORK/a.tar.gz" --algorithms wfh >"$WORK/gz.txt" 2>&1 || true
+grep -q "gzip -dc FILE" "$WORK/gz.txt" || { cat "$WORK/gz.txt"; fail "no hint for a gzip stream"; }
+truncate -s 3G "$WORK/big.img"
+"$DEDUP" analyze "$WORK/big.img" --algorithms rabin:8k --threads 1 --json >"$WORK/int.json" 2>/dev/null &
+pid=$!
+sleep 2
+kill -INT $pid
+wait $pid || true
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['interrupted'] and 0 < d['algorithms'][0]['logical_bytes'] < 3<<30, d" "$WORK/int.json"
+rm -f "$WORK/big.img"
 echo "PASS analyze"

@@ -90,6 +90,8 @@ pub struct Totals {
     pub elapsed: Duration,
     /// Stopped early (Ctrl-C): the counts cover what was read.
     pub interrupted: bool,
+    /// Symbolic links inside directories, not followed.
+    pub symlinks: u64,
 }
 
 /// A compressor applied to each distinct chunk, to show deduplication and
@@ -149,54 +151,6 @@ pub struct Analysis {
     tables: Arc<rabin::Tables>,
 }
 
-/// Expand the inputs to regular files; what cannot be read is recorded.
-pub fn walk(inputs: &[PathBuf], skipped: &mut dyn FnMut(&Path, String)) -> Vec<PathBuf> {
-    use std::os::unix::fs::FileTypeExt;
-    let mut files = Vec::new();
-    let mut stack: Vec<PathBuf> = Vec::new();
-    // A block device named on the command line is read whole, as the
-    // device would see it; one met inside a directory (say /dev) is not.
-    for p in inputs.iter() {
-        match std::fs::metadata(p) {
-            Ok(m) if m.file_type().is_block_device() => files.push(p.clone()),
-            _ => stack.push(p.clone()),
-        }
-    }
-    stack.reverse();
-    while let Some(p) = stack.pop() {
-        let meta = match std::fs::symlink_metadata(&p) {
-            Ok(m) => m,
-            Err(e) => {
-                skipped(&p, e.to_string());
-                continue;
-            }
-        };
-        let ft = meta.file_type();
-        if ft.is_symlink() {
-            continue; // not followed (a link to data counted elsewhere)
-        } else if ft.is_dir() {
-            match std::fs::read_dir(&p) {
-                Ok(entries) => {
-                    let mut children: Vec<PathBuf> =
-                        entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
-                    children.sort();
-                    stack.extend(children.into_iter().rev());
-                }
-                Err(e) => skipped(&p, e.to_string()),
-            }
-        } else if ft.is_file() {
-            files.push(p);
-        } else {
-            skipped(
-                &p,
-                "not a regular file (device, socket or pipe); name a block device on the command line to read it whole"
-                    .into(),
-            );
-        }
-    }
-    files
-}
-
 impl Analysis {
     pub fn new(algorithms: Vec<Algorithm>, hash: HashAlgo) -> Analysis {
         let n = algorithms.len();
@@ -234,6 +188,14 @@ impl Analysis {
 
     pub fn measures_delta(&self) -> bool {
         !self.delta.is_empty()
+    }
+
+    /// Links the walk left alone, for the report.
+    pub fn note_symlinks(&self, n: u64) {
+        self.totals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .symlinks += n;
     }
 
     pub fn skip(&self, what: &Path, why: String) {
@@ -284,7 +246,7 @@ impl Analysis {
         t.files += 1;
         t.bytes += len;
         drop(t);
-        if len != before {
+        if len != before && !self.stop.load(Ordering::Relaxed) {
             self.skip(
                 path,
                 format!(
@@ -298,7 +260,7 @@ impl Analysis {
     /// Analyse a tar stream: each regular file in it as a file. A stream
     /// that ends early or is damaged stops there, reported; what was read
     /// is counted.
-    pub fn run_tar(&self, input: impl Read) {
+    pub fn run_tar(&self, name: &Path, input: impl Read) {
         let started = Instant::now();
         let mut local = vec![Counts::default(); self.algorithms.len()];
         let mut bufs = Buffers::default();
@@ -312,10 +274,16 @@ impl Analysis {
                 }
                 let mut entry = entry.map_err(|e| e.to_string())?;
                 entries_read += 1;
-                if entry.header().entry_type() != tar::EntryType::Regular {
+                // Sparse members read back expanded, as the file they hold.
+                if !matches!(
+                    entry.header().entry_type(),
+                    tar::EntryType::Regular
+                        | tar::EntryType::GNUSparse
+                        | tar::EntryType::Continuous
+                ) {
                     continue;
                 }
-                let want = entry.header().size().unwrap_or(0);
+                let want = entry.size();
                 let len = self.stream(&mut entry, &mut local, &mut bufs)?;
                 let mut t = self.totals.lock().unwrap_or_else(|e| e.into_inner());
                 t.files += 1;
@@ -329,8 +297,8 @@ impl Analysis {
         })();
         if let Err(why) = result {
             self.skip(
-                Path::new("tar stream"),
-                format!("stopped after {entries_read} entries: {why} (the stream ended early or is damaged)"),
+                name,
+                format!("tar stream stopped after {entries_read} entries: {why} (the stream ended early or is damaged)"),
             );
         }
         let mut all = self.counts.lock().unwrap_or_else(|e| e.into_inner());
@@ -400,7 +368,7 @@ impl Analysis {
                     let extras =
                         !self.codecs.is_empty() || self.delta.get(k).is_some_and(|d| d.is_some());
                     if let (true, true, Some(b)) = (extras, new, bytes) {
-                        let t_extra = Instant::now();
+                        let t_extra = crate::cpu::now();
                         if let Some(Some(r)) = self.delta.get(k) {
                             r.add(b, &mut counts.delta);
                         }
@@ -410,11 +378,11 @@ impl Analysis {
                                 .resize(self.codecs.len(), (0, Duration::ZERO));
                         }
                         for (c, slot) in self.codecs.iter().zip(counts.compressed.iter_mut()) {
-                            let t1 = Instant::now();
-                            slot.0 += c.size(b);
-                            slot.1 += t1.elapsed();
+                            let (n, t) = crate::cpu::time(|| c.size(b));
+                            slot.0 += n;
+                            slot.1 += t;
                         }
-                        extra += t_extra.elapsed();
+                        extra += crate::cpu::now().saturating_sub(t_extra);
                     }
                     counts.chunks += 1;
                     counts.logical_bytes += n;
@@ -440,9 +408,13 @@ impl Analysis {
                 };
                 // Clocks are read per feed, not per chunk: at 4 KiB chunks
                 // two clock reads per chunk cost a tenth of the hashing.
-                let t_feed = Instant::now();
+                // CPU time of this thread, not wall time: readers may
+                // outnumber cores.
+                let t_feed = crate::cpu::now();
                 let chunking = c.feed(data, eof, &mut emit);
-                let total = t_feed.elapsed().saturating_sub(extra);
+                let total = crate::cpu::now()
+                    .saturating_sub(t_feed)
+                    .saturating_sub(extra);
                 if matches!(c, Chunker::Whole(..)) {
                     local[k].hash_time += total;
                 } else {
@@ -451,7 +423,9 @@ impl Analysis {
                 }
             }
             self.bytes_read.fetch_add(filled as u64, Ordering::Relaxed);
-            if eof {
+            // Ctrl-C: stop inside a large file too (its chunks found so
+            // far are counted, the unfinished one is not).
+            if eof || self.stop.load(Ordering::Relaxed) {
                 break;
             }
             std::mem::swap(buf, next);

@@ -68,11 +68,11 @@ impl Chunker {
             Chunker::Whole(h, len) => {
                 // The whole file streams through the hasher here: this is
                 // WFH's hashing time (the caller books it so).
-                let t0 = std::time::Instant::now();
+                let t0 = crate::cpu::now();
                 h.update(data);
                 *len += data.len() as u64;
                 let hash = eof.then(|| *h.finalize().as_bytes());
-                let spent = t0.elapsed();
+                let spent = crate::cpu::now().saturating_sub(t0);
                 if let Some(hash) = hash {
                     emit(Piece::Hashed(hash, *len));
                 }
@@ -101,9 +101,9 @@ impl Chunker {
             }
             Chunker::Rabin { r, pending } => {
                 let mut cuts = Vec::new();
-                let c0 = std::time::Instant::now();
+                let c0 = crate::cpu::now();
                 r.feed(data, &mut cuts);
-                let chunking = c0.elapsed();
+                let chunking = crate::cpu::now().saturating_sub(c0);
                 let mut at = 0;
                 for c in cuts {
                     // A chunk may have started in earlier data.
@@ -133,7 +133,7 @@ impl Chunker {
             } => {
                 pending.extend_from_slice(data);
                 let mut done = 0;
-                let c0 = std::time::Instant::now();
+                let c0 = crate::cpu::now();
                 let mut cuts = Vec::new();
                 for chunk in fastcdc::v2020::FastCDC::new(pending, *min, *avg, *max) {
                     let end = chunk.offset + chunk.length;
@@ -146,7 +146,7 @@ impl Chunker {
                     cuts.push((chunk.offset, chunk.length));
                     done = end;
                 }
-                let chunking = c0.elapsed();
+                let chunking = crate::cpu::now().saturating_sub(c0);
                 for (off, len) in cuts {
                     emit(Piece::Bytes(&pending[off..off + len]));
                 }

@@ -19,7 +19,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use zstd::zstd_safe::{CCtx, CParameter};
 
@@ -173,35 +173,11 @@ impl Resemblance {
         if chunk.len() < MIN_CHUNK {
             return;
         }
-        let t0 = Instant::now();
+        let t0 = crate::cpu::now();
         let sf = super_features(chunk);
         let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let base_id = {
-            let mut f = self.features.lock().unwrap_or_else(|e| e.into_inner());
-            let found = sf.iter().find_map(|s| f.get(s).copied());
-            for s in sf {
-                f.entry(s).or_insert(id);
-            }
-            found
-        };
-        if let Some(b) = base_id {
-            let base = self
-                .store
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .chunks
-                .get(&b)
-                .cloned();
-            match base {
-                Some(base) => {
-                    counts.similar_chunks += 1;
-                    counts.similar_bytes += chunk.len() as u64;
-                    counts.delta_bytes += zstd_size(chunk, Some(&base));
-                    counts.alone_bytes += zstd_size(chunk, None);
-                }
-                None => counts.base_evicted += 1,
-            }
-        }
+        // Keep the chunk before publishing its features, so another reader
+        // never finds an id whose bytes are not stored yet.
         if self.memory > 0 {
             let mut s = self.store.lock().unwrap_or_else(|e| e.into_inner());
             s.chunks.insert(id, chunk.into());
@@ -216,7 +192,32 @@ impl Resemblance {
                 }
             }
         }
-        counts.time += t0.elapsed();
+        // Each super-feature names the newest chunk that had it: in a chain
+        // of versions, the previous version is the likeliest still kept.
+        let candidates: Vec<u64> = {
+            let mut f = self.features.lock().unwrap_or_else(|e| e.into_inner());
+            let found = sf.iter().filter_map(|s| f.get(s).copied()).collect();
+            for s in sf {
+                f.insert(s, id);
+            }
+            found
+        };
+        if !candidates.is_empty() {
+            let base = {
+                let s = self.store.lock().unwrap_or_else(|e| e.into_inner());
+                candidates.iter().find_map(|b| s.chunks.get(b).cloned())
+            };
+            match base {
+                Some(base) => {
+                    counts.similar_chunks += 1;
+                    counts.similar_bytes += chunk.len() as u64;
+                    counts.delta_bytes += zstd_size(chunk, Some(&base));
+                    counts.alone_bytes += zstd_size(chunk, None);
+                }
+                None => counts.base_evicted += 1,
+            }
+        }
+        counts.time += crate::cpu::now().saturating_sub(t0);
     }
 }
 
@@ -252,6 +253,21 @@ mod tests {
         assert_eq!(c.similar_bytes, 8192);
         assert!(c.delta_bytes < 200, "{c:?}");
         assert!(c.alone_bytes >= 8000, "{c:?}");
+    }
+
+    #[test]
+    fn a_chain_of_versions_finds_the_previous_version_within_a_small_budget() {
+        // Each version edits the last one; only two chunks fit in memory.
+        let r = Resemblance::new(2 * 8192);
+        let mut c = DeltaCounts::default();
+        let mut v = random(8192, 7);
+        r.add(&v, &mut c);
+        for i in 0..9 {
+            v[500 + i * 700] ^= 0xff;
+            r.add(&v, &mut c);
+        }
+        assert_eq!(c.base_evicted, 0, "{c:?}");
+        assert!(c.similar_chunks >= 8, "{c:?}");
     }
 
     #[test]

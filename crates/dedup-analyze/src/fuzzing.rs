@@ -13,7 +13,7 @@ pub fn analyze_tar(data: &[u8]) {
         .collect();
     let mut a = Analysis::new(algorithms, HashAlgo::Blake3);
     a.measure_delta(1 << 20);
-    a.run_tar(data);
+    a.run_tar(std::path::Path::new("fuzz input"), data);
     let r = report(&a);
     for x in &r.algorithms {
         assert_eq!(x.logical_bytes, r.bytes, "{}", x.label);

@@ -7,6 +7,7 @@
 pub mod algo;
 pub mod analysis;
 pub mod chunker;
+pub mod cpu;
 pub mod delta;
 pub mod fuzzing;
 pub mod index;
@@ -15,7 +16,9 @@ pub mod report;
 pub mod sample;
 #[cfg(test)]
 mod testdata;
+pub mod walk;
 
 pub use algo::Algorithm;
-pub use analysis::{input_len, walk, Analysis, Codec};
+pub use analysis::{input_len, Analysis, Codec};
 pub use report::{report, Report};
+pub use walk::{walk, walk_parallel};

@@ -75,8 +75,12 @@ pub struct DeltaReport {
     pub base_evicted: u64,
     /// Distinct bytes with the similar chunks stored as deltas.
     pub stored_bytes: u64,
-    /// logical / stored: deduplication and delta together.
+    /// logical / stored: deduplication and delta together. The deltas are
+    /// zstd-compressed, the other distinct chunks are not; so compare with
+    /// `fold_factor_zstd_alone` (the similar chunks compressed by zstd
+    /// without their base) to see what the base itself gains.
     pub fold_factor: f64,
+    pub fold_factor_zstd_alone: f64,
     pub cpu_s: f64,
 }
 
@@ -96,6 +100,8 @@ pub struct Report {
     pub bytes: u64,
     pub skipped: u64,
     pub first_skipped: Vec<String>,
+    /// Symbolic links inside directories, not followed.
+    pub symlinks_not_followed: u64,
     pub elapsed_s: f64,
     /// Stopped early: the numbers cover what was read.
     pub interrupted: bool,
@@ -108,8 +114,14 @@ pub struct Report {
     pub sample_rate: u64,
     /// Confidence of the sampling bounds.
     pub sample_confidence: f64,
+    /// Set when too few distinct chunks were sampled for the bound to be
+    /// trusted.
+    pub sample_warning: Option<String>,
     pub algorithms: Vec<AlgoReport>,
 }
+
+/// Fewest sampled distinct chunks for the normal bound to hold.
+pub const MIN_SAMPLED: u64 = 200;
 
 fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 {
@@ -145,10 +157,13 @@ fn algo_report(a: &Algorithm, c: &Counts, an: &Analysis) -> AlgoReport {
         logical_bytes: c.logical_bytes,
         unique_bytes: unique.round() as u64,
         fold_factor,
+        // The distinct bytes are at least those sampled (known exactly)
+        // and at most the logical bytes.
         fold_factor_range: an.sample.is_sampling().then(|| {
+            let exact = c.unique_bytes as f64;
             [
-                fold(logical, (unique + bound).min(logical)),
-                fold(logical, (unique - bound).max(1.0)),
+                fold(logical, (unique + bound).min(logical).max(exact)),
+                fold(logical, (unique - bound).max(exact).max(1.0)),
             ]
         }),
         unique_bytes_bound: an.sample.is_sampling().then_some(bound.round() as u64),
@@ -199,7 +214,8 @@ fn algo_report(a: &Algorithm, c: &Counts, an: &Analysis) -> AlgoReport {
         delta: (an.measures_delta() && *a != Algorithm::Wfh && !an.sample.is_sampling()).then(
             || {
                 let d = &c.delta;
-                let stored = c.unique_bytes - d.similar_bytes + d.delta_bytes;
+                let others = c.unique_bytes.saturating_sub(d.similar_bytes);
+                let stored = others + d.delta_bytes;
                 DeltaReport {
                     similar_chunks: d.similar_chunks,
                     similar_bytes: d.similar_bytes,
@@ -208,6 +224,7 @@ fn algo_report(a: &Algorithm, c: &Counts, an: &Analysis) -> AlgoReport {
                     base_evicted: d.base_evicted,
                     stored_bytes: stored,
                     fold_factor: fold(logical, stored as f64),
+                    fold_factor_zstd_alone: fold(logical, (others + d.alone_bytes) as f64),
                     cpu_s: d.time.as_secs_f64(),
                 }
             },
@@ -222,6 +239,7 @@ pub fn report(a: &Analysis) -> Report {
         bytes: t.bytes,
         skipped: t.skipped,
         first_skipped: t.first_skipped,
+        symlinks_not_followed: t.symlinks,
         elapsed_s: t.elapsed.as_secs_f64(),
         interrupted: t.interrupted,
         hash: format!("{:?}", a.hash).to_lowercase(),
@@ -230,6 +248,19 @@ pub fn report(a: &Analysis) -> Report {
         analyzer_bytes_per_chunk: BYTES_PER_ENTRY,
         sample_rate: a.sample.rate(),
         sample_confidence: 0.99,
+        sample_warning: {
+            let fewest = a
+                .counts()
+                .iter()
+                .map(|c| c.unique_chunks)
+                .min()
+                .unwrap_or(0);
+            (a.sample.is_sampling() && fewest < MIN_SAMPLED).then(|| {
+                format!(
+                    "only {fewest} distinct chunks were sampled (fewer than {MIN_SAMPLED}): the estimates and their bounds are unreliable; use a lower --sample rate"
+                )
+            })
+        },
         algorithms: a
             .algorithms
             .iter()
@@ -249,12 +280,17 @@ pub fn table(r: &Report) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{} files, {} read in {:.1} s{}{}",
+        "{} files, {} read in {:.1} s{}{}{}",
         r.files,
         size(r.bytes),
         r.elapsed_s,
         if r.skipped > 0 {
             format!(", {} skipped (see below)", r.skipped)
+        } else {
+            String::new()
+        },
+        if r.symlinks_not_followed > 0 {
+            format!(", {} symbolic links not followed", r.symlinks_not_followed)
         } else {
             String::new()
         },
@@ -316,6 +352,9 @@ pub fn table(r: &Report) -> String {
             a.reads_per_file.map_or("-".into(), |v| format!("{v:.1}"))
         );
     }
+    if let Some(w) = &r.sample_warning {
+        let _ = writeln!(o, "\nwarning: {w}");
+    }
     if r.sample_rate > 1 {
         let _ = writeln!(
             o,
@@ -346,13 +385,14 @@ pub fn table(r: &Report) -> String {
             let Some(d) = &a.delta else { continue };
             let _ = writeln!(
                 o,
-                "  {:<14} {} similar chunks ({}) → {} as deltas ({} by zstd alone); fold {:.2}×; {:.1} CPU s{}",
+                "  {:<14} {} similar chunks ({}) → {} as deltas ({} by zstd alone); fold {:.2}× ({:.2}× with zstd alone); {:.1} CPU s{}",
                 a.label,
                 d.similar_chunks,
                 size(d.similar_bytes),
                 size(d.delta_bytes),
                 size(d.zstd_alone_bytes),
                 d.fold_factor,
+                d.fold_factor_zstd_alone,
                 d.cpu_s,
                 if d.base_evicted > 0 {
                     format!("; {} matches lost to the memory bound (raise --delta-memory)", d.base_evicted)

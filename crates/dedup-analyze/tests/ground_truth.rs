@@ -160,7 +160,7 @@ fn a_tar_stream_counts_as_its_files_and_one_ending_early_is_reported() {
             vec![Algorithm::Wfh, Algorithm::parse("fbh:4k").unwrap()],
             HashAlgo::Blake3,
         );
-        a.run_tar(bytes);
+        a.run_tar(std::path::Path::new("stream.tar"), bytes);
         report(&a)
     };
     let r = analyse_tar(&tar);
@@ -319,4 +319,50 @@ fn a_sampled_estimate_falls_within_its_stated_bound() {
         assert_eq!(s.logical_bytes, exact.logical_bytes);
         assert!(s.reads_per_file.is_none());
     }
+}
+
+#[test]
+fn a_sample_too_small_is_flagged_and_its_bounds_stay_sane() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "f", &random(400_000, 77));
+    let mut a = Analysis::new(vec![Algorithm::parse("fbh:4k").unwrap()], HashAlgo::Blake3);
+    a.sample = dedup_analyze::sample::Sampling::new(1_000_000).unwrap();
+    let files = walk(&[d.path().to_path_buf()], &mut |p, why| a.skip(p, why));
+    a.run(&files, 1);
+    let r = report(&a);
+    assert!(r.sample_warning.is_some());
+    let f = get(&r, "fbh-4K");
+    let [lo, hi] = f.fold_factor_range.unwrap();
+    // Distinct bytes lie between those sampled and all the bytes.
+    assert!(lo >= 1.0 && lo <= hi, "{lo} {hi}");
+    assert!(f.space_saved >= 0.0 && f.space_saved <= 1.0);
+}
+
+#[test]
+fn cpu_seconds_are_cpu_time_even_with_more_readers_than_cores() {
+    let d = tempfile::tempdir().unwrap();
+    for i in 0..16 {
+        write(d.path(), &format!("f{i}"), &random(2 << 20, 300 + i));
+    }
+    let started = std::time::Instant::now();
+    let r = {
+        let a = Analysis::new(
+            vec![Algorithm::parse("rabin:8k").unwrap()],
+            HashAlgo::Blake3,
+        );
+        let files = walk(&[d.path().to_path_buf()], &mut |p, why| a.skip(p, why));
+        a.run(&files, 32);
+        report(&a)
+    };
+    let wall = started.elapsed().as_secs_f64();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let x = get(&r, "rabin-8K");
+    let cpu = x.chunk_cpu_s + x.hash_cpu_s;
+    // 32 readers on a few cores: wall-clock timers would add up to many
+    // times the wall time; CPU time cannot exceed wall × cores.
+    assert!(
+        cpu <= wall * cores * 1.05 + 0.05,
+        "cpu {cpu} s, wall {wall} s, {cores} cores"
+    );
+    assert!(cpu > 0.0);
 }

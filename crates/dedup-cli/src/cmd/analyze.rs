@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use dedup_analyze::{report, walk, Algorithm, Analysis, Codec};
+use dedup_analyze::{report, Algorithm, Analysis, Codec};
 use dedup_core::fingerprint::HashAlgo;
 
 use super::print_json;
@@ -67,6 +67,20 @@ pub struct Args {
     pub csv: bool,
 }
 
+/// The compressor a stream starts with (by magic number), if any.
+fn compressed_with(input: &mut impl std::io::BufRead) -> Option<&'static str> {
+    let head = input.fill_buf().ok()?;
+    [
+        (&[0x1f, 0x8b][..], "gzip"),
+        (b"BZh", "bzip2"),
+        (&[0xfd, b'7', b'z', b'X', b'Z'][..], "xz"),
+        (&[0x28, 0xb5, 0x2f, 0xfd][..], "zstd"),
+    ]
+    .into_iter()
+    .find(|(magic, _)| head.starts_with(magic))
+    .map(|(_, tool)| tool)
+}
+
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let algorithms: Vec<Algorithm> = match &a.algorithms {
         Some(list) => list
@@ -95,11 +109,32 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             .map_err(|e| anyhow::anyhow!("--delta-memory `{}`: {e}", a.delta_memory))?;
         analysis.measure_delta(memory);
     }
+    if analysis.algorithms.iter().all(|x| *x == Algorithm::Wfh)
+        && (a.delta || !analysis.codecs.is_empty())
+    {
+        eprintln!("note: --delta and --compression apply to chunks, not to whole files (wfh): add fbh, rabin or fastcdc algorithms to see them");
+    }
+    if a.plot.is_some()
+        && analysis
+            .algorithms
+            .iter()
+            .all(|x| x.nominal_size().is_none())
+    {
+        bail!("--plot draws against chunk size: add at least one fbh, rabin or fastcdc algorithm");
+    }
     let analysis = Arc::new(analysis);
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
     let files = if a.tar {
         Vec::new()
     } else {
-        walk(&a.paths, &mut |p, why| analysis.skip(p, why))
+        let (walked, skipped) = dedup_analyze::walk_parallel(&a.paths, threads);
+        for (p, why) in skipped {
+            analysis.skip(&p, why);
+        }
+        analysis.note_symlinks(walked.symlinks);
+        walked.files
     };
     let sizes = |paths: &[PathBuf]| -> u64 {
         paths
@@ -116,14 +151,20 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     } else {
         sizes(&files)
     };
-    // Ctrl-C: stop reading and report what was read.
+    // Ctrl-C: stop reading and report what was read; a second one (or
+    // SIGTERM after it) ends at once.
     let stopper = analysis.clone();
     let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])
         .context("installing signal handlers")?;
     let handle = signals.handle();
     std::thread::spawn(move || {
-        if signals.forever().next().is_some() {
-            stopper.stop.store(true, Ordering::Relaxed);
+        for (n, _) in signals.forever().enumerate() {
+            if n == 0 {
+                stopper.stop.store(true, Ordering::Relaxed);
+                eprintln!("\nstopping: the report covers what was read (again to quit at once)");
+            } else {
+                std::process::exit(130);
+            }
         }
     });
     let bar = indicatif::ProgressBar::new(total).with_style(
@@ -132,48 +173,68 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         )?
         .progress_chars("=> "),
     );
-    let threads = a
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
     std::thread::scope(|s| {
         let worker = s.spawn(|| {
             if !a.tar {
                 return analysis.run(&files, threads);
             }
             for p in &a.paths {
-                if p.as_os_str() == "-" {
-                    analysis.run_tar(std::io::stdin().lock());
+                let input: Box<dyn std::io::Read> = if p.as_os_str() == "-" {
+                    Box::new(std::io::stdin().lock())
+                } else {
+                    match std::fs::File::open(p) {
+                        Ok(f) => Box::new(f),
+                        Err(e) => {
+                            analysis.skip(p, e.to_string());
+                            continue;
+                        }
+                    }
+                };
+                let mut input = std::io::BufReader::with_capacity(1 << 20, input);
+                if let Some(tool) = compressed_with(&mut input) {
+                    analysis.skip(
+                        p,
+                        format!("a {tool}-compressed stream, not a tar stream: decompress it first, e.g. `{tool} -dc FILE | dedup analyze --tar -`"),
+                    );
                     continue;
                 }
-                match std::fs::File::open(p) {
-                    Ok(f) => analysis.run_tar(std::io::BufReader::with_capacity(1 << 20, f)),
-                    Err(e) => analysis.skip(p, e.to_string()),
-                }
+                analysis.run_tar(p, input);
             }
         });
         while !worker.is_finished() {
             bar.set_position(analysis.bytes_read.load(Ordering::Relaxed));
-            bar.set_message(format!(
-                "{}/{} files",
-                analysis.files_read.load(Ordering::Relaxed),
-                files.len()
-            ));
+            bar.set_message(if a.tar {
+                format!("{} files", analysis.files_read.load(Ordering::Relaxed))
+            } else {
+                format!(
+                    "{}/{} files",
+                    analysis.files_read.load(Ordering::Relaxed),
+                    files.len()
+                )
+            });
             std::thread::sleep(Duration::from_millis(50));
         }
     });
     bar.finish_and_clear();
     handle.close();
     let r = report(&analysis);
-    if let Some(p) = &a.plot {
-        super::analyze_plot::draw(p, &r)?;
-        eprintln!("plot written to {}", p.display());
-    }
     if a.json {
         print_json(&r)?;
     } else if a.csv {
         print!("{}", dedup_analyze::report::csv(&r));
     } else {
         print!("{}", dedup_analyze::report::table(&r));
+    }
+    // The report is out first: a plot that cannot be drawn loses nothing.
+    if let Some(p) = &a.plot {
+        super::analyze_plot::draw(p, &r)?;
+        eprintln!("plot written to {}", p.display());
+    }
+    if r.bytes == 0 && r.files == 0 {
+        eprintln!(
+            "error: no data read: the inputs hold no readable regular files (see the skipped list)"
+        );
+        return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
 }
