@@ -17,8 +17,12 @@ run() {
 for t in nbdcopy qemu-io fio lifecycle ext4 bench replay analyze; do
     run inram "$t"
 done
-for backend in disktable cowbtree lsm; do
+for backend in disktable cowbtree lsm thin; do
     for t in nbdcopy qemu-io fio ext4 crash-kill replay; do
         run "$backend" "$t"
     done
+done
+# ordered runs thin's code with another write order: the data paths once.
+for t in nbdcopy fio ext4; do
+    run ordered "$t"
 done

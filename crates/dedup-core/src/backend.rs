@@ -192,6 +192,10 @@ pub trait MetadataBackend: Send {
 
     fn usage(&self) -> BackendUsage;
     fn io_stats(&self) -> MetaIoStats;
+    /// Figures particular to this backend, for `dedup status`.
+    fn backend_stats(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
 
     // ---- data placement (only backends whose traits say `places_data`) ----
 

@@ -123,6 +123,10 @@ pub struct Stats {
     /// Bytes clients wrote per byte written to the data device (I/O dedup ratio).
     pub io_dedup_ratio: f64,
     pub metadata_io: MetaIoStats,
+    /// Figures particular to the backend (thin: windows, C-blocks, entries
+    /// embedded, metadata blocks, recovery), by name.
+    #[serde(default)]
+    pub backend_stats: std::collections::BTreeMap<String, u64>,
 }
 
 pub(crate) fn ratio(num: u64, den: u64) -> f64 {

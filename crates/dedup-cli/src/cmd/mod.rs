@@ -3,6 +3,7 @@
 pub mod analyze;
 mod analyze_plot;
 pub mod bench;
+pub mod bench_thin;
 pub mod check;
 pub mod create;
 pub mod gc;

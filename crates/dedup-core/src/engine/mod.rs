@@ -226,9 +226,9 @@ impl Device {
     }
 
     pub fn stats(&self) -> Stats {
-        let (usage, io, name) = {
+        let (usage, io, name, extra) = {
             let m = self.meta.lock();
-            (m.usage(), m.io_stats(), m.name())
+            (m.usage(), m.io_stats(), m.name(), m.backend_stats())
         };
         let counters = self.counters.snapshot();
         let cs = self.cfg.chunk_size as u64;
@@ -253,6 +253,7 @@ impl Device {
             io_dedup_ratio: ratio(counters.bytes_written, counters.data_bytes_written),
             counters,
             metadata_io: io,
+            backend_stats: extra.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
         }
     }
 

@@ -875,6 +875,32 @@ impl MetadataBackend for Thin {
         u
     }
 
+    fn backend_stats(&self) -> Vec<(&'static str, u64)> {
+        let s = &self.stats;
+        let mut v = vec![
+            ("windows", s.windows),
+            ("c_blocks_written", s.c_blocks),
+            ("plain_blocks_written", s.u_blocks),
+            ("metadata_blocks_written", s.meta_blocks),
+            ("entries", s.entries),
+            ("entries_embedded", s.entries_embedded),
+            ("zone_records_written", s.zone_records),
+            ("area_commits", s.area_commits),
+            ("windows_ended_by_area_commit", s.windows_via_commit),
+            ("uncommitted_c_zones", self.zones.uncommitted().len() as u64),
+        ];
+        if let Some((r, t)) = &self.recovery {
+            v.extend([
+                ("recovery_us", t.as_micros() as u64),
+                ("recovery_entries", r.entries),
+                ("recovery_applied", r.applied),
+                ("recovery_not_written", r.not_written),
+                ("recovery_chunks_verified", r.chunks_verified),
+            ]);
+        }
+        v
+    }
+
     fn io_stats(&self) -> MetaIoStats {
         let mut s = self.inner.io_stats();
         s.writes += self.meta_io.writes;

@@ -68,7 +68,9 @@ pub struct Zone {
     pub committed_ts: u64,
     /// One bit per block: in use.
     pub bitmap: Vec<u8>,
-    /// One bit per block: holds a C-block (set only for blocks in use).
+    /// One bit per block: the block holds (or, once freed, last held) a
+    /// C-block. Kept after a free so a check can still read a block whose
+    /// counts were lost; set again by the next allocation.
     pub cblocks: Vec<u8>,
 }
 
@@ -288,10 +290,10 @@ impl Zones {
             .map(|(_, z)| z)
     }
 
-    /// Whether the block at `pbn` holds a C-block.
+    /// Whether the block at `pbn` holds (or last held) a C-block.
     pub fn is_cblock(&self, pbn: u64) -> bool {
         let (z, i) = self.locate(pbn);
-        z < self.zones.len() && self.zones[z].used(i) && self.zones[z].is_c(i)
+        z < self.zones.len() && self.zones[z].is_c(i)
     }
 
     /// A block's last reference went away: its space is free again.
@@ -300,7 +302,6 @@ impl Zones {
         if self.zones[z].used(i) {
             self.mark_dirty(z, changes);
             self.zones[z].set(i, false);
-            self.zones[z].set_c(i, false);
         }
     }
 
@@ -356,9 +357,6 @@ impl Zones {
         let n = self.zone_blocks / 8;
         let bitmap = b[12..12 + n].to_vec();
         let cblocks = b[12 + n..12 + 2 * n].to_vec();
-        if cblocks.iter().zip(&bitmap).any(|(c, u)| c & !u != 0) {
-            return Err(bad("C-blocks marked on blocks not in use".into()));
-        }
         let size = self.size(z);
         let zone = Zone {
             status,
@@ -469,8 +467,10 @@ mod tests {
         assert!(!z.is_cblock(2) && !z.is_cblock(16));
         // Zone 0 still holds C-blocks: recovery must keep scanning it.
         assert_eq!(z.zone(0).status, Status::UncommittedC);
-        // Freed blocks lose their kind.
+        // A freed block keeps its kind until allocated again.
         z.free(0, &mut ch);
+        assert!(z.is_cblock(0));
+        assert_eq!(z.alloc(Kind::U, 1, &mut ch), vec![0]);
         assert!(!z.is_cblock(0));
         // The bits survive a record round trip.
         let rec = z.encode(0, true);
