@@ -32,8 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::cblock::{self, Entry};
-use super::replay::{self, ReplayReport, UNMAPPED};
-use super::window;
+use super::replay::{ReplayReport, UNMAPPED};
 use super::zones::{Changes, Kind, Zones};
 use crate::backend::{
     BackendTraits, BackendUsage, DataLocation, MetaIoStats, MetadataBackend, ScanCursor,
@@ -49,20 +48,20 @@ pub const THIN: &str = "thin";
 pub const ORDERED: &str = "ordered";
 pub const IDEAL: &str = "ideal";
 
-const BLOCK: usize = 4096;
+pub(super) const BLOCK: usize = 4096;
 const HEADER_MAGIC: &[u8; 8] = b"DDTHIN01";
 /// Blocks per zone, at most; small devices get smaller zones so both kinds
 /// find room (at least 64 zones, at least 8 blocks each).
 const ZONE_BLOCKS_MAX: usize = 256;
 
-fn zone_blocks(cfg: &DeviceConfig) -> usize {
+pub(super) fn zone_blocks(cfg: &DeviceConfig) -> usize {
     let per = (cfg.physical_chunks / 64) as usize;
     (per / 8 * 8).clamp(8, ZONE_BLOCKS_MAX)
 }
 /// Metadata blocks in the log (a ring; a commit empties it).
-const LOG_BLOCKS: u64 = 1024;
+pub(super) const LOG_BLOCKS: u64 = 1024;
 /// Windows between commits of the structured area.
-const COMMIT_WINDOWS: u64 = 64;
+pub(super) const COMMIT_WINDOWS: u64 = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
@@ -109,11 +108,11 @@ impl Default for WindowParams {
 /// Where thin's own areas start on the metadata device: after the
 /// structured area.
 #[derive(Clone, Copy, Debug)]
-struct Layout {
-    header: u64,
-    zones: u64,
-    log: u64,
-    end: u64,
+pub(super) struct Layout {
+    pub(super) header: u64,
+    pub(super) zones: u64,
+    pub(super) log: u64,
+    pub(super) end: u64,
 }
 
 impl Layout {
@@ -187,9 +186,9 @@ pub fn format(
     meta.sync()
 }
 
-struct Staged {
-    raw: Arc<[u8]>,
-    lz4: Option<Vec<u8>>,
+pub(super) struct Staged {
+    pub(super) raw: Arc<[u8]>,
+    pub(super) lz4: Option<Vec<u8>>,
 }
 
 /// What thin wrote, for status and the benchmark.
@@ -208,35 +207,35 @@ pub struct ThinStats {
 }
 
 pub struct Thin {
-    policy: Policy,
-    inner: Box<dyn MetadataBackend>,
-    cfg: DeviceConfig,
-    meta: Arc<dyn BlockFile>,
-    data: Option<Arc<dyn BlockFile>>,
-    layout: Layout,
-    window: WindowParams,
-    zones: Zones,
-    staged: BTreeMap<Pbn, Staged>,
-    entries: Vec<Entry>,
-    window_started: Option<Instant>,
-    ts: u64,
+    pub(super) policy: Policy,
+    pub(super) inner: Box<dyn MetadataBackend>,
+    pub(super) cfg: DeviceConfig,
+    pub(super) meta: Arc<dyn BlockFile>,
+    pub(super) data: Option<Arc<dyn BlockFile>>,
+    pub(super) layout: Layout,
+    pub(super) window: WindowParams,
+    pub(super) zones: Zones,
+    pub(super) staged: BTreeMap<Pbn, Staged>,
+    pub(super) entries: Vec<Entry>,
+    pub(super) window_started: Option<Instant>,
+    pub(super) ts: u64,
     /// Freed since the last commit of the structured area.
-    quarantine: Vec<Pbn>,
-    log_next: u64,
-    log_used: u64,
-    windows_since_commit: u64,
+    pub(super) quarantine: Vec<Pbn>,
+    pub(super) log_next: u64,
+    pub(super) log_used: u64,
+    pub(super) windows_since_commit: u64,
     /// A change recovery could not replay (a mapping without fingerprint):
     /// the next window commits the structured area.
-    must_commit: bool,
+    pub(super) must_commit: bool,
     /// Not closed cleanly: recovery runs once the data device is attached.
-    unclean: bool,
-    writable: bool,
-    stats: ThinStats,
-    meta_io: MetaIoStats,
+    pub(super) unclean: bool,
+    pub(super) writable: bool,
+    pub(super) stats: ThinStats,
+    pub(super) meta_io: MetaIoStats,
     pub recovery: Option<(ReplayReport, Duration)>,
 }
 
-fn zone_record_at(l: &Layout, z: usize) -> u64 {
+pub(super) fn zone_record_at(l: &Layout, z: usize) -> u64 {
     l.zones + z as u64 * BLOCK as u64
 }
 
@@ -316,30 +315,30 @@ pub fn open(
 impl Thin {
     /// The timestamp the structured area was last committed with (saved
     /// as the last of the engine's counters).
-    fn commit_ts(&self) -> u64 {
+    pub(super) fn commit_ts(&self) -> u64 {
         self.inner.saved_counters().last().copied().unwrap_or(0)
     }
 
-    fn data(&self) -> Result<&Arc<dyn BlockFile>> {
+    pub(super) fn data(&self) -> Result<&Arc<dyn BlockFile>> {
         self.data
             .as_ref()
             .ok_or_else(|| Error::Unsupported("thin: the data device is not attached".into()))
     }
 
-    fn meta_write(&mut self, b: &[u8], at: u64) -> Result<()> {
+    pub(super) fn meta_write(&mut self, b: &[u8], at: u64) -> Result<()> {
         self.meta.write_at(b, at)?;
         self.meta_io.writes += 1;
         self.meta_io.bytes_written += b.len() as u64;
         Ok(())
     }
 
-    fn meta_sync(&mut self) -> Result<()> {
+    pub(super) fn meta_sync(&mut self) -> Result<()> {
         self.meta.sync()?;
         self.meta_io.syncs += 1;
         Ok(())
     }
 
-    fn write_zone(&mut self, z: usize, clean: bool) -> Result<()> {
+    pub(super) fn write_zone(&mut self, z: usize, clean: bool) -> Result<()> {
         let mut b = self.zones.encode(z, clean);
         b.resize(BLOCK, 0);
         let at = zone_record_at(&self.layout, z);
@@ -349,7 +348,7 @@ impl Thin {
 
     /// Zone records that must be on disk before the blocks they cover are
     /// written: written and flushed now (once per zone per commit period).
-    fn persist_changes(&mut self, changes: Changes) -> Result<()> {
+    pub(super) fn persist_changes(&mut self, changes: Changes) -> Result<()> {
         if changes.now.is_empty() {
             return Ok(());
         }
@@ -359,120 +358,7 @@ impl Thin {
         self.meta_sync()
     }
 
-    /// The bytes of the chunk stored at `pbn` whose fingerprint starts
-    /// with `fp`, and whether it is a C-block; `None` if neither reading of
-    /// the block (as a C-block, as a plain chunk) matches. Recovery cannot
-    /// always know from the zone record which one a block allocated since
-    /// the last commit is, so it lets the fingerprint decide: a block
-    /// cannot match both.
-    fn read_stored(&self, pbn: Pbn, fp: &[u8; 16]) -> Option<(Vec<u8>, bool)> {
-        let data = self.data.as_ref()?;
-        let mut b = vec![0u8; self.cfg.chunk_size as usize];
-        data.read_at(&mut b, self.cfg.pbn_offset(pbn)).ok()?;
-        let hash = self.cfg.hash;
-        let matches = |c: &[u8]| hash.fingerprint(c).0[..16] == fp[..];
-        if let Ok((chunk, _)) = cblock::open(&b) {
-            if chunk.len() == b.len() && matches(&chunk) {
-                return Some((chunk, true));
-            }
-        }
-        matches(&b).then_some((b, false))
-    }
-
-    /// After a crash: the entries of uncommitted C-zones and of the log,
-    /// replayed on the structured area; then bitmaps of dirty zones rebuilt
-    /// and everything committed.
-    fn recover(&mut self) -> Result<()> {
-        let started = Instant::now();
-        let data = self.data()?.clone();
-        let commit_ts = self.commit_ts();
-        let mut entries = Vec::new();
-        let mut b = vec![0u8; self.cfg.chunk_size as usize];
-        for z in self.zones.uncommitted() {
-            let zb = zone_blocks(&self.cfg) as u64;
-            let first = z as u64 * zb;
-            let last = (first + zb).min(self.cfg.physical_chunks);
-            for pbn in first..last {
-                data.read_at(&mut b, self.cfg.pbn_offset(pbn))?;
-                if let Ok((_, es)) = cblock::open(&b) {
-                    entries.extend(es);
-                }
-            }
-        }
-        let mut b = vec![0u8; BLOCK];
-        for i in 0..LOG_BLOCKS {
-            self.meta
-                .read_at(&mut b, self.layout.log + i * BLOCK as u64)?;
-            if let Ok(es) = window::open_mblock(&b) {
-                entries.extend(es);
-            }
-        }
-        let newest = entries.iter().map(|e| e.timestamp).max().unwrap_or(0);
-        let hash = self.cfg.hash;
-        // Entries naming PBNs or LBNs beyond the device are damage: never
-        // applied.
-        entries.retain(|e| e.pbn == UNMAPPED || e.pbn < self.cfg.physical_chunks);
-        entries.retain(|e| e.lbn < self.cfg.logical_chunks());
-        // Each entry's chunk, read once (every entry naming a PBN since the
-        // commit names the same content: see `replay`).
-        let mut reads: BTreeMap<Pbn, Option<(Vec<u8>, bool)>> = BTreeMap::new();
-        for e in entries
-            .iter()
-            .filter(|e| e.timestamp > commit_ts && e.pbn != UNMAPPED)
-        {
-            if let std::collections::btree_map::Entry::Vacant(v) = reads.entry(e.pbn) {
-                v.insert(self.read_stored(e.pbn, &e.fp));
-            }
-        }
-        let report = replay::replay(self.inner.as_mut(), entries, commit_ts, hash, &mut |p| {
-            reads.get(&p).cloned().flatten().map(|(c, _)| c)
-        })?;
-        self.ts = self.ts.max(newest).max(commit_ts);
-        // Dirty zones: the bitmaps are what the counts say now, C-blocks as
-        // the records or the reads above found them.
-        let found: BTreeMap<Pbn, bool> = reads
-            .iter()
-            .filter_map(|(&p, r)| r.as_ref().map(|(_, c)| (p, *c)))
-            .collect();
-        self.rebuild_bitmaps(self.zones.dirty(), &found)?;
-        self.commit_area()?;
-        self.recovery = Some((report, started.elapsed()));
-        tracing::info!(
-            "thin: recovered in {:.3} s: {:?}",
-            started.elapsed().as_secs_f64(),
-            self.recovery.as_ref().map(|r| &r.0)
-        );
-        Ok(())
-    }
-
-    /// Set these zones' bitmaps to the PBNs whose count is not zero.
-    /// `found`: blocks whose kind recovery read (C-block or not); the rest
-    /// keep what their zone record says.
-    fn rebuild_bitmaps(
-        &mut self,
-        zones: impl IntoIterator<Item = usize>,
-        found: &BTreeMap<Pbn, bool>,
-    ) -> Result<()> {
-        for z in zones {
-            let zb = zone_blocks(&self.cfg) as u64;
-            let first = z as u64 * zb;
-            let last = (first + zb).min(self.cfg.physical_chunks);
-            let mut used = Vec::new();
-            for pbn in first..last {
-                if self.inner.refcount_get(pbn)? > 0 {
-                    let c = found
-                        .get(&pbn)
-                        .copied()
-                        .unwrap_or_else(|| self.zones.is_cblock(pbn));
-                    used.push(((pbn - first) as usize, c));
-                }
-            }
-            self.zones.rebuild(z, used.into_iter());
-        }
-        Ok(())
-    }
-
-    fn entry(&mut self, lbn: Lbn, pbn: Pbn, fp: [u8; 16]) {
+    pub(super) fn entry(&mut self, lbn: Lbn, pbn: Pbn, fp: [u8; 16]) {
         self.ts += 1;
         self.entries.push(Entry {
             lbn,
@@ -481,196 +367,6 @@ impl Thin {
             timestamp: self.ts,
         });
         self.window_started.get_or_insert_with(Instant::now);
-    }
-
-    /// End the open window: write its blocks and entries as the policy
-    /// says, and make them durable.
-    fn close_window(&mut self) -> Result<()> {
-        if self.staged.is_empty() && self.entries.is_empty() {
-            return self.maybe_commit_area();
-        }
-        let data = self.data()?.clone();
-        let staged = std::mem::take(&mut self.staged);
-        let mut entries = std::mem::take(&mut self.entries);
-        self.window_started = None;
-        self.stats.windows += 1;
-        self.stats.entries += entries.len() as u64;
-        if self.policy == Policy::Ideal {
-            entries.clear();
-        }
-        // Embed entries in the window's C-blocks (thin only).
-        let mut blocks: Vec<(Pbn, Vec<u8>)> = Vec::with_capacity(staged.len());
-        for (&pbn, s) in &staged {
-            if self.zones.is_cblock(pbn) {
-                let c = cblock::Compressed::from_lz4(
-                    s.lz4.clone().expect("C-zone chunks compress"),
-                    s.raw.len(),
-                );
-                let take = if self.policy == Policy::Thin {
-                    c.capacity().min(entries.len())
-                } else {
-                    0
-                };
-                let carried: Vec<Entry> = entries.drain(..take).collect();
-                self.stats.entries_embedded += carried.len() as u64;
-                blocks.push((pbn, c.seal(&carried)));
-                self.stats.c_blocks += 1;
-            } else {
-                blocks.push((pbn, s.raw.to_vec()));
-                self.stats.u_blocks += 1;
-            }
-        }
-        // What did not fit: metadata blocks in the log. The log must not
-        // wrap over entries the structured area does not hold yet.
-        let per = window::mblock_capacity(BLOCK);
-        let mblocks = entries.len().div_ceil(per) as u64;
-        if self.log_used + mblocks > LOG_BLOCKS {
-            // The log is full: make this window's data durable, then commit
-            // the structured area, which holds every change made so far
-            // (this window's included), so its entries need no carrier.
-            self.write_blocks(&data, &blocks)?;
-            data.sync()?;
-            self.stats.windows_via_commit += 1;
-            return self.commit_area();
-        }
-        let mut meta_blocks = Vec::new();
-        for part in entries.chunks(per) {
-            let at = self.layout.log + self.log_next * BLOCK as u64;
-            meta_blocks.push((at, window::mblock(part, BLOCK)));
-            self.log_next = (self.log_next + 1) % LOG_BLOCKS;
-            self.log_used += 1;
-        }
-        let write_data = |blocks: &[(Pbn, Vec<u8>)]| self.write_blocks(&data, blocks);
-        match self.policy {
-            Policy::Thin => {
-                // No ordering: everything out, then one flush of each.
-                write_data(&blocks)?;
-                for (at, b) in &meta_blocks {
-                    self.meta_write(b, *at)?;
-                }
-                data.sync()?;
-                if !meta_blocks.is_empty() {
-                    self.meta_sync()?;
-                }
-            }
-            Policy::Ordered => {
-                write_data(&blocks)?;
-                data.sync()?;
-                for (at, b) in &meta_blocks {
-                    self.meta_write(b, *at)?;
-                }
-                if !meta_blocks.is_empty() {
-                    self.meta_sync()?;
-                }
-            }
-            Policy::Ideal => {
-                write_data(&blocks)?;
-                data.sync()?;
-            }
-        }
-        self.stats.meta_blocks += meta_blocks.len() as u64;
-        self.windows_since_commit += 1;
-        self.maybe_commit_area()
-    }
-
-    /// Commit the structured area when it is due: every `COMMIT_WINDOWS`
-    /// windows, when its cache fills, after a change recovery could not
-    /// replay, and when chunks were freed (garbage collection, which frees
-    /// chunks to make room: they become reusable only after a commit).
-    fn maybe_commit_area(&mut self) -> Result<()> {
-        if self.policy == Policy::Ideal {
-            // Metadata in memory only: freed chunks are reusable at once
-            // (after a crash the engine re-verifies every chunk anyway).
-            let mut changes = Changes::default();
-            for pbn in std::mem::take(&mut self.quarantine) {
-                self.zones.free(pbn, &mut changes);
-            }
-            if self.inner.wants_commit() {
-                self.commit_area()?;
-            }
-            return Ok(());
-        }
-        let due = self.inner.wants_commit()
-            || !self.quarantine.is_empty()
-            || (self.policy != Policy::Ideal
-                && (self.must_commit || self.windows_since_commit >= COMMIT_WINDOWS));
-        if due {
-            self.commit_area()?;
-        }
-        Ok(())
-    }
-
-    /// Data blocks out; consecutive PBNs in one write.
-    fn write_blocks(&self, data: &Arc<dyn BlockFile>, blocks: &[(Pbn, Vec<u8>)]) -> Result<()> {
-        let mut i = 0;
-        let mut buf = Vec::new();
-        while i < blocks.len() {
-            let mut j = i + 1;
-            while j < blocks.len() && blocks[j].0 == blocks[j - 1].0 + 1 {
-                j += 1;
-            }
-            buf.clear();
-            for (_, b) in &blocks[i..j] {
-                buf.extend_from_slice(b);
-            }
-            data.write_at(&buf, self.cfg.pbn_offset(blocks[i].0))?;
-            i = j;
-        }
-        Ok(())
-    }
-
-    /// Commit the structured area with the newest timestamp; then the
-    /// C-zones' entries are committed, the log is empty, and chunks freed
-    /// since the last commit become reusable.
-    fn commit_area(&mut self) -> Result<()> {
-        if !self.writable {
-            return Ok(());
-        }
-        // First the zones' bitmaps as they are (status unchanged): after a
-        // crash from here on, recovery knows every block allocated before
-        // this commit, C-blocks included, from the records.
-        let mut dirty = self.zones.dirty();
-        dirty.extend(self.zones.uncommitted());
-        dirty.sort_unstable();
-        dirty.dedup();
-        for &z in &dirty {
-            self.write_zone(z, false)?;
-        }
-        if !dirty.is_empty() {
-            self.meta_sync()?;
-        }
-        let mut counters = self.engine_counters();
-        counters.push(self.ts);
-        self.inner.save_counters(&counters);
-        self.inner.commit()?;
-        let mut changes = Changes::default();
-        for pbn in std::mem::take(&mut self.quarantine) {
-            self.zones.free(pbn, &mut changes);
-        }
-        let mut write: Vec<usize> = self.zones.uncommitted();
-        for &z in &write {
-            self.zones.committed(z, self.ts);
-        }
-        // Written clean with their bitmaps: zones that changed, and the
-        // C-zones just committed (so recovery stops scanning them).
-        write.extend(self.zones.dirty());
-        write.sort_unstable();
-        write.dedup();
-        for z in write {
-            self.write_zone(z, true)?;
-        }
-        self.meta_sync()?;
-        self.log_used = 0;
-        self.windows_since_commit = 0;
-        self.must_commit = false;
-        self.stats.area_commits += 1;
-        Ok(())
-    }
-
-    fn engine_counters(&self) -> Vec<u64> {
-        let mut c = self.inner.saved_counters();
-        c.pop();
-        c
     }
 
     pub fn thin_stats(&self) -> ThinStats {

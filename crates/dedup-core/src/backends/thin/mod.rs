@@ -3,17 +3,18 @@
 //! blocks of the same window, and fingerprints beside every mapping so
 //! data and metadata need no ordering flush.
 //!
-//! `backend` puts the parts together (with the `ordered` and `ideal`
-//! policies for comparison); it passes the model and power-cut suites and
-//! is not yet offered by `dedup create`. The parts:
-//! the compressed-block format (`cblock`) and the packing of a window's
-//! metadata into its blocks, with metadata blocks for what does not fit
-//! (`window`); zones with their status, free bitmaps and clean/dirty flags
-//! (`zones`); recovery by fingerprints, applying the entries written since
-//! the last commit on top of it (`replay`).
+//! `backend` is the `MetadataBackend` (with the `ordered` and `ideal`
+//! policies for comparison) on disktable's tables: placement, staging,
+//! entries. Its parts: the compressed-block format (`cblock`); packing a
+//! window's entries into its blocks, with metadata blocks for what does not
+//! fit (`window`); zones with their status, bitmaps and clean/dirty flags
+//! (`zones`); closing windows and committing the tables (`persist`);
+//! recovery by fingerprints (`replay`, driven by `recover`).
 
 pub mod backend;
 pub mod cblock;
+mod persist;
+mod recover;
 pub mod replay;
 pub mod window;
 pub mod zones;

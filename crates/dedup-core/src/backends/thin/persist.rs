@@ -1,0 +1,211 @@
+//! thin's writes: a window closed as its policy says (thin: C-blocks
+//! carrying the entries and metadata blocks, no ordering, one flush;
+//! ordered: data, flush, metadata, flush; ideal: data, flush), and the
+//! commits of the structured area that empty the log, commit the C-zones'
+//! entries and release the chunks freed since the last commit.
+
+use std::sync::Arc;
+
+use super::backend::{Policy, Thin, BLOCK, COMMIT_WINDOWS, LOG_BLOCKS};
+use super::cblock::{self, Entry};
+use super::window;
+use super::zones::Changes;
+use crate::blockfile::BlockFile;
+use crate::config::Pbn;
+use crate::error::Result;
+
+impl Thin {
+    /// End the open window: write its blocks and entries as the policy
+    /// says, and make them durable.
+    pub(super) fn close_window(&mut self) -> Result<()> {
+        if self.staged.is_empty() && self.entries.is_empty() {
+            return self.maybe_commit_area();
+        }
+        let data = self.data()?.clone();
+        let staged = std::mem::take(&mut self.staged);
+        let mut entries = std::mem::take(&mut self.entries);
+        self.window_started = None;
+        self.stats.windows += 1;
+        self.stats.entries += entries.len() as u64;
+        if self.policy == Policy::Ideal {
+            entries.clear();
+        }
+        // Embed entries in the window's C-blocks (thin only).
+        let mut blocks: Vec<(Pbn, Vec<u8>)> = Vec::with_capacity(staged.len());
+        for (&pbn, s) in &staged {
+            if self.zones.is_cblock(pbn) {
+                let c = cblock::Compressed::from_lz4(
+                    s.lz4.clone().expect("C-zone chunks compress"),
+                    s.raw.len(),
+                );
+                let take = if self.policy == Policy::Thin {
+                    c.capacity().min(entries.len())
+                } else {
+                    0
+                };
+                let carried: Vec<Entry> = entries.drain(..take).collect();
+                self.stats.entries_embedded += carried.len() as u64;
+                blocks.push((pbn, c.seal(&carried)));
+                self.stats.c_blocks += 1;
+            } else {
+                blocks.push((pbn, s.raw.to_vec()));
+                self.stats.u_blocks += 1;
+            }
+        }
+        // What did not fit: metadata blocks in the log. The log must not
+        // wrap over entries the structured area does not hold yet.
+        let per = window::mblock_capacity(BLOCK);
+        let mblocks = entries.len().div_ceil(per) as u64;
+        if self.log_used + mblocks > LOG_BLOCKS {
+            // The log is full: make this window's data durable, then commit
+            // the structured area, which holds every change made so far
+            // (this window's included), so its entries need no carrier.
+            self.write_blocks(&data, &blocks)?;
+            data.sync()?;
+            self.stats.windows_via_commit += 1;
+            return self.commit_area();
+        }
+        let mut meta_blocks = Vec::new();
+        for part in entries.chunks(per) {
+            let at = self.layout.log + self.log_next * BLOCK as u64;
+            meta_blocks.push((at, window::mblock(part, BLOCK)));
+            self.log_next = (self.log_next + 1) % LOG_BLOCKS;
+            self.log_used += 1;
+        }
+        let write_data = |blocks: &[(Pbn, Vec<u8>)]| self.write_blocks(&data, blocks);
+        match self.policy {
+            Policy::Thin => {
+                // No ordering: everything out, then one flush of each.
+                write_data(&blocks)?;
+                for (at, b) in &meta_blocks {
+                    self.meta_write(b, *at)?;
+                }
+                data.sync()?;
+                if !meta_blocks.is_empty() {
+                    self.meta_sync()?;
+                }
+            }
+            Policy::Ordered => {
+                write_data(&blocks)?;
+                data.sync()?;
+                for (at, b) in &meta_blocks {
+                    self.meta_write(b, *at)?;
+                }
+                if !meta_blocks.is_empty() {
+                    self.meta_sync()?;
+                }
+            }
+            Policy::Ideal => {
+                write_data(&blocks)?;
+                data.sync()?;
+            }
+        }
+        self.stats.meta_blocks += meta_blocks.len() as u64;
+        self.windows_since_commit += 1;
+        self.maybe_commit_area()
+    }
+
+    /// Commit the structured area when it is due: every `COMMIT_WINDOWS`
+    /// windows, when its cache fills, after a change recovery could not
+    /// replay, and when chunks were freed (garbage collection, which frees
+    /// chunks to make room: they become reusable only after a commit).
+    pub(super) fn maybe_commit_area(&mut self) -> Result<()> {
+        if self.policy == Policy::Ideal {
+            // Metadata in memory only: freed chunks are reusable at once
+            // (after a crash the engine re-verifies every chunk anyway).
+            let mut changes = Changes::default();
+            for pbn in std::mem::take(&mut self.quarantine) {
+                self.zones.free(pbn, &mut changes);
+            }
+            if self.inner.wants_commit() {
+                self.commit_area()?;
+            }
+            return Ok(());
+        }
+        let due = self.inner.wants_commit()
+            || !self.quarantine.is_empty()
+            || (self.policy != Policy::Ideal
+                && (self.must_commit || self.windows_since_commit >= COMMIT_WINDOWS));
+        if due {
+            self.commit_area()?;
+        }
+        Ok(())
+    }
+
+    /// Data blocks out; consecutive PBNs in one write.
+    pub(super) fn write_blocks(
+        &self,
+        data: &Arc<dyn BlockFile>,
+        blocks: &[(Pbn, Vec<u8>)],
+    ) -> Result<()> {
+        let mut i = 0;
+        let mut buf = Vec::new();
+        while i < blocks.len() {
+            let mut j = i + 1;
+            while j < blocks.len() && blocks[j].0 == blocks[j - 1].0 + 1 {
+                j += 1;
+            }
+            buf.clear();
+            for (_, b) in &blocks[i..j] {
+                buf.extend_from_slice(b);
+            }
+            data.write_at(&buf, self.cfg.pbn_offset(blocks[i].0))?;
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// Commit the structured area with the newest timestamp; then the
+    /// C-zones' entries are committed, the log is empty, and chunks freed
+    /// since the last commit become reusable.
+    pub(super) fn commit_area(&mut self) -> Result<()> {
+        if !self.writable {
+            return Ok(());
+        }
+        // First the zones' bitmaps as they are (status unchanged): after a
+        // crash from here on, recovery knows every block allocated before
+        // this commit, C-blocks included, from the records.
+        let mut dirty = self.zones.dirty();
+        dirty.extend(self.zones.uncommitted());
+        dirty.sort_unstable();
+        dirty.dedup();
+        for &z in &dirty {
+            self.write_zone(z, false)?;
+        }
+        if !dirty.is_empty() {
+            self.meta_sync()?;
+        }
+        let mut counters = self.engine_counters();
+        counters.push(self.ts);
+        self.inner.save_counters(&counters);
+        self.inner.commit()?;
+        let mut changes = Changes::default();
+        for pbn in std::mem::take(&mut self.quarantine) {
+            self.zones.free(pbn, &mut changes);
+        }
+        let mut write: Vec<usize> = self.zones.uncommitted();
+        for &z in &write {
+            self.zones.committed(z, self.ts);
+        }
+        // Written clean with their bitmaps: zones that changed, and the
+        // C-zones just committed (so recovery stops scanning them).
+        write.extend(self.zones.dirty());
+        write.sort_unstable();
+        write.dedup();
+        for z in write {
+            self.write_zone(z, true)?;
+        }
+        self.meta_sync()?;
+        self.log_used = 0;
+        self.windows_since_commit = 0;
+        self.must_commit = false;
+        self.stats.area_commits += 1;
+        Ok(())
+    }
+
+    pub(super) fn engine_counters(&self) -> Vec<u64> {
+        let mut c = self.inner.saved_counters();
+        c.pop();
+        c
+    }
+}
