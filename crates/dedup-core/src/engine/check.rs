@@ -590,6 +590,15 @@ mod tests {
             assert_eq!(dev.inspect_lbn(6).unwrap().unwrap().0, intact);
             dev.read(6 * 4096, &mut b).unwrap();
             assert_eq!(b, chunk(2));
+            // New chunks never land on the block whose count repair gave
+            // back (thin's zones had seen it freed).
+            for lbn in 20..60u8 {
+                dev.write(lbn as u64 * 4096, &chunk(100 + lbn), false)
+                    .unwrap();
+            }
+            dev.flush().unwrap();
+            dev.read(6 * 4096, &mut b).unwrap();
+            assert_eq!(b, chunk(2), "{backend}: a restored chunk was overwritten");
             dev.close().unwrap();
         }
     }

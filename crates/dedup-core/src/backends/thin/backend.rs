@@ -227,6 +227,9 @@ pub struct Thin {
     /// A change recovery could not replay (a mapping without fingerprint):
     /// the next window commits the structured area.
     pub(super) must_commit: bool,
+    /// Set after a write or flush of the window or the tables failed: the
+    /// device then refuses writes until restarted (recovery runs).
+    pub(super) failed: Option<String>,
     /// Not closed cleanly: recovery runs once the data device is attached.
     pub(super) unclean: bool,
     pub(super) writable: bool,
@@ -297,6 +300,7 @@ pub fn open(
         log_used: 0,
         windows_since_commit: 0,
         must_commit: false,
+        failed: None,
         unclean,
         writable: opts.writable,
         stats: ThinStats::default(),
@@ -317,6 +321,19 @@ impl Thin {
     /// as the last of the engine's counters).
     pub(super) fn commit_ts(&self) -> u64 {
         self.inner.saved_counters().last().copied().unwrap_or(0)
+    }
+
+    /// Refuse work after an I/O failure left the write order unknown.
+    pub(super) fn usable(&self) -> Result<()> {
+        match &self.failed {
+            None => Ok(()),
+            Some(why) => Err(Error::Io {
+                context: "thin backend".into(),
+                cause: std::io::Error::other(format!(
+                    "{why}; no more writes are taken: restart the device (recovery runs at open)"
+                )),
+            }),
+        }
     }
 
     pub(super) fn data(&self) -> Result<&Arc<dyn BlockFile>> {
@@ -352,14 +369,21 @@ impl Thin {
         if changes.now.is_empty() {
             return Ok(());
         }
-        for z in changes.now {
-            self.write_zone(z, false)?;
+        let written = changes
+            .now
+            .into_iter()
+            .try_for_each(|z| self.write_zone(z, false))
+            .and_then(|_| self.meta_sync());
+        if let Err(e) = &written {
+            // The zone changed in memory but maybe not on disk: recovery
+            // could miss its entries, so stop taking writes.
+            self.failed = Some(format!("writing a zone record failed: {e}"));
         }
-        self.meta_sync()
+        written
     }
 
     pub(super) fn entry(&mut self, lbn: Lbn, pbn: Pbn, fp: [u8; 16]) {
-        self.ts += 1;
+        self.ts = self.ts.saturating_add(1);
         self.entries.push(Entry {
             lbn,
             pbn,
@@ -427,21 +451,30 @@ impl MetadataBackend for Thin {
     }
 
     fn alloc_pbn_for(&mut self, compressed: Option<usize>) -> Result<Option<Pbn>> {
+        self.usable()?;
         let kind = match compressed {
             Some(n) if cblock::capacity_for(n, self.cfg.chunk_size as usize) > 0 => Kind::C,
             _ => Kind::U,
         };
-        let mut changes = Changes::default();
-        let got = self.zones.alloc(kind, 1, &mut changes);
-        self.persist_changes(changes)?;
-        let Some(&pbn) = got.first() else {
-            return Ok(None);
-        };
-        self.inner.refcount_set(pbn, 1)?;
-        Ok(Some(pbn))
+        // A block the bitmap calls free but the counts hold (a count a
+        // repair restored) is never handed out: it is marked and skipped.
+        for _ in 0..self.cfg.physical_chunks.max(1) {
+            let mut changes = Changes::default();
+            let got = self.zones.alloc(kind, 1, &mut changes);
+            self.persist_changes(changes)?;
+            let Some(&pbn) = got.first() else {
+                return Ok(None);
+            };
+            if self.inner.refcount_get(pbn)? == 0 {
+                self.inner.refcount_set(pbn, 1)?;
+                return Ok(Some(pbn));
+            }
+        }
+        Ok(None)
     }
 
     fn stage_chunk(&mut self, pbn: Pbn, data: &[u8], lz4: Option<Vec<u8>>) -> Result<()> {
+        self.usable()?;
         // A compressible chunk given a plain block is stored plain.
         let lz4 = if self.zones.is_cblock(pbn) {
             Some(lz4.unwrap_or_else(|| lz4_flex::block::compress(data)))
@@ -504,11 +537,21 @@ impl MetadataBackend for Thin {
         if was > 0 && count == 0 {
             self.quarantine.push(pbn);
         }
+        if count > 0 {
+            // A count given back (repair): the block is in use again.
+            self.quarantine.retain(|&p| p != pbn);
+            let mut changes = Changes::default();
+            self.zones.mark_used(pbn, &mut changes);
+            self.persist_changes(changes)?;
+        }
         self.must_commit = true;
         Ok(())
     }
 
     fn set_totals(&mut self, lbns_mapped: u64, hash_entries: u64) -> Result<()> {
+        // Only repair calls this: its changes go into the tables at the
+        // next commit, not through the log.
+        self.must_commit = true;
         self.inner.set_totals(lbns_mapped, hash_entries)
     }
 
@@ -568,6 +611,9 @@ impl MetadataBackend for Thin {
     fn usage(&self) -> BackendUsage {
         let mut u = self.inner.usage();
         u.metadata_bytes = self.layout.end;
+        // What thin can hand out is what its zones have free (the tables'
+        // own space map keeps freed blocks until their commit).
+        u.pbns_free = self.zones.free_blocks();
         u
     }
 

@@ -18,21 +18,49 @@ impl Thin {
     /// End the open window: write its blocks and entries as the policy
     /// says, and make them durable.
     pub(super) fn close_window(&mut self) -> Result<()> {
+        self.usable()?;
         if self.staged.is_empty() && self.entries.is_empty() {
             return self.maybe_commit_area();
         }
-        let data = self.data()?.clone();
         let staged = std::mem::take(&mut self.staged);
-        let mut entries = std::mem::take(&mut self.entries);
-        self.window_started = None;
-        self.stats.windows += 1;
-        self.stats.entries += entries.len() as u64;
+        let entries = std::mem::take(&mut self.entries);
+        match self.write_window(&staged, entries.clone()) {
+            Ok(()) => {
+                self.window_started = None;
+                self.stats.windows += 1;
+                self.stats.entries += entries.len() as u64;
+                let committed = self.maybe_commit_area();
+                if let Err(e) = &committed {
+                    self.failed = Some(format!("committing the tables failed: {e}"));
+                }
+                committed
+            }
+            Err(e) => {
+                // Nothing of the window is known to be on disk: it stays
+                // staged (reads keep finding it) and the device stops
+                // taking writes, since the write order can no longer be
+                // promised; a restart recovers.
+                self.staged = staged;
+                self.entries = entries;
+                self.failed = Some(format!("writing a window failed: {e}"));
+                Err(e)
+            }
+        }
+    }
+
+    /// Write one window's blocks and entries as the policy says.
+    fn write_window(
+        &mut self,
+        staged: &std::collections::BTreeMap<Pbn, super::backend::Staged>,
+        mut entries: Vec<Entry>,
+    ) -> Result<()> {
+        let data = self.data()?.clone();
         if self.policy == Policy::Ideal {
             entries.clear();
         }
         // Embed entries in the window's C-blocks (thin only).
         let mut blocks: Vec<(Pbn, Vec<u8>)> = Vec::with_capacity(staged.len());
-        for (&pbn, s) in &staged {
+        for (&pbn, s) in staged {
             if self.zones.is_cblock(pbn) {
                 let c = cblock::Compressed::from_lz4(
                     s.lz4.clone().expect("C-zone chunks compress"),
@@ -63,7 +91,8 @@ impl Thin {
             self.write_blocks(&data, &blocks)?;
             data.sync()?;
             self.stats.windows_via_commit += 1;
-            return self.commit_area();
+            self.must_commit = true;
+            return Ok(());
         }
         let mut meta_blocks = Vec::new();
         for part in entries.chunks(per) {
@@ -102,7 +131,7 @@ impl Thin {
         }
         self.stats.meta_blocks += meta_blocks.len() as u64;
         self.windows_since_commit += 1;
-        self.maybe_commit_area()
+        Ok(())
     }
 
     /// Commit the structured area when it is due: every `COMMIT_WINDOWS`
@@ -165,6 +194,14 @@ impl Thin {
         // First the zones' bitmaps as they are (status unchanged): after a
         // crash from here on, recovery knows every block allocated before
         // this commit, C-blocks included, from the records.
+        // Zones whose blocks this commit frees are written dirty: a crash
+        // between the commit and their clean records leaves them rebuilt
+        // from the counts, not holding freed blocks forever.
+        let mut touched = Changes::default();
+        for &pbn in &self.quarantine {
+            let (z, _) = self.zones.locate(pbn);
+            self.zones.touch(z, &mut touched);
+        }
         let mut dirty = self.zones.dirty();
         dirty.extend(self.zones.uncommitted());
         dirty.sort_unstable();

@@ -19,18 +19,21 @@ impl Thin {
     /// always know from the zone record which one a block allocated since
     /// the last commit is, so it lets the fingerprint decide: a block
     /// cannot match both.
-    pub(super) fn read_stored(&self, pbn: Pbn, fp: &[u8; 16]) -> Option<(Vec<u8>, bool)> {
-        let data = self.data.as_ref()?;
+    /// A read error is an error, not "never written": recovery commits
+    /// what it finds, so it must not drop flushed entries over a
+    /// transient failure.
+    pub(super) fn read_stored(&self, pbn: Pbn, fp: &[u8; 16]) -> Result<Option<(Vec<u8>, bool)>> {
+        let data = self.data()?;
         let mut b = vec![0u8; self.cfg.chunk_size as usize];
-        data.read_at(&mut b, self.cfg.pbn_offset(pbn)).ok()?;
+        data.read_at(&mut b, self.cfg.pbn_offset(pbn))?;
         let hash = self.cfg.hash;
         let matches = |c: &[u8]| hash.fingerprint(c).0[..16] == fp[..];
         if let Ok((chunk, _)) = cblock::open(&b) {
             if chunk.len() == b.len() && matches(&chunk) {
-                return Some((chunk, true));
+                return Ok(Some((chunk, true)));
             }
         }
-        matches(&b).then_some((b, false))
+        Ok(matches(&b).then_some((b, false)))
     }
 
     /// After a crash: the entries of uncommitted C-zones and of the log,
@@ -47,6 +50,11 @@ impl Thin {
             let first = z as u64 * zb;
             let last = (first + zb).min(self.cfg.physical_chunks);
             for pbn in first..last {
+                // Plain blocks in use hold user data, never entries: not
+                // read, so data shaped like a C-block cannot pose as one.
+                if self.zones.is_used(pbn) && !self.zones.is_cblock(pbn) {
+                    continue;
+                }
                 data.read_at(&mut b, self.cfg.pbn_offset(pbn))?;
                 if let Ok((_, es)) = cblock::open(&b) {
                     entries.extend(es);
@@ -61,7 +69,6 @@ impl Thin {
                 entries.extend(es);
             }
         }
-        let newest = entries.iter().map(|e| e.timestamp).max().unwrap_or(0);
         let hash = self.cfg.hash;
         // Entries naming PBNs or LBNs beyond the device are damage: never
         // applied.
@@ -75,20 +82,27 @@ impl Thin {
             .filter(|e| e.timestamp > commit_ts && e.pbn != UNMAPPED)
         {
             if let std::collections::btree_map::Entry::Vacant(v) = reads.entry(e.pbn) {
-                v.insert(self.read_stored(e.pbn, &e.fp));
+                v.insert(self.read_stored(e.pbn, &e.fp)?);
             }
         }
         let report = replay::replay(self.inner.as_mut(), entries, commit_ts, hash, &mut |p| {
             reads.get(&p).cloned().flatten().map(|(c, _)| c)
         })?;
-        self.ts = self.ts.max(newest).max(commit_ts);
-        // Dirty zones: the bitmaps are what the counts say now, C-blocks as
-        // the records or the reads above found them.
+        // Only applied (verified) entries move the clock: a damaged or
+        // stray block cannot push it anywhere.
+        self.ts = self.ts.max(report.newest_applied).max(commit_ts);
+        // Dirty zones, and those whose counts replay changed: the bitmaps
+        // are what the counts say now, C-blocks as the records or the
+        // reads above found them.
         let found: BTreeMap<Pbn, bool> = reads
             .iter()
             .filter_map(|(&p, r)| r.as_ref().map(|(_, c)| (p, *c)))
             .collect();
-        self.rebuild_bitmaps(self.zones.dirty(), &found)?;
+        let mut zones = self.zones.dirty();
+        zones.extend(report.touched.iter().map(|&p| self.zones.locate(p).0));
+        zones.sort_unstable();
+        zones.dedup();
+        self.rebuild_bitmaps(zones, &found)?;
         self.commit_area()?;
         self.recovery = Some((report, started.elapsed()));
         tracing::info!(

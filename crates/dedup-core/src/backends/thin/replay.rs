@@ -56,6 +56,28 @@ pub struct ReplayReport {
     pub chunks_verified: u64,
     /// Chunks first referenced in replay (allocated since the commit).
     pub chunks_adopted: u64,
+    /// Decrements skipped because the committed count was already zero
+    /// or named no block of the device (damage `check` reports).
+    pub inconsistent: u64,
+    /// The newest timestamp of an entry applied.
+    pub newest_applied: u64,
+    /// PBNs whose count replay changed (their zones' bitmaps follow).
+    #[serde(skip)]
+    pub touched: Vec<Pbn>,
+}
+
+/// Drop one reference from `o`, unless the committed metadata is already
+/// inconsistent there: replay must not stop a device from opening (and
+/// from being repaired) over damage it did not make.
+fn release(m: &mut dyn MetadataBackend, o: Pbn, r: &mut ReplayReport) -> Result<()> {
+    match m.refcount_get(o) {
+        Ok(c) if c > 0 => {
+            m.refcount_dec(o)?;
+            r.touched.push(o);
+        }
+        _ => r.inconsistent += 1,
+    }
+    Ok(())
 }
 
 /// Apply `entries` newer than `commit_ts` to `m`. `read_chunk` gives the
@@ -82,9 +104,10 @@ pub fn replay(
         if e.pbn == UNMAPPED {
             if let Some(old) = m.lbn_map_lookup(e.lbn)? {
                 m.lbn_map_delete(e.lbn)?;
-                m.refcount_dec(old)?;
+                release(m, old, &mut r)?;
             }
             r.applied += 1;
+            r.newest_applied = r.newest_applied.max(e.timestamp);
             continue;
         }
         let fp = *content.entry(e.pbn).or_insert_with(|| {
@@ -106,6 +129,7 @@ pub fn replay(
             }
             m.refcount_set(e.pbn, if indexed { 0 } else { 1 })?;
             r.chunks_adopted += 1;
+            r.touched.push(e.pbn);
         }
         let old = m.lbn_map_lookup(e.lbn)?;
         if old != Some(e.pbn) {
@@ -115,11 +139,13 @@ pub fn replay(
                 m.refcount_inc(e.pbn)?;
             }
             m.lbn_map_insert(e.lbn, e.pbn)?;
+            r.touched.push(e.pbn);
             if let Some(o) = old {
-                m.refcount_dec(o)?;
+                release(m, o, &mut r)?;
             }
         }
         r.applied += 1;
+        r.newest_applied = r.newest_applied.max(e.timestamp);
     }
     Ok(r)
 }
@@ -445,5 +471,17 @@ mod tests {
         .unwrap();
         assert_eq!(r.already_committed, 1);
         assert_eq!(m.lbn_map_lookup(2).unwrap(), None);
+        // Committed metadata already inconsistent (an LBN naming a free
+        // block): replay skips the decrement and says so, never fails.
+        m.lbn_map_insert(7, 9).unwrap();
+        let unmap = Entry {
+            lbn: 7,
+            pbn: UNMAPPED,
+            fp: [0; 16],
+            timestamp: 11,
+        };
+        let r = replay(m.as_mut(), vec![unmap], 10, HashAlgo::Blake3, &mut |_| None).unwrap();
+        assert_eq!((r.applied, r.inconsistent), (1, 1));
+        assert_eq!(m.lbn_map_lookup(7).unwrap(), None);
     }
 }

@@ -290,6 +290,38 @@ impl Zones {
             .map(|(_, z)| z)
     }
 
+    /// A block found in use although the bitmap says free (a count a
+    /// repair gave back): marked, so it is never handed out.
+    pub fn mark_used(&mut self, pbn: u64, changes: &mut Changes) {
+        let (z, i) = self.locate(pbn);
+        if z < self.zones.len() && !self.zones[z].used(i) {
+            self.mark_dirty(z, changes);
+            self.zones[z].set(i, true);
+        }
+    }
+
+    /// Zone `z` is about to change in a way a crash could cut in half:
+    /// its record must say dirty, so recovery rebuilds its bitmap.
+    pub fn touch(&mut self, z: usize, changes: &mut Changes) {
+        self.mark_dirty(z, changes);
+    }
+
+    /// Whether the block at `pbn` is in use.
+    pub fn is_used(&self, pbn: u64) -> bool {
+        let (z, i) = self.locate(pbn);
+        z < self.zones.len() && self.zones[z].used(i)
+    }
+
+    /// Blocks free to allocate.
+    pub fn free_blocks(&self) -> u64 {
+        (0..self.zones.len())
+            .map(|z| {
+                let used: u32 = self.zones[z].bitmap.iter().map(|b| b.count_ones()).sum();
+                self.size(z) as u64 - used as u64
+            })
+            .sum()
+    }
+
     /// Whether the block at `pbn` holds (or last held) a C-block.
     pub fn is_cblock(&self, pbn: u64) -> bool {
         let (z, i) = self.locate(pbn);
