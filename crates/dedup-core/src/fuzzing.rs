@@ -62,6 +62,33 @@ pub fn open_metadata(bytes: &[u8]) {
 /// The bytes are tried as they are and with their checksum made right, so
 /// the decoder's bounds checks are reached too (a fuzzer rarely forges a
 /// crc32c).
+/// Open arbitrary bytes as a packed block (issue 7's format): every slot
+/// read either fails or returns bytes inside the block's fragment area
+/// that match their checksum; never a panic.
+pub fn packed_block(bytes: &[u8]) {
+    let check = |b: &[u8]| {
+        if let Ok(slots) = crate::pack::slots(b) {
+            for (i, &(off, len, _)) in slots.iter().enumerate() {
+                assert!(off + len <= b.len());
+                if let Ok(f) = crate::pack::fragment(b, i) {
+                    assert_eq!(f.len(), len);
+                }
+            }
+        }
+    };
+    check(bytes);
+    if bytes.len() >= 16 {
+        // A valid table checksum over damaged contents.
+        let mut b = bytes.to_vec();
+        let n = (b[5] as usize).min(crate::pack::MAX_SLOTS);
+        let table = (8 + 8 * n).min(b.len() - 4);
+        let t = b.len() - 4;
+        let crc = crc32c::crc32c(&b[..table]);
+        b[t..].copy_from_slice(&crc.to_le_bytes());
+        check(&b);
+    }
+}
+
 pub fn thin_blocks(bytes: &[u8]) {
     use crate::backends::thin::{cblock, window, zones};
     let check = |b: &[u8]| {

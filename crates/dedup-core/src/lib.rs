@@ -18,6 +18,7 @@ pub mod fingerprint;
 pub mod fuzzing;
 pub mod layout;
 pub mod lock;
+pub mod pack;
 pub mod size;
 pub mod stats;
 pub mod superblock;
