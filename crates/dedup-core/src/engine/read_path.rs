@@ -112,19 +112,7 @@ impl Device {
             DataLocation::Compressed => {
                 Counters::add(&self.counters.data_bytes_read, buf.len() as u64);
                 self.data.read_at(buf, at)?;
-                // A damaged block fails this one read (EIO), never returns
-                // other bytes.
-                let (chunk, _) = cblock::open(buf).map_err(|e| {
-                    Error::corrupt(format!("compressed chunk at PBN {pbn}"), e.to_string())
-                })?;
-                if chunk.len() != buf.len() {
-                    return Err(Error::corrupt(
-                        format!("compressed chunk at PBN {pbn}"),
-                        format!("decompresses to {} bytes, not {}", chunk.len(), buf.len()),
-                    ));
-                }
-                buf.copy_from_slice(&chunk);
-                Ok(())
+                decode_cblock(pbn, buf)
             }
         }
     }
@@ -140,11 +128,7 @@ impl Device {
             return Ok(None);
         }
         m.commit()?;
-        Ok(Some(
-            (0..self.cfg.physical_chunks)
-                .map(|p| matches!(m.locate(p), DataLocation::Compressed))
-                .collect(),
-        ))
+        Ok(Some(cblock_map(m, self.cfg.physical_chunks)))
     }
 
     /// `check`'s read: a C-block that cannot be decoded reads as zeros, so
@@ -195,4 +179,26 @@ impl Device {
         }
         Ok(out)
     }
+}
+
+/// Which of the first `pbns` blocks hold C-blocks, as the backend says.
+pub(crate) fn cblock_map(m: &mut dyn crate::backend::MetadataBackend, pbns: u64) -> Vec<bool> {
+    (0..pbns)
+        .map(|p| matches!(m.locate(p), DataLocation::Compressed))
+        .collect()
+}
+
+/// Replace the C-block in `buf` by the chunk it holds. A damaged block
+/// fails this one read (EIO), never returns other bytes.
+pub(crate) fn decode_cblock(pbn: Pbn, buf: &mut [u8]) -> Result<()> {
+    let what = || format!("compressed chunk at PBN {pbn}");
+    let (chunk, _) = cblock::open(buf).map_err(|e| Error::corrupt(what(), e.to_string()))?;
+    if chunk.len() != buf.len() {
+        return Err(Error::corrupt(
+            what(),
+            format!("decompresses to {} bytes, not {}", chunk.len(), buf.len()),
+        ));
+    }
+    buf.copy_from_slice(&chunk);
+    Ok(())
 }

@@ -24,11 +24,10 @@ impl Device {
         let m = self.meta.get_mut();
         // Where chunks are, for a backend that places data (nothing is
         // staged right after open).
-        let compressed: Option<Vec<bool>> = m.traits().places_data.then(|| {
-            (0..cfg.physical_chunks)
-                .map(|p| matches!(m.locate(p), crate::backend::DataLocation::Compressed))
-                .collect()
-        });
+        let compressed: Option<Vec<bool>> = m
+            .traits()
+            .places_data
+            .then(|| super::read_path::cblock_map(&mut **m, cfg.physical_chunks));
         let mut report = RecoveryReport::default();
         let mut indexed = vec![false; cfg.physical_chunks as usize];
         let mut bad = vec![false; cfg.physical_chunks as usize];
@@ -42,12 +41,11 @@ impl Device {
             for &(fp, pbn) in &page {
                 indexed[pbn as usize] = true;
                 self.data.read_at(&mut chunk, cfg.pbn_offset(pbn))?;
-                if compressed.as_ref().is_some_and(|c| c[pbn as usize]) {
-                    // A C-block: its chunk, or nothing that could match.
-                    match crate::backends::thin::cblock::open(&chunk) {
-                        Ok((c, _)) if c.len() == chunk.len() => chunk.copy_from_slice(&c),
-                        _ => chunk.fill(0),
-                    }
+                if compressed.as_ref().is_some_and(|c| c[pbn as usize])
+                    && super::read_path::decode_cblock(pbn, &mut chunk).is_err()
+                {
+                    // Nothing that could match its fingerprint.
+                    chunk.fill(0);
                 }
                 report.chunks_verified += 1;
                 if cfg.hash.fingerprint(&chunk) != fp {
