@@ -27,6 +27,7 @@ fn device(hash: HashAlgo) -> Device {
         verify: false,
         logical_size: LOGICAL,
         physical_chunks: PHYSICAL / CS as u64,
+        compression: dedup_core::compress::Compression::None,
     };
     // Touch every page up front: first-touch page faults would otherwise
     // dominate unique writes, and a real data device has none.

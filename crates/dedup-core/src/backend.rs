@@ -50,6 +50,23 @@ impl ScanCursor {
     }
 }
 
+/// Every entry of a paged scan (the LBN map or the hash index).
+pub fn scan_all<K: Copy>(
+    mut scan: impl FnMut(&ScanCursor, &mut Vec<(K, Pbn)>) -> Result<Option<ScanCursor>>,
+    mut each: impl FnMut(K, Pbn) -> Result<()>,
+) -> Result<()> {
+    let mut page = Vec::new();
+    let mut cursor = Some(ScanCursor::start());
+    while let Some(c) = cursor.take() {
+        page.clear();
+        cursor = scan(&c, &mut page)?;
+        for &(key, pbn) in &page {
+            each(key, pbn)?;
+        }
+    }
+    Ok(())
+}
+
 /// How much the backend holds right now.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BackendUsage {
@@ -98,8 +115,12 @@ pub enum DataLocation {
     /// A thin C-block at the PBN's offset: the chunk LZ4-compressed with
     /// metadata entries beside it.
     Compressed,
-    /// Not on the data device yet: the bytes, from the open window.
+    /// Not on the data device yet: the bytes, from the open window or bin.
     Staged(Arc<[u8]>),
+    /// A packing device's chunk stored raw, alone in this data block.
+    Block(u64),
+    /// A packing device's compressed fragment: this slot of this block.
+    Fragment { block: u64, slot: usize },
 }
 
 pub trait MetadataBackend: Send {
@@ -203,20 +224,44 @@ pub trait MetadataBackend: Send {
     fn attach_data(&mut self, _data: Arc<dyn BlockFile>) -> Result<()> {
         Ok(())
     }
-    /// `alloc_pbn` for a chunk whose LZ4 form is `compressed` bytes long
-    /// (None: it does not compress), so the backend can place it.
-    fn alloc_pbn_for(&mut self, _compressed: Option<usize>) -> Result<Option<Pbn>> {
+    /// `alloc_pbn` for the chunk `data`, whose compressed form (with the
+    /// device's codec) is `compressed` (None: it does not compress), so
+    /// the backend can place it.
+    fn alloc_pbn_for(&mut self, _data: &[u8], _compressed: Option<&[u8]>) -> Result<Option<Pbn>> {
         self.alloc_pbn()
     }
-    /// Take a new chunk's bytes (and their LZ4 form, if it compresses) for
-    /// the PBN `alloc_pbn_for` gave; the backend writes them, durable after
-    /// `commit`.
-    fn stage_chunk(&mut self, _pbn: Pbn, _data: &[u8], _lz4: Option<Vec<u8>>) -> Result<()> {
+    /// Take a new chunk's bytes (and their compressed form, if any) for
+    /// the PBN `alloc_pbn_for` gave; the backend writes them, durable
+    /// after `commit`, or returns the data block the engine must write
+    /// them to itself (before any mapping names them).
+    fn stage_chunk(
+        &mut self,
+        _pbn: Pbn,
+        _data: &[u8],
+        _compressed: Option<Vec<u8>>,
+    ) -> Result<Option<u64>> {
         Err(crate::error::Error::Unsupported(format!(
             "the {} backend does not place data",
             self.name()
         )))
     }
+    /// Data blocks (used, free) when they are not one per PBN (packing).
+    fn data_blocks(&self) -> Option<(u64, u64)> {
+        None
+    }
+    /// Packing figures, for a packing device.
+    fn packing(&self) -> Option<crate::backends::packed::PackingStats> {
+        None
+    }
+    /// Move live fragments out of blocks that are mostly dead, up to
+    /// `max_blocks` of them (packing devices; see `backends::packed`).
+    /// The engine commits right after, with no write batch in flight.
+    fn repack(&mut self, _max_blocks: usize) -> Result<crate::backends::packed::RepackReport> {
+        Ok(Default::default())
+    }
+    /// No reader holds an address a repack moved any more: the blocks it
+    /// emptied may be reused after the next commit.
+    fn release_moved(&mut self) {}
     /// Where the chunk at `pbn` is to be read from.
     fn locate(&mut self, _pbn: Pbn) -> DataLocation {
         DataLocation::Plain

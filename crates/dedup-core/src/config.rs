@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use crate::compress::Compression;
 use crate::error::{Error, Result};
 use crate::fingerprint::HashAlgo;
 use crate::size::format_size;
@@ -30,8 +31,10 @@ pub struct DeviceConfig {
     pub verify: bool,
     /// Size clients see, in bytes (a multiple of `chunk_size`).
     pub logical_size: u64,
-    /// Chunk slots on the data device.
+    /// Chunk slots (blocks of `chunk_size`) on the data device.
     pub physical_chunks: u64,
+    /// How new chunks are compressed before they are stored.
+    pub compression: Compression,
 }
 
 fn serialize_uuid<S: serde::Serializer>(
@@ -48,6 +51,39 @@ impl DeviceConfig {
 
     pub fn physical_size(&self) -> u64 {
         self.physical_chunks * self.chunk_size as u64
+    }
+
+    /// Whether the engine packs compressed chunks several to a block
+    /// (every backend but the thin family, which compresses each chunk
+    /// into a C-block of its own with window metadata beside it).
+    pub fn packs(&self) -> bool {
+        !self.compression.is_none() && !crate::backends::thin::backend::is_thin(&self.backend)
+    }
+
+    /// Addresses the metadata backend's PBNs range over. On a packing
+    /// device a PBN names a block and a slot in it (see `backends::packed`),
+    /// `SLOTS_PER_BLOCK` addresses per block; otherwise one per block.
+    pub fn pbn_space(&self) -> u64 {
+        if self.packs() {
+            self.physical_chunks * crate::backends::packed::SLOTS_PER_BLOCK
+        } else {
+            self.physical_chunks
+        }
+    }
+
+    /// Most distinct chunks the device stores, which is what hash indexes
+    /// are sized for: one per block, or on a packing device as many as
+    /// the codec is expected to fit (more are refused with ENOSPC).
+    pub fn max_chunks(&self) -> u64 {
+        if self.packs() {
+            let per_block = match self.compression {
+                Compression::Zstd(_) => 8,
+                _ => 4,
+            };
+            self.physical_chunks * per_block
+        } else {
+            self.physical_chunks
+        }
     }
 
     /// Bytes the data device must hold.
@@ -80,6 +116,21 @@ impl DeviceConfig {
                 format_size(self.logical_size),
                 format_size(chunk),
                 self.logical_size / chunk * chunk + chunk
+            )));
+        }
+        if matches!(self.compression, Compression::Zstd(_))
+            && crate::backends::thin::backend::is_thin(&self.backend)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "the {} backend compresses each chunk with LZ4 into a C-block that carries window metadata (ThinDedup), so it takes --compression lz4 or none, not {}",
+                self.backend, self.compression
+            )));
+        }
+        if self.packs() && chunk > crate::pack::MAX_BLOCK as u64 {
+            return Err(Error::InvalidArgument(format!(
+                "compressed chunks are packed into blocks of at most {}, and this device's chunks are {}: give --compression none or a smaller --chunk-size",
+                format_size(crate::pack::MAX_BLOCK as u64),
+                format_size(chunk)
             )));
         }
         if self.physical_chunks == 0 {
@@ -124,6 +175,7 @@ mod tests {
             verify: false,
             logical_size: 1 << 20,
             physical_chunks: 128,
+            compression: Compression::None,
         }
     }
 

@@ -65,6 +65,8 @@ pub struct CreateOptions {
     pub force: bool,
     /// Backend tunables (cache, transaction length).
     pub params: BackendParams,
+    /// How new chunks are compressed (default lz4).
+    pub compression: crate::compress::Compression,
 }
 
 impl CreateOptions {
@@ -76,6 +78,7 @@ impl CreateOptions {
             chunk_size: crate::config::DEFAULT_CHUNK_SIZE,
             hash: HashAlgo::Blake3,
             verify: false,
+            compression: Default::default(),
             data: None,
             meta: None,
             force: false,
@@ -252,6 +255,7 @@ pub fn create(dir: &Path, opts: &CreateOptions) -> Result<DeviceConfig> {
         verify: opts.verify,
         logical_size: opts.size,
         physical_chunks: physical_size / chunk,
+        compression: opts.compression,
     };
     cfg.validate()?;
     let data = prepare(

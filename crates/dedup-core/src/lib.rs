@@ -9,6 +9,7 @@ pub mod backend;
 pub mod backends;
 pub mod blockfile;
 mod codec;
+pub mod compress;
 pub mod config;
 pub mod control;
 pub mod engine;

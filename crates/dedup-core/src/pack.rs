@@ -30,6 +30,8 @@ const SLOT: usize = 8;
 const TRAILER: usize = 4;
 /// Most fragments in one block (VDO packs up to 14).
 pub const MAX_SLOTS: usize = 14;
+/// Largest packed block: slot offsets are 16-bit.
+pub const MAX_BLOCK: usize = 1 << 16;
 
 /// Room for fragments in a block of `block` bytes holding `n` of them.
 pub fn room(block: usize, n: usize) -> usize {
@@ -49,7 +51,7 @@ impl Packer {
     /// most 64 KiB).
     pub fn new(block: usize) -> Packer {
         assert!(
-            (HEADER + SLOT + TRAILER + 1..=1 << 16).contains(&block),
+            (HEADER + SLOT + TRAILER + 1..=MAX_BLOCK).contains(&block),
             "packed blocks are 21 bytes to 64 KiB"
         );
         Packer {
@@ -83,6 +85,13 @@ impl Packer {
     /// Bytes of the block the fragments use (for the fill share).
     pub fn used(&self) -> usize {
         self.used
+    }
+
+    /// Fragment bytes still free if one more fragment were added (None:
+    /// no slot left).
+    pub fn room_for_next(&self) -> Option<usize> {
+        let n = self.fragments.len() + 1;
+        (n <= MAX_SLOTS).then(|| room(self.block, n).saturating_sub(self.used))
     }
 
     /// The block.

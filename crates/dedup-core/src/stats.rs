@@ -89,6 +89,9 @@ define_counters! {
     write_zeroes_requests,
     /// Metadata commits (flushes, FUA writes, transaction ends).
     commits,
+    /// Packed blocks garbage collection emptied by repacking their live
+    /// fragments into fewer blocks.
+    gc_repacked_blocks,
 }
 
 impl Counters {
@@ -123,6 +126,21 @@ pub struct Stats {
     /// Bytes clients wrote per byte written to the data device (I/O dedup ratio).
     pub io_dedup_ratio: f64,
     pub metadata_io: MetaIoStats,
+    /// How new chunks are compressed (none, lz4, zstd:LEVEL).
+    pub compression: String,
+    /// Data blocks holding chunks (packed blocks hold several).
+    pub data_blocks_used: u64,
+    /// Mapped logical bytes per physical data byte in use: what dedup and
+    /// compression together give back.
+    pub space_ratio: f64,
+    /// Bytes of the stored chunks per physical data byte holding them
+    /// (compression and packing; 1 without compression).
+    pub compression_ratio: f64,
+    /// Chunks stored raw because they did not compress by an eighth.
+    pub incompressible_chunks: u64,
+    /// Packing figures, on a device that packs compressed chunks.
+    #[serde(default)]
+    pub packing: Option<crate::backends::packed::PackingStats>,
     /// Figures particular to the backend (thin: windows, C-blocks, entries
     /// embedded, metadata blocks, recovery), by name.
     #[serde(default)]

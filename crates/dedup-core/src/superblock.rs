@@ -9,6 +9,7 @@ use std::path::Path;
 
 use crate::blockfile::BlockFile;
 use crate::codec::{is_sealed, seal, Decoder, Encoder};
+use crate::compress::Compression;
 use crate::config::{validate_chunk_size, DeviceConfig, DATA_OFFSET};
 use crate::error::{Error, Result};
 use crate::fingerprint::HashAlgo;
@@ -86,7 +87,7 @@ impl Superblock {
             .u8(c.hash.code())
             .u8(c.verify as u8)
             .u8(self.state.code())
-            .u8(0)
+            .u8(c.compression.code())
             .u64(c.logical_size)
             .u64(c.physical_chunks)
             .u64(DATA_OFFSET)
@@ -138,7 +139,11 @@ impl Superblock {
         let state_code = d.u8()?;
         let state = DeviceState::from_code(state_code)
             .ok_or_else(|| Error::corrupt(S, format!("unknown device state {state_code}")))?;
-        d.skip(1)?;
+        // Reserved (0) before compression existed: 0 reads as none.
+        let compression_code = d.u8()?;
+        let compression = Compression::from_code(compression_code).ok_or_else(|| {
+            Error::corrupt(S, format!("unknown compression code {compression_code}"))
+        })?;
         let logical_size = d.u64()?;
         let physical_chunks = d.u64()?;
         let data_offset = d.u64()?;
@@ -157,6 +162,7 @@ impl Superblock {
             verify,
             logical_size,
             physical_chunks,
+            compression,
         };
         config
             .validate()
@@ -287,6 +293,7 @@ mod tests {
             verify: true,
             logical_size: 1 << 30,
             physical_chunks: 1000,
+            compression: crate::compress::Compression::None,
         }
     }
 

@@ -314,6 +314,16 @@ fn disktable_survives_power_cuts_at_any_io() {
 }
 
 #[test]
+fn disktable_packing_lz4_survives_power_cuts_at_any_io() {
+    crash_suite("disktable/lz4");
+}
+
+#[test]
+fn cowbtree_packing_zstd_survives_power_cuts_at_any_io() {
+    crash_suite("cowbtree/zstd");
+}
+
+#[test]
 fn thin_survives_power_cuts_at_any_io() {
     crash_suite("thin");
 }

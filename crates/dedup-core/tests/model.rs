@@ -16,7 +16,7 @@ mod common;
 use std::collections::HashSet;
 
 use common::{MemDevice, ModelDisk, Patterns};
-use dedup_core::backends::{self, BackendParams};
+use dedup_core::backends::BackendParams;
 use dedup_core::fingerprint::HashAlgo;
 use dedup_core::{Device, Error};
 use proptest::prelude::*;
@@ -70,7 +70,7 @@ struct Setup {
 
 fn setup() -> impl Strategy<Value = Setup> {
     (
-        proptest::sample::select(backends::ALL),
+        proptest::sample::select(common::VARIANTS),
         prop_oneof![Just(4096u32), Just(8192u32)],
         prop_oneof![Just(5u64), Just(8), Just(16)],
         prop_oneof![
@@ -320,7 +320,7 @@ proptest! {
         let params = BackendParams { txn_writes: setup.txn_writes, cache_bytes: 1 << 20, ..Default::default() };
         let md = MemDevice::format(cfg, &params);
         let dev = md.open().unwrap();
-        let crash_safe = dedup_core::backends::crash_safe(setup.backend);
+        let crash_safe = dedup_core::backends::crash_safe(common::base(setup.backend));
         let chunks = LOGICAL_CHUNKS as usize;
         let mut h = Harness {
             md,

@@ -6,6 +6,7 @@ pub mod disktable;
 pub mod inram;
 pub mod kv;
 pub mod lsm;
+pub mod packed;
 pub mod probe;
 pub mod space_map;
 pub mod thin;
@@ -221,7 +222,8 @@ pub fn open(
         }
         .validate()?;
     }
-    match superblock.config.backend.as_str() {
+    let cfg = superblock.config.clone();
+    let mut opened = match superblock.config.backend.as_str() {
         inram::NAME => inram::open(superblock, meta, opts),
         disktable::NAME => disktable::open(superblock, meta, opts),
         cowbtree::NAME => cowbtree::open(superblock, meta, opts),
@@ -233,7 +235,11 @@ pub fn open(
             "this metadata uses the {other:?} backend, which this dedup does not have (it has {})",
             NAMES.join(", ")
         ))),
+    }?;
+    if cfg.packs() {
+        opened.backend = packed::wrap(&cfg, opened.backend, opts.for_check)?;
     }
+    Ok(opened)
 }
 
 /// Where a backend that keeps files of its own (lsm) puts them: next to the

@@ -6,7 +6,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::Device;
-use crate::backend::{MetadataBackend, ScanCursor};
+use crate::backend::scan_all;
+use crate::backend::MetadataBackend;
 use crate::config::DeviceConfig;
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;
@@ -173,23 +174,6 @@ struct Fixes {
 
 type ReadChunk<'a> = &'a dyn Fn(u64, &mut [u8]) -> Result<()>;
 
-/// Every entry of a paged scan (the LBN map or the hash index).
-fn scan_all<K: Copy>(
-    mut scan: impl FnMut(&ScanCursor, &mut Vec<(K, u64)>) -> Result<Option<ScanCursor>>,
-    mut each: impl FnMut(K, u64) -> Result<()>,
-) -> Result<()> {
-    let mut page = Vec::new();
-    let mut cursor = Some(ScanCursor::start());
-    while let Some(c) = cursor.take() {
-        page.clear();
-        cursor = scan(&c, &mut page)?;
-        for &(key, pbn) in &page {
-            each(key, pbn)?;
-        }
-    }
-    Ok(())
-}
-
 fn check_backend(
     cfg: &DeviceConfig,
     m: &mut dyn MetadataBackend,
@@ -198,7 +182,7 @@ fn check_backend(
     progress: &dyn Fn(u64, u64),
 ) -> Result<(CheckReport, Fixes)> {
     use ProblemKind::*;
-    let nr = cfg.physical_chunks as usize;
+    let nr = cfg.pbn_space() as usize;
     let mut report = CheckReport::default();
     let mut fixes = Fixes::default();
     let mut lbn_refs = vec![0u32; nr];
@@ -424,6 +408,7 @@ mod tests {
                 verify: false,
                 logical_size: 64 * 4096,
                 physical_chunks: 64,
+                compression: crate::compress::Compression::None,
             };
             let data = Arc::new(MemBlockFile::new(cfg.data_device_len(), "data"));
             let meta = Arc::new(SimDisk::new(

@@ -63,11 +63,11 @@ impl Device {
         }
         // Chunks freed here or earlier (by an online GC, an undone write)
         // wait in quarantine for a commit: give them one.
-        let usage = self.meta.lock().usage();
-        if self.crash_safe && usage.pbns_used + usage.pbns_free < self.cfg.physical_chunks {
+        let (used, free) = super::data_space(&**self.meta.lock());
+        if (self.crash_safe || self.places_data) && used + free < self.cfg.physical_chunks {
             self.commit()?;
         }
         // Room made here, or by another thread meanwhile.
-        Ok(self.meta.lock().usage().pbns_free > 0)
+        Ok(super::data_space(&**self.meta.lock()).1 > 0)
     }
 }

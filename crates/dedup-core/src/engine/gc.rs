@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Device;
 use crate::backend::ScanCursor;
+use crate::backends::packed::RepackReport;
 use crate::config::Pbn;
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;
@@ -23,6 +24,9 @@ const SCAN_PAGE: usize = 4096;
 const FREE_PAGE: usize = 1024;
 /// Most candidates held in memory at once (40 bytes each).
 const ROUND: usize = 1 << 20;
+/// Packed blocks one repack round may empty (it reads them, and scans
+/// the LBN map and hash index once).
+const REPACK_ROUND: usize = 1 << 14;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct GcReport {
@@ -30,7 +34,20 @@ pub struct GcReport {
     pub scanned: u64,
     /// Chunks freed.
     pub reclaimed: u64,
+    /// Data bytes given back: freed chunks, and on a packing device the
+    /// blocks emptied by freed fragments and by repacking.
     pub bytes_reclaimed: u64,
+    /// Packed blocks emptied by moving their live fragments into fewer
+    /// blocks, the blocks written for them, and the fragments moved.
+    #[serde(default)]
+    pub blocks_repacked: u64,
+    #[serde(default)]
+    pub repack_blocks_written: u64,
+    #[serde(default)]
+    pub fragments_moved: u64,
+    /// Packed blocks a repack left alone because they are damaged.
+    #[serde(default)]
+    pub damaged_blocks: u64,
     pub seconds: f64,
 }
 
@@ -98,19 +115,66 @@ impl Device {
         let _g = self.enter()?;
         let _one_at_a_time = self.gc_lock.lock();
         let start = Instant::now();
+        let blocks_before = super::data_space(&**self.meta.lock()).0;
         let (scanned, reclaimed) = self.collect(None)?;
         Counters::add(&self.counters.gc_runs, 1);
         Counters::add(&self.counters.gc_reclaimed, reclaimed);
-        // Freed chunks are reusable only once their freeing is durable.
-        if self.crash_safe && reclaimed > 0 {
+        let repack = self.repack_all()?;
+        if (self.crash_safe && reclaimed > 0) || repack.blocks_repacked > 0 || self.cfg.packs() {
+            // Freed blocks (and those a repack emptied) become free here.
             self.commit()?;
         }
-        self.note_space(self.meta.lock().usage().pbns_used);
+        let blocks_after = super::data_space(&**self.meta.lock()).0;
+        self.note_space(blocks_after);
+        let cs = self.cfg.chunk_size as u64;
         Ok(GcReport {
             scanned,
             reclaimed,
-            bytes_reclaimed: reclaimed * self.cfg.chunk_size as u64,
+            bytes_reclaimed: if self.cfg.packs() {
+                blocks_before.saturating_sub(blocks_after) * cs
+            } else {
+                reclaimed * cs
+            },
+            blocks_repacked: repack.blocks_repacked,
+            repack_blocks_written: repack.blocks_written,
+            fragments_moved: repack.fragments_moved,
+            damaged_blocks: repack.damaged_blocks,
             seconds: start.elapsed().as_secs_f64(),
         })
+    }
+
+    /// Repack the packed blocks whose live share fell low, a round at a
+    /// time: each round runs with no write batch in flight and is committed
+    /// at once; then the readers that may still hold the old addresses are
+    /// drained before the emptied blocks go back to the allocator.
+    fn repack_all(&self) -> Result<RepackReport> {
+        let mut total = RepackReport::default();
+        if !self.cfg.packs() {
+            return Ok(total);
+        }
+        loop {
+            let round = {
+                let _quiet = self.commit_gate.write();
+                let mut m = self.meta.lock();
+                let round = m.repack(REPACK_ROUND)?;
+                m.save_counters(&self.counters.to_vec());
+                m.commit()?;
+                Counters::add(&self.counters.commits, 1);
+                round
+            };
+            {
+                let _drained = self.move_gate.write();
+                self.meta.lock().release_moved();
+            }
+            Counters::add(&self.counters.gc_repacked_blocks, round.blocks_repacked);
+            total.blocks_read += round.blocks_read;
+            total.blocks_repacked += round.blocks_repacked;
+            total.blocks_written += round.blocks_written;
+            total.fragments_moved += round.fragments_moved;
+            total.damaged_blocks += round.damaged_blocks;
+            if !round.more {
+                return Ok(total);
+            }
+        }
     }
 }

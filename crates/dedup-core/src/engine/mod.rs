@@ -41,6 +41,14 @@ pub use recover::RecoveryReport;
 
 use locks::{FingerprintLocks, LbnLocks};
 
+/// Data blocks (in use, allocatable): one per PBN unless the backend packs.
+fn data_space(m: &dyn MetadataBackend) -> (u64, u64) {
+    m.data_blocks().unwrap_or_else(|| {
+        let u = m.usage();
+        (u.pbns_used, u.pbns_free)
+    })
+}
+
 /// Usage above which the device warns that it is running out of space.
 const SPACE_WARNING_PERCENT: u64 = 90;
 
@@ -53,6 +61,10 @@ pub struct Device {
     gate: RwLock<bool>,
     /// Write batches hold it shared, commits exclusively (see `commit.rs`).
     commit_gate: RwLock<()>,
+    /// Reads hold it shared from looking chunks up to reading them; a
+    /// repack takes it exclusively before the blocks it emptied can be
+    /// reused, so no read gets a reused block's bytes (see `gc.rs`).
+    move_gate: RwLock<()>,
     /// The backend persists commits (so commits need the gate).
     crash_safe: bool,
     /// The backend writes chunk data itself (see `BackendTraits`).
@@ -119,6 +131,7 @@ impl Device {
             meta: Mutex::new(opened.backend),
             gate: RwLock::new(false),
             commit_gate: RwLock::new(()),
+            move_gate: RwLock::new(()),
             crash_safe,
             places_data: traits.places_data,
             lbn_locks: LbnLocks::default(),
@@ -226,14 +239,22 @@ impl Device {
     }
 
     pub fn stats(&self) -> Stats {
-        let (usage, io, name, extra) = {
+        let (usage, io, name, extra, blocks, packing) = {
             let m = self.meta.lock();
-            (m.usage(), m.io_stats(), m.name(), m.backend_stats())
+            (
+                m.usage(),
+                m.io_stats(),
+                m.name(),
+                m.backend_stats(),
+                data_space(&**m),
+                m.packing(),
+            )
         };
         let counters = self.counters.snapshot();
         let cs = self.cfg.chunk_size as u64;
-        let used = usage.pbns_used * cs;
+        let used = blocks.0 * cs;
         let physical = self.cfg.physical_size();
+        let mapped = usage.lbns_mapped * cs;
         Stats {
             backend: name.to_string(),
             hash: self.cfg.hash.name().to_string(),
@@ -247,10 +268,16 @@ impl Device {
             physical_bytes_used: used,
             physical_bytes_free: physical - used,
             physical_used_percent: 100.0 * used as f64 / physical as f64,
-            logical_bytes_mapped: usage.lbns_mapped * cs,
+            logical_bytes_mapped: mapped,
             metadata_bytes: usage.metadata_bytes,
             dedup_ratio: ratio(usage.lbns_mapped, usage.pbns_used),
             io_dedup_ratio: ratio(counters.bytes_written, counters.data_bytes_written),
+            compression: self.cfg.compression.to_string(),
+            data_blocks_used: blocks.0,
+            space_ratio: ratio(mapped, used),
+            compression_ratio: ratio(usage.pbns_used * cs, used),
+            incompressible_chunks: packing.as_ref().map_or(0, |p| p.raw_blocks),
+            packing,
             counters,
             metadata_io: io,
             backend_stats: extra.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),

@@ -5,9 +5,11 @@
 use super::chunking;
 use super::Device;
 use crate::backend::DataLocation;
+use crate::backends::packed;
 use crate::backends::thin::cblock;
 use crate::config::Pbn;
 use crate::error::{Error, Result};
+use crate::pack;
 use crate::stats::Counters;
 
 /// Most chunks one `extents` call looks at.
@@ -33,43 +35,53 @@ impl Device {
         let pieces = chunking::pieces(offset, buf.len(), cs);
         Counters::add(&self.counters.reads, pieces.len() as u64);
         for batch in pieces.chunks(chunking::batch_chunks(cs)) {
-            // Shared stripes: no writer can remap (and GC can then never free)
-            // these chunks until the bytes are copied out.
             let _guards = self.lbn_locks.read_many(batch.iter().map(|p| p.lbn));
-            let pbns: Vec<Option<Pbn>> = {
+            // A repack must not reuse a block this batch looked up.
+            let _moving = self.move_gate.read();
+            let found: Vec<Option<(Pbn, DataLocation)>> = {
                 let mut m = self.meta.lock();
-                batch
-                    .iter()
-                    .map(|p| m.lbn_map_lookup(p.lbn))
-                    .collect::<Result<_>>()?
-            };
-            if self.places_data {
-                // The backend says where each chunk is (window, C-block or
-                // plain); one chunk at a time.
-                let mut chunk = vec![0u8; cs];
-                for (p, pbn) in batch.iter().zip(&pbns) {
-                    match pbn {
-                        Some(pbn) => {
-                            self.read_pbn(*pbn, &mut chunk)?;
-                            buf[p.in_buf.clone()].copy_from_slice(&chunk[p.in_chunk.clone()]);
-                        }
-                        None => buf[p.in_buf.clone()].fill(0),
-                    }
+                let mut out = Vec::with_capacity(batch.len());
+                for p in batch {
+                    out.push(match m.lbn_map_lookup(p.lbn)? {
+                        Some(pbn) if self.places_data => Some((pbn, m.locate(pbn))),
+                        Some(pbn) => Some((pbn, DataLocation::Plain)),
+                        None => None,
+                    });
                 }
+                out
+            };
+            self.read_batch(batch, &found, buf)?;
+        }
+        Ok(())
+    }
+
+    /// Read one batch's chunks into `buf`: consecutive chunks stored as
+    /// they are go out as one I/O, fragments of one block read it once.
+    fn read_batch(
+        &self,
+        batch: &[chunking::Piece],
+        found: &[Option<(Pbn, DataLocation)>],
+        buf: &mut [u8],
+    ) -> Result<()> {
+        let cs = self.cfg.chunk_size as usize;
+        // Where a chunk stored as it is sits on the data device, in chunks.
+        let plain = |f: &Option<(Pbn, DataLocation)>| match f {
+            Some((pbn, DataLocation::Plain)) => Some(*pbn),
+            Some((_, DataLocation::Block(b))) => Some(*b),
+            _ => None,
+        };
+        let mut chunk = vec![0u8; cs];
+        let mut packed = PackedBlock::default();
+        let mut i = 0;
+        while i < batch.len() {
+            let Some((pbn, location)) = &found[i] else {
+                buf[batch[i].in_buf.clone()].fill(0);
+                i += 1;
                 continue;
-            }
-            let mut i = 0;
-            while i < batch.len() {
-                let Some(first) = pbns[i] else {
-                    buf[batch[i].in_buf.clone()].fill(0);
-                    i += 1;
-                    continue;
-                };
-                // Pieces after the first start at offset 0 of their chunk and
-                // all but the last end at its end, so consecutive PBNs are
-                // consecutive bytes on the data device.
+            };
+            if let Some(first) = plain(&found[i]) {
                 let mut j = i + 1;
-                while j < batch.len() && pbns[j] == Some(first + (j - i) as u64) {
+                while j < batch.len() && plain(&found[j]) == Some(first + (j - i) as u64) {
                     j += 1;
                 }
                 let range = batch[i].in_buf.start..batch[j - 1].in_buf.end;
@@ -77,12 +89,21 @@ impl Device {
                 Counters::add(&self.counters.data_bytes_read, range.len() as u64);
                 self.data.read_at(&mut buf[range], at)?;
                 i = j;
+                continue;
             }
+            match location {
+                DataLocation::Fragment { block, slot } => {
+                    packed.load(self, *block)?;
+                    self.decode_fragment(*block, *slot, &packed.bytes, &mut chunk)?;
+                }
+                other => self.read_located(*pbn, other.clone(), &mut chunk)?,
+            }
+            buf[batch[i].in_buf.clone()].copy_from_slice(&chunk[batch[i].in_chunk.clone()]);
+            i += 1;
         }
         Ok(())
     }
 
-    /// Read one whole stored chunk.
     pub(crate) fn read_pbn(&self, pbn: Pbn, buf: &mut [u8]) -> Result<()> {
         let location = if self.places_data {
             self.meta.lock().locate(pbn)
@@ -114,7 +135,32 @@ impl Device {
                 self.data.read_at(buf, at)?;
                 decode_cblock(pbn, buf)
             }
+            DataLocation::Block(block) => {
+                Counters::add(&self.counters.data_bytes_read, buf.len() as u64);
+                self.data.read_at(buf, self.cfg.pbn_offset(block))
+            }
+            DataLocation::Fragment { block, slot } => {
+                let mut packed = PackedBlock::default();
+                packed.load(self, block)?;
+                self.decode_fragment(block, slot, &packed.bytes, buf)
+            }
         }
+    }
+
+    /// A chunk from its fragment in a packed block: checked against the
+    /// fragment's checksum, decompressed, and exactly a chunk long, or an
+    /// error for this chunk alone (never another chunk's bytes).
+    fn decode_fragment(
+        &self,
+        block: u64,
+        slot: usize,
+        packed: &[u8],
+        out: &mut [u8],
+    ) -> Result<()> {
+        let what = || format!("compressed chunk in data block {block}, slot {slot}");
+        let fragment =
+            pack::fragment(packed, slot).map_err(|e| Error::corrupt(what(), e.to_string()))?;
+        self.cfg.compression.decompress(fragment, out, &what())
     }
 
     /// For `check` and `repair`, which hold the metadata mutex while they
@@ -127,7 +173,11 @@ impl Device {
         if !self.places_data {
             return Ok(None);
         }
+        // Nothing staged afterwards: every chunk is where its address says.
         m.commit()?;
+        if self.cfg.packs() {
+            return Ok(None);
+        }
         Ok(Some(cblock_map(m, self.cfg.physical_chunks)))
     }
 
@@ -139,23 +189,9 @@ impl Device {
         pbn: Pbn,
         buf: &mut [u8],
     ) -> Result<()> {
-        let location = match compressed {
-            Some(c) if c.get(pbn as usize).copied().unwrap_or(false) => DataLocation::Compressed,
-            _ => DataLocation::Plain,
-        };
-        match self.read_located(pbn, location, buf) {
-            Err(Error::Corrupt { .. }) => {
-                buf.fill(0);
-                Ok(())
-            }
-            other => other,
-        }
+        read_stored(&self.cfg, self.data.as_ref(), compressed, pbn, buf)
     }
 
-    /// Which parts of `[offset, offset + len)` hold data (NBD block status),
-    /// at chunk granularity, merged into runs. Like NBD allows, the answer
-    /// may cover only a prefix of the range (at most `EXTENT_SCAN_CHUNKS`
-    /// chunks), so one call never holds the metadata mutex for long.
     pub fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
         let _g = self.enter()?;
         self.check_range(offset, len)?;
@@ -182,6 +218,67 @@ impl Device {
 }
 
 /// Which of the first `pbns` blocks hold C-blocks, as the backend says.
+/// Read a stored chunk where its address says it is, with nothing staged
+/// (check, repair and roll-back recovery, after a commit): `compressed`
+/// is thin's map of C-blocks. A chunk that does not decode reads as
+/// zeros, so the caller reports its fingerprint mismatch instead of
+/// stopping.
+pub(crate) fn read_stored(
+    cfg: &crate::config::DeviceConfig,
+    data: &dyn crate::blockfile::BlockFile,
+    compressed: Option<&Vec<bool>>,
+    pbn: Pbn,
+    buf: &mut [u8],
+) -> Result<()> {
+    let decoded = match compressed {
+        _ if cfg.packs() => match packed::location(pbn) {
+            DataLocation::Block(block) => return data.read_at(buf, cfg.pbn_offset(block)),
+            DataLocation::Fragment { block, slot } => {
+                let mut packed = vec![0u8; buf.len()];
+                data.read_at(&mut packed, cfg.pbn_offset(block))?;
+                pack::fragment(&packed, slot)
+                    .and_then(|f| cfg.compression.decompress(f, buf, "stored chunk"))
+            }
+            _ => unreachable!("an address is a block or a fragment"),
+        },
+        Some(c) if c.get(pbn as usize).copied().unwrap_or(false) => {
+            data.read_at(buf, cfg.pbn_offset(pbn))?;
+            decode_cblock(pbn, buf)
+        }
+        _ => return data.read_at(buf, cfg.pbn_offset(pbn)),
+    };
+    match decoded {
+        Err(Error::Corrupt { .. }) => {
+            buf.fill(0);
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+/// The last packed block a batch read, so fragments side by side in one
+/// block cost one read.
+#[derive(Default)]
+struct PackedBlock {
+    block: Option<u64>,
+    bytes: Vec<u8>,
+}
+
+impl PackedBlock {
+    fn load(&mut self, dev: &Device, block: u64) -> Result<()> {
+        if self.block == Some(block) {
+            return Ok(());
+        }
+        self.block = None;
+        self.bytes.resize(dev.cfg.chunk_size as usize, 0);
+        Counters::add(&dev.counters.data_bytes_read, self.bytes.len() as u64);
+        dev.data
+            .read_at(&mut self.bytes, dev.cfg.pbn_offset(block))?;
+        self.block = Some(block);
+        Ok(())
+    }
+}
+
 pub(crate) fn cblock_map(m: &mut dyn crate::backend::MetadataBackend, pbns: u64) -> Vec<bool> {
     (0..pbns)
         .map(|p| matches!(m.locate(p), DataLocation::Compressed))

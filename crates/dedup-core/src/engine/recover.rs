@@ -27,10 +27,11 @@ impl Device {
         let compressed: Option<Vec<bool>> = m
             .traits()
             .places_data
-            .then(|| super::read_path::cblock_map(&mut **m, cfg.physical_chunks));
+            .then(|| super::read_path::cblock_map(&mut **m, cfg.physical_chunks))
+            .filter(|_| !cfg.packs());
         let mut report = RecoveryReport::default();
-        let mut indexed = vec![false; cfg.physical_chunks as usize];
-        let mut bad = vec![false; cfg.physical_chunks as usize];
+        let mut indexed = vec![false; cfg.pbn_space() as usize];
+        let mut bad = vec![false; cfg.pbn_space() as usize];
         let mut bad_fps = Vec::new();
         let mut page = Vec::new();
         let mut chunk = vec![0u8; cfg.chunk_size as usize];
@@ -40,13 +41,14 @@ impl Device {
             cursor = m.hash_index_scan(&c, 4096, &mut page)?;
             for &(fp, pbn) in &page {
                 indexed[pbn as usize] = true;
-                self.data.read_at(&mut chunk, cfg.pbn_offset(pbn))?;
-                if compressed.as_ref().is_some_and(|c| c[pbn as usize])
-                    && super::read_path::decode_cblock(pbn, &mut chunk).is_err()
-                {
-                    // Nothing that could match its fingerprint.
-                    chunk.fill(0);
-                }
+                // Undecodable: zeros, which cannot match its fingerprint.
+                super::read_path::read_stored(
+                    &cfg,
+                    self.data.as_ref(),
+                    compressed.as_ref(),
+                    pbn,
+                    &mut chunk,
+                )?;
                 report.chunks_verified += 1;
                 if cfg.hash.fingerprint(&chunk) != fp {
                     bad[pbn as usize] = true;

@@ -30,6 +30,7 @@ impl Mem {
             verify: true,
             logical_size: CHUNKS * CS as u64,
             physical_chunks,
+            compression: crate::compress::Compression::None,
         };
         let data = Arc::new(MemBlockFile::new(cfg.data_device_len(), "data"));
         let meta = Arc::new(MemBlockFile::new(

@@ -31,6 +31,8 @@ use crate::stats::Counters;
 
 /// Times a batch that found the device full is retried after making room.
 const RECLAIM_ATTEMPTS: u32 = 8;
+/// Chunks in a batch from which compression gets a thread of its own.
+const PARALLEL_BATCH: usize = 16;
 
 /// Where the new bytes of a request come from.
 #[derive(Clone, Copy)]
@@ -64,9 +66,10 @@ struct Chunk<'a> {
     lbn: Lbn,
     data: Cow<'a, [u8]>,
     fp: Option<Fingerprint>,
-    /// For a backend that places data: the chunk LZ4-compressed, if that
-    /// makes it smaller (computed here, outside the metadata mutex).
-    lz4: Option<Vec<u8>>,
+    /// For a backend that places data: the chunk compressed with the
+    /// device's codec, if that makes it smaller (computed here, outside
+    /// the metadata mutex, in parallel with the hashing).
+    compressed: Option<Vec<u8>>,
     plan: Plan,
 }
 
@@ -165,17 +168,15 @@ impl Device {
                 }
             };
             let zero = data.is_empty() || chunking::is_zero(&data);
-            let lz4 = (self.places_data && !zero)
-                .then(|| lz4_flex::block::compress(&data))
-                .filter(|c| c.len() < data.len());
             chunks.push(Chunk {
                 lbn: p.lbn,
-                fp: (!zero).then(|| self.cfg.hash.fingerprint(&data)),
-                lz4,
+                fp: None,
+                compressed: None,
                 plan: if zero { Plan::Zero } else { Plan::Unplanned },
                 data,
             });
         }
+        self.fingerprint_and_compress(&mut chunks);
         if let Source::Bytes(_) = src {
             Counters::add(&self.counters.writes, chunks.len() as u64);
         }
@@ -231,20 +232,65 @@ impl Device {
                 }
                 None => {
                     batch_new.insert(fp, i);
-                    Plan::New(self.alloc(m, chunk.lz4.as_ref().map(Vec::len))?)
+                    Plan::New(self.alloc(m, &chunk.data, chunk.compressed.as_deref())?)
                 }
             };
         }
-        self.note_space(m.usage().pbns_used);
+        self.note_space(super::data_space(m).0);
         Ok(())
     }
 
-    /// Allocate a PBN (for a chunk of that LZ4 size, if it compresses), or
+    /// Allocate a PBN for a chunk (and its compressed form, if any), or
     /// fail with `NoSpace` (the caller makes room and retries).
-    fn alloc(&self, m: &mut dyn MetadataBackend, lz4: Option<usize>) -> Result<Pbn> {
-        m.alloc_pbn_for(lz4)?.ok_or(Error::NoSpace {
+    fn alloc(
+        &self,
+        m: &mut dyn MetadataBackend,
+        data: &[u8],
+        compressed: Option<&[u8]>,
+    ) -> Result<Pbn> {
+        m.alloc_pbn_for(data, compressed)?.ok_or(Error::NoSpace {
             total_chunks: self.cfg.physical_chunks,
         })
+    }
+
+    /// Fingerprint every non-zero chunk and, for a backend that places
+    /// data, compress it too: on a second thread when the batch is large
+    /// enough to pay for one, so compression adds no latency to hashing.
+    fn fingerprint_and_compress(&self, chunks: &mut [Chunk]) {
+        let hash = self.cfg.hash;
+        let codec = self.cfg.compression;
+        let compress = self.places_data && !codec.is_none();
+        let stored = |c: &Chunk| c.plan != Plan::Zero;
+        let fps = |chunks: &[Chunk]| -> Vec<Option<Fingerprint>> {
+            chunks
+                .iter()
+                .map(|c| stored(c).then(|| hash.fingerprint(&c.data)))
+                .collect()
+        };
+        let squeeze = |chunks: &[Chunk]| -> Vec<Option<Vec<u8>>> {
+            chunks
+                .iter()
+                .map(|c| {
+                    (compress && stored(c))
+                        .then(|| codec.compress(&c.data))
+                        .flatten()
+                })
+                .collect()
+        };
+        let (f, z) = if compress && chunks.len() >= PARALLEL_BATCH {
+            let view: &[Chunk] = chunks;
+            std::thread::scope(|s| {
+                let z = s.spawn(|| squeeze(view));
+                let f = fps(view);
+                (f, z.join().expect("compression does not panic"))
+            })
+        } else {
+            (fps(chunks), squeeze(chunks))
+        };
+        for ((c, f), z) in chunks.iter_mut().zip(f).zip(z) {
+            c.fp = f;
+            c.compressed = z;
+        }
     }
 
     /// Drop one reference. A chunk left with count 1 is held by the hash
@@ -286,23 +332,30 @@ impl Device {
     /// Write the batch's new chunks; consecutive PBNs go out as one I/O.
     /// A backend that places data takes them instead.
     fn write_new(&self, chunks: &[Chunk]) -> Result<()> {
-        if self.places_data {
+        let news: Vec<(Pbn, &[u8])> = if self.places_data {
+            // The backend takes each chunk, or names the block the engine
+            // writes it to (outside the mutex, below).
             let mut m = self.meta.lock();
+            let mut raw = Vec::new();
             for c in chunks {
                 if let Plan::New(pbn) = c.plan {
-                    m.stage_chunk(pbn, &c.data, c.lz4.clone())?;
-                    Counters::add(&self.counters.data_bytes_written, c.data.len() as u64);
+                    let stored = c.compressed.as_ref().map_or(c.data.len(), Vec::len);
+                    match m.stage_chunk(pbn, &c.data, c.compressed.clone())? {
+                        Some(block) => raw.push((block, &c.data[..])),
+                        None => Counters::add(&self.counters.data_bytes_written, stored as u64),
+                    }
                 }
             }
-            return Ok(());
-        }
-        let news: Vec<(Pbn, &[u8])> = chunks
-            .iter()
-            .filter_map(|c| match c.plan {
-                Plan::New(pbn) => Some((pbn, &c.data[..])),
-                _ => None,
-            })
-            .collect();
+            raw
+        } else {
+            chunks
+                .iter()
+                .filter_map(|c| match c.plan {
+                    Plan::New(pbn) => Some((pbn, &c.data[..])),
+                    _ => None,
+                })
+                .collect()
+        };
         let mut staging = Vec::new();
         let mut i = 0;
         while i < news.len() {
@@ -420,13 +473,18 @@ impl Device {
             .iter()
             .filter(|c| matches!(c.plan, Plan::Collision(_) | Plan::Apart))
         {
-            let lz4 = ch.lz4.as_ref().map(Vec::len);
-            let pbn = self.alloc(&mut **self.meta.lock(), lz4)?;
-            let stored = if self.places_data {
-                self.meta.lock().stage_chunk(pbn, &ch.data, ch.lz4.clone())
+            let pbn = self.alloc(&mut **self.meta.lock(), &ch.data, ch.compressed.as_deref())?;
+            let block = if self.places_data {
+                self.meta
+                    .lock()
+                    .stage_chunk(pbn, &ch.data, ch.compressed.clone())
             } else {
-                self.data.write_at(&ch.data, self.cfg.pbn_offset(pbn))
+                Ok(Some(pbn))
             };
+            let stored = block.and_then(|b| match b {
+                Some(b) => self.data.write_at(&ch.data, self.cfg.pbn_offset(b)),
+                None => Ok(()),
+            });
             if let Err(e) = stored {
                 self.release(&mut **self.meta.lock(), pbn)?;
                 return Err(e);

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use dedup_core::backends::{self, BackendParams, OpenOptions};
 use dedup_core::blockfile::sim::SimDisk;
 use dedup_core::blockfile::{BlockFile, MemBlockFile};
+use dedup_core::compress::Compression;
 use dedup_core::config::DeviceConfig;
 use dedup_core::fingerprint::HashAlgo;
 use dedup_core::{Device, Result};
@@ -143,6 +144,29 @@ impl BlockFile for FaultyBlockFile {
     }
 }
 
+/// Every backend, and the packing layer over each kind of backend (and
+/// thin without compression): what the conformance suites run over.
+pub const VARIANTS: &[&str] = &[
+    "inram",
+    "disktable",
+    "cowbtree",
+    "lsm",
+    "thin",
+    "ordered",
+    "ideal",
+    "inram/lz4",
+    "disktable/lz4",
+    "cowbtree/zstd:1",
+    "lsm/lz4",
+    "disktable/zstd",
+    "thin/none",
+];
+
+/// The backend name of a variant ("disktable/lz4" -> "disktable").
+pub fn base(variant: &str) -> &str {
+    variant.split('/').next().unwrap_or(variant)
+}
+
 pub fn config(
     backend: &str,
     chunk_size: u32,
@@ -151,9 +175,18 @@ pub fn config(
     hash: HashAlgo,
     verify: bool,
 ) -> DeviceConfig {
+    // "name/codec" picks a compression (packing, for all but thin); a
+    // bare name stores chunks as they are, except for the thin family,
+    // whose own LZ4 C-blocks are its default.
+    let (backend, compression) = match backend.split_once('/') {
+        Some((name, codec)) => (name, Compression::parse(codec).unwrap()),
+        None if backends::thin::backend::is_thin(backend) => (backend, Compression::Lz4),
+        None => (backend, Compression::None),
+    };
     DeviceConfig {
         uuid: [0x42; 16],
         backend: backend.to_string(),
+        compression,
         chunk_size,
         hash,
         verify,

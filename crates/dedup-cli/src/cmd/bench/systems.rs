@@ -100,6 +100,7 @@ pub fn start(system: &System, workdir: &Path, size: u64, tools: &Tools) -> anyho
             verify: false,
             logical_size: size,
             physical_chunks: size / opts.chunk_size as u64,
+            compression: dedup_core::compress::Compression::None,
         };
         let reference = backends::metadata_reference_bytes(&probe);
         let defaults = BackendParams::default();

@@ -34,8 +34,8 @@ pub struct Geometry {
 impl Geometry {
     pub fn new(cfg: &DeviceConfig) -> Geometry {
         let lbn_blocks = cfg.logical_chunks().div_ceil(LBNS_PER_BLOCK);
-        let ref_blocks = cfg.physical_chunks.div_ceil(REFS_PER_BLOCK);
-        let hash_slots = crate::backends::probe::slots_for(cfg.physical_chunks);
+        let ref_blocks = cfg.pbn_space().div_ceil(REFS_PER_BLOCK);
+        let hash_slots = crate::backends::probe::slots_for(cfg.max_chunks());
         let hash_blocks = hash_slots.div_ceil(SLOTS_PER_BLOCK);
         let tables = 1 + lbn_blocks + ref_blocks + hash_blocks;
         // Big enough for every table block at once: a transaction can then
@@ -139,6 +139,7 @@ mod tests {
             verify: false,
             logical_size: 100_000 * 4096,
             physical_chunks: 50_000,
+            compression: crate::compress::Compression::None,
         };
         let g = Geometry::new(&cfg);
         let (b, o) = g.lbn(99_999);

@@ -315,7 +315,7 @@ fn load_space(
     for_check: bool,
     io: &mut MetaIoStats,
 ) -> Result<SpaceMap> {
-    let nr = cfg.physical_chunks;
+    let nr = cfg.pbn_space();
     let mut space = SpaceMap::new(nr);
     space.set_cursor(state.alloc_cursor);
     let mut used = 0u64;
@@ -459,14 +459,14 @@ impl DiskTable {
     }
 
     fn check_pbn(&self, pbn: Pbn) -> Result<()> {
-        if pbn < self.cfg.physical_chunks {
+        if pbn < self.cfg.pbn_space() {
             Ok(())
         } else {
             Err(Error::corrupt(
                 "disktable refcount array",
                 format!(
                     "PBN {pbn} is beyond the data device ({} chunks)",
-                    self.cfg.physical_chunks
+                    self.cfg.pbn_space()
                 ),
             ))
         }
@@ -518,7 +518,7 @@ impl MetadataBackend for DiskTable {
         self.check_lbn(lbn)?;
         let (b, off) = self.geo.lbn(lbn);
         let v = read_u64(self.cache.get(b)?, HEADER + off);
-        if v > self.cfg.physical_chunks {
+        if v > self.cfg.pbn_space() {
             return Err(Error::corrupt(
                 "disktable LBN map",
                 format!("LBN {lbn} maps to PBN {} beyond the data device", v - 1),

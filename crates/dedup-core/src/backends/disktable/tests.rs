@@ -25,6 +25,7 @@ fn cfg() -> DeviceConfig {
         verify: false,
         logical_size: LOGICAL * 4096,
         physical_chunks: PHYSICAL,
+        compression: crate::compress::Compression::None,
     }
 }
 

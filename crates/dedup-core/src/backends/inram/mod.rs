@@ -79,8 +79,8 @@ pub fn open(
     let table = SaveTable::decode(&superblock.backend_area, &cfg)?;
     let mut backend = InRam {
         lbn_map: zeroed_vec(cfg.logical_chunks() as usize, "the inram LBN map")?,
-        refcounts: zeroed_vec(cfg.physical_chunks as usize, "the inram refcount array")?,
-        hash_index: LinearProbeTable::with_max_entries(cfg.physical_chunks)?,
+        refcounts: zeroed_vec(cfg.pbn_space() as usize, "the inram refcount array")?,
+        hash_index: LinearProbeTable::with_max_entries(cfg.max_chunks())?,
         cfg,
         meta,
         superblock,
@@ -110,7 +110,7 @@ pub fn open(
 
 impl InRam {
     fn load(&mut self) -> Result<()> {
-        let nr_pbns = self.cfg.physical_chunks;
+        let nr_pbns = self.cfg.pbn_space();
         let (cfg, table, meta) = (&self.cfg, &self.table, self.meta.as_ref());
         let lbn_map = &mut self.lbn_map;
         let mut bytes = read_section(meta, cfg, table, Section::LbnMap, |lbn, item| {
@@ -214,7 +214,7 @@ impl InRam {
         // Counts first, so section offsets are known before writing.
         table.items = [
             self.cfg.logical_chunks(),
-            self.cfg.physical_chunks,
+            self.cfg.pbn_space(),
             self.hash_index.len(),
             self.counters.len().min(MAX_COUNTERS as usize) as u64,
         ];
@@ -286,14 +286,14 @@ impl InRam {
     }
 
     fn check_pbn(&self, pbn: Pbn) -> Result<usize> {
-        if pbn < self.cfg.physical_chunks {
+        if pbn < self.cfg.pbn_space() {
             Ok(pbn as usize)
         } else {
             Err(Error::corrupt(
                 "inram refcount array",
                 format!(
                     "PBN {pbn} is beyond the data device ({} chunks)",
-                    self.cfg.physical_chunks
+                    self.cfg.pbn_space()
                 ),
             ))
         }
@@ -380,7 +380,7 @@ impl MetadataBackend for InRam {
     }
 
     fn alloc_pbn(&mut self) -> Result<Option<Pbn>> {
-        let total = self.cfg.physical_chunks;
+        let total = self.cfg.pbn_space();
         if self.pbns_used >= total {
             return Ok(None);
         }
@@ -524,7 +524,7 @@ impl MetadataBackend for InRam {
         BackendUsage {
             lbns_mapped: self.lbns_mapped,
             pbns_used: self.pbns_used,
-            pbns_free: self.cfg.physical_chunks - self.pbns_used,
+            pbns_free: self.cfg.pbn_space() - self.pbns_used,
             hash_entries: self.hash_index.len(),
             metadata_bytes: self.lbn_map.len() as u64 * 8
                 + self.refcounts.len() as u64 * 4

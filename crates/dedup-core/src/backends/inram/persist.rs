@@ -58,7 +58,8 @@ impl Section {
     fn max_items(self, cfg: &DeviceConfig) -> u64 {
         match self {
             Section::LbnMap => cfg.logical_chunks(),
-            Section::Refcounts | Section::HashEntries => cfg.physical_chunks,
+            Section::Refcounts => cfg.pbn_space(),
+            Section::HashEntries => cfg.max_chunks(),
             Section::Counters => MAX_COUNTERS,
         }
     }
@@ -118,7 +119,7 @@ impl SaveTable {
         // A brand-new device has saved nothing yet (all sections empty);
         // afterwards the two arrays always cover the whole device.
         let fresh = t.items == [0; 4];
-        if !fresh && (t.items[0] != cfg.logical_chunks() || t.items[1] != cfg.physical_chunks) {
+        if !fresh && (t.items[0] != cfg.logical_chunks() || t.items[1] != cfg.pbn_space()) {
             return Err(Error::corrupt(
                 S,
                 "array sizes do not match the device geometry",

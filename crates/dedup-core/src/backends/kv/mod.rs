@@ -62,10 +62,10 @@ impl<S: KvStore> KvBackend<S> {
     ) -> Result<Self> {
         let cfg = superblock.config.clone();
         let state = store.state()?;
-        let mut space = SpaceMap::new(cfg.physical_chunks);
+        let mut space = SpaceMap::new(cfg.pbn_space());
         let mut used = 0u64;
         store.for_each_refcount(&mut |pbn, count| {
-            if pbn >= cfg.physical_chunks || count == 0 {
+            if pbn >= cfg.pbn_space() || count == 0 {
                 return Err(Error::corrupt(
                     format!("{name} refcounts"),
                     format!("PBN {pbn} with count {count} is out of range"),
@@ -109,7 +109,7 @@ impl<S: KvStore> KvBackend<S> {
     }
 
     fn refcount(&mut self, pbn: Pbn) -> Result<u32> {
-        if pbn >= self.cfg.physical_chunks {
+        if pbn >= self.cfg.pbn_space() {
             return Err(Error::corrupt(
                 format!("{} refcounts", self.name),
                 format!("PBN {pbn} is beyond the data device"),

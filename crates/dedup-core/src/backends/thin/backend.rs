@@ -48,6 +48,11 @@ pub const THIN: &str = "thin";
 pub const ORDERED: &str = "ordered";
 pub const IDEAL: &str = "ideal";
 
+/// One of the thin family (thin, ordered, ideal).
+pub fn is_thin(backend: &str) -> bool {
+    [THIN, ORDERED, IDEAL].contains(&backend)
+}
+
 pub(super) const BLOCK: usize = 4096;
 const HEADER_MAGIC: &[u8; 8] = b"DDTHIN01";
 /// Blocks per zone, at most; small devices get smaller zones so both kinds
@@ -396,6 +401,48 @@ impl Thin {
     pub fn thin_stats(&self) -> ThinStats {
         self.stats
     }
+
+    fn alloc_thin(&mut self, compressed: Option<usize>) -> Result<Option<Pbn>> {
+        self.usable()?;
+        let kind = match compressed {
+            Some(n) if cblock::capacity_for(n, self.cfg.chunk_size as usize) > 0 => Kind::C,
+            _ => Kind::U,
+        };
+        // A block the bitmap calls free but the counts hold (a count a
+        // repair restored) is never handed out: it is marked and skipped.
+        for _ in 0..self.cfg.physical_chunks.max(1) {
+            let mut changes = Changes::default();
+            let got = self.zones.alloc(kind, 1, &mut changes);
+            self.persist_changes(changes)?;
+            let Some(&pbn) = got.first() else {
+                return Ok(None);
+            };
+            if self.inner.refcount_get(pbn)? == 0 {
+                self.inner.refcount_set(pbn, 1)?;
+                return Ok(Some(pbn));
+            }
+        }
+        Ok(None)
+    }
+
+    fn stage_thin(&mut self, pbn: Pbn, data: &[u8], lz4: Option<Vec<u8>>) -> Result<()> {
+        self.usable()?;
+        // A compressible chunk given a plain block is stored plain.
+        let lz4 = if self.zones.is_cblock(pbn) {
+            Some(lz4.unwrap_or_else(|| lz4_flex::block::compress(data)))
+        } else {
+            None
+        };
+        self.staged.insert(
+            pbn,
+            Staged {
+                raw: data.into(),
+                lz4,
+            },
+        );
+        self.window_started.get_or_insert_with(Instant::now);
+        Ok(())
+    }
 }
 
 impl MetadataBackend for Thin {
@@ -447,49 +494,16 @@ impl MetadataBackend for Thin {
     }
 
     fn alloc_pbn(&mut self) -> Result<Option<Pbn>> {
-        self.alloc_pbn_for(None)
+        self.alloc_thin(None)
     }
 
-    fn alloc_pbn_for(&mut self, compressed: Option<usize>) -> Result<Option<Pbn>> {
-        self.usable()?;
-        let kind = match compressed {
-            Some(n) if cblock::capacity_for(n, self.cfg.chunk_size as usize) > 0 => Kind::C,
-            _ => Kind::U,
-        };
-        // A block the bitmap calls free but the counts hold (a count a
-        // repair restored) is never handed out: it is marked and skipped.
-        for _ in 0..self.cfg.physical_chunks.max(1) {
-            let mut changes = Changes::default();
-            let got = self.zones.alloc(kind, 1, &mut changes);
-            self.persist_changes(changes)?;
-            let Some(&pbn) = got.first() else {
-                return Ok(None);
-            };
-            if self.inner.refcount_get(pbn)? == 0 {
-                self.inner.refcount_set(pbn, 1)?;
-                return Ok(Some(pbn));
-            }
-        }
+    fn alloc_pbn_for(&mut self, _data: &[u8], compressed: Option<&[u8]>) -> Result<Option<Pbn>> {
+        self.alloc_thin(compressed.map(<[u8]>::len))
+    }
+
+    fn stage_chunk(&mut self, pbn: Pbn, data: &[u8], lz4: Option<Vec<u8>>) -> Result<Option<u64>> {
+        self.stage_thin(pbn, data, lz4)?;
         Ok(None)
-    }
-
-    fn stage_chunk(&mut self, pbn: Pbn, data: &[u8], lz4: Option<Vec<u8>>) -> Result<()> {
-        self.usable()?;
-        // A compressible chunk given a plain block is stored plain.
-        let lz4 = if self.zones.is_cblock(pbn) {
-            Some(lz4.unwrap_or_else(|| lz4_flex::block::compress(data)))
-        } else {
-            None
-        };
-        self.staged.insert(
-            pbn,
-            Staged {
-                raw: data.into(),
-                lz4,
-            },
-        );
-        self.window_started.get_or_insert_with(Instant::now);
-        Ok(())
     }
 
     fn locate(&mut self, pbn: Pbn) -> DataLocation {

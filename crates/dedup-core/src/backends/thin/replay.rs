@@ -183,6 +183,7 @@ mod tests {
             verify: false,
             logical_size: LBNS * 4096,
             physical_chunks: PBNS,
+            compression: crate::compress::Compression::None,
         };
         let meta = MemBlockFile::new(inram::metadata_device_len(&cfg), "meta");
         inram::format(&cfg, &meta).unwrap();

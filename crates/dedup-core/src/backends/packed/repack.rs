@@ -1,0 +1,230 @@
+//! Repacking (issue 7's garbage collection of fragments): blocks whose
+//! live fragments fill less than `REPACK_BELOW_PERCENT` of them have those
+//! fragments copied, best fit largest first, into fewer new blocks; then
+//! counts, hash index entries and LBN mappings move to the new addresses.
+//!
+//! Crash safety: the new blocks are written and synced before any metadata
+//! names them, and the move is one change of the backend's in-memory
+//! state that the engine commits right after; the old blocks are retired,
+//! not freed, so until that commit is durable (and the readers that looked
+//! them up are done) they still hold every old fragment. A crash before
+//! the commit leaves the old mappings and old blocks; after, the new ones.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+use super::blocks::{Hold, UNKNOWN};
+use super::{addr, Packed};
+use crate::backend::scan_all;
+use crate::config::{Lbn, Pbn};
+use crate::error::Result;
+use crate::fingerprint::Fingerprint;
+use crate::pack::{self, Packer};
+
+/// Blocks whose live fragments fill less than this share are repacked.
+pub const REPACK_BELOW_PERCENT: usize = 75;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepackReport {
+    /// Packed blocks whose table was read to weigh them.
+    pub blocks_read: u64,
+    /// Blocks emptied (their fragments moved) and blocks written.
+    pub blocks_repacked: u64,
+    pub blocks_written: u64,
+    pub fragments_moved: u64,
+    /// Blocks left alone because their table or a live fragment is damaged
+    /// (`dedup check` reports them).
+    pub damaged_blocks: u64,
+    /// The pass stopped at its budget; another may find more.
+    pub more: bool,
+}
+
+impl Packed {
+    pub(super) fn repack_blocks(&mut self, max_blocks: usize) -> Result<RepackReport> {
+        self.usable()?;
+        // Weigh what is on disk: write the open bins first.
+        self.write_all()?;
+        let mut report = RepackReport::default();
+        let chosen = self.choose(max_blocks, &mut report)?;
+        if chosen.is_empty() {
+            return Ok(report);
+        }
+        // Best fit, largest first, into as few blocks as it takes.
+        let mut fragments: Vec<(Pbn, Vec<u8>)> = chosen
+            .iter()
+            .flat_map(|(block, frags)| {
+                frags
+                    .iter()
+                    .map(move |(slot, f)| (addr(*block, *slot as u64), f.clone()))
+            })
+            .collect();
+        fragments.sort_by_key(|(_, f)| std::cmp::Reverse(f.len()));
+        let cs = self.cfg.chunk_size as usize;
+        let mut packers: Vec<Packer> = Vec::new();
+        let mut placed: Vec<(Pbn, usize, usize)> = Vec::with_capacity(fragments.len());
+        for (old, f) in &fragments {
+            let best = packers
+                .iter()
+                .enumerate()
+                .filter_map(|(i, p)| {
+                    let room = p.room_for_next()?;
+                    (room >= f.len()).then_some((room - f.len(), i))
+                })
+                .min()
+                .map(|(_, i)| i);
+            let i = best.unwrap_or_else(|| {
+                packers.push(Packer::new(cs));
+                packers.len() - 1
+            });
+            let slot = packers[i].add(f).expect("chosen for having room");
+            placed.push((*old, i, slot));
+        }
+        if packers.len() >= chosen.len() {
+            return Ok(report);
+        }
+        let mut new_blocks = Vec::with_capacity(packers.len());
+        for _ in &packers {
+            match self.blocks.alloc(Hold::Bin, 0) {
+                Some(b) => new_blocks.push(b),
+                None => {
+                    for b in new_blocks {
+                        self.blocks.drop_bin(b);
+                    }
+                    warn!("repack: no free block to pack into; free space first");
+                    return Ok(report);
+                }
+            }
+        }
+        let data = self.data()?.clone();
+        let written = packers
+            .iter()
+            .zip(&new_blocks)
+            .try_for_each(|(p, &b)| data.write_at(&p.seal(), self.cfg.pbn_offset(b)))
+            .and_then(|_| data.sync());
+        if let Err(e) = written {
+            for b in new_blocks {
+                self.blocks.drop_bin(b);
+            }
+            return Err(e);
+        }
+        // Move the counts, then the index entries and mappings naming them.
+        let mut moves: HashMap<Pbn, Pbn> = HashMap::with_capacity(placed.len());
+        for &(old, i, slot) in &placed {
+            let new = addr(new_blocks[i], slot as u64);
+            let count = self.inner.refcount_get(old)?;
+            self.inner.refcount_set(new, count)?;
+            self.inner.refcount_set(old, 0)?;
+            self.blocks.revive(new);
+            moves.insert(old, new);
+        }
+        let mut entries: Vec<(Fingerprint, Pbn)> = Vec::new();
+        scan_all(
+            |c, page| self.inner.hash_index_scan(c, 4096, page),
+            |fp, pbn| {
+                if let Some(&new) = moves.get(&pbn) {
+                    entries.push((fp, new));
+                }
+                Ok(())
+            },
+        )?;
+        // Collected first: deleting during an open-addressing scan can
+        // move entries behind the cursor.
+        for (fp, new) in entries {
+            self.inner.hash_index_delete(&fp)?;
+            self.inner.hash_index_insert(&fp, new)?;
+        }
+        let mut mappings: Vec<(Lbn, Pbn)> = Vec::new();
+        scan_all(
+            |c, page| self.inner.lbn_map_scan(c, 4096, page),
+            |lbn, pbn| {
+                if let Some(&new) = moves.get(&pbn) {
+                    mappings.push((lbn, new));
+                }
+                Ok(())
+            },
+        )?;
+        for (lbn, new) in mappings {
+            self.inner.lbn_map_insert(lbn, new)?;
+        }
+        for (p, &b) in packers.iter().zip(&new_blocks) {
+            self.blocks.sealed(b, p.len(), p.used() as u32);
+        }
+        for (block, _) in &chosen {
+            self.blocks.retire(*block);
+        }
+        report.blocks_repacked = chosen.len() as u64;
+        report.blocks_written = new_blocks.len() as u64;
+        report.fragments_moved = placed.len() as u64;
+        self.stats.repacked_blocks += report.blocks_repacked;
+        self.stats.repack_blocks_written += report.blocks_written;
+        self.stats.fragments_moved += report.fragments_moved;
+        Ok(report)
+    }
+
+    /// Packed blocks worth repacking, with their live fragments, up to
+    /// `max_blocks`, scanning on from where the last pass stopped.
+    #[allow(clippy::type_complexity)]
+    fn choose(
+        &mut self,
+        max_blocks: usize,
+        report: &mut RepackReport,
+    ) -> Result<Vec<(u64, Vec<(usize, Vec<u8>)>)>> {
+        let cs = self.cfg.chunk_size as usize;
+        let n = self.blocks.count();
+        let mut chosen = Vec::new();
+        let mut buf = vec![0u8; cs];
+        let data = self.data()?.clone();
+        let start = self.repack_cursor % n.max(1);
+        self.repack_cursor = 0;
+        for step in 0..n {
+            let b = (start + step) % n;
+            if chosen.len() >= max_blocks {
+                report.more = true;
+                self.repack_cursor = b;
+                break;
+            }
+            let live = self.blocks.live(b);
+            if live == 0 || self.blocks.is_raw(b) || self.blocks.hold(b) != Hold::None {
+                continue;
+            }
+            let (slots, fill) = (self.blocks.slots(b), self.blocks.fill(b));
+            let full_enough = fill != UNKNOWN && fill as usize * 100 >= cs * REPACK_BELOW_PERCENT;
+            if slots != 0 && live.count_ones() == slots as u32 && full_enough {
+                continue;
+            }
+            report.blocks_read += 1;
+            data.read_at(&mut buf, self.cfg.pbn_offset(b))?;
+            let table = match pack::slots(&buf) {
+                Ok(t) => t,
+                Err(e) => {
+                    warn!("repack: block {b} left alone: {e}");
+                    report.damaged_blocks += 1;
+                    continue;
+                }
+            };
+            let mut frags = Vec::new();
+            let mut damaged = live >> table.len() != 0;
+            for slot in (0..table.len()).filter(|s| live & (1 << s) != 0) {
+                match pack::fragment(&buf, slot) {
+                    Ok(f) => frags.push((slot, f.to_vec())),
+                    Err(e) => {
+                        warn!("repack: block {b} left alone: {e}");
+                        damaged = true;
+                    }
+                }
+            }
+            if damaged {
+                report.damaged_blocks += 1;
+                continue;
+            }
+            let live_bytes: usize = frags.iter().map(|(_, f)| f.len()).sum();
+            self.blocks.set_layout(b, table.len(), live_bytes as u32);
+            if live_bytes * 100 < cs * REPACK_BELOW_PERCENT {
+                chosen.push((b, frags));
+            }
+        }
+        Ok(chosen)
+    }
+}
