@@ -15,11 +15,17 @@ pub fn status(r: &StatusReport) -> String {
     let state = if r.served { "serving" } else { "stopped" };
     let _ = writeln!(
         o,
-        "Device {} ({state}): {} backend, {} fingerprints{}, {cs} chunks",
+        "Device {} ({state}): {} backend, {} fingerprints{}, {cs} chunks, compression {}",
         r.device,
         s.backend,
         s.hash,
-        if s.verify { " + byte verify" } else { "" }
+        if s.verify { " + byte verify" } else { "" },
+        s.compression
+    );
+    let _ = writeln!(
+        o,
+        "  Space ratio      {:.2}   (mapped logical bytes per physical data byte in use; compression {:.2})",
+        s.space_ratio, s.compression_ratio
     );
     let _ = writeln!(
         o,
@@ -42,6 +48,23 @@ pub fn status(r: &StatusReport) -> String {
         s.physical_used_percent,
         format_size(s.physical_bytes_free)
     );
+    if let Some(p) = &s.packing {
+        let _ = writeln!(
+            o,
+            "  Packing          {} packed blocks holding {} fragments ({:.2} per block), {} incompressible chunks stored raw, {} bins open",
+            p.packed_blocks, p.fragments, p.fragments_per_block, s.incompressible_chunks, p.open_bins
+        );
+        let _ = writeln!(
+            o,
+            "                   since start: {} packed blocks written ({} before they were full), {:.1}% filled; repacking emptied {} blocks into {}, moving {} fragments",
+            p.bins_written,
+            p.bins_written_early,
+            p.written_fill_percent,
+            p.repacked_blocks,
+            p.repack_blocks_written,
+            p.fragments_moved
+        );
+    }
     let _ = writeln!(
         o,
         "  Metadata         {} ({} hash index entries)",
@@ -100,13 +123,26 @@ pub fn status(r: &StatusReport) -> String {
 }
 
 pub fn gc(r: &GcReport) -> String {
-    format!(
-        "Reclaimed {} chunks ({}) in {:.3} s; {} hash index entries examined.",
+    let mut o = format!(
+        "Reclaimed {} chunks ({} of data space) in {:.3} s; {} hash index entries examined.",
         r.reclaimed,
         format_size(r.bytes_reclaimed),
         r.seconds,
         r.scanned
-    )
+    );
+    if r.blocks_repacked > 0 || r.damaged_blocks > 0 {
+        o.push_str(&format!(
+            "\nRepacked {} mostly dead packed blocks into {}, moving {} fragments.",
+            r.blocks_repacked, r.repack_blocks_written, r.fragments_moved
+        ));
+    }
+    if r.damaged_blocks > 0 {
+        o.push_str(&format!(
+            "\n{} damaged packed blocks were left alone: run `dedup check --data` to see which chunks they hold.",
+            r.damaged_blocks
+        ));
+    }
+    o
 }
 
 pub fn check(r: &CheckReport) -> String {

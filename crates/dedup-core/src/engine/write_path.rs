@@ -31,7 +31,7 @@ use crate::stats::Counters;
 
 /// Times a batch that found the device full is retried after making room.
 const RECLAIM_ATTEMPTS: u32 = 8;
-/// Chunks in a batch from which compression gets a thread of its own.
+/// New chunks in a batch from which compression is split over two threads.
 const PARALLEL_BATCH: usize = 16;
 
 /// Where the new bytes of a request come from.
@@ -67,8 +67,8 @@ struct Chunk<'a> {
     data: Cow<'a, [u8]>,
     fp: Option<Fingerprint>,
     /// For a backend that places data: the chunk compressed with the
-    /// device's codec, if that makes it smaller (computed here, outside
-    /// the metadata mutex, in parallel with the hashing).
+    /// device's codec, if it is new and that makes it smaller (computed
+    /// outside the metadata mutex).
     compressed: Option<Vec<u8>>,
     plan: Plan,
 }
@@ -176,7 +176,7 @@ impl Device {
                 data,
             });
         }
-        self.fingerprint_and_compress(&mut chunks);
+        self.fingerprint(&mut chunks);
         if let Source::Bytes(_) = src {
             Counters::add(&self.counters.writes, chunks.len() as u64);
         }
@@ -184,6 +184,7 @@ impl Device {
         let _fp_guards = self
             .fp_locks
             .lock_many(chunks.iter().filter_map(|c| c.fp.map(|f| f.prefix_u64())));
+        self.compress_new(&mut chunks)?;
 
         {
             let mut m = self.meta.lock();
@@ -253,44 +254,57 @@ impl Device {
         })
     }
 
-    /// Fingerprint every non-zero chunk and, for a backend that places
-    /// data, compress it too: on a second thread when the batch is large
-    /// enough to pay for one, so compression adds no latency to hashing.
-    fn fingerprint_and_compress(&self, chunks: &mut [Chunk]) {
+    /// Fingerprint every non-zero chunk (no lock held).
+    fn fingerprint(&self, chunks: &mut [Chunk]) {
         let hash = self.cfg.hash;
+        for c in chunks.iter_mut().filter(|c| c.plan != Plan::Zero) {
+            c.fp = Some(hash.fingerprint(&c.data));
+        }
+    }
+
+    /// For a backend that places data: compress the chunks whose content
+    /// the hash index does not hold yet (the caller holds their
+    /// fingerprint stripes, so none can be stored meanwhile), outside the
+    /// metadata mutex. Duplicates cost no compression, and a large batch
+    /// is split over two threads.
+    fn compress_new(&self, chunks: &mut [Chunk]) -> Result<()> {
         let codec = self.cfg.compression;
-        let compress = self.places_data && !codec.is_none();
-        let stored = |c: &Chunk| c.plan != Plan::Zero;
-        let fps = |chunks: &[Chunk]| -> Vec<Option<Fingerprint>> {
-            chunks
-                .iter()
-                .map(|c| stored(c).then(|| hash.fingerprint(&c.data)))
+        if !self.places_data || codec.is_none() {
+            return Ok(());
+        }
+        let mut todo: Vec<usize> = Vec::new();
+        {
+            let mut m = self.meta.lock();
+            let mut seen = std::collections::HashSet::new();
+            for (i, c) in chunks.iter().enumerate() {
+                let Some(fp) = c.fp else { continue };
+                if seen.insert(fp) && m.hash_index_lookup(&fp)?.is_none() {
+                    todo.push(i);
+                }
+            }
+        }
+        let squeeze = |idx: &[usize], chunks: &[Chunk]| -> Vec<Option<Vec<u8>>> {
+            idx.iter()
+                .map(|&i| codec.compress(&chunks[i].data))
                 .collect()
         };
-        let squeeze = |chunks: &[Chunk]| -> Vec<Option<Vec<u8>>> {
-            chunks
-                .iter()
-                .map(|c| {
-                    (compress && stored(c))
-                        .then(|| codec.compress(&c.data))
-                        .flatten()
-                })
-                .collect()
-        };
-        let (f, z) = if compress && chunks.len() >= PARALLEL_BATCH {
+        let out = if todo.len() >= PARALLEL_BATCH {
+            let (a, b) = todo.split_at(todo.len() / 2);
             let view: &[Chunk] = chunks;
             std::thread::scope(|s| {
-                let z = s.spawn(|| squeeze(view));
-                let f = fps(view);
-                (f, z.join().expect("compression does not panic"))
+                let first = s.spawn(|| squeeze(a, view));
+                let second = squeeze(b, view);
+                let mut all = first.join().expect("compression does not panic");
+                all.extend(second);
+                all
             })
         } else {
-            (fps(chunks), squeeze(chunks))
+            squeeze(&todo, chunks)
         };
-        for ((c, f), z) in chunks.iter_mut().zip(f).zip(z) {
-            c.fp = f;
-            c.compressed = z;
+        for (i, z) in todo.into_iter().zip(out) {
+            chunks[i].compressed = z;
         }
+        Ok(())
     }
 
     /// Drop one reference. A chunk left with count 1 is held by the hash

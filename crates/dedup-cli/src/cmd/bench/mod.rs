@@ -40,6 +40,10 @@ pub struct Args {
     /// cowbtree writes per transaction: 1 = every write, 0 = unlimited.
     #[arg(long, value_delimiter = ',', default_value = "1000")]
     pub txn: Vec<u64>,
+    /// Compression of the dedup systems, each one a system of its own
+    /// (none, lz4, zstd, zstd:LEVEL); e.g. --compression none,lz4,zstd.
+    #[arg(long, value_delimiter = ',', default_value = "none")]
+    pub compression: Vec<String>,
     #[arg(
         long,
         value_delimiter = ',',
@@ -181,6 +185,11 @@ pub struct Run {
     /// use for dedup, allocated blocks of the image file for raw.
     #[serde(default)]
     pub physical_bytes: Option<u64>,
+    /// Mapped logical bytes per physical data byte in use.
+    #[serde(default)]
+    pub space_ratio: Option<f64>,
+    #[serde(default)]
+    pub metadata_bytes: Option<u64>,
 }
 
 fn expand(a: &Args) -> Vec<System> {
@@ -217,7 +226,27 @@ fn expand(a: &Args) -> Vec<System> {
             _ => {}
         }
     }
-    out
+    // Each dedup system once per compression asked for.
+    let codecs = if a.preset.is_some() {
+        vec!["none".to_string()]
+    } else {
+        a.compression.clone()
+    };
+    out.into_iter()
+        .flat_map(|s| {
+            if s.kind == "raw" {
+                vec![s]
+            } else {
+                codecs
+                    .iter()
+                    .map(|c| {
+                        s.clone()
+                            .with_compression(c, codecs.len() > 1 || c != "none")
+                    })
+                    .collect()
+            }
+        })
+        .collect()
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
@@ -228,6 +257,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         if s != "raw" {
             dedup_core::backends::check_name(s)?;
         }
+    }
+    for c in &a.compression {
+        dedup_core::compress::Compression::parse(c)?;
     }
     // The servers' info lines would drown the progress bar.
     if std::env::var_os("DEDUP_LOG").is_none() {
@@ -422,6 +454,11 @@ fn one(
                 let written = io.bytes.min(a.size);
                 span = (written.max(1 << 20) / (1 << 20)) * (1 << 20);
             }
+            if phase == Phase::Write && !dataset.by_fio() {
+                // What the device holds once garbage collection (and
+                // repacking) has given back what it can; not timed.
+                running.gc()?;
+            }
             let stats = running.stats()?;
             out.push(Run {
                 system: system.label.clone(),
@@ -441,6 +478,8 @@ fn one(
                     Some(s) => Some(s.physical_bytes_used),
                     None => running.raw_allocated_bytes(),
                 },
+                space_ratio: stats.as_ref().map(|s| s.space_ratio),
+                metadata_bytes: stats.as_ref().map(|s| s.metadata_bytes),
             });
         }
         Ok(out)

@@ -34,6 +34,15 @@ pub struct Summary {
     /// Data bytes held after the run (dedup: chunks in use; raw: allocated).
     #[serde(default)]
     pub physical_bytes: Option<u64>,
+    /// The raw baseline's data bytes divided by this system's.
+    #[serde(default)]
+    pub stored_vs_raw: Option<f64>,
+    /// Mapped logical bytes per physical data byte (dedup and compression).
+    #[serde(default)]
+    pub space_ratio: Option<f64>,
+    /// Bytes of metadata the device holds.
+    #[serde(default)]
+    pub metadata_bytes: Option<u64>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -100,11 +109,19 @@ pub fn summarize(systems: &[System], runs: &[Run]) -> Vec<Summary> {
                 metadata_bytes_written: mo(&|r| r.metadata_bytes_written.map(|v| v as f64))
                     .map(|v| v as u64),
                 physical_bytes: mo(&|r| r.physical_bytes.map(|v| v as f64)).map(|v| v as u64),
+                stored_vs_raw: None,
+                space_ratio: mo(&|r| r.space_ratio),
+                metadata_bytes: mo(&|r| r.metadata_bytes.map(|v| v as f64)).map(|v| v as u64),
             });
         }
-        let raw = group.iter().find(|g| g.system == "raw").map(|g| g.mb_per_s);
+        let raw = group.iter().find(|g| g.system == "raw");
+        let (raw_mb, raw_bytes) = (raw.map(|g| g.mb_per_s), raw.and_then(|g| g.physical_bytes));
         for g in &mut group {
-            g.vs_raw = raw.filter(|&r| r > 0.0).map(|r| g.mb_per_s / r);
+            g.vs_raw = raw_mb.filter(|&r| r > 0.0).map(|r| g.mb_per_s / r);
+            g.stored_vs_raw = raw_bytes
+                .zip(g.physical_bytes)
+                .filter(|&(_, b)| b > 0)
+                .map(|(r, b)| r as f64 / b as f64);
         }
         out.extend(group);
     }
@@ -143,7 +160,7 @@ pub fn table(summary: &[Summary], a: &Settings) -> String {
             let _ = writeln!(o, "\n{}:", workload_title(s));
             let _ = writeln!(
                 o,
-                "  {:<24} {:>9} {:>13} {:>7} {:>9} {:>8} {:>8} {:>9} {:>6} {:>6} {:>9} {:>10}",
+                "  {:<24} {:>9} {:>13} {:>7} {:>9} {:>8} {:>8} {:>9} {:>6} {:>6} {:>9} {:>10} {:>7} {:>7} {:>9}",
                 "system",
                 "MB/s",
                 "(min-max)",
@@ -155,7 +172,10 @@ pub fn table(summary: &[Summary], a: &Settings) -> String {
                 "CPU s",
                 "dedup",
                 "meta wr",
-                "stored"
+                "stored",
+                "raw/st",
+                "space",
+                "meta"
             );
             last = Some(key);
         }
@@ -171,7 +191,7 @@ pub fn table(summary: &[Summary], a: &Settings) -> String {
         };
         let _ = writeln!(
             o,
-            "  {:<24} {:>9.1} {:>13} {:>7} {:>9} {:>8} {:>8} {:>9} {:>6.1} {:>6} {:>9} {:>10}",
+            "  {:<24} {:>9.1} {:>13} {:>7} {:>9} {:>8} {:>8} {:>9} {:>6.1} {:>6} {:>9} {:>10} {:>7} {:>7} {:>9}",
             s.system,
             s.mb_per_s,
             format!("({:.0}-{:.0})", s.mb_per_s_min, s.mb_per_s_max),
@@ -184,6 +204,10 @@ pub fn table(summary: &[Summary], a: &Settings) -> String {
             opt(s.dedup_ratio, 2),
             s.metadata_writes.map_or("-".to_string(), |v| v.to_string()),
             s.physical_bytes
+                .map_or("-".to_string(), dedup_core::size::format_size),
+            opt(s.stored_vs_raw, 2),
+            opt(s.space_ratio, 2),
+            s.metadata_bytes
                 .map_or("-".to_string(), dedup_core::size::format_size),
         );
     }

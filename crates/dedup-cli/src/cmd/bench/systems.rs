@@ -23,6 +23,9 @@ pub struct System {
     pub cache_pct: Option<f64>,
     /// Writes per transaction (cowbtree, lsm).
     pub txn_writes: Option<u64>,
+    /// How chunks are compressed (dedup systems; None: none).
+    #[serde(default)]
+    pub compression: Option<String>,
 }
 
 impl System {
@@ -32,7 +35,18 @@ impl System {
             kind: "raw".into(),
             cache_pct: None,
             txn_writes: None,
+            compression: None,
         }
+    }
+
+    /// The same system with chunks compressed by `codec` (named in the
+    /// label when `labelled`).
+    pub fn with_compression(mut self, codec: &str, labelled: bool) -> System {
+        if labelled {
+            self.label.push_str(&format!(" {codec}"));
+        }
+        self.compression = Some(codec.to_string());
+        self
     }
 
     pub fn dedup(backend: &str, cache_pct: Option<f64>, txn_writes: Option<u64>) -> System {
@@ -50,6 +64,7 @@ impl System {
             kind: backend.to_string(),
             cache_pct,
             txn_writes,
+            compression: None,
         }
     }
 }
@@ -92,6 +107,9 @@ pub fn start(system: &System, workdir: &Path, size: u64, tools: &Tools) -> anyho
         let dev = dir.join("dev");
         let mut opts = CreateOptions::new(size);
         opts.backend = system.kind.clone();
+        opts.compression = dedup_core::compress::Compression::parse(
+            system.compression.as_deref().unwrap_or("none"),
+        )?;
         let probe = dedup_core::config::DeviceConfig {
             uuid: [0; 16],
             backend: system.kind.clone(),
@@ -166,6 +184,17 @@ impl Running {
         };
         match control::request(control, &Request::Status)? {
             Some(v) => Ok(Some(serde_json::from_value(v)?)),
+            None => bail!("the device stopped answering on {}", control.display()),
+        }
+    }
+
+    /// Run garbage collection on a dedup device (no-op for raw).
+    pub fn gc(&self) -> anyhow::Result<()> {
+        let Some(control) = &self.control else {
+            return Ok(());
+        };
+        match control::request(control, &Request::Gc)? {
+            Some(_) => Ok(()),
             None => bail!("the device stopped answering on {}", control.display()),
         }
     }
