@@ -9,7 +9,7 @@
 source "$(dirname "$0")/lib.sh"
 [ "$BACKEND" != inram ] || fail "crash-kill needs a crash-safe backend (BACKEND=disktable|cowbtree|lsm)"
 
-"$DEDUP" create "$WORK/dev" --size 256M --backend "$BACKEND" >/dev/null
+"$DEDUP" create "$WORK/dev" --size 256M --backend "$BACKEND" --compression "$COMPRESSION" >/dev/null
 U=$(uri "$WORK/dev")
 region=$((128 << 20))
 log="$WORK/checker.log"

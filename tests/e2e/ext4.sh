@@ -6,7 +6,7 @@
 # Then two copies are deleted and fstrim + gc give the space back.
 source "$(dirname "$0")/lib.sh"
 
-"$DEDUP" create "$WORK/dev" --size 512M --backend "$BACKEND" >/dev/null
+"$DEDUP" create "$WORK/dev" --size 512M --backend "$BACKEND" --compression "$COMPRESSION" >/dev/null
 serve "$WORK/dev"
 
 log "nbdfuse + losetup"

@@ -4,7 +4,7 @@
 # duplicates), then a dedupe_percentage mix whose ratio status must show.
 source "$(dirname "$0")/lib.sh"
 
-"$DEDUP" create "$WORK/dev" --size 512M --backend "$BACKEND" >/dev/null
+"$DEDUP" create "$WORK/dev" --size 512M --backend "$BACKEND" --compression "$COMPRESSION" >/dev/null
 serve "$WORK/dev"
 U=$(uri "$WORK/dev")
 common=(--ioengine=nbd --uri="$U" --bs=4k --iodepth=16 --numjobs=4 --group_reporting --verify_fatal=1 --verify_state_save=0)

@@ -9,6 +9,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DEDUP=${DEDUP:-$ROOT/target/release/dedup}
 # The metadata backend the device-level tests create devices with.
 BACKEND=${BACKEND:-inram}
+# How the device-level tests' devices compress (lz4 is dedup's default).
+COMPRESSION=${COMPRESSION:-lz4}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/dedup-e2e.XXXXXX")
 CLEANUPS=()
 

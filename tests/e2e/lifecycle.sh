@@ -22,6 +22,10 @@ expect_fail "invalid size" "$DEDUP" create "$WORK/x" --size 12Q
 expect_fail "invalid value" "$DEDUP" create "$WORK/x" --size 1G --hash crc32
 expect_fail "invalid value" "$DEDUP" create "$WORK/x" --size 1G --backend nosuch
 expect_fail "required" "$DEDUP" create "$WORK/x"
+expect_fail "none, lz4 or zstd" "$DEDUP" create "$WORK/x" --size 1G --compression gzip
+expect_fail "none, lz4 or zstd" "$DEDUP" create "$WORK/x" --size 1G --compression zstd:30
+expect_fail "lz4 or none" "$DEDUP" create "$WORK/x" --size 1G --backend thin --compression zstd
+expect_fail "--compression none" "$DEDUP" create "$WORK/x" --size 1G --chunk-size 128K
 [ ! -e "$WORK/x/meta" ] || fail "a refused create left files behind"
 "$DEDUP" create --help | grep -q "Examples" || fail "create --help has no example"
 for sub in serve status gc check; do "$DEDUP" $sub --help | grep -q "Examples" || fail "$sub --help has no example"; done

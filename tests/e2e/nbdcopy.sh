@@ -5,8 +5,8 @@
 source "$(dirname "$0")/lib.sh"
 
 log "create and serve"
-"$DEDUP" create "$WORK/rand" --size 256M --backend "$BACKEND" >/dev/null
-"$DEDUP" create "$WORK/rep" --size 256M --backend "$BACKEND" >/dev/null
+"$DEDUP" create "$WORK/rand" --size 256M --backend "$BACKEND" --compression "$COMPRESSION" >/dev/null
+"$DEDUP" create "$WORK/rep" --size 256M --backend "$BACKEND" --compression "$COMPRESSION" >/dev/null
 serve "$WORK/rand"
 serve "$WORK/rep"
 

@@ -4,7 +4,7 @@
 # raw file, and qemu-img compare must find the two identical.
 source "$(dirname "$0")/lib.sh"
 
-"$DEDUP" create "$WORK/dev" --size 64M --backend "$BACKEND" >/dev/null
+"$DEDUP" create "$WORK/dev" --size 64M --backend "$BACKEND" --compression "$COMPRESSION" >/dev/null
 serve "$WORK/dev"
 truncate -s 64M "$WORK/ref.img"
 

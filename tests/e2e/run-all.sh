@@ -8,11 +8,11 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 1
 fi
 run() {
-    local backend=$1 t=$2 start
-    echo "=== e2e: $t ($backend)"
+    local backend=$1 t=$2 compression=${3:-lz4} start
+    echo "=== e2e: $t ($backend, $compression)"
     start=$(date +%s)
-    BACKEND=$backend bash "$here/$t.sh"
-    echo "=== e2e: $t ($backend) passed in $(($(date +%s) - start)) s"
+    BACKEND=$backend COMPRESSION=$compression bash "$here/$t.sh"
+    echo "=== e2e: $t ($backend, $compression) passed in $(($(date +%s) - start)) s"
 }
 for t in nbdcopy qemu-io fio lifecycle ext4 bench replay analyze; do
     run inram "$t"
@@ -22,6 +22,15 @@ for backend in disktable cowbtree lsm thin; do
         run "$backend" "$t"
     done
 done
+# The other codecs (lz4, the default, ran above): zstd packing, and
+# chunks stored as they are.
+for t in nbdcopy ext4 crash-kill; do
+    run disktable "$t" zstd
+done
+for t in nbdcopy ext4; do
+    run inram "$t" none
+done
+run thin ext4 none
 # ordered runs thin's code with another write order: the data paths once.
 for t in nbdcopy fio ext4; do
     run ordered "$t"

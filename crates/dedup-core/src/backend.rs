@@ -249,6 +249,10 @@ pub trait MetadataBackend: Send {
     fn data_blocks(&self) -> Option<(u64, u64)> {
         None
     }
+    /// Freed data blocks wait for a commit to be reusable (packing).
+    fn blocks_waiting(&self) -> bool {
+        false
+    }
     /// Packing figures, for a packing device.
     fn packing(&self) -> Option<crate::backends::packed::PackingStats> {
         None

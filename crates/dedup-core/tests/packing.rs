@@ -304,3 +304,63 @@ fn thin_takes_lz4_or_none_and_large_chunks_do_not_pack() {
     let e = c.validate().unwrap_err().to_string();
     assert!(e.contains("--compression none"), "{e}");
 }
+
+/// Review regression: a full packing device whose space was trimmed takes
+/// new writes at once (the blocks freed wait only for the commit that
+/// making room gives them).
+#[test]
+fn a_full_device_takes_writes_again_after_a_trim() {
+    for variant in ["inram/lz4", "disktable/lz4", "lsm/lz4"] {
+        let md = device(variant, 64, 16);
+        let dev = md.open().unwrap();
+        let mut n = 0u64;
+        while n < 64 && dev.write(n * CS as u64, &chunk(500 + n, 0), false).is_ok() {
+            n += 1;
+        }
+        assert_eq!(n, 16, "{variant}: raw chunks fill one block each");
+        dev.flush().unwrap();
+        dev.discard(0, 8 * CS as u64, false).unwrap();
+        dev.write(0, &chunk(9999, 0), false)
+            .unwrap_or_else(|e| panic!("{variant}: {e}"));
+        assert_consistent(&dev);
+    }
+}
+
+/// Review regression: blocks whose every slot lives cannot be merged, so
+/// GC neither rewrites them nor loops over them; and a nearly full device
+/// still repacks what its free blocks can take.
+#[test]
+fn gc_leaves_full_slot_blocks_alone_and_repacks_near_full() {
+    let md = device("inram/lz4", 512, 64);
+    let dev = md.open().unwrap();
+    // Tiny fragments: 14 to a block, every slot live.
+    for lbn in 0..140u64 {
+        let mut c = vec![0u8; CS];
+        c[..8].copy_from_slice(&(lbn + 1).to_le_bytes());
+        dev.write(lbn * CS as u64, &c, false).unwrap();
+    }
+    dev.flush().unwrap();
+    let r = dev.gc().unwrap();
+    assert_eq!(r.fragments_moved, 0, "{r:?}");
+    let r = dev.gc().unwrap();
+    assert_eq!(r.fragments_moved, 0, "{r:?}");
+    // Fill the rest with ~1.1 KiB fragments, then kill two of each three.
+    let mut lbn = 140u64;
+    while lbn < 512 && dev.write(lbn * CS as u64, &chunk(lbn, 1), false).is_ok() {
+        lbn += 1;
+    }
+    dev.flush().unwrap();
+    let full = dev.stats().data_blocks_used;
+    for l in (140..lbn).filter(|l| l % 3 != 0) {
+        dev.discard(l * CS as u64, CS as u64, false).unwrap();
+    }
+    let r = dev.gc().unwrap();
+    assert!(r.blocks_repacked > 0, "{r:?}");
+    assert!(dev.stats().data_blocks_used < full);
+    for l in (140..lbn).filter(|l| l % 3 == 0) {
+        let mut b = vec![0u8; CS];
+        dev.read(l * CS as u64, &mut b).unwrap();
+        assert_eq!(b, chunk(l, 1));
+    }
+    assert_consistent(&dev);
+}

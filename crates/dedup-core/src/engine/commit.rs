@@ -63,8 +63,17 @@ impl Device {
         }
         // Chunks freed here or earlier (by an online GC, an undone write)
         // wait in quarantine for a commit: give them one.
+        if self.cfg.packs() {
+            // Fragments freed by the collection may leave blocks half
+            // empty: repack one round (it commits), then commit once more
+            // so the blocks it emptied are free.
+            self.repack_round()?;
+        }
         let (used, free) = super::data_space(&**self.meta.lock());
-        if (self.crash_safe || self.places_data) && used + free < self.cfg.physical_chunks {
+        let waiting = self.meta.lock().blocks_waiting();
+        if (self.crash_safe || self.places_data)
+            && (waiting || used + free < self.cfg.physical_chunks)
+        {
             self.commit()?;
         }
         // Room made here, or by another thread meanwhile.

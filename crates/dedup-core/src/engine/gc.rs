@@ -153,28 +153,36 @@ impl Device {
             return Ok(total);
         }
         loop {
-            let round = {
-                let _quiet = self.commit_gate.write();
-                let mut m = self.meta.lock();
-                let round = m.repack(REPACK_ROUND)?;
-                m.save_counters(&self.counters.to_vec());
-                m.commit()?;
-                Counters::add(&self.counters.commits, 1);
-                round
-            };
-            {
-                let _drained = self.move_gate.write();
-                self.meta.lock().release_moved();
-            }
-            Counters::add(&self.counters.gc_repacked_blocks, round.blocks_repacked);
+            let round = self.repack_round()?;
             total.blocks_read += round.blocks_read;
             total.blocks_repacked += round.blocks_repacked;
             total.blocks_written += round.blocks_written;
             total.fragments_moved += round.fragments_moved;
             total.damaged_blocks += round.damaged_blocks;
-            if !round.more {
+            // A round that moved nothing will not do better next time.
+            if !round.more || round.blocks_repacked == 0 {
                 return Ok(total);
             }
         }
+    }
+
+    /// One repack round, committed, with the readers that may hold the
+    /// old addresses drained before the emptied blocks are released.
+    pub(super) fn repack_round(&self) -> Result<RepackReport> {
+        let round = {
+            let _quiet = self.commit_gate.write();
+            let mut m = self.meta.lock();
+            let round = m.repack(REPACK_ROUND)?;
+            m.save_counters(&self.counters.to_vec());
+            m.commit()?;
+            Counters::add(&self.counters.commits, 1);
+            round
+        };
+        {
+            let _drained = self.move_gate.write();
+            self.meta.lock().release_moved();
+        }
+        Counters::add(&self.counters.gc_repacked_blocks, round.blocks_repacked);
+        Ok(round)
     }
 }

@@ -132,6 +132,13 @@ impl Bins {
 
     /// Bins that have waited `wait` or longer.
     pub fn expired(&mut self, now: Instant, wait: Duration) -> Vec<Bin> {
+        if !self
+            .open
+            .iter()
+            .any(|b| now.duration_since(b.opened) >= wait)
+        {
+            return Vec::new();
+        }
         let (old, young): (Vec<Bin>, Vec<Bin>) = std::mem::take(&mut self.open)
             .into_iter()
             .partition(|b| now.duration_since(b.opened) >= wait);

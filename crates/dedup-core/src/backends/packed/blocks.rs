@@ -88,6 +88,10 @@ impl Blocks {
     pub fn kill(&mut self, pbn: Pbn) {
         let (b, s) = split(pbn);
         let b = b as usize;
+        if self.live[b] & (1 << s) == 0 {
+            // Not live here (a repair zeroing a count the map never saw).
+            return;
+        }
         self.live[b] &= !(1 << s);
         if self.live[b] == 0 && self.hold[b] == Hold::None {
             self.hold[b] = Hold::Quarantine;
@@ -196,6 +200,11 @@ impl Blocks {
 
     pub fn free(&self) -> u64 {
         self.free
+    }
+
+    /// Blocks freed that only a commit (or a drain, then a commit) releases.
+    pub fn waiting(&self) -> bool {
+        !self.quarantine.is_empty() || !self.retired.is_empty()
     }
 
     pub fn used(&self) -> u64 {

@@ -243,10 +243,24 @@ impl Packed {
     }
 
     /// Write every open bin and sync the data device (before a commit).
+    /// A failed sync stops the device: the kernel may have dropped the
+    /// unwritten pages, so a later sync that succeeds proves nothing.
     fn write_all(&mut self) -> Result<()> {
         let all = self.bins.take_all();
         self.write_bins(all, true)?;
-        self.data()?.sync()
+        let synced = self.data()?.sync();
+        self.fail_on(synced)
+    }
+
+    /// Stop the device if `r` failed while the block map and the backend
+    /// may disagree (half a placement, half a repack): nothing more is
+    /// written or committed, and a restart rebuilds the map from the last
+    /// commit.
+    fn fail_on<T>(&mut self, r: Result<T>) -> Result<T> {
+        if let Err(e) = &r {
+            self.failed.get_or_insert_with(|| e.to_string());
+        }
+        r
     }
 
     fn alloc_raw(&mut self) -> Result<Option<Pbn>> {
@@ -254,7 +268,8 @@ impl Packed {
             return Ok(None);
         };
         let pbn = addr(block, RAW_SLOT);
-        self.inner.refcount_set(pbn, 1)?;
+        let counted = self.inner.refcount_set(pbn, 1);
+        self.fail_on(counted)?;
         Ok(Some(pbn))
     }
 
@@ -268,8 +283,11 @@ impl Packed {
         };
         let pbn = addr(placed.block, placed.slot as u64);
         self.blocks.revive(pbn);
-        self.inner.refcount_set(pbn, 1)?;
+        // Bins sealed to make room go out first: a failure below must not
+        // leave them neither in RAM nor on disk.
         self.write_bins(placed.sealed, false)?;
+        let counted = self.inner.refcount_set(pbn, 1);
+        self.fail_on(counted)?;
         Ok(Some(pbn))
     }
 
@@ -425,6 +443,10 @@ impl MetadataBackend for Packed {
         Ok(())
     }
 
+    fn blocks_waiting(&self) -> bool {
+        self.blocks.waiting()
+    }
+
     fn wants_commit(&self) -> bool {
         self.inner.wants_commit()
     }
@@ -469,7 +491,10 @@ impl MetadataBackend for Packed {
     }
 
     fn repack(&mut self, max_blocks: usize) -> Result<RepackReport> {
-        self.repack_blocks(max_blocks)
+        let r = self.repack_blocks(max_blocks);
+        // Any error past the first moved count leaves the backend and the
+        // block map out of step: stop rather than commit that.
+        self.fail_on(r)
     }
 
     fn release_moved(&mut self) {

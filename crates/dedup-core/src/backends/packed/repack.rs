@@ -48,40 +48,17 @@ impl Packed {
         self.write_all()?;
         let mut report = RepackReport::default();
         let chosen = self.choose(max_blocks, &mut report)?;
-        if chosen.is_empty() {
-            return Ok(report);
-        }
-        // Best fit, largest first, into as few blocks as it takes.
-        let mut fragments: Vec<(Pbn, Vec<u8>)> = chosen
-            .iter()
-            .flat_map(|(block, frags)| {
-                frags
-                    .iter()
-                    .map(move |(slot, f)| (addr(*block, *slot as u64), f.clone()))
-            })
-            .collect();
-        fragments.sort_by_key(|(_, f)| std::cmp::Reverse(f.len()));
+        // Near full, move only as many blocks' fragments as the free
+        // blocks can take (each round frees some for the next).
+        let mut chosen = chosen;
         let cs = self.cfg.chunk_size as usize;
-        let mut packers: Vec<Packer> = Vec::new();
-        let mut placed: Vec<(Pbn, usize, usize)> = Vec::with_capacity(fragments.len());
-        for (old, f) in &fragments {
-            let best = packers
-                .iter()
-                .enumerate()
-                .filter_map(|(i, p)| {
-                    let room = p.room_for_next()?;
-                    (room >= f.len()).then_some((room - f.len(), i))
-                })
-                .min()
-                .map(|(_, i)| i);
-            let i = best.unwrap_or_else(|| {
-                packers.push(Packer::new(cs));
-                packers.len() - 1
-            });
-            let slot = packers[i].add(f).expect("chosen for having room");
-            placed.push((*old, i, slot));
+        let (mut packers, mut placed) = pack_best_fit(&chosen, cs);
+        while !chosen.is_empty() && packers.len() as u64 > self.blocks.free() {
+            chosen.truncate(chosen.len() * 3 / 4);
+            (packers, placed) = pack_best_fit(&chosen, cs);
+            report.more = true;
         }
-        if packers.len() >= chosen.len() {
+        if chosen.is_empty() || packers.len() >= chosen.len() {
             return Ok(report);
         }
         let mut new_blocks = Vec::with_capacity(packers.len());
@@ -189,13 +166,21 @@ impl Packed {
             if live == 0 || self.blocks.is_raw(b) || self.blocks.hold(b) != Hold::None {
                 continue;
             }
+            if live.count_ones() as usize == pack::MAX_SLOTS {
+                // Every slot lives: no merge can take a block away.
+                continue;
+            }
             let (slots, fill) = (self.blocks.slots(b), self.blocks.fill(b));
             let full_enough = fill != UNKNOWN && fill as usize * 100 >= cs * REPACK_BELOW_PERCENT;
             if slots != 0 && live.count_ones() == slots as u32 && full_enough {
                 continue;
             }
             report.blocks_read += 1;
-            data.read_at(&mut buf, self.cfg.pbn_offset(b))?;
+            if let Err(e) = data.read_at(&mut buf, self.cfg.pbn_offset(b)) {
+                warn!("repack: block {b} left alone: {e}");
+                report.damaged_blocks += 1;
+                continue;
+            }
             let table = match pack::slots(&buf) {
                 Ok(t) => t,
                 Err(e) => {
@@ -227,4 +212,43 @@ impl Packed {
         }
         Ok(chosen)
     }
+}
+
+/// Best fit, largest first: the live fragments of `chosen` blocks into as
+/// few new blocks as they take. Returns the new blocks' packers and, per
+/// fragment, (old address, packer, slot).
+#[allow(clippy::type_complexity)]
+fn pack_best_fit(
+    chosen: &[(u64, Vec<(usize, Vec<u8>)>)],
+    cs: usize,
+) -> (Vec<Packer>, Vec<(Pbn, usize, usize)>) {
+    let mut fragments: Vec<(Pbn, &[u8])> = chosen
+        .iter()
+        .flat_map(|(block, frags)| {
+            frags
+                .iter()
+                .map(move |(slot, f)| (addr(*block, *slot as u64), &f[..]))
+        })
+        .collect();
+    fragments.sort_by_key(|(_, f)| std::cmp::Reverse(f.len()));
+    let mut packers: Vec<Packer> = Vec::new();
+    let mut placed = Vec::with_capacity(fragments.len());
+    for (old, f) in fragments {
+        let best = packers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                let room = p.room_for_next()?;
+                (room >= f.len()).then_some((room - f.len(), i))
+            })
+            .min()
+            .map(|(_, i)| i);
+        let i = best.unwrap_or_else(|| {
+            packers.push(Packer::new(cs));
+            packers.len() - 1
+        });
+        let slot = packers[i].add(f).expect("chosen for having room");
+        placed.push((old, i, slot));
+    }
+    (packers, placed)
 }
