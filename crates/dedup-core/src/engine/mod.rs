@@ -69,6 +69,8 @@ pub struct Device {
     crash_safe: bool,
     /// The backend writes chunk data itself (see `BackendTraits`).
     places_data: bool,
+    /// Opened to serve (false: to inspect, writing nothing).
+    writable: bool,
     lbn_locks: LbnLocks,
     fp_locks: FingerprintLocks,
     gc_lock: Mutex<()>,
@@ -134,6 +136,7 @@ impl Device {
             move_gate: RwLock::new(()),
             crash_safe,
             places_data: traits.places_data,
+            writable: opts.writable,
             lbn_locks: LbnLocks::default(),
             fp_locks: FingerprintLocks::default(),
             gc_lock: Mutex::new(()),

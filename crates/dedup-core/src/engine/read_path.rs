@@ -174,7 +174,10 @@ impl Device {
             return Ok(None);
         }
         // Nothing staged afterwards: every chunk is where its address says.
-        m.commit()?;
+        // (Opened to inspect, nothing was written, and nothing may be.)
+        if self.writable {
+            m.commit()?;
+        }
         if self.cfg.packs() {
             return Ok(None);
         }
