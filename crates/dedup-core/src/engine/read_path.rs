@@ -147,9 +147,6 @@ impl Device {
         }
     }
 
-    /// A chunk from its fragment in a packed block: checked against the
-    /// fragment's checksum, decompressed, and exactly a chunk long, or an
-    /// error for this chunk alone (never another chunk's bytes).
     fn decode_fragment(
         &self,
         block: u64,
@@ -157,10 +154,7 @@ impl Device {
         packed: &[u8],
         out: &mut [u8],
     ) -> Result<()> {
-        let what = || format!("compressed chunk in data block {block}, slot {slot}");
-        let fragment =
-            pack::fragment(packed, slot).map_err(|e| Error::corrupt(what(), e.to_string()))?;
-        self.cfg.compression.decompress(fragment, out, &what())
+        decode_fragment(&self.cfg, block, slot, packed, out)
     }
 
     /// For `check` and `repair`, which hold the metadata mutex while they
@@ -239,8 +233,7 @@ pub(crate) fn read_stored(
             DataLocation::Fragment { block, slot } => {
                 let mut packed = vec![0u8; buf.len()];
                 data.read_at(&mut packed, cfg.pbn_offset(block))?;
-                pack::fragment(&packed, slot)
-                    .and_then(|f| cfg.compression.decompress(f, buf, "stored chunk"))
+                decode_fragment(cfg, block, slot, &packed, buf)
             }
             _ => unreachable!("an address is a block or a fragment"),
         },
@@ -257,6 +250,22 @@ pub(crate) fn read_stored(
         }
         other => other,
     }
+}
+
+/// A chunk from its fragment in a packed block: checked against the
+/// fragment's checksum, decompressed, and exactly a chunk long, or an
+/// error for this chunk alone (never another chunk's bytes).
+fn decode_fragment(
+    cfg: &crate::config::DeviceConfig,
+    block: u64,
+    slot: usize,
+    packed: &[u8],
+    out: &mut [u8],
+) -> Result<()> {
+    let what = || format!("compressed chunk in data block {block}, slot {slot}");
+    let fragment =
+        pack::fragment(packed, slot).map_err(|e| Error::corrupt(what(), e.to_string()))?;
+    cfg.compression.decompress(fragment, out, &what())
 }
 
 /// The last packed block a batch read, so fragments side by side in one

@@ -347,11 +347,8 @@ impl MetadataBackend for Packed {
     }
 
     fn alloc_pbn(&mut self) -> Result<Option<Pbn>> {
-        self.usable()?;
-        if self.inner.usage().pbns_used >= self.cfg.max_chunks() {
-            return Ok(None);
-        }
-        self.alloc_raw()
+        // Nothing compressed: a raw block.
+        self.alloc_pbn_for(&[], None)
     }
 
     fn alloc_pbn_for(&mut self, data: &[u8], compressed: Option<&[u8]>) -> Result<Option<Pbn>> {
