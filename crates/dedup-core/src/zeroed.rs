@@ -17,6 +17,9 @@ unsafe impl ZeroIsValid for u64 {}
 // SAFETY: as above.
 unsafe impl ZeroIsValid for u32 {}
 
+/// Tables from this size on ask for transparent huge pages.
+const HUGE_PAGE_TABLE: usize = 8 << 20;
+
 /// A vector of `n` zeroed `T`s, or `Error::OutOfMemory` naming `what`.
 pub fn zeroed_vec<T: ZeroIsValid>(n: usize, what: &str) -> Result<Vec<T>> {
     let bytes = (n as u64).saturating_mul(std::mem::size_of::<T>() as u64);
@@ -35,6 +38,12 @@ pub fn zeroed_vec<T: ZeroIsValid>(n: usize, what: &str) -> Result<Vec<T>> {
         let ptr = alloc_zeroed(layout) as *mut T;
         if ptr.is_null() {
             return Err(too_big());
+        }
+        if layout.size() >= HUGE_PAGE_TABLE {
+            // Hash index probes land on random pages: with 4 KiB pages each
+            // new chunk costs a page fault (two, after a read of the zero
+            // page) and a TLB miss. Huge pages cut both; a hint only.
+            libc::madvise(ptr.cast(), layout.size(), libc::MADV_HUGEPAGE);
         }
         Ok(Vec::from_raw_parts(ptr, n, n))
     }
