@@ -92,6 +92,11 @@ define_counters! {
     /// Packed blocks garbage collection emptied by repacking their live
     /// fragments into fewer blocks.
     gc_repacked_blocks,
+    /// Mutations (writes, trims, write-zeroes) acknowledged before they
+    /// were applied: write-back took them.
+    write_back_requests,
+    /// Of those, mutations that then failed; the next flush reported it.
+    write_back_failures,
 }
 
 impl Counters {

@@ -70,11 +70,23 @@ fn concurrent_writers_of_the_same_new_content_store_it_once() {
 
 #[test]
 fn mixed_workloads_with_gc_running_match_per_thread_models() {
+    mixed_workloads(0);
+}
+
+/// The same through write-back: each thread reads its own writes back
+/// while they may still be queued, and GC and flushes run alongside.
+#[test]
+fn mixed_workloads_with_write_back_match_per_thread_models() {
+    mixed_workloads(256 << 10);
+}
+
+fn mixed_workloads(write_back: u64) {
     let threads = 4usize;
     let region_chunks = 48usize;
     // Room for every LBN's own content plus the batches in flight, so a
     // write never fails for space however GC and writers interleave.
-    let md = MemDevice::new(CS as u32, (threads * region_chunks) as u64, 240);
+    let mut md = MemDevice::new(CS as u32, (threads * region_chunks) as u64, 240);
+    md.write_back_bytes = write_back;
     let p = Patterns::new(6, CS);
     let dev = md.open().unwrap();
     let stop = AtomicBool::new(false);
@@ -148,6 +160,13 @@ fn mixed_workloads_with_gc_running_match_per_thread_models() {
     let (nonzero, distinct) = whole.nonzero_and_distinct();
     let s = dev.stats();
     assert_eq!((s.chunks_mapped, s.chunks_stored), (nonzero, distinct));
+    if write_back > 0 {
+        assert!(
+            s.counters.write_back_requests > 0,
+            "writes went through the queue"
+        );
+        assert_eq!(s.counters.write_back_failures, 0);
+    }
 }
 
 /// Chunk image tagged with its LBN, so a reader can tell whose data it got.

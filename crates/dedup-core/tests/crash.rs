@@ -90,8 +90,18 @@ struct Disks {
 }
 
 fn open(data: Arc<SimDisk>, meta: Arc<SimDisk>) -> dedup_core::Result<Device> {
+    open_with(data, meta, 0)
+}
+
+/// `write_back`: the write-back queue's size (0: off).
+fn open_with(
+    data: Arc<SimDisk>,
+    meta: Arc<SimDisk>,
+    write_back: u64,
+) -> dedup_core::Result<Device> {
     let opts = OpenOptions {
         writable: true,
+        write_back_bytes: write_back,
         ..Default::default()
     };
     Device::open(
@@ -196,16 +206,27 @@ fn run(dev: &Device, ops: &[Op], patterns: &Patterns, exp: &mut Expect) -> bool 
     false
 }
 
+/// A suite's name: a variant of `common::VARIANTS`, with "+wb" for
+/// write-back in front (a queue of a few writes).
+fn variant(suite: &str) -> (&str, u64) {
+    match suite.strip_suffix("+wb") {
+        Some(backend) => (backend, 32 << 10),
+        None => (suite, 0),
+    }
+}
+
 /// One crash: cut the power at I/O `cut`, crash, reopen, verify.
-fn crash_once(backend: &str, seed: u64, cut: u64, txn_writes: u64) {
-    let at = format!("backend {backend}, seed {seed}, cut {cut} (replay: DEDUP_CRASH_ONLY={backend}:{seed}:{cut})");
+fn crash_once(suite: &str, seed: u64, cut: u64, txn_writes: u64) {
+    let at =
+        format!("{suite}, seed {seed}, cut {cut} (replay: DEDUP_CRASH_ONLY={suite}:{seed}:{cut})");
+    let (backend, write_back) = variant(suite);
     let power = PowerSwitch::cutting_at(cut);
     let disks = format(backend, power.clone(), txn_writes);
     let patterns = Patterns::new(6, CS);
     let mut exp = Expect::new();
     let ops = workload(seed);
     // The power may fail while the device opens, too.
-    if let Ok(dev) = open(disks.data.clone(), disks.meta.clone()) {
+    if let Ok(dev) = open_with(disks.data.clone(), disks.meta.clone(), write_back) {
         run(&dev, &ops, &patterns, &mut exp);
         power.cut();
         // Dropped with the power off: nothing more reaches the disks.
@@ -258,10 +279,11 @@ fn crash_once(backend: &str, seed: u64, cut: u64, txn_writes: u64) {
 }
 
 /// I/O operations the whole workload performs (no crash).
-fn ops_in_workload(backend: &str, seed: u64, txn_writes: u64) -> u64 {
+fn ops_in_workload(suite: &str, seed: u64, txn_writes: u64) -> u64 {
+    let (backend, write_back) = variant(suite);
     let power = Arc::new(PowerSwitch::default());
     let disks = format(backend, power.clone(), txn_writes);
-    let dev = open(disks.data.clone(), disks.meta.clone()).unwrap();
+    let dev = open_with(disks.data.clone(), disks.meta.clone(), write_back).unwrap();
     let failed = run(
         &dev,
         &workload(seed),
@@ -269,6 +291,10 @@ fn ops_in_workload(backend: &str, seed: u64, txn_writes: u64) -> u64 {
         &mut Expect::new(),
     );
     assert!(!failed);
+    if write_back > 0 {
+        let queued = dev.stats().counters.write_back_requests;
+        assert!(queued > 0, "{suite}: no write went through the queue");
+    }
     power.ops()
 }
 
@@ -321,6 +347,18 @@ fn disktable_packing_lz4_survives_power_cuts_at_any_io() {
 #[test]
 fn cowbtree_packing_zstd_survives_power_cuts_at_any_io() {
     crash_suite("cowbtree/zstd");
+}
+
+/// Write-back in front: a FLUSH that returned covers every write queued
+/// before it, and a cut loses only writes not yet flushed.
+#[test]
+fn disktable_packing_lz4_with_write_back_survives_power_cuts_at_any_io() {
+    crash_suite("disktable/lz4+wb");
+}
+
+#[test]
+fn cowbtree_with_write_back_survives_power_cuts_at_any_io() {
+    crash_suite("cowbtree+wb");
 }
 
 #[test]

@@ -2,7 +2,8 @@
 //! write / read / trim / write-zeroes / flush / gc / clean reopen / crash
 //! over a small device with a small alphabet of contents (so duplicates are
 //! common), checked after every step against a plain in-memory disk, with
-//! the metadata checked for consistency too.
+//! the metadata checked for consistency too. Two runs in three put
+//! write-back in front (a small queue, so it fills and waits).
 //!
 //! A crash here drops the device without closing it (a process crash: the
 //! disks keep every write). Crash-safe backends must then reopen on their
@@ -66,6 +67,8 @@ struct Setup {
     hash: HashAlgo,
     verify: bool,
     txn_writes: u64,
+    /// Write-back queue (0: off): small, so it fills and waits.
+    write_back: u64,
 }
 
 fn setup() -> impl Strategy<Value = Setup> {
@@ -80,15 +83,17 @@ fn setup() -> impl Strategy<Value = Setup> {
         ],
         any::<bool>(),
         prop_oneof![Just(0u64), Just(1), Just(3)],
+        prop_oneof![Just(0u64), Just(16 << 10), Just(1 << 20)],
     )
         .prop_map(
-            |(backend, chunk_size, physical_chunks, hash, verify, txn_writes)| Setup {
+            |(backend, chunk_size, physical_chunks, hash, verify, txn_writes, write_back)| Setup {
                 backend,
                 chunk_size,
                 physical_chunks,
                 hash,
                 verify,
                 txn_writes,
+                write_back,
             },
         )
 }
@@ -318,7 +323,8 @@ proptest! {
         let size = LOGICAL_CHUNKS * cs;
         let cfg = common::config(setup.backend, setup.chunk_size, LOGICAL_CHUNKS, setup.physical_chunks, setup.hash, setup.verify);
         let params = BackendParams { txn_writes: setup.txn_writes, cache_bytes: 1 << 20, ..Default::default() };
-        let md = MemDevice::format(cfg, &params);
+        let mut md = MemDevice::format(cfg, &params);
+        md.write_back_bytes = setup.write_back;
         let dev = md.open().unwrap();
         let crash_safe = dedup_core::backends::crash_safe(common::base(setup.backend));
         let chunks = LOGICAL_CHUNKS as usize;

@@ -7,9 +7,15 @@
 //! `data=PATH meta=PATH` for explicit halves; `control=PATH` for the control
 //! socket (default `DIR/control.sock`); `accept_unclean=true` to roll back
 //! after an unclean stop; `record=FILE` to record every request as a
-//! trace for `dedup replay`.
+//! trace for `dedup replay`; `writeback=SIZE` for the write-back queue
+//! (default 32M; 0 applies every write before acknowledging it).
 
 mod record;
+
+/// Write-back queue by default: enough to keep a one-request-at-a-time
+/// client (loop over nbdfuse) from waiting on fingerprinting and
+/// compression, small enough that a FLUSH waits well under a second.
+const DEFAULT_WRITE_BACK: u64 = 32 << 20;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -30,6 +36,7 @@ struct Settings {
     accept_unclean: bool,
     cache_bytes: Option<u64>,
     record: Option<PathBuf>,
+    write_back_bytes: Option<u64>,
 }
 
 #[derive(Default)]
@@ -47,6 +54,7 @@ static SETTINGS: Mutex<Settings> = Mutex::new(Settings {
     accept_unclean: false,
     cache_bytes: None,
     record: None,
+    write_back_bytes: None,
 });
 static SERVED: Mutex<Served> = Mutex::new(Served {
     device: None,
@@ -141,7 +149,9 @@ impl Server for DedupPlugin {
              control=PATH            Control socket for `dedup status/gc` (default DIR/control.sock).\n\
              accept_unclean=BOOL     After an unclean stop, roll back to the last clean state.\n\
              cache=SIZE              Metadata cache size (overrides the one chosen at create).\n\
-             record=FILE             Record every request as a trace (`dedup replay`).",
+             record=FILE             Record every request as a trace (`dedup replay`).\n\
+             writeback=SIZE          Acknowledge writes once queued in RAM, up to SIZE\n\
+             \x20                       (default 32M; FLUSH/FUA wait for them); 0 = off.",
         )
     }
 
@@ -155,9 +165,10 @@ impl Server for DedupPlugin {
             "accept_unclean" => s.accept_unclean = parse_bool(value)?,
             "cache" => s.cache_bytes = Some(parse_size(value)? as u64),
             "record" => s.record = Some(PathBuf::from(value)),
+            "writeback" => s.write_back_bytes = Some(parse_size(value)? as u64),
             _ => {
                 return Err(einval(format!(
-                    "unknown key {key:?}: the dedup plugin takes dir, data, meta, control, accept_unclean, cache, record"
+                    "unknown key {key:?}: the dedup plugin takes dir, data, meta, control, accept_unclean, cache, record, writeback"
                 )))
             }
         }
@@ -192,6 +203,8 @@ impl Server for DedupPlugin {
             // layout::open puts lsm's files next to the metadata path.
             aux_dir: None,
             for_check: false,
+            // Started after nbdkit forks (threads do not survive it).
+            write_back_bytes: 0,
         };
         // The trace file first: failing after the open would drop the
         // device unclosed, which an INRAM device takes for a crash.
@@ -219,6 +232,9 @@ impl Server for DedupPlugin {
             .clone()
             .or_else(|| s.dir.as_ref().map(|d| d.join(CONTROL_SOCKET_NAME)));
         let mut served = lock(&SERVED);
+        if let Some(device) = &served.device {
+            device.start_write_back(s.write_back_bytes.unwrap_or(DEFAULT_WRITE_BACK));
+        }
         if let (Some(path), Some(device)) = (path, served.device.clone()) {
             served.control = Some(ControlServer::start(&path, device).map_err(nbd_error)?);
         }

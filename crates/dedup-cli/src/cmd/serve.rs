@@ -45,6 +45,12 @@ pub struct Args {
     /// nbdkit worker threads (requests in flight).
     #[arg(long, default_value_t = 16)]
     pub threads: u32,
+    /// Write-back queue: a write that arrives alone is acknowledged once
+    /// copied here, up to SIZE in all, and applied in the background;
+    /// FLUSH and FUA wait for it. 0 applies every write before
+    /// acknowledging it.
+    #[arg(long, value_name = "SIZE", value_parser = super::size_arg, default_value = "32M")]
+    pub writeback: u64,
     /// Record every completed request (time, op, offset, length, a 128-bit
     /// blake3 per 4 KiB block written; no data) to FILE, to replay later
     /// with `dedup replay FILE DIR`.
@@ -109,6 +115,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         let path = std::path::absolute(record).context("resolving --record")?;
         plugin_args.push(format!("record={}", path.display()).into());
     }
+    plugin_args.push(format!("writeback={}", a.writeback).into());
     let mut server = Nbdkit::spawn(&nbdkit, &listen, &pidfile, a.threads, &plugin_args)?;
     let pid = server.pid();
 

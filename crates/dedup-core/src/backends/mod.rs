@@ -115,6 +115,11 @@ pub struct OpenOptions {
     /// that disagree with the tables, entries naming PBNs beyond the data
     /// device) is logged instead of refusing the open. Never set to serve.
     pub for_check: bool,
+    /// Write-back: mutations are acknowledged once queued in RAM, up to
+    /// this many bytes of write data, and applied by background threads;
+    /// FLUSH and FUA wait for them (see `engine/writeback.rs`). 0: every
+    /// request is applied before it is acknowledged.
+    pub write_back_bytes: u64,
 }
 
 pub struct Opened {

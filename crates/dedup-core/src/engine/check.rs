@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::Device;
+use super::Engine;
 use crate::backend::scan_all;
 use crate::backend::MetadataBackend;
 use crate::config::DeviceConfig;
@@ -62,7 +62,7 @@ impl CheckReport {
     }
 }
 
-impl Device {
+impl Engine {
     /// Check metadata consistency; with `verify_data`, also re-hash chunks.
     pub fn check(&self, verify_data: bool) -> Result<CheckReport> {
         self.check_with_progress(verify_data, &|_, _| {})
@@ -483,7 +483,7 @@ mod tests {
             let (p2, _) = dev.inspect_lbn(1).unwrap().unwrap();
             let (p3, _) = dev.inspect_lbn(2).unwrap().unwrap();
             {
-                let mut m = dev.meta.lock();
+                let mut m = dev.engine.meta.lock();
                 m.refcount_inc(p1).unwrap(); // a leaked reference
                 m.refcount_set(p2, 7).unwrap(); // a wrong count
                 m.hash_index_insert(&Fingerprint([0xee; 32]), p3).unwrap(); // indexed twice
@@ -542,7 +542,7 @@ mod tests {
             dev.write(0, &chunk(3), false).unwrap();
             dev.write(4096, &chunk(4), false).unwrap();
             {
-                let mut m = dev.meta.lock();
+                let mut m = dev.engine.meta.lock();
                 // Counts lost: both chunks look free while still indexed.
                 m.refcount_set(reused, 0).unwrap();
                 m.refcount_set(intact, 0).unwrap();
@@ -563,7 +563,7 @@ mod tests {
             assert_eq!(fixed.index_entries_removed, 1, "{backend}: {fixed:?}");
             let after = dev.check(true).unwrap();
             assert!(after.is_clean(), "{backend}: {:#?}", after.problems);
-            assert_eq!(dev.meta.lock().refcount_get(intact).unwrap(), 1);
+            assert_eq!(dev.engine.meta.lock().refcount_get(intact).unwrap(), 1);
 
             // The stale fingerprint no longer attracts its old content...
             let mut b = vec![0u8; 4096];
@@ -598,7 +598,7 @@ mod tests {
                     .unwrap();
             }
             {
-                let mut m = dev.meta.lock();
+                let mut m = dev.engine.meta.lock();
                 let usage = m.usage();
                 // INRAM's index counts itself; only its LBN total can drift.
                 let hash = if *backend == "inram" {
@@ -661,7 +661,7 @@ mod tests {
             dev.write(4096, &chunk(2), false).unwrap();
             // An LBN naming a PBN beyond the data device (INRAM refuses to
             // hold one at all).
-            if dev.meta.lock().lbn_map_insert(1, 1_000_000).is_err() {
+            if dev.engine.meta.lock().lbn_map_insert(1, 1_000_000).is_err() {
                 assert!(
                     matches!(
                         *backend,

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 
 use tracing::debug;
 
-use super::Device;
+use super::Engine;
 use crate::error::Result;
 use crate::stats::Counters;
 
@@ -20,7 +20,7 @@ use crate::stats::Counters;
 /// few enough to keep it short.
 const RECLAIM_CHUNKS: u64 = 4096;
 
-impl Device {
+impl Engine {
     /// Make every completed write durable (crash-safe backends).
     pub(super) fn commit(&self) -> Result<()> {
         let _quiet = self.crash_safe.then(|| self.commit_gate.write());

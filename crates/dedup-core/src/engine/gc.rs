@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::Device;
+use super::Engine;
 use crate::backend::ScanCursor;
 use crate::backends::packed::RepackReport;
 use crate::config::Pbn;
@@ -51,7 +51,7 @@ pub struct GcReport {
     pub seconds: f64,
 }
 
-impl Device {
+impl Engine {
     /// One pass over the hash index, freeing up to `limit` chunks (all, if
     /// `None`): returns (entries scanned, chunks freed). Candidates are
     /// gathered in rounds of at most `ROUND` and freed between rounds, so

@@ -9,11 +9,13 @@
 mod check;
 mod chunking;
 mod commit;
+mod device;
 mod gc;
 mod locks;
 mod read_path;
 mod recover;
 mod write_path;
+mod writeback;
 
 #[cfg(test)]
 mod verify_tests;
@@ -35,6 +37,7 @@ use crate::superblock::{check_data_header, encode_data_header, Superblock, SUPER
 
 pub use check::{CheckReport, Problem, ProblemKind, RepairReport};
 pub use chunking::is_zero;
+pub use device::Device;
 pub use gc::GcReport;
 pub use read_path::{Extent, EXTENT_SCAN_CHUNKS};
 pub use recover::RecoveryReport;
@@ -52,7 +55,9 @@ fn data_space(m: &dyn MetadataBackend) -> (u64, u64) {
 /// Usage above which the device warns that it is running out of space.
 const SPACE_WARNING_PERCENT: u64 = 90;
 
-pub struct Device {
+/// The engine proper. [`Device`] is what users hold: this, with
+/// write-back in front of it when it is on.
+pub(crate) struct Engine {
     cfg: DeviceConfig,
     data: Arc<dyn BlockFile>,
     meta: Mutex<Box<dyn MetadataBackend>>,
@@ -84,7 +89,7 @@ pub struct Device {
     _lock: Option<DeviceLock>,
 }
 
-impl Device {
+impl Engine {
     /// Lay out a new device on `data` and `meta` (both already sized).
     /// `aux_dir`: where a backend with files of its own (lsm) keeps them.
     pub fn format(
@@ -112,7 +117,7 @@ impl Device {
         meta: Box<dyn BlockFile>,
         opts: &OpenOptions,
         lock: Option<DeviceLock>,
-    ) -> Result<Device> {
+    ) -> Result<Engine> {
         let meta_name = std::path::PathBuf::from(meta.describe());
         let data_name = std::path::PathBuf::from(data.describe());
         let sb = Superblock::read(meta.as_ref(), &meta_name)?;
@@ -127,7 +132,7 @@ impl Device {
         if traits.places_data {
             opened.backend.attach_data(data.clone())?;
         }
-        let mut device = Device {
+        let mut device = Engine {
             cfg,
             data,
             meta: Mutex::new(opened.backend),
@@ -199,7 +204,7 @@ impl Device {
         Ok(g)
     }
 
-    fn check_range(&self, offset: u64, len: u64) -> Result<()> {
+    pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<()> {
         match offset.checked_add(len) {
             Some(end) if end <= self.cfg.logical_size => Ok(()),
             _ => Err(Error::OutOfRange {
@@ -218,7 +223,7 @@ impl Device {
         self.flush_entered()
     }
 
-    fn flush_entered(&self) -> Result<()> {
+    pub(crate) fn flush_entered(&self) -> Result<()> {
         Counters::add(&self.counters.flushes, 1);
         self.commit()
     }
@@ -228,10 +233,17 @@ impl Device {
     /// fails, the device stays open and `close` can be tried again. Dropping
     /// a device without closing it is a crash, as far as its metadata knows.
     pub fn close(&self) -> Result<()> {
+        self.close_after(|| {})
+    }
+
+    /// `close`, running `settle` once no request is in flight or can
+    /// start (write-back applies what it holds there).
+    pub(crate) fn close_after(&self, settle: impl FnOnce()) -> Result<()> {
         let mut g = self.gate.write();
         if *g {
             return Ok(());
         }
+        settle();
         self.data.sync()?;
         let mut m = self.meta.lock();
         m.save_counters(&self.counters.to_vec());
@@ -285,6 +297,16 @@ impl Device {
             metadata_io: io,
             backend_stats: extra.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
         }
+    }
+
+    /// Chunks that writes may still allocate, at least: what write-back
+    /// may hold without a write it acknowledged finding the device full.
+    pub(crate) fn room_chunks(&self) -> u64 {
+        let m = self.meta.lock();
+        let u = m.usage();
+        let (_, free) = data_space(&**m);
+        free.min(u.pbns_free)
+            .min(self.cfg.max_chunks().saturating_sub(u.pbns_used))
     }
 
     /// Warn once when usage crosses 90 %; re-arm once it falls well below.

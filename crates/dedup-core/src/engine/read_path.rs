@@ -3,7 +3,7 @@
 //! ones with zeros without any I/O.
 
 use super::chunking;
-use super::Device;
+use super::Engine;
 use crate::backend::DataLocation;
 use crate::backends::packed;
 use crate::backends::thin::cblock;
@@ -24,7 +24,7 @@ pub struct Extent {
     pub mapped: bool,
 }
 
-impl Device {
+impl Engine {
     /// Fill `buf` from byte `offset`.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let _g = self.enter()?;
@@ -277,7 +277,7 @@ struct PackedBlock {
 }
 
 impl PackedBlock {
-    fn load(&mut self, dev: &Device, block: u64) -> Result<()> {
+    fn load(&mut self, dev: &Engine, block: u64) -> Result<()> {
         if self.block == Some(block) {
             return Ok(());
         }

@@ -7,7 +7,7 @@
 
 use serde::Serialize;
 
-use super::Device;
+use super::Engine;
 use crate::backend::ScanCursor;
 use crate::error::Result;
 
@@ -18,7 +18,7 @@ pub struct RecoveryReport {
     pub lbns_unmapped: u64,
 }
 
-impl Device {
+impl Engine {
     pub(super) fn recover_rolled_back(&mut self) -> Result<RecoveryReport> {
         let cfg = self.cfg.clone();
         let m = self.meta.get_mut();

@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering;
 use tracing::error;
 
 use super::chunking::{self, Piece};
-use super::Device;
+use super::Engine;
 use crate::backend::MetadataBackend;
 use crate::config::{Lbn, Pbn};
 use crate::error::{Error, Result};
@@ -31,8 +31,6 @@ use crate::stats::Counters;
 
 /// Times a batch that found the device full is retried after making room.
 const RECLAIM_ATTEMPTS: u32 = 8;
-/// New chunks in a batch from which compression is split over two threads.
-const PARALLEL_BATCH: usize = 16;
 
 /// Where the new bytes of a request come from.
 #[derive(Clone, Copy)]
@@ -70,51 +68,64 @@ struct Chunk<'a> {
     /// device's codec, if it is new and that makes it smaller (computed
     /// outside the metadata mutex).
     compressed: Option<Vec<u8>>,
+    /// `compress_new` found the hash index without this content, under
+    /// the fingerprint stripe still held: phase A need not look again.
+    known_new: bool,
     plan: Plan,
 }
 
-impl Device {
-    /// Write `buf` at byte `offset`; with `fua`, durable before returning.
-    pub fn write(&self, offset: u64, buf: &[u8], fua: bool) -> Result<()> {
-        let _g = self.enter()?;
-        self.check_range(offset, buf.len() as u64)?;
-        Counters::add(&self.counters.write_requests, 1);
-        Counters::add(&self.counters.bytes_written, buf.len() as u64);
-        self.apply(offset, buf.len(), Source::Bytes(buf))?;
-        if fua {
-            self.flush_entered()?;
-        }
-        Ok(())
-    }
+/// A request that changes data, for its counters (write-back queues
+/// these and performs them later).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mutation {
+    Write,
+    Discard,
+    WriteZeroes,
+}
 
-    /// TRIM/discard: the range reads back as zeros; whole chunks are
-    /// unmapped and their references dropped (Dmdedup §2.4), partial chunks
-    /// get zeros over the covered bytes.
-    pub fn discard(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
-        self.unmap(offset, len, fua, &self.counters.discard_requests)
-    }
-
-    /// WRITE_ZEROES: the same as a discard, since all-zero chunks are never
-    /// stored; counted apart so users can tell which their clients send.
-    pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
-        self.unmap(offset, len, fua, &self.counters.write_zeroes_requests)
-    }
-
-    fn unmap(
+impl Engine {
+    /// Apply a write (`buf`), TRIM/discard or WRITE_ZEROES now; with
+    /// `fua`, durable before returning. Trim and write-zeroes both make
+    /// the range read back as zeros: whole chunks are unmapped and their
+    /// references dropped (Dmdedup §2.4), partial chunks get zeros over
+    /// the covered bytes; they are counted apart so users can tell which
+    /// their clients send.
+    pub(crate) fn mutate(
         &self,
+        what: Mutation,
         offset: u64,
         len: u64,
+        buf: &[u8],
         fua: bool,
-        requests: &std::sync::atomic::AtomicU64,
     ) -> Result<()> {
         let _g = self.enter()?;
         self.check_range(offset, len)?;
-        Counters::add(requests, 1);
-        self.apply(offset, len as usize, Source::Zeros)?;
+        self.perform(what, offset, len, buf)?;
         if fua {
             self.flush_entered()?;
         }
         Ok(())
+    }
+
+    /// Count and apply one mutation whose range was checked (`buf` is the
+    /// data of a write, empty otherwise).
+    pub(crate) fn perform(&self, what: Mutation, offset: u64, len: u64, buf: &[u8]) -> Result<()> {
+        let c = &self.counters;
+        match what {
+            Mutation::Write => {
+                Counters::add(&c.write_requests, 1);
+                Counters::add(&c.bytes_written, len);
+                self.apply(offset, buf.len(), Source::Bytes(buf))
+            }
+            Mutation::Discard | Mutation::WriteZeroes => {
+                let requests = match what {
+                    Mutation::Discard => &c.discard_requests,
+                    _ => &c.write_zeroes_requests,
+                };
+                Counters::add(requests, 1);
+                self.apply(offset, len as usize, Source::Zeros)
+            }
+        }
     }
 
     fn apply(&self, offset: u64, len: usize, src: Source) -> Result<()> {
@@ -172,6 +183,7 @@ impl Device {
                 lbn: p.lbn,
                 fp: None,
                 compressed: None,
+                known_new: false,
                 plan: if zero { Plan::Zero } else { Plan::Unplanned },
                 data,
             });
@@ -226,7 +238,14 @@ impl Device {
                 chunk.plan = Plan::SameAsNew(j);
                 continue;
             }
-            chunk.plan = match m.hash_index_lookup(&fp)? {
+            // Absent before means absent now: entries for this content are
+            // only added under its fingerprint stripe, which this batch
+            // holds, and GC only removes them.
+            let stored = match chunk.known_new {
+                true => None,
+                false => m.hash_index_lookup(&fp)?,
+            };
+            chunk.plan = match stored {
                 Some(pbn) => {
                     m.refcount_inc(pbn)?;
                     Plan::Hit(pbn)
@@ -265,44 +284,22 @@ impl Device {
     /// For a backend that places data: compress the chunks whose content
     /// the hash index does not hold yet (the caller holds their
     /// fingerprint stripes, so none can be stored meanwhile), outside the
-    /// metadata mutex. Duplicates cost no compression, and a large batch
-    /// is split over two threads.
+    /// metadata mutex. Duplicates cost no compression.
     fn compress_new(&self, chunks: &mut [Chunk]) -> Result<()> {
         let codec = self.cfg.compression;
         if !self.places_data || codec.is_none() {
             return Ok(());
         }
-        let mut todo: Vec<usize> = Vec::new();
         {
             let mut m = self.meta.lock();
             let mut seen = std::collections::HashSet::new();
-            for (i, c) in chunks.iter().enumerate() {
+            for c in chunks.iter_mut() {
                 let Some(fp) = c.fp else { continue };
-                if seen.insert(fp) && m.hash_index_lookup(&fp)?.is_none() {
-                    todo.push(i);
-                }
+                c.known_new = seen.insert(fp) && m.hash_index_lookup(&fp)?.is_none();
             }
         }
-        let squeeze = |idx: &[usize], chunks: &[Chunk]| -> Vec<Option<Vec<u8>>> {
-            idx.iter()
-                .map(|&i| codec.compress(&chunks[i].data))
-                .collect()
-        };
-        let out = if todo.len() >= PARALLEL_BATCH {
-            let (a, b) = todo.split_at(todo.len() / 2);
-            let view: &[Chunk] = chunks;
-            std::thread::scope(|s| {
-                let first = s.spawn(|| squeeze(a, view));
-                let second = squeeze(b, view);
-                let mut all = first.join().expect("compression does not panic");
-                all.extend(second);
-                all
-            })
-        } else {
-            squeeze(&todo, chunks)
-        };
-        for (i, z) in todo.into_iter().zip(out) {
-            chunks[i].compressed = z;
+        for c in chunks.iter_mut().filter(|c| c.known_new) {
+            c.compressed = codec.compress(&c.data);
         }
         Ok(())
     }
@@ -518,7 +515,7 @@ impl Device {
     }
 }
 
-impl Device {
+impl Engine {
     /// Give back what phase A took (pins and allocations) after a failure,
     /// so a failed write changes no reference count.
     fn undo_pins(&self, m: &mut dyn MetadataBackend, chunks: &[Chunk]) {

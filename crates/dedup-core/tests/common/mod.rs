@@ -21,6 +21,8 @@ pub struct MemDevice {
     pub meta: Arc<SimDisk>,
     /// Where the lsm backend keeps its files.
     pub aux: tempfile::TempDir,
+    /// Write-back queue of the devices opened (0: off).
+    pub write_back_bytes: u64,
 }
 
 impl MemDevice {
@@ -65,6 +67,7 @@ impl MemDevice {
             data,
             meta,
             aux,
+            write_back_bytes: 0,
         }
     }
 
@@ -77,6 +80,7 @@ impl MemDevice {
         let opts = OpenOptions {
             writable: true,
             aux_dir: Some(self.aux.path().join("meta.lsm")),
+            write_back_bytes: self.write_back_bytes,
             ..Default::default()
         };
         Device::open(data, meta, &opts, None)
@@ -87,6 +91,7 @@ impl MemDevice {
             writable: true,
             accept_unclean,
             aux_dir: Some(self.aux.path().join("meta.lsm")),
+            write_back_bytes: self.write_back_bytes,
             ..Default::default()
         };
         Device::open(

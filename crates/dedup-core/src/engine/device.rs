@@ -1,0 +1,239 @@
+//! The device users hold: the [`Engine`], with write-back in front of it
+//! when it was opened with `write_back_bytes` (see `writeback.rs`). Every
+//! call that looks at data or metadata first waits for the queued
+//! mutations it could see, so callers never observe the queue.
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, OnceLock};
+
+use super::write_path::Mutation;
+use super::writeback::{Admit, Wait, WriteBack};
+use super::{CheckReport, Engine, Extent, GcReport, RecoveryReport, RepairReport};
+use crate::backends::OpenOptions;
+use crate::blockfile::BlockFile;
+use crate::config::{DeviceConfig, Lbn, Pbn};
+use crate::error::Result;
+use crate::lock::DeviceLock;
+use crate::stats::{Counters, Stats};
+
+pub struct Device {
+    /// Dropped first: its appliers stop before the engine goes.
+    write_back: OnceLock<WriteBack>,
+    /// Mutations in `mutate` now (write-back decides by it).
+    in_flight: AtomicUsize,
+    pub(super) engine: Arc<Engine>,
+}
+
+impl Device {
+    /// Lay out a new device on `data` and `meta` (both already sized).
+    /// `aux_dir`: where a backend with files of its own (lsm) keeps them.
+    pub fn format(
+        cfg: &DeviceConfig,
+        data: &dyn BlockFile,
+        meta: Arc<dyn BlockFile>,
+        params: &crate::backends::BackendParams,
+        aux_dir: Option<&std::path::Path>,
+    ) -> Result<()> {
+        Engine::format(cfg, data, meta, params, aux_dir)
+    }
+
+    /// Open a formatted device. `lock` (if any) is held until the device drops.
+    pub fn open(
+        data: Box<dyn BlockFile>,
+        meta: Box<dyn BlockFile>,
+        opts: &OpenOptions,
+        lock: Option<DeviceLock>,
+    ) -> Result<Device> {
+        let device = Device {
+            write_back: OnceLock::new(),
+            in_flight: AtomicUsize::new(0),
+            engine: Arc::new(Engine::open(data, meta, opts, lock)?),
+        };
+        device.start_write_back(opts.write_back_bytes);
+        Ok(device)
+    }
+
+    /// Turn write-back on (`limit_bytes` > 0, a device opened to serve),
+    /// if it is not on yet. Apart from `open` for a process that forks
+    /// after opening (nbdkit): threads do not survive a fork.
+    pub fn start_write_back(&self, limit_bytes: u64) {
+        if limit_bytes > 0 && self.engine.writable {
+            self.write_back
+                .get_or_init(|| WriteBack::start(&self.engine, limit_bytes));
+        }
+    }
+
+    pub fn config(&self) -> &DeviceConfig {
+        self.engine.config()
+    }
+
+    pub fn size(&self) -> u64 {
+        self.engine.size()
+    }
+
+    /// Whether writes are acknowledged before they are applied.
+    pub fn writes_back(&self) -> bool {
+        self.write_back.get().is_some()
+    }
+
+    /// What recovery did at open, if the device was rolled back.
+    pub fn recovery(&self) -> Option<&RecoveryReport> {
+        self.engine.recovery()
+    }
+
+    /// Every queued mutation applied (a no-op without write-back).
+    fn settled(&self) -> &Engine {
+        if let Some(wb) = self.write_back.get() {
+            wb.wait_all();
+        }
+        &self.engine
+    }
+
+    /// Write `buf` at byte `offset`; with `fua`, durable before returning.
+    pub fn write(&self, offset: u64, buf: &[u8], fua: bool) -> Result<()> {
+        self.mutate(Mutation::Write, offset, buf.len() as u64, buf, fua)
+    }
+
+    /// TRIM/discard: the range reads back as zeros; whole chunks are
+    /// unmapped and their references dropped (Dmdedup §2.4), partial
+    /// chunks get zeros over the covered bytes.
+    pub fn discard(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        self.mutate(Mutation::Discard, offset, len, &[], fua)
+    }
+
+    /// WRITE_ZEROES: the same as a discard, since all-zero chunks are never
+    /// stored; counted apart so users can tell which their clients send.
+    pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        self.mutate(Mutation::WriteZeroes, offset, len, &[], fua)
+    }
+
+    fn mutate(&self, what: Mutation, offset: u64, len: u64, buf: &[u8], fua: bool) -> Result<()> {
+        let Some(wb) = self.write_back.get() else {
+            return self.engine.mutate(what, offset, len, buf, fua);
+        };
+        let _g = self.engine.enter()?;
+        self.engine.check_range(offset, len)?;
+        let e = &self.engine;
+        let _in = InFlight::enter(&self.in_flight);
+        let alone = || self.in_flight.load(SeqCst) == 1;
+        if !alone() && wb.idle() {
+            // Other requests in flight and nothing queued: the client keeps
+            // the device busy, so apply this one here, in parallel with
+            // them, as without write-back (see `WriteBack::submit`).
+            e.perform(what, offset, len, buf)?;
+        } else {
+            match wb.submit(what, offset, len, buf, || e.room_chunks(), alone) {
+                Admit::Queued => Counters::add(&e.counters.write_back_requests, 1),
+                Admit::Direct { held, after } => {
+                    match after {
+                        Wait::All => wb.wait_all(),
+                        Wait::Overlapping => wb.wait_range(offset, len),
+                    }
+                    let done = e.perform(what, offset, len, buf);
+                    wb.done_direct(held);
+                    done?;
+                }
+            }
+        }
+        if fua {
+            self.flush_entered(wb)?;
+        }
+        Ok(())
+    }
+
+    /// FLUSH: every write acknowledged before this call is made durable
+    /// (queued ones applied first). Reports a queued write that failed.
+    pub fn flush(&self) -> Result<()> {
+        let Some(wb) = self.write_back.get() else {
+            return self.engine.flush();
+        };
+        let _g = self.engine.enter()?;
+        self.flush_entered(wb)
+    }
+
+    fn flush_entered(&self, wb: &WriteBack) -> Result<()> {
+        wb.wait_all();
+        if let Some(e) = wb.take_failure() {
+            return Err(e);
+        }
+        self.engine.flush_entered()
+    }
+
+    /// Read `buf.len()` bytes at `offset`, after the queued mutations of
+    /// that range.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        if let Some(wb) = self.write_back.get() {
+            wb.wait_range(offset, buf.len() as u64);
+        }
+        self.engine.read(offset, buf)
+    }
+
+    /// Mapped and unmapped extents from `offset` (see `Engine::extents`).
+    pub fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        if let Some(wb) = self.write_back.get() {
+            wb.wait_range(offset, len);
+        }
+        self.engine.extents(offset, len)
+    }
+
+    /// Clean shutdown (see `Engine::close`): queued mutations are applied
+    /// first (one that fails was logged; the metadata is saved anyway).
+    pub fn close(&self) -> Result<()> {
+        match self.write_back.get() {
+            None => self.engine.close(),
+            Some(wb) => self.engine.close_after(|| wb.wait_all()),
+        }
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.settled().stats()
+    }
+
+    pub fn gc(&self) -> Result<GcReport> {
+        self.settled().gc()
+    }
+
+    pub fn check(&self, verify_data: bool) -> Result<CheckReport> {
+        self.settled().check(verify_data)
+    }
+
+    /// `check`, reporting (hash index entries done, total) as it goes.
+    pub fn check_with_progress(
+        &self,
+        verify_data: bool,
+        progress: &dyn Fn(u64, u64),
+    ) -> Result<CheckReport> {
+        self.settled().check_with_progress(verify_data, progress)
+    }
+
+    pub fn repair(&self, verify_data: bool) -> Result<(CheckReport, RepairReport)> {
+        self.settled().repair(verify_data)
+    }
+
+    /// Where an LBN points and that chunk's reference count: for tests,
+    /// debugging and tools. `None` when unmapped.
+    pub fn inspect_lbn(&self, lbn: Lbn) -> Result<Option<(Pbn, u32)>> {
+        self.settled().inspect_lbn(lbn)
+    }
+
+    /// A PBN's reference count (0 = free).
+    pub fn refcount(&self, pbn: Pbn) -> Result<u32> {
+        self.settled().refcount(pbn)
+    }
+}
+
+/// Counts a mutation in flight while it lives.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn enter(n: &'a AtomicUsize) -> InFlight<'a> {
+        n.fetch_add(1, SeqCst);
+        InFlight(n)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, SeqCst);
+    }
+}

@@ -1,0 +1,350 @@
+//! Write-back: mutations acknowledged once queued in RAM, applied by
+//! background threads.
+//!
+//! Why: a client such as the kernel's loop device over nbdfuse keeps one
+//! request in flight, so every microsecond of fingerprinting, compressing
+//! and index work lands on its critical path, while the raw device only
+//! copies into the page cache. Queueing lets that work overlap the
+//! client's next request. It keeps the NBD contract, which is also the
+//! crash contract of DESIGN.md: a write is durable only once a FLUSH (or
+//! its FUA) returns, and FLUSH and FUA wait for every mutation queued
+//! before them. A crash loses what was queued and not flushed, as a disk
+//! cache or the page cache under the raw device would.
+//!
+//! Rules that keep it a disk:
+//! - Mutations that touch a common chunk are applied in the order they
+//!   were acknowledged; others run in parallel (one applier per core).
+//! - A read, extent query, check, GC or statistics call first waits for
+//!   the queued mutations it could see (reads: only those overlapping).
+//! - The queue admits a mutation only if every queued one can still get
+//!   a new chunk for each chunk it writes (`room`): one that might find
+//!   the device full is applied before it is acknowledged, so ENOSPC
+//!   reaches the request that caused it.
+//! - A queued mutation that fails anyway (an I/O error) is reported by
+//!   the next FLUSH, and the device stops queueing: from then on every
+//!   request is applied before it is acknowledged.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex};
+use tracing::error;
+
+use super::write_path::Mutation;
+use super::Engine;
+use crate::error::Error;
+use crate::stats::Counters;
+
+/// Mutations queued at most, whatever their size: enough to absorb the
+/// bursts of a client's writeback, few enough to keep ordering them cheap.
+const MAX_QUEUED: usize = 64;
+
+struct Queued {
+    seq: u64,
+    what: Mutation,
+    offset: u64,
+    len: u64,
+    /// A write's bytes (taken by the applier that runs it).
+    data: Option<Vec<u8>>,
+    /// Chunks it touches.
+    chunks: Range<u64>,
+    /// New chunks it may need (held against `room` while it is queued).
+    room: u64,
+    bytes: usize,
+    running: bool,
+}
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Queued>,
+    next_seq: u64,
+    bytes: usize,
+    room_held: u64,
+    /// New chunks the device can still give beyond `room_held`, at least
+    /// (read from the engine only when it seems too small: completions
+    /// and frees only ever make the true value larger).
+    spare: u64,
+    /// The first queued mutation that failed since the last FLUSH.
+    failed: Option<Error>,
+    /// After a failure: apply every request before acknowledging it.
+    write_through: bool,
+    stop: bool,
+}
+
+impl State {
+    /// The first queued mutation no earlier one overlaps.
+    fn runnable(&self) -> Option<usize> {
+        let mut earlier: Vec<&Range<u64>> = Vec::new();
+        for (i, q) in self.queue.iter().enumerate() {
+            if !q.running && !earlier.iter().any(|r| overlaps(r, &q.chunks)) {
+                return Some(i);
+            }
+            earlier.push(&q.chunks);
+        }
+        None
+    }
+
+    /// Whether a mutation queued before `seq` still touches `chunks`.
+    fn pending(&self, seq: u64, chunks: &Range<u64>) -> bool {
+        self.queue
+            .iter()
+            .any(|q| q.seq < seq && overlaps(&q.chunks, chunks))
+    }
+}
+
+fn overlaps(a: &Range<u64>, b: &Range<u64>) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
+struct Shared {
+    /// Mutations queued or running in an applier, plus submitters
+    /// deciding whether to queue: while it is 0, a request that is not
+    /// alone may bypass the queue entirely (see `Device::mutate`).
+    users: AtomicUsize,
+    state: Mutex<State>,
+    /// Appliers wait on it for a runnable mutation.
+    work: Condvar,
+    /// Submitters (for queue space), readers and flushes (for mutations
+    /// applied) wait on it.
+    changed: Condvar,
+    limit_bytes: usize,
+    chunk_size: u64,
+}
+
+/// What `submit` did with a mutation.
+pub(crate) enum Admit {
+    Queued,
+    /// The caller applies it, once `after` is applied; `held` is for
+    /// `done_direct`.
+    Direct {
+        held: u64,
+        after: Wait,
+    },
+}
+
+/// Which queued mutations a direct one waits for.
+pub(crate) enum Wait {
+    All,
+    Overlapping,
+}
+
+/// The queue and its appliers; dropping it stops them (what was queued
+/// and not applied is lost, like a crash).
+pub(crate) struct WriteBack {
+    shared: Arc<Shared>,
+    appliers: Vec<JoinHandle<()>>,
+}
+
+impl WriteBack {
+    pub fn start(engine: &Arc<Engine>, limit_bytes: u64) -> WriteBack {
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 4));
+        let shared = Arc::new(Shared {
+            users: AtomicUsize::new(0),
+            state: Mutex::new(State::default()),
+            work: Condvar::new(),
+            changed: Condvar::new(),
+            limit_bytes: limit_bytes.min(usize::MAX as u64) as usize,
+            chunk_size: engine.config().chunk_size as u64,
+        });
+        let appliers = (0..threads)
+            .map(|i| {
+                let (shared, engine) = (shared.clone(), engine.clone());
+                std::thread::Builder::new()
+                    .name(format!("dedup-writeback-{i}"))
+                    .spawn(move || apply_queued(&shared, &engine))
+                    .expect("the system can start a thread")
+            })
+            .collect();
+        WriteBack { shared, appliers }
+    }
+
+    fn chunks(&self, offset: u64, len: u64) -> Range<u64> {
+        let cs = self.shared.chunk_size;
+        offset / cs..offset.saturating_add(len).div_ceil(cs)
+    }
+
+    /// Whether nothing is queued, running in an applier, or being queued.
+    pub fn idle(&self) -> bool {
+        self.shared.users.load(SeqCst) == 0
+    }
+
+    /// Queue a mutation whose range the caller checked, copying a write's
+    /// bytes, or say how the caller must apply it itself (`Direct`), then
+    /// call `done_direct`:
+    /// - after every queued mutation, if the device may not have room for
+    ///   it (ENOSPC must reach this request) or write-back stopped after
+    ///   a failure;
+    /// - after the queued mutations it overlaps, if other requests are in
+    ///   flight (`alone`, asked once this submitter counts as a user) or
+    ///   the queue is full: the client keeps several requests in flight,
+    ///   so they are applied in parallel in their own threads, as without
+    ///   write-back.
+    pub fn submit(
+        &self,
+        what: Mutation,
+        offset: u64,
+        len: u64,
+        buf: &[u8],
+        room: impl Fn() -> u64,
+        alone: impl Fn() -> bool,
+    ) -> Admit {
+        let chunks = self.chunks(offset, len);
+        // A write may need a new chunk for every chunk it covers; a trim
+        // only for the partial chunks at its ends.
+        let need = match what {
+            Mutation::Write => chunks.end - chunks.start,
+            _ => (chunks.end - chunks.start).min(2),
+        };
+        let sh = &self.shared;
+        // Counted before `alone` is asked: a request that then finds
+        // `idle`, and bypasses all this, is seen by `alone` (both SeqCst).
+        sh.users.fetch_add(1, SeqCst);
+        let alone = alone();
+        let mut s = sh.state.lock();
+        if need > s.spare {
+            s.spare = room().saturating_sub(s.room_held);
+        }
+        // Held either way: a direct write allocates too, and queued ones
+        // admitted meanwhile must not count on its room.
+        s.room_held += need;
+        let direct = |after| {
+            sh.users.fetch_sub(1, SeqCst);
+            Admit::Direct { held: need, after }
+        };
+        if s.write_through || s.stop || need > s.spare {
+            s.spare = 0;
+            return direct(Wait::All);
+        }
+        s.spare -= need;
+        let full = s.queue.len() >= MAX_QUEUED || s.bytes + buf.len() > sh.limit_bytes;
+        if !alone || (full && !s.queue.is_empty()) {
+            return direct(Wait::Overlapping);
+        }
+        let seq = s.next_seq;
+        s.next_seq += 1;
+        s.bytes += buf.len();
+        s.queue.push_back(Queued {
+            seq,
+            what,
+            offset,
+            len,
+            data: (what == Mutation::Write).then(|| buf.to_vec()),
+            chunks,
+            room: need,
+            bytes: buf.len(),
+            running: false,
+        });
+        // Woken after the lock is released, so the applier does not wake
+        // only to wait for it.
+        drop(s);
+        sh.work.notify_one();
+        Admit::Queued
+    }
+
+    /// A `Direct` mutation is done: give back the room it held.
+    pub fn done_direct(&self, held: u64) {
+        self.shared.state.lock().room_held -= held;
+    }
+
+    /// Wait until every mutation queued before now that touches the byte
+    /// range `offset..offset+len` has been applied.
+    pub fn wait_range(&self, offset: u64, len: u64) {
+        self.wait_for(self.chunks(offset, len));
+    }
+
+    /// Wait until every mutation queued before now has been applied.
+    pub fn wait_all(&self) {
+        self.wait_for(0..u64::MAX);
+    }
+
+    fn wait_for(&self, chunks: Range<u64>) {
+        if self.idle() {
+            return;
+        }
+        let sh = &self.shared;
+        let mut s = sh.state.lock();
+        let before = s.next_seq;
+        while s.pending(before, &chunks) && !s.stop {
+            sh.changed.wait(&mut s);
+        }
+    }
+
+    /// The failure of a queued mutation since the last call, if any: a
+    /// FLUSH reports it.
+    pub fn take_failure(&self) -> Option<Error> {
+        self.shared.state.lock().failed.take()
+    }
+}
+
+impl Drop for WriteBack {
+    fn drop(&mut self) {
+        self.shared.state.lock().stop = true;
+        self.shared.work.notify_all();
+        self.shared.changed.notify_all();
+        for t in self.appliers.drain(..) {
+            // An applier finishes the mutation it is running, then stops.
+            let _ = t.join();
+        }
+    }
+}
+
+/// An applier: run the first runnable mutation, again and again.
+fn apply_queued(sh: &Shared, engine: &Engine) {
+    loop {
+        let (seq, what, offset, len, data) = {
+            let mut s = sh.state.lock();
+            let i = loop {
+                if s.stop {
+                    return;
+                }
+                if let Some(i) = s.runnable() {
+                    break i;
+                }
+                sh.work.wait(&mut s);
+            };
+            let q = &mut s.queue[i];
+            q.running = true;
+            (q.seq, q.what, q.offset, q.len, q.data.take())
+        };
+        let data = data.unwrap_or_default();
+        let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            engine.perform(what, offset, len, &data)
+        }))
+        .unwrap_or_else(|_| {
+            Err(Error::Io {
+                context: format!("internal error applying a queued {what:?}"),
+                cause: std::io::Error::other("panic in a write-back applier"),
+            })
+        });
+        drop(data);
+        let mut s = sh.state.lock();
+        let i = s
+            .queue
+            .iter()
+            .position(|q| q.seq == seq)
+            .expect("a running mutation stays queued until done");
+        let q = s.queue.remove(i).expect("index from position");
+        sh.users.fetch_sub(1, SeqCst);
+        s.bytes -= q.bytes;
+        s.room_held -= q.room;
+        if let Err(e) = done {
+            error!(
+                "a {what:?} of {len} bytes at offset {offset}, acknowledged earlier, could not be applied: {e}; \
+                 the next flush reports it, and the device now applies every request before acknowledging it"
+            );
+            Counters::add(&engine.counters.write_back_failures, 1);
+            s.write_through = true;
+            s.failed.get_or_insert(e);
+        }
+        // Its end may make a mutation that overlapped it runnable.
+        let more = !s.queue.is_empty();
+        drop(s);
+        if more {
+            sh.work.notify_one();
+        }
+        sh.changed.notify_all();
+    }
+}

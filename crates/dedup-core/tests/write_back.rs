@@ -1,0 +1,248 @@
+//! Write-back (`OpenOptions::write_back_bytes`): writes acknowledged once
+//! queued must behave exactly like applied ones for every later request,
+//! a FLUSH must cover them, ENOSPC must still reach the write that caused
+//! it, and a queued write that fails must be reported, not lost silently.
+//! A slow data device keeps the queue full, so these run against it.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::{FaultyBlockFile, MemDevice, ModelDisk, Patterns};
+use dedup_core::{Device, Error};
+use rand::{Rng, SeedableRng};
+
+const CS: usize = 4096;
+const CHUNKS: u64 = 64;
+
+fn slow_device(md: &MemDevice, delay: Duration) -> (Device, FaultyBlockFile) {
+    let faulty = FaultyBlockFile {
+        write_delay: delay,
+        ..FaultyBlockFile::new(md.data.clone())
+    };
+    let handle = FaultyBlockFile {
+        write_delay: delay,
+        inner: faulty.inner.clone(),
+        fail_writes: faulty.fail_writes.clone(),
+    };
+    let dev = md
+        .open_on(Box::new(faulty), Box::new(md.meta.clone()))
+        .unwrap();
+    (dev, handle)
+}
+
+fn device(backend: &str, physical: u64, write_back: u64) -> MemDevice {
+    let cfg = common::config(
+        backend,
+        CS as u32,
+        CHUNKS,
+        physical,
+        dedup_core::fingerprint::HashAlgo::Blake3,
+        false,
+    );
+    let mut md = MemDevice::format(cfg, &Default::default());
+    md.write_back_bytes = write_back;
+    md
+}
+
+/// Write every LBN of `lbns` in that order, one chunk each, and the model.
+fn fill(dev: &Device, model: &mut ModelDisk, lbns: impl Iterator<Item = u64>) {
+    let p = Patterns::new(4, CS);
+    for lbn in lbns {
+        let data = p.bytes(1 + (lbn % 3) as usize, lbn * CS as u64, CS);
+        dev.write(lbn * CS as u64, &data, false).unwrap();
+        model.write(lbn * CS as u64, &data);
+    }
+}
+
+/// Random overlapping writes, partial and whole, trims among them: every
+/// read, issued right after writes that may still be queued, sees them
+/// all, in the order they were acknowledged.
+#[test]
+fn reads_see_acknowledged_writes_in_order() {
+    for backend in ["inram", "disktable/lz4"] {
+        // Room for all the garbage the run makes; a queue of 16 KiB, so
+        // larger writes that find it busy are applied by the caller after
+        // the queued ones they overlap, and both kinds mix.
+        let md = device(backend, CHUNKS * 64, 16 << 10);
+        let (dev, _) = slow_device(&md, Duration::from_micros(300));
+        assert!(dev.writes_back());
+        let p = Patterns::new(5, CS);
+        let size = CHUNKS * CS as u64;
+        let mut model = ModelDisk::new(size as usize, CS);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut mutations = 0;
+        for step in 0..600 {
+            let off = rng.random_range(0..size - 1);
+            let len = rng.random_range(1..=(size - off).min(8 * CS as u64));
+            match rng.random_range(0..10) {
+                0..=5 => {
+                    let data = p.bytes(rng.random_range(0..5), off, len as usize);
+                    dev.write(off, &data, false).unwrap();
+                    model.write(off, &data);
+                    mutations += 1;
+                }
+                6 => {
+                    dev.discard(off, len, false).unwrap();
+                    model.zero(off, len);
+                    mutations += 1;
+                }
+                _ => {
+                    let mut got = vec![0u8; len as usize];
+                    dev.read(off, &mut got).unwrap();
+                    assert_eq!(
+                        &got[..],
+                        model.read(off, len as usize),
+                        "{backend}: step {step}, read {len} at {off}"
+                    );
+                }
+            }
+        }
+        assert_eq!(common::read_all(&dev), model.bytes, "{backend}");
+        let s = dev.stats();
+        let queued = s.counters.write_back_requests;
+        eprintln!("{backend}: {queued} of {mutations} mutations queued");
+        assert!(
+            queued > mutations / 4 && queued < mutations,
+            "{backend}: {queued} of {mutations}"
+        );
+        assert_eq!(s.counters.write_back_failures, 0);
+        common::assert_consistent(&dev);
+    }
+}
+
+/// A FLUSH returns only once every write acknowledged before it is
+/// applied and committed: a crash right after loses none of them.
+#[test]
+fn flush_covers_every_queued_write() {
+    let md = device("disktable", CHUNKS * 2, 1 << 20);
+    let mut model = ModelDisk::new(CHUNKS as usize * CS, CS);
+    {
+        let (dev, _) = slow_device(&md, Duration::from_millis(2));
+        fill(&dev, &mut model, 0..CHUNKS);
+        dev.flush().unwrap();
+        // Dropped without close: a crash.
+    }
+    let dev = md.open().unwrap();
+    assert_eq!(common::read_all(&dev), model.bytes);
+    assert!(dev.check(true).unwrap().is_clean());
+}
+
+/// A FUA write is durable when acknowledged, with every write queued
+/// before it.
+#[test]
+fn fua_covers_itself_and_earlier_writes() {
+    let md = device("cowbtree", CHUNKS * 2, 1 << 20);
+    let p = Patterns::new(4, CS);
+    {
+        let (dev, _) = slow_device(&md, Duration::from_millis(1));
+        for lbn in 0..8 {
+            dev.write(lbn * CS as u64, p.chunk(1 + lbn as usize % 3), false)
+                .unwrap();
+        }
+        dev.write(8 * CS as u64, p.chunk(3), true).unwrap();
+    }
+    let dev = md.open().unwrap();
+    for lbn in 0..9u64 {
+        let mut got = vec![0u8; CS];
+        dev.read(lbn * CS as u64, &mut got).unwrap();
+        let want = if lbn == 8 { 3 } else { 1 + lbn as usize % 3 };
+        assert_eq!(got, p.chunk(want), "LBN {lbn}");
+    }
+}
+
+/// Close applies what is queued before saving the metadata.
+#[test]
+fn close_applies_every_queued_write() {
+    let md = device("inram/lz4", CHUNKS * 2, 1 << 20);
+    let mut model = ModelDisk::new(CHUNKS as usize * CS, CS);
+    {
+        let (dev, _) = slow_device(&md, Duration::from_millis(1));
+        fill(&dev, &mut model, (0..CHUNKS).rev());
+        dev.close().unwrap();
+    }
+    let dev = md.open().unwrap();
+    assert_eq!(common::read_all(&dev), model.bytes);
+}
+
+/// Filling the device: the queue takes a write only while every queued
+/// write is sure to find room, so ENOSPC is returned by a write call,
+/// never discovered later by a flush, and every acknowledged write is
+/// there.
+#[test]
+fn enospc_reaches_the_write_that_caused_it() {
+    for backend in ["inram", "disktable", "inram/none"] {
+        let md = device(backend, 12, 1 << 20);
+        let (dev, _) = slow_device(&md, Duration::from_micros(500));
+        let mut model = ModelDisk::new(CHUNKS as usize * CS, CS);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let mut refused = 0;
+        for lbn in 0..CHUNKS {
+            // Unique, incompressible content: one new chunk each.
+            let data: Vec<u8> = (0..CS).map(|_| rng.random()).collect();
+            match dev.write(lbn * CS as u64, &data, false) {
+                Ok(()) => model.write(lbn * CS as u64, &data),
+                Err(Error::NoSpace { .. }) => refused += 1,
+                Err(e) => panic!("{backend}: {e}"),
+            }
+        }
+        assert!(refused > 0, "{backend}: the device filled up");
+        dev.flush()
+            .unwrap_or_else(|e| panic!("{backend}: flush after ENOSPC: {e}"));
+        assert_eq!(common::read_all(&dev), model.bytes, "{backend}");
+        let s = dev.stats();
+        assert!(s.counters.write_back_requests > 0, "{backend}");
+        assert_eq!(s.counters.write_back_failures, 0, "{backend}");
+    }
+}
+
+/// A queued write that fails (the data device refuses it) is reported by
+/// the next FLUSH; from then on writes are applied before they are
+/// acknowledged, so the next failure reaches its own write.
+#[test]
+fn a_failed_queued_write_is_reported_by_the_next_flush() {
+    let md = device("inram/none", CHUNKS * 2, 1 << 20);
+    let (dev, faulty) = slow_device(&md, Duration::from_micros(200));
+    let p = Patterns::new(4, CS);
+    dev.write(0, p.chunk(1), false).unwrap();
+    dev.flush().unwrap();
+    faulty.fail_writes.store(true, Ordering::SeqCst);
+    dev.write(CS as u64, p.chunk(2), false)
+        .expect("queued: acknowledged before it is applied");
+    let err = dev.flush().expect_err("the flush reports the lost write");
+    assert!(err.to_string().contains("injected"), "{err}");
+    assert_eq!(dev.stats().counters.write_back_failures, 1);
+    dev.write(2 * CS as u64, p.chunk(3), false)
+        .expect_err("applied before acknowledged now, so it fails itself");
+    faulty.fail_writes.store(false, Ordering::SeqCst);
+    dev.write(3 * CS as u64, p.chunk(3), false).unwrap();
+    dev.flush().unwrap();
+    let mut got = vec![0u8; 4 * CS];
+    dev.read(0, &mut got).unwrap();
+    assert_eq!(&got[..CS], p.chunk(1));
+    assert!(
+        got[CS..3 * CS].iter().all(|&b| b == 0),
+        "failed writes left nothing"
+    );
+    assert_eq!(&got[3 * CS..], p.chunk(3));
+    common::assert_consistent(&dev);
+}
+
+/// Requests out of range are refused when submitted, not later.
+#[test]
+fn bad_requests_are_refused_before_queueing() {
+    let md = device("inram", CHUNKS, 1 << 20);
+    let dev = md.open().unwrap();
+    let size = CHUNKS * CS as u64;
+    assert!(matches!(
+        dev.write(size - 10, &[1u8; 20], false),
+        Err(Error::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        dev.discard(u64::MAX - 5, 10, false),
+        Err(Error::OutOfRange { .. })
+    ));
+    dev.flush().unwrap();
+    assert_eq!(dev.stats().counters.write_back_requests, 0);
+}
