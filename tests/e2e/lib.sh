@@ -38,11 +38,12 @@ log() { echo "== $*"; }
 
 uri() { echo "nbd+unix:///?socket=$1/nbd.sock"; }
 
-# serve DIR [dedup serve args...]: start serving and wait until ready.
+# serve DIR [dedup serve args...]: start serving and wait until ready
+# (with --writeback $WRITEBACK when that is set).
 serve() {
     local dir=$1
     shift
-    "$DEDUP" serve "$dir" "$@" >"$dir.serve.log" 2>&1 &
+    "$DEDUP" serve "$dir" ${WRITEBACK:+--writeback "$WRITEBACK"} "$@" >"$dir.serve.log" 2>&1 &
     local pid=$!
     echo "$pid" >"$dir.servepid"
     on_exit "kill -TERM $pid; wait $pid"

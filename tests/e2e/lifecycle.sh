@@ -34,6 +34,7 @@ log "create, refuse a second create, serve, refuse a second server"
 "$DEDUP" create "$WORK/dev" --size 64M --physical-size 16M >/dev/null
 expect_fail "already holds a dedup device" "$DEDUP" create "$WORK/dev" --size 64M
 expect_fail "not a dedup device directory" "$DEDUP" serve "$WORK"
+expect_fail "invalid size" "$DEDUP" serve "$WORK/dev" --writeback 12Q
 serve "$WORK/dev"
 expect_fail "in use by another process" "$DEDUP" serve "$WORK/dev" --socket "$WORK/other.sock"
 

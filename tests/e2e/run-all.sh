@@ -9,10 +9,11 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 run() {
     local backend=$1 t=$2 compression=${3:-lz4} start
-    echo "=== e2e: $t ($backend, $compression)"
+    local what="$backend, $compression${WRITEBACK:+, writeback $WRITEBACK}"
+    echo "=== e2e: $t ($what)"
     start=$(date +%s)
     BACKEND=$backend COMPRESSION=$compression bash "$here/$t.sh"
-    echo "=== e2e: $t ($backend, $compression) passed in $(($(date +%s) - start)) s"
+    echo "=== e2e: $t ($what) passed in $(($(date +%s) - start)) s"
 }
 for t in nbdcopy qemu-io fio lifecycle ext4 bench replay analyze; do
     run inram "$t"
@@ -31,6 +32,11 @@ for t in nbdcopy ext4; do
     run inram "$t" none
 done
 run thin ext4 none
+# Write-back off: every write applied before it is acknowledged.
+for t in nbdcopy ext4; do
+    WRITEBACK=0 run inram "$t"
+done
+WRITEBACK=0 run disktable crash-kill
 # ordered runs thin's code with another write order: the data paths once.
 for t in nbdcopy fio ext4; do
     run ordered "$t"

@@ -7,7 +7,9 @@
 //! (never another chunk's bytes, never garbage), and `check` must be clean.
 //!
 //! Every failure names its backend, seed and cut point, so it can be
-//! replayed with `DEDUP_CRASH_ONLY=backend:seed:cut`. `DEDUP_CRASH_SEEDS`
+//! replayed with `DEDUP_CRASH_ONLY=backend:seed:cut` (exactly, except in
+//! the "+wb" suites: their appliers make the order of I/Os depend on
+//! timing, so a replay cuts near the same point, not always at it). `DEDUP_CRASH_SEEDS`
 //! scales the run (default 40 seeds per backend).
 
 mod common;

@@ -21,7 +21,7 @@ const PID_FILE_NAME: &str = "nbdkit.pid";
 #[derive(clap::Args)]
 #[command(
     about = "Serve a device over NBD (runs nbdkit with the dedup plugin) until Ctrl-C",
-    after_help = "Examples:\n  dedup serve ./dev                      # Unix socket ./dev/nbd.sock\n  dedup serve ./dev --port 10809         # TCP on localhost\n  dedup serve ./dev --accept-unclean     # roll back after a crash\n  dedup serve ./dev --record build.trace # capture the workload for `dedup replay`\n\nAttach the device with nbd-client, qemu, or nbdfuse + losetup (printed when ready)."
+    after_help = "Examples:\n  dedup serve ./dev                      # Unix socket ./dev/nbd.sock\n  dedup serve ./dev --port 10809         # TCP on localhost\n  dedup serve ./dev --accept-unclean     # roll back after a crash\n  dedup serve ./dev --record build.trace # capture the workload for `dedup replay`\n  dedup serve ./dev --writeback 0        # apply every write before acknowledging it\n\nAttach the device with nbd-client, qemu, or nbdfuse + losetup (printed when ready)."
 )]
 pub struct Args {
     /// Device directory made by `dedup create`.

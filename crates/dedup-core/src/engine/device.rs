@@ -120,18 +120,18 @@ impl Device {
             // Other requests in flight and nothing queued: the client keeps
             // the device busy, so apply this one here, in parallel with
             // them, as without write-back (see `WriteBack::submit`).
+            let _done = OnDrop(|| wb.bypassed());
             e.perform(what, offset, len, buf)?;
         } else {
             match wb.submit(what, offset, len, buf, || e.room_chunks(), alone) {
                 Admit::Queued => Counters::add(&e.counters.write_back_requests, 1),
                 Admit::Direct { held, after } => {
+                    let _done = OnDrop(|| wb.done_direct(held));
                     match after {
                         Wait::All => wb.wait_all(),
                         Wait::Overlapping => wb.wait_range(offset, len),
                     }
-                    let done = e.perform(what, offset, len, buf);
-                    wb.done_direct(held);
-                    done?;
+                    e.perform(what, offset, len, buf)?;
                 }
             }
         }
@@ -142,7 +142,8 @@ impl Device {
     }
 
     /// FLUSH: every write acknowledged before this call is made durable
-    /// (queued ones applied first). Reports a queued write that failed.
+    /// (queued ones applied first). Fails for good once a queued write
+    /// failed: what it acknowledged can no longer be made durable.
     pub fn flush(&self) -> Result<()> {
         let Some(wb) = self.write_back.get() else {
             return self.engine.flush();
@@ -153,7 +154,7 @@ impl Device {
 
     fn flush_entered(&self, wb: &WriteBack) -> Result<()> {
         wb.wait_all();
-        if let Some(e) = wb.take_failure() {
+        if let Some(e) = wb.failure() {
             return Err(e);
         }
         self.engine.flush_entered()
@@ -177,7 +178,8 @@ impl Device {
     }
 
     /// Clean shutdown (see `Engine::close`): queued mutations are applied
-    /// first (one that fails was logged; the metadata is saved anyway).
+    /// first. The metadata is saved even after a queued mutation failed
+    /// (that was logged, and every flush since has failed).
     pub fn close(&self) -> Result<()> {
         match self.write_back.get() {
             None => self.engine.close(),
@@ -219,6 +221,15 @@ impl Device {
     /// A PBN's reference count (0 = free).
     pub fn refcount(&self, pbn: Pbn) -> Result<u32> {
         self.settled().refcount(pbn)
+    }
+}
+
+/// Runs its closure when dropped (a panic included).
+struct OnDrop<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        (self.0)()
     }
 }
 

@@ -20,13 +20,16 @@
 //!   a new chunk for each chunk it writes (`room`): one that might find
 //!   the device full is applied before it is acknowledged, so ENOSPC
 //!   reaches the request that caused it.
-//! - A queued mutation that fails anyway (an I/O error) is reported by
-//!   the next FLUSH, and the device stops queueing: from then on every
+//! - A queued mutation that fails anyway (an I/O error) was acknowledged
+//!   and is lost, with every mutation queued behind it (applying those
+//!   over a lost one could leave a chunk with bytes never written
+//!   together). The device can no longer make what it acknowledged
+//!   durable: every later FLUSH and FUA fails until restart, and every
 //!   request is applied before it is acknowledged.
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -67,8 +70,9 @@ struct State {
     /// (read from the engine only when it seems too small: completions
     /// and frees only ever make the true value larger).
     spare: u64,
-    /// The first queued mutation that failed since the last FLUSH.
-    failed: Option<Error>,
+    /// The first queued mutation that failed (what, and its errno):
+    /// every FLUSH fails from then on.
+    failed: Option<(String, i32)>,
     /// After a failure: apply every request before acknowledging it.
     write_through: bool,
     stop: bool,
@@ -104,14 +108,35 @@ struct Shared {
     /// deciding whether to queue: while it is 0, a request that is not
     /// alone may bypass the queue entirely (see `Device::mutate`).
     users: AtomicUsize,
+    /// A request bypassed the queue and may have allocated: `spare` must
+    /// be read again before anything is queued.
+    stale: AtomicBool,
     state: Mutex<State>,
     /// Appliers wait on it for a runnable mutation.
     work: Condvar,
-    /// Submitters (for queue space), readers and flushes (for mutations
-    /// applied) wait on it.
+    /// Readers, flushes and direct writers wait on it for mutations to be
+    /// applied.
     changed: Condvar,
     limit_bytes: usize,
     chunk_size: u64,
+}
+
+/// One count in `Shared::users`, given back when dropped (a panic in
+/// `submit` included); a queued mutation's is forgotten and given back
+/// by its applier.
+struct User<'a>(&'a AtomicUsize);
+
+impl<'a> User<'a> {
+    fn new(users: &'a AtomicUsize) -> User<'a> {
+        users.fetch_add(1, SeqCst);
+        User(users)
+    }
+}
+
+impl Drop for User<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, SeqCst);
+    }
 }
 
 /// What `submit` did with a mutation.
@@ -143,6 +168,7 @@ impl WriteBack {
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 4));
         let shared = Arc::new(Shared {
             users: AtomicUsize::new(0),
+            stale: AtomicBool::new(false),
             state: Mutex::new(State::default()),
             work: Condvar::new(),
             changed: Condvar::new(),
@@ -201,19 +227,16 @@ impl WriteBack {
         let sh = &self.shared;
         // Counted before `alone` is asked: a request that then finds
         // `idle`, and bypasses all this, is seen by `alone` (both SeqCst).
-        sh.users.fetch_add(1, SeqCst);
+        let user = User::new(&sh.users);
         let alone = alone();
         let mut s = sh.state.lock();
-        if need > s.spare {
+        if sh.stale.swap(false, SeqCst) || need > s.spare {
             s.spare = room().saturating_sub(s.room_held);
         }
         // Held either way: a direct write allocates too, and queued ones
         // admitted meanwhile must not count on its room.
         s.room_held += need;
-        let direct = |after| {
-            sh.users.fetch_sub(1, SeqCst);
-            Admit::Direct { held: need, after }
-        };
+        let direct = |after| Admit::Direct { held: need, after };
         if s.write_through || s.stop || need > s.spare {
             s.spare = 0;
             return direct(Wait::All);
@@ -223,6 +246,8 @@ impl WriteBack {
         if !alone || (full && !s.queue.is_empty()) {
             return direct(Wait::Overlapping);
         }
+        // The queued mutation is a user until its applier is done with it.
+        std::mem::forget(user);
         let seq = s.next_seq;
         s.next_seq += 1;
         s.bytes += buf.len();
@@ -272,10 +297,25 @@ impl WriteBack {
         }
     }
 
-    /// The failure of a queued mutation since the last call, if any: a
-    /// FLUSH reports it.
-    pub fn take_failure(&self) -> Option<Error> {
-        self.shared.state.lock().failed.take()
+    /// A request bypassed the queue (it may have taken room `spare`
+    /// counts on). Called when it is done, before it stops counting as
+    /// in flight.
+    pub fn bypassed(&self) {
+        self.shared.stale.store(true, SeqCst);
+    }
+
+    /// Why the device cannot make acknowledged writes durable any more:
+    /// a queued mutation failed. FLUSH and FUA report it until restart.
+    pub fn failure(&self) -> Option<Error> {
+        let s = self.shared.state.lock();
+        let (what, errno) = s.failed.as_ref()?;
+        Some(Error::Io {
+            context: format!(
+                "{what}, after it was acknowledged; the device cannot make acknowledged writes durable \
+                 any more: every flush fails until the server is restarted"
+            ),
+            cause: std::io::Error::from_raw_os_error(*errno),
+        })
     }
 }
 
@@ -331,13 +371,26 @@ fn apply_queued(sh: &Shared, engine: &Engine) {
         s.bytes -= q.bytes;
         s.room_held -= q.room;
         if let Err(e) = done {
+            // Drop what is queued behind it: applied over the lost
+            // mutation, a partial write would leave a chunk holding bytes
+            // never written together.
+            let (mut dropped, mut bytes, mut room) = (0, 0, 0);
+            for q in s.queue.iter().filter(|q| !q.running) {
+                (dropped, bytes, room) = (dropped + 1, bytes + q.bytes, room + q.room);
+            }
+            s.queue.retain(|q| q.running);
+            sh.users.fetch_sub(dropped, SeqCst);
+            s.bytes -= bytes;
+            s.room_held -= room;
+            let lost =
+                format!("a {what:?} of {len} bytes at offset {offset} could not be applied ({e})");
             error!(
-                "a {what:?} of {len} bytes at offset {offset}, acknowledged earlier, could not be applied: {e}; \
-                 the next flush reports it, and the device now applies every request before acknowledging it"
+                "{lost}, after it was acknowledged; {dropped} mutations queued behind it were dropped; \
+                 every flush fails from now on, until the server is restarted"
             );
-            Counters::add(&engine.counters.write_back_failures, 1);
+            Counters::add(&engine.counters.write_back_failures, 1 + dropped as u64);
             s.write_through = true;
-            s.failed.get_or_insert(e);
+            s.failed.get_or_insert((lost, e.errno()));
         }
         // Its end may make a mutation that overlapped it runnable.
         let more = !s.queue.is_empty();
