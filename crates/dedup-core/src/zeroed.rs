@@ -43,7 +43,12 @@ pub fn zeroed_vec<T: ZeroIsValid>(n: usize, what: &str) -> Result<Vec<T>> {
             // Hash index probes land on random pages: with 4 KiB pages each
             // new chunk costs a page fault (two, after a read of the zero
             // page) and a TLB miss. Huge pages cut both; a hint only.
-            libc::madvise(ptr.cast(), layout.size(), libc::MADV_HUGEPAGE);
+            // madvise wants page-aligned ranges; the allocator's block
+            // starts past a header.
+            let page = libc::sysconf(libc::_SC_PAGESIZE).max(4096) as usize;
+            let start = (ptr as usize).next_multiple_of(page);
+            let end = (ptr as usize + layout.size()) / page * page;
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
         }
         Ok(Vec::from_raw_parts(ptr, n, n))
     }
