@@ -76,6 +76,12 @@ struct State {
     /// After a failure: apply every request before acknowledging it.
     write_through: bool,
     stop: bool,
+    /// Buffers of applied writes, kept for the next ones (at most
+    /// `limit_bytes` of them): a fresh large allocation is mapped, faulted
+    /// in page by page and unmapped again with a TLB shootdown, which cost
+    /// more than the copy itself.
+    spare_buffers: Vec<Vec<u8>>,
+    spare_buffer_bytes: usize,
 }
 
 impl State {
@@ -251,12 +257,19 @@ impl WriteBack {
         let seq = s.next_seq;
         s.next_seq += 1;
         s.bytes += buf.len();
+        let data = (what == Mutation::Write).then(|| {
+            let mut copy = s.spare_buffers.pop().unwrap_or_default();
+            s.spare_buffer_bytes -= copy.capacity();
+            copy.clear();
+            copy.extend_from_slice(buf);
+            copy
+        });
         s.queue.push_back(Queued {
             seq,
             what,
             offset,
             len,
-            data: (what == Mutation::Write).then(|| buf.to_vec()),
+            data,
             chunks,
             room: need,
             bytes: buf.len(),
@@ -349,7 +362,7 @@ fn apply_queued(sh: &Shared, engine: &Engine) {
             q.running = true;
             (q.seq, q.what, q.offset, q.len, q.data.take())
         };
-        let data = data.unwrap_or_default();
+        let mut data = data.unwrap_or_default();
         let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             engine.perform(what, offset, len, &data)
         }))
@@ -359,8 +372,11 @@ fn apply_queued(sh: &Shared, engine: &Engine) {
                 cause: std::io::Error::other("panic in a write-back applier"),
             })
         });
-        drop(data);
         let mut s = sh.state.lock();
+        if s.spare_buffer_bytes + data.capacity() <= sh.limit_bytes {
+            s.spare_buffer_bytes += data.capacity();
+            s.spare_buffers.push(std::mem::take(&mut data));
+        }
         let i = s
             .queue
             .iter()
