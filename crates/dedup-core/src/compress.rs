@@ -159,15 +159,7 @@ mod tests {
             .take(4096)
             .copied()
             .collect();
-        let mut x = 0x1234_5678_9abc_def0u64;
-        let random: Vec<u8> = (0..4096)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let random = crate::testdata::noise(1, 4096);
         for c in [Compression::Lz4, Compression::Zstd(3)] {
             let z = c.compress(&text).expect("text compresses");
             assert!(z.len() < 1024, "{c}: {}", z.len());

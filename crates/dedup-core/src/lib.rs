@@ -23,6 +23,7 @@ pub mod pack;
 pub mod size;
 pub mod stats;
 pub mod superblock;
+pub mod testdata;
 pub mod zeroed;
 
 pub use backends::OpenOptions;

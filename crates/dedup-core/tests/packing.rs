@@ -19,14 +19,7 @@ const CS: usize = 4096;
 /// A chunk whose compressibility `kind` picks: 0 random (raw), 1 a
 /// quarter random (a ~1.1 KiB fragment), 2 an eighth random (~600 bytes).
 fn chunk(seed: u64, kind: u8) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    let random: Vec<u8> = (0..CS).map(|_| next() as u8).collect();
+    let random = dedup_core::testdata::noise(seed, CS);
     match kind {
         0 => random,
         1 => (0..CS)

@@ -17,15 +17,7 @@ use dedup_core::Device;
 const CS: usize = 4096;
 
 fn random_block(seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..CS)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    dedup_core::testdata::noise(seed, CS)
 }
 
 fn text_block(seed: u64) -> Vec<u8> {

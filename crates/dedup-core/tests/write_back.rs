@@ -338,3 +338,39 @@ fn bad_requests_are_refused_before_queueing() {
     dev.flush().unwrap();
     assert_eq!(dev.stats().counters.write_back_requests, 0);
 }
+
+/// Writes below `write_back_from_bytes` are applied before they are
+/// acknowledged; larger ones arriving alone are queued.
+#[test]
+fn small_writes_are_not_queued_when_asked() {
+    let md = device("inram", CHUNKS, 1 << 20);
+    let opts = dedup_core::OpenOptions {
+        writable: true,
+        write_back_bytes: 1 << 20,
+        write_back_from_bytes: 32 << 10,
+        ..Default::default()
+    };
+    let dev = Device::open(
+        Box::new(md.data.clone()) as Box<dyn dedup_core::blockfile::BlockFile>,
+        Box::new(md.meta.clone()),
+        &opts,
+        None,
+    )
+    .unwrap();
+    let p = Patterns::new(4, CS);
+    dev.write(0, &p.bytes(1, 0, CS), false).unwrap();
+    assert_eq!(
+        dev.stats().counters.write_back_requests,
+        0,
+        "4 KiB: applied at once"
+    );
+    dev.write(0, &p.bytes(2, 0, 16 * CS), false).unwrap();
+    assert_eq!(
+        dev.stats().counters.write_back_requests,
+        1,
+        "64 KiB: queued"
+    );
+    let mut got = vec![0u8; 16 * CS];
+    dev.read(0, &mut got).unwrap();
+    assert_eq!(got, p.bytes(2, 0, 16 * CS));
+}

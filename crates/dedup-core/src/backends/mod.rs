@@ -120,6 +120,10 @@ pub struct OpenOptions {
     /// FLUSH and FUA wait for them (see `engine/writeback.rs`). 0: every
     /// request is applied before it is acknowledged.
     pub write_back_bytes: u64,
+    /// Writes smaller than this are applied before they are acknowledged
+    /// even with write-back on: for them a copy and a hand-over to an
+    /// applier cost more than the write (0: every size may be queued).
+    pub write_back_from_bytes: u64,
 }
 
 pub struct Opened {

@@ -3,7 +3,10 @@
 //! call that looks at data or metadata first waits for the queued
 //! mutations it could see, so callers never observe the queue.
 
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{
+    AtomicU64, AtomicUsize,
+    Ordering::{Relaxed, SeqCst},
+};
 use std::sync::{Arc, OnceLock};
 
 use super::write_path::Mutation;
@@ -21,6 +24,9 @@ pub struct Device {
     write_back: OnceLock<WriteBack>,
     /// Mutations in `mutate` now (write-back decides by it).
     in_flight: AtomicUsize,
+    /// Writes smaller than this are never queued
+    /// (`OpenOptions::write_back_from_bytes`).
+    queue_from: AtomicU64,
     pub(super) engine: Arc<Engine>,
 }
 
@@ -47,17 +53,19 @@ impl Device {
         let device = Device {
             write_back: OnceLock::new(),
             in_flight: AtomicUsize::new(0),
+            queue_from: AtomicU64::new(0),
             engine: Arc::new(Engine::open(data, meta, opts, lock)?),
         };
-        device.start_write_back(opts.write_back_bytes);
+        device.start_write_back(opts.write_back_bytes, opts.write_back_from_bytes);
         Ok(device)
     }
 
     /// Turn write-back on (`limit_bytes` > 0, a device opened to serve),
     /// if it is not on yet. Apart from `open` for a process that forks
     /// after opening (nbdkit): threads do not survive a fork.
-    pub fn start_write_back(&self, limit_bytes: u64) {
+    pub fn start_write_back(&self, limit_bytes: u64, from_bytes: u64) {
         if limit_bytes > 0 && self.engine.writable {
+            self.queue_from.store(from_bytes, SeqCst);
             self.write_back
                 .get_or_init(|| WriteBack::start(&self.engine, limit_bytes));
         }
@@ -116,14 +124,18 @@ impl Device {
         let e = &self.engine;
         let _in = InFlight::enter(&self.in_flight);
         let alone = || self.in_flight.load(SeqCst) == 1;
-        if !alone() && wb.idle() {
-            // Other requests in flight and nothing queued: the client keeps
-            // the device busy, so apply this one here, in parallel with
-            // them, as without write-back (see `WriteBack::submit`).
+        // Writes while others are in flight are applied here (the client
+        // keeps the device busy), and so are small writes: for them a copy
+        // and a hand-over cost more than the write. With nothing queued
+        // that takes no lock.
+        let small = what == Mutation::Write && len < self.queue_from.load(Relaxed);
+        let worth_queueing = !small && alone();
+        if !worth_queueing && wb.idle() {
             let _done = OnDrop(|| wb.bypassed());
             e.perform(what, offset, len, buf)?;
         } else {
-            match wb.submit(what, offset, len, buf, || e.room_chunks(), alone) {
+            let queue = || worth_queueing && alone();
+            match wb.submit(what, offset, len, buf, || e.room_chunks(), queue) {
                 Admit::Queued => Counters::add(&e.counters.write_back_requests, 1),
                 Admit::Direct { held, after } => {
                     let _done = OnDrop(|| wb.done_direct(held));

@@ -209,11 +209,11 @@ impl WriteBack {
     /// - after every queued mutation, if the device may not have room for
     ///   it (ENOSPC must reach this request) or write-back stopped after
     ///   a failure;
-    /// - after the queued mutations it overlaps, if other requests are in
-    ///   flight (`alone`, asked once this submitter counts as a user) or
-    ///   the queue is full: the client keeps several requests in flight,
-    ///   so they are applied in parallel in their own threads, as without
-    ///   write-back.
+    /// - after the queued mutations it overlaps, if the client keeps
+    ///   several requests in flight (`alone` is false: it must be false
+    ///   whenever another is in flight, and is asked once this submitter
+    ///   counts as a user) or the queue is full: such requests are
+    ///   applied in parallel in their own threads, as without write-back.
     pub fn submit(
         &self,
         what: Mutation,
@@ -314,7 +314,11 @@ impl WriteBack {
     /// counts on). Called when it is done, before it stops counting as
     /// in flight.
     pub fn bypassed(&self) {
-        self.shared.stale.store(true, SeqCst);
+        // Read first: deep clients pass here on every core, and a store
+        // to a line another core shares costs a round trip.
+        if !self.shared.stale.load(SeqCst) {
+            self.shared.stale.store(true, SeqCst);
+        }
     }
 
     /// Why the device cannot make acknowledged writes durable any more:

@@ -211,15 +211,7 @@ impl Patterns {
     pub fn new(count: usize, chunk_size: usize) -> Patterns {
         let mut images = vec![vec![0u8; chunk_size]];
         for p in 1..count {
-            let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ (p as u64 * 0x1234_5678_9abc);
-            let random: Vec<u8> = (0..chunk_size)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    state as u8
-                })
-                .collect();
+            let random = dedup_core::testdata::noise(p as u64 * 0x1234_5678_9abc, chunk_size);
             // Even patterns compress (a random 100-byte unit repeated), so
             // backends that compress (thin's C-blocks) meet both kinds.
             images.push(if p % 2 == 0 {

@@ -202,15 +202,7 @@ mod tests {
 
     #[test]
     fn incompressible_chunks_take_no_entries() {
-        let mut x = 1u64;
-        let chunk: Vec<u8> = (0..4096)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let chunk = crate::testdata::noise(1, 4096);
         assert!(Compressed::new(&chunk).is_none());
     }
 

@@ -126,19 +126,9 @@ mod tests {
     use super::*;
 
     fn block(head: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..4096)
-            .map(|i| {
-                if i < head {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                } else {
-                    7
-                }
-            })
-            .collect()
+        let mut b = crate::testdata::noise(seed, 4096);
+        b[head..].fill(7);
+        b
     }
 
     fn entries(n: usize) -> Vec<Entry> {
