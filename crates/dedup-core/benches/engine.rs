@@ -46,15 +46,7 @@ fn device(hash: HashAlgo) -> Device {
 
 /// Pseudo-random bytes; chunk `i` is made unique by stamping a counter in it.
 fn noise(len: usize) -> Vec<u8> {
-    let mut s = 0x2545_F491_4F6C_DD1Du64;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s as u8
-        })
-        .collect()
+    dedup_core::testdata::noise(0x2545_F491_4F6C_DD1D, len)
 }
 
 fn stamp(buf: &mut [u8], counter: &mut u64) {

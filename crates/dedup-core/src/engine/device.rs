@@ -3,10 +3,7 @@
 //! call that looks at data or metadata first waits for the queued
 //! mutations it could see, so callers never observe the queue.
 
-use std::sync::atomic::{
-    AtomicU64, AtomicUsize,
-    Ordering::{Relaxed, SeqCst},
-};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, OnceLock};
 
 use super::write_path::Mutation;
@@ -24,9 +21,6 @@ pub struct Device {
     write_back: OnceLock<WriteBack>,
     /// Mutations in `mutate` now (write-back decides by it).
     in_flight: AtomicUsize,
-    /// Writes smaller than this are never queued
-    /// (`OpenOptions::write_back_from_bytes`).
-    queue_from: AtomicU64,
     pub(super) engine: Arc<Engine>,
 }
 
@@ -53,7 +47,6 @@ impl Device {
         let device = Device {
             write_back: OnceLock::new(),
             in_flight: AtomicUsize::new(0),
-            queue_from: AtomicU64::new(0),
             engine: Arc::new(Engine::open(data, meta, opts, lock)?),
         };
         device.start_write_back(opts.write_back_bytes, opts.write_back_from_bytes);
@@ -65,9 +58,8 @@ impl Device {
     /// after opening (nbdkit): threads do not survive a fork.
     pub fn start_write_back(&self, limit_bytes: u64, from_bytes: u64) {
         if limit_bytes > 0 && self.engine.writable {
-            self.queue_from.store(from_bytes, SeqCst);
             self.write_back
-                .get_or_init(|| WriteBack::start(&self.engine, limit_bytes));
+                .get_or_init(|| WriteBack::start(&self.engine, limit_bytes, from_bytes));
         }
     }
 
@@ -128,7 +120,7 @@ impl Device {
         // keeps the device busy), and so are small writes: for them a copy
         // and a hand-over cost more than the write. With nothing queued
         // that takes no lock.
-        let small = what == Mutation::Write && len < self.queue_from.load(Relaxed);
+        let small = what == Mutation::Write && len < wb.queue_from;
         let worth_queueing = !small && alone();
         if !worth_queueing && wb.idle() {
             let _done = OnDrop(|| wb.bypassed());

@@ -165,12 +165,15 @@ pub(crate) enum Wait {
 /// The queue and its appliers; dropping it stops them (what was queued
 /// and not applied is lost, like a crash).
 pub(crate) struct WriteBack {
+    /// Writes smaller than this are never queued
+    /// (`OpenOptions::write_back_from_bytes`).
+    pub queue_from: u64,
     shared: Arc<Shared>,
     appliers: Vec<JoinHandle<()>>,
 }
 
 impl WriteBack {
-    pub fn start(engine: &Arc<Engine>, limit_bytes: u64) -> WriteBack {
+    pub fn start(engine: &Arc<Engine>, limit_bytes: u64, queue_from: u64) -> WriteBack {
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 4));
         let shared = Arc::new(Shared {
             users: AtomicUsize::new(0),
@@ -190,7 +193,11 @@ impl WriteBack {
                     .expect("the system can start a thread")
             })
             .collect();
-        WriteBack { shared, appliers }
+        WriteBack {
+            queue_from,
+            shared,
+            appliers,
+        }
     }
 
     fn chunks(&self, offset: u64, len: u64) -> Range<u64> {
