@@ -8,10 +8,11 @@
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use dedup_core::backends::{self, OpenOptions};
+use dedup_core::backends::OpenOptions;
 use dedup_core::blockfile::MemBlockFile;
 use dedup_core::config::DeviceConfig;
 use dedup_core::fingerprint::HashAlgo;
+use dedup_core::registry;
 use dedup_core::Device;
 
 const CS: usize = 4096;
@@ -21,7 +22,7 @@ const PHYSICAL: u64 = 512 << 20;
 fn device(hash: HashAlgo) -> Device {
     let cfg = DeviceConfig {
         uuid: [1; 16],
-        backend: backends::DEFAULT.into(),
+        backend: registry::DEFAULT.into(),
         chunk_size: CS as u32,
         hash,
         verify: false,
@@ -33,7 +34,7 @@ fn device(hash: HashAlgo) -> Device {
     // dominate unique writes, and a real data device has none.
     let data = MemBlockFile::from_bytes(vec![0x5a; cfg.data_device_len() as usize], "data");
     let meta = std::sync::Arc::new(MemBlockFile::new(
-        backends::metadata_device_len(&cfg).unwrap(),
+        registry::metadata_device_len(&cfg).unwrap(),
         "meta",
     ));
     Device::format(&cfg, &data, meta.clone(), &Default::default(), None).unwrap();

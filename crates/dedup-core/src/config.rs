@@ -6,7 +6,10 @@ use serde::Serialize;
 use crate::compress::Compression;
 use crate::error::{Error, Result};
 use crate::fingerprint::HashAlgo;
+use crate::registry::kinds;
 use crate::size::format_size;
+
+pub use crate::registry::kinds::PlacementKind;
 
 pub const MIN_CHUNK_SIZE: u32 = 4096;
 pub const MAX_CHUNK_SIZE: u32 = 1 << 20;
@@ -16,8 +19,12 @@ pub const DATA_OFFSET: u64 = 4096;
 
 /// Logical block number: index of a chunk in the device as clients see it.
 pub type Lbn = u64;
-/// Physical block number: index of a chunk slot on the data device.
+/// Physical block number: the address of a stored chunk, as the metadata
+/// store counts it (one per data block, or per fragment slot when packing).
 pub type Pbn = u64;
+/// Addresses per data block on a packing device: 14 fragment slots, one
+/// unused, one for a chunk stored raw (see `placement::packed`).
+pub const ADDRESSES_PER_BLOCK: u64 = 16;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DeviceConfig {
@@ -53,19 +60,27 @@ impl DeviceConfig {
         self.physical_chunks * self.chunk_size as u64
     }
 
-    /// Whether the engine packs compressed chunks several to a block
-    /// (every backend but the thin family, which compresses each chunk
-    /// into a C-block of its own with window metadata beside it).
-    pub fn packs(&self) -> bool {
-        !self.compression.is_none() && !crate::backends::thin::backend::is_thin(&self.backend)
+    /// How the device places chunks on the data device (the registry's
+    /// table decides, from the backend's name and the compression).
+    pub fn placement(&self) -> PlacementKind {
+        match kinds::kind(&self.backend) {
+            Some(k) if k.placement == PlacementKind::Thin => PlacementKind::Thin,
+            _ if !self.compression.is_none() => PlacementKind::Packed,
+            _ => PlacementKind::Plain,
+        }
     }
 
-    /// Addresses the metadata backend's PBNs range over. On a packing
-    /// device a PBN names a block and a slot in it (see `backends::packed`),
-    /// `SLOTS_PER_BLOCK` addresses per block; otherwise one per block.
+    /// Whether compressed chunks are packed several to a block.
+    pub fn packs(&self) -> bool {
+        self.placement() == PlacementKind::Packed
+    }
+
+    /// Addresses the metadata store's PBNs range over. On a packing device
+    /// a PBN names a block and a slot in it (see `placement::packed`),
+    /// `ADDRESSES_PER_BLOCK` addresses per block; otherwise one per block.
     pub fn pbn_space(&self) -> u64 {
         if self.packs() {
-            self.physical_chunks * crate::backends::packed::SLOTS_PER_BLOCK
+            self.physical_chunks * ADDRESSES_PER_BLOCK
         } else {
             self.physical_chunks
         }
@@ -119,7 +134,7 @@ impl DeviceConfig {
             )));
         }
         if matches!(self.compression, Compression::Zstd(_))
-            && crate::backends::thin::backend::is_thin(&self.backend)
+            && self.placement() == PlacementKind::Thin
         {
             return Err(Error::InvalidArgument(format!(
                 "the {} backend compresses each chunk with LZ4 into a C-block that carries window metadata (ThinDedup), so it takes --compression lz4 or none, not {}",

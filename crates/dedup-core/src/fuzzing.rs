@@ -90,7 +90,7 @@ pub fn packed_block(bytes: &[u8]) {
 }
 
 pub fn thin_blocks(bytes: &[u8]) {
-    use crate::backends::thin::{cblock, window, zones};
+    use crate::placement::thin::{cblock, window, zones};
     let check = |b: &[u8]| {
         if let Ok((chunk, entries)) = cblock::open(b) {
             assert_eq!(chunk.len(), b.len());

@@ -74,7 +74,7 @@ impl CreateOptions {
         CreateOptions {
             size,
             physical_size: None,
-            backend: backends::DEFAULT.to_string(),
+            backend: crate::registry::DEFAULT.to_string(),
             chunk_size: crate::config::DEFAULT_CHUNK_SIZE,
             hash: HashAlgo::Blake3,
             verify: false,
@@ -211,7 +211,7 @@ fn holds_device(f: &FileBlockFile) -> Result<bool> {
 
 /// Create a new device in `dir`. Returns its configuration.
 pub fn create(dir: &Path, opts: &CreateOptions) -> Result<DeviceConfig> {
-    backends::check_name(&opts.backend)?;
+    crate::registry::check_name(&opts.backend)?;
     crate::config::validate_chunk_size(opts.chunk_size)?;
     let meta_link = dir.join(META_NAME);
     let data_link = dir.join(DATA_NAME);
@@ -268,7 +268,7 @@ pub fn create(dir: &Path, opts: &CreateOptions) -> Result<DeviceConfig> {
         &mut undo,
     )?;
     opts.params.validate()?;
-    let space = backends::metadata_space(&cfg)?;
+    let space = crate::registry::metadata_space(&cfg)?;
     let meta = prepare(
         opts.meta.as_deref(),
         &meta_link,

@@ -1,6 +1,6 @@
 //! dedup-core: an inline, block-level deduplication engine after Dmdedup
 //! (Tarasov et al.): chunking, fingerprints, the write path of Figure 2,
-//! pluggable metadata backends, garbage collection, statistics, checking.
+//! pluggable metadata stores and data placements, garbage collection, statistics, checking.
 //!
 //! This crate knows nothing of NBD or of the command line; `dedup-nbd` and
 //! `dedup-cli` sit on top of [`engine::Device`].
@@ -20,6 +20,9 @@ pub mod fuzzing;
 pub mod layout;
 pub mod lock;
 pub mod pack;
+pub mod placement;
+pub mod record;
+pub mod registry;
 pub mod size;
 pub mod stats;
 pub mod superblock;

@@ -145,8 +145,8 @@ pub struct Stats {
     pub incompressible_chunks: u64,
     /// Packing figures, on a device that packs compressed chunks.
     #[serde(default)]
-    pub packing: Option<crate::backends::packed::PackingStats>,
-    /// Figures particular to the backend (thin: windows, C-blocks, entries
+    pub packing: Option<crate::placement::PackingStats>,
+    /// Figures particular to the placement (thin: windows, C-blocks, entries
     /// embedded, metadata blocks, recovery), by name.
     #[serde(default)]
     pub backend_stats: std::collections::BTreeMap<String, u64>,

@@ -18,11 +18,12 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use common::{ModelDisk, Patterns};
-use dedup_core::backends::{self, BackendParams, OpenOptions};
+use dedup_core::backends::{BackendParams, OpenOptions};
 use dedup_core::blockfile::sim::{PowerSwitch, SimDisk};
 use dedup_core::blockfile::BlockFile;
 use dedup_core::config::DeviceConfig;
 use dedup_core::fingerprint::HashAlgo;
+use dedup_core::registry;
 use dedup_core::{Device, Error};
 use rand::{Rng, SeedableRng};
 
@@ -126,7 +127,7 @@ fn format(backend: &str, power: Arc<PowerSwitch>, txn_writes: u64) -> Disks {
     // Format on reliable disks, then move the images under the power switch.
     let data = SimDisk::new(cfg.data_device_len(), "data", Arc::default());
     let meta = Arc::new(SimDisk::new(
-        backends::metadata_device_len(&cfg).unwrap(),
+        registry::metadata_device_len(&cfg).unwrap(),
         "meta",
         Arc::default(),
     ));

@@ -4,9 +4,9 @@
 //! checksum over damaged contents, which `thin_blocks` also tries), in CI:
 //! nothing may panic.
 
-use dedup_core::backends::thin::cblock::{Compressed, Entry};
-use dedup_core::backends::thin::{window, zones};
 use dedup_core::fuzzing::thin_blocks;
+use dedup_core::placement::thin::cblock::{Compressed, Entry};
+use dedup_core::placement::thin::{window, zones};
 use rand::{Rng, SeedableRng};
 
 #[test]

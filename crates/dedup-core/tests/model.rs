@@ -335,7 +335,7 @@ proptest! {
         let mut md = MemDevice::format(cfg, &params);
         md.write_back_bytes = setup.write_back;
         let dev = md.open().unwrap();
-        let crash_safe = dedup_core::backends::crash_safe(common::base(setup.backend));
+        let crash_safe = dedup_core::registry::crash_safe(common::base(setup.backend));
         let chunks = LOGICAL_CHUNKS as usize;
         let mut h = Harness {
             md,

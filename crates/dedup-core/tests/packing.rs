@@ -7,10 +7,10 @@
 mod common;
 
 use common::{assert_consistent, config, read_all, MemDevice, ModelDisk};
-use dedup_core::backends::packed::{self, RAW_SLOT};
 use dedup_core::backends::BackendParams;
 use dedup_core::blockfile::BlockFile;
 use dedup_core::fingerprint::HashAlgo;
+use dedup_core::placement::packed::{self, RAW_SLOT};
 use dedup_core::{pack, Device, Error};
 use rand::{Rng, SeedableRng};
 

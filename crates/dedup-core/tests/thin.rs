@@ -9,8 +9,8 @@
 mod common;
 
 use common::MemDevice;
-use dedup_core::backends::thin::backend::WindowParams;
 use dedup_core::backends::BackendParams;
+use dedup_core::backends::WindowParams;
 use dedup_core::fingerprint::HashAlgo;
 use dedup_core::Device;
 

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use dedup_core::backends::{self, BackendParams};
+use dedup_core::backends::BackendParams;
 use dedup_core::compress::Compression;
 use dedup_core::config::DEFAULT_CHUNK_SIZE;
 use dedup_core::fingerprint::HashAlgo;
@@ -28,7 +28,7 @@ pub struct Args {
     #[arg(long, value_parser = size_arg)]
     pub physical_size: Option<u64>,
     /// Metadata backend.
-    #[arg(long, default_value = backends::DEFAULT, value_parser = clap::builder::PossibleValuesParser::new(backends::NAMES))]
+    #[arg(long, default_value = dedup_core::registry::DEFAULT, value_parser = clap::builder::PossibleValuesParser::new(dedup_core::registry::NAMES))]
     pub backend: String,
     /// Chunk size: a power of two from 4K to 1M; match your filesystem's block size.
     #[arg(long, value_parser = size_arg, default_value_t = DEFAULT_CHUNK_SIZE as u64)]
@@ -92,7 +92,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         params: BackendParams {
             cache_bytes: a.cache,
             txn_writes: a.txn_writes,
-            window: dedup_core::backends::thin::backend::WindowParams {
+            window: dedup_core::backends::WindowParams {
                 blocks: a.window_blocks,
                 ms: a.window_ms,
             },

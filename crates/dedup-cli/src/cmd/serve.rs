@@ -7,7 +7,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use dedup_core::backends;
 use dedup_core::layout::{self, DevicePaths};
 use dedup_core::lock::DeviceLock;
 use dedup_core::size::format_size;
@@ -71,14 +70,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     // Fail early, with our own words, on the two common refusals.
     drop(DeviceLock::acquire(&paths.meta)?);
     if state == DeviceState::Open {
-        if !backends::crash_safe(&cfg.backend) && !a.accept_unclean {
+        if !dedup_core::registry::crash_safe(&cfg.backend) && !a.accept_unclean {
             return Err(dedup_core::Error::Unclean {
                 path: paths.meta.clone(),
                 backend: cfg.backend.clone(),
             }
             .into());
         }
-        if backends::crash_safe(&cfg.backend) {
+        if dedup_core::registry::crash_safe(&cfg.backend) {
             eprintln!(
                 "dedup: the device was not shut down cleanly; the {} backend recovers on its own",
                 cfg.backend

@@ -1,40 +1,22 @@
-//! The registry of metadata backends: the one place that maps a backend's
-//! name to its code. The engine only ever sees `Box<dyn MetadataBackend>`.
+//! The metadata stores (Dmdedup §2.6): one directory each, behind the
+//! `MetadataBackend` trait, and the create-time parameters they share. Which
+//! store a device uses, and with which data placement, is decided in one
+//! place: `registry`.
 
 pub mod cowbtree;
 pub mod disktable;
 pub mod inram;
 pub mod kv;
 pub mod lsm;
-pub mod packed;
 pub mod probe;
+pub mod skeleton;
 pub mod space_map;
-pub mod thin;
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use crate::backend::MetadataBackend;
-use crate::blockfile::BlockFile;
 use crate::codec::{Decoder, Encoder};
-use crate::config::DeviceConfig;
 use crate::error::{Error, Result};
-use crate::superblock::{Superblock, SUPERBLOCK_AREA};
-
-/// Backends users can pick with `dedup create --backend`.
-pub const NAMES: &[&str] = &[
-    inram::NAME,
-    disktable::NAME,
-    cowbtree::NAME,
-    lsm::NAME,
-    thin::backend::THIN,
-    thin::backend::ORDERED,
-    thin::backend::IDEAL,
-];
-
-/// Every backend the library can format and open (all are offered).
-pub const ALL: &[&str] = NAMES;
-pub const DEFAULT: &str = inram::NAME;
 
 /// Tunables chosen at create time and recorded in the superblock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,7 +28,7 @@ pub struct BackendParams {
     pub txn_writes: u64,
     /// thin, ordered, ideal: new chunks per window, and the longest a
     /// window stays open (recorded in thin's own header).
-    pub window: thin::backend::WindowParams,
+    pub window: WindowParams,
 }
 
 pub const MIN_CACHE_BYTES: u64 = 256 << 10;
@@ -62,6 +44,25 @@ impl Default for BackendParams {
 }
 
 const PARAMS_VERSION: u32 = 1;
+
+/// Window parameters of the thin placement (ThinDedup), chosen at create
+/// time and recorded in thin's own header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowParams {
+    /// New chunks per window.
+    pub blocks: u64,
+    /// The longest a window stays open.
+    pub ms: u64,
+}
+
+impl Default for WindowParams {
+    fn default() -> Self {
+        WindowParams {
+            blocks: 32,
+            ms: 100,
+        }
+    }
+}
 
 impl BackendParams {
     pub fn validate(&self) -> Result<()> {
@@ -126,129 +127,12 @@ pub struct OpenOptions {
     pub write_back_from_bytes: u64,
 }
 
+/// A store as opened by its `open` function.
 pub struct Opened {
     pub backend: Box<dyn MetadataBackend>,
-    /// The backend rolled back to older metadata after an unclean stop; the
+    /// The store rolled back to older metadata after an unclean stop; the
     /// engine must verify stored chunks before serving.
     pub rolled_back: bool,
-}
-
-pub fn check_name(name: &str) -> Result<()> {
-    if ALL.contains(&name) {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument(format!(
-            "unknown backend {name:?}: choose one of {}",
-            NAMES.join(", ")
-        )))
-    }
-}
-
-/// The metadata size benchmarks scale caches by (as Dmdedup §4.1 does):
-/// one LBN map entry (8 bytes) per logical chunk, and per physical chunk a
-/// reference count (4 bytes) and a hash table slot (40 bytes, 10 % spare).
-pub fn metadata_reference_bytes(cfg: &DeviceConfig) -> u64 {
-    cfg.logical_chunks() * 8 + cfg.physical_chunks * (4 + 44)
-}
-
-/// Whether a backend recovers on its own after a crash (all but INRAM and
-/// thin's `ideal` policy, the in-memory upper bound).
-pub fn crash_safe(name: &str) -> bool {
-    name != inram::NAME && name != thin::backend::IDEAL
-}
-
-/// How much metadata device a backend needs at create time.
-#[derive(Clone, Copy, Debug)]
-pub struct MetaSpace {
-    /// Bytes the device must hold now (files may grow later where `grows`).
-    pub len: u64,
-    /// Whether the metadata grows into a regular file as needed.
-    pub grows: bool,
-}
-
-pub fn metadata_space(cfg: &DeviceConfig) -> Result<MetaSpace> {
-    check_name(&cfg.backend)?;
-    Ok(match cfg.backend.as_str() {
-        inram::NAME => MetaSpace {
-            len: inram::metadata_device_len(cfg),
-            grows: false,
-        },
-        disktable::NAME => MetaSpace {
-            len: disktable::metadata_device_len(cfg),
-            grows: false,
-        },
-        thin::backend::THIN | thin::backend::ORDERED | thin::backend::IDEAL => MetaSpace {
-            len: thin::backend::metadata_device_len(cfg),
-            grows: false,
-        },
-        lsm::NAME => MetaSpace {
-            len: SUPERBLOCK_AREA,
-            grows: false,
-        },
-        _ => MetaSpace {
-            len: SUPERBLOCK_AREA + (1 << 20),
-            grows: true,
-        },
-    })
-}
-
-/// Bytes the metadata device needs for this device (at create time).
-pub fn metadata_device_len(cfg: &DeviceConfig) -> Result<u64> {
-    metadata_space(cfg).map(|s| s.len)
-}
-
-/// Write an empty metadata layout (superblock included) for a new device.
-/// `aux_dir` is where a backend with files of its own (lsm) keeps them.
-pub fn format(
-    cfg: &DeviceConfig,
-    meta: Arc<dyn BlockFile>,
-    params: &BackendParams,
-    aux_dir: Option<&std::path::Path>,
-) -> Result<()> {
-    check_name(&cfg.backend)?;
-    params.validate()?;
-    match cfg.backend.as_str() {
-        inram::NAME => inram::format(cfg, meta.as_ref()),
-        disktable::NAME => disktable::format(cfg, meta.as_ref(), params),
-        cowbtree::NAME => cowbtree::format(cfg, Box::new(meta), params),
-        lsm::NAME => lsm::format(cfg, meta, params, aux_dir),
-        thin::backend::THIN | thin::backend::ORDERED | thin::backend::IDEAL => {
-            thin::backend::format(cfg, meta.as_ref(), params, params.window)
-        }
-        _ => unreachable!("check_name accepted it"),
-    }
-}
-
-pub fn open(
-    superblock: Superblock,
-    meta: Box<dyn BlockFile>,
-    opts: &OpenOptions,
-) -> Result<Opened> {
-    if let Some(cache) = opts.cache_bytes {
-        BackendParams {
-            cache_bytes: cache,
-            ..BackendParams::default()
-        }
-        .validate()?;
-    }
-    let cfg = superblock.config.clone();
-    let mut opened = match superblock.config.backend.as_str() {
-        inram::NAME => inram::open(superblock, meta, opts),
-        disktable::NAME => disktable::open(superblock, meta, opts),
-        cowbtree::NAME => cowbtree::open(superblock, meta, opts),
-        lsm::NAME => lsm::open(superblock, meta, opts),
-        thin::backend::THIN | thin::backend::ORDERED | thin::backend::IDEAL => {
-            thin::backend::open(superblock, meta, opts)
-        }
-        other => Err(Error::Unsupported(format!(
-            "this metadata uses the {other:?} backend, which this dedup does not have (it has {})",
-            NAMES.join(", ")
-        ))),
-    }?;
-    if cfg.packs() {
-        opened.backend = packed::wrap(&cfg, opened.backend, opts.for_check)?;
-    }
-    Ok(opened)
 }
 
 /// Where a backend that keeps files of its own (lsm) puts them: next to the

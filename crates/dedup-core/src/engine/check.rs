@@ -5,12 +5,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::Engine;
+use super::{Engine, Meta};
 use crate::backend::scan_all;
-use crate::backend::MetadataBackend;
 use crate::config::DeviceConfig;
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;
+use crate::record::Totals;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -78,9 +78,8 @@ impl Engine {
         let _gc = self.gc_lock.lock();
         let _quiet = self.lbn_locks.write_many(0..1024);
         let mut m = self.meta.lock();
-        let compressed = self.compressed_map(&mut **m)?;
-        let data = |pbn, buf: &mut [u8]| self.read_mapped(compressed.as_ref(), pbn, buf);
-        check_backend(&self.cfg, &mut **m, &data, verify_data, progress).map(|(r, _)| r)
+        let data = |pbn, buf: &mut [u8]| self.read_stored(pbn, buf);
+        check_backend(&self.cfg, &mut m, &data, verify_data, progress).map(|(r, _)| r)
     }
 
     /// Check, then rebuild what the check found wrong: unmap LBNs and drop
@@ -97,19 +96,25 @@ impl Engine {
         let _quiet = self.lbn_locks.write_many(0..1024);
         let (before, fixes) = {
             let mut m = self.meta.lock();
-            let compressed = self.compressed_map(&mut **m)?;
-            let data = |pbn, buf: &mut [u8]| self.read_mapped(compressed.as_ref(), pbn, buf);
-            check_backend(&self.cfg, &mut **m, &data, verify_data, &|_, _| {})?
+            let data = |pbn, buf: &mut [u8]| self.read_stored(pbn, buf);
+            check_backend(&self.cfg, &mut m, &data, verify_data, &|_, _| {})?
         };
         let mut report = RepairReport::default();
-        // First make the backend's totals those the scan counted, so the
-        // deletes below bring them exactly to the repaired state and every
-        // commit between slices records totals that match its tables.
-        self.repair_slice(|m| m.set_totals(before.lbns_mapped, before.hash_index_entries))?;
+        // First make the totals those the scan counted, so the deletes
+        // below bring them exactly to the repaired state and every commit
+        // between slices records totals that match the tables.
+        self.repair_slice(|m| {
+            m.totals = Totals {
+                lbns_mapped: before.lbns_mapped,
+                hash_entries: before.hash_index_entries,
+            };
+            Ok(())
+        })?;
+        let p = self.placement.as_ref();
         for group in fixes.unmap.chunks(REPAIR_SLICE) {
             self.repair_slice(|m| {
                 for lbn in group {
-                    m.lbn_map_delete(*lbn)?;
+                    m.unmap(p, *lbn)?;
                 }
                 Ok(())
             })?;
@@ -118,7 +123,7 @@ impl Engine {
         for group in fixes.drop_index.chunks(REPAIR_SLICE) {
             self.repair_slice(|m| {
                 for fp in group {
-                    m.hash_index_delete(fp)?;
+                    m.unindex(fp)?;
                 }
                 Ok(())
             })?;
@@ -127,25 +132,26 @@ impl Engine {
         for group in fixes.set_counts.chunks(REPAIR_SLICE) {
             self.repair_slice(|m| {
                 for &(pbn, count) in group {
-                    m.refcount_set(pbn, count)?;
+                    m.set_count(p, pbn, count)?;
                 }
                 Ok(())
             })?;
             report.refcounts_set += group.len() as u64;
         }
-        self.meta
-            .lock()
-            .set_totals(fixes.lbns_mapped, fixes.hash_entries)?;
+        self.meta.lock().totals = Totals {
+            lbns_mapped: fixes.lbns_mapped,
+            hash_entries: fixes.hash_entries,
+        };
         self.commit()?;
         Ok((before, report))
     }
 
-    /// Apply part of a repair, then commit if the backend wants to.
-    fn repair_slice(&self, f: impl FnOnce(&mut dyn MetadataBackend) -> Result<()>) -> Result<()> {
+    /// Apply part of a repair, then commit if the store wants to.
+    fn repair_slice(&self, f: impl FnOnce(&mut Meta) -> Result<()>) -> Result<()> {
         let wants = {
             let mut m = self.meta.lock();
-            f(&mut **m)?;
-            m.wants_commit()
+            f(&mut m)?;
+            m.store.wants_commit() || self.placement.wants_commit()
         };
         self.commit_if_wanted(wants)
     }
@@ -176,7 +182,7 @@ type ReadChunk<'a> = &'a dyn Fn(u64, &mut [u8]) -> Result<()>;
 
 fn check_backend(
     cfg: &DeviceConfig,
-    m: &mut dyn MetadataBackend,
+    meta: &mut Meta,
     read_chunk: ReadChunk,
     verify_data: bool,
     progress: &dyn Fn(u64, u64),
@@ -190,6 +196,8 @@ fn check_backend(
     // repair keeps names it.
     let mut index_count = vec![0u8; nr];
     let mut kept = vec![false; nr];
+    let totals = meta.totals;
+    let m = meta.store.as_mut();
 
     scan_all(
         |c, page| m.lbn_map_scan(c, 4096, page),
@@ -221,7 +229,7 @@ fn check_backend(
     )?;
 
     let mut chunk = vec![0u8; cfg.chunk_size as usize];
-    let total_entries = m.usage().hash_entries;
+    let total_entries = totals.hash_entries;
     let mut dropped_for_data = Vec::new();
     let mut seen = 0u64;
     scan_all(
@@ -353,17 +361,17 @@ fn check_backend(
     fixes.lbns_mapped = report.lbns_mapped - fixes.unmap.len() as u64;
 
     let usage = m.usage();
-    if usage.lbns_mapped != report.lbns_mapped
+    if totals.lbns_mapped != report.lbns_mapped
         || usage.pbns_used != report.pbns_used
-        || usage.hash_entries != report.hash_index_entries
+        || totals.hash_entries != report.hash_index_entries
     {
         report.problem(
             UsageMismatch,
             format!(
-                "backend totals (mapped {}, used {}, indexed {}) differ from the scan ({}, {}, {})",
-                usage.lbns_mapped,
+                "recorded totals (mapped {}, used {}, indexed {}) differ from the scan ({}, {}, {})",
+                totals.lbns_mapped,
                 usage.pbns_used,
-                usage.hash_entries,
+                totals.hash_entries,
                 report.lbns_mapped,
                 report.pbns_used,
                 report.hash_index_entries
@@ -379,7 +387,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    use crate::backends::{self, BackendParams, OpenOptions};
+    use crate::backends::{BackendParams, OpenOptions};
     use crate::blockfile::sim::SimDisk;
     use crate::blockfile::{BlockFile, MemBlockFile};
     use crate::config::DeviceConfig;
@@ -412,7 +420,7 @@ mod tests {
             };
             let data = Arc::new(MemBlockFile::new(cfg.data_device_len(), "data"));
             let meta = Arc::new(SimDisk::new(
-                backends::metadata_device_len(&cfg).unwrap(),
+                crate::registry::metadata_device_len(&cfg).unwrap(),
                 "meta",
                 Arc::default(),
             ));
@@ -471,7 +479,7 @@ mod tests {
 
     #[test]
     fn repair_rebuilds_counts_and_drops_bad_index_entries_for_every_backend() {
-        for backend in backends::NAMES {
+        for backend in crate::registry::NAMES {
             let (dev, data, _rig) = device(backend);
             for lbn in 0..6u8 {
                 dev.write(lbn as u64 * 4096, &chunk(lbn % 3 + 1), false)
@@ -484,9 +492,11 @@ mod tests {
             let (p3, _) = dev.inspect_lbn(2).unwrap().unwrap();
             {
                 let mut m = dev.engine.meta.lock();
-                m.refcount_inc(p1).unwrap(); // a leaked reference
-                m.refcount_set(p2, 7).unwrap(); // a wrong count
-                m.hash_index_insert(&Fingerprint([0xee; 32]), p3).unwrap(); // indexed twice
+                m.store.refcount_inc(p1).unwrap(); // a leaked reference
+                m.store.refcount_set(p2, 7).unwrap(); // a wrong count
+                m.store
+                    .hash_index_insert(&Fingerprint([0xee; 32]), p3)
+                    .unwrap(); // indexed twice
             }
             // A chunk whose bytes changed under its fingerprint (written
             // out first: thin holds new chunks in its window).
@@ -532,7 +542,7 @@ mod tests {
 
     #[test]
     fn repair_drops_an_index_entry_on_a_free_chunk_unless_its_bytes_still_match() {
-        for backend in backends::NAMES {
+        for backend in crate::registry::NAMES {
             let (dev, data, _rig) = device(backend);
             dev.write(0, &chunk(1), false).unwrap();
             dev.write(4096, &chunk(2), false).unwrap();
@@ -544,8 +554,8 @@ mod tests {
             {
                 let mut m = dev.engine.meta.lock();
                 // Counts lost: both chunks look free while still indexed.
-                m.refcount_set(reused, 0).unwrap();
-                m.refcount_set(intact, 0).unwrap();
+                m.store.refcount_set(reused, 0).unwrap();
+                m.store.refcount_set(intact, 0).unwrap();
             }
             // One of them was reused for other bytes meanwhile.
             dev.flush().unwrap();
@@ -563,7 +573,10 @@ mod tests {
             assert_eq!(fixed.index_entries_removed, 1, "{backend}: {fixed:?}");
             let after = dev.check(true).unwrap();
             assert!(after.is_clean(), "{backend}: {:#?}", after.problems);
-            assert_eq!(dev.engine.meta.lock().refcount_get(intact).unwrap(), 1);
+            assert_eq!(
+                dev.engine.meta.lock().store.refcount_get(intact).unwrap(),
+                1
+            );
 
             // The stale fingerprint no longer attracts its old content...
             let mut b = vec![0u8; 4096];
@@ -589,8 +602,8 @@ mod tests {
     }
 
     #[test]
-    fn repair_restores_wrong_totals_so_a_strict_open_accepts_the_device() {
-        for backend in backends::NAMES {
+    fn repair_restores_wrong_totals_recorded_with_the_tables() {
+        for backend in crate::registry::NAMES {
             let rig = Rig::new(backend);
             let dev = rig.open(false).unwrap();
             for lbn in 0..5u8 {
@@ -598,15 +611,10 @@ mod tests {
                     .unwrap();
             }
             {
+                // The engine's totals drift from its tables.
                 let mut m = dev.engine.meta.lock();
-                let usage = m.usage();
-                // INRAM's index counts itself; only its LBN total can drift.
-                let hash = if *backend == "inram" {
-                    usage.hash_entries
-                } else {
-                    usage.hash_entries + 3
-                };
-                m.set_totals(usage.lbns_mapped + 7, hash).unwrap();
+                m.totals.lbns_mapped += 7;
+                m.totals.hash_entries += 3;
             }
             let report = dev.check(false).unwrap();
             assert!(
@@ -617,26 +625,15 @@ mod tests {
             dev.close().unwrap();
             drop(dev);
 
-            let strict = rig.open(false);
-            if matches!(*backend, "disktable" | "thin" | "ordered" | "ideal") {
-                // disktable (thin's structured area) cross-checks its
-                // tables against the totals.
-                let e = strict.err().expect("disktable opened with wrong totals");
-                assert!(e.to_string().contains("recorded"), "{e}");
-            } else {
-                strict.unwrap().close().unwrap();
-            }
-
+            // The wrong totals were committed with the tables: a reopen
+            // still sees them, and a repair sets them right.
             let dev = rig.open(true).unwrap();
             let report = dev.check(false).unwrap();
-            // INRAM recounts its LBN map when it loads.
-            if *backend != "inram" {
-                assert!(
-                    kinds(&report).contains(&ProblemKind::UsageMismatch),
-                    "{backend} after reopening: {:#?}",
-                    report.problems
-                );
-            }
+            assert!(
+                kinds(&report).contains(&ProblemKind::UsageMismatch),
+                "{backend} after reopening: {:#?}",
+                report.problems
+            );
             dev.repair(false).unwrap();
             assert!(dev.check(true).unwrap().is_clean(), "{backend}");
             dev.close().unwrap();
@@ -655,13 +652,20 @@ mod tests {
 
     #[test]
     fn repair_unmaps_entries_out_of_range() {
-        for backend in backends::NAMES {
+        for backend in crate::registry::NAMES {
             let (dev, _data, _rig) = device(backend);
             dev.write(0, &chunk(1), false).unwrap();
             dev.write(4096, &chunk(2), false).unwrap();
             // An LBN naming a PBN beyond the data device (INRAM refuses to
             // hold one at all).
-            if dev.engine.meta.lock().lbn_map_insert(1, 1_000_000).is_err() {
+            if dev
+                .engine
+                .meta
+                .lock()
+                .store
+                .lbn_map_insert(1, 1_000_000)
+                .is_err()
+            {
                 assert!(
                     matches!(
                         *backend,

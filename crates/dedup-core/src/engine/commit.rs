@@ -4,9 +4,10 @@
 //! A commit must capture a state in which every mapping names a chunk whose
 //! bytes are on disk, and no write is half-applied (a PBN allocated or pinned
 //! but not yet mapped). So writers hold the commit gate shared for a whole
-//! batch, and a commit takes it exclusively, syncs the data device, then
-//! commits the backend. Backends that are not crash-safe (INRAM) skip the
-//! gate: their commit persists nothing.
+//! batch, and a commit takes it exclusively, has the placement make the
+//! data durable (`before_commit`), then commits the store with the engine's
+//! record. Stores that are not crash-safe (INRAM) skip the gate: their
+//! commit persists nothing.
 
 use std::sync::atomic::Ordering;
 
@@ -24,13 +25,19 @@ impl Engine {
     /// Make every completed write durable (crash-safe backends).
     pub(super) fn commit(&self) -> Result<()> {
         let _quiet = self.crash_safe.then(|| self.commit_gate.write());
-        // A backend that places data flushes what it wrote itself.
-        if !self.places_data {
-            self.data.sync()?;
-        }
         let mut m = self.meta.lock();
-        m.save_counters(&self.counters.to_vec());
-        m.commit()?;
+        self.commit_locked(&mut m)
+    }
+
+    /// `commit`, with the gate (if needed) and the metadata mutex held.
+    pub(super) fn commit_locked(&self, m: &mut super::Meta) -> Result<()> {
+        let p = self.placement.as_ref();
+        if p.before_commit(m.store.as_mut(), false)? {
+            let record = m.record(self.counters.to_vec(), p);
+            let committed = m.store.commit(&record);
+            p.after_commit(m.store.as_mut(), committed.is_ok())?;
+            committed?;
+        }
         Counters::add(&self.counters.commits, 1);
         Ok(())
     }
@@ -38,7 +45,7 @@ impl Engine {
     /// After a batch: commit if the backend asked (transaction length
     /// reached, cache mostly dirty).
     pub(super) fn commit_if_wanted(&self, wanted: bool) -> Result<()> {
-        if wanted && self.crash_safe {
+        if wanted && self.commits {
             debug!("backend asked for a commit");
             self.commit()?;
         }
@@ -63,20 +70,15 @@ impl Engine {
         }
         // Chunks freed here or earlier (by an online GC, an undone write)
         // wait in quarantine for a commit: give them one.
-        if self.cfg.packs() {
-            // Fragments freed by the collection may leave blocks half
-            // empty: repack one round (it commits), then commit once more
-            // so the blocks it emptied are free.
-            self.repack_round()?;
-        }
-        let (used, free) = super::data_space(&**self.meta.lock());
-        let waiting = self.meta.lock().blocks_waiting();
-        if (self.crash_safe || self.places_data)
-            && (waiting || used + free < self.cfg.physical_chunks)
-        {
+        // Fragments freed by the collection may leave packed blocks half
+        // empty: the placement reclaims one round (committed when it moved
+        // anything), then a commit makes the blocks it emptied free.
+        self.reclaim_round()?;
+        let space = self.space(&self.meta.lock());
+        if space.waiting || space.used + space.free < self.cfg.physical_chunks {
             self.commit()?;
         }
         // Room made here, or by another thread meanwhile.
-        Ok(super::data_space(&**self.meta.lock()).1 > 0)
+        Ok(self.space(&self.meta.lock()).free > 0)
     }
 }

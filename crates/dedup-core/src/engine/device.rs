@@ -53,6 +53,23 @@ impl Device {
         Ok(device)
     }
 
+    /// A device on a store and placement built by the caller instead of
+    /// the registry (see `registry::Pair`): how a new store or placement
+    /// is tried before it is registered.
+    pub fn assemble(
+        cfg: DeviceConfig,
+        pair: crate::registry::Pair,
+        opts: &OpenOptions,
+    ) -> Result<Device> {
+        let device = Device {
+            write_back: OnceLock::new(),
+            in_flight: AtomicUsize::new(0),
+            engine: Arc::new(Engine::assemble(cfg, pair, opts, None)?),
+        };
+        device.start_write_back(opts.write_back_bytes, opts.write_back_from_bytes);
+        Ok(device)
+    }
+
     /// Turn write-back on (`limit_bytes` > 0, a device opened to serve),
     /// if it is not on yet. Apart from `open` for a process that forks
     /// after opening (nbdkit): threads do not survive a fork.

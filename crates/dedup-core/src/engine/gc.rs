@@ -12,10 +12,10 @@ use serde::{Deserialize, Serialize};
 
 use super::Engine;
 use crate::backend::ScanCursor;
-use crate::backends::packed::RepackReport;
 use crate::config::Pbn;
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;
+use crate::placement::ReclaimReport;
 use crate::stats::Counters;
 
 /// Index entries examined per mutex hold.
@@ -24,9 +24,9 @@ const SCAN_PAGE: usize = 4096;
 const FREE_PAGE: usize = 1024;
 /// Most candidates held in memory at once (40 bytes each).
 const ROUND: usize = 1 << 20;
-/// Packed blocks one repack round may empty (it reads them, and scans
+/// Blocks one reclaim round may empty (packed: it reads them, and scans
 /// the LBN map and hash index once).
-const REPACK_ROUND: usize = 1 << 14;
+const RECLAIM_ROUND: usize = 1 << 14;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct GcReport {
@@ -72,9 +72,9 @@ impl Engine {
             cursor = {
                 let mut m = self.meta.lock();
                 page.clear();
-                let next = m.hash_index_scan(&c, SCAN_PAGE, &mut page)?;
+                let next = m.store.hash_index_scan(&c, SCAN_PAGE, &mut page)?;
                 for &(fp, pbn) in &page {
-                    if candidates.len() < want && m.refcount_get(pbn)? == 1 {
+                    if candidates.len() < want && m.store.refcount_get(pbn)? == 1 {
                         candidates.push((fp, pbn));
                     }
                 }
@@ -97,13 +97,15 @@ impl Engine {
                 for (fp, pbn) in group {
                     // Still held by the index alone? (A writer may have
                     // re-referenced it since the scan.)
-                    if m.hash_index_lookup(fp)? == Some(*pbn) && m.refcount_get(*pbn)? == 1 {
-                        m.hash_index_delete(fp)?;
-                        m.refcount_dec(*pbn)?;
+                    if m.store.hash_index_lookup(fp)? == Some(*pbn)
+                        && m.store.refcount_get(*pbn)? == 1
+                    {
+                        m.unindex(fp)?;
+                        m.release(self.placement.as_ref(), *pbn)?;
                         freed += 1;
                     }
                 }
-                m.wants_commit()
+                m.store.wants_commit()
             };
             self.commit_if_wanted(wants_commit)?;
         }
@@ -115,26 +117,25 @@ impl Engine {
         let _g = self.enter()?;
         let _one_at_a_time = self.gc_lock.lock();
         let start = Instant::now();
-        let blocks_before = super::data_space(&**self.meta.lock()).0;
+        let blocks_before = self.space(&self.meta.lock()).used;
         let (scanned, reclaimed) = self.collect(None)?;
         Counters::add(&self.counters.gc_runs, 1);
         Counters::add(&self.counters.gc_reclaimed, reclaimed);
-        let repack = self.repack_all()?;
-        if (self.crash_safe && reclaimed > 0) || repack.blocks_repacked > 0 || self.cfg.packs() {
+        let repack = self.reclaim_all()?;
+        if (self.commits && reclaimed > 0)
+            || repack.blocks_repacked > 0
+            || self.space(&self.meta.lock()).waiting
+        {
             // Freed blocks (and those a repack emptied) become free here.
             self.commit()?;
         }
-        let blocks_after = super::data_space(&**self.meta.lock()).0;
+        let blocks_after = self.space(&self.meta.lock()).used;
         self.note_space(blocks_after);
         let cs = self.cfg.chunk_size as u64;
         Ok(GcReport {
             scanned,
             reclaimed,
-            bytes_reclaimed: if self.cfg.packs() {
-                blocks_before.saturating_sub(blocks_after) * cs
-            } else {
-                reclaimed * cs
-            },
+            bytes_reclaimed: blocks_before.saturating_sub(blocks_after) * cs,
             blocks_repacked: repack.blocks_repacked,
             repack_blocks_written: repack.blocks_written,
             fragments_moved: repack.fragments_moved,
@@ -143,17 +144,15 @@ impl Engine {
         })
     }
 
-    /// Repack the packed blocks whose live share fell low, a round at a
-    /// time: each round runs with no write batch in flight and is committed
-    /// at once; then the readers that may still hold the old addresses are
-    /// drained before the emptied blocks go back to the allocator.
-    fn repack_all(&self) -> Result<RepackReport> {
-        let mut total = RepackReport::default();
-        if !self.cfg.packs() {
-            return Ok(total);
-        }
+    /// Let the placement reclaim what it holds (packed: repack blocks
+    /// whose live share fell low), a round at a time: each round runs with
+    /// no write batch in flight and is committed at once; then the readers
+    /// that may still hold the old addresses are drained before the
+    /// emptied blocks go back to the allocator.
+    fn reclaim_all(&self) -> Result<ReclaimReport> {
+        let mut total = ReclaimReport::default();
         loop {
-            let round = self.repack_round()?;
+            let round = self.reclaim_round()?;
             total.blocks_read += round.blocks_read;
             total.blocks_repacked += round.blocks_repacked;
             total.blocks_written += round.blocks_written;
@@ -166,21 +165,22 @@ impl Engine {
         }
     }
 
-    /// One repack round, committed, with the readers that may hold the
-    /// old addresses drained before the emptied blocks are released.
-    pub(super) fn repack_round(&self) -> Result<RepackReport> {
+    /// One reclaim round, committed if it moved anything, with the readers
+    /// that may hold the old addresses drained before the emptied blocks
+    /// are released.
+    pub(super) fn reclaim_round(&self) -> Result<ReclaimReport> {
         let round = {
             let _quiet = self.commit_gate.write();
             let mut m = self.meta.lock();
-            let round = m.repack(REPACK_ROUND)?;
-            m.save_counters(&self.counters.to_vec());
-            m.commit()?;
-            Counters::add(&self.counters.commits, 1);
+            let round = self.placement.reclaim(m.store.as_mut(), RECLAIM_ROUND)?;
+            if round.blocks_repacked > 0 {
+                self.commit_locked(&mut m)?;
+            }
             round
         };
-        {
+        if round.blocks_repacked > 0 {
             let _drained = self.move_gate.write();
-            self.meta.lock().release_moved();
+            self.placement.reclaim_drained();
         }
         Counters::add(&self.counters.gc_repacked_blocks, round.blocks_repacked);
         Ok(round)

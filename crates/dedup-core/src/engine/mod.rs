@@ -1,6 +1,8 @@
 //! The deduplication engine (Dmdedup §2.3): a block device whose chunks are
-//! fingerprinted, looked up in the hash index and stored once. It owns the
-//! data device and a metadata backend; it knows nothing of NBD or the CLI.
+//! fingerprinted, looked up in the hash index and stored once. It drives a
+//! metadata store (`backend.rs`) and a data placement (`placement/`), both
+//! built by the registry; it knows nothing of NBD or the CLI, nor of any
+//! store's or placement's format.
 //!
 //! Concurrency: any number of threads may call `read`, `write`, `discard`,
 //! `flush` and `gc` at once. Hashing and data I/O happen outside the metadata
@@ -12,6 +14,7 @@ mod commit;
 mod device;
 mod gc;
 mod locks;
+mod meta;
 mod read_path;
 mod recover;
 mod write_path;
@@ -26,12 +29,15 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use tracing::{info, warn};
 
-use crate::backend::MetadataBackend;
-use crate::backends::{self, BackendParams, OpenOptions};
+use crate::backend::scan_all;
+use crate::backends::{BackendParams, OpenOptions};
 use crate::blockfile::BlockFile;
 use crate::config::DeviceConfig;
 use crate::error::{Error, Result};
 use crate::lock::DeviceLock;
+use crate::placement::{Placement, Space};
+use crate::record::Totals;
+use crate::registry;
 use crate::stats::{ratio, Counters, Stats};
 use crate::superblock::{check_data_header, encode_data_header, Superblock, SUPERBLOCK_AREA};
 
@@ -43,14 +49,7 @@ pub use read_path::{Extent, EXTENT_SCAN_CHUNKS};
 pub use recover::RecoveryReport;
 
 use locks::{FingerprintLocks, LbnLocks};
-
-/// Data blocks (in use, allocatable): one per PBN unless the backend packs.
-fn data_space(m: &dyn MetadataBackend) -> (u64, u64) {
-    m.data_blocks().unwrap_or_else(|| {
-        let u = m.usage();
-        (u.pbns_used, u.pbns_free)
-    })
-}
+pub(crate) use meta::Meta;
 
 /// Usage above which the device warns that it is running out of space.
 const SPACE_WARNING_PERCENT: u64 = 90;
@@ -59,8 +58,8 @@ const SPACE_WARNING_PERCENT: u64 = 90;
 /// write-back in front of it when it is on.
 pub(crate) struct Engine {
     cfg: DeviceConfig,
-    data: Arc<dyn BlockFile>,
-    meta: Mutex<Box<dyn MetadataBackend>>,
+    meta: Mutex<Meta>,
+    placement: Box<dyn Placement>,
     /// Requests hold it shared; `close` takes it exclusively, so it waits for
     /// requests in flight and turns later ones away.
     gate: RwLock<bool>,
@@ -70,10 +69,11 @@ pub(crate) struct Engine {
     /// repack takes it exclusively before the blocks it emptied can be
     /// reused, so no read gets a reused block's bytes (see `gc.rs`).
     move_gate: RwLock<()>,
-    /// The backend persists commits (so commits need the gate).
+    /// The store persists commits (so commits need the gate).
     crash_safe: bool,
-    /// The backend writes chunk data itself (see `BackendTraits`).
-    places_data: bool,
+    /// Commits must run when the store or placement asks, even if the
+    /// store is not crash-safe (thin's `ideal` ends windows in them).
+    commits: bool,
     /// Opened to serve (false: to inspect, writing nothing).
     writable: bool,
     lbn_locks: LbnLocks,
@@ -100,7 +100,7 @@ impl Engine {
         aux_dir: Option<&std::path::Path>,
     ) -> Result<()> {
         cfg.validate()?;
-        backends::check_name(&cfg.backend)?;
+        registry::check_name(&cfg.backend)?;
         params.validate()?;
         data.write_at(&encode_data_header(cfg), 0)?;
         data.sync()?;
@@ -108,7 +108,7 @@ impl Engine {
         // (`create --force`) must not find the old superblock in the other slot.
         meta.write_at(&[0u8; SUPERBLOCK_AREA as usize], 0)?;
         meta.sync()?;
-        backends::format(cfg, meta, params, aux_dir)
+        registry::format(cfg, meta, params, aux_dir)
     }
 
     /// Open a formatted device. `lock` (if any) is held until the device drops.
@@ -123,24 +123,34 @@ impl Engine {
         let sb = Superblock::read(meta.as_ref(), &meta_name)?;
         let cfg = sb.config.clone();
         check_data_header(data.as_ref(), &data_name, &cfg)?;
-        let mut opened = backends::open(sb, meta, opts)?;
-        let counters = Counters::default();
-        counters.load(&opened.backend.saved_counters());
-        let traits = opened.backend.traits();
-        let crash_safe = traits.crash_safe;
         let data: Arc<dyn BlockFile> = Arc::from(data);
-        if traits.places_data {
-            opened.backend.attach_data(data.clone())?;
-        }
+        let pair = registry::open(sb, meta, data, opts)?;
+        Engine::assemble(cfg, pair, opts, lock)
+    }
+
+    /// Run a device on a store and placement the caller built (the
+    /// registry, or a test of a new store or placement: `tests/seams.rs`).
+    pub fn assemble(
+        cfg: DeviceConfig,
+        pair: registry::Pair,
+        opts: &OpenOptions,
+        lock: Option<DeviceLock>,
+    ) -> Result<Engine> {
+        let counters = Counters::default();
+        counters.load(&pair.record.counters);
+        let known = pair.record.totals;
         let mut device = Engine {
             cfg,
-            data,
-            meta: Mutex::new(opened.backend),
+            meta: Mutex::new(Meta {
+                store: pair.store,
+                totals: known.unwrap_or_default(),
+            }),
+            placement: pair.placement,
             gate: RwLock::new(false),
             commit_gate: RwLock::new(()),
             move_gate: RwLock::new(()),
-            crash_safe,
-            places_data: traits.places_data,
+            crash_safe: pair.crash_safe,
+            commits: pair.commits,
             writable: opts.writable,
             lbn_locks: LbnLocks::default(),
             fp_locks: FingerprintLocks::default(),
@@ -152,7 +162,22 @@ impl Engine {
             recovery: None,
             _lock: lock,
         };
-        if opened.rolled_back {
+        match (known, pair.recovered) {
+            // A record of the older layout: count once (the next commit
+            // records the totals).
+            (None, _) => device.count_totals()?,
+            (Some(_), Some((mapped, indexed))) => {
+                let t = &mut device.meta.get_mut().totals;
+                t.lbns_mapped = t.lbns_mapped.saturating_add_signed(mapped);
+                t.hash_entries = t.hash_entries.saturating_add_signed(indexed);
+            }
+            _ => {}
+        }
+        if pair.recovered.is_some() && device.writable {
+            // Make the recovered state the committed one before serving.
+            device.commit()?;
+        }
+        if pair.rolled_back {
             let report = device.recover_rolled_back()?;
             warn!(
                 "recovered after an unclean shutdown: rolled back to the last clean stop; \
@@ -163,6 +188,33 @@ impl Engine {
             device.recovery = Some(report);
         }
         Ok(device)
+    }
+
+    /// Count mapped LBNs and index entries with a scan of each.
+    fn count_totals(&mut self) -> Result<()> {
+        let m = self.meta.get_mut();
+        let mut t = Totals::default();
+        scan_all(
+            |c, page| m.store.lbn_map_scan(c, 4096, page),
+            |_, _| {
+                t.lbns_mapped += 1;
+                Ok(())
+            },
+        )?;
+        scan_all(
+            |c, page| m.store.hash_index_scan(c, 4096, page),
+            |_, _| {
+                t.hash_entries += 1;
+                Ok(())
+            },
+        )?;
+        m.totals = t;
+        Ok(())
+    }
+
+    /// Data blocks in use and free, as the placement counts them.
+    fn space(&self, m: &Meta) -> Space {
+        self.placement.space(&m.store.usage())
     }
 
     pub fn config(&self) -> &DeviceConfig {
@@ -180,15 +232,15 @@ impl Engine {
         lbn: crate::config::Lbn,
     ) -> Result<Option<(crate::config::Pbn, u32)>> {
         let mut m = self.meta.lock();
-        match m.lbn_map_lookup(lbn)? {
-            Some(pbn) => Ok(Some((pbn, m.refcount_get(pbn)?))),
+        match m.store.lbn_map_lookup(lbn)? {
+            Some(pbn) => Ok(Some((pbn, m.store.refcount_get(pbn)?))),
             None => Ok(None),
         }
     }
 
     /// A PBN's reference count (0 = free).
     pub fn refcount(&self, pbn: crate::config::Pbn) -> Result<u32> {
-        self.meta.lock().refcount_get(pbn)
+        self.meta.lock().store.refcount_get(pbn)
     }
 
     /// What recovery did at open, if the device was rolled back.
@@ -244,58 +296,66 @@ impl Engine {
             return Ok(());
         }
         settle();
-        self.data.sync()?;
         let mut m = self.meta.lock();
-        m.save_counters(&self.counters.to_vec());
-        m.close()?;
+        // Everything out and committed, then the store marks itself clean.
+        let p = self.placement.as_ref();
+        p.before_commit(m.store.as_mut(), true)?;
+        let record = m.record(self.counters.to_vec(), p);
+        let committed = m.store.commit(&record);
+        p.after_commit(m.store.as_mut(), committed.is_ok())?;
+        committed?;
+        m.store.close(&record)?;
         *g = true;
         info!("device closed cleanly, metadata saved");
         Ok(())
     }
 
     pub fn stats(&self) -> Stats {
-        let (usage, io, name, extra, blocks, packing) = {
+        let (usage, totals, blocks, placed) = {
             let m = self.meta.lock();
             (
-                m.usage(),
-                m.io_stats(),
-                m.name(),
-                m.backend_stats(),
-                data_space(&**m),
-                m.packing(),
+                m.store.usage(),
+                m.totals,
+                self.space(&m),
+                self.placement.stats(),
             )
         };
+        let packing = placed.packing;
         let counters = self.counters.snapshot();
         let cs = self.cfg.chunk_size as u64;
-        let used = blocks.0 * cs;
+        let used = blocks.used * cs;
         let physical = self.cfg.physical_size();
-        let mapped = usage.lbns_mapped * cs;
+        let mapped = totals.lbns_mapped * cs;
         Stats {
-            backend: name.to_string(),
+            backend: self.cfg.backend.clone(),
             hash: self.cfg.hash.name().to_string(),
             verify: self.cfg.verify,
             chunk_size: self.cfg.chunk_size,
             logical_size: self.cfg.logical_size,
             physical_size: physical,
             chunks_stored: usage.pbns_used,
-            chunks_mapped: usage.lbns_mapped,
-            hash_index_entries: usage.hash_entries,
+            chunks_mapped: totals.lbns_mapped,
+            hash_index_entries: totals.hash_entries,
             physical_bytes_used: used,
             physical_bytes_free: physical - used,
             physical_used_percent: 100.0 * used as f64 / physical as f64,
             logical_bytes_mapped: mapped,
-            metadata_bytes: usage.metadata_bytes,
-            dedup_ratio: ratio(usage.lbns_mapped, usage.pbns_used),
+            metadata_bytes: usage.metadata_bytes + placed.metadata_bytes,
+            dedup_ratio: ratio(totals.lbns_mapped, usage.pbns_used),
             io_dedup_ratio: ratio(counters.bytes_written, counters.data_bytes_written),
             compression: self.cfg.compression.to_string(),
-            data_blocks_used: blocks.0,
+            data_blocks_used: blocks.used,
             space_ratio: ratio(mapped, used),
             compression_ratio: ratio(usage.pbns_used * cs, used),
             incompressible_chunks: packing.as_ref().map_or(0, |p| p.raw_blocks),
             packing,
             counters,
-            metadata_io: io,
-            backend_stats: extra.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            metadata_io: usage.io.plus(placed.meta_io),
+            backend_stats: placed
+                .extra
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
         }
     }
 
@@ -303,8 +363,8 @@ impl Engine {
     /// may hold without a write it acknowledged finding the device full.
     pub(crate) fn room_chunks(&self) -> u64 {
         let m = self.meta.lock();
-        let u = m.usage();
-        let (_, free) = data_space(&**m);
+        let u = m.store.usage();
+        let free = self.placement.space(&u).free;
         free.min(u.pbns_free)
             .min(self.cfg.max_chunks().saturating_sub(u.pbns_used))
     }

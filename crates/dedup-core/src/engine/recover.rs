@@ -1,5 +1,5 @@
-//! Roll-back recovery for backends that are not crash-safe (INRAM): after an
-//! unclean stop, and only when the user accepts it, the backend reloads its
+//! Roll-back recovery for stores that are not crash-safe (INRAM): after an
+//! unclean stop, and only when the user accepts it, the store reloads its
 //! last save. Chunks may have been freed and rewritten since, so every stored
 //! chunk is re-hashed; any whose bytes no longer match its fingerprint is
 //! dropped, and LBNs mapped to it read as zeros. No stale mapping ever serves
@@ -19,16 +19,10 @@ pub struct RecoveryReport {
 }
 
 impl Engine {
-    pub(super) fn recover_rolled_back(&mut self) -> Result<RecoveryReport> {
+    pub(super) fn recover_rolled_back(&self) -> Result<RecoveryReport> {
         let cfg = self.cfg.clone();
-        let m = self.meta.get_mut();
-        // Where chunks are, for a backend that places data (nothing is
-        // staged right after open).
-        let compressed: Option<Vec<bool>> = m
-            .traits()
-            .places_data
-            .then(|| super::read_path::cblock_map(&mut **m, cfg.physical_chunks))
-            .filter(|_| !cfg.packs());
+        let p = self.placement.as_ref();
+        let mut m = self.meta.lock();
         let mut report = RecoveryReport::default();
         let mut indexed = vec![false; cfg.pbn_space() as usize];
         let mut bad = vec![false; cfg.pbn_space() as usize];
@@ -38,17 +32,11 @@ impl Engine {
         let mut cursor = Some(ScanCursor::start());
         while let Some(c) = cursor.take() {
             page.clear();
-            cursor = m.hash_index_scan(&c, 4096, &mut page)?;
+            cursor = m.store.hash_index_scan(&c, 4096, &mut page)?;
             for &(fp, pbn) in &page {
                 indexed[pbn as usize] = true;
                 // Undecodable: zeros, which cannot match its fingerprint.
-                super::read_path::read_stored(
-                    &cfg,
-                    self.data.as_ref(),
-                    compressed.as_ref(),
-                    pbn,
-                    &mut chunk,
-                )?;
+                self.read_stored(pbn, &mut chunk)?;
                 report.chunks_verified += 1;
                 if cfg.hash.fingerprint(&chunk) != fp {
                     bad[pbn as usize] = true;
@@ -63,7 +51,7 @@ impl Engine {
         let mut cursor = Some(ScanCursor::start());
         while let Some(c) = cursor.take() {
             lbn_page.clear();
-            cursor = m.lbn_map_scan(&c, 4096, &mut lbn_page)?;
+            cursor = m.store.lbn_map_scan(&c, 4096, &mut lbn_page)?;
             unmap.extend(
                 lbn_page
                     .iter()
@@ -72,13 +60,13 @@ impl Engine {
             );
         }
         for (lbn, pbn) in unmap {
-            m.lbn_map_delete(lbn)?;
-            m.refcount_dec(pbn)?;
+            m.unmap(p, lbn)?;
+            m.release(p, pbn)?;
             report.lbns_unmapped += 1;
         }
         for (fp, pbn) in bad_fps {
-            m.hash_index_delete(&fp)?;
-            m.refcount_dec(pbn)?;
+            m.unindex(&fp)?;
+            m.release(p, pbn)?;
             report.chunks_dropped += 1;
         }
         Ok(report)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
 
-use crate::backends::{self, OpenOptions};
+use crate::backends::OpenOptions;
 use crate::blockfile::{BlockFile, MemBlockFile};
 use crate::config::DeviceConfig;
 use crate::engine::Device;
@@ -24,7 +24,7 @@ impl Mem {
     fn new(physical_chunks: u64) -> Mem {
         let cfg = DeviceConfig {
             uuid: [3; 16],
-            backend: backends::DEFAULT.into(),
+            backend: crate::registry::DEFAULT.into(),
             chunk_size: CS as u32,
             hash: HashAlgo::Weak4,
             verify: true,
@@ -34,7 +34,7 @@ impl Mem {
         };
         let data = Arc::new(MemBlockFile::new(cfg.data_device_len(), "data"));
         let meta = Arc::new(MemBlockFile::new(
-            backends::metadata_device_len(&cfg).unwrap(),
+            crate::registry::metadata_device_len(&cfg).unwrap(),
             "meta",
         ));
         Device::format(&cfg, data.as_ref(), meta.clone(), &Default::default(), None).unwrap();

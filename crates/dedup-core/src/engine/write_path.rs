@@ -2,18 +2,30 @@
 //! WRITE_ZEROES. Per batch of chunks:
 //!
 //! 1. lock the batch's LBN stripes; build each chunk's new image (partial
-//!    chunks by read-modify-write);
+//!    chunks by read-modify-write: their mappings looked up under the
+//!    metadata mutex, once for the batch, and read through the placement);
 //! 2. drop all-zero chunks from storage; fingerprint the rest (no global lock);
 //! 3. lock the fingerprint stripes, then under the metadata mutex (phase A)
-//!    pin every chunk found in the hash index (+1) and allocate a PBN (count 1)
-//!    for every new content;
-//! 4. outside the mutex: compare bytes on hits (verify mode) and write the new
-//!    chunks, coalescing consecutive PBNs into one I/O;
-//! 5. under the mutex again (phase B) apply Figure 2's branches to the LBN map,
-//!    hash index and reference counts.
+//!    pin every chunk found in the hash index (+1) and allocate an address
+//!    (count 1) for every new content, unless the placement wants the
+//!    compressed form first;
+//! 4. outside the mutex: compress the new chunks (a placement that packs
+//!    or embeds them wants it), compare bytes on hits (verify mode); then,
+//!    only if something is left to place, allocate for it under the mutex
+//!    (phase A2); then hand the new chunks to the placement (`write`);
+//! 5. under the mutex again (phase B) apply Figure 2's branches to the LBN
+//!    map, hash index and reference counts, and ask whether to commit.
+//!
+//! So a batch takes the metadata mutex at most three times: phase A, phase
+//! A2 (only when chunks wait for their compressed form, or a verify-mode
+//! collision needs a chunk of its own) and phase B. A batch with partial
+//! chunks takes it once more before phase A to look them up, and to stay
+//! within three it compresses every chunk up front instead of only the new
+//! ones (so phase A can allocate at once); only such a batch that also
+//! meets a verify-mode collision takes it a fourth time.
 //!
 //! Data is written before any metadata that names it, and pins keep garbage
-//! collection away from chunks between the two phases.
+//! collection away from chunks between the phases.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -22,11 +34,11 @@ use std::sync::atomic::Ordering;
 use tracing::error;
 
 use super::chunking::{self, Piece};
-use super::Engine;
-use crate::backend::MetadataBackend;
+use super::{Engine, Meta};
 use crate::config::{Lbn, Pbn};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
+use crate::placement::NewChunk;
 use crate::stats::Counters;
 
 /// Times a batch that found the device full is retried after making room.
@@ -51,26 +63,27 @@ enum Plan {
     Hit(Pbn),
     /// New content, written to this freshly allocated PBN (count 1).
     New(Pbn),
-    /// Same content as an earlier `New` chunk of this batch (its index).
+    /// New content whose address phase A2 gives, once it is compressed.
+    NewLater,
+    /// Same content as an earlier `New`/`NewLater` chunk of this batch.
     SameAsNew(usize),
-    /// Verify mode: the fingerprint matched this PBN but the bytes did not.
-    Collision(Pbn),
-    /// Verify mode: same fingerprint as an earlier new chunk of this batch,
-    /// different bytes. Nothing pinned; stored apart like a collision.
-    Apart,
+    /// Verify mode: the fingerprint matched the chunk `pinned` (or, with
+    /// `None`, an earlier new chunk of this batch) but the bytes did not.
+    /// Stored apart at `stored` (given in phase A2) with no index entry,
+    /// referenced by its LBN only, and freed as soon as that LBN moves on.
+    Collision {
+        pinned: Option<Pbn>,
+        stored: Option<Pbn>,
+    },
 }
 
 struct Chunk<'a> {
     lbn: Lbn,
     data: Cow<'a, [u8]>,
     fp: Option<Fingerprint>,
-    /// For a backend that places data: the chunk compressed with the
-    /// device's codec, if it is new and that makes it smaller (computed
-    /// outside the metadata mutex).
+    /// The chunk compressed with the device's codec, for a placement that
+    /// wants it (computed outside the metadata mutex).
     compressed: Option<Vec<u8>>,
-    /// `compress_new` found the hash index without this content, under
-    /// the fingerprint stripe still held: phase A need not look again.
-    known_new: bool,
     plan: Plan,
 }
 
@@ -155,20 +168,22 @@ impl Engine {
         Ok(())
     }
 
-    /// One batch under its locks. Returns whether the backend wants a commit.
+    /// One batch under its locks. Returns whether a commit is wanted.
     fn write_batch(&self, pieces: &[Piece], src: Source<'_>) -> Result<bool> {
         let cs = self.cfg.chunk_size as usize;
         let _lbn_guards = self.lbn_locks.write_many(pieces.iter().map(|p| p.lbn));
         // No commit may capture this batch half-applied.
         let _batch = self.commit_gate.read();
 
+        let partial: Vec<&Piece> = pieces.iter().filter(|p| !p.is_full(cs)).collect();
+        let mut images = self.read_for_update(&partial)?;
         let mut chunks = Vec::with_capacity(pieces.len());
         for p in pieces {
             let data: Cow<[u8]> = match src {
                 Source::Bytes(b) if p.is_full(cs) => Cow::Borrowed(&b[p.in_buf.clone()]),
                 Source::Zeros if p.is_full(cs) => Cow::Borrowed(&[]),
                 _ => {
-                    let mut image = self.read_chunk_for_update(p.lbn)?;
+                    let mut image = images.remove(&p.lbn).expect("read for update");
                     match src {
                         Source::Bytes(b) => {
                             image[p.in_chunk.clone()].copy_from_slice(&b[p.in_buf.clone()])
@@ -183,7 +198,6 @@ impl Engine {
                 lbn: p.lbn,
                 fp: None,
                 compressed: None,
-                known_new: false,
                 plan: if zero { Plan::Zero } else { Plan::Unplanned },
                 data,
             });
@@ -192,85 +206,135 @@ impl Engine {
         if let Source::Bytes(_) = src {
             Counters::add(&self.counters.writes, chunks.len() as u64);
         }
+        let compress = self.placement.compresses();
+        // With a read-modify-write lookup taken already, compress up front
+        // so phase A can place new chunks at once (see the module comment).
+        let defer = compress && partial.is_empty();
+        if compress && !defer {
+            self.compress(chunks.iter_mut().filter(|c| c.fp.is_some()));
+        }
 
         let _fp_guards = self
             .fp_locks
             .lock_many(chunks.iter().filter_map(|c| c.fp.map(|f| f.prefix_u64())));
-        self.compress_new(&mut chunks)?;
-
         {
             let mut m = self.meta.lock();
-            if let Err(e) = self.phase_a(&mut **m, &mut chunks) {
-                self.undo_pins(&mut **m, &chunks);
+            if let Err(e) = self.phase_a(&mut m, &mut chunks, defer) {
+                self.undo_pins(&mut m, &chunks);
                 return Err(e);
             }
         }
-        if let Err(e) = self
-            .verify_hits(&mut chunks)
-            .and_then(|_| self.write_new(&chunks))
-        {
-            self.undo_pins(&mut **self.meta.lock(), &chunks);
+        // Chunks found absent under their fingerprint stripes, still held,
+        // stay absent: entries are only added under the stripe.
+        self.compress(chunks.iter_mut().filter(|c| c.plan == Plan::NewLater));
+        let placed = self.verify_hits(&mut chunks).and_then(|_| {
+            if chunks.iter().any(|c| c.unplaced()) {
+                let mut m = self.meta.lock();
+                self.phase_a2(&mut m, &mut chunks)?;
+            }
+            self.write_new(&chunks)
+        });
+        if let Err(e) = placed {
+            self.undo_pins(&mut self.meta.lock(), &chunks);
             return Err(e);
         }
-        self.phase_b(&chunks, src)?;
-        self.store_collisions(&chunks)?;
-        Ok(self.meta.lock().wants_commit())
+        let mut m = self.meta.lock();
+        self.phase_b(&mut m, &chunks, src)?;
+        Ok(m.store.wants_commit() || self.placement.wants_commit())
     }
 
-    /// The current bytes of a chunk, for read-modify-write. The caller holds
-    /// the LBN's stripe exclusively, so the mapping cannot change meanwhile.
-    fn read_chunk_for_update(&self, lbn: Lbn) -> Result<Vec<u8>> {
-        let mut image = vec![0u8; self.cfg.chunk_size as usize];
-        let mapped = self.meta.lock().lbn_map_lookup(lbn)?;
-        if let Some(pbn) = mapped {
-            self.read_pbn(pbn, &mut image)?;
-            Counters::add(&self.counters.rmw_reads, 1);
+    /// The current bytes of the partial chunks of a batch, for
+    /// read-modify-write: one metadata-mutex hold for their mappings, then
+    /// reads through the placement. The caller holds the LBNs' stripes
+    /// exclusively, so the mappings cannot change meanwhile.
+    fn read_for_update(&self, partial: &[&Piece]) -> Result<HashMap<Lbn, Vec<u8>>> {
+        let cs = self.cfg.chunk_size as usize;
+        let mut images = HashMap::with_capacity(partial.len());
+        if partial.is_empty() {
+            return Ok(images);
         }
-        Ok(image)
+        let mapped: Vec<Option<Pbn>> = {
+            let mut m = self.meta.lock();
+            partial
+                .iter()
+                .map(|p| m.store.lbn_map_lookup(p.lbn))
+                .collect::<Result<_>>()?
+        };
+        for (p, pbn) in partial.iter().zip(mapped) {
+            let mut image = vec![0u8; cs];
+            if let Some(pbn) = pbn {
+                self.read_pbn(pbn, &mut image)?;
+                Counters::add(&self.counters.rmw_reads, 1);
+            }
+            images.insert(p.lbn, image);
+        }
+        Ok(images)
     }
 
-    /// Phase A: look every fingerprint up; pin hits, allocate for new content.
-    fn phase_a(&self, m: &mut dyn MetadataBackend, chunks: &mut [Chunk]) -> Result<()> {
+    /// Phase A: look every fingerprint up; pin hits; allocate for new
+    /// content, or (`defer`) leave it for phase A2 once compressed.
+    fn phase_a(&self, m: &mut Meta, chunks: &mut [Chunk], defer: bool) -> Result<()> {
         let mut batch_new: HashMap<Fingerprint, usize> = HashMap::new();
-        for (i, chunk) in chunks.iter_mut().enumerate() {
-            let Some(fp) = chunk.fp else { continue };
+        let mut allocated = false;
+        for i in 0..chunks.len() {
+            let Some(fp) = chunks[i].fp else { continue };
             if let Some(&j) = batch_new.get(&fp) {
-                chunk.plan = Plan::SameAsNew(j);
+                chunks[i].plan = Plan::SameAsNew(j);
                 continue;
             }
-            // Absent before means absent now: entries for this content are
-            // only added under its fingerprint stripe, which this batch
-            // holds, and GC only removes them.
-            let stored = match chunk.known_new {
-                true => None,
-                false => m.hash_index_lookup(&fp)?,
-            };
-            chunk.plan = match stored {
+            chunks[i].plan = match m.store.hash_index_lookup(&fp)? {
                 Some(pbn) => {
-                    m.refcount_inc(pbn)?;
+                    m.store.refcount_inc(pbn)?;
                     Plan::Hit(pbn)
                 }
                 None => {
                     batch_new.insert(fp, i);
-                    Plan::New(self.alloc(m, &chunk.data, chunk.compressed.as_deref())?)
+                    if defer {
+                        Plan::NewLater
+                    } else {
+                        allocated = true;
+                        let c = &chunks[i];
+                        Plan::New(self.alloc(m, &c.data, c.compressed.as_deref())?)
+                    }
                 }
             };
         }
-        self.note_space(super::data_space(m).0);
+        if allocated {
+            self.note_space(self.space(m).used);
+        }
         Ok(())
     }
 
-    /// Allocate a PBN for a chunk (and its compressed form, if any), or
-    /// fail with `NoSpace` (the caller makes room and retries).
-    fn alloc(
-        &self,
-        m: &mut dyn MetadataBackend,
-        data: &[u8],
-        compressed: Option<&[u8]>,
-    ) -> Result<Pbn> {
-        m.alloc_pbn_for(data, compressed)?.ok_or(Error::NoSpace {
-            total_chunks: self.cfg.physical_chunks,
-        })
+    /// Phase A2: addresses for what phase A left unplaced (new chunks now
+    /// compressed, verify-mode collisions).
+    fn phase_a2(&self, m: &mut Meta, chunks: &mut [Chunk]) -> Result<()> {
+        for i in 0..chunks.len() {
+            let c = &chunks[i];
+            let plan = match c.plan {
+                Plan::NewLater => Plan::New(self.alloc(m, &c.data, c.compressed.as_deref())?),
+                Plan::Collision {
+                    pinned,
+                    stored: None,
+                } => Plan::Collision {
+                    pinned,
+                    stored: Some(self.alloc(m, &c.data, c.compressed.as_deref())?),
+                },
+                other => other,
+            };
+            chunks[i].plan = plan;
+        }
+        self.note_space(self.space(m).used);
+        Ok(())
+    }
+
+    /// Allocate an address for a chunk (and its compressed form, if any),
+    /// or fail with `NoSpace` (the caller makes room and retries).
+    fn alloc(&self, m: &mut Meta, data: &[u8], compressed: Option<&[u8]>) -> Result<Pbn> {
+        self.placement
+            .alloc(m.store.as_mut(), data, compressed)?
+            .ok_or(Error::NoSpace {
+                total_chunks: self.cfg.physical_chunks,
+            })
     }
 
     /// Fingerprint every non-zero chunk (no lock held).
@@ -281,33 +345,21 @@ impl Engine {
         }
     }
 
-    /// For a backend that places data: compress the chunks whose content
-    /// the hash index does not hold yet (the caller holds their
-    /// fingerprint stripes, so none can be stored meanwhile), outside the
-    /// metadata mutex. Duplicates cost no compression.
-    fn compress_new(&self, chunks: &mut [Chunk]) -> Result<()> {
+    /// Compress these chunks with the device's codec (no lock held).
+    fn compress<'c, 'a: 'c>(&self, chunks: impl Iterator<Item = &'c mut Chunk<'a>>) {
         let codec = self.cfg.compression;
-        if !self.places_data || codec.is_none() {
-            return Ok(());
+        if codec.is_none() {
+            return;
         }
-        {
-            let mut m = self.meta.lock();
-            let mut seen = std::collections::HashSet::new();
-            for c in chunks.iter_mut() {
-                let Some(fp) = c.fp else { continue };
-                c.known_new = seen.insert(fp) && m.hash_index_lookup(&fp)?.is_none();
-            }
-        }
-        for c in chunks.iter_mut().filter(|c| c.known_new) {
+        for c in chunks {
             c.compressed = codec.compress(&c.data);
         }
-        Ok(())
     }
 
     /// Drop one reference. A chunk left with count 1 is held by the hash
     /// index alone: garbage for the next collection.
-    fn release(&self, m: &mut dyn MetadataBackend, pbn: Pbn) -> Result<()> {
-        if m.refcount_dec(pbn)? == 1 {
+    fn release(&self, m: &mut Meta, pbn: Pbn) -> Result<()> {
+        if m.release(self.placement.as_ref(), pbn)? == 1 {
             self.releases.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
@@ -331,93 +383,68 @@ impl Engine {
             };
             if differs {
                 Counters::add(&self.counters.verify_mismatches, 1);
-                chunks[i].plan = match chunks[i].plan {
-                    Plan::Hit(pbn) => Plan::Collision(pbn),
-                    _ => Plan::Apart,
+                let pinned = match chunks[i].plan {
+                    Plan::Hit(pbn) => Some(pbn),
+                    _ => None,
+                };
+                let c = &mut chunks[i];
+                if c.compressed.is_none() && self.placement.compresses() {
+                    c.compressed = self.cfg.compression.compress(&c.data);
+                }
+                c.plan = Plan::Collision {
+                    pinned,
+                    stored: None,
                 };
             }
         }
         Ok(())
     }
 
-    /// Write the batch's new chunks; consecutive PBNs go out as one I/O.
-    /// A backend that places data takes them instead.
+    /// Hand the batch's new chunks to the placement (outside the mutex).
     fn write_new(&self, chunks: &[Chunk]) -> Result<()> {
-        let news: Vec<(Pbn, &[u8])> = if self.places_data {
-            // The backend takes each chunk, or names the block the engine
-            // writes it to (outside the mutex, below).
-            let mut m = self.meta.lock();
-            let mut raw = Vec::new();
-            for c in chunks {
-                if let Plan::New(pbn) = c.plan {
-                    let stored = c.compressed.as_ref().map_or(c.data.len(), Vec::len);
-                    match m.stage_chunk(pbn, &c.data, c.compressed.clone())? {
-                        Some(block) => raw.push((block, &c.data[..])),
-                        None => Counters::add(&self.counters.data_bytes_written, stored as u64),
-                    }
-                }
-            }
-            raw
-        } else {
-            chunks
-                .iter()
-                .filter_map(|c| match c.plan {
-                    Plan::New(pbn) => Some((pbn, &c.data[..])),
-                    _ => None,
-                })
-                .collect()
-        };
-        let mut staging = Vec::new();
-        let mut i = 0;
-        while i < news.len() {
-            let mut j = i + 1;
-            while j < news.len() && news[j].0 == news[j - 1].0 + 1 {
-                j += 1;
-            }
-            let offset = self.cfg.pbn_offset(news[i].0);
-            if j == i + 1 {
-                self.data.write_at(news[i].1, offset)?;
-            } else {
-                staging.clear();
-                for (_, d) in &news[i..j] {
-                    staging.extend_from_slice(d);
-                }
-                self.data.write_at(&staging, offset)?;
-            }
-            i = j;
+        let news: Vec<NewChunk> = chunks
+            .iter()
+            .filter_map(|c| match c.plan {
+                Plan::New(pbn)
+                | Plan::Collision {
+                    stored: Some(pbn), ..
+                } => Some(NewChunk {
+                    pbn,
+                    data: &c.data,
+                    compressed: c.compressed.as_deref(),
+                }),
+                _ => None,
+            })
+            .collect();
+        if news.is_empty() {
+            return Ok(());
         }
-        let bytes = news.len() as u64 * self.cfg.chunk_size as u64;
+        let bytes = self.placement.write(&news)?;
         Counters::add(&self.counters.data_bytes_written, bytes);
         Ok(())
     }
 
-    /// Phase B: Figure 2's metadata updates, chunk by chunk. If the backend
+    /// Phase B: Figure 2's metadata updates, chunk by chunk. If the store
     /// fails part-way, the chunks not yet applied give back their pins.
-    fn phase_b(&self, chunks: &[Chunk], src: Source<'_>) -> Result<()> {
-        let mut m = self.meta.lock();
+    fn phase_b(&self, m: &mut Meta, chunks: &[Chunk], src: Source<'_>) -> Result<()> {
         for i in 0..chunks.len() {
-            if let Err(e) = self.apply_chunk(&mut **m, chunks, i, src) {
-                self.undo_pins(&mut **m, &chunks[i + 1..]);
+            if let Err(e) = self.apply_chunk(m, chunks, i, src) {
+                self.undo_pins(m, &chunks[i + 1..]);
                 return Err(e);
             }
         }
         Ok(())
     }
 
-    fn apply_chunk(
-        &self,
-        m: &mut dyn MetadataBackend,
-        chunks: &[Chunk],
-        i: usize,
-        src: Source<'_>,
-    ) -> Result<()> {
+    fn apply_chunk(&self, m: &mut Meta, chunks: &[Chunk], i: usize, src: Source<'_>) -> Result<()> {
         let c = &self.counters;
+        let p = self.placement.as_ref();
         let lbn = chunks[i].lbn;
-        let old = m.lbn_map_lookup(lbn)?;
+        let fp = chunks[i].fp;
         let target = match chunks[i].plan {
             Plan::Zero => {
+                let old = m.unmap(p, lbn)?;
                 if let Some(o) = old {
-                    m.lbn_map_delete(lbn)?;
                     self.release(m, o)?;
                 }
                 match src {
@@ -429,7 +456,7 @@ impl Engine {
                 }
                 return Ok(());
             }
-            Plan::Hit(pbn) if old == Some(pbn) => {
+            Plan::Hit(pbn) if m.store.lbn_map_lookup(lbn)? == Some(pbn) => {
                 // Rewrite of the data already there: drop the pin, change nothing.
                 self.release(m, pbn)?;
                 Counters::add(&c.duplicate_writes, 1);
@@ -445,9 +472,8 @@ impl Engine {
             Plan::New(pbn) => {
                 // Dmdedup §2.4: +2, referenced from hash index and LBN map;
                 // alloc gave the index's 1, this is the LBN's.
-                let fp = chunks[i].fp.expect("a New chunk has a fingerprint");
-                m.hash_index_insert(&fp, pbn)?;
-                m.refcount_inc(pbn)?;
+                m.index(fp.as_ref().expect("a New chunk has a fingerprint"), pbn)?;
+                m.store.refcount_inc(pbn)?;
                 Counters::add(&c.unique_writes, 1);
                 pbn
             }
@@ -455,76 +481,54 @@ impl Engine {
                 let Plan::New(pbn) = chunks[j].plan else {
                     unreachable!("SameAsNew always points at a New chunk")
                 };
-                m.refcount_inc(pbn)?;
+                m.store.refcount_inc(pbn)?;
                 Counters::add(&c.duplicate_writes, 1);
                 pbn
             }
-            Plan::Collision(pbn) => {
-                // Unpin; the chunk is stored apart by `store_collisions`.
-                self.release(m, pbn)?;
-                return Ok(());
+            Plan::Collision { pinned, stored } => {
+                // Unpin; the chunk's own copy (count 1, no index entry) is
+                // the LBN's reference.
+                if let Some(pinned) = pinned {
+                    self.release(m, pinned)?;
+                }
+                Counters::add(&c.unique_writes, 1);
+                stored.expect("phase A2 stores every collision")
             }
-            Plan::Apart => return Ok(()),
-            Plan::Unplanned => unreachable!("phase A plans every non-zero chunk"),
+            Plan::Unplanned | Plan::NewLater => {
+                unreachable!("phases A and A2 plan every non-zero chunk")
+            }
         };
-        let fp = chunks[i].fp.expect("a mapped chunk has a fingerprint");
-        m.lbn_map_insert_fp(lbn, target, &fp)?;
-        if let Some(o) = old {
+        if let Some(o) = m.map(p, lbn, target, fp.as_ref())? {
             self.release(m, o)?;
             Counters::add(&c.overwrites, 1);
         }
         Ok(())
     }
 
-    /// Verify mode's rare case: same fingerprint, different bytes. The chunk
-    /// is stored without a hash index entry, referenced by its LBN only
-    /// (count 1), and freed as soon as that LBN moves on.
-    fn store_collisions(&self, chunks: &[Chunk]) -> Result<()> {
-        for ch in chunks
-            .iter()
-            .filter(|c| matches!(c.plan, Plan::Collision(_) | Plan::Apart))
-        {
-            let pbn = self.alloc(&mut **self.meta.lock(), &ch.data, ch.compressed.as_deref())?;
-            let block = if self.places_data {
-                self.meta
-                    .lock()
-                    .stage_chunk(pbn, &ch.data, ch.compressed.clone())
-            } else {
-                Ok(Some(pbn))
-            };
-            let stored = block.and_then(|b| match b {
-                Some(b) => self.data.write_at(&ch.data, self.cfg.pbn_offset(b)),
-                None => Ok(()),
-            });
-            if let Err(e) = stored {
-                self.release(&mut **self.meta.lock(), pbn)?;
-                return Err(e);
-            }
-            Counters::add(&self.counters.data_bytes_written, ch.data.len() as u64);
-            let mut m = self.meta.lock();
-            let old = m.lbn_map_lookup(ch.lbn)?;
-            let fp = ch.fp.expect("a stored chunk has a fingerprint");
-            m.lbn_map_insert_fp(ch.lbn, pbn, &fp)?;
-            if let Some(o) = old {
-                self.release(&mut **m, o)?;
-                Counters::add(&self.counters.overwrites, 1);
-            }
-            Counters::add(&self.counters.unique_writes, 1);
-        }
-        Ok(())
-    }
-}
-
-impl Engine {
-    /// Give back what phase A took (pins and allocations) after a failure,
-    /// so a failed write changes no reference count.
-    fn undo_pins(&self, m: &mut dyn MetadataBackend, chunks: &[Chunk]) {
+    /// Give back what phases A and A2 took (pins and allocations) after a
+    /// failure, so a failed write changes no reference count.
+    fn undo_pins(&self, m: &mut Meta, chunks: &[Chunk]) {
         for c in chunks {
-            if let Plan::Hit(pbn) | Plan::New(pbn) | Plan::Collision(pbn) = c.plan {
+            let taken = match c.plan {
+                Plan::Hit(pbn) | Plan::New(pbn) => [Some(pbn), None],
+                Plan::Collision { pinned, stored } => [pinned, stored],
+                _ => [None, None],
+            };
+            for pbn in taken.into_iter().flatten() {
                 if let Err(e) = self.release(m, pbn) {
                     error!("while undoing a failed write: {e}");
                 }
             }
         }
+    }
+}
+
+impl Chunk<'_> {
+    /// Left by phase A for phase A2.
+    fn unplaced(&self) -> bool {
+        matches!(
+            self.plan,
+            Plan::NewLater | Plan::Collision { stored: None, .. }
+        )
     }
 }

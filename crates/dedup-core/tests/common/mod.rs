@@ -5,12 +5,13 @@
 
 use std::sync::Arc;
 
-use dedup_core::backends::{self, BackendParams, OpenOptions};
+use dedup_core::backends::{BackendParams, OpenOptions};
 use dedup_core::blockfile::sim::SimDisk;
 use dedup_core::blockfile::{BlockFile, MemBlockFile};
 use dedup_core::compress::Compression;
 use dedup_core::config::DeviceConfig;
 use dedup_core::fingerprint::HashAlgo;
+use dedup_core::registry;
 use dedup_core::{Device, Result};
 
 pub struct MemDevice {
@@ -44,7 +45,7 @@ impl MemDevice {
         verify: bool,
     ) -> MemDevice {
         let cfg = config(
-            backends::DEFAULT,
+            registry::DEFAULT,
             chunk_size,
             logical_chunks,
             physical_chunks,
@@ -57,7 +58,7 @@ impl MemDevice {
     /// A device of the given backend and geometry.
     pub fn format(cfg: DeviceConfig, params: &BackendParams) -> MemDevice {
         let data = Arc::new(MemBlockFile::new(cfg.data_device_len(), "data"));
-        let meta_len = backends::metadata_device_len(&cfg).unwrap();
+        let meta_len = registry::metadata_device_len(&cfg).unwrap();
         let meta = Arc::new(SimDisk::new(meta_len, "meta", Arc::default()));
         let aux = scratch_dir();
         let lsm = aux.path().join("meta.lsm");
@@ -185,7 +186,11 @@ pub fn config(
     // whose own LZ4 C-blocks are its default.
     let (backend, compression) = match backend.split_once('/') {
         Some((name, codec)) => (name, Compression::parse(codec).unwrap()),
-        None if backends::thin::backend::is_thin(backend) => (backend, Compression::Lz4),
+        None if registry::kinds::kind(backend)
+            .is_some_and(|k| k.placement == registry::kinds::PlacementKind::Thin) =>
+        {
+            (backend, Compression::Lz4)
+        }
         None => (backend, Compression::None),
     };
     DeviceConfig {
@@ -323,7 +328,7 @@ pub fn image(backend: &str, logical_chunks: u64, physical_chunks: u64, hash: Has
     let cfg = config(backend, 4096, logical_chunks, physical_chunks, hash, false);
     let data = Arc::new(MemBlockFile::new(cfg.data_device_len(), "data"));
     let meta = Arc::new(SimDisk::new(
-        backends::metadata_device_len(&cfg).unwrap(),
+        registry::metadata_device_len(&cfg).unwrap(),
         "meta",
         Arc::default(),
     ));

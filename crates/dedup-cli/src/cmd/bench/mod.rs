@@ -255,7 +255,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     for s in &a.systems {
         if s != "raw" {
-            dedup_core::backends::check_name(s)?;
+            dedup_core::registry::check_name(s)?;
         }
     }
     for c in &a.compression {

@@ -120,7 +120,7 @@ pub fn start(system: &System, workdir: &Path, size: u64, tools: &Tools) -> anyho
             physical_chunks: size / opts.chunk_size as u64,
             compression: dedup_core::compress::Compression::None,
         };
-        let reference = backends::metadata_reference_bytes(&probe);
+        let reference = dedup_core::registry::metadata_reference_bytes(&probe);
         let defaults = BackendParams::default();
         opts.params = BackendParams {
             cache_bytes: system

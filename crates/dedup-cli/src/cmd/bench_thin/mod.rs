@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Context;
-use dedup_core::backends::thin::backend::WindowParams;
+use dedup_core::backends::WindowParams;
 use dedup_core::backends::{BackendParams, OpenOptions};
 use dedup_core::layout::{self, CreateOptions, DevicePaths};
 use dedup_trace::workload::{Access, Workload, WorkloadParams};

@@ -20,7 +20,7 @@ mod tests;
 
 use std::sync::Arc;
 
-use crate::backend::{BackendTraits, BackendUsage, MetaIoStats, MetadataBackend, ScanCursor};
+use crate::backend::{BackendUsage, MetaIoStats, MetadataBackend, ScanCursor};
 use crate::backends::kv::store::StoreState;
 use crate::backends::probe::{self, Slots};
 use crate::backends::space_map::SpaceMap;
@@ -51,9 +51,11 @@ pub struct DiskTable {
     cache: Cache,
     journal: Journal,
     space: SpaceMap,
-    lbns_mapped: u64,
+    /// Entries in the hash table (its occupancy: a full table refuses
+    /// inserts).
     hash_entries: u64,
-    counters: Vec<u64>,
+    /// The engine's private record, committed in the root block.
+    private: Vec<u64>,
     dirty_limit: usize,
     file: Arc<dyn BlockFile>,
     superblock: Superblock,
@@ -251,9 +253,8 @@ fn open_table(
         cache,
         journal,
         space,
-        lbns_mapped: state.lbns_mapped,
         hash_entries: state.hash_entries,
-        counters: state.counters,
+        private: state.counters,
         dirty_limit,
         file,
         superblock,
@@ -302,8 +303,8 @@ fn scan_blocks(
 }
 
 /// At open: read every table once, checking every block, rebuild the
-/// allocation map from the refcount array, and cross-check the totals of
-/// all three tables against the root block. A block lost or zeroed since
+/// allocation map from the refcount array, and cross-check the counts of
+/// used PBNs and index entries against the root block. A block lost or zeroed since
 /// the last commit cannot then go unnoticed (a zero block is also a valid
 /// empty one). `for_check` logs what `check` reports and `repair` fixes
 /// instead of refusing.
@@ -336,7 +337,9 @@ fn load_space(
             Ok(())
         },
     )?;
-    let mapped = count_pbn_entries(
+    // The LBN map is read for its checksums and ranges; the count of
+    // mapped LBNs is the engine's (in its private record).
+    count_pbn_entries(
         file,
         geo,
         io,
@@ -372,7 +375,6 @@ fn load_space(
     )?;
     for (what, found, recorded) in [
         ("PBNs hold data", used, state.pbns_used),
-        ("LBNs are mapped", mapped, state.lbns_mapped),
         ("fingerprints are indexed", entries, state.hash_entries),
     ] {
         if found != recorded {
@@ -488,11 +490,12 @@ impl DiskTable {
 
     fn write_root(&mut self) -> Result<()> {
         let state = StoreState {
-            lbns_mapped: self.lbns_mapped,
+            // The engine keeps the count of mapped LBNs in its record.
+            lbns_mapped: 0,
             pbns_used: self.space.used(),
             hash_entries: self.hash_entries,
             alloc_cursor: self.space.cursor(),
-            counters: self.counters.clone(),
+            counters: self.private.clone(),
         }
         .encode();
         let root = self.cache.get_mut(Geometry::ROOT)?;
@@ -503,17 +506,6 @@ impl DiskTable {
 }
 
 impl MetadataBackend for DiskTable {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn traits(&self) -> BackendTraits {
-        BackendTraits {
-            crash_safe: true,
-            places_data: false,
-        }
-    }
-
     fn lbn_map_lookup(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
         self.check_lbn(lbn)?;
         let (b, off) = self.geo.lbn(lbn);
@@ -527,20 +519,19 @@ impl MetadataBackend for DiskTable {
         Ok(v.checked_sub(1))
     }
 
-    fn lbn_map_insert(&mut self, lbn: Lbn, pbn: Pbn) -> Result<()> {
+    fn lbn_map_insert(&mut self, lbn: Lbn, pbn: Pbn) -> Result<Option<Pbn>> {
         self.check_pbn(pbn)?;
-        if self.lbn_map_lookup(lbn)?.is_none() {
-            self.lbns_mapped += 1;
-        }
-        self.set_lbn(lbn, pbn + 1)
+        let old = self.lbn_map_lookup(lbn)?;
+        self.set_lbn(lbn, pbn + 1)?;
+        Ok(old)
     }
 
-    fn lbn_map_delete(&mut self, lbn: Lbn) -> Result<()> {
-        if self.lbn_map_lookup(lbn)?.is_some() {
-            self.lbns_mapped = self.lbns_mapped.saturating_sub(1);
+    fn lbn_map_delete(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
+        let old = self.lbn_map_lookup(lbn)?;
+        if old.is_some() {
             self.set_lbn(lbn, 0)?;
         }
-        Ok(())
+        Ok(old)
     }
 
     fn hash_index_lookup(&mut self, fp: &Fingerprint) -> Result<Option<Pbn>> {
@@ -566,11 +557,10 @@ impl MetadataBackend for DiskTable {
         }
     }
 
-    fn hash_index_delete(&mut self, fp: &Fingerprint) -> Result<()> {
-        if probe::delete(&mut self.slots(), fp)?.is_some() {
-            self.hash_entries = self.hash_entries.saturating_sub(1);
-        }
-        Ok(())
+    fn hash_index_delete(&mut self, fp: &Fingerprint) -> Result<bool> {
+        let removed = probe::delete(&mut self.slots(), fp)?.is_some();
+        self.hash_entries -= removed as u64;
+        Ok(removed)
     }
 
     fn alloc_pbn(&mut self) -> Result<Option<Pbn>> {
@@ -636,12 +626,6 @@ impl MetadataBackend for DiskTable {
         self.set_refcount(pbn, count)
     }
 
-    fn set_totals(&mut self, lbns_mapped: u64, hash_entries: u64) -> Result<()> {
-        self.lbns_mapped = lbns_mapped;
-        self.hash_entries = hash_entries;
-        Ok(())
-    }
-
     fn hash_index_scan(
         &mut self,
         cursor: &ScanCursor,
@@ -682,7 +666,8 @@ impl MetadataBackend for DiskTable {
         Ok(None)
     }
 
-    fn commit(&mut self) -> Result<()> {
+    fn commit(&mut self, private: &[u64]) -> Result<()> {
+        self.private = private.to_vec();
         self.write_root()?;
         let blocks = self.cache.sealed_dirty();
         self.journal
@@ -696,11 +681,11 @@ impl MetadataBackend for DiskTable {
         self.cache.dirty_count() >= self.dirty_limit
     }
 
-    fn close(&mut self) -> Result<()> {
+    fn close(&mut self, private: &[u64]) -> Result<()> {
         if !self.writable {
             return Ok(());
         }
-        self.commit()?;
+        self.commit(private)?;
         self.journal.clear(self.file.as_ref(), &self.geo)?;
         self.superblock.state = DeviceState::Clean;
         self.superblock.write(self.file.as_ref())?;
@@ -708,25 +693,16 @@ impl MetadataBackend for DiskTable {
         Ok(())
     }
 
-    fn saved_counters(&self) -> Vec<u64> {
-        self.counters.clone()
-    }
-
-    fn save_counters(&mut self, counters: &[u64]) {
-        self.counters = counters.to_vec();
+    fn private_data(&self) -> &[u64] {
+        &self.private
     }
 
     fn usage(&self) -> BackendUsage {
         BackendUsage {
-            lbns_mapped: self.lbns_mapped,
             pbns_used: self.space.used(),
             pbns_free: self.space.allocatable(),
-            hash_entries: self.hash_entries,
             metadata_bytes: self.geo.device_len(),
+            io: self.cache.io,
         }
-    }
-
-    fn io_stats(&self) -> MetaIoStats {
-        self.cache.io
     }
 }

@@ -13,7 +13,7 @@ mod persist;
 
 use std::path::PathBuf;
 
-use crate::backend::{BackendTraits, BackendUsage, MetaIoStats, MetadataBackend, ScanCursor};
+use crate::backend::{BackendUsage, MetaIoStats, MetadataBackend, ScanCursor};
 use crate::backends::{OpenOptions, Opened};
 use crate::blockfile::BlockFile;
 use crate::config::{DeviceConfig, Lbn, Pbn};
@@ -41,8 +41,8 @@ pub struct InRam {
     hash_index: LinearProbeTable,
     next_alloc: Pbn,
     pbns_used: u64,
-    lbns_mapped: u64,
-    counters: Vec<u64>,
+    /// The engine's private record, saved with the tables.
+    private: Vec<u64>,
     io: MetaIoStats,
 }
 
@@ -88,8 +88,7 @@ pub fn open(
         writable: opts.writable,
         next_alloc: 0,
         pbns_used: 0,
-        lbns_mapped: 0,
-        counters: Vec::new(),
+        private: Vec::new(),
         io: MetaIoStats::default(),
     };
     backend.load()?;
@@ -156,14 +155,13 @@ impl InRam {
             }
             Ok(())
         })?;
-        let counters = &mut self.counters;
+        let private = &mut self.private;
         bytes += read_section(meta, cfg, table, Section::Counters, |_, item| {
-            counters.push(u64::from_le_bytes(item.try_into().expect("8-byte item")));
+            private.push(u64::from_le_bytes(item.try_into().expect("8-byte item")));
             Ok(())
         })?;
         self.io.reads += 1;
         self.io.bytes_read += bytes;
-        self.lbns_mapped = self.lbn_map.iter().filter(|&&v| v != 0).count() as u64;
         self.pbns_used = self.refcounts.iter().filter(|&&c| c != 0).count() as u64;
         Ok(())
     }
@@ -216,7 +214,7 @@ impl InRam {
             self.cfg.logical_chunks(),
             self.cfg.pbn_space(),
             self.hash_index.len(),
-            self.counters.len().min(MAX_COUNTERS as usize) as u64,
+            self.private.len().min(MAX_COUNTERS as usize) as u64,
         ];
         let meta = self.meta.as_ref();
         let mut bytes = 0;
@@ -255,7 +253,7 @@ impl InRam {
         bytes += n;
 
         let mut w = SectionWriter::new(meta, &self.cfg, &table, region, Section::Counters);
-        for c in self.counters.iter().take(MAX_COUNTERS as usize) {
+        for c in self.private.iter().take(MAX_COUNTERS as usize) {
             w.item(&c.to_le_bytes())?;
         }
         let (_, crc, n) = w.finish()?;
@@ -315,39 +313,20 @@ fn next_cursor(position: Option<u64>) -> Option<ScanCursor> {
 }
 
 impl MetadataBackend for InRam {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn traits(&self) -> BackendTraits {
-        BackendTraits {
-            crash_safe: false,
-            places_data: false,
-        }
-    }
-
     fn lbn_map_lookup(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
         let i = self.check_lbn(lbn)?;
         Ok(self.lbn_map[i].checked_sub(1))
     }
 
-    fn lbn_map_insert(&mut self, lbn: Lbn, pbn: Pbn) -> Result<()> {
+    fn lbn_map_insert(&mut self, lbn: Lbn, pbn: Pbn) -> Result<Option<Pbn>> {
         let i = self.check_lbn(lbn)?;
         self.check_pbn(pbn)?;
-        if self.lbn_map[i] == 0 {
-            self.lbns_mapped += 1;
-        }
-        self.lbn_map[i] = pbn + 1;
-        Ok(())
+        Ok(std::mem::replace(&mut self.lbn_map[i], pbn + 1).checked_sub(1))
     }
 
-    fn lbn_map_delete(&mut self, lbn: Lbn) -> Result<()> {
+    fn lbn_map_delete(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
         let i = self.check_lbn(lbn)?;
-        if self.lbn_map[i] != 0 {
-            self.lbns_mapped = self.lbns_mapped.saturating_sub(1);
-            self.lbn_map[i] = 0;
-        }
-        Ok(())
+        Ok(std::mem::take(&mut self.lbn_map[i]).checked_sub(1))
     }
 
     fn hash_index_lookup(&mut self, fp: &Fingerprint) -> Result<Option<Pbn>> {
@@ -374,9 +353,8 @@ impl MetadataBackend for InRam {
         }
     }
 
-    fn hash_index_delete(&mut self, fp: &Fingerprint) -> Result<()> {
-        self.hash_index.delete(fp)?;
-        Ok(())
+    fn hash_index_delete(&mut self, fp: &Fingerprint) -> Result<bool> {
+        Ok(self.hash_index.delete(fp)?.is_some())
     }
 
     fn alloc_pbn(&mut self) -> Result<Option<Pbn>> {
@@ -452,21 +430,6 @@ impl MetadataBackend for InRam {
         Ok(())
     }
 
-    fn set_totals(&mut self, lbns_mapped: u64, hash_entries: u64) -> Result<()> {
-        // INRAM's hash table counts its own entries.
-        if hash_entries != self.hash_index.len() {
-            return Err(Error::corrupt(
-                "inram hash index",
-                format!(
-                    "{} entries in the table, {hash_entries} found by a scan",
-                    self.hash_index.len()
-                ),
-            ));
-        }
-        self.lbns_mapped = lbns_mapped;
-        Ok(())
-    }
-
     fn hash_index_scan(
         &mut self,
         cursor: &ScanCursor,
@@ -498,13 +461,19 @@ impl MetadataBackend for InRam {
         Ok(None)
     }
 
-    fn commit(&mut self) -> Result<()> {
+    fn commit(&mut self, private: &[u64]) -> Result<()> {
         // Dmdedup §2.6.1: INRAM does no metadata I/O while serving; its
         // metadata only reaches the disk at a clean close.
+        self.private = private.to_vec();
         Ok(())
     }
 
-    fn close(&mut self) -> Result<()> {
+    fn wants_commit(&self) -> bool {
+        false
+    }
+
+    fn close(&mut self, private: &[u64]) -> Result<()> {
+        self.private = private.to_vec();
         if self.writable {
             self.save()?;
             self.writable = false;
@@ -512,27 +481,18 @@ impl MetadataBackend for InRam {
         Ok(())
     }
 
-    fn saved_counters(&self) -> Vec<u64> {
-        self.counters.clone()
-    }
-
-    fn save_counters(&mut self, counters: &[u64]) {
-        self.counters = counters.to_vec();
+    fn private_data(&self) -> &[u64] {
+        &self.private
     }
 
     fn usage(&self) -> BackendUsage {
         BackendUsage {
-            lbns_mapped: self.lbns_mapped,
             pbns_used: self.pbns_used,
             pbns_free: self.cfg.pbn_space() - self.pbns_used,
-            hash_entries: self.hash_index.len(),
             metadata_bytes: self.lbn_map.len() as u64 * 8
                 + self.refcounts.len() as u64 * 4
                 + self.hash_index.bytes(),
+            io: self.io,
         }
-    }
-
-    fn io_stats(&self) -> MetaIoStats {
-        self.io
     }
 }

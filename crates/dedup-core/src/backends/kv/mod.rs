@@ -17,7 +17,7 @@ pub mod store;
 
 use std::ops::Bound;
 
-use crate::backend::{BackendTraits, BackendUsage, MetaIoStats, MetadataBackend, ScanCursor};
+use crate::backend::{BackendUsage, MetadataBackend, ScanCursor};
 use crate::backends::space_map::SpaceMap;
 use crate::blockfile::BlockFile;
 use crate::config::{DeviceConfig, Lbn, Pbn};
@@ -36,9 +36,8 @@ pub struct KvBackend<S: KvStore> {
     store: S,
     changes: Changes,
     space: SpaceMap,
-    lbns_mapped: u64,
-    hash_entries: u64,
-    counters: Vec<u64>,
+    /// The engine's private record, committed with every batch.
+    private: Vec<u64>,
     /// LBN updates per transaction; 0: only FLUSH/FUA (and cache pressure) commit.
     txn_writes: u64,
     writes_in_txn: u64,
@@ -91,9 +90,7 @@ impl<S: KvStore> KvBackend<S> {
             store,
             changes: Changes::default(),
             space,
-            lbns_mapped: state.lbns_mapped,
-            hash_entries: state.hash_entries,
-            counters: state.counters,
+            private: state.counters,
             txn_writes,
             writes_in_txn: 0,
             max_changes: ((cache_bytes * 3 / 4) / ENTRY_BYTES).max(1024) as usize,
@@ -123,11 +120,13 @@ impl<S: KvStore> KvBackend<S> {
 
     fn current_state(&self) -> StoreState {
         StoreState {
-            lbns_mapped: self.lbns_mapped,
+            // Mapped LBNs and index entries are counted by the engine, in
+            // its private record.
+            lbns_mapped: 0,
             pbns_used: self.space.used(),
-            hash_entries: self.hash_entries,
+            hash_entries: 0,
             alloc_cursor: self.space.cursor(),
-            counters: self.counters.clone(),
+            counters: self.private.clone(),
         }
     }
 
@@ -206,17 +205,6 @@ fn merge_page<K: Ord + Copy>(
 }
 
 impl<S: KvStore> MetadataBackend for KvBackend<S> {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-
-    fn traits(&self) -> BackendTraits {
-        BackendTraits {
-            crash_safe: true,
-            places_data: false,
-        }
-    }
-
     fn lbn_map_lookup(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
         self.check_lbn(lbn)?;
         match self.changes.lbn_map.get(&lbn) {
@@ -225,28 +213,24 @@ impl<S: KvStore> MetadataBackend for KvBackend<S> {
         }
     }
 
-    fn lbn_map_insert(&mut self, lbn: Lbn, pbn: Pbn) -> Result<()> {
-        if self.lbn_map_lookup(lbn)?.is_none() {
-            self.lbns_mapped += 1;
-        }
+    fn lbn_map_insert(&mut self, lbn: Lbn, pbn: Pbn) -> Result<Option<Pbn>> {
+        let old = self.lbn_map_lookup(lbn)?;
         self.changes.lbn_map.insert(lbn, Some(pbn));
         self.writes_in_txn += 1;
-        Ok(())
+        Ok(old)
     }
 
-    fn lbn_map_delete(&mut self, lbn: Lbn) -> Result<()> {
+    fn lbn_map_delete(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
         // No range check here: a repair deletes stray keys beyond the device.
         let current = match self.changes.lbn_map.get(&lbn) {
             Some(&v) => v,
             None => self.store.get_lbn(lbn)?,
         };
         if current.is_some() {
-            // Saturating: the totals come from disk and may be damaged.
-            self.lbns_mapped = self.lbns_mapped.saturating_sub(1);
             self.changes.lbn_map.insert(lbn, None);
             self.writes_in_txn += 1;
         }
-        Ok(())
+        Ok(current)
     }
 
     fn hash_index_lookup(&mut self, fp: &Fingerprint) -> Result<Option<Pbn>> {
@@ -265,17 +249,16 @@ impl<S: KvStore> MetadataBackend for KvBackend<S> {
                 ),
             ));
         }
-        self.hash_entries += 1;
         self.changes.hash_index.insert(*fp, Some(pbn));
         Ok(())
     }
 
-    fn hash_index_delete(&mut self, fp: &Fingerprint) -> Result<()> {
-        if self.hash_index_lookup(fp)?.is_some() {
-            self.hash_entries = self.hash_entries.saturating_sub(1);
+    fn hash_index_delete(&mut self, fp: &Fingerprint) -> Result<bool> {
+        let present = self.hash_index_lookup(fp)?.is_some();
+        if present {
             self.changes.hash_index.insert(*fp, None);
         }
-        Ok(())
+        Ok(present)
     }
 
     fn alloc_pbn(&mut self) -> Result<Option<Pbn>> {
@@ -340,12 +323,6 @@ impl<S: KvStore> MetadataBackend for KvBackend<S> {
         Ok(())
     }
 
-    fn set_totals(&mut self, lbns_mapped: u64, hash_entries: u64) -> Result<()> {
-        self.lbns_mapped = lbns_mapped;
-        self.hash_entries = hash_entries;
-        Ok(())
-    }
-
     fn hash_index_scan(
         &mut self,
         cursor: &ScanCursor,
@@ -374,7 +351,8 @@ impl<S: KvStore> MetadataBackend for KvBackend<S> {
         Ok(next.map(|lbn| ScanCursor(lbn.to_be_bytes().to_vec())))
     }
 
-    fn commit(&mut self) -> Result<()> {
+    fn commit(&mut self, private: &[u64]) -> Result<()> {
+        self.private = private.to_vec();
         let state = self.current_state();
         self.store.apply(&self.changes, &state)?;
         self.changes.clear();
@@ -388,11 +366,11 @@ impl<S: KvStore> MetadataBackend for KvBackend<S> {
             || self.changes.len() >= self.max_changes
     }
 
-    fn close(&mut self) -> Result<()> {
+    fn close(&mut self, private: &[u64]) -> Result<()> {
         if !self.writable {
             return Ok(());
         }
-        self.commit()?;
+        self.commit(private)?;
         self.store.close()?;
         self.superblock.state = DeviceState::Clean;
         self.superblock.write(self.meta.as_ref())?;
@@ -400,26 +378,17 @@ impl<S: KvStore> MetadataBackend for KvBackend<S> {
         Ok(())
     }
 
-    fn saved_counters(&self) -> Vec<u64> {
-        self.counters.clone()
-    }
-
-    fn save_counters(&mut self, counters: &[u64]) {
-        self.counters = counters.to_vec();
+    fn private_data(&self) -> &[u64] {
+        &self.private
     }
 
     fn usage(&self) -> BackendUsage {
         BackendUsage {
-            lbns_mapped: self.lbns_mapped,
             pbns_used: self.space.used(),
             pbns_free: self.space.allocatable(),
-            hash_entries: self.hash_entries,
             metadata_bytes: self.store.size_bytes(),
+            io: self.store.io_stats(),
         }
-    }
-
-    fn io_stats(&self) -> MetaIoStats {
-        self.store.io_stats()
     }
 }
 

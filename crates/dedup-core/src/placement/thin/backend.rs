@@ -1,14 +1,15 @@
-//! The `thin` backend (and its comparison policies `ordered` and `ideal`):
+//! The `thin` placement (and its comparison policies `ordered` and `ideal`):
 //! ThinDedup's window-based persistence on top of a structured metadata
-//! area (disktable's LBN array, refcount array and hash index, committed
-//! through its journal).
+//! area (the disktable store: LBN array, refcount array and hash index,
+//! committed through its journal), which the registry pairs with it.
 //!
-//! Write path: the engine allocates a PBN per new chunk with its LZ4 size;
+//! Write path: `alloc` places each new chunk by its LZ4 size;
 //! a chunk that compresses enough to carry entries goes to a C-zone, the
-//! rest to a U-zone. New chunks are staged here (reads find them) and every
-//! mapping change becomes an entry (LBN, PBN, fingerprint prefix,
-//! timestamp). A window ends after `window_blocks` new chunks, after
-//! `window_ms`, or at a FLUSH/FUA; then:
+//! rest to a U-zone. New chunks are staged here by `write` (reads find
+//! them) and every mapping change (the `mapped` hook) becomes an entry
+//! (LBN, PBN, fingerprint prefix, timestamp). A window ends after
+//! `window_blocks` new chunks, after `window_ms`, or at a FLUSH/FUA (the
+//! engine's commit, `before_commit`); then:
 //! - `thin`: the window's entries are embedded in its C-blocks, what does
 //!   not fit goes to metadata blocks of the log, everything is written
 //!   with no ordering between data and metadata, and one flush (of each
@@ -18,40 +19,32 @@
 //! - `ideal`: data, flush; no entries at all (the metadata lives in memory
 //!   until a clean close: the upper bound, not crash-safe).
 //!
-//! Every `commit_windows` windows (or when the log or the area's cache
-//! fills) the structured area is committed with the newest timestamp, the
+//! Every `COMMIT_WINDOWS` windows (or when the log or the area's cache
+//! fills) `before_commit` asks the engine to commit the structured area
+//! (with the newest timestamp in the engine's record), and then the
 //! C-zones whose entries it now holds become committed, and chunks freed
 //! since the last such commit become reusable (until then they stay
 //! quarantined, so a PBN changes content at most once between commits,
 //! which recovery relies on). Recovery opens the area at its last commit
 //! and replays the entries of uncommitted C-zones and of the log
-//! (`replay`), then commits.
+//! (`replay`); the engine commits right after.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
+
 use super::cblock::{self, Entry};
 use super::replay::{ReplayReport, UNMAPPED};
 use super::zones::{Changes, Kind, Zones};
-use crate::backend::{
-    BackendTraits, BackendUsage, DataLocation, MetaIoStats, MetadataBackend, ScanCursor,
-};
-use crate::backends::{disktable, OpenOptions, Opened};
+use crate::backend::{BackendUsage, MetaIoStats, MetadataBackend};
+use crate::backends::{disktable, BackendParams, WindowParams};
 use crate::blockfile::BlockFile;
 use crate::config::{DeviceConfig, Lbn, Pbn};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
-use crate::superblock::{DeviceState, Superblock};
-
-pub const THIN: &str = "thin";
-pub const ORDERED: &str = "ordered";
-pub const IDEAL: &str = "ideal";
-
-/// One of the thin family (thin, ordered, ideal).
-pub fn is_thin(backend: &str) -> bool {
-    [THIN, ORDERED, IDEAL].contains(&backend)
-}
+use crate::placement::{read_plain_runs, NewChunk, Placement, PlacementStats, ReadPiece, Space};
 
 pub(super) const BLOCK: usize = 4096;
 const HEADER_MAGIC: &[u8; 8] = b"DDTHIN01";
@@ -68,46 +61,16 @@ pub(super) const LOG_BLOCKS: u64 = 1024;
 /// Windows between commits of the structured area.
 pub(super) const COMMIT_WINDOWS: u64 = 64;
 
+/// How a window is made durable (ThinDedup's thin, and the two policies
+/// it is compared with).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
+    /// Entries embedded in the window's C-blocks, no ordering, one flush.
     Thin,
+    /// OrderedWrites: data, flush, metadata blocks, flush.
     Ordered,
+    /// Data, flush; metadata in memory only (the upper bound, not crash-safe).
     Ideal,
-}
-
-impl Policy {
-    pub fn of(name: &str) -> Option<Policy> {
-        match name {
-            THIN => Some(Policy::Thin),
-            ORDERED => Some(Policy::Ordered),
-            IDEAL => Some(Policy::Ideal),
-            _ => None,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Policy::Thin => THIN,
-            Policy::Ordered => ORDERED,
-            Policy::Ideal => IDEAL,
-        }
-    }
-}
-
-/// Window parameters, chosen at create time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WindowParams {
-    pub blocks: u64,
-    pub ms: u64,
-}
-
-impl Default for WindowParams {
-    fn default() -> Self {
-        WindowParams {
-            blocks: 32,
-            ms: 100,
-        }
-    }
 }
 
 /// Where thin's own areas start on the metadata device: after the
@@ -172,10 +135,12 @@ fn decode_header(b: &[u8], zone_blocks: usize) -> Result<WindowParams> {
     Ok(w)
 }
 
+/// Lay out thin's areas after the structured area (the disktable store,
+/// formatted first).
 pub fn format(
     cfg: &DeviceConfig,
     meta: &dyn BlockFile,
-    params: &crate::backends::BackendParams,
+    params: &BackendParams,
     window: WindowParams,
 ) -> Result<()> {
     if window.blocks == 0 || window.blocks > 4096 {
@@ -184,7 +149,7 @@ pub fn format(
             window.blocks
         )));
     }
-    disktable::format(cfg, meta, params)?;
+    let _ = params;
     let l = Layout::new(cfg);
     disktable::zero_range(meta, l.zones, l.end)?;
     meta.write_at(&encode_header(window, zone_blocks(cfg)), l.header)?;
@@ -211,12 +176,17 @@ pub struct ThinStats {
     pub windows_via_commit: u64,
 }
 
+/// The placement: thin's state behind its own lock (reads and `write` come
+/// from many threads without the engine's metadata mutex).
+pub struct ThinPlacement {
+    t: Mutex<Thin>,
+}
+
 pub struct Thin {
     pub(super) policy: Policy,
-    pub(super) inner: Box<dyn MetadataBackend>,
     pub(super) cfg: DeviceConfig,
     pub(super) meta: Arc<dyn BlockFile>,
-    pub(super) data: Option<Arc<dyn BlockFile>>,
+    pub(super) data: Arc<dyn BlockFile>,
     pub(super) layout: Layout,
     pub(super) window: WindowParams,
     pub(super) zones: Zones,
@@ -224,6 +194,8 @@ pub struct Thin {
     pub(super) entries: Vec<Entry>,
     pub(super) window_started: Option<Instant>,
     pub(super) ts: u64,
+    /// The clock of the last commit of the structured area.
+    pub(super) commit_ts: u64,
     /// Freed since the last commit of the structured area.
     pub(super) quarantine: Vec<Pbn>,
     pub(super) log_next: u64,
@@ -235,9 +207,9 @@ pub struct Thin {
     /// Set after a write or flush of the window or the tables failed: the
     /// device then refuses writes until restarted (recovery runs).
     pub(super) failed: Option<String>,
-    /// Not closed cleanly: recovery runs once the data device is attached.
-    pub(super) unclean: bool,
     pub(super) writable: bool,
+    /// `before_commit` asked for a commit of the structured area.
+    pub(super) area_pending: bool,
     pub(super) stats: ThinStats,
     pub(super) meta_io: MetaIoStats,
     pub recovery: Option<(ReplayReport, Duration)>,
@@ -247,22 +219,32 @@ pub(super) fn zone_record_at(l: &Layout, z: usize) -> u64 {
     l.zones + z as u64 * BLOCK as u64
 }
 
+/// What opening thin did beyond building the placement.
+pub struct OpenedThin {
+    pub placement: ThinPlacement,
+    /// Recovery changed the structured area: the engine commits it before
+    /// serving, and adjusts its totals by these (mapped LBNs, index entries).
+    pub recovered: bool,
+    pub mapped_delta: i64,
+    pub indexed_delta: i64,
+}
+
+/// Open thin's areas over `store` (the disktable store on the same
+/// metadata device), recovering after an unclean stop (`ideal` instead
+/// rolls back to its last save, which the engine then verifies). `record`
+/// is what `ThinPlacement::record` saved: the clock of the last commit.
+#[allow(clippy::too_many_arguments)]
 pub fn open(
-    superblock: Superblock,
-    meta: Box<dyn BlockFile>,
-    opts: &OpenOptions,
-) -> Result<Opened> {
-    let cfg = superblock.config.clone();
-    let policy = Policy::of(&cfg.backend).expect("registered name");
-    let unclean = superblock.state == DeviceState::Open;
-    if policy == Policy::Ideal && unclean && opts.writable && !opts.accept_unclean {
-        return Err(Error::Unclean {
-            path: std::path::PathBuf::from(meta.describe()),
-            backend: IDEAL.into(),
-        });
-    }
-    let meta: Arc<dyn BlockFile> = Arc::from(meta);
-    let l = Layout::new(&cfg);
+    cfg: &DeviceConfig,
+    policy: Policy,
+    meta: Arc<dyn BlockFile>,
+    data: Arc<dyn BlockFile>,
+    store: &mut dyn MetadataBackend,
+    record: &[u64],
+    unclean: bool,
+    writable: bool,
+) -> Result<OpenedThin> {
+    let l = Layout::new(cfg);
     let have = meta.len()?;
     if have < l.end {
         return Err(Error::foreign(
@@ -275,9 +257,8 @@ pub fn open(
     }
     let mut hb = vec![0u8; BLOCK];
     meta.read_at(&mut hb, l.header)?;
-    let zb = zone_blocks(&cfg);
+    let zb = zone_blocks(cfg);
     let window = decode_header(&hb, zb)?;
-    let inner = disktable::open(superblock, Box::new(meta.clone()), opts)?.backend;
     let mut zones = Zones::new(cfg.physical_chunks, zb);
     let mut rec = vec![0u8; super::zones::record_len(zb)];
     for z in 0..zones.len() {
@@ -287,47 +268,51 @@ pub fn open(
         }
         zones.decode(z, &rec)?;
     }
+    let commit_ts = record.last().copied().unwrap_or(0);
     let mut t = Thin {
         policy,
-        inner,
-        cfg,
+        cfg: cfg.clone(),
         meta,
-        data: None,
+        data,
         layout: l,
         window,
         zones,
         staged: BTreeMap::new(),
         entries: Vec::new(),
         window_started: None,
-        ts: 0,
+        ts: commit_ts,
+        commit_ts,
         quarantine: Vec::new(),
         log_next: 0,
         log_used: 0,
         windows_since_commit: 0,
         must_commit: false,
         failed: None,
-        unclean,
-        writable: opts.writable,
+        writable,
+        area_pending: false,
         stats: ThinStats::default(),
         meta_io: MetaIoStats::default(),
         recovery: None,
     };
-    t.ts = t.commit_ts();
-    // Recovery needs the data device: it runs in `attach_data`. `ideal`
-    // rolls back to its last save, which the engine then verifies.
-    Ok(Opened {
-        backend: Box::new(t),
-        rolled_back: policy == Policy::Ideal && unclean,
+    let (mut mapped_delta, mut indexed_delta) = (0, 0);
+    let recovered = unclean && policy != Policy::Ideal;
+    if recovered {
+        (mapped_delta, indexed_delta) = t.recover(store)?;
+    } else if unclean {
+        // `ideal` rolled back to its last save: the zones' bitmaps are
+        // what its counts say (the engine then verifies every chunk).
+        let all = 0..t.zones.len();
+        t.rebuild_bitmaps(store, all, &BTreeMap::new())?;
+    }
+    Ok(OpenedThin {
+        placement: ThinPlacement { t: Mutex::new(t) },
+        recovered,
+        mapped_delta,
+        indexed_delta,
     })
 }
 
 impl Thin {
-    /// The timestamp the structured area was last committed with (saved
-    /// as the last of the engine's counters).
-    pub(super) fn commit_ts(&self) -> u64 {
-        self.inner.saved_counters().last().copied().unwrap_or(0)
-    }
-
     /// Refuse work after an I/O failure left the write order unknown.
     pub(super) fn usable(&self) -> Result<()> {
         match &self.failed {
@@ -339,12 +324,6 @@ impl Thin {
                 )),
             }),
         }
-    }
-
-    pub(super) fn data(&self) -> Result<&Arc<dyn BlockFile>> {
-        self.data
-            .as_ref()
-            .ok_or_else(|| Error::Unsupported("thin: the data device is not attached".into()))
     }
 
     pub(super) fn meta_write(&mut self, b: &[u8], at: u64) -> Result<()> {
@@ -402,7 +381,11 @@ impl Thin {
         self.stats
     }
 
-    fn alloc_thin(&mut self, compressed: Option<usize>) -> Result<Option<Pbn>> {
+    fn alloc_thin(
+        &mut self,
+        meta: &mut dyn MetadataBackend,
+        compressed: Option<usize>,
+    ) -> Result<Option<Pbn>> {
         self.usable()?;
         let kind = match compressed {
             Some(n) if cblock::capacity_for(n, self.cfg.chunk_size as usize) > 0 => Kind::C,
@@ -417,8 +400,8 @@ impl Thin {
             let Some(&pbn) = got.first() else {
                 return Ok(None);
             };
-            if self.inner.refcount_get(pbn)? == 0 {
-                self.inner.refcount_set(pbn, 1)?;
+            if meta.refcount_get(pbn)? == 0 {
+                meta.refcount_set(pbn, 1)?;
                 return Ok(Some(pbn));
             }
         }
@@ -445,194 +428,145 @@ impl Thin {
     }
 }
 
-impl MetadataBackend for Thin {
-    fn name(&self) -> &'static str {
-        self.policy.name()
-    }
-
-    fn traits(&self) -> BackendTraits {
-        BackendTraits {
-            // `ideal` is not, but the engine must still end its windows.
-            crash_safe: true,
-            places_data: true,
-        }
-    }
-
-    fn lbn_map_lookup(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
-        self.inner.lbn_map_lookup(lbn)
-    }
-
-    fn lbn_map_insert(&mut self, lbn: Lbn, pbn: Pbn) -> Result<()> {
-        // Without a fingerprint recovery could not check this mapping:
-        // the structured area is committed with the next window.
-        self.must_commit = true;
-        self.inner.lbn_map_insert(lbn, pbn)
-    }
-
-    fn lbn_map_insert_fp(&mut self, lbn: Lbn, pbn: Pbn, fp: &Fingerprint) -> Result<()> {
-        self.inner.lbn_map_insert(lbn, pbn)?;
-        self.entry(lbn, pbn, fp.0[..16].try_into().expect("16 bytes"));
-        Ok(())
-    }
-
-    fn lbn_map_delete(&mut self, lbn: Lbn) -> Result<()> {
-        self.inner.lbn_map_delete(lbn)?;
-        self.entry(lbn, UNMAPPED, [0; 16]);
-        Ok(())
-    }
-
-    fn hash_index_lookup(&mut self, fp: &Fingerprint) -> Result<Option<Pbn>> {
-        self.inner.hash_index_lookup(fp)
-    }
-
-    fn hash_index_insert(&mut self, fp: &Fingerprint, pbn: Pbn) -> Result<()> {
-        self.inner.hash_index_insert(fp, pbn)
-    }
-
-    fn hash_index_delete(&mut self, fp: &Fingerprint) -> Result<()> {
-        self.inner.hash_index_delete(fp)
-    }
-
-    fn alloc_pbn(&mut self) -> Result<Option<Pbn>> {
-        self.alloc_thin(None)
-    }
-
-    fn alloc_pbn_for(&mut self, _data: &[u8], compressed: Option<&[u8]>) -> Result<Option<Pbn>> {
-        self.alloc_thin(compressed.map(<[u8]>::len))
-    }
-
-    fn stage_chunk(&mut self, pbn: Pbn, data: &[u8], lz4: Option<Vec<u8>>) -> Result<Option<u64>> {
-        self.stage_thin(pbn, data, lz4)?;
-        Ok(None)
-    }
-
-    fn locate(&mut self, pbn: Pbn) -> DataLocation {
+impl Thin {
+    /// The chunk at `pbn` (whole): staged, a C-block, or stored plain.
+    fn read_chunk(&self, pbn: Pbn, out: &mut [u8]) -> Result<u64> {
         if let Some(s) = self.staged.get(&pbn) {
-            return DataLocation::Staged(s.raw.clone());
+            out.copy_from_slice(&s.raw);
+            return Ok(0);
         }
+        self.data.read_at(out, self.cfg.pbn_offset(pbn))?;
         if self.zones.is_cblock(pbn) {
-            DataLocation::Compressed
-        } else {
-            DataLocation::Plain
+            decode_cblock(pbn, out)?;
+        }
+        Ok(out.len() as u64)
+    }
+}
+
+/// Replace the C-block in `buf` by the chunk it holds. A damaged block
+/// fails this one read (EIO), never returns other bytes.
+fn decode_cblock(pbn: Pbn, buf: &mut [u8]) -> Result<()> {
+    let what = || format!("compressed chunk at PBN {pbn}");
+    let (chunk, _) = cblock::open(buf).map_err(|e| Error::corrupt(what(), e.to_string()))?;
+    if chunk.len() != buf.len() {
+        return Err(Error::corrupt(
+            what(),
+            format!("decompresses to {} bytes, not {}", chunk.len(), buf.len()),
+        ));
+    }
+    buf.copy_from_slice(&chunk);
+    Ok(())
+}
+
+impl ThinPlacement {
+    pub fn thin_stats(&self) -> ThinStats {
+        self.t.lock().stats
+    }
+}
+
+impl Placement for ThinPlacement {
+    fn compresses(&self) -> bool {
+        !self.t.lock().cfg.compression.is_none()
+    }
+
+    fn alloc(
+        &self,
+        meta: &mut dyn MetadataBackend,
+        _data: &[u8],
+        compressed: Option<&[u8]>,
+    ) -> Result<Option<Pbn>> {
+        self.t.lock().alloc_thin(meta, compressed.map(<[u8]>::len))
+    }
+
+    fn write(&self, chunks: &[NewChunk]) -> Result<u64> {
+        let mut t = self.t.lock();
+        let mut bytes = 0u64;
+        for c in chunks {
+            bytes += c.compressed.map_or(c.data.len(), <[u8]>::len) as u64;
+            t.stage_thin(c.pbn, c.data, c.compressed.map(<[u8]>::to_vec))?;
+        }
+        Ok(bytes)
+    }
+
+    fn read(&self, pieces: &[ReadPiece], buf: &mut [u8]) -> Result<u64> {
+        let t = self.t.lock();
+        let cs = t.cfg.chunk_size as usize;
+        let mut bytes = 0;
+        let mut plain: Vec<(u64, &ReadPiece)> = Vec::new();
+        let mut chunk = vec![0u8; cs];
+        for p in pieces {
+            if !t.staged.contains_key(&p.pbn) && !t.zones.is_cblock(p.pbn) {
+                plain.push((p.pbn, p));
+                continue;
+            }
+            bytes += t.read_chunk(p.pbn, &mut chunk)?;
+            buf[p.in_buf.clone()].copy_from_slice(&chunk[p.in_chunk.clone()]);
+        }
+        bytes += read_plain_runs(&t.cfg, t.data.as_ref(), &plain, buf)?;
+        Ok(bytes)
+    }
+
+    fn mapped(&self, lbn: Lbn, to: Option<Pbn>, fp: Option<&Fingerprint>) {
+        let mut t = self.t.lock();
+        match (to, fp) {
+            (Some(pbn), Some(fp)) => t.entry(lbn, pbn, fp.0[..16].try_into().expect("16 bytes")),
+            // Without a fingerprint recovery could not check this mapping
+            // (a repair): the structured area is committed with the next
+            // window.
+            (Some(_), None) => t.must_commit = true,
+            (None, _) => t.entry(lbn, UNMAPPED, [0; 16]),
         }
     }
 
-    fn attach_data(&mut self, data: Arc<dyn BlockFile>) -> Result<()> {
-        self.data = Some(data);
-        if self.unclean && self.policy != Policy::Ideal {
-            self.recover()?;
-        } else if self.unclean {
-            // `ideal` rolled back to its last save: the zones' bitmaps are
-            // what its counts say (the engine then verifies every chunk).
-            self.rebuild_bitmaps(0..self.zones.len(), &BTreeMap::new())?;
-        }
-        Ok(())
+    fn freed(&self, pbn: Pbn) {
+        self.t.lock().quarantine.push(pbn);
     }
 
-    fn refcount_inc(&mut self, pbn: Pbn) -> Result<u32> {
-        self.inner.refcount_inc(pbn)
-    }
-
-    fn refcount_dec(&mut self, pbn: Pbn) -> Result<u32> {
-        let n = self.inner.refcount_dec(pbn)?;
-        if n == 0 {
-            self.quarantine.push(pbn);
-        }
-        Ok(n)
-    }
-
-    fn refcount_get(&mut self, pbn: Pbn) -> Result<u32> {
-        self.inner.refcount_get(pbn)
-    }
-
-    fn refcount_set(&mut self, pbn: Pbn, count: u32) -> Result<()> {
-        let was = self.inner.refcount_get(pbn)?;
-        self.inner.refcount_set(pbn, count)?;
-        if was > 0 && count == 0 {
-            self.quarantine.push(pbn);
-        }
-        if count > 0 {
-            // A count given back (repair): the block is in use again.
-            self.quarantine.retain(|&p| p != pbn);
-            let mut changes = Changes::default();
-            self.zones.mark_used(pbn, &mut changes);
-            self.persist_changes(changes)?;
-        }
-        self.must_commit = true;
-        Ok(())
-    }
-
-    fn set_totals(&mut self, lbns_mapped: u64, hash_entries: u64) -> Result<()> {
-        // Only repair calls this: its changes go into the tables at the
-        // next commit, not through the log.
-        self.must_commit = true;
-        self.inner.set_totals(lbns_mapped, hash_entries)
-    }
-
-    fn hash_index_scan(
-        &mut self,
-        cursor: &ScanCursor,
-        max: usize,
-        out: &mut Vec<(Fingerprint, Pbn)>,
-    ) -> Result<Option<ScanCursor>> {
-        self.inner.hash_index_scan(cursor, max, out)
-    }
-
-    fn lbn_map_scan(
-        &mut self,
-        cursor: &ScanCursor,
-        max: usize,
-        out: &mut Vec<(Lbn, Pbn)>,
-    ) -> Result<Option<ScanCursor>> {
-        self.inner.lbn_map_scan(cursor, max, out)
-    }
-
-    fn commit(&mut self) -> Result<()> {
-        self.close_window()
+    fn revived(&self, pbn: Pbn) -> Result<()> {
+        // A count given back (repair): the block is in use again.
+        let mut t = self.t.lock();
+        t.quarantine.retain(|&p| p != pbn);
+        let mut changes = Changes::default();
+        t.zones.mark_used(pbn, &mut changes);
+        t.must_commit = true;
+        t.persist_changes(changes)
     }
 
     fn wants_commit(&self) -> bool {
-        self.staged.len() as u64 >= self.window.blocks
-            || self.entries.len() as u64 >= self.window.blocks * 4
-            || self
-                .window_started
-                .is_some_and(|t| t.elapsed() >= Duration::from_millis(self.window.ms))
-            || self.inner.wants_commit()
+        let t = self.t.lock();
+        t.staged.len() as u64 >= t.window.blocks
+            || t.entries.len() as u64 >= t.window.blocks * 4
+            || t.window_started
+                .is_some_and(|s| s.elapsed() >= Duration::from_millis(t.window.ms))
     }
 
-    fn close(&mut self) -> Result<()> {
-        self.close_window()?;
-        self.commit_area()?;
-        let counters = {
-            let mut c = self.engine_counters();
-            c.push(self.ts);
-            c
-        };
-        self.inner.save_counters(&counters);
-        self.inner.close()
+    fn before_commit(&self, meta: &mut dyn MetadataBackend, closing: bool) -> Result<bool> {
+        let mut t = self.t.lock();
+        t.close_window()?;
+        t.area_due(meta, closing)
     }
 
-    fn saved_counters(&self) -> Vec<u64> {
-        self.engine_counters()
+    fn after_commit(&self, _meta: &mut dyn MetadataBackend, committed: bool) -> Result<()> {
+        self.t.lock().area_committed(committed)
     }
 
-    fn save_counters(&mut self, counters: &[u64]) {
-        let mut c = counters.to_vec();
-        c.push(self.ts);
-        self.inner.save_counters(&c);
-    }
-
-    fn usage(&self) -> BackendUsage {
-        let mut u = self.inner.usage();
-        u.metadata_bytes = self.layout.end;
+    fn space(&self, usage: &BackendUsage) -> Space {
         // What thin can hand out is what its zones have free (the tables'
         // own space map keeps freed blocks until their commit).
-        u.pbns_free = self.zones.free_blocks();
-        u
+        Space {
+            used: usage.pbns_used,
+            free: self.t.lock().zones.free_blocks(),
+            waiting: false,
+        }
     }
 
-    fn backend_stats(&self) -> Vec<(&'static str, u64)> {
-        let s = &self.stats;
+    fn record(&self) -> Vec<u64> {
+        vec![self.t.lock().ts]
+    }
+
+    fn stats(&self) -> PlacementStats {
+        let t = self.t.lock();
+        let s = &t.stats;
         let mut v = vec![
             ("windows", s.windows),
             ("c_blocks_written", s.c_blocks),
@@ -643,25 +577,22 @@ impl MetadataBackend for Thin {
             ("zone_records_written", s.zone_records),
             ("area_commits", s.area_commits),
             ("windows_ended_by_area_commit", s.windows_via_commit),
-            ("uncommitted_c_zones", self.zones.uncommitted().len() as u64),
+            ("uncommitted_c_zones", t.zones.uncommitted().len() as u64),
         ];
-        if let Some((r, t)) = &self.recovery {
+        if let Some((r, d)) = &t.recovery {
             v.extend([
-                ("recovery_us", t.as_micros() as u64),
+                ("recovery_us", d.as_micros() as u64),
                 ("recovery_entries", r.entries),
                 ("recovery_applied", r.applied),
                 ("recovery_not_written", r.not_written),
                 ("recovery_chunks_verified", r.chunks_verified),
             ]);
         }
-        v
-    }
-
-    fn io_stats(&self) -> MetaIoStats {
-        let mut s = self.inner.io_stats();
-        s.writes += self.meta_io.writes;
-        s.bytes_written += self.meta_io.bytes_written;
-        s.syncs += self.meta_io.syncs;
-        s
+        PlacementStats {
+            packing: None,
+            extra: v,
+            meta_io: t.meta_io,
+            metadata_bytes: t.layout.end - t.layout.header,
+        }
     }
 }

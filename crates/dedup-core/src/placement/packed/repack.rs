@@ -12,41 +12,31 @@
 
 use std::collections::HashMap;
 
-use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::blocks::{Hold, UNKNOWN};
-use super::{addr, Packed};
+use super::{addr, State};
 use crate::backend::scan_all;
+use crate::backend::MetadataBackend;
 use crate::config::{Lbn, Pbn};
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;
 use crate::pack::{self, Packer};
+use crate::placement::ReclaimReport;
 
 /// Blocks whose live fragments fill less than this share are repacked.
 pub const REPACK_BELOW_PERCENT: usize = 75;
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RepackReport {
-    /// Packed blocks whose table was read to weigh them.
-    pub blocks_read: u64,
-    /// Blocks emptied (their fragments moved) and blocks written.
-    pub blocks_repacked: u64,
-    pub blocks_written: u64,
-    pub fragments_moved: u64,
-    /// Blocks left alone because their table or a live fragment is damaged
-    /// (`dedup check` reports them).
-    pub damaged_blocks: u64,
-    /// The pass stopped at its budget; another may find more.
-    pub more: bool,
-}
-
-impl Packed {
-    pub(super) fn repack_blocks(&mut self, max_blocks: usize) -> Result<RepackReport> {
+impl State {
+    pub(super) fn repack_blocks(
+        &mut self,
+        meta: &mut dyn MetadataBackend,
+        max_blocks: usize,
+    ) -> Result<ReclaimReport> {
         self.usable()?;
         // Weigh what is on disk: write the open bins first.
         self.write_all()?;
-        let mut report = RepackReport::default();
+        let mut report = ReclaimReport::default();
         let chosen = self.choose(max_blocks, &mut report)?;
         // Near full, move only as many blocks' fragments as the free
         // blocks can take (each round frees some for the next).
@@ -74,7 +64,7 @@ impl Packed {
                 }
             }
         }
-        let data = self.data()?.clone();
+        let data = self.data.clone();
         let written = packers
             .iter()
             .zip(&new_blocks)
@@ -90,15 +80,15 @@ impl Packed {
         let mut moves: HashMap<Pbn, Pbn> = HashMap::with_capacity(placed.len());
         for &(old, i, slot) in &placed {
             let new = addr(new_blocks[i], slot as u64);
-            let count = self.inner.refcount_get(old)?;
-            self.inner.refcount_set(new, count)?;
-            self.inner.refcount_set(old, 0)?;
+            let count = meta.refcount_get(old)?;
+            meta.refcount_set(new, count)?;
+            meta.refcount_set(old, 0)?;
             self.blocks.revive(new);
             moves.insert(old, new);
         }
         let mut entries: Vec<(Fingerprint, Pbn)> = Vec::new();
         scan_all(
-            |c, page| self.inner.hash_index_scan(c, 4096, page),
+            |c, page| meta.hash_index_scan(c, 4096, page),
             |fp, pbn| {
                 if let Some(&new) = moves.get(&pbn) {
                     entries.push((fp, new));
@@ -109,12 +99,12 @@ impl Packed {
         // Collected first: deleting during an open-addressing scan can
         // move entries behind the cursor.
         for (fp, new) in entries {
-            self.inner.hash_index_delete(&fp)?;
-            self.inner.hash_index_insert(&fp, new)?;
+            meta.hash_index_delete(&fp)?;
+            meta.hash_index_insert(&fp, new)?;
         }
         let mut mappings: Vec<(Lbn, Pbn)> = Vec::new();
         scan_all(
-            |c, page| self.inner.lbn_map_scan(c, 4096, page),
+            |c, page| meta.lbn_map_scan(c, 4096, page),
             |lbn, pbn| {
                 if let Some(&new) = moves.get(&pbn) {
                     mappings.push((lbn, new));
@@ -123,7 +113,7 @@ impl Packed {
             },
         )?;
         for (lbn, new) in mappings {
-            self.inner.lbn_map_insert(lbn, new)?;
+            meta.lbn_map_insert(lbn, new)?;
         }
         for (p, &b) in packers.iter().zip(&new_blocks) {
             self.blocks.sealed(b, p.len(), p.used() as u32);
@@ -146,13 +136,13 @@ impl Packed {
     fn choose(
         &mut self,
         max_blocks: usize,
-        report: &mut RepackReport,
+        report: &mut ReclaimReport,
     ) -> Result<Vec<(u64, Vec<(usize, Vec<u8>)>)>> {
         let cs = self.cfg.chunk_size as usize;
         let n = self.blocks.count();
         let mut chosen = Vec::new();
         let mut buf = vec![0u8; cs];
-        let data = self.data()?.clone();
+        let data = self.data.clone();
         let start = self.repack_cursor % n.max(1);
         self.repack_cursor = 0;
         for step in 0..n {

@@ -1,7 +1,7 @@
 //! thin's recovery after a crash: the entries of uncommitted C-zones and
 //! of the log replayed on the structured area (see `replay` for why that
 //! keeps the crash contract), each block's kind read back, the bitmaps of
-//! dirty zones rebuilt, and the result committed.
+//! dirty zones rebuilt; the engine commits the result before serving.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -9,6 +9,7 @@ use std::time::Instant;
 use super::backend::{zone_blocks, Thin, BLOCK, LOG_BLOCKS};
 use super::replay::{self, UNMAPPED};
 use super::{cblock, window};
+use crate::backend::MetadataBackend;
 use crate::config::Pbn;
 use crate::error::Result;
 
@@ -23,7 +24,7 @@ impl Thin {
     /// what it finds, so it must not drop flushed entries over a
     /// transient failure.
     pub(super) fn read_stored(&self, pbn: Pbn, fp: &[u8; 16]) -> Result<Option<(Vec<u8>, bool)>> {
-        let data = self.data()?;
+        let data = &self.data;
         let mut b = vec![0u8; self.cfg.chunk_size as usize];
         data.read_at(&mut b, self.cfg.pbn_offset(pbn))?;
         let hash = self.cfg.hash;
@@ -37,12 +38,14 @@ impl Thin {
     }
 
     /// After a crash: the entries of uncommitted C-zones and of the log,
-    /// replayed on the structured area; then bitmaps of dirty zones rebuilt
-    /// and everything committed.
-    pub(super) fn recover(&mut self) -> Result<()> {
+    /// replayed on the structured area; then bitmaps of dirty zones
+    /// rebuilt, and the area marked due for a commit (the engine's first).
+    /// Returns how replay changed the count of mapped LBNs and of index
+    /// entries.
+    pub(super) fn recover(&mut self, store: &mut dyn MetadataBackend) -> Result<(i64, i64)> {
         let started = Instant::now();
-        let data = self.data()?.clone();
-        let commit_ts = self.commit_ts();
+        let data = self.data.clone();
+        let commit_ts = self.commit_ts;
         let mut entries = Vec::new();
         let mut b = vec![0u8; self.cfg.chunk_size as usize];
         for z in self.zones.uncommitted() {
@@ -85,7 +88,7 @@ impl Thin {
                 v.insert(self.read_stored(e.pbn, &e.fp)?);
             }
         }
-        let report = replay::replay(self.inner.as_mut(), entries, commit_ts, hash, &mut |p| {
+        let report = replay::replay(store, entries, commit_ts, hash, &mut |p| {
             reads.get(&p).cloned().flatten().map(|(c, _)| c)
         })?;
         // Only applied (verified) entries move the clock: a damaged or
@@ -102,15 +105,16 @@ impl Thin {
         zones.extend(report.touched.iter().map(|&p| self.zones.locate(p).0));
         zones.sort_unstable();
         zones.dedup();
-        self.rebuild_bitmaps(zones, &found)?;
-        self.commit_area()?;
+        self.rebuild_bitmaps(store, zones, &found)?;
+        self.must_commit = true;
+        let deltas = (report.mapped_delta, report.indexed_delta);
         self.recovery = Some((report, started.elapsed()));
         tracing::info!(
             "thin: recovered in {:.3} s: {:?}",
             started.elapsed().as_secs_f64(),
             self.recovery.as_ref().map(|r| &r.0)
         );
-        Ok(())
+        Ok(deltas)
     }
 
     /// Set these zones' bitmaps to the PBNs whose count is not zero.
@@ -118,6 +122,7 @@ impl Thin {
     /// keep what their zone record says.
     pub(super) fn rebuild_bitmaps(
         &mut self,
+        store: &mut dyn MetadataBackend,
         zones: impl IntoIterator<Item = usize>,
         found: &BTreeMap<Pbn, bool>,
     ) -> Result<()> {
@@ -127,7 +132,7 @@ impl Thin {
             let last = (first + zb).min(self.cfg.physical_chunks);
             let mut used = Vec::new();
             for pbn in first..last {
-                if self.inner.refcount_get(pbn)? > 0 {
+                if store.refcount_get(pbn)? > 0 {
                     let c = found
                         .get(&pbn)
                         .copied()

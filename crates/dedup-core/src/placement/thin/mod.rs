@@ -3,8 +3,8 @@
 //! blocks of the same window, and fingerprints beside every mapping so
 //! data and metadata need no ordering flush.
 //!
-//! `backend` is the `MetadataBackend` (with the `ordered` and `ideal`
-//! policies for comparison) on disktable's tables: placement, staging,
+//! `backend` is the `Placement` (with the `ordered` and `ideal` policies
+//! for comparison) over the disktable store's tables: placement, staging,
 //! entries. Its parts: the compressed-block format (`cblock`); packing a
 //! window's entries into its blocks, with metadata blocks for what does not
 //! fit (`window`); zones with their status, bitmaps and clean/dirty flags

@@ -64,6 +64,12 @@ pub struct ReplayReport {
     /// PBNs whose count replay changed (their zones' bitmaps follow).
     #[serde(skip)]
     pub touched: Vec<Pbn>,
+    /// How replay changed the number of mapped LBNs and of hash index
+    /// entries (the engine keeps those totals).
+    #[serde(skip)]
+    pub mapped_delta: i64,
+    #[serde(skip)]
+    pub indexed_delta: i64,
 }
 
 /// Drop one reference from `o`, unless the committed metadata is already
@@ -102,8 +108,8 @@ pub fn replay(
         }
         r.entries += 1;
         if e.pbn == UNMAPPED {
-            if let Some(old) = m.lbn_map_lookup(e.lbn)? {
-                m.lbn_map_delete(e.lbn)?;
+            if let Some(old) = m.lbn_map_delete(e.lbn)? {
+                r.mapped_delta -= 1;
                 release(m, old, &mut r)?;
             }
             r.applied += 1;
@@ -126,6 +132,7 @@ pub fn replay(
             let indexed = m.hash_index_lookup(&fp)?.is_some();
             if !indexed {
                 m.hash_index_insert(&fp, e.pbn)?;
+                r.indexed_delta += 1;
             }
             m.refcount_set(e.pbn, if indexed { 0 } else { 1 })?;
             r.chunks_adopted += 1;
@@ -138,7 +145,9 @@ pub fn replay(
             } else {
                 m.refcount_inc(e.pbn)?;
             }
-            m.lbn_map_insert(e.lbn, e.pbn)?;
+            if m.lbn_map_insert(e.lbn, e.pbn)?.is_none() {
+                r.mapped_delta += 1;
+            }
             r.touched.push(e.pbn);
             if let Some(o) = old {
                 release(m, o, &mut r)?;

@@ -1,8 +1,9 @@
 //! thin's writes: a window closed as its policy says (thin: C-blocks
 //! carrying the entries and metadata blocks, no ordering, one flush;
 //! ordered: data, flush, metadata, flush; ideal: data, flush), and the
-//! commits of the structured area that empty the log, commit the C-zones'
-//! entries and release the chunks freed since the last commit.
+//! commits of the structured area (made by the engine when `area_due`
+//! says so) that empty the log, commit the C-zones' entries and release
+//! the chunks freed since the last commit (`area_committed`).
 
 use std::sync::Arc;
 
@@ -10,6 +11,7 @@ use super::backend::{Policy, Thin, BLOCK, COMMIT_WINDOWS, LOG_BLOCKS};
 use super::cblock::{self, Entry};
 use super::window;
 use super::zones::Changes;
+use crate::backend::MetadataBackend;
 use crate::blockfile::BlockFile;
 use crate::config::Pbn;
 use crate::error::Result;
@@ -20,7 +22,7 @@ impl Thin {
     pub(super) fn close_window(&mut self) -> Result<()> {
         self.usable()?;
         if self.staged.is_empty() && self.entries.is_empty() {
-            return self.maybe_commit_area();
+            return Ok(());
         }
         let staged = std::mem::take(&mut self.staged);
         let entries = std::mem::take(&mut self.entries);
@@ -29,11 +31,7 @@ impl Thin {
                 self.window_started = None;
                 self.stats.windows += 1;
                 self.stats.entries += entries.len() as u64;
-                let committed = self.maybe_commit_area();
-                if let Err(e) = &committed {
-                    self.failed = Some(format!("committing the tables failed: {e}"));
-                }
-                committed
+                Ok(())
             }
             Err(e) => {
                 // Nothing of the window is known to be on disk: it stays
@@ -54,7 +52,7 @@ impl Thin {
         staged: &std::collections::BTreeMap<Pbn, super::backend::Staged>,
         mut entries: Vec<Entry>,
     ) -> Result<()> {
-        let data = self.data()?.clone();
+        let data = self.data.clone();
         if self.policy == Policy::Ideal {
             entries.clear();
         }
@@ -134,11 +132,17 @@ impl Thin {
         Ok(())
     }
 
-    /// Commit the structured area when it is due: every `COMMIT_WINDOWS`
-    /// windows, when its cache fills, after a change recovery could not
-    /// replay, and when chunks were freed (garbage collection, which frees
-    /// chunks to make room: they become reusable only after a commit).
-    pub(super) fn maybe_commit_area(&mut self) -> Result<()> {
+    /// Whether the structured area is due a commit: every
+    /// `COMMIT_WINDOWS` windows, when its cache fills, after a change
+    /// recovery could not replay, when chunks were freed (garbage
+    /// collection frees chunks to make room: they become reusable only
+    /// after a commit), and at close. If so, the zone records go out first
+    /// and the engine commits the store next (then `area_committed`).
+    pub(super) fn area_due(
+        &mut self,
+        meta: &mut dyn MetadataBackend,
+        closing: bool,
+    ) -> Result<bool> {
         if self.policy == Policy::Ideal {
             // Metadata in memory only: freed chunks are reusable at once
             // (after a crash the engine re-verifies every chunk anyway).
@@ -146,19 +150,29 @@ impl Thin {
             for pbn in std::mem::take(&mut self.quarantine) {
                 self.zones.free(pbn, &mut changes);
             }
-            if self.inner.wants_commit() {
-                self.commit_area()?;
+            if !(closing || meta.wants_commit()) {
+                return Ok(false);
             }
-            return Ok(());
+        } else {
+            let due = closing
+                || meta.wants_commit()
+                || !self.quarantine.is_empty()
+                || self.must_commit
+                || self.windows_since_commit >= COMMIT_WINDOWS;
+            if !due {
+                return Ok(false);
+            }
         }
-        let due = self.inner.wants_commit()
-            || !self.quarantine.is_empty()
-            || (self.policy != Policy::Ideal
-                && (self.must_commit || self.windows_since_commit >= COMMIT_WINDOWS));
-        if due {
-            self.commit_area()?;
+        if !self.writable {
+            return Ok(false);
         }
-        Ok(())
+        let prepared = self.prepare_area();
+        if let Err(e) = &prepared {
+            self.failed = Some(format!("committing the tables failed: {e}"));
+        }
+        prepared?;
+        self.area_pending = true;
+        Ok(true)
     }
 
     /// Data blocks out; consecutive PBNs in one write.
@@ -184,13 +198,8 @@ impl Thin {
         Ok(())
     }
 
-    /// Commit the structured area with the newest timestamp; then the
-    /// C-zones' entries are committed, the log is empty, and chunks freed
-    /// since the last commit become reusable.
-    pub(super) fn commit_area(&mut self) -> Result<()> {
-        if !self.writable {
-            return Ok(());
-        }
+    /// Before the structured area is committed with the newest timestamp.
+    fn prepare_area(&mut self) -> Result<()> {
         // First the zones' bitmaps as they are (status unchanged): after a
         // crash from here on, recovery knows every block allocated before
         // this commit, C-blocks included, from the records.
@@ -212,10 +221,29 @@ impl Thin {
         if !dirty.is_empty() {
             self.meta_sync()?;
         }
-        let mut counters = self.engine_counters();
-        counters.push(self.ts);
-        self.inner.save_counters(&counters);
-        self.inner.commit()?;
+        Ok(())
+    }
+
+    /// After the engine committed the structured area (or failed to): the
+    /// C-zones' entries are committed, the log is empty, and chunks freed
+    /// since the last commit become reusable.
+    pub(super) fn area_committed(&mut self, committed: bool) -> Result<()> {
+        if !std::mem::take(&mut self.area_pending) {
+            return Ok(());
+        }
+        if !committed {
+            self.failed = Some("committing the tables failed".into());
+            return Ok(());
+        }
+        let done = self.finish_area();
+        if let Err(e) = &done {
+            self.failed = Some(format!("committing the tables failed: {e}"));
+        }
+        done
+    }
+
+    fn finish_area(&mut self) -> Result<()> {
+        self.commit_ts = self.ts;
         let mut changes = Changes::default();
         for pbn in std::mem::take(&mut self.quarantine) {
             self.zones.free(pbn, &mut changes);
@@ -238,11 +266,5 @@ impl Thin {
         self.must_commit = false;
         self.stats.area_commits += 1;
         Ok(())
-    }
-
-    pub(super) fn engine_counters(&self) -> Vec<u64> {
-        let mut c = self.inner.saved_counters();
-        c.pop();
-        c
     }
 }

@@ -1,0 +1,229 @@
+//! The registry: the one place that builds a device's (metadata store ×
+//! placement) pair from its configuration and decides whether it is
+//! crash-safe. The engine sees only the two traits.
+
+pub mod kinds;
+
+use std::sync::Arc;
+
+use crate::backend::MetadataBackend;
+use crate::backends::{
+    cowbtree, disktable, inram, lsm, BackendParams, OpenOptions, Opened, WindowParams,
+};
+use crate::blockfile::BlockFile;
+use crate::config::DeviceConfig;
+use crate::error::{Error, Result};
+use crate::placement::{packed, plain::Plain, thin, Placement};
+use crate::record::Record;
+use crate::superblock::{DeviceState, Superblock, SUPERBLOCK_AREA};
+
+use kinds::{Kind, PlacementKind, StoreKind, ThinPolicy, KINDS};
+
+/// Names users can pick with `dedup create --backend`.
+pub const NAMES: &[&str] = &[
+    "inram",
+    "disktable",
+    "cowbtree",
+    "lsm",
+    "thin",
+    "ordered",
+    "ideal",
+];
+pub const DEFAULT: &str = "inram";
+
+fn kind_of(name: &str) -> Result<&'static Kind> {
+    kinds::kind(name).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "unknown backend {name:?}: choose one of {}",
+            NAMES.join(", ")
+        ))
+    })
+}
+
+pub fn check_name(name: &str) -> Result<()> {
+    kind_of(name).map(|_| ())
+}
+
+/// Whether a device of this backend recovers on its own after a crash.
+pub fn crash_safe(name: &str) -> bool {
+    kinds::kind(name).is_some_and(|k| k.crash_safe)
+}
+
+/// The metadata size benchmarks scale caches by (as Dmdedup §4.1 does):
+/// one LBN map entry (8 bytes) per logical chunk, and per physical chunk a
+/// reference count (4 bytes) and a hash table slot (40 bytes, 10 % spare).
+pub fn metadata_reference_bytes(cfg: &DeviceConfig) -> u64 {
+    cfg.logical_chunks() * 8 + cfg.physical_chunks * (4 + 44)
+}
+
+/// How much metadata device a backend needs at create time.
+#[derive(Clone, Copy, Debug)]
+pub struct MetaSpace {
+    /// Bytes the device must hold now (files may grow later where `grows`).
+    pub len: u64,
+    /// Whether the metadata grows into a regular file as needed.
+    pub grows: bool,
+}
+
+pub fn metadata_space(cfg: &DeviceConfig) -> Result<MetaSpace> {
+    let kind = kind_of(&cfg.backend)?;
+    let fixed = |len| MetaSpace { len, grows: false };
+    Ok(match (kind.store, kind.placement) {
+        (_, PlacementKind::Thin) => fixed(thin::backend::metadata_device_len(cfg)),
+        (StoreKind::InRam, _) => fixed(inram::metadata_device_len(cfg)),
+        (StoreKind::DiskTable, _) => fixed(disktable::metadata_device_len(cfg)),
+        (StoreKind::Lsm, _) => fixed(SUPERBLOCK_AREA),
+        (StoreKind::CowBtree, _) => MetaSpace {
+            len: SUPERBLOCK_AREA + (1 << 20),
+            grows: true,
+        },
+    })
+}
+
+/// Bytes the metadata device needs for this device (at create time).
+pub fn metadata_device_len(cfg: &DeviceConfig) -> Result<u64> {
+    metadata_space(cfg).map(|s| s.len)
+}
+
+/// Write an empty metadata layout (superblock included) for a new device.
+/// `aux_dir` is where a store with files of its own (lsm) keeps them.
+pub fn format(
+    cfg: &DeviceConfig,
+    meta: Arc<dyn BlockFile>,
+    params: &BackendParams,
+    aux_dir: Option<&std::path::Path>,
+) -> Result<()> {
+    let kind = kind_of(&cfg.backend)?;
+    params.validate()?;
+    if kind.placement == PlacementKind::Thin {
+        check_window(params.window)?;
+    }
+    match kind.store {
+        StoreKind::InRam => inram::format(cfg, meta.as_ref())?,
+        StoreKind::DiskTable => disktable::format(cfg, meta.as_ref(), params)?,
+        StoreKind::CowBtree => cowbtree::format(cfg, Box::new(meta.clone()), params)?,
+        StoreKind::Lsm => lsm::format(cfg, meta.clone(), params, aux_dir)?,
+    }
+    if kind.placement == PlacementKind::Thin {
+        thin::backend::format(cfg, meta.as_ref(), params, params.window)?;
+    }
+    Ok(())
+}
+
+fn check_window(window: WindowParams) -> Result<()> {
+    if window.blocks == 0 || window.blocks > 4096 {
+        return Err(Error::InvalidArgument(format!(
+            "--window-blocks {} is out of range: give 1 to 4096 (default 32)",
+            window.blocks
+        )));
+    }
+    Ok(())
+}
+
+/// A device's store and placement, as the engine runs them.
+pub struct Pair {
+    pub store: Box<dyn MetadataBackend>,
+    pub placement: Box<dyn Placement>,
+    /// The engine's record as the store last committed it.
+    pub record: Record,
+    /// Survives a crash: commits persist, and need the commit gate.
+    pub crash_safe: bool,
+    /// The engine must run commits even when they persist nothing of the
+    /// store (thin's `ideal` ends its windows in them).
+    pub commits: bool,
+    /// The store rolled back to its last save after an unclean stop: the
+    /// engine verifies the stored chunks before serving.
+    pub rolled_back: bool,
+    /// The placement recovered after an unclean stop and changed the
+    /// tables: the engine commits before serving and moves its totals by
+    /// (mapped LBNs, index entries).
+    pub recovered: Option<(i64, i64)>,
+}
+
+/// Open the store, then the placement over it.
+pub fn open(
+    superblock: Superblock,
+    meta: Box<dyn BlockFile>,
+    data: Arc<dyn BlockFile>,
+    opts: &OpenOptions,
+) -> Result<Pair> {
+    if let Some(cache) = opts.cache_bytes {
+        BackendParams {
+            cache_bytes: cache,
+            ..BackendParams::default()
+        }
+        .validate()?;
+    }
+    let cfg = superblock.config.clone();
+    let kind = kinds::kind(&cfg.backend).ok_or_else(|| {
+        Error::Unsupported(format!(
+            "this metadata uses the {:?} backend, which this dedup does not have (it has {})",
+            cfg.backend,
+            NAMES.join(", ")
+        ))
+    })?;
+    let unclean = superblock.state == DeviceState::Open;
+    if kind.policy == Some(ThinPolicy::Ideal) && unclean && opts.writable && !opts.accept_unclean {
+        return Err(Error::Unclean {
+            path: std::path::PathBuf::from(meta.describe()),
+            backend: kind.name.into(),
+        });
+    }
+    let meta: Arc<dyn BlockFile> = Arc::from(meta);
+    let Opened {
+        backend: mut store,
+        rolled_back,
+    } = match kind.store {
+        StoreKind::InRam => inram::open(superblock, Box::new(meta.clone()), opts),
+        StoreKind::DiskTable => disktable::open(superblock, Box::new(meta.clone()), opts),
+        StoreKind::CowBtree => cowbtree::open(superblock, Box::new(meta.clone()), opts),
+        StoreKind::Lsm => lsm::open(superblock, Box::new(meta.clone()), opts),
+    }?;
+    let mut recovered = None;
+    let mut rolled_back = rolled_back;
+    let (record, placement): (Record, Box<dyn Placement>) = match cfg.placement() {
+        PlacementKind::Plain => (
+            Record::decode(store.private_data(), 0),
+            Box::new(Plain::new(&cfg, data)),
+        ),
+        PlacementKind::Packed => (
+            Record::decode(store.private_data(), 0),
+            Box::new(packed::open(&cfg, data, store.as_mut(), opts.for_check)?),
+        ),
+        PlacementKind::Thin => {
+            let record = Record::decode(store.private_data(), 1);
+            let policy = match kind.policy {
+                Some(ThinPolicy::Ordered) => thin::backend::Policy::Ordered,
+                Some(ThinPolicy::Ideal) => thin::backend::Policy::Ideal,
+                _ => thin::backend::Policy::Thin,
+            };
+            let t = thin::backend::open(
+                &cfg,
+                policy,
+                meta,
+                data,
+                store.as_mut(),
+                &record.placement,
+                unclean,
+                opts.writable,
+            )?;
+            rolled_back = policy == thin::backend::Policy::Ideal && unclean;
+            recovered = t.recovered.then_some((t.mapped_delta, t.indexed_delta));
+            (record, Box::new(t.placement))
+        }
+    };
+    Ok(Pair {
+        store,
+        placement,
+        record,
+        crash_safe: kind.crash_safe,
+        commits: kind.crash_safe || kind.placement == PlacementKind::Thin,
+        rolled_back,
+        recovered,
+    })
+}
+
+/// Every kind the registry knows.
+pub fn kinds() -> &'static [Kind] {
+    KINDS
+}
