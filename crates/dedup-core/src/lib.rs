@@ -19,6 +19,7 @@ pub mod fingerprint;
 pub mod fuzzing;
 pub mod layout;
 pub mod lock;
+pub mod options;
 pub mod pack;
 pub mod placement;
 pub mod record;

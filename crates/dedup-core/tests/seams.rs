@@ -404,3 +404,95 @@ fn skeleton_placement_passes_the_conformance_model_with_verify() {
         true,
     );
 }
+
+/// The store's own contract, called directly as the engine would: what it
+/// must refuse (and with which error), allocation, and paged scans.
+#[test]
+fn skeleton_store_keeps_the_trait_contract() {
+    use dedup_core::backend::{scan_all, ScanCursor};
+    use dedup_core::fingerprint::Fingerprint;
+
+    let cfg = config(4, false);
+    let mut s = Skeleton::new(&cfg);
+    let corrupt = |r: dedup_core::Result<u32>| matches!(r, Err(Error::Corrupt { .. }));
+    assert!(
+        corrupt(s.refcount_dec(0)),
+        "dropping a reference from a free PBN"
+    );
+    assert!(
+        corrupt(s.refcount_inc(0)),
+        "adding a reference to a free PBN"
+    );
+    assert!(corrupt(s.refcount_get(4)), "a PBN beyond the data device");
+    assert!(matches!(
+        s.lbn_map_lookup(LOGICAL_CHUNKS),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        s.lbn_map_insert(LOGICAL_CHUNKS, 0),
+        Err(Error::InvalidArgument(_))
+    ));
+
+    // Sequential allocation, count 1 each, until full; a freed PBN comes back.
+    let pbns: Vec<_> = (0..4).map(|_| s.alloc_pbn().unwrap().unwrap()).collect();
+    assert_eq!(pbns, [0, 1, 2, 3]);
+    assert_eq!(s.alloc_pbn().unwrap(), None);
+    assert_eq!(s.refcount_inc(2).unwrap(), 2);
+    assert_eq!(s.refcount_dec(2).unwrap(), 1);
+    assert_eq!(s.refcount_dec(2).unwrap(), 0);
+    assert_eq!((s.usage().pbns_used, s.usage().pbns_free), (3, 1));
+    assert_eq!(s.alloc_pbn().unwrap(), Some(2));
+    s.refcount_set(3, 0).unwrap();
+    s.refcount_set(3, 5).unwrap();
+    assert_eq!((s.refcount_get(3).unwrap(), s.usage().pbns_used), (5, 4));
+
+    // Mappings and index entries, read back through scans a page at a time.
+    for lbn in 0..LOGICAL_CHUNKS {
+        assert_eq!(s.lbn_map_insert(lbn, lbn % 4).unwrap(), None);
+        s.hash_index_insert(&Fingerprint([lbn as u8; 32]), lbn % 4)
+            .unwrap();
+    }
+    assert_eq!(s.lbn_map_insert(3, 1).unwrap(), Some(3));
+    assert_eq!(s.lbn_map_delete(3).unwrap(), Some(1));
+    assert_eq!(s.lbn_map_delete(3).unwrap(), None);
+    assert!(matches!(
+        s.hash_index_insert(&Fingerprint([1; 32]), 2),
+        Err(Error::Corrupt { .. })
+    ));
+    let mut lbns = Vec::new();
+    scan_all(
+        |c, page| s.lbn_map_scan(c, 3, page),
+        |lbn, _| {
+            lbns.push(lbn);
+            Ok(())
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        lbns,
+        (0..LOGICAL_CHUNKS).filter(|&l| l != 3).collect::<Vec<_>>()
+    );
+    // Deleting behind and ahead of a scan's cursor loses no other entry.
+    let mut seen = Vec::new();
+    let mut page = Vec::new();
+    let mut cursor = Some(ScanCursor::start());
+    while let Some(c) = cursor.take() {
+        page.clear();
+        cursor = s.hash_index_scan(&c, 5, &mut page).unwrap();
+        for (fp, _) in &page {
+            seen.push(fp.0[0]);
+            if fp.0[0] == 6 {
+                assert!(s.hash_index_delete(&Fingerprint([2; 32])).unwrap());
+                assert!(s.hash_index_delete(&Fingerprint([12; 32])).unwrap());
+            }
+        }
+    }
+    let expect: Vec<u8> = (0..LOGICAL_CHUNKS as u8).filter(|&b| b != 12).collect();
+    assert_eq!(seen, expect);
+    assert!(!s.hash_index_delete(&Fingerprint([12; 32])).unwrap());
+
+    s.commit(&[7, 8]).unwrap();
+    assert_eq!(s.private_data(), [7, 8]);
+    s.close(&[9]).unwrap();
+    assert_eq!(s.private_data(), [9]);
+}

@@ -1,32 +1,25 @@
-//! A minimal metadata store to copy when writing a new one (the role
-//! tikv's `engine_traits` skeleton plays): every `MetadataBackend` method,
-//! each as plain as it can be, over `BTreeMap`s and a `Vec` of counts.
+//! A minimal metadata store to copy when writing a new one (as tikv's
+//! `engine_traits` skeleton): every `MetadataBackend` method, as plain as
+//! it can be, over `BTreeMap`s and a `Vec` of counts, all in RAM.
 //!
-//! It keeps everything in RAM and persists nothing: `commit` and `close`
-//! only remember the engine's record, so a device built on it forgets all
-//! when dropped. To make a real store from it:
-//! - persistence: have `commit` write the changes since the last commit
-//!   (and `private`) atomically, `close` mark the metadata clean, and an
-//!   `open` function load them back (`private_data` then returns them);
-//! - crash safety: until `commit` returns, a crash must leave the previous
-//!   commit intact, and a PBN freed in the open transaction must not be
-//!   handed out again by `alloc_pbn` before it commits (see `backend.rs`);
-//! - `wants_commit`: return true when the open transaction grows long.
+//! It persists nothing: `commit` and `close` only remember the engine's
+//! record. A real store makes `commit` write the changes and `private`
+//! atomically (a crash before it returns leaves the previous commit whole),
+//! keeps PBNs freed in the open transaction from `alloc_pbn` until it
+//! commits, returns `wants_commit` true when the transaction grows long,
+//! saves and marks itself clean in `close`, and loads all back in an `open`.
 //!
-//! Register it by adding a `StoreKind` and a row to the table in
-//! `registry/kinds.rs`, and arms for it in `registry/mod.rs` (`format`,
-//! `open`, `metadata_space`). Test it first, unregistered, by building a
-//! `registry::Pair` by hand as `tests/seams.rs` does for this skeleton.
+//! Register it with a `StoreKind` and a row in `registry/kinds.rs`, and its
+//! name in `NAMES` and arms in `registry/mod.rs` (`format`, `open`,
+//! `metadata_space`). Test it first with a hand-built `registry::Pair`, as
+//! `tests/seams.rs` does.
 
-use std::collections::BTreeMap;
+use std::collections::{btree_map::Entry, BTreeMap};
 
 use crate::backend::{BackendUsage, MetaIoStats, MetadataBackend, ScanCursor};
 use crate::config::{DeviceConfig, Lbn, Pbn};
 use crate::error::{Error, Result};
-use crate::fingerprint::{Fingerprint, FINGERPRINT_BYTES};
-
-/// The name errors give for this store's structures.
-const WHAT: &str = "skeleton refcount array";
+use crate::fingerprint::Fingerprint;
 
 pub struct Skeleton {
     logical_chunks: u64,
@@ -42,6 +35,36 @@ pub struct Skeleton {
     pbns_used: u64,
     /// The engine's record as of the last commit or close.
     private: Vec<u64>,
+}
+
+/// Damage in the tables (the engine reports it as EIO, `check` finds why).
+fn corrupt(detail: String) -> Error {
+    Error::corrupt("skeleton metadata store", detail)
+}
+
+/// A scan cursor holds the first key not yet returned, as bytes.
+fn cursor_key<const N: usize>(cursor: &ScanCursor) -> Result<Option<[u8; N]>> {
+    match cursor.0.len() {
+        0 => Ok(None),
+        n if n == N => Ok(Some(cursor.0[..].try_into().expect("N bytes"))),
+        _ => Err(Error::InvalidArgument("not a skeleton scan cursor".into())),
+    }
+}
+
+/// Up to `max` entries of `map` from `from` on, and the cursor after them.
+fn scan_page<K: Ord + Copy, const N: usize>(
+    map: &BTreeMap<K, Pbn>,
+    from: Option<K>,
+    max: usize,
+    out: &mut Vec<(K, Pbn)>,
+    key: impl Fn(K) -> [u8; N],
+) -> Option<ScanCursor> {
+    let mut it = match from {
+        Some(k) => map.range(k..),
+        None => map.range(..),
+    };
+    out.extend(it.by_ref().take(max).map(|(&k, &p)| (k, p)));
+    it.next().map(|(&k, _)| ScanCursor(key(k).to_vec()))
 }
 
 impl Skeleton {
@@ -60,49 +83,22 @@ impl Skeleton {
 
     // The engine only asks for LBNs of the device; anything else is a caller bug.
     fn check_lbn(&self, lbn: Lbn) -> Result<()> {
-        if lbn < self.logical_chunks {
-            return Ok(());
+        if lbn >= self.logical_chunks {
+            let n = self.logical_chunks;
+            return Err(Error::InvalidArgument(format!(
+                "LBN {lbn} is beyond the device ({n} chunks)"
+            )));
         }
-        Err(Error::InvalidArgument(format!(
-            "LBN {lbn} is beyond the device ({} chunks)",
-            self.logical_chunks
-        )))
+        Ok(())
     }
 
     // A PBN beyond the data device can only come from damaged metadata.
     fn check_pbn(&self, pbn: Pbn) -> Result<usize> {
-        match self.refcounts.get(pbn as usize) {
-            Some(_) => Ok(pbn as usize),
-            None => Err(Error::corrupt(
-                WHAT,
-                format!(
-                    "PBN {pbn} is beyond the data device ({} chunks)",
-                    self.refcounts.len()
-                ),
-            )),
+        if pbn as usize >= self.refcounts.len() {
+            return Err(corrupt(format!("PBN {pbn} is beyond the data device")));
         }
+        Ok(pbn as usize)
     }
-}
-
-/// Up to `max` entries of `map` from the cursor's key on; the cursor
-/// returned holds the first key not taken. Keys are encoded by `enc`.
-fn scan_page<K: Ord + Copy>(
-    map: &BTreeMap<K, Pbn>,
-    from: Option<K>,
-    max: usize,
-    out: &mut Vec<(K, Pbn)>,
-    enc: impl Fn(&K) -> Vec<u8>,
-) -> Option<ScanCursor> {
-    let mut it = match from {
-        Some(k) => map.range(k..),
-        None => map.range(..),
-    };
-    out.extend(it.by_ref().take(max).map(|(&k, &p)| (k, p)));
-    it.next().map(|(k, _)| ScanCursor(enc(k)))
-}
-
-fn bad_cursor() -> Error {
-    Error::InvalidArgument("not a skeleton scan cursor".into())
 }
 
 impl MetadataBackend for Skeleton {
@@ -132,16 +128,8 @@ impl MetadataBackend for Skeleton {
         max: usize,
         out: &mut Vec<(Lbn, Pbn)>,
     ) -> Result<Option<ScanCursor>> {
-        let from = match cursor.0.len() {
-            0 => None,
-            8 => Some(Lbn::from_le_bytes(
-                cursor.0[..].try_into().expect("8 bytes"),
-            )),
-            _ => return Err(bad_cursor()),
-        };
-        Ok(scan_page(&self.lbn_map, from, max, out, |k| {
-            k.to_le_bytes().to_vec()
-        }))
+        let from = cursor_key(cursor)?.map(Lbn::from_le_bytes);
+        Ok(scan_page(&self.lbn_map, from, max, out, Lbn::to_le_bytes))
     }
 
     // Deduplication itself: is this content stored already?
@@ -152,13 +140,13 @@ impl MetadataBackend for Skeleton {
     // The engine never re-inserts a fingerprint, so a duplicate means damage.
     fn hash_index_insert(&mut self, fp: &Fingerprint, pbn: Pbn) -> Result<()> {
         self.check_pbn(pbn)?;
-        match self.hash_index.get(fp) {
-            Some(&old) => Err(Error::corrupt(
-                "skeleton hash index",
-                format!("fingerprint already indexed at PBN {old}, cannot also index PBN {pbn}"),
-            )),
-            None => {
-                self.hash_index.insert(*fp, pbn);
+        match self.hash_index.entry(*fp) {
+            Entry::Occupied(e) => Err(corrupt(format!(
+                "fingerprint already indexed at PBN {}, cannot also index PBN {pbn}",
+                e.get()
+            ))),
+            Entry::Vacant(e) => {
+                e.insert(pbn);
                 Ok(())
             }
         }
@@ -169,21 +157,15 @@ impl MetadataBackend for Skeleton {
         Ok(self.hash_index.remove(fp).is_some())
     }
 
-    // GC and check visit every entry; a BTreeMap never moves entries, so none is missed.
+    // GC and check visit every entry; a BTreeMap never moves one, so none is missed.
     fn hash_index_scan(
         &mut self,
         cursor: &ScanCursor,
         max: usize,
         out: &mut Vec<(Fingerprint, Pbn)>,
     ) -> Result<Option<ScanCursor>> {
-        let from = match cursor.0.len() {
-            0 => None,
-            FINGERPRINT_BYTES => Some(Fingerprint(cursor.0[..].try_into().expect("a fingerprint"))),
-            _ => return Err(bad_cursor()),
-        };
-        Ok(scan_page(&self.hash_index, from, max, out, |k| {
-            k.0.to_vec()
-        }))
+        let from = cursor_key(cursor)?.map(Fingerprint);
+        Ok(scan_page(&self.hash_index, from, max, out, |k| k.0))
     }
 
     // Searching on from the last allocation turns random writes into sequential PBNs.
@@ -201,10 +183,7 @@ impl MetadataBackend for Skeleton {
                 return Ok(Some(pbn));
             }
         }
-        Err(Error::corrupt(
-            WHAT,
-            "usage count says a PBN is free but none is",
-        ))
+        Err(corrupt("usage says a PBN is free but none is".into()))
     }
 
     // A new reference to a free PBN would share bytes that may be reused.
@@ -212,31 +191,25 @@ impl MetadataBackend for Skeleton {
         let i = self.check_pbn(pbn)?;
         let c = &mut self.refcounts[i];
         if *c == 0 {
-            return Err(Error::corrupt(
-                WHAT,
-                format!("reference added to free PBN {pbn}"),
-            ));
+            return Err(corrupt(format!("reference added to free PBN {pbn}")));
         }
         *c = c
             .checked_add(1)
-            .ok_or_else(|| Error::corrupt(WHAT, format!("PBN {pbn} count overflows")))?;
+            .ok_or_else(|| corrupt(format!("PBN {pbn} count overflows")))?;
         Ok(*c)
     }
 
-    // An underflow would mark a PBN in use that nothing references (or worse).
+    // A drop below zero means a reference was counted twice: damage, not a wrap.
     fn refcount_dec(&mut self, pbn: Pbn) -> Result<u32> {
         let i = self.check_pbn(pbn)?;
         let c = &mut self.refcounts[i];
         if *c == 0 {
-            return Err(Error::corrupt(
-                WHAT,
-                format!("reference dropped from free PBN {pbn} (count would underflow)"),
-            ));
+            return Err(corrupt(format!(
+                "reference dropped from free PBN {pbn} (count would underflow)"
+            )));
         }
         *c -= 1;
-        if *c == 0 {
-            self.pbns_used -= 1;
-        }
+        self.pbns_used -= (*c == 0) as u64;
         Ok(*c)
     }
 
@@ -248,22 +221,19 @@ impl MetadataBackend for Skeleton {
     // Repair and placements that pick addresses themselves need exact counts.
     fn refcount_set(&mut self, pbn: Pbn, count: u32) -> Result<()> {
         let i = self.check_pbn(pbn)?;
-        match (self.refcounts[i], count) {
-            (0, c) if c > 0 => self.pbns_used += 1,
-            (c, 0) if c > 0 => self.pbns_used -= 1,
-            _ => {}
-        }
-        self.refcounts[i] = count;
+        let c = &mut self.refcounts[i];
+        self.pbns_used = self.pbns_used + (count > 0) as u64 - (*c > 0) as u64;
+        *c = count;
         Ok(())
     }
 
-    // Nothing to make durable here; a real store writes its changes and `private` atomically.
+    // Nothing to make durable; a real store writes its changes and `private` atomically.
     fn commit(&mut self, private: &[u64]) -> Result<()> {
         self.private = private.to_vec();
         Ok(())
     }
 
-    // No transaction grows, so the engine need never commit on the store's behalf.
+    // No transaction grows here, so the store never needs a commit of its own.
     fn wants_commit(&self) -> bool {
         false
     }
@@ -279,16 +249,15 @@ impl MetadataBackend for Skeleton {
         &self.private
     }
 
-    // `dedup status`, `check` and the free-space decisions read these figures.
+    // `dedup status`, `check` and free-space decisions read these figures.
     fn usage(&self) -> BackendUsage {
-        // Keys and values only: the maps' node overhead is not counted.
-        let metadata_bytes = self.lbn_map.len() as u64 * 16
-            + self.hash_index.len() as u64 * 40
-            + self.refcounts.len() as u64 * 4;
         BackendUsage {
             pbns_used: self.pbns_used,
             pbns_free: self.refcounts.len() as u64 - self.pbns_used,
-            metadata_bytes,
+            // Keys, values and counts only: the maps' node overhead is left out.
+            metadata_bytes: self.lbn_map.len() as u64 * 16
+                + self.hash_index.len() as u64 * 40
+                + self.refcounts.len() as u64 * 4,
             io: MetaIoStats::default(),
         }
     }

@@ -387,12 +387,12 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    use crate::backends::{BackendParams, OpenOptions};
     use crate::blockfile::sim::SimDisk;
     use crate::blockfile::{BlockFile, MemBlockFile};
     use crate::config::DeviceConfig;
     use crate::engine::Device;
     use crate::fingerprint::{Fingerprint, HashAlgo};
+    use crate::options::{BackendParams, OpenOptions};
 
     use std::path::Path;
 

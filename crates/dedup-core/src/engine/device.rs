@@ -9,11 +9,11 @@ use std::sync::{Arc, OnceLock};
 use super::write_path::Mutation;
 use super::writeback::{Admit, Wait, WriteBack};
 use super::{CheckReport, Engine, Extent, GcReport, RecoveryReport, RepairReport};
-use crate::backends::OpenOptions;
 use crate::blockfile::BlockFile;
 use crate::config::{DeviceConfig, Lbn, Pbn};
 use crate::error::Result;
 use crate::lock::DeviceLock;
+use crate::options::OpenOptions;
 use crate::stats::{Counters, Stats};
 
 pub struct Device {
@@ -31,7 +31,7 @@ impl Device {
         cfg: &DeviceConfig,
         data: &dyn BlockFile,
         meta: Arc<dyn BlockFile>,
-        params: &crate::backends::BackendParams,
+        params: &crate::options::BackendParams,
         aux_dir: Option<&std::path::Path>,
     ) -> Result<()> {
         Engine::format(cfg, data, meta, params, aux_dir)

@@ -30,11 +30,11 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use tracing::{info, warn};
 
 use crate::backend::scan_all;
-use crate::backends::{BackendParams, OpenOptions};
 use crate::blockfile::BlockFile;
 use crate::config::DeviceConfig;
 use crate::error::{Error, Result};
 use crate::lock::DeviceLock;
+use crate::options::{BackendParams, OpenOptions};
 use crate::placement::{Placement, Space};
 use crate::record::Totals;
 use crate::registry;
@@ -69,8 +69,6 @@ pub(crate) struct Engine {
     /// repack takes it exclusively before the blocks it emptied can be
     /// reused, so no read gets a reused block's bytes (see `gc.rs`).
     move_gate: RwLock<()>,
-    /// The store persists commits (so commits need the gate).
-    crash_safe: bool,
     /// Commits must run when the store or placement asks, even if the
     /// store is not crash-safe (thin's `ideal` ends windows in them).
     commits: bool,
@@ -149,7 +147,6 @@ impl Engine {
             gate: RwLock::new(false),
             commit_gate: RwLock::new(()),
             move_gate: RwLock::new(()),
-            crash_safe: pair.crash_safe,
             commits: pair.commits,
             writable: opts.writable,
             lbn_locks: LbnLocks::default(),
@@ -163,8 +160,8 @@ impl Engine {
             _lock: lock,
         };
         match (known, pair.recovered) {
-            // A record of the older layout: count once (the next commit
-            // records the totals).
+            // A record of the older layout (or none: a device assembled by
+            // hand): count once; the next commit records the totals.
             (None, _) => device.count_totals()?,
             (Some(_), Some((mapped, indexed))) => {
                 let t = &mut device.meta.get_mut().totals;

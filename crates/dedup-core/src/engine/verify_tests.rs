@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
 
-use crate::backends::OpenOptions;
 use crate::blockfile::{BlockFile, MemBlockFile};
 use crate::config::DeviceConfig;
 use crate::engine::Device;
 use crate::fingerprint::HashAlgo;
+use crate::options::OpenOptions;
 
 const CS: usize = 4096;
 const CHUNKS: u64 = 16;

@@ -276,13 +276,13 @@ impl Engine {
     fn phase_a(&self, m: &mut Meta, chunks: &mut [Chunk], defer: bool) -> Result<()> {
         let mut batch_new: HashMap<Fingerprint, usize> = HashMap::new();
         let mut allocated = false;
-        for i in 0..chunks.len() {
-            let Some(fp) = chunks[i].fp else { continue };
+        for (i, c) in chunks.iter_mut().enumerate() {
+            let Some(fp) = c.fp else { continue };
             if let Some(&j) = batch_new.get(&fp) {
-                chunks[i].plan = Plan::SameAsNew(j);
+                c.plan = Plan::SameAsNew(j);
                 continue;
             }
-            chunks[i].plan = match m.store.hash_index_lookup(&fp)? {
+            c.plan = match m.store.hash_index_lookup(&fp)? {
                 Some(pbn) => {
                     m.store.refcount_inc(pbn)?;
                     Plan::Hit(pbn)
@@ -293,7 +293,6 @@ impl Engine {
                         Plan::NewLater
                     } else {
                         allocated = true;
-                        let c = &chunks[i];
                         Plan::New(self.alloc(m, &c.data, c.compressed.as_deref())?)
                     }
                 }
@@ -308,8 +307,7 @@ impl Engine {
     /// Phase A2: addresses for what phase A left unplaced (new chunks now
     /// compressed, verify-mode collisions).
     fn phase_a2(&self, m: &mut Meta, chunks: &mut [Chunk]) -> Result<()> {
-        for i in 0..chunks.len() {
-            let c = &chunks[i];
+        for c in chunks.iter_mut() {
             let plan = match c.plan {
                 Plan::NewLater => Plan::New(self.alloc(m, &c.data, c.compressed.as_deref())?),
                 Plan::Collision {
@@ -321,7 +319,7 @@ impl Engine {
                 },
                 other => other,
             };
-            chunks[i].plan = plan;
+            c.plan = plan;
         }
         self.note_space(self.space(m).used);
         Ok(())

@@ -12,6 +12,7 @@
 //!   block), or keep metadata beside the data (thin's fingerprints);
 //! - `before_commit`: write what it staged in RAM (open bins, a window)
 //!   and sync it, and say whether the store should commit now;
+//!   `wants_commit`: ask for a commit (thin: its window is full or old);
 //! - `after_commit`: blocks it reuses itself become free only once the
 //!   commit that freed them is durable (the crash contract in `mod.rs`);
 //! - `reclaim`, `reclaim_drained`: garbage of its own to collect (packed
@@ -21,10 +22,11 @@
 //! - `record`: words to persist atomically with the store's commit (thin's
 //!   clock); `stats`: figures for `dedup status`.
 //!
-//! Register it by adding a `PlacementKind` in `registry/kinds.rs` (and
-//! `DeviceConfig::placement`) and an arm in `registry/mod.rs` `open`. Test
-//! it first, unregistered, with a hand-built `registry::Pair` as
-//! `tests/seams.rs` does for this skeleton.
+//! Register it by adding a `PlacementKind` and the rows that use it in
+//! `registry/kinds.rs` (names also go in `registry::NAMES`; see
+//! `DeviceConfig::placement` for how a device picks its placement) and an
+//! arm in `registry/mod.rs` `open`. Test it first, unregistered, with a
+//! hand-built `registry::Pair` as `tests/seams.rs` does for this skeleton.
 
 use std::sync::Arc;
 

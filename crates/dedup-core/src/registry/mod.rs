@@ -19,7 +19,8 @@ use crate::superblock::{DeviceState, Superblock, SUPERBLOCK_AREA};
 
 use kinds::{Kind, PlacementKind, StoreKind, ThinPolicy, KINDS};
 
-/// Names users can pick with `dedup create --backend`.
+/// Names users can pick with `dedup create --backend`: the table's, in
+/// its order (a test holds them equal; clap wants a constant).
 pub const NAMES: &[&str] = &[
     "inram",
     "disktable",
@@ -226,4 +227,14 @@ pub fn open(
 /// Every kind the registry knows.
 pub fn kinds() -> &'static [Kind] {
     KINDS
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_names_are_the_tables() {
+        let table: Vec<&str> = super::KINDS.iter().map(|k| k.name).collect();
+        assert_eq!(super::NAMES, &table[..]);
+        assert!(super::kinds::kind(super::DEFAULT).is_some());
+    }
 }

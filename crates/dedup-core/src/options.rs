@@ -1,0 +1,118 @@
+//! What a device is created and opened with: the stores' and placements'
+//! create-time tunables (recorded in the superblock) and the open options.
+//! A leaf module, so the engine, the registry, the stores and the
+//! placements can all name them without depending on one another.
+
+use std::path::PathBuf;
+
+use crate::codec::{Decoder, Encoder};
+use crate::error::{Error, Result};
+
+/// Tunables chosen at create time and recorded in the superblock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackendParams {
+    /// Metadata cache (buffer cache, B-tree cache, LSM block cache) in bytes.
+    pub cache_bytes: u64,
+    /// Writes per transaction (cowbtree, lsm); 0 = only FLUSH/FUA and cache
+    /// pressure end one.
+    pub txn_writes: u64,
+    /// thin, ordered, ideal: new chunks per window, and the longest a
+    /// window stays open (recorded in thin's own header).
+    pub window: WindowParams,
+}
+
+pub const MIN_CACHE_BYTES: u64 = 256 << 10;
+
+impl Default for BackendParams {
+    fn default() -> Self {
+        BackendParams {
+            cache_bytes: 64 << 20,
+            txn_writes: 1000,
+            window: Default::default(),
+        }
+    }
+}
+
+const PARAMS_VERSION: u32 = 1;
+
+/// Window parameters of the thin placement (ThinDedup), chosen at create
+/// time and recorded in thin's own header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowParams {
+    /// New chunks per window.
+    pub blocks: u64,
+    /// The longest a window stays open.
+    pub ms: u64,
+}
+
+impl Default for WindowParams {
+    fn default() -> Self {
+        WindowParams {
+            blocks: 32,
+            ms: 100,
+        }
+    }
+}
+
+impl BackendParams {
+    pub fn validate(&self) -> Result<()> {
+        if self.cache_bytes < MIN_CACHE_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "a metadata cache of {} bytes is too small: give at least 256K (e.g. --cache 64M)",
+                self.cache_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// The leading bytes of a persistent backend's superblock area.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder::default();
+        e.u32(PARAMS_VERSION)
+            .u64(self.cache_bytes)
+            .u64(self.txn_writes);
+        e.buf
+    }
+
+    pub fn decode(area: &[u8]) -> Result<BackendParams> {
+        const S: &str = "backend parameters (superblock backend area)";
+        let mut d = Decoder::new(area, S);
+        let version = d.u32()?;
+        if version != PARAMS_VERSION {
+            return Err(Error::corrupt(S, format!("unknown version {version}")));
+        }
+        let p = BackendParams {
+            cache_bytes: d.u64()?,
+            txn_writes: d.u64()?,
+            window: Default::default(),
+        };
+        p.validate().map_err(|e| Error::corrupt(S, e.to_string()))?;
+        Ok(p)
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct OpenOptions {
+    /// Open for serving (false: inspect only, write nothing).
+    pub writable: bool,
+    /// Accept a roll-back to the last saved state after an unclean stop
+    /// (backends that are not crash-safe).
+    pub accept_unclean: bool,
+    /// Override the metadata cache size recorded at create time.
+    pub cache_bytes: Option<u64>,
+    /// Directory for a backend that keeps files of its own (lsm); see `aux_dir`.
+    pub aux_dir: Option<PathBuf>,
+    /// Opened by `check` or `repair`: damage those report and fix (totals
+    /// that disagree with the tables, entries naming PBNs beyond the data
+    /// device) is logged instead of refusing the open. Never set to serve.
+    pub for_check: bool,
+    /// Write-back: mutations are acknowledged once queued in RAM, up to
+    /// this many bytes of write data, and applied by background threads;
+    /// FLUSH and FUA wait for them (see `engine/writeback.rs`). 0: every
+    /// request is applied before it is acknowledged.
+    pub write_back_bytes: u64,
+    /// Writes smaller than this are applied before they are acknowledged
+    /// even with write-back on: for them a copy and a hand-over to an
+    /// applier cost more than the write (0: every size may be queued).
+    pub write_back_from_bytes: u64,
+}
