@@ -65,7 +65,6 @@ fn device(cfg: &DeviceConfig, build: Build) -> Device {
         store,
         placement,
         record: Default::default(),
-        crash_safe: false,
         commits: false,
         rolled_back: false,
         recovered: None,

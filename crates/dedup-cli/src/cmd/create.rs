@@ -28,7 +28,7 @@ pub struct Args {
     #[arg(long, value_parser = size_arg)]
     pub physical_size: Option<u64>,
     /// Metadata backend.
-    #[arg(long, default_value = dedup_core::registry::DEFAULT, value_parser = clap::builder::PossibleValuesParser::new(dedup_core::registry::NAMES))]
+    #[arg(long, default_value = dedup_core::registry::DEFAULT, value_parser = clap::builder::PossibleValuesParser::new(dedup_core::registry::names()))]
     pub backend: String,
     /// Chunk size: a power of two from 4K to 1M; match your filesystem's block size.
     #[arg(long, value_parser = size_arg, default_value_t = DEFAULT_CHUNK_SIZE as u64)]

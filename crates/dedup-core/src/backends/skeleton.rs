@@ -9,9 +9,8 @@
 //! commits, returns `wants_commit` true when the transaction grows long,
 //! saves and marks itself clean in `close`, and loads all back in an `open`.
 //!
-//! Register it with a `StoreKind` and a row in `registry/kinds.rs`, and its
-//! name in `NAMES` and arms in `registry/mod.rs` (`format`, `open`,
-//! `metadata_space`). Test it first with a hand-built `registry::Pair`, as
+//! Register it with a `StoreKind` and a row in `registry/kinds.rs`, and
+//! arms in `registry/mod.rs` (`format`, `open`, `metadata_space`). Test it first with a hand-built `registry::Pair`, as
 //! `tests/seams.rs` does.
 
 use std::collections::{btree_map::Entry, BTreeMap};

@@ -103,6 +103,11 @@ impl SpaceMap {
         }
     }
 
+    /// PBNs the map covers.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
     /// PBNs holding data (allocated and not freed).
     pub fn used(&self) -> u64 {
         self.marked - self.quarantine.len() as u64

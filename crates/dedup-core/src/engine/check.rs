@@ -479,7 +479,7 @@ mod tests {
 
     #[test]
     fn repair_rebuilds_counts_and_drops_bad_index_entries_for_every_backend() {
-        for backend in crate::registry::NAMES {
+        for backend in crate::registry::names() {
             let (dev, data, _rig) = device(backend);
             for lbn in 0..6u8 {
                 dev.write(lbn as u64 * 4096, &chunk(lbn % 3 + 1), false)
@@ -542,7 +542,7 @@ mod tests {
 
     #[test]
     fn repair_drops_an_index_entry_on_a_free_chunk_unless_its_bytes_still_match() {
-        for backend in crate::registry::NAMES {
+        for backend in crate::registry::names() {
             let (dev, data, _rig) = device(backend);
             dev.write(0, &chunk(1), false).unwrap();
             dev.write(4096, &chunk(2), false).unwrap();
@@ -603,7 +603,7 @@ mod tests {
 
     #[test]
     fn repair_restores_wrong_totals_recorded_with_the_tables() {
-        for backend in crate::registry::NAMES {
+        for backend in crate::registry::names() {
             let rig = Rig::new(backend);
             let dev = rig.open(false).unwrap();
             for lbn in 0..5u8 {
@@ -652,7 +652,7 @@ mod tests {
 
     #[test]
     fn repair_unmaps_entries_out_of_range() {
-        for backend in crate::registry::NAMES {
+        for backend in crate::registry::names() {
             let (dev, _data, _rig) = device(backend);
             dev.write(0, &chunk(1), false).unwrap();
             dev.write(4096, &chunk(2), false).unwrap();
@@ -668,7 +668,7 @@ mod tests {
             {
                 assert!(
                     matches!(
-                        *backend,
+                        backend,
                         "inram" | "disktable" | "thin" | "ordered" | "ideal"
                     ),
                     "{backend}"

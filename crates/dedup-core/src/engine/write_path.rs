@@ -175,8 +175,12 @@ impl Engine {
         // No commit may capture this batch half-applied.
         let _batch = self.commit_gate.read();
 
-        let partial: Vec<&Piece> = pieces.iter().filter(|p| !p.is_full(cs)).collect();
-        let mut images = self.read_for_update(&partial)?;
+        let partial = pieces.iter().any(|p| !p.is_full(cs));
+        let mut images = if partial {
+            self.read_for_update(pieces)?
+        } else {
+            HashMap::new()
+        };
         let mut chunks = Vec::with_capacity(pieces.len());
         for p in pieces {
             let data: Cow<[u8]> = match src {
@@ -209,7 +213,7 @@ impl Engine {
         let compress = self.placement.compresses();
         // With a read-modify-write lookup taken already, compress up front
         // so phase A can place new chunks at once (see the module comment).
-        let defer = compress && partial.is_empty();
+        let defer = compress && !partial;
         if compress && !defer {
             self.compress(chunks.iter_mut().filter(|c| c.fp.is_some()));
         }
@@ -247,12 +251,10 @@ impl Engine {
     /// read-modify-write: one metadata-mutex hold for their mappings, then
     /// reads through the placement. The caller holds the LBNs' stripes
     /// exclusively, so the mappings cannot change meanwhile.
-    fn read_for_update(&self, partial: &[&Piece]) -> Result<HashMap<Lbn, Vec<u8>>> {
+    fn read_for_update(&self, pieces: &[Piece]) -> Result<HashMap<Lbn, Vec<u8>>> {
         let cs = self.cfg.chunk_size as usize;
+        let partial: Vec<&Piece> = pieces.iter().filter(|p| !p.is_full(cs)).collect();
         let mut images = HashMap::with_capacity(partial.len());
-        if partial.is_empty() {
-            return Ok(images);
-        }
         let mapped: Vec<Option<Pbn>> = {
             let mut m = self.meta.lock();
             partial
@@ -400,24 +402,26 @@ impl Engine {
 
     /// Hand the batch's new chunks to the placement (outside the mutex).
     fn write_new(&self, chunks: &[Chunk]) -> Result<()> {
-        let news: Vec<NewChunk> = chunks
-            .iter()
-            .filter_map(|c| match c.plan {
-                Plan::New(pbn)
-                | Plan::Collision {
-                    stored: Some(pbn), ..
-                } => Some(NewChunk {
-                    pbn,
-                    data: &c.data,
-                    compressed: c.compressed.as_deref(),
-                }),
-                _ => None,
-            })
-            .collect();
+        // A one-chunk batch (4 KiB requests) needs no list on the heap.
+        let one;
+        let many: Vec<NewChunk>;
+        let news: &[NewChunk] = match chunks {
+            [c] => match c.new_chunk() {
+                Some(n) => {
+                    one = n;
+                    std::slice::from_ref(&one)
+                }
+                None => &[],
+            },
+            _ => {
+                many = chunks.iter().filter_map(Chunk::new_chunk).collect();
+                &many
+            }
+        };
         if news.is_empty() {
             return Ok(());
         }
-        let bytes = self.placement.write(&news)?;
+        let bytes = self.placement.write(news)?;
         Counters::add(&self.counters.data_bytes_written, bytes);
         Ok(())
     }
@@ -522,6 +526,22 @@ impl Engine {
 }
 
 impl Chunk<'_> {
+    /// The chunk as the placement's `write` takes it, if it was given an
+    /// address of its own.
+    fn new_chunk(&self) -> Option<NewChunk<'_>> {
+        match self.plan {
+            Plan::New(pbn)
+            | Plan::Collision {
+                stored: Some(pbn), ..
+            } => Some(NewChunk {
+                pbn,
+                data: &self.data,
+                compressed: self.compressed.as_deref(),
+            }),
+            _ => None,
+        }
+    }
+
     /// Left by phase A for phase A2.
     fn unplaced(&self) -> bool {
         matches!(

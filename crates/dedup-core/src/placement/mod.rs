@@ -215,28 +215,79 @@ pub trait Placement: Send + Sync {
     }
 }
 
-/// Read runs of chunks stored as they are, at `block(pbn)`: consecutive
+/// A chunk stored as it is in one data block: what `read_plain_runs`
+/// and `write_runs` take, so a caller whose items already name their
+/// block (plain's `ReadPiece`s and `NewChunk`s) passes them without
+/// building a list of pairs on every request.
+pub(crate) trait AtBlock {
+    type Item: ?Sized;
+    fn block(&self) -> u64;
+    fn item(&self) -> &Self::Item;
+}
+
+impl AtBlock for (u64, &ReadPiece) {
+    type Item = ReadPiece;
+    fn block(&self) -> u64 {
+        self.0
+    }
+    fn item(&self) -> &ReadPiece {
+        self.1
+    }
+}
+
+/// In the plain placement a PBN is its block.
+impl AtBlock for ReadPiece {
+    type Item = ReadPiece;
+    fn block(&self) -> u64 {
+        self.pbn
+    }
+    fn item(&self) -> &ReadPiece {
+        self
+    }
+}
+
+impl AtBlock for (u64, &[u8]) {
+    type Item = [u8];
+    fn block(&self) -> u64 {
+        self.0
+    }
+    fn item(&self) -> &[u8] {
+        self.1
+    }
+}
+
+impl AtBlock for NewChunk<'_> {
+    type Item = [u8];
+    fn block(&self) -> u64 {
+        self.pbn
+    }
+    fn item(&self) -> &[u8] {
+        self.data
+    }
+}
+
+/// Read runs of chunks stored as they are, at their block: consecutive
 /// blocks whose pieces sit side by side in `buf` go out as one I/O.
 /// `pieces` must all be stored plainly. Returns the bytes read.
-pub(crate) fn read_plain_runs(
+pub(crate) fn read_plain_runs<P: AtBlock<Item = ReadPiece>>(
     cfg: &crate::config::DeviceConfig,
     data: &dyn crate::blockfile::BlockFile,
-    pieces: &[(u64, &ReadPiece)],
+    pieces: &[P],
     buf: &mut [u8],
 ) -> Result<u64> {
     let mut bytes = 0;
     let mut i = 0;
     while i < pieces.len() {
-        let first = pieces[i].0;
+        let first = pieces[i].block();
         let mut j = i + 1;
         while j < pieces.len()
-            && pieces[j].0 == first + (j - i) as u64
-            && pieces[j].1.in_buf.start == pieces[j - 1].1.in_buf.end
+            && pieces[j].block() == first + (j - i) as u64
+            && pieces[j].item().in_buf.start == pieces[j - 1].item().in_buf.end
         {
             j += 1;
         }
-        let range = pieces[i].1.in_buf.start..pieces[j - 1].1.in_buf.end;
-        let at = cfg.pbn_offset(first) + pieces[i].1.in_chunk.start as u64;
+        let range = pieces[i].item().in_buf.start..pieces[j - 1].item().in_buf.end;
+        let at = cfg.pbn_offset(first) + pieces[i].item().in_chunk.start as u64;
         bytes += range.len() as u64;
         data.read_at(&mut buf[range], at)?;
         i = j;
@@ -244,33 +295,33 @@ pub(crate) fn read_plain_runs(
     Ok(bytes)
 }
 
-/// Write `(block, bytes)` pairs, consecutive blocks in one I/O.
-pub(crate) fn write_runs(
+/// Write each item's bytes to its block, consecutive blocks in one I/O.
+pub(crate) fn write_runs<B: AtBlock<Item = [u8]>>(
     cfg: &crate::config::DeviceConfig,
     data: &dyn crate::blockfile::BlockFile,
-    blocks: &[(u64, &[u8])],
+    blocks: &[B],
 ) -> Result<u64> {
     let mut staging = Vec::new();
     let mut bytes = 0;
     let mut i = 0;
     while i < blocks.len() {
         let mut j = i + 1;
-        while j < blocks.len() && blocks[j].0 == blocks[j - 1].0 + 1 {
+        while j < blocks.len() && blocks[j].block() == blocks[j - 1].block() + 1 {
             j += 1;
         }
-        let offset = cfg.pbn_offset(blocks[i].0);
+        let offset = cfg.pbn_offset(blocks[i].block());
         if j == i + 1 {
-            data.write_at(blocks[i].1, offset)?;
+            data.write_at(blocks[i].item(), offset)?;
         } else {
             staging.clear();
-            for (_, d) in &blocks[i..j] {
-                staging.extend_from_slice(d);
+            for b in &blocks[i..j] {
+                staging.extend_from_slice(b.item());
             }
             data.write_at(&staging, offset)?;
         }
         bytes += blocks[i..j]
             .iter()
-            .map(|(_, d)| d.len() as u64)
+            .map(|b| b.item().len() as u64)
             .sum::<u64>();
         i = j;
     }

@@ -40,13 +40,11 @@ impl Placement for Plain {
     }
 
     fn write(&self, chunks: &[NewChunk]) -> Result<u64> {
-        let blocks: Vec<(u64, &[u8])> = chunks.iter().map(|c| (c.pbn, c.data)).collect();
-        write_runs(&self.cfg, self.data.as_ref(), &blocks)
+        write_runs(&self.cfg, self.data.as_ref(), chunks)
     }
 
     fn read(&self, pieces: &[ReadPiece], buf: &mut [u8]) -> Result<u64> {
-        let at: Vec<(u64, &ReadPiece)> = pieces.iter().map(|p| (p.pbn, p)).collect();
-        read_plain_runs(&self.cfg, self.data.as_ref(), &at, buf)
+        read_plain_runs(&self.cfg, self.data.as_ref(), pieces, buf)
     }
 
     fn before_commit(&self, _meta: &mut dyn MetadataBackend, _closing: bool) -> Result<bool> {

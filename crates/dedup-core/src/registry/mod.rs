@@ -19,24 +19,23 @@ use crate::superblock::{DeviceState, Superblock, SUPERBLOCK_AREA};
 
 use kinds::{Kind, PlacementKind, StoreKind, ThinPolicy, KINDS};
 
-/// Names users can pick with `dedup create --backend`: the table's, in
-/// its order (a test holds them equal; clap wants a constant).
-pub const NAMES: &[&str] = &[
-    "inram",
-    "disktable",
-    "cowbtree",
-    "lsm",
-    "thin",
-    "ordered",
-    "ideal",
-];
+/// Names users can pick with `dedup create --backend`, in the table's order.
+pub fn names() -> impl Iterator<Item = &'static str> + Clone {
+    KINDS.iter().map(|k| k.name)
+}
+
+/// The names as a list for messages: "inram, disktable, ...".
+fn name_list() -> String {
+    names().collect::<Vec<_>>().join(", ")
+}
+
 pub const DEFAULT: &str = "inram";
 
 fn kind_of(name: &str) -> Result<&'static Kind> {
     kinds::kind(name).ok_or_else(|| {
         Error::InvalidArgument(format!(
             "unknown backend {name:?}: choose one of {}",
-            NAMES.join(", ")
+            name_list()
         ))
     })
 }
@@ -127,8 +126,6 @@ pub struct Pair {
     pub placement: Box<dyn Placement>,
     /// The engine's record as the store last committed it.
     pub record: Record,
-    /// Survives a crash: commits persist, and need the commit gate.
-    pub crash_safe: bool,
     /// The engine must run commits even when they persist nothing of the
     /// store (thin's `ideal` ends its windows in them).
     pub commits: bool,
@@ -160,7 +157,7 @@ pub fn open(
         Error::Unsupported(format!(
             "this metadata uses the {:?} backend, which this dedup does not have (it has {})",
             cfg.backend,
-            NAMES.join(", ")
+            name_list()
         ))
     })?;
     let unclean = superblock.state == DeviceState::Open;
@@ -217,24 +214,17 @@ pub fn open(
         store,
         placement,
         record,
-        crash_safe: kind.crash_safe,
         commits: kind.crash_safe || kind.placement == PlacementKind::Thin,
         rolled_back,
         recovered,
     })
 }
 
-/// Every kind the registry knows.
-pub fn kinds() -> &'static [Kind] {
-    KINDS
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
-    fn the_names_are_the_tables() {
-        let table: Vec<&str> = super::KINDS.iter().map(|k| k.name).collect();
-        assert_eq!(super::NAMES, &table[..]);
+    fn the_default_is_in_the_table() {
         assert!(super::kinds::kind(super::DEFAULT).is_some());
+        assert!(super::names().any(|n| n == super::DEFAULT));
     }
 }

@@ -24,6 +24,9 @@ pub const DESC_ENTRIES: u64 = (BLOCK / 8) as u64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Geometry {
+    /// Addresses the refcount array covers (`DeviceConfig::pbn_space`,
+    /// kept here because the write path checks every PBN against it).
+    pub pbn_space: u64,
     pub journal_blocks: u64,
     pub lbn_blocks: u64,
     pub ref_blocks: u64,
@@ -34,7 +37,8 @@ pub struct Geometry {
 impl Geometry {
     pub fn new(cfg: &DeviceConfig) -> Geometry {
         let lbn_blocks = cfg.logical_chunks().div_ceil(LBNS_PER_BLOCK);
-        let ref_blocks = cfg.pbn_space().div_ceil(REFS_PER_BLOCK);
+        let pbn_space = cfg.pbn_space();
+        let ref_blocks = pbn_space.div_ceil(REFS_PER_BLOCK);
         let hash_slots = crate::backends::probe::slots_for(cfg.max_chunks());
         let hash_blocks = hash_slots.div_ceil(SLOTS_PER_BLOCK);
         let tables = 1 + lbn_blocks + ref_blocks + hash_blocks;
@@ -43,6 +47,7 @@ impl Geometry {
         // (this doubles the metadata device, to about 2.8 % of the data).
         let journal_blocks = 1 + tables.div_ceil(DESC_ENTRIES) + tables;
         Geometry {
+            pbn_space,
             journal_blocks,
             lbn_blocks,
             ref_blocks,

@@ -461,14 +461,14 @@ impl DiskTable {
     }
 
     fn check_pbn(&self, pbn: Pbn) -> Result<()> {
-        if pbn < self.cfg.pbn_space() {
+        if pbn < self.geo.pbn_space {
             Ok(())
         } else {
             Err(Error::corrupt(
                 "disktable refcount array",
                 format!(
                     "PBN {pbn} is beyond the data device ({} chunks)",
-                    self.cfg.pbn_space()
+                    self.geo.pbn_space
                 ),
             ))
         }
@@ -510,7 +510,7 @@ impl MetadataBackend for DiskTable {
         self.check_lbn(lbn)?;
         let (b, off) = self.geo.lbn(lbn);
         let v = read_u64(self.cache.get(b)?, HEADER + off);
-        if v > self.cfg.pbn_space() {
+        if v > self.geo.pbn_space {
             return Err(Error::corrupt(
                 "disktable LBN map",
                 format!("LBN {lbn} maps to PBN {} beyond the data device", v - 1),

@@ -108,6 +108,12 @@ pub fn open(
 }
 
 impl InRam {
+    /// Addresses the refcount array covers (`DeviceConfig::pbn_space`,
+    /// which looks the backend up by name: too slow for every write).
+    fn pbn_space(&self) -> u64 {
+        self.refcounts.len() as u64
+    }
+
     fn load(&mut self) -> Result<()> {
         let nr_pbns = self.cfg.pbn_space();
         let (cfg, table, meta) = (&self.cfg, &self.table, self.meta.as_ref());
@@ -284,14 +290,14 @@ impl InRam {
     }
 
     fn check_pbn(&self, pbn: Pbn) -> Result<usize> {
-        if pbn < self.cfg.pbn_space() {
+        if pbn < self.pbn_space() {
             Ok(pbn as usize)
         } else {
             Err(Error::corrupt(
                 "inram refcount array",
                 format!(
                     "PBN {pbn} is beyond the data device ({} chunks)",
-                    self.cfg.pbn_space()
+                    self.pbn_space()
                 ),
             ))
         }
@@ -358,7 +364,7 @@ impl MetadataBackend for InRam {
     }
 
     fn alloc_pbn(&mut self) -> Result<Option<Pbn>> {
-        let total = self.cfg.pbn_space();
+        let total = self.pbn_space();
         if self.pbns_used >= total {
             return Ok(None);
         }
@@ -488,7 +494,7 @@ impl MetadataBackend for InRam {
     fn usage(&self) -> BackendUsage {
         BackendUsage {
             pbns_used: self.pbns_used,
-            pbns_free: self.cfg.pbn_space() - self.pbns_used,
+            pbns_free: self.pbn_space() - self.pbns_used,
             metadata_bytes: self.lbn_map.len() as u64 * 8
                 + self.refcounts.len() as u64 * 4
                 + self.hash_index.bytes(),

@@ -106,7 +106,7 @@ impl<S: KvStore> KvBackend<S> {
     }
 
     fn refcount(&mut self, pbn: Pbn) -> Result<u32> {
-        if pbn >= self.cfg.pbn_space() {
+        if pbn >= self.space.total() {
             return Err(Error::corrupt(
                 format!("{} refcounts", self.name),
                 format!("PBN {pbn} is beyond the data device"),

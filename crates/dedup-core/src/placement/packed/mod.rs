@@ -92,6 +92,8 @@ struct Sealed {
 
 struct State {
     cfg: DeviceConfig,
+    /// `cfg.max_chunks()`, asked on every allocation.
+    max_chunks: u64,
     data: Arc<dyn BlockFile>,
     blocks: Blocks,
     bins: Bins,
@@ -158,6 +160,7 @@ pub fn open(
     Ok(Packed {
         state: Mutex::new(State {
             bins: Bins::new(cfg.chunk_size as usize),
+            max_chunks: cfg.max_chunks(),
             cfg: cfg.clone(),
             data,
             blocks,
@@ -356,7 +359,7 @@ impl Placement for Packed {
             let old = s.bins.expired(Instant::now(), bins::WAIT);
             s.seal(old, true);
         }
-        if meta.usage().pbns_used >= s.cfg.max_chunks() {
+        if meta.usage().pbns_used >= s.max_chunks {
             // The hash index is sized for this many chunks.
             return Ok(None);
         }
