@@ -18,7 +18,7 @@ run() {
 for t in nbdcopy qemu-io fio lifecycle ext4 bench replay analyze; do
     run inram "$t"
 done
-for backend in disktable cowbtree lsm thin; do
+for backend in sparse disktable cowbtree lsm thin; do
     for t in nbdcopy qemu-io fio ext4 crash-kill replay; do
         run "$backend" "$t"
     done
@@ -30,6 +30,7 @@ for t in nbdcopy ext4 crash-kill; do
 done
 for t in nbdcopy ext4; do
     run inram "$t" none
+    run sparse "$t" none
 done
 run thin ext4 none
 # Write-back off: every write applied before it is acknowledged.

@@ -142,8 +142,11 @@ pub trait MetadataBackend: Send {
     /// Add `fp -> pbn`. The engine never inserts a fingerprint that is
     /// already present. Write path (phase B), repack. Durable after `commit`.
     fn hash_index_insert(&mut self, fp: &Fingerprint, pbn: Pbn) -> Result<()>;
-    /// Remove `fp`; returns whether it was present. GC, repair, repack.
-    fn hash_index_delete(&mut self, fp: &Fingerprint) -> Result<bool>;
+    /// Remove the entry `fp -> pbn`; returns whether it was there (an
+    /// entry of `fp` naming another PBN stays). GC, repair, repack, which
+    /// all found the pair by a scan: a store whose lookups may miss (a
+    /// sampled index) can still delete exactly what the scan showed.
+    fn hash_index_delete(&mut self, fp: &Fingerprint, pbn: Pbn) -> Result<bool>;
     /// As `lbn_map_scan`, for the hash index (any order). Entries inserted
     /// or deleted during a scan may or may not be seen, and a deletion may
     /// move other entries behind the cursor (open addressing), so a scan

@@ -19,6 +19,9 @@ pub struct BackendParams {
     /// thin, ordered, ideal: new chunks per window, and the longest a
     /// window stays open (recorded in thin's own header).
     pub window: WindowParams,
+    /// sparse: the hash index's RAM budget (recorded in sparse's own part
+    /// of the superblock).
+    pub index_memory: u64,
 }
 
 pub const MIN_CACHE_BYTES: u64 = 256 << 10;
@@ -29,6 +32,7 @@ impl Default for BackendParams {
             cache_bytes: 64 << 20,
             txn_writes: 1000,
             window: Default::default(),
+            index_memory: crate::backends::sparse::DEFAULT_INDEX_MEMORY,
         }
     }
 }
@@ -84,7 +88,7 @@ impl BackendParams {
         let p = BackendParams {
             cache_bytes: d.u64()?,
             txn_writes: d.u64()?,
-            window: Default::default(),
+            ..Default::default()
         };
         p.validate().map_err(|e| Error::corrupt(S, e.to_string()))?;
         Ok(p)

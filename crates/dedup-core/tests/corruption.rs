@@ -151,6 +151,11 @@ fn corruption_suite(backend: &str) {
 }
 
 #[test]
+fn sparse_refuses_or_reports_damaged_metadata() {
+    corruption_suite("sparse");
+}
+
+#[test]
 fn inram_refuses_or_reports_damaged_metadata() {
     corruption_suite("inram");
 }

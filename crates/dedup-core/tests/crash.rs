@@ -333,6 +333,16 @@ fn crash_suite(backend: &str) {
 }
 
 #[test]
+fn sparse_survives_power_cuts_at_any_io() {
+    crash_suite("sparse");
+}
+
+#[test]
+fn sparse_packing_lz4_survives_power_cuts_at_any_io() {
+    crash_suite("sparse/lz4");
+}
+
+#[test]
 fn cowbtree_survives_power_cuts_at_any_io() {
     crash_suite("cowbtree");
 }

@@ -203,6 +203,11 @@ fn kill_suite(backend: &str, test_name: &str) {
 }
 
 #[test]
+fn sparse_survives_sigkill_at_random_points() {
+    kill_suite("sparse", "sparse_survives_sigkill_at_random_points");
+}
+
+#[test]
 fn lsm_survives_sigkill_at_random_points() {
     kill_suite("lsm", "lsm_survives_sigkill_at_random_points");
 }

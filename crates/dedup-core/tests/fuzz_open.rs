@@ -18,7 +18,7 @@ fn opening_mutated_metadata_never_panics() {
         .unwrap_or(400);
     let corpus = std::env::var_os("DEDUP_FUZZ_CORPUS");
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
-    for backend in ["inram", "disktable", "cowbtree", "thin"] {
+    for backend in ["sparse", "inram", "disktable", "cowbtree", "thin"] {
         let base = common::image(backend, 32, 24, HashAlgo::Blake3).meta;
         if let Some(dir) = &corpus {
             std::fs::create_dir_all(dir).unwrap();

@@ -481,14 +481,15 @@ fn skeleton_store_keeps_the_trait_contract() {
         for (fp, _) in &page {
             seen.push(fp.0[0]);
             if fp.0[0] == 6 {
-                assert!(s.hash_index_delete(&Fingerprint([2; 32])).unwrap());
-                assert!(s.hash_index_delete(&Fingerprint([12; 32])).unwrap());
+                assert!(s.hash_index_delete(&Fingerprint([2; 32]), 2).unwrap());
+                assert!(!s.hash_index_delete(&Fingerprint([12; 32]), 1).unwrap());
+                assert!(s.hash_index_delete(&Fingerprint([12; 32]), 0).unwrap());
             }
         }
     }
     let expect: Vec<u8> = (0..LOGICAL_CHUNKS as u8).filter(|&b| b != 12).collect();
     assert_eq!(seen, expect);
-    assert!(!s.hash_index_delete(&Fingerprint([12; 32])).unwrap());
+    assert!(!s.hash_index_delete(&Fingerprint([12; 32]), 0).unwrap());
 
     s.commit(&[7, 8]).unwrap();
     assert_eq!(s.private_data(), [7, 8]);

@@ -50,6 +50,12 @@ pub struct Args {
     /// cowbtree B-tree cache, lsm block cache); `dedup serve --cache` overrides it.
     #[arg(long, value_parser = size_arg, default_value = "64M")]
     pub cache: u64,
+    /// sparse: RAM for the hash index (fingerprints of stored chunks, 16
+    /// bytes each). Beyond what it holds it keeps a sample (1 in 2, 4, ...)
+    /// and finds the rest by prefetching the neighbours of a sampled hit;
+    /// deduplication a sample misses costs space, never correctness.
+    #[arg(long, value_parser = size_arg, default_value = "256M")]
+    pub index_memory: u64,
     /// Writes per metadata transaction for cowbtree and lsm: 1 commits after
     /// every write, 0 only at FLUSH/FUA (and when the cache fills). Default 1000, as Dmdedup.
     #[arg(long, default_value_t = 1000)]
@@ -96,6 +102,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 blocks: a.window_blocks,
                 ms: a.window_ms,
             },
+            index_memory: a.index_memory,
         },
     };
     let cfg = layout::create(&a.dir, &opts)?;

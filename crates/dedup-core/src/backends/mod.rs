@@ -11,6 +11,7 @@ pub mod lsm;
 pub mod probe;
 pub mod skeleton;
 pub mod space_map;
+pub mod sparse;
 
 use std::path::PathBuf;
 

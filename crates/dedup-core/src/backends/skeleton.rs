@@ -152,7 +152,10 @@ impl MetadataBackend for Skeleton {
     }
 
     // GC removes entries of chunks nothing else references.
-    fn hash_index_delete(&mut self, fp: &Fingerprint) -> Result<bool> {
+    fn hash_index_delete(&mut self, fp: &Fingerprint, pbn: Pbn) -> Result<bool> {
+        if self.hash_index.get(fp) != Some(&pbn) {
+            return Ok(false);
+        }
         Ok(self.hash_index.remove(fp).is_some())
     }
 

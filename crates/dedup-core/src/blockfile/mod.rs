@@ -35,6 +35,13 @@ pub trait BlockFile: Send + Sync {
     fn is_empty(&self) -> Result<bool> {
         Ok(self.len()? == 0)
     }
+
+    /// Bytes the device takes on its storage (a sparse file's allocated
+    /// blocks), or `None` where that is not known: what `dedup status`
+    /// reports as metadata bytes for stores that grow with the data.
+    fn allocated(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
 }
 
 /// A shared handle, so a test can keep the device it handed to the engine
@@ -57,6 +64,9 @@ impl<T: BlockFile + ?Sized> BlockFile for std::sync::Arc<T> {
     }
     fn capacity(&self) -> Result<Option<u64>> {
         (**self).capacity()
+    }
+    fn allocated(&self) -> Result<Option<u64>> {
+        (**self).allocated()
     }
 }
 
@@ -144,6 +154,18 @@ impl BlockFile for FileBlockFile {
 
     fn describe(&self) -> String {
         self.path.display().to_string()
+    }
+
+    fn allocated(&self) -> Result<Option<u64>> {
+        use std::os::unix::fs::MetadataExt;
+        if self.block_device {
+            return self.len().map(Some);
+        }
+        let m = self
+            .file
+            .metadata()
+            .context(|| format!("reading the size of {}", self.path.display()))?;
+        Ok(Some(m.blocks() * 512))
     }
 
     fn capacity(&self) -> Result<Option<u64>> {

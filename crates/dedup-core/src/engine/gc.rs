@@ -96,11 +96,10 @@ impl Engine {
                 let mut m = self.meta.lock();
                 for (fp, pbn) in group {
                     // Still held by the index alone? (A writer may have
-                    // re-referenced it since the scan.)
-                    if m.store.hash_index_lookup(fp)? == Some(*pbn)
-                        && m.store.refcount_get(*pbn)? == 1
-                    {
-                        m.unindex(fp)?;
+                    // re-referenced it since the scan.) The entry is
+                    // removed by the pair the scan found, not looked up
+                    // by fingerprint: a sampled index may not find it.
+                    if m.store.refcount_get(*pbn)? == 1 && m.unindex(fp, *pbn)? {
                         m.release(self.placement.as_ref(), *pbn)?;
                         freed += 1;
                     }

@@ -46,8 +46,9 @@ impl Meta {
         Ok(())
     }
 
-    pub(crate) fn unindex(&mut self, fp: &Fingerprint) -> Result<bool> {
-        let removed = self.store.hash_index_delete(fp)?;
+    /// Remove the index entry `fp -> pbn`; returns whether it was there.
+    pub(crate) fn unindex(&mut self, fp: &Fingerprint, pbn: Pbn) -> Result<bool> {
+        let removed = self.store.hash_index_delete(fp, pbn)?;
         if removed {
             self.totals.hash_entries = self.totals.hash_entries.saturating_sub(1);
         }

@@ -65,7 +65,7 @@ impl Engine {
             report.lbns_unmapped += 1;
         }
         for (fp, pbn) in bad_fps {
-            m.unindex(&fp)?;
+            m.unindex(&fp, pbn)?;
             m.release(p, pbn)?;
             report.chunks_dropped += 1;
         }

@@ -9,6 +9,7 @@ pub enum StoreKind {
     DiskTable,
     CowBtree,
     Lsm,
+    Sparse,
 }
 
 /// Where a device's chunks live on the data device. `Plain` becomes
@@ -42,6 +43,14 @@ pub struct Kind {
 }
 
 pub const KINDS: &[Kind] = &[
+    Kind {
+        name: "sparse",
+        store: StoreKind::Sparse,
+        placement: PlacementKind::Plain,
+        policy: None,
+        crash_safe: true,
+        about: "metadata that grows with the data: paged tables in a sparse file, a redo journal, a sampled hash index in RAM",
+    },
     Kind {
         name: "inram",
         store: StoreKind::InRam,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::backend::MetadataBackend;
 use crate::backends::{
-    cowbtree, disktable, inram, lsm, BackendParams, OpenOptions, Opened, WindowParams,
+    cowbtree, disktable, inram, lsm, sparse, BackendParams, OpenOptions, Opened, WindowParams,
 };
 use crate::blockfile::BlockFile;
 use crate::config::DeviceConfig;
@@ -73,6 +73,11 @@ pub fn metadata_space(cfg: &DeviceConfig) -> Result<MetaSpace> {
         (StoreKind::InRam, _) => fixed(inram::metadata_device_len(cfg)),
         (StoreKind::DiskTable, _) => fixed(disktable::metadata_device_len(cfg)),
         (StoreKind::Lsm, _) => fixed(SUPERBLOCK_AREA),
+        // Address space in a sparse file: not reserved, it fills as written.
+        (StoreKind::Sparse, _) => MetaSpace {
+            len: sparse::metadata_device_len(cfg),
+            grows: true,
+        },
         (StoreKind::CowBtree, _) => MetaSpace {
             len: SUPERBLOCK_AREA + (1 << 20),
             grows: true,
@@ -103,6 +108,7 @@ pub fn format(
         StoreKind::DiskTable => disktable::format(cfg, meta.as_ref(), params)?,
         StoreKind::CowBtree => cowbtree::format(cfg, Box::new(meta.clone()), params)?,
         StoreKind::Lsm => lsm::format(cfg, meta.clone(), params, aux_dir)?,
+        StoreKind::Sparse => sparse::format(cfg, meta.as_ref(), params)?,
     }
     if kind.placement == PlacementKind::Thin {
         thin::backend::format(cfg, meta.as_ref(), params, params.window)?;
@@ -176,6 +182,7 @@ pub fn open(
         StoreKind::DiskTable => disktable::open(superblock, Box::new(meta.clone()), opts),
         StoreKind::CowBtree => cowbtree::open(superblock, Box::new(meta.clone()), opts),
         StoreKind::Lsm => lsm::open(superblock, Box::new(meta.clone()), opts),
+        StoreKind::Sparse => sparse::open(superblock, Box::new(meta.clone()), opts),
     }?;
     let mut recovered = None;
     let mut rolled_back = rolled_back;

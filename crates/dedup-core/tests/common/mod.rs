@@ -153,6 +153,8 @@ impl BlockFile for FaultyBlockFile {
 /// Every backend, and the packing layer over each kind of backend (and
 /// thin without compression): what the conformance suites run over.
 pub const VARIANTS: &[&str] = &[
+    "sparse",
+    "sparse/lz4",
     "inram",
     "disktable",
     "cowbtree",

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use lru::LruCache;
 
-use super::geometry::{block_ok, seal_block, Geometry, BLOCK};
+use super::geometry::{block_ok, seal_block, Area, BLOCK};
 use crate::backend::MetaIoStats;
 use crate::blockfile::BlockFile;
 use crate::error::{Error, Result};
@@ -18,7 +18,7 @@ pub type Block = Box<[u8; BLOCK]>;
 
 pub struct Cache {
     file: Arc<dyn BlockFile>,
-    geo: Geometry,
+    geo: Area,
     capacity: usize,
     clean: LruCache<u64, Block>,
     dirty: HashMap<u64, Block>,
@@ -30,7 +30,7 @@ fn new_block() -> Block {
 }
 
 impl Cache {
-    pub fn new(file: Arc<dyn BlockFile>, geo: Geometry, capacity_bytes: u64) -> Cache {
+    pub fn new(file: Arc<dyn BlockFile>, geo: Area, capacity_bytes: u64) -> Cache {
         Cache {
             file,
             geo,
@@ -52,7 +52,7 @@ impl Cache {
     /// Read a table block from the metadata device, checking it.
     pub fn read_home(&mut self, block_no: u64) -> Result<Block> {
         let mut b = new_block();
-        let at = self.geo.table_start() + block_no * BLOCK as u64;
+        let at = self.geo.table_start + block_no * BLOCK as u64;
         self.file.read_at(&mut b[..], at)?;
         self.io.reads += 1;
         self.io.bytes_read += BLOCK as u64;

@@ -22,6 +22,30 @@ pub const SLOTS_PER_BLOCK: u64 = (PAYLOAD / SLOT_BYTES) as u64;
 /// Block numbers per journal descriptor block.
 pub const DESC_ENTRIES: u64 = (BLOCK / 8) as u64;
 
+/// Where a journaled table store keeps its journal and its table blocks
+/// on the metadata device: all that the buffer cache and the journal need
+/// to know (disktable's and sparse's layouts both give one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Area {
+    pub journal_start: u64,
+    pub journal_blocks: u64,
+    pub table_start: u64,
+    pub table_blocks: u64,
+    /// (first block, name) of each table, in block order, for messages.
+    pub names: [(u64, &'static str); 6],
+}
+
+impl Area {
+    /// Which table a block belongs to, for error messages.
+    pub fn table_name(&self, block: u64) -> &'static str {
+        self.names
+            .iter()
+            .rev()
+            .find(|(first, name)| block >= *first && !name.is_empty())
+            .map_or("table", |(_, name)| name)
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Geometry {
     /// Addresses the refcount array covers (`DeviceConfig::pbn_space`,
@@ -99,14 +123,26 @@ impl Geometry {
 
     /// Which table a block belongs to, for error messages.
     pub fn table_name(&self, block: u64) -> &'static str {
-        if block == 0 {
-            "disktable root block"
-        } else if block <= self.lbn_blocks {
-            "disktable LBN map"
-        } else if block <= self.lbn_blocks + self.ref_blocks {
-            "disktable refcount array"
-        } else {
-            "disktable hash index"
+        self.area().table_name(block)
+    }
+
+    pub fn area(&self) -> Area {
+        Area {
+            journal_start: self.journal_start(),
+            journal_blocks: self.journal_blocks,
+            table_start: self.table_start(),
+            table_blocks: self.table_blocks(),
+            names: [
+                (0, "disktable root block"),
+                (1, "disktable LBN map"),
+                (1 + self.lbn_blocks, "disktable refcount array"),
+                (
+                    1 + self.lbn_blocks + self.ref_blocks,
+                    "disktable hash index",
+                ),
+                (u64::MAX, ""),
+                (u64::MAX, ""),
+            ],
         }
     }
 }

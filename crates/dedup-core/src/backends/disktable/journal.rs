@@ -13,7 +13,7 @@
 //! write that kept a newer root's state sectors under an older header then
 //! passed the check and replayed a root that disagreed with its tables.
 
-use super::geometry::{Geometry, BLOCK, DESC_ENTRIES};
+use super::geometry::{Area, BLOCK, DESC_ENTRIES};
 use crate::backend::MetaIoStats;
 use crate::blockfile::BlockFile;
 use crate::codec::{is_sealed, seal, Decoder, Encoder};
@@ -61,7 +61,7 @@ impl Journal {
     pub fn commit(
         &mut self,
         file: &dyn BlockFile,
-        geo: &Geometry,
+        geo: &Area,
         blocks: &[(u64, super::cache::Block)],
         io: &mut MetaIoStats,
     ) -> Result<()> {
@@ -89,7 +89,7 @@ impl Journal {
         self.seq += 1;
         let mut all = header(self.seq, count, &digest(&body));
         all.extend_from_slice(&body);
-        file.write_at(&all, geo.journal_start())?;
+        file.write_at(&all, geo.journal_start)?;
         file.sync()?;
         io.writes += 1;
         io.syncs += 1;
@@ -104,11 +104,11 @@ impl Journal {
     /// Returns the journal and how many blocks were replayed.
     pub fn recover(
         file: &dyn BlockFile,
-        geo: &Geometry,
+        geo: &Area,
         io: &mut MetaIoStats,
     ) -> Result<(Journal, u64)> {
         let mut h = vec![0u8; BLOCK];
-        file.read_at(&mut h, geo.journal_start())?;
+        file.read_at(&mut h, geo.journal_start)?;
         io.reads += 1;
         io.bytes_read += BLOCK as u64;
         if &h[..8] != MAGIC || !is_sealed(&h) {
@@ -124,7 +124,7 @@ impl Journal {
             return Ok((Journal { seq }, 0));
         }
         let mut body = vec![0u8; ((desc_blocks(count) + count) as usize) * BLOCK];
-        file.read_at(&mut body, geo.journal_start() + BLOCK as u64)?;
+        file.read_at(&mut body, geo.journal_start + BLOCK as u64)?;
         io.reads += 1;
         io.bytes_read += body.len() as u64;
         if digest(&body)[..] != body_digest[..] {
@@ -135,7 +135,7 @@ impl Journal {
         let mut blocks = Vec::with_capacity(count as usize);
         for i in 0..count as usize {
             let n = u64::from_le_bytes(body[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-            if n >= geo.table_blocks() {
+            if n >= geo.table_blocks {
                 return Err(Error::corrupt(
                     S,
                     format!("entry {i} names block {n}, beyond the tables"),
@@ -151,7 +151,7 @@ impl Journal {
         file.sync()?;
         io.syncs += 1;
         // Clear it, so the next open does not replay it again.
-        file.write_at(&header(seq, 0, &[0; DIGEST]), geo.journal_start())?;
+        file.write_at(&header(seq, 0, &[0; DIGEST]), geo.journal_start)?;
         file.sync()?;
         io.writes += 1;
         io.syncs += 1;
@@ -159,8 +159,8 @@ impl Journal {
     }
 
     /// After a clean close: an empty journal, so the next open replays nothing.
-    pub fn clear(&self, file: &dyn BlockFile, geo: &Geometry) -> Result<()> {
-        file.write_at(&header(self.seq, 0, &[0; DIGEST]), geo.journal_start())?;
+    pub fn clear(&self, file: &dyn BlockFile, geo: &Area) -> Result<()> {
+        file.write_at(&header(self.seq, 0, &[0; DIGEST]), geo.journal_start)?;
         file.sync()
     }
 }
@@ -168,7 +168,7 @@ impl Journal {
 /// Write blocks to their home locations, runs of consecutive blocks as one I/O.
 fn write_homes(
     file: &dyn BlockFile,
-    geo: &Geometry,
+    geo: &Area,
     blocks: &[(u64, super::cache::Block)],
     io: &mut MetaIoStats,
 ) -> Result<()> {
@@ -183,7 +183,7 @@ fn write_homes(
         for (_, b) in &blocks[i..j] {
             run.extend_from_slice(&b[..]);
         }
-        file.write_at(&run, geo.table_start() + blocks[i].0 * BLOCK as u64)?;
+        file.write_at(&run, geo.table_start + blocks[i].0 * BLOCK as u64)?;
         io.writes += 1;
         io.bytes_written += run.len() as u64;
         i = j;

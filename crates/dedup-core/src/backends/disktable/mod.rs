@@ -12,9 +12,9 @@
 //! every table block, so a transaction (a big GC pass, a repair) can never
 //! outgrow it.
 
-mod cache;
-mod geometry;
-mod journal;
+pub(crate) mod cache;
+pub(crate) mod geometry;
+pub(crate) mod journal;
 #[cfg(test)]
 mod tests;
 
@@ -218,8 +218,8 @@ fn open_table(
         ));
     }
     let cache_bytes = opts.cache_bytes.unwrap_or(params.cache_bytes);
-    let mut cache = Cache::new(file.clone(), geo, cache_bytes);
-    let (journal, replayed) = Journal::recover(file.as_ref(), &geo, &mut cache.io)?;
+    let mut cache = Cache::new(file.clone(), geo.area(), cache_bytes);
+    let (journal, replayed) = Journal::recover(file.as_ref(), &geo.area(), &mut cache.io)?;
     if replayed > 0 {
         tracing::info!("disktable: replayed {replayed} journaled blocks after an unclean stop");
     }
@@ -557,7 +557,10 @@ impl MetadataBackend for DiskTable {
         }
     }
 
-    fn hash_index_delete(&mut self, fp: &Fingerprint) -> Result<bool> {
+    fn hash_index_delete(&mut self, fp: &Fingerprint, pbn: Pbn) -> Result<bool> {
+        if self.hash_index_lookup(fp)? != Some(pbn) {
+            return Ok(false);
+        }
         let removed = probe::delete(&mut self.slots(), fp)?.is_some();
         self.hash_entries -= removed as u64;
         Ok(removed)
@@ -670,8 +673,12 @@ impl MetadataBackend for DiskTable {
         self.private = private.to_vec();
         self.write_root()?;
         let blocks = self.cache.sealed_dirty();
-        self.journal
-            .commit(self.file.as_ref(), &self.geo, &blocks, &mut self.cache.io)?;
+        self.journal.commit(
+            self.file.as_ref(),
+            &self.geo.area(),
+            &blocks,
+            &mut self.cache.io,
+        )?;
         self.cache.mark_clean();
         self.space.commit();
         Ok(())
@@ -686,7 +693,7 @@ impl MetadataBackend for DiskTable {
             return Ok(());
         }
         self.commit(private)?;
-        self.journal.clear(self.file.as_ref(), &self.geo)?;
+        self.journal.clear(self.file.as_ref(), &self.geo.area())?;
         self.superblock.state = DeviceState::Clean;
         self.superblock.write(self.file.as_ref())?;
         self.writable = false;

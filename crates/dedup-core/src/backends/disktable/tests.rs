@@ -100,7 +100,7 @@ fn step(t: &mut DiskTable, m: &mut Model, rng: &mut impl Rng) -> Result<()> {
                 .take(3)
                 .collect();
             for (f, pbn) in garbage {
-                t.hash_index_delete(&f)?;
+                t.hash_index_delete(&f, pbn)?;
                 t.refcount_dec(pbn)?;
                 m.hash.remove(&f);
                 m.refs.remove(&pbn);

@@ -359,7 +359,10 @@ impl MetadataBackend for InRam {
         }
     }
 
-    fn hash_index_delete(&mut self, fp: &Fingerprint) -> Result<bool> {
+    fn hash_index_delete(&mut self, fp: &Fingerprint, pbn: Pbn) -> Result<bool> {
+        if self.hash_index_lookup(fp)? != Some(pbn) {
+            return Ok(false);
+        }
         Ok(self.hash_index.delete(fp)?.is_some())
     }
 

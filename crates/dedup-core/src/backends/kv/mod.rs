@@ -253,8 +253,8 @@ impl<S: KvStore> MetadataBackend for KvBackend<S> {
         Ok(())
     }
 
-    fn hash_index_delete(&mut self, fp: &Fingerprint) -> Result<bool> {
-        let present = self.hash_index_lookup(fp)?.is_some();
+    fn hash_index_delete(&mut self, fp: &Fingerprint, pbn: Pbn) -> Result<bool> {
+        let present = self.hash_index_lookup(fp)? == Some(pbn);
         if present {
             self.changes.hash_index.insert(*fp, None);
         }

@@ -86,20 +86,20 @@ impl State {
             self.blocks.revive(new);
             moves.insert(old, new);
         }
-        let mut entries: Vec<(Fingerprint, Pbn)> = Vec::new();
+        let mut entries: Vec<(Fingerprint, Pbn, Pbn)> = Vec::new();
         scan_all(
             |c, page| meta.hash_index_scan(c, 4096, page),
             |fp, pbn| {
                 if let Some(&new) = moves.get(&pbn) {
-                    entries.push((fp, new));
+                    entries.push((fp, pbn, new));
                 }
                 Ok(())
             },
         )?;
         // Collected first: deleting during an open-addressing scan can
         // move entries behind the cursor.
-        for (fp, new) in entries {
-            meta.hash_index_delete(&fp)?;
+        for (fp, old, new) in entries {
+            meta.hash_index_delete(&fp, old)?;
             meta.hash_index_insert(&fp, new)?;
         }
         let mut mappings: Vec<(Lbn, Pbn)> = Vec::new();

@@ -1,0 +1,179 @@
+//! Where the sparse store keeps what on the metadata device. The layout is
+//! disktable's (superblock slots, a redo journal, 4 KiB checksummed table
+//! blocks), with tables whose cost follows what is stored:
+//!
+//! ```text
+//! 0        superblock slots (8 KiB)
+//! 8 KiB    journal (address space for every table block; only the
+//!          largest commit so far is ever written)
+//! T        table blocks: root, LBN map, refcount array, chunk records,
+//!          refcount summary
+//! ```
+//! Every table is a dense array in a sparse file: a block never written is
+//! a hole that reads as zeros, and a zero entry means empty (unmapped LBN,
+//! free PBN, no record), so a new device costs a superblock and grows by
+//! the blocks writes actually touch. Sequential allocation keeps the
+//! refcount and record blocks of chunks written together side by side.
+//! There is no on-disk hash table: the hash index lives in RAM
+//! (`index.rs`) and is advice, confirmed against the chunk records.
+
+use crate::backends::disktable::geometry::{Area, BLOCK, DESC_ENTRIES, PAYLOAD};
+use crate::config::{DeviceConfig, Lbn, Pbn};
+use crate::superblock::SUPERBLOCK_AREA;
+
+pub const LBNS_PER_BLOCK: u64 = (PAYLOAD / 8) as u64;
+pub const REFS_PER_BLOCK: u64 = (PAYLOAD / 4) as u64;
+/// A chunk record: a presence byte and the 32-byte fingerprint.
+pub const RECORD_BYTES: usize = 33;
+pub const RECORDS_PER_BLOCK: u64 = (PAYLOAD / RECORD_BYTES) as u64;
+/// The summary keeps, per refcount block, how many of its PBNs are in use
+/// and how many have a chunk record (two u16s).
+pub const SUMMARY_BYTES: usize = 4;
+pub const SUMMARIES_PER_BLOCK: u64 = (PAYLOAD / SUMMARY_BYTES) as u64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    pub pbn_space: u64,
+    pub logical_chunks: u64,
+    pub journal_blocks: u64,
+    pub lbn_blocks: u64,
+    pub ref_blocks: u64,
+    pub record_blocks: u64,
+    pub summary_blocks: u64,
+}
+
+impl Geometry {
+    pub const ROOT: u64 = 0;
+
+    pub fn new(cfg: &DeviceConfig) -> Geometry {
+        let pbn_space = cfg.pbn_space();
+        let logical_chunks = cfg.logical_chunks();
+        let lbn_blocks = logical_chunks.div_ceil(LBNS_PER_BLOCK);
+        let ref_blocks = pbn_space.div_ceil(REFS_PER_BLOCK);
+        let record_blocks = pbn_space.div_ceil(RECORDS_PER_BLOCK);
+        let summary_blocks = ref_blocks.div_ceil(SUMMARIES_PER_BLOCK);
+        let tables = 1 + lbn_blocks + ref_blocks + record_blocks + summary_blocks;
+        // Room for a transaction of every table block, in address space
+        // only: the file is sparse, and a commit writes its own length.
+        let journal_blocks = 1 + tables.div_ceil(DESC_ENTRIES) + tables;
+        Geometry {
+            pbn_space,
+            logical_chunks,
+            journal_blocks,
+            lbn_blocks,
+            ref_blocks,
+            record_blocks,
+            summary_blocks,
+        }
+    }
+
+    pub fn table_blocks(&self) -> u64 {
+        1 + self.lbn_blocks + self.ref_blocks + self.record_blocks + self.summary_blocks
+    }
+
+    pub fn table_start(&self) -> u64 {
+        SUPERBLOCK_AREA + self.journal_blocks * BLOCK as u64
+    }
+
+    /// The length of the metadata file: address space, mostly holes.
+    pub fn device_len(&self) -> u64 {
+        self.table_start() + self.table_blocks() * BLOCK as u64
+    }
+
+    fn first_ref(&self) -> u64 {
+        1 + self.lbn_blocks
+    }
+
+    fn first_record(&self) -> u64 {
+        self.first_ref() + self.ref_blocks
+    }
+
+    fn first_summary(&self) -> u64 {
+        self.first_record() + self.record_blocks
+    }
+
+    /// (table block, byte offset in its payload) of an LBN's entry.
+    pub fn lbn(&self, lbn: Lbn) -> (u64, usize) {
+        (
+            1 + lbn / LBNS_PER_BLOCK,
+            (lbn % LBNS_PER_BLOCK) as usize * 8,
+        )
+    }
+
+    /// The LBN range an LBN-map block covers.
+    pub fn lbns_of_block(&self, i: u64) -> std::ops::Range<Lbn> {
+        i * LBNS_PER_BLOCK..((i + 1) * LBNS_PER_BLOCK).min(self.logical_chunks)
+    }
+
+    pub fn refcount(&self, pbn: Pbn) -> (u64, usize) {
+        (
+            self.first_ref() + pbn / REFS_PER_BLOCK,
+            (pbn % REFS_PER_BLOCK) as usize * 4,
+        )
+    }
+
+    pub fn record(&self, pbn: Pbn) -> (u64, usize) {
+        (
+            self.first_record() + pbn / RECORDS_PER_BLOCK,
+            (pbn % RECORDS_PER_BLOCK) as usize * RECORD_BYTES,
+        )
+    }
+
+    /// The summary entry of refcount block `r` (0-based in its table).
+    pub fn summary(&self, r: u64) -> (u64, usize) {
+        (
+            self.first_summary() + r / SUMMARIES_PER_BLOCK,
+            (r % SUMMARIES_PER_BLOCK) as usize * SUMMARY_BYTES,
+        )
+    }
+
+    pub fn area(&self) -> Area {
+        Area {
+            journal_start: SUPERBLOCK_AREA,
+            journal_blocks: self.journal_blocks,
+            table_start: self.table_start(),
+            table_blocks: self.table_blocks(),
+            names: [
+                (0, "sparse root block"),
+                (1, "sparse LBN map"),
+                (self.first_ref(), "sparse refcount array"),
+                (self.first_record(), "sparse chunk records"),
+                (self.first_summary(), "sparse refcount summary"),
+                (u64::MAX, ""),
+            ],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_stay_inside_their_tables() {
+        let cfg = DeviceConfig {
+            uuid: [0; 16],
+            backend: "sparse".into(),
+            chunk_size: 4096,
+            hash: crate::fingerprint::HashAlgo::Blake3,
+            verify: false,
+            logical_size: 100_000 * 4096,
+            physical_chunks: 50_000,
+            compression: crate::compress::Compression::None,
+        };
+        let g = Geometry::new(&cfg);
+        let a = g.area();
+        let (b, o) = g.lbn(99_999);
+        assert_eq!(a.table_name(b), "sparse LBN map");
+        assert!(o + 8 <= PAYLOAD);
+        let (b, o) = g.refcount(49_999);
+        assert_eq!(a.table_name(b), "sparse refcount array");
+        assert!(o + 4 <= PAYLOAD);
+        let (b, o) = g.record(49_999);
+        assert_eq!(a.table_name(b), "sparse chunk records");
+        assert!(o + RECORD_BYTES <= PAYLOAD);
+        let (b, o) = g.summary(g.ref_blocks - 1);
+        assert_eq!(a.table_name(b), "sparse refcount summary");
+        assert!(b < g.table_blocks() && o + SUMMARY_BYTES <= PAYLOAD);
+    }
+}

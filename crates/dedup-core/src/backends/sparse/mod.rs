@@ -1,0 +1,763 @@
+//! The sparse store: metadata that grows with the data, not the device.
+//!
+//! disktable's crash-safe machinery (4 KiB checksummed table blocks behind
+//! a bounded buffer cache, a redo journal, commits on FLUSH/FUA and when
+//! the cache is mostly dirty) over tables laid out in a sparse file
+//! (`geometry.rs`), so a block never written costs nothing:
+//! - the **LBN map**, 8 bytes per logical chunk, paged through the cache
+//!   (VDO's block map): a 1 TiB device costs nothing for ranges never written;
+//! - **reference counts**, 4 bytes per PBN, and a **summary** of how many
+//!   PBNs of each refcount block are in use (kept in RAM, 2 bytes per 1,022
+//!   PBNs), so allocation skips full blocks and never scans the device;
+//! - **chunk records**, the fingerprint stored with each indexed chunk:
+//!   the authoritative "hash index" of the Dmdedup seam, keyed by PBN, so
+//!   GC and check scan it and a candidate can be confirmed;
+//! - the **hash index proper** in RAM within a budget (`index.rs`): advice
+//!   only, sampled when the budget is reached, refilled by prefetching the
+//!   records of chunks written around a hit, rebuilt from the records at
+//!   open. A fingerprint the index misses costs a second copy of the chunk,
+//!   never wrong data.
+//!
+//! Open reads the root and the summary (not the tables), then the records
+//! of the blocks in use to refill the index: its time follows the data
+//! stored, not the device size.
+
+pub mod geometry;
+pub mod index;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crate::backend::{BackendUsage, MetadataBackend, ScanCursor};
+use crate::backends::disktable::cache::Cache;
+use crate::backends::disktable::geometry::{Area, BLOCK, HEADER};
+use crate::backends::disktable::journal::Journal;
+use crate::backends::kv::store::StoreState;
+use crate::backends::{BackendParams, OpenOptions, Opened};
+use crate::blockfile::BlockFile;
+use crate::codec::{Decoder, Encoder};
+use crate::config::{DeviceConfig, Lbn, Pbn};
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+use crate::superblock::{DeviceState, Superblock};
+
+use geometry::{Geometry, RECORDS_PER_BLOCK, RECORD_BYTES, REFS_PER_BLOCK};
+use index::{SampledIndex, GROUP_PBNS};
+
+pub use index::IndexStats;
+
+/// The hash index's RAM budget when none is given: a full index of 16 M
+/// chunks (64 GiB of unique data in 4 KiB chunks), sampled beyond that.
+pub const DEFAULT_INDEX_MEMORY: u64 = 256 << 20;
+/// The smallest budget accepted.
+pub const MIN_INDEX_MEMORY: u64 = 1 << 20;
+
+/// Where the sparse store's fields start in the superblock backend area.
+const AREA_OFFSET: usize = 64;
+/// The sparse layout; a device of another layout is refused.
+const LAYOUT: u32 = 1;
+const WHAT: &str = "sparse layout (superblock backend area)";
+
+/// What to do about damage `check --repair` fixes.
+const REPAIR: &str = "`dedup check --repair DIR` (device stopped) reports and fixes this";
+
+pub fn metadata_device_len(cfg: &DeviceConfig) -> u64 {
+    Geometry::new(cfg).device_len()
+}
+
+/// Bytes a metadata file may have allocated and still count as new (its
+/// superblock, written by no one yet, and filesystem slack).
+const FRESH_BYTES: u64 = 64 << 10;
+
+fn encode_area(params: &BackendParams, geo: &Geometry) -> Vec<u8> {
+    let mut e = Encoder::default();
+    e.bytes(&params.encode())
+        .pad_to(AREA_OFFSET)
+        .u32(LAYOUT)
+        .u64(geo.journal_blocks)
+        .u64(params.index_memory);
+    e.buf
+}
+
+fn decode_area(area: &[u8], cfg: &DeviceConfig) -> Result<(BackendParams, Geometry)> {
+    let mut params = BackendParams::decode(area)?;
+    let mut d = Decoder::new(&area[AREA_OFFSET..], WHAT);
+    let layout = d.u32()?;
+    if layout != LAYOUT {
+        return Err(Error::corrupt(
+            WHAT,
+            format!("layout {layout} but this dedup reads layout {LAYOUT}"),
+        ));
+    }
+    let journal_blocks = d.u64()?;
+    let index_memory = d.u64()?;
+    let geo = Geometry::new(cfg);
+    if journal_blocks != geo.journal_blocks {
+        return Err(Error::corrupt(
+            WHAT,
+            format!(
+                "journal of {journal_blocks} blocks, expected {}",
+                geo.journal_blocks
+            ),
+        ));
+    }
+    if index_memory < MIN_INDEX_MEMORY {
+        return Err(Error::corrupt(
+            WHAT,
+            format!("index memory {index_memory} is below the minimum {MIN_INDEX_MEMORY}"),
+        ));
+    }
+    params.index_memory = index_memory;
+    Ok((params, geo))
+}
+
+/// Make a new sparse store: a superblock. The tables are holes of a sparse
+/// file, which read as empty; a reused file or device must already read as
+/// zeros there (`layout::create` truncates a file it reuses).
+pub fn format(cfg: &DeviceConfig, meta: &dyn BlockFile, params: &BackendParams) -> Result<()> {
+    if params.index_memory < MIN_INDEX_MEMORY {
+        return Err(Error::InvalidArgument(format!(
+            "--index-memory must be at least {} MiB",
+            MIN_INDEX_MEMORY >> 20
+        )));
+    }
+    let geo = Geometry::new(cfg);
+    // The tables must read as empty. A new sparse file does (holes), and
+    // is not read through; anything else that may hold old contents (a
+    // reused file, a block device, a device of unknown allocation) is
+    // zeroed, since an old table block with a valid checksum would
+    // otherwise be taken for this device's.
+    let fresh = meta.allocated()?.is_some_and(|a| a <= FRESH_BYTES);
+    let start = geo.area().journal_start;
+    if fresh {
+        crate::backends::disktable::zero_range(meta, start, start + BLOCK as u64)?;
+    } else {
+        crate::backends::disktable::zero_range(meta, start, geo.device_len())?;
+    }
+    let mut sb = Superblock::new(cfg.clone());
+    sb.backend_area = encode_area(params, &geo);
+    sb.write(meta)
+}
+
+pub struct Sparse {
+    geo: Geometry,
+    area: Area,
+    cache: Cache,
+    journal: Journal,
+    index: SampledIndex,
+    /// Per refcount block: PBNs in use (count > 0), and PBNs with a chunk
+    /// record (scans of the records skip ranges with none; a record may
+    /// outlive its count for a moment, as when a repack moves counts
+    /// before index entries).
+    summary: Vec<u16>,
+    recorded: Vec<u16>,
+    /// PBNs with a count > 0.
+    used: u64,
+    /// Chunk records (indexed chunks).
+    records: u64,
+    cursor: Pbn,
+    /// PBNs freed in the open transaction: not reused before the commit.
+    quarantine: HashSet<Pbn>,
+    private: Vec<u64>,
+    dirty_limit: usize,
+    /// Bytes the metadata file occupies, as of the last commit.
+    allocated: u64,
+    file: Arc<dyn BlockFile>,
+    superblock: Superblock,
+    writable: bool,
+}
+
+pub fn open(
+    superblock: Superblock,
+    meta: Box<dyn BlockFile>,
+    opts: &OpenOptions,
+) -> Result<Opened> {
+    Ok(Opened {
+        backend: Box::new(Sparse::open(superblock, meta, opts)?),
+        rolled_back: false,
+    })
+}
+
+fn read_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+fn read_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn read_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes(b[at..at + 2].try_into().expect("2 bytes"))
+}
+
+fn cursor_at(cursor: &ScanCursor) -> Result<u64> {
+    match cursor.0.len() {
+        0 => Ok(0),
+        8 => Ok(read_u64(&cursor.0, 0)),
+        _ => Err(Error::InvalidArgument("not a sparse scan cursor".into())),
+    }
+}
+
+impl Sparse {
+    fn open(
+        superblock: Superblock,
+        meta: Box<dyn BlockFile>,
+        opts: &OpenOptions,
+    ) -> Result<Sparse> {
+        let cfg = superblock.config.clone();
+        let (params, geo) = decode_area(&superblock.backend_area, &cfg)?;
+        let file: Arc<dyn BlockFile> = Arc::from(meta);
+        let have = file.len()?;
+        if have < geo.device_len() {
+            return Err(Error::foreign(
+                std::path::Path::new(&file.describe()),
+                format!(
+                    "metadata device is {have} bytes but this device's tables need {}; was it truncated?",
+                    geo.device_len()
+                ),
+            ));
+        }
+        let area = geo.area();
+        let cache_bytes = opts.cache_bytes.unwrap_or(params.cache_bytes);
+        let mut cache = Cache::new(file.clone(), area, cache_bytes);
+        let (journal, replayed) = Journal::recover(file.as_ref(), &area, &mut cache.io)?;
+        if replayed > 0 {
+            tracing::info!("sparse: replayed {replayed} journaled blocks after an unclean stop");
+        }
+        let root = cache.get(Geometry::ROOT)?;
+        let state = if root.iter().all(|&b| b == 0) {
+            StoreState::default()
+        } else {
+            let len = read_u32(root, HEADER) as usize;
+            if len > BLOCK - HEADER - 4 {
+                return Err(Error::corrupt("sparse root block", "state record too long"));
+            }
+            StoreState::decode(&root[HEADER + 4..HEADER + 4 + len], "sparse root block")?
+        };
+        let dirty_limit = (cache.capacity_blocks() * 3 / 4).max(1);
+        let mut s = Sparse {
+            geo,
+            area,
+            cache,
+            journal,
+            index: SampledIndex::new(params.index_memory),
+            summary: vec![0; geo.ref_blocks as usize],
+            recorded: vec![0; geo.ref_blocks as usize],
+            used: 0,
+            records: 0,
+            cursor: state.alloc_cursor.min(geo.pbn_space.saturating_sub(1)),
+            quarantine: HashSet::new(),
+            private: state.counters.clone(),
+            dirty_limit,
+            allocated: 0,
+            file,
+            superblock,
+            writable: opts.writable,
+        };
+        s.load_summary(&state, opts.for_check)?;
+        s.refill_index(&state, opts.for_check)?;
+        s.allocated = s.file.allocated()?.unwrap_or(have);
+        if s.writable {
+            s.superblock.state = DeviceState::Open;
+            s.superblock.write(s.file.as_ref())?;
+        }
+        Ok(s)
+    }
+
+    /// Read the summary into RAM and check it against the root's counts of
+    /// PBNs in use and of records.
+    fn load_summary(&mut self, state: &StoreState, for_check: bool) -> Result<()> {
+        let (mut used, mut records) = (0u64, 0u64);
+        for r in 0..self.geo.ref_blocks {
+            let (b, off) = self.geo.summary(r);
+            let block = self.cache.get(b)?;
+            let n = read_u16(block, HEADER + off);
+            let k = read_u16(block, HEADER + off + 2);
+            let room = self.pbns_in_ref_block(r);
+            if u64::from(n) > room || u64::from(k) > room {
+                return Err(Error::corrupt(
+                    "sparse refcount summary",
+                    format!(
+                        "refcount block {r} counts {n} PBNs in use and {k} records, more than its {room} PBNs; {REPAIR}"
+                    ),
+                ));
+            }
+            self.summary[r as usize] = n;
+            self.recorded[r as usize] = k;
+            used += u64::from(n);
+            records += u64::from(k);
+        }
+        self.used = used;
+        self.agree("PBNs hold data", used, state.pbns_used, for_check)?;
+        self.agree(
+            "record counts in the summary",
+            records,
+            state.hash_entries,
+            for_check,
+        )
+    }
+
+    /// Rebuild the RAM index from the chunk records (of the ranges the
+    /// summary says hold some), counting them.
+    fn refill_index(&mut self, state: &StoreState, for_check: bool) -> Result<()> {
+        let mut cursor = Some(ScanCursor::start());
+        let mut page = Vec::new();
+        let mut found = 0u64;
+        while let Some(c) = cursor.take() {
+            page.clear();
+            cursor = self.scan_records(&c, 1 << 16, &mut page)?;
+            for (fp, pbn) in &page {
+                self.index.insert(fp.prefix_u64(), *pbn);
+            }
+            found += page.len() as u64;
+        }
+        self.records = found;
+        self.agree("chunks have records", found, state.hash_entries, for_check)
+    }
+
+    fn agree(&self, what: &str, found: u64, recorded: u64, for_check: bool) -> Result<()> {
+        if found == recorded {
+            return Ok(());
+        }
+        let detail = format!("{found} {what} but the last commit recorded {recorded}");
+        if for_check {
+            tracing::warn!("sparse tables: {detail}");
+            Ok(())
+        } else {
+            Err(Error::corrupt(
+                "sparse tables",
+                format!("{detail}; {REPAIR}"),
+            ))
+        }
+    }
+
+    fn pbns_in_ref_block(&self, r: u64) -> u64 {
+        (self.geo.pbn_space - r * REFS_PER_BLOCK).min(REFS_PER_BLOCK)
+    }
+
+    fn check_lbn(&self, lbn: Lbn) -> Result<()> {
+        if lbn < self.geo.logical_chunks {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "LBN {lbn} is beyond the device ({} chunks)",
+                self.geo.logical_chunks
+            )))
+        }
+    }
+
+    fn check_pbn(&self, pbn: Pbn) -> Result<()> {
+        if pbn < self.geo.pbn_space {
+            Ok(())
+        } else {
+            Err(Error::corrupt(
+                "sparse refcount array",
+                format!(
+                    "PBN {pbn} is beyond the data device ({} chunks)",
+                    self.geo.pbn_space
+                ),
+            ))
+        }
+    }
+
+    fn set_refcount(&mut self, pbn: Pbn, count: u32) -> Result<()> {
+        let (b, off) = self.geo.refcount(pbn);
+        let block = self.cache.get_mut(b)?;
+        block[HEADER + off..HEADER + off + 4].copy_from_slice(&count.to_le_bytes());
+        Ok(())
+    }
+
+    /// A PBN went from free to used (`+1`) or back (`-1`): the summary and
+    /// the totals follow, and a freed PBN waits for the commit.
+    fn note_use(&mut self, pbn: Pbn, in_use: bool) -> Result<()> {
+        let r = pbn / REFS_PER_BLOCK;
+        let n = &mut self.summary[r as usize];
+        if in_use {
+            *n += 1;
+            self.used += 1;
+            self.quarantine.remove(&pbn);
+        } else {
+            *n -= 1;
+            self.used -= 1;
+            self.quarantine.insert(pbn);
+        }
+        self.write_summary(r)
+    }
+
+    fn write_summary(&mut self, r: u64) -> Result<()> {
+        let (n, k) = (self.summary[r as usize], self.recorded[r as usize]);
+        let (b, off) = self.geo.summary(r);
+        let block = self.cache.get_mut(b)?;
+        block[HEADER + off..HEADER + off + 2].copy_from_slice(&n.to_le_bytes());
+        block[HEADER + off + 2..HEADER + off + 4].copy_from_slice(&k.to_le_bytes());
+        Ok(())
+    }
+
+    /// The record stored for `pbn`, if any.
+    fn record(&mut self, pbn: Pbn) -> Result<Option<Fingerprint>> {
+        let (b, off) = self.geo.record(pbn);
+        let block = self.cache.get(b)?;
+        let at = HEADER + off;
+        match block[at] {
+            0 => Ok(None),
+            1 => {
+                let mut fp = [0u8; 32];
+                fp.copy_from_slice(&block[at + 1..at + RECORD_BYTES]);
+                Ok(Some(Fingerprint(fp)))
+            }
+            tag => Err(Error::corrupt(
+                "sparse chunk records",
+                format!("record of PBN {pbn} has tag {tag}; {REPAIR}"),
+            )),
+        }
+    }
+
+    /// Set or clear `pbn`'s record (the caller knows whether one was there).
+    fn set_record(&mut self, pbn: Pbn, fp: Option<&Fingerprint>) -> Result<()> {
+        let (b, off) = self.geo.record(pbn);
+        let block = self.cache.get_mut(b)?;
+        let slot = &mut block[HEADER + off..HEADER + off + RECORD_BYTES];
+        let r = (pbn / REFS_PER_BLOCK) as usize;
+        match fp {
+            Some(fp) => {
+                slot[0] = 1;
+                slot[1..].copy_from_slice(&fp.0);
+                self.recorded[r] += 1;
+                self.records += 1;
+            }
+            None => {
+                slot.fill(0);
+                self.recorded[r] -= 1;
+                self.records -= 1;
+            }
+        }
+        self.write_summary(r as u64)
+    }
+
+    /// Is `pbn` a live chunk whose record is `fp`? (A candidate from the
+    /// index is advice until this says yes.)
+    fn confirm(&mut self, fp: &Fingerprint, pbn: Pbn) -> Result<bool> {
+        if pbn >= self.geo.pbn_space {
+            return Ok(false);
+        }
+        Ok(self.record(pbn)?.as_ref() == Some(fp))
+    }
+
+    /// Load the records of `pbn`'s group into the index's prefetch cache.
+    fn prefetch(&mut self, pbn: Pbn) -> Result<()> {
+        if self.index.has_group(pbn) {
+            return Ok(());
+        }
+        let first = pbn / GROUP_PBNS * GROUP_PBNS;
+        let end = (first + GROUP_PBNS).min(self.geo.pbn_space);
+        let mut entries = Vec::new();
+        let mut p = first;
+        while p < end {
+            let (b, _) = self.geo.record(p);
+            let block = self.cache.get(b)?;
+            let block_end = ((p / RECORDS_PER_BLOCK + 1) * RECORDS_PER_BLOCK).min(end);
+            for q in p..block_end {
+                let at = HEADER + (q % RECORDS_PER_BLOCK) as usize * RECORD_BYTES;
+                if block[at] == 1 {
+                    entries.push((read_u64(block, at + 1), q));
+                }
+            }
+            p = block_end;
+        }
+        self.index.prefetched(pbn, entries);
+        Ok(())
+    }
+
+    /// The chunk records from `cursor` on (PBN order), skipping the ranges
+    /// of refcount blocks the summary says hold no record.
+    fn scan_records(
+        &mut self,
+        cursor: &ScanCursor,
+        max: usize,
+        out: &mut Vec<(Fingerprint, Pbn)>,
+    ) -> Result<Option<ScanCursor>> {
+        let mut pbn = cursor_at(cursor)?;
+        let mut taken = 0;
+        while pbn < self.geo.pbn_space {
+            let r = pbn / REFS_PER_BLOCK;
+            if self.recorded[r as usize] == 0 {
+                pbn = (r + 1) * REFS_PER_BLOCK;
+                continue;
+            }
+            if taken >= max {
+                return Ok(Some(ScanCursor(pbn.to_le_bytes().to_vec())));
+            }
+            if let Some(fp) = self.record(pbn)? {
+                out.push((fp, pbn));
+                taken += 1;
+            }
+            pbn += 1;
+        }
+        Ok(None)
+    }
+
+    fn write_root(&mut self) -> Result<()> {
+        let state = StoreState {
+            lbns_mapped: 0,
+            pbns_used: self.used,
+            hash_entries: self.records,
+            alloc_cursor: self.cursor,
+            counters: self.private.clone(),
+        }
+        .encode();
+        if state.len() > BLOCK - HEADER - 4 {
+            return Err(Error::InvalidArgument(
+                "the engine's record does not fit the sparse root block".into(),
+            ));
+        }
+        let root = self.cache.get_mut(Geometry::ROOT)?;
+        root[HEADER..HEADER + 4].copy_from_slice(&(state.len() as u32).to_le_bytes());
+        root[HEADER + 4..HEADER + 4 + state.len()].copy_from_slice(&state);
+        Ok(())
+    }
+
+    /// The index's figures for `dedup status`.
+    pub fn index_stats(&self) -> IndexStats {
+        let mut s = self.index.stats.clone();
+        s.table_bytes = self.index.bytes();
+        s
+    }
+}
+
+impl MetadataBackend for Sparse {
+    fn lbn_map_lookup(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
+        self.check_lbn(lbn)?;
+        let (b, off) = self.geo.lbn(lbn);
+        let v = read_u64(self.cache.get(b)?, HEADER + off);
+        if v > self.geo.pbn_space {
+            return Err(Error::corrupt(
+                "sparse LBN map",
+                format!("LBN {lbn} maps to PBN {} beyond the data device", v - 1),
+            ));
+        }
+        Ok(v.checked_sub(1))
+    }
+
+    fn lbn_map_insert(&mut self, lbn: Lbn, pbn: Pbn) -> Result<Option<Pbn>> {
+        self.check_pbn(pbn)?;
+        let old = self.lbn_map_lookup(lbn)?;
+        let (b, off) = self.geo.lbn(lbn);
+        let block = self.cache.get_mut(b)?;
+        block[HEADER + off..HEADER + off + 8].copy_from_slice(&(pbn + 1).to_le_bytes());
+        Ok(old)
+    }
+
+    fn lbn_map_delete(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
+        let old = self.lbn_map_lookup(lbn)?;
+        if old.is_some() {
+            let (b, off) = self.geo.lbn(lbn);
+            let block = self.cache.get_mut(b)?;
+            block[HEADER + off..HEADER + off + 8].fill(0);
+        }
+        Ok(old)
+    }
+
+    fn lbn_map_scan(
+        &mut self,
+        cursor: &ScanCursor,
+        max: usize,
+        out: &mut Vec<(Lbn, Pbn)>,
+    ) -> Result<Option<ScanCursor>> {
+        let mut lbn = cursor_at(cursor)?;
+        let mut taken = 0;
+        while lbn < self.geo.logical_chunks {
+            if taken == max {
+                return Ok(Some(ScanCursor(lbn.to_le_bytes().to_vec())));
+            }
+            if let Some(pbn) = self.lbn_map_lookup(lbn)? {
+                out.push((lbn, pbn));
+                taken += 1;
+            }
+            lbn += 1;
+        }
+        Ok(None)
+    }
+
+    fn hash_index_lookup(&mut self, fp: &Fingerprint) -> Result<Option<Pbn>> {
+        let key = fp.prefix_u64();
+        let [from_table, from_cache] = self.index.candidates(key);
+        for (pbn, hook) in [(from_table, true), (from_cache, false)] {
+            let Some(pbn) = pbn else { continue };
+            if self.confirm(fp, pbn)? {
+                if hook {
+                    self.index.stats.table_hits += 1;
+                    self.prefetch(pbn)?;
+                } else {
+                    self.index.stats.prefetch_hits += 1;
+                }
+                return Ok(Some(pbn));
+            }
+            self.index.stats.stale += 1;
+            self.index.remove(key, pbn);
+        }
+        self.index.stats.misses += 1;
+        Ok(None)
+    }
+
+    fn hash_index_insert(&mut self, fp: &Fingerprint, pbn: Pbn) -> Result<()> {
+        self.check_pbn(pbn)?;
+        if self.record(pbn)?.is_some() {
+            return Err(Error::corrupt(
+                "sparse chunk records",
+                format!("PBN {pbn} already has a record when it is indexed again"),
+            ));
+        }
+        self.set_record(pbn, Some(fp))?;
+        self.index.insert(fp.prefix_u64(), pbn);
+        Ok(())
+    }
+
+    fn hash_index_delete(&mut self, fp: &Fingerprint, pbn: Pbn) -> Result<bool> {
+        if pbn >= self.geo.pbn_space || self.record(pbn)?.as_ref() != Some(fp) {
+            return Ok(false);
+        }
+        self.set_record(pbn, None)?;
+        self.index.remove(fp.prefix_u64(), pbn);
+        Ok(true)
+    }
+
+    fn hash_index_scan(
+        &mut self,
+        cursor: &ScanCursor,
+        max: usize,
+        out: &mut Vec<(Fingerprint, Pbn)>,
+    ) -> Result<Option<ScanCursor>> {
+        self.scan_records(cursor, max, out)
+    }
+
+    fn alloc_pbn(&mut self) -> Result<Option<Pbn>> {
+        let total = self.geo.pbn_space;
+        if self.used + self.quarantine.len() as u64 >= total {
+            return Ok(None);
+        }
+        // Dmdedup §2.6.1: sequentially from the last allocation; the
+        // summary skips refcount blocks with no free PBN.
+        let mut pbn = self.cursor % total;
+        for _ in 0..=self.geo.ref_blocks {
+            let r = pbn / REFS_PER_BLOCK;
+            let end = ((r + 1) * REFS_PER_BLOCK).min(total);
+            if u64::from(self.summary[r as usize]) < end - r * REFS_PER_BLOCK {
+                let (b, _) = self.geo.refcount(pbn);
+                let block = self.cache.get(b)?;
+                let free = (pbn..end).find(|&p| {
+                    read_u32(block, HEADER + (p % REFS_PER_BLOCK) as usize * 4) == 0
+                        && !self.quarantine.contains(&p)
+                });
+                if let Some(p) = free {
+                    self.set_refcount(p, 1)?;
+                    self.note_use(p, true)?;
+                    self.cursor = p + 1;
+                    return Ok(Some(p));
+                }
+            }
+            pbn = if end >= total { 0 } else { end };
+        }
+        Err(Error::corrupt(
+            "sparse refcount summary",
+            format!(
+                "{} PBNs in use of {total}, but no free one was found; {REPAIR}",
+                self.used
+            ),
+        ))
+    }
+
+    fn refcount_inc(&mut self, pbn: Pbn) -> Result<u32> {
+        let c = self.refcount_get(pbn)?;
+        if c == 0 {
+            return Err(Error::corrupt(
+                "sparse refcount array",
+                format!("reference added to free PBN {pbn}"),
+            ));
+        }
+        let c = c.checked_add(1).ok_or_else(|| {
+            Error::corrupt(
+                "sparse refcount array",
+                format!("PBN {pbn} count overflows"),
+            )
+        })?;
+        self.set_refcount(pbn, c)?;
+        Ok(c)
+    }
+
+    fn refcount_dec(&mut self, pbn: Pbn) -> Result<u32> {
+        let c = self.refcount_get(pbn)?;
+        if c == 0 {
+            return Err(Error::corrupt(
+                "sparse refcount array",
+                format!("reference dropped from free PBN {pbn} (count would underflow)"),
+            ));
+        }
+        self.set_refcount(pbn, c - 1)?;
+        if c == 1 {
+            self.note_use(pbn, false)?;
+        }
+        Ok(c - 1)
+    }
+
+    fn refcount_get(&mut self, pbn: Pbn) -> Result<u32> {
+        self.check_pbn(pbn)?;
+        let (b, off) = self.geo.refcount(pbn);
+        Ok(read_u32(self.cache.get(b)?, HEADER + off))
+    }
+
+    fn refcount_set(&mut self, pbn: Pbn, count: u32) -> Result<()> {
+        let c = self.refcount_get(pbn)?;
+        self.set_refcount(pbn, count)?;
+        match (c, count) {
+            (0, n) if n > 0 => self.note_use(pbn, true),
+            (n, 0) if n > 0 => self.note_use(pbn, false),
+            _ => Ok(()),
+        }
+    }
+
+    fn commit(&mut self, private: &[u64]) -> Result<()> {
+        self.private = private.to_vec();
+        self.write_root()?;
+        let blocks = self.cache.sealed_dirty();
+        self.journal
+            .commit(self.file.as_ref(), &self.area, &blocks, &mut self.cache.io)?;
+        self.cache.mark_clean();
+        self.quarantine.clear();
+        if !blocks.is_empty() {
+            self.allocated = self.file.allocated()?.unwrap_or(self.allocated);
+        }
+        Ok(())
+    }
+
+    fn wants_commit(&self) -> bool {
+        self.cache.dirty_count() >= self.dirty_limit
+    }
+
+    fn close(&mut self, private: &[u64]) -> Result<()> {
+        if !self.writable {
+            return Ok(());
+        }
+        self.commit(private)?;
+        self.journal.clear(self.file.as_ref(), &self.area)?;
+        self.superblock.state = DeviceState::Clean;
+        self.superblock.write(self.file.as_ref())?;
+        self.writable = false;
+        Ok(())
+    }
+
+    fn private_data(&self) -> &[u64] {
+        &self.private
+    }
+
+    fn usage(&self) -> BackendUsage {
+        BackendUsage {
+            pbns_used: self.used,
+            pbns_free: self.geo.pbn_space - self.used - self.quarantine.len() as u64,
+            metadata_bytes: self.allocated + self.index.bytes(),
+            io: self.cache.io,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,206 @@
+use super::*;
+use crate::blockfile::FileBlockFile;
+use crate::compress::Compression;
+use crate::fingerprint::HashAlgo;
+
+fn cfg(logical_chunks: u64, physical_chunks: u64) -> DeviceConfig {
+    DeviceConfig {
+        uuid: [7; 16],
+        backend: "sparse".into(),
+        chunk_size: 4096,
+        hash: HashAlgo::Blake3,
+        verify: false,
+        logical_size: logical_chunks * 4096,
+        physical_chunks,
+        compression: Compression::None,
+    }
+}
+
+fn fp(i: u64) -> Fingerprint {
+    Fingerprint(*blake3::hash(&i.to_le_bytes()).as_bytes())
+}
+
+fn writable() -> OpenOptions {
+    OpenOptions {
+        writable: true,
+        ..Default::default()
+    }
+}
+
+/// A store on a real sparse file, as `dedup create` makes it.
+fn on_file(
+    dir: &std::path::Path,
+    cfg: &DeviceConfig,
+    params: &BackendParams,
+) -> Arc<FileBlockFile> {
+    let path = dir.join("meta");
+    let f = Arc::new(FileBlockFile::create(&path, metadata_device_len(cfg)).unwrap());
+    format(cfg, f.as_ref(), params).unwrap();
+    f
+}
+
+fn open_store(f: &Arc<FileBlockFile>) -> Sparse {
+    let sb = Superblock::read(f.as_ref(), std::path::Path::new("meta")).unwrap();
+    Sparse::open(sb, Box::new(f.clone()), &writable()).unwrap()
+}
+
+#[test]
+fn a_terabyte_device_costs_what_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let tib = (1u64 << 40) / 4096;
+    let c = cfg(tib, tib);
+    let f = on_file(dir.path(), &c, &BackendParams::default());
+    assert!(f.len().unwrap() > 1 << 30, "address space for every table");
+    let at_create = f.allocated().unwrap().unwrap();
+    assert!(at_create < 1 << 20, "{at_create} bytes at create");
+    let mut s = open_store(&f);
+    // 10,000 chunks written at the far end of the device.
+    for i in 0..10_000u64 {
+        let pbn = s.alloc_pbn().unwrap().unwrap();
+        s.hash_index_insert(&fp(i), pbn).unwrap();
+        s.refcount_inc(pbn).unwrap();
+        s.lbn_map_insert(tib - 1 - i, pbn).unwrap();
+    }
+    s.close(&[1, 2, 3]).unwrap();
+    let written = f.allocated().unwrap().unwrap();
+    // LBN map, counts, records and summary for 10,000 chunks, and one
+    // journal of them: well under 2 MiB, whatever the device size.
+    assert!(written < 2 << 20, "{written} bytes for 10,000 chunks");
+    let t = std::time::Instant::now();
+    let mut s = open_store(&f);
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(3),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(s.private_data(), [1, 2, 3]);
+    assert_eq!(s.usage().pbns_used, 10_000);
+    for i in (0..10_000u64).step_by(97) {
+        let pbn = s.lbn_map_lookup(tib - 1 - i).unwrap().unwrap();
+        assert_eq!(s.hash_index_lookup(&fp(i)).unwrap(), Some(pbn));
+        assert_eq!(s.refcount_get(pbn).unwrap(), 2);
+    }
+}
+
+fn mem_store(c: &DeviceConfig, budget: u64) -> Sparse {
+    let meta = Arc::new(crate::blockfile::MemBlockFile::new(
+        metadata_device_len(c),
+        "meta",
+    ));
+    let params = BackendParams {
+        index_memory: budget,
+        ..Default::default()
+    };
+    format(c, meta.as_ref(), &params).unwrap();
+    let sb = Superblock::read(meta.as_ref(), std::path::Path::new("meta")).unwrap();
+    Sparse::open(sb, Box::new(meta), &writable()).unwrap()
+}
+
+#[test]
+fn a_lost_index_costs_deduplication_never_wrong_data() {
+    let mut s = mem_store(&cfg(64, 64), MIN_INDEX_MEMORY);
+    for i in 0..32 {
+        let pbn = s.alloc_pbn().unwrap().unwrap();
+        s.hash_index_insert(&fp(i), pbn).unwrap();
+    }
+    s.index = SampledIndex::new(MIN_INDEX_MEMORY);
+    for i in 0..32 {
+        assert_eq!(s.hash_index_lookup(&fp(i)).unwrap(), None);
+    }
+    // GC and check still see every record.
+    let mut all = Vec::new();
+    crate::backend::scan_all(
+        |c, p| s.hash_index_scan(c, 5, p),
+        |f, pbn| {
+            all.push((f, pbn));
+            Ok(())
+        },
+    )
+    .unwrap();
+    assert_eq!(all.len(), 32);
+    assert!(s.hash_index_delete(&fp(3), all[3].1).unwrap());
+}
+
+#[test]
+fn stale_advice_fails_confirmation() {
+    let mut s = mem_store(&cfg(64, 64), MIN_INDEX_MEMORY);
+    let pbn = s.alloc_pbn().unwrap().unwrap();
+    s.hash_index_insert(&fp(1), pbn).unwrap();
+    // The record goes, the advice stays (as after a crash or a lost
+    // update), and the PBN now holds another chunk.
+    s.set_record(pbn, None).unwrap();
+    s.set_record(pbn, Some(&fp(2))).unwrap();
+    assert_eq!(s.hash_index_lookup(&fp(1)).unwrap(), None);
+    assert_eq!(s.index.stats.stale, 1);
+    // A delete names the pair: the wrong fingerprint deletes nothing.
+    assert!(!s.hash_index_delete(&fp(1), pbn).unwrap());
+    assert!(s.hash_index_delete(&fp(2), pbn).unwrap());
+}
+
+#[test]
+fn prefetch_finds_the_neighbours_of_a_sampled_hit() {
+    // A budget so small that most fingerprints are not in the table.
+    let n = 200_000u64;
+    let mut s = mem_store(&cfg(n, n), MIN_INDEX_MEMORY);
+    for i in 0..n {
+        let pbn = s.alloc_pbn().unwrap().unwrap();
+        s.hash_index_insert(&fp(i), pbn).unwrap();
+    }
+    let period = s.index.stats.sampling_period;
+    assert!(period >= 2, "{:?}", s.index.stats);
+    // The same stream again: after the first hook of each group, the
+    // prefetched records find the rest.
+    let found = (0..n)
+        .filter(|&i| s.hash_index_lookup(&fp(i)).unwrap().is_some())
+        .count() as u64;
+    assert!(
+        found * 100 >= n * 95,
+        "{found} of {n} at sampling period {period}"
+    );
+    assert!(s.index.stats.prefetch_hits > s.index.stats.table_hits);
+}
+
+#[test]
+fn allocation_skips_full_blocks_and_wraps_to_freed_ones() {
+    let n = 3 * REFS_PER_BLOCK + 5;
+    let mut s = mem_store(&cfg(16, n), MIN_INDEX_MEMORY);
+    for _ in 0..n {
+        s.alloc_pbn().unwrap().unwrap();
+    }
+    assert_eq!(s.alloc_pbn().unwrap(), None);
+    s.refcount_dec(7).unwrap();
+    // Freed in the open transaction: not reusable before the commit.
+    assert_eq!(s.alloc_pbn().unwrap(), None);
+    assert_eq!(s.usage().pbns_free, 0);
+    s.commit(&[]).unwrap();
+    assert_eq!(s.usage().pbns_free, 1);
+    assert_eq!(s.alloc_pbn().unwrap(), Some(7));
+    assert_eq!(s.summary[0] as u64, REFS_PER_BLOCK);
+}
+
+/// A repack moves a chunk's count before its index entry: for a moment
+/// the record sits on a free PBN, in a refcount block with nothing in
+/// use. Scans must still find it (they skip by records, not by counts).
+#[test]
+fn scans_find_records_whose_counts_moved_first() {
+    let n = 4 * REFS_PER_BLOCK;
+    let mut s = mem_store(&cfg(16, n), MIN_INDEX_MEMORY);
+    s.refcount_set(5, 1).unwrap();
+    s.hash_index_insert(&fp(5), 5).unwrap();
+    let new = 3 * REFS_PER_BLOCK + 1;
+    s.refcount_set(new, 1).unwrap();
+    s.refcount_set(5, 0).unwrap();
+    let mut seen = Vec::new();
+    crate::backend::scan_all(
+        |c, p| s.hash_index_scan(c, 4096, p),
+        |f, pbn| {
+            seen.push((f, pbn));
+            Ok(())
+        },
+    )
+    .unwrap();
+    assert_eq!(seen, vec![(fp(5), 5)]);
+    assert!(s.hash_index_delete(&fp(5), 5).unwrap());
+    s.hash_index_insert(&fp(5), new).unwrap();
+    s.close(&[]).unwrap();
+}
