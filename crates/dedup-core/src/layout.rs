@@ -242,6 +242,14 @@ pub fn create(dir: &Path, opts: &CreateOptions) -> Result<DeviceConfig> {
         }
         _ => opts.size,
     };
+    // Room for overwrites in flight beyond what was asked for, except on
+    // an existing data device whose size is taken as it is (and on any
+    // block device, which cannot grow).
+    let reserve = match (&opts.data, opts.physical_size) {
+        (Some(path), _) if is_block_device(path) => 0,
+        (Some(path), None) if path.exists() => 0,
+        _ => crate::engine::overwrite_reserve_chunks(opts.chunk_size),
+    };
     if physical_size % chunk != 0 {
         return Err(Error::InvalidArgument(format!(
             "the physical size {physical_size} is not a multiple of the chunk size {chunk}"
@@ -254,7 +262,7 @@ pub fn create(dir: &Path, opts: &CreateOptions) -> Result<DeviceConfig> {
         hash: opts.hash,
         verify: opts.verify,
         logical_size: opts.size,
-        physical_chunks: physical_size / chunk,
+        physical_chunks: physical_size / chunk + reserve,
         compression: opts.compression,
     };
     cfg.validate()?;

@@ -50,6 +50,17 @@ pub fn batch_chunks(chunk_size: usize) -> usize {
     ((1 << 20) / chunk_size).clamp(1, 256)
 }
 
+/// Chunks `dedup create` adds to the data device beyond the physical size
+/// asked for, so that overwrites of a full device always fit: a write
+/// stores its new chunks before the ones it replaces are freed (and those
+/// are reused only after the next commit), so a device whose every chunk
+/// is live needs room for the batches in flight. Four batches (4 MiB with
+/// 4 KiB chunks); a batch that finds even these taken makes room (GC and a
+/// commit free what earlier overwrites replaced) and tries again.
+pub fn overwrite_reserve_chunks(chunk_size: u32) -> u64 {
+    4 * batch_chunks(chunk_size as usize) as u64
+}
+
 /// Is every byte zero? Word-at-a-time, since this runs on every chunk written.
 pub fn is_zero(buf: &[u8]) -> bool {
     let mut blocks = buf.chunks_exact(64);

@@ -42,7 +42,7 @@ use crate::stats::{ratio, Counters, Stats};
 use crate::superblock::{check_data_header, encode_data_header, Superblock, SUPERBLOCK_AREA};
 
 pub use check::{CheckReport, Problem, ProblemKind, RepairReport};
-pub use chunking::is_zero;
+pub use chunking::{is_zero, overwrite_reserve_chunks};
 pub use device::Device;
 pub use gc::GcReport;
 pub use read_path::{Extent, EXTENT_SCAN_CHUNKS};
