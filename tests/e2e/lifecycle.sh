@@ -47,7 +47,7 @@ nbdcopy --flush "$WORK/a.bin" "$(uri "$WORK/dev")"
 "$DEDUP" check "$WORK/dev" --data --json | python3 -c "import json,sys; r=json.load(sys.stdin); assert not r['problems'], r"
 
 log "a full device refuses new data with ENOSPC and keeps what it has"
-head -c 20M /dev/urandom >"$WORK/big.bin"
+head -c 32M /dev/urandom >"$WORK/big.bin"  # 16M + the 4M overwrite reserve: too much
 expect_fail "No space left on device" nbdcopy "$WORK/big.bin" "$(uri "$WORK/dev")"
 [ "$(status "$WORK/dev" nospace_errors)" -ge 1 ] || fail "nospace_errors not counted"
 grep -q "full" "$WORK/dev.serve.log" || fail "no 90% space warning logged"
