@@ -28,14 +28,44 @@ pub enum Hold {
 /// scan reads their table).
 pub const UNKNOWN: u32 = u32::MAX;
 
+/// What the map knows of one block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Entry {
+    /// Bit s set = address (block, s) has references.
+    live: u16,
+    hold: Hold,
+    /// Packed: fragment slots in its table (0 = unknown).
+    slots: u8,
+    /// Packed: bytes of its live fragments when last known.
+    fill: u32,
+}
+
+const FREE: Entry = Entry {
+    live: 0,
+    hold: Hold::None,
+    slots: 0,
+    fill: UNKNOWN,
+};
+
+impl Entry {
+    fn in_use(&self) -> bool {
+        self.live != 0 || self.hold != Hold::None
+    }
+}
+
+/// Blocks per page of the map. A page exists only while one of its blocks
+/// is in use, so the map's RAM follows the data stored (about 12 bytes per
+/// block of the regions written), not the size of the data device.
+const PAGE: usize = 4096;
+
+struct Page {
+    entries: Box<[Entry]>,
+    in_use: u32,
+}
+
 pub struct Blocks {
-    /// Per block: bit s set = address (block, s) has references.
-    live: Vec<u16>,
-    hold: Vec<Hold>,
-    /// Per packed block: fragment slots in its table (0 = unknown).
-    slots: Vec<u8>,
-    /// Per packed block: bytes of its live fragments when last known.
-    fill: Vec<u32>,
+    pages: Vec<Option<Page>>,
+    count: u64,
     quarantine: Vec<u64>,
     retired: Vec<u64>,
     cursor: u64,
@@ -45,12 +75,9 @@ pub struct Blocks {
 
 impl Blocks {
     pub fn new(blocks: u64) -> Blocks {
-        let n = blocks as usize;
         Blocks {
-            live: vec![0; n],
-            hold: vec![Hold::None; n],
-            slots: vec![0; n],
-            fill: vec![UNKNOWN; n],
+            pages: (0..(blocks as usize).div_ceil(PAGE)).map(|_| None).collect(),
+            count: blocks,
             quarantine: Vec::new(),
             retired: Vec::new(),
             cursor: 0,
@@ -60,24 +87,52 @@ impl Blocks {
 
     /// Blocks on the data device.
     pub fn count(&self) -> u64 {
-        self.live.len() as u64
+        self.count
     }
 
-    fn in_use(&self, b: usize) -> bool {
-        self.live[b] != 0 || self.hold[b] != Hold::None
+    fn get(&self, block: u64) -> Entry {
+        let b = block as usize;
+        self.pages[b / PAGE]
+            .as_ref()
+            .map_or(FREE, |p| p.entries[b % PAGE])
+    }
+
+    /// Change a block's entry, keeping its page's count of blocks in use
+    /// (a page with none left is dropped); returns whether it was in use.
+    fn update(&mut self, block: u64, f: impl FnOnce(&mut Entry)) -> bool {
+        let b = block as usize;
+        let slot = &mut self.pages[b / PAGE];
+        let page = slot.get_or_insert_with(|| Page {
+            entries: vec![FREE; PAGE].into_boxed_slice(),
+            in_use: 0,
+        });
+        let e = &mut page.entries[b % PAGE];
+        let was = e.in_use();
+        f(e);
+        match (was, e.in_use()) {
+            (false, true) => page.in_use += 1,
+            (true, false) => page.in_use -= 1,
+            _ => {}
+        }
+        if page.in_use == 0 {
+            *slot = None;
+        }
+        was
     }
 
     /// Mark an address referenced (at open, at allocation, and when a
     /// repair gives a count back).
     pub fn revive(&mut self, pbn: Pbn) {
         let (b, s) = split(pbn);
-        let b = b as usize;
-        let was = self.in_use(b);
-        if self.hold[b] == Hold::Quarantine {
-            self.quarantine.retain(|&q| q != b as u64);
-            self.hold[b] = Hold::None;
+        if self.get(b).hold == Hold::Quarantine {
+            self.quarantine.retain(|&q| q != b);
         }
-        self.live[b] |= 1 << s;
+        let was = self.update(b, |e| {
+            if e.hold == Hold::Quarantine {
+                e.hold = Hold::None;
+            }
+            e.live |= 1 << s;
+        });
         if !was {
             self.free -= 1;
         }
@@ -87,62 +142,83 @@ impl Blocks {
     /// quarantined (or, if it is an open bin or retired, stays as it is).
     pub fn kill(&mut self, pbn: Pbn) {
         let (b, s) = split(pbn);
-        let b = b as usize;
-        if self.live[b] & (1 << s) == 0 {
+        if self.get(b).live & (1 << s) == 0 {
             // Not live here (a repair zeroing a count the map never saw).
             return;
         }
-        self.live[b] &= !(1 << s);
-        if self.live[b] == 0 && self.hold[b] == Hold::None {
-            self.hold[b] = Hold::Quarantine;
-            self.quarantine.push(b as u64);
+        let mut quarantined = false;
+        self.update(b, |e| {
+            e.live &= !(1 << s);
+            if e.live == 0 && e.hold == Hold::None {
+                e.hold = Hold::Quarantine;
+                quarantined = true;
+            }
+        });
+        if quarantined {
+            self.quarantine.push(b);
         }
     }
 
     pub fn live(&self, block: u64) -> u16 {
-        self.live[block as usize]
+        self.get(block).live
     }
 
     pub fn is_raw(&self, block: u64) -> bool {
-        self.live[block as usize] & (1 << RAW_SLOT) != 0
+        self.get(block).live & (1 << RAW_SLOT) != 0
     }
 
     pub fn hold(&self, block: u64) -> Hold {
-        self.hold[block as usize]
+        self.get(block).hold
     }
 
     /// A free block for a raw chunk (`live` = its raw bit) or a new bin
     /// (`hold` = `Bin`, no live bits yet), searching on from the last one
-    /// handed out (sequential data writes, as Dmdedup §2.6.1).
+    /// handed out (sequential data writes, as Dmdedup §2.6.1); full pages
+    /// are skipped whole.
     pub fn alloc(&mut self, hold: Hold, live: u16) -> Option<u64> {
         if self.free == 0 {
             return None;
         }
-        let n = self.count();
-        for step in 0..n {
+        let n = self.count;
+        let mut step = 0;
+        while step < n {
             let b = (self.cursor + step) % n;
-            if !self.in_use(b as usize) {
-                self.hold[b as usize] = hold;
-                self.live[b as usize] = live;
-                self.slots[b as usize] = 0;
-                self.fill[b as usize] = UNKNOWN;
+            let page = &self.pages[b as usize / PAGE];
+            if page.as_ref().is_some_and(|p| p.in_use as usize == PAGE) {
+                step += PAGE as u64 - b % PAGE as u64;
+                continue;
+            }
+            if !self.get(b).in_use() {
+                self.update(b, |e| {
+                    *e = Entry {
+                        live,
+                        hold,
+                        ..FREE
+                    }
+                });
                 self.free -= 1;
                 self.cursor = (b + 1) % n;
                 return Some(b);
             }
+            step += 1;
         }
         None
     }
 
     /// A bin was written: its block now lives by its live bits.
     pub fn sealed(&mut self, block: u64, slots: usize, fill: u32) {
-        let b = block as usize;
-        self.hold[b] = Hold::None;
-        self.slots[b] = slots as u8;
-        self.fill[b] = fill;
-        if self.live[b] == 0 {
-            // Every fragment died before the bin was written.
-            self.hold[b] = Hold::Quarantine;
+        let mut quarantined = false;
+        self.update(block, |e| {
+            e.hold = Hold::None;
+            e.slots = slots as u8;
+            e.fill = fill;
+            if e.live == 0 {
+                // Every fragment died before the bin was written.
+                e.hold = Hold::Quarantine;
+                quarantined = true;
+            }
+        });
+        if quarantined {
             self.quarantine.push(block);
         }
     }
@@ -150,31 +226,36 @@ impl Blocks {
     /// An open bin given up without being written (all its fragments died
     /// or its write failed and the device stops): nothing names it durably.
     pub fn drop_bin(&mut self, block: u64) {
-        let b = block as usize;
-        self.hold[b] = Hold::None;
-        if self.live[b] == 0 {
+        self.update(block, |e| e.hold = Hold::None);
+        if self.get(block).live == 0 {
             self.free += 1;
         }
     }
 
     pub fn slots(&self, block: u64) -> u8 {
-        self.slots[block as usize]
+        self.get(block).slots
     }
 
     pub fn fill(&self, block: u64) -> u32 {
-        self.fill[block as usize]
+        self.get(block).fill
     }
 
     pub fn set_layout(&mut self, block: u64, slots: usize, fill: u32) {
-        self.slots[block as usize] = slots as u8;
-        self.fill[block as usize] = fill;
+        if !self.get(block).in_use() {
+            return;
+        }
+        self.update(block, |e| {
+            e.slots = slots as u8;
+            e.fill = fill;
+        });
     }
 
     /// A repack moved every live fragment out of `block`.
     pub fn retire(&mut self, block: u64) {
-        let b = block as usize;
-        self.live[b] = 0;
-        self.hold[b] = Hold::Retired;
+        self.update(block, |e| {
+            e.live = 0;
+            e.hold = Hold::Retired;
+        });
         self.retired.push(block);
     }
 
@@ -182,7 +263,7 @@ impl Blocks {
     /// blocks wait for the next commit like any freed block.
     pub fn release_retired(&mut self) {
         for b in std::mem::take(&mut self.retired) {
-            self.hold[b as usize] = Hold::Quarantine;
+            self.update(b, |e| e.hold = Hold::Quarantine);
             self.quarantine.push(b);
         }
     }
@@ -190,9 +271,9 @@ impl Blocks {
     /// The transaction committed: quarantined blocks are free.
     pub fn commit(&mut self) {
         for b in std::mem::take(&mut self.quarantine) {
-            let b = b as usize;
-            if self.hold[b] == Hold::Quarantine && self.live[b] == 0 {
-                self.hold[b] = Hold::None;
+            let e = self.get(b);
+            if e.hold == Hold::Quarantine && e.live == 0 {
+                self.update(b, |e| e.hold = Hold::None);
                 self.free += 1;
             }
         }
@@ -208,18 +289,21 @@ impl Blocks {
     }
 
     pub fn used(&self) -> u64 {
-        self.count() - self.free
+        self.count - self.free
     }
 
     /// (raw blocks, packed blocks, live fragments) now.
     pub fn census(&self) -> (u64, u64, u64) {
         let (mut raw, mut packed, mut frags) = (0, 0, 0);
-        for &l in &self.live {
-            if l & (1 << RAW_SLOT) != 0 {
-                raw += 1;
-            } else if l != 0 {
-                packed += 1;
-                frags += l.count_ones() as u64;
+        for page in self.pages.iter().flatten() {
+            for e in page.entries.iter() {
+                let l = e.live;
+                if l & (1 << RAW_SLOT) != 0 {
+                    raw += 1;
+                } else if l != 0 {
+                    packed += 1;
+                    frags += l.count_ones() as u64;
+                }
             }
         }
         (raw, packed, frags)
@@ -261,6 +345,27 @@ mod tests {
         b.commit();
         assert_eq!(b.free(), 2);
         assert_eq!(b.used(), 2);
+    }
+
+    #[test]
+    fn pages_exist_only_while_a_block_in_them_is_in_use() {
+        let mut b = Blocks::new(10 * PAGE as u64);
+        assert_eq!(b.pages.iter().flatten().count(), 0);
+        let first = b.alloc(Hold::None, 1 << RAW_SLOT).unwrap();
+        assert_eq!(b.pages.iter().flatten().count(), 1);
+        // A full page is skipped whole.
+        for _ in 1..PAGE {
+            b.alloc(Hold::None, 1 << RAW_SLOT).unwrap();
+        }
+        assert_eq!(b.alloc(Hold::None, 1 << RAW_SLOT), Some(PAGE as u64));
+        for blk in 0..PAGE as u64 {
+            b.kill(addr(blk, RAW_SLOT));
+        }
+        b.commit();
+        assert_eq!(b.pages.iter().flatten().count(), 1, "the emptied page is gone");
+        assert_eq!(b.free(), 10 * PAGE as u64 - 1);
+        assert_eq!(b.live(first), 0);
+        assert_eq!(b.fill(first), UNKNOWN);
     }
 
     #[test]
