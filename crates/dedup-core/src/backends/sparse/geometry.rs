@@ -30,6 +30,9 @@ pub const RECORDS_PER_BLOCK: u64 = (PAYLOAD / RECORD_BYTES) as u64;
 /// and how many have a chunk record (two u16s).
 pub const SUMMARY_BYTES: usize = 4;
 pub const SUMMARIES_PER_BLOCK: u64 = (PAYLOAD / SUMMARY_BYTES) as u64;
+/// The LBN summary keeps, per LBN-map block, how many of its LBNs are
+/// mapped (a u16), so scans of the map skip blocks with none.
+pub const LBN_SUMMARIES_PER_BLOCK: u64 = (PAYLOAD / 2) as u64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Geometry {
@@ -40,6 +43,7 @@ pub struct Geometry {
     pub ref_blocks: u64,
     pub record_blocks: u64,
     pub summary_blocks: u64,
+    pub lbn_summary_blocks: u64,
 }
 
 impl Geometry {
@@ -52,7 +56,9 @@ impl Geometry {
         let ref_blocks = pbn_space.div_ceil(REFS_PER_BLOCK);
         let record_blocks = pbn_space.div_ceil(RECORDS_PER_BLOCK);
         let summary_blocks = ref_blocks.div_ceil(SUMMARIES_PER_BLOCK);
-        let tables = 1 + lbn_blocks + ref_blocks + record_blocks + summary_blocks;
+        let lbn_summary_blocks = lbn_blocks.div_ceil(LBN_SUMMARIES_PER_BLOCK);
+        let tables =
+            1 + lbn_blocks + ref_blocks + record_blocks + summary_blocks + lbn_summary_blocks;
         // Room for a transaction of every table block, in address space
         // only: the file is sparse, and a commit writes its own length.
         let journal_blocks = 1 + tables.div_ceil(DESC_ENTRIES) + tables;
@@ -64,11 +70,12 @@ impl Geometry {
             ref_blocks,
             record_blocks,
             summary_blocks,
+            lbn_summary_blocks,
         }
     }
 
     pub fn table_blocks(&self) -> u64 {
-        1 + self.lbn_blocks + self.ref_blocks + self.record_blocks + self.summary_blocks
+        self.first_lbn_summary() + self.lbn_summary_blocks
     }
 
     pub fn table_start(&self) -> u64 {
@@ -90,6 +97,18 @@ impl Geometry {
 
     fn first_summary(&self) -> u64 {
         self.first_record() + self.record_blocks
+    }
+
+    fn first_lbn_summary(&self) -> u64 {
+        self.first_summary() + self.summary_blocks
+    }
+
+    /// The LBN summary entry of LBN-map block `i` (0-based in its table).
+    pub fn lbn_summary(&self, i: u64) -> (u64, usize) {
+        (
+            self.first_lbn_summary() + i / LBN_SUMMARIES_PER_BLOCK,
+            (i % LBN_SUMMARIES_PER_BLOCK) as usize * 2,
+        )
     }
 
     /// (table block, byte offset in its payload) of an LBN's entry.
@@ -139,7 +158,7 @@ impl Geometry {
                 (self.first_ref(), "sparse refcount array"),
                 (self.first_record(), "sparse chunk records"),
                 (self.first_summary(), "sparse refcount summary"),
-                (u64::MAX, ""),
+                (self.first_lbn_summary(), "sparse LBN summary"),
             ],
         }
     }
@@ -175,5 +194,8 @@ mod tests {
         let (b, o) = g.summary(g.ref_blocks - 1);
         assert_eq!(a.table_name(b), "sparse refcount summary");
         assert!(b < g.table_blocks() && o + SUMMARY_BYTES <= PAYLOAD);
+        let (b, o) = g.lbn_summary(g.lbn_blocks - 1);
+        assert_eq!(a.table_name(b), "sparse LBN summary");
+        assert!(b == g.table_blocks() - 1 && o + 2 <= PAYLOAD);
     }
 }

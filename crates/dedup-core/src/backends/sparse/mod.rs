@@ -151,6 +151,8 @@ pub struct Sparse {
     /// before index entries).
     summary: Vec<u16>,
     recorded: Vec<u16>,
+    /// Per LBN-map block: LBNs mapped (scans skip blocks with none).
+    mapped: Vec<u16>,
     /// PBNs with a count > 0.
     used: u64,
     /// Chunk records (indexed chunks).
@@ -243,6 +245,7 @@ impl Sparse {
             index: SampledIndex::new(params.index_memory),
             summary: vec![0; geo.ref_blocks as usize],
             recorded: vec![0; geo.ref_blocks as usize],
+            mapped: vec![0; geo.lbn_blocks as usize],
             used: 0,
             records: 0,
             cursor: state.alloc_cursor.min(geo.pbn_space.saturating_sub(1)),
@@ -255,6 +258,7 @@ impl Sparse {
             writable: opts.writable,
         };
         s.load_summary(&state, opts.for_check)?;
+        s.load_lbn_summary()?;
         s.refill_index(&state, opts.for_check)?;
         s.allocated = s.file.allocated()?.unwrap_or(have);
         if s.writable {
@@ -295,6 +299,40 @@ impl Sparse {
             state.hash_entries,
             for_check,
         )
+    }
+
+    fn load_lbn_summary(&mut self) -> Result<()> {
+        for i in 0..self.geo.lbn_blocks {
+            let (b, off) = self.geo.lbn_summary(i);
+            let n = read_u16(self.cache.get(b)?, HEADER + off);
+            let room = self.geo.lbns_of_block(i).count() as u64;
+            if u64::from(n) > room {
+                return Err(Error::corrupt(
+                    "sparse LBN summary",
+                    format!(
+                        "LBN-map block {i} counts {n} mapped LBNs, more than its {room}; {REPAIR}"
+                    ),
+                ));
+            }
+            self.mapped[i as usize] = n;
+        }
+        Ok(())
+    }
+
+    /// One more (`true`) or one fewer mapped LBN in `lbn`'s map block.
+    fn note_mapped(&mut self, lbn: Lbn, more: bool) -> Result<()> {
+        let i = lbn / geometry::LBNS_PER_BLOCK;
+        let n = &mut self.mapped[i as usize];
+        if more {
+            *n += 1;
+        } else {
+            *n -= 1;
+        }
+        let n = *n;
+        let (b, off) = self.geo.lbn_summary(i);
+        let block = self.cache.get_mut(b)?;
+        block[HEADER + off..HEADER + off + 2].copy_from_slice(&n.to_le_bytes());
+        Ok(())
     }
 
     /// Rebuild the RAM index from the chunk records (of the ranges the
@@ -544,6 +582,9 @@ impl MetadataBackend for Sparse {
         let (b, off) = self.geo.lbn(lbn);
         let block = self.cache.get_mut(b)?;
         block[HEADER + off..HEADER + off + 8].copy_from_slice(&(pbn + 1).to_le_bytes());
+        if old.is_none() {
+            self.note_mapped(lbn, true)?;
+        }
         Ok(old)
     }
 
@@ -553,6 +594,7 @@ impl MetadataBackend for Sparse {
             let (b, off) = self.geo.lbn(lbn);
             let block = self.cache.get_mut(b)?;
             block[HEADER + off..HEADER + off + 8].fill(0);
+            self.note_mapped(lbn, false)?;
         }
         Ok(old)
     }
@@ -566,6 +608,11 @@ impl MetadataBackend for Sparse {
         let mut lbn = cursor_at(cursor)?;
         let mut taken = 0;
         while lbn < self.geo.logical_chunks {
+            let i = lbn / geometry::LBNS_PER_BLOCK;
+            if self.mapped[i as usize] == 0 {
+                lbn = (i + 1) * geometry::LBNS_PER_BLOCK;
+                continue;
+            }
             if taken == max {
                 return Ok(Some(ScanCursor(lbn.to_le_bytes().to_vec())));
             }

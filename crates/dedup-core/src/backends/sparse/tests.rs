@@ -204,3 +204,37 @@ fn scans_find_records_whose_counts_moved_first() {
     s.hash_index_insert(&fp(5), new).unwrap();
     s.close(&[]).unwrap();
 }
+
+#[test]
+fn lbn_scans_skip_blocks_with_nothing_mapped_and_survive_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let tib = (1u64 << 40) / 4096;
+    let c = cfg(tib, 1 << 20);
+    let f = on_file(dir.path(), &c, &BackendParams::default());
+    let mut s = open_store(&f);
+    let lbns = [0, 5, 1 << 20, tib / 2, tib - 1];
+    for &l in &lbns {
+        let pbn = s.alloc_pbn().unwrap().unwrap();
+        s.lbn_map_insert(l, pbn).unwrap();
+    }
+    s.lbn_map_insert(5, 0).unwrap(); // a remap is not a new mapping
+    assert!(s.lbn_map_delete(1 << 20).unwrap().is_some());
+    s.close(&[]).unwrap();
+    let mut s = open_store(&f);
+    let t = std::time::Instant::now();
+    let mut seen = Vec::new();
+    crate::backend::scan_all(
+        |cur, p| s.lbn_map_scan(cur, 2, p),
+        |l, _| {
+            seen.push(l);
+            Ok(())
+        },
+    )
+    .unwrap();
+    assert_eq!(seen, vec![0, 5, tib / 2, tib - 1]);
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(2),
+        "{:?}",
+        t.elapsed()
+    );
+}

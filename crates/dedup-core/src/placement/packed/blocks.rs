@@ -76,7 +76,9 @@ pub struct Blocks {
 impl Blocks {
     pub fn new(blocks: u64) -> Blocks {
         Blocks {
-            pages: (0..(blocks as usize).div_ceil(PAGE)).map(|_| None).collect(),
+            pages: (0..(blocks as usize).div_ceil(PAGE))
+                .map(|_| None)
+                .collect(),
             count: blocks,
             quarantine: Vec::new(),
             retired: Vec::new(),
@@ -189,13 +191,7 @@ impl Blocks {
                 continue;
             }
             if !self.get(b).in_use() {
-                self.update(b, |e| {
-                    *e = Entry {
-                        live,
-                        hold,
-                        ..FREE
-                    }
-                });
+                self.update(b, |e| *e = Entry { live, hold, ..FREE });
                 self.free -= 1;
                 self.cursor = (b + 1) % n;
                 return Some(b);
@@ -362,7 +358,11 @@ mod tests {
             b.kill(addr(blk, RAW_SLOT));
         }
         b.commit();
-        assert_eq!(b.pages.iter().flatten().count(), 1, "the emptied page is gone");
+        assert_eq!(
+            b.pages.iter().flatten().count(),
+            1,
+            "the emptied page is gone"
+        );
         assert_eq!(b.free(), 10 * PAGE as u64 - 1);
         assert_eq!(b.live(first), 0);
         assert_eq!(b.fill(first), UNKNOWN);
