@@ -25,6 +25,55 @@ pub type Pbn = u64;
 /// Addresses per data block on a packing device: 14 fragment slots, one
 /// unused, one for a chunk stored raw (see `placement::packed`).
 pub const ADDRESSES_PER_BLOCK: u64 = 16;
+/// The slot of a chunk stored raw, alone in its block.
+pub const RAW_SLOT: u64 = 15;
+/// Fragment slots a packed block has at most (`pack::MAX_SLOTS`).
+const FRAGMENT_SLOTS: u64 = 14;
+
+/// How a packing device turns (block, slot) into the address its store
+/// counts and maps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Addressing {
+    /// `block * 16 + slot`, a raw chunk at slot 15: the packing layout of
+    /// the Dmdedup stores. A store whose tables are arrays by address pays
+    /// for all 16 slots of every block.
+    Slots,
+    /// A raw chunk at its block number; fragments after every block, at
+    /// `blocks + block * 14 + slot`: the sparse store's layout, whose
+    /// arrays by address then stay dense for data that does not compress.
+    DenseRaw { blocks: u64 },
+}
+
+impl Addressing {
+    pub fn addr(self, block: u64, slot: u64) -> Pbn {
+        match self {
+            Addressing::Slots => block * ADDRESSES_PER_BLOCK + slot,
+            Addressing::DenseRaw { .. } if slot == RAW_SLOT => block,
+            Addressing::DenseRaw { blocks } => blocks + block * FRAGMENT_SLOTS + slot,
+        }
+    }
+
+    /// (block, slot) of an address; an address no block has gives a block
+    /// beyond the device, or a fragment slot past the last.
+    pub fn split(self, pbn: Pbn) -> (u64, u64) {
+        match self {
+            Addressing::Slots => (pbn / ADDRESSES_PER_BLOCK, pbn % ADDRESSES_PER_BLOCK),
+            Addressing::DenseRaw { blocks } if pbn < blocks => (pbn, RAW_SLOT),
+            Addressing::DenseRaw { blocks } => {
+                let f = pbn - blocks;
+                (f / FRAGMENT_SLOTS, f % FRAGMENT_SLOTS)
+            }
+        }
+    }
+
+    /// Addresses for `blocks` data blocks.
+    pub fn space(self, blocks: u64) -> u64 {
+        match self {
+            Addressing::Slots => blocks * ADDRESSES_PER_BLOCK,
+            Addressing::DenseRaw { .. } => blocks * (1 + FRAGMENT_SLOTS),
+        }
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DeviceConfig {
@@ -75,12 +124,23 @@ impl DeviceConfig {
         self.placement() == PlacementKind::Packed
     }
 
+    /// How a packing device addresses its blocks' slots: the registry's
+    /// table says, by the metadata store.
+    pub fn addressing(&self) -> Addressing {
+        match kinds::kind(&self.backend) {
+            Some(k) if k.store == kinds::StoreKind::Sparse => Addressing::DenseRaw {
+                blocks: self.physical_chunks,
+            },
+            _ => Addressing::Slots,
+        }
+    }
+
     /// Addresses the metadata store's PBNs range over. On a packing device
-    /// a PBN names a block and a slot in it (see `placement::packed`),
-    /// `ADDRESSES_PER_BLOCK` addresses per block; otherwise one per block.
+    /// a PBN names a block and a slot in it (see `Addressing`); otherwise
+    /// one per block.
     pub fn pbn_space(&self) -> u64 {
         if self.packs() {
-            self.physical_chunks * ADDRESSES_PER_BLOCK
+            self.addressing().space(self.physical_chunks)
         } else {
             self.physical_chunks
         }
@@ -179,6 +239,24 @@ pub fn validate_chunk_size(chunk_size: u32) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn both_addressings_round_trip_and_stay_in_their_space() {
+        for a in [Addressing::Slots, Addressing::DenseRaw { blocks: 1000 }] {
+            let space = a.space(1000);
+            for block in [0, 1, 499, 999] {
+                for slot in (0..14).chain([RAW_SLOT]) {
+                    let p = a.addr(block, slot);
+                    assert!(p < space, "{a:?} ({block}, {slot}) -> {p}");
+                    assert_eq!(a.split(p), (block, slot), "{a:?}");
+                }
+            }
+        }
+        // Raw chunks are dense in the sparse layout.
+        let a = Addressing::DenseRaw { blocks: 1000 };
+        assert_eq!(a.addr(7, RAW_SLOT), 7);
+        assert_eq!(a.split(1000), (0, 0));
+    }
+
     use super::*;
 
     fn cfg() -> DeviceConfig {

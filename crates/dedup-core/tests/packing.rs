@@ -10,7 +10,7 @@ use common::{assert_consistent, config, read_all, MemDevice, ModelDisk};
 use dedup_core::backends::BackendParams;
 use dedup_core::blockfile::BlockFile;
 use dedup_core::fingerprint::HashAlgo;
-use dedup_core::placement::packed::{self, RAW_SLOT};
+use dedup_core::placement::packed::RAW_SLOT;
 use dedup_core::{pack, Device, Error};
 use rand::{Rng, SeedableRng};
 
@@ -210,7 +210,7 @@ fn gc_repacks_mostly_dead_blocks_into_fewer() {
 
 fn find(dev: &Device, lbn: u64) -> (u64, u64) {
     let (pbn, _) = dev.inspect_lbn(lbn).unwrap().expect("mapped");
-    packed::split(pbn)
+    dev.config().addressing().split(pbn)
 }
 
 #[test]

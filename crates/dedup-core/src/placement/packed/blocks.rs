@@ -13,7 +13,7 @@
 
 use crate::config::Pbn;
 
-use super::{split, RAW_SLOT};
+use super::{Addressing, RAW_SLOT};
 
 /// Why a block with no live address is still held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,6 +64,7 @@ struct Page {
 }
 
 pub struct Blocks {
+    addressing: Addressing,
     pages: Vec<Option<Page>>,
     count: u64,
     quarantine: Vec<u64>,
@@ -74,8 +75,9 @@ pub struct Blocks {
 }
 
 impl Blocks {
-    pub fn new(blocks: u64) -> Blocks {
+    pub fn new(blocks: u64, addressing: Addressing) -> Blocks {
         Blocks {
+            addressing,
             pages: (0..(blocks as usize).div_ceil(PAGE))
                 .map(|_| None)
                 .collect(),
@@ -125,7 +127,7 @@ impl Blocks {
     /// Mark an address referenced (at open, at allocation, and when a
     /// repair gives a count back).
     pub fn revive(&mut self, pbn: Pbn) {
-        let (b, s) = split(pbn);
+        let (b, s) = self.addressing.split(pbn);
         if self.get(b).hold == Hold::Quarantine {
             self.quarantine.retain(|&q| q != b);
         }
@@ -143,7 +145,7 @@ impl Blocks {
     /// An address lost its last reference. A block left with none is
     /// quarantined (or, if it is an open bin or retired, stays as it is).
     pub fn kill(&mut self, pbn: Pbn) {
-        let (b, s) = split(pbn);
+        let (b, s) = self.addressing.split(pbn);
         if self.get(b).live & (1 << s) == 0 {
             // Not live here (a repair zeroing a count the map never saw).
             return;
@@ -308,22 +310,21 @@ impl Blocks {
 
 #[cfg(test)]
 mod tests {
-    use super::super::addr;
     use super::*;
 
     #[test]
     fn freed_blocks_wait_for_the_commit_and_retired_ones_for_readers_too() {
-        let mut b = Blocks::new(4);
+        let mut b = Blocks::new(4, Addressing::Slots);
         let raw = b.alloc(Hold::None, 1 << RAW_SLOT).unwrap();
         let bin = b.alloc(Hold::Bin, 0).unwrap();
-        b.revive(addr(bin, 0));
-        b.revive(addr(bin, 1));
+        b.revive(Addressing::Slots.addr(bin, 0));
+        b.revive(Addressing::Slots.addr(bin, 1));
         b.sealed(bin, 2, 3000);
         assert_eq!(b.free(), 2);
-        b.kill(addr(bin, 0));
+        b.kill(Addressing::Slots.addr(bin, 0));
         assert_eq!(b.free(), 2, "one fragment still lives");
-        b.kill(addr(bin, 1));
-        b.kill(addr(raw, RAW_SLOT));
+        b.kill(Addressing::Slots.addr(bin, 1));
+        b.kill(Addressing::Slots.addr(raw, RAW_SLOT));
         assert_eq!(b.free(), 2, "quarantined until the commit");
         assert_eq!(b.alloc(Hold::None, 1 << RAW_SLOT), Some(2));
         assert_eq!(b.alloc(Hold::None, 1 << RAW_SLOT), Some(3));
@@ -332,7 +333,7 @@ mod tests {
         assert_eq!(b.free(), 2);
         // A revived quarantined block is live again, never handed out.
         let x = b.alloc(Hold::Bin, 0).unwrap();
-        b.revive(addr(x, 3));
+        b.revive(Addressing::Slots.addr(x, 3));
         b.sealed(x, 4, 1000);
         b.retire(x);
         b.commit();
@@ -345,7 +346,7 @@ mod tests {
 
     #[test]
     fn pages_exist_only_while_a_block_in_them_is_in_use() {
-        let mut b = Blocks::new(10 * PAGE as u64);
+        let mut b = Blocks::new(10 * PAGE as u64, Addressing::Slots);
         assert_eq!(b.pages.iter().flatten().count(), 0);
         let first = b.alloc(Hold::None, 1 << RAW_SLOT).unwrap();
         assert_eq!(b.pages.iter().flatten().count(), 1);
@@ -355,7 +356,7 @@ mod tests {
         }
         assert_eq!(b.alloc(Hold::None, 1 << RAW_SLOT), Some(PAGE as u64));
         for blk in 0..PAGE as u64 {
-            b.kill(addr(blk, RAW_SLOT));
+            b.kill(Addressing::Slots.addr(blk, RAW_SLOT));
         }
         b.commit();
         assert_eq!(
@@ -370,10 +371,10 @@ mod tests {
 
     #[test]
     fn a_bin_whose_fragments_all_died_is_quarantined_when_sealed() {
-        let mut b = Blocks::new(2);
+        let mut b = Blocks::new(2, Addressing::Slots);
         let bin = b.alloc(Hold::Bin, 0).unwrap();
-        b.revive(addr(bin, 0));
-        b.kill(addr(bin, 0));
+        b.revive(Addressing::Slots.addr(bin, 0));
+        b.kill(Addressing::Slots.addr(bin, 0));
         assert_eq!(b.hold(bin), Hold::Bin);
         b.sealed(bin, 1, 100);
         assert_eq!(b.hold(bin), Hold::Quarantine);

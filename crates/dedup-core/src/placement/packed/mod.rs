@@ -51,26 +51,14 @@ use super::{
 };
 use crate::backend::{scan_all, BackendUsage, MetadataBackend};
 use crate::blockfile::BlockFile;
-use crate::config::{DeviceConfig, Pbn, ADDRESSES_PER_BLOCK};
+use crate::config::{DeviceConfig, Pbn};
 use crate::error::{Error, Result};
 
 use bins::{Bin, Bins};
 use blocks::{Blocks, Hold};
 pub use repack::REPACK_BELOW_PERCENT;
 
-/// Addresses per data block: 14 fragment slots, one unused, one raw.
-pub const SLOTS_PER_BLOCK: u64 = ADDRESSES_PER_BLOCK;
-/// The slot of a chunk stored raw, alone in its block.
-pub const RAW_SLOT: u64 = 15;
-
-pub fn addr(block: u64, slot: u64) -> Pbn {
-    block * SLOTS_PER_BLOCK + slot
-}
-
-/// (block, slot) of an address.
-pub fn split(pbn: Pbn) -> (u64, u64) {
-    (pbn / SLOTS_PER_BLOCK, pbn % SLOTS_PER_BLOCK)
-}
+pub use crate::config::{Addressing, RAW_SLOT};
 
 /// A chunk is stored compressed only if that saves an eighth of it or
 /// more: less would not pay for the decompression on every read.
@@ -92,6 +80,8 @@ struct Sealed {
 
 struct State {
     cfg: DeviceConfig,
+    /// How (block, slot) maps to an address (`cfg.addressing()`).
+    addressing: Addressing,
     /// `cfg.max_chunks()`, asked on every allocation.
     max_chunks: u64,
     data: Arc<dyn BlockFile>,
@@ -114,9 +104,10 @@ pub fn open(
     meta: &mut dyn MetadataBackend,
     for_check: bool,
 ) -> Result<Packed> {
-    let mut blocks = Blocks::new(cfg.physical_chunks);
+    let addressing = cfg.addressing();
+    let mut blocks = Blocks::new(cfg.physical_chunks, addressing);
     let mut note = |pbn: Pbn, what: &dyn Fn() -> String| -> Result<()> {
-        let (block, slot) = split(pbn);
+        let (block, slot) = addressing.split(pbn);
         let bad = if block >= cfg.physical_chunks {
             Some("is beyond the data device")
         } else if slot != RAW_SLOT && slot as usize >= crate::pack::MAX_SLOTS {
@@ -161,6 +152,7 @@ pub fn open(
         state: Mutex::new(State {
             bins: Bins::new(cfg.chunk_size as usize),
             max_chunks: cfg.max_chunks(),
+            addressing: cfg.addressing(),
             cfg: cfg.clone(),
             data,
             blocks,
@@ -279,7 +271,7 @@ impl State {
         let Some(block) = self.blocks.alloc(Hold::None, 1 << RAW_SLOT) else {
             return Ok(None);
         };
-        let pbn = addr(block, RAW_SLOT);
+        let pbn = self.addressing.addr(block, RAW_SLOT);
         let counted = meta.refcount_set(pbn, 1);
         self.fail_on(counted)?;
         Ok(Some(pbn))
@@ -298,7 +290,7 @@ impl State {
         else {
             return Ok(None);
         };
-        let pbn = addr(placed.block, placed.slot as u64);
+        let pbn = self.addressing.addr(placed.block, placed.slot as u64);
         self.blocks.revive(pbn);
         // Bins sealed to make room stay readable from RAM until written.
         self.seal(placed.sealed, false);
@@ -370,17 +362,17 @@ impl Placement for Packed {
     }
 
     fn write(&self, chunks: &[NewChunk]) -> Result<u64> {
-        let (cfg, data_dev, claimed) = {
+        let (cfg, addressing, data_dev, claimed) = {
             let mut s = self.state.lock();
             s.usable()?;
-            (s.cfg.clone(), s.data.clone(), s.claim())
+            (s.cfg.clone(), s.addressing, s.data.clone(), s.claim())
         };
         // Fragments went into their bin at allocation; raw chunks and the
         // bins sealed meanwhile are written here, outside every lock.
         let mut bytes = 0u64;
         let mut raw: Vec<(u64, &[u8])> = Vec::new();
         for c in chunks {
-            match split(c.pbn) {
+            match addressing.split(c.pbn) {
                 (block, RAW_SLOT) => raw.push((block, c.data)),
                 _ => bytes += c.compressed.map_or(c.data.len(), <[u8]>::len) as u64,
             }
@@ -397,9 +389,9 @@ impl Placement for Packed {
     }
 
     fn read(&self, pieces: &[ReadPiece], buf: &mut [u8]) -> Result<u64> {
-        let (cfg, data) = {
+        let (cfg, addressing, data) = {
             let s = self.state.lock();
-            (s.cfg.clone(), s.data.clone())
+            (s.cfg.clone(), s.addressing, s.data.clone())
         };
         let cs = cfg.chunk_size as usize;
         let mut bytes = 0;
@@ -409,7 +401,7 @@ impl Placement for Packed {
         // block cost one read.
         let mut packed: Option<(u64, Vec<u8>)> = None;
         for p in pieces {
-            let (block, slot) = split(p.pbn);
+            let (block, slot) = addressing.split(p.pbn);
             if slot == RAW_SLOT {
                 raw.push((block, p));
                 continue;

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use tracing::warn;
 
 use super::blocks::{Hold, UNKNOWN};
-use super::{addr, State};
+use super::{Addressing, State};
 use crate::backend::scan_all;
 use crate::backend::MetadataBackend;
 use crate::config::{Lbn, Pbn};
@@ -42,10 +42,10 @@ impl State {
         // blocks can take (each round frees some for the next).
         let mut chosen = chosen;
         let cs = self.cfg.chunk_size as usize;
-        let (mut packers, mut placed) = pack_best_fit(&chosen, cs);
+        let (mut packers, mut placed) = pack_best_fit(&chosen, cs, self.addressing);
         while !chosen.is_empty() && packers.len() as u64 > self.blocks.free() {
             chosen.truncate(chosen.len() * 3 / 4);
-            (packers, placed) = pack_best_fit(&chosen, cs);
+            (packers, placed) = pack_best_fit(&chosen, cs, self.addressing);
             report.more = true;
         }
         if chosen.is_empty() || packers.len() >= chosen.len() {
@@ -79,7 +79,7 @@ impl State {
         // Move the counts, then the index entries and mappings naming them.
         let mut moves: HashMap<Pbn, Pbn> = HashMap::with_capacity(placed.len());
         for &(old, i, slot) in &placed {
-            let new = addr(new_blocks[i], slot as u64);
+            let new = self.addressing.addr(new_blocks[i], slot as u64);
             let count = meta.refcount_get(old)?;
             meta.refcount_set(new, count)?;
             meta.refcount_set(old, 0)?;
@@ -211,13 +211,14 @@ impl State {
 fn pack_best_fit(
     chosen: &[(u64, Vec<(usize, Vec<u8>)>)],
     cs: usize,
+    addressing: Addressing,
 ) -> (Vec<Packer>, Vec<(Pbn, usize, usize)>) {
     let mut fragments: Vec<(Pbn, &[u8])> = chosen
         .iter()
         .flat_map(|(block, frags)| {
             frags
                 .iter()
-                .map(move |(slot, f)| (addr(*block, *slot as u64), &f[..]))
+                .map(move |(slot, f)| (addressing.addr(*block, *slot as u64), &f[..]))
         })
         .collect();
     fragments.sort_by_key(|(_, f)| std::cmp::Reverse(f.len()));
