@@ -31,7 +31,7 @@ expect_fail "--compression none" "$DEDUP" create "$WORK/x" --size 1G --chunk-siz
 for sub in serve status gc check; do "$DEDUP" $sub --help | grep -q "Examples" || fail "$sub --help has no example"; done
 
 log "create, refuse a second create, serve, refuse a second server"
-"$DEDUP" create "$WORK/dev" --size 64M --physical-size 16M >/dev/null
+"$DEDUP" create "$WORK/dev" --size 64M --physical-size 16M --backend "$BACKEND" >/dev/null
 expect_fail "already holds a dedup device" "$DEDUP" create "$WORK/dev" --size 64M
 expect_fail "not a dedup device directory" "$DEDUP" serve "$WORK"
 expect_fail "invalid size" "$DEDUP" serve "$WORK/dev" --writeback 12Q
@@ -101,6 +101,27 @@ PY
 check_clean "$WORK/dev"
 stop "$WORK/dev"
 
+log "the default backend is crash-safe: after SIGKILL it serves again with no flag"
+"$DEDUP" create "$WORK/def" --size 64M >/dev/null
+"$DEDUP" status "$WORK/def" --json | python3 -c "import json,sys; b=json.load(sys.stdin)['backend']; assert b == 'sparse', b"
+serve "$WORK/def"
+nbdcopy --flush "$WORK/a.bin" "$(uri "$WORK/def")"
+nbdcopy "$WORK/late.bin" "$(uri "$WORK/def")"   # no flush: may be lost, never garbage
+kill -KILL "$(cat "$WORK/def/nbdkit.pid")"
+wait "$(cat "$WORK/def.servepid")" || true
+serve "$WORK/def"
+rm -f "$WORK/out.bin"
+nbdcopy "$(uri "$WORK/def")" "$WORK/out.bin"
+python3 - "$WORK/out.bin" "$WORK/a.bin" "$WORK/late.bin" <<'PY'
+import sys
+out, a, late = (open(p, "rb").read() for p in sys.argv[1:])
+for i in range(0, len(a), 4096):
+    c = out[i:i + 4096]
+    assert c in (a[i:i + 4096], late[i:i + 4096]), f"chunk {i // 4096} is neither flushed nor later data"
+PY
+check_clean "$WORK/def"
+stop "$WORK/def"
+
 log "block devices (loop) for data and metadata, served over TCP"
 truncate -s 64M "$WORK/data.img"
 truncate -s 8M "$WORK/meta.img"
@@ -111,10 +132,10 @@ ml=$(losetup -f --show "$WORK/meta.img")
 on_exit "losetup -d $ml"
 sl=$(losetup -f --show "$WORK/small.img")
 on_exit "losetup -d $sl"
-expect_fail "use a larger device" "$DEDUP" create "$WORK/blk" --size 128M --data "$dl" --meta "$sl"
-"$DEDUP" create "$WORK/blk" --size 128M --data "$dl" --meta "$ml" >/dev/null
+expect_fail "use a larger device" "$DEDUP" create "$WORK/blk" --size 128M --data "$dl" --meta "$sl" --backend "$BACKEND"
+"$DEDUP" create "$WORK/blk" --size 128M --data "$dl" --meta "$ml" --backend "$BACKEND" >/dev/null
 [ "$(readlink "$WORK/blk/data")" = "$dl" ] || fail "data is not linked to $dl"
-expect_fail "--force" "$DEDUP" create "$WORK/blk2" --size 128M --data "$dl" --meta "$ml"
+expect_fail "--force" "$DEDUP" create "$WORK/blk2" --size 128M --data "$dl" --meta "$ml" --backend "$BACKEND"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 serve "$WORK/blk" --port "$port"
 nbdcopy --flush "$WORK/a.bin" "nbd://127.0.0.1:$port"

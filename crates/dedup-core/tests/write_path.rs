@@ -375,7 +375,16 @@ fn a_closed_device_refuses_io_and_a_clean_reopen_keeps_everything() {
 
 #[test]
 fn an_unclean_stop_is_refused_and_recovery_rolls_back_safely() {
-    let (md, p) = setup();
+    let cfg = common::config(
+        "inram",
+        CS as u32,
+        16,
+        16,
+        dedup_core::fingerprint::HashAlgo::Blake3,
+        false,
+    );
+    let md = MemDevice::format(cfg, &Default::default());
+    let p = Patterns::new(6, CS);
     let dev = md.open().unwrap();
     write_chunk(&dev, &p, 0, 1);
     write_chunk(&dev, &p, 1, 2);

@@ -29,7 +29,7 @@ fn name_list() -> String {
     names().collect::<Vec<_>>().join(", ")
 }
 
-pub const DEFAULT: &str = "inram";
+pub const DEFAULT: &str = "sparse";
 
 fn kind_of(name: &str) -> Result<&'static Kind> {
     kinds::kind(name).ok_or_else(|| {
