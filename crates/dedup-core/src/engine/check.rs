@@ -3,6 +3,8 @@
 //! every indexed chunk. Online, it quiesces I/O for its duration (it holds
 //! every LBN stripe), so it sees no write half-done.
 
+use std::collections::HashMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::{Engine, Meta};
@@ -180,6 +182,19 @@ struct Fixes {
 
 type ReadChunk<'a> = &'a dyn Fn(u64, &mut [u8]) -> Result<()>;
 
+/// What a check found for one PBN.
+#[derive(Clone, Copy, Default)]
+struct Seen {
+    /// LBNs mapped to it.
+    lbn_refs: u32,
+    /// Index entries naming it (saturating).
+    index_count: u8,
+    /// An index entry a repair keeps names it.
+    kept: bool,
+    /// Its reference count in the store.
+    count: u32,
+}
+
 fn check_backend(
     cfg: &DeviceConfig,
     meta: &mut Meta,
@@ -188,14 +203,12 @@ fn check_backend(
     progress: &dyn Fn(u64, u64),
 ) -> Result<(CheckReport, Fixes)> {
     use ProblemKind::*;
-    let nr = cfg.pbn_space() as usize;
+    let nr = cfg.pbn_space();
     let mut report = CheckReport::default();
     let mut fixes = Fixes::default();
-    let mut lbn_refs = vec![0u32; nr];
-    // Index entries naming each PBN (saturating), and whether an entry a
-    // repair keeps names it.
-    let mut index_count = vec![0u8; nr];
-    let mut kept = vec![false; nr];
+    // What the scans found for each PBN they name: memory follows the
+    // chunks stored, not the size of the device.
+    let mut seen: HashMap<Pbn, Seen> = HashMap::new();
     let totals = meta.totals;
     let m = meta.store.as_mut();
 
@@ -214,16 +227,15 @@ fn check_backend(
                 fixes.unmap.push(lbn);
                 return Ok(());
             }
-            match lbn_refs.get_mut(pbn as usize) {
-                Some(r) => *r += 1,
-                None => {
-                    report.problem(
-                        OutOfRange,
-                        format!("LBN {lbn} maps to PBN {pbn}, beyond the data device"),
-                    );
-                    fixes.unmap.push(lbn);
-                }
+            if pbn >= nr {
+                report.problem(
+                    OutOfRange,
+                    format!("LBN {lbn} maps to PBN {pbn}, beyond the data device"),
+                );
+                fixes.unmap.push(lbn);
+                return Ok(());
             }
+            seen.entry(pbn).or_default().lbn_refs += 1;
             Ok(())
         },
     )?;
@@ -231,25 +243,26 @@ fn check_backend(
     let mut chunk = vec![0u8; cfg.chunk_size as usize];
     let total_entries = totals.hash_entries;
     let mut dropped_for_data = Vec::new();
-    let mut seen = 0u64;
+    let mut scanned = 0u64;
     scan_all(
         |c, page| m.hash_index_scan(c, 4096, page),
         |fp, pbn| {
             report.hash_index_entries += 1;
-            seen += 1;
-            if seen % 4096 == 0 {
-                progress(seen, total_entries);
+            scanned += 1;
+            if scanned % 4096 == 0 {
+                progress(scanned, total_entries);
             }
-            let Some(count) = index_count.get_mut(pbn as usize) else {
+            if pbn >= nr {
                 report.problem(
                     OutOfRange,
                     format!("hash index names PBN {pbn}, beyond the data device"),
                 );
                 fixes.drop_index.push((fp, pbn));
                 return Ok(());
-            };
-            *count = count.saturating_add(1);
-            if *count > 1 {
+            }
+            let e = seen.entry(pbn).or_default();
+            e.index_count = e.index_count.saturating_add(1);
+            if e.index_count > 1 {
                 return Ok(()); // resolved below, once all its entries are known
             }
             if verify_data {
@@ -267,15 +280,38 @@ fn check_backend(
                     return Ok(());
                 }
             }
-            kept[pbn as usize] = true;
+            seen.get_mut(&pbn).expect("just added").kept = true;
             Ok(())
         },
     )?;
-    progress(seen, total_entries);
+    progress(scanned, total_entries);
 
-    let mut counts = Vec::with_capacity(nr);
-    for pbn in 0..nr as u64 {
-        counts.push(m.refcount_get(pbn)?);
+    let mut pbns: Vec<Pbn> = seen.keys().copied().collect();
+    pbns.sort_unstable();
+    for &pbn in &pbns {
+        seen.get_mut(&pbn).expect("a key").count = m.refcount_get(pbn)?;
+    }
+    // Counts held by nothing the scans saw: when the store's own count of
+    // PBNs in use says there are some, find them (a walk of every PBN, so
+    // only on a device that has them).
+    let referenced_in_use = seen.values().filter(|e| e.count > 0).count() as u64;
+    if m.usage().pbns_used != referenced_in_use {
+        for pbn in 0..nr {
+            if !seen.contains_key(&pbn) {
+                let count = m.refcount_get(pbn)?;
+                if count > 0 {
+                    seen.insert(
+                        pbn,
+                        Seen {
+                            count,
+                            ..Default::default()
+                        },
+                    );
+                    pbns.push(pbn);
+                }
+            }
+        }
+        pbns.sort_unstable();
     }
 
     // Entries a repair must not keep on trust, resolved by re-hashing the
@@ -283,11 +319,12 @@ fn check_backend(
     // bytes hash to, never the scan's first), and an indexed PBN marked free
     // (its chunk may have been reused for other bytes; keeping the entry
     // unchecked would let a later write share the wrong chunk).
-    let suspect: std::collections::BTreeSet<u64> = (0..nr)
-        .filter(|&p| {
-            index_count[p] > 1 || (index_count[p] == 1 && kept[p] && counts[p] == 0 && !verify_data)
+    let suspect: std::collections::BTreeSet<u64> = seen
+        .iter()
+        .filter(|(_, e)| {
+            e.index_count > 1 || (e.index_count == 1 && e.kept && e.count == 0 && !verify_data)
         })
-        .map(|p| p as u64)
+        .map(|(&p, _)| p)
         .collect();
     if !suspect.is_empty() {
         let mut entries: std::collections::BTreeMap<u64, Vec<Fingerprint>> =
@@ -314,7 +351,7 @@ fn check_backend(
             read_chunk(pbn, &mut chunk)?;
             report.chunks_verified += 1;
             let actual = cfg.hash.fingerprint(&chunk);
-            kept[pbn as usize] = fps.contains(&actual);
+            seen.get_mut(&pbn).expect("a suspect was seen").kept = fps.contains(&actual);
             fixes
                 .drop_index
                 .extend(fps.into_iter().filter(|f| *f != actual).map(|f| (f, pbn)));
@@ -326,9 +363,11 @@ fn check_backend(
             .filter(|(_, p)| !suspect.contains(p)),
     );
 
-    for (pbn, &count) in counts.iter().enumerate() {
-        let indexed = index_count[pbn] > 0;
-        let expected = lbn_refs[pbn] + indexed as u32;
+    for pbn in pbns {
+        let e = seen[&pbn];
+        let count = e.count;
+        let indexed = e.index_count > 0;
+        let expected = e.lbn_refs + indexed as u32;
         if count != 0 {
             report.pbns_used += 1;
         }
@@ -342,20 +381,20 @@ fn check_backend(
                 Leaked,
                 format!("PBN {pbn} has count {count} but nothing references it"),
             );
-        } else if count != expected && index_count[pbn] <= 1 {
+        } else if count != expected && e.index_count <= 1 {
             report.problem(
                 RefcountMismatch,
                 format!("PBN {pbn} has count {count}, expected {expected}"),
             );
         }
-        if indexed && lbn_refs[pbn] == 0 && count == 1 {
+        if indexed && e.lbn_refs == 0 && count == 1 {
             report.reclaimable_chunks += 1;
         }
-        let after_repair = lbn_refs[pbn] + kept[pbn] as u32;
+        let after_repair = e.lbn_refs + e.kept as u32;
         if count != after_repair {
-            fixes.set_counts.push((pbn as u64, after_repair));
+            fixes.set_counts.push((pbn, after_repair));
         }
-        fixes.hash_entries += kept[pbn] as u64;
+        fixes.hash_entries += e.kept as u64;
     }
     fixes.lbns_mapped = report.lbns_mapped - fixes.unmap.len() as u64;
 
@@ -474,6 +513,33 @@ mod tests {
 
     fn chunk(n: u8) -> Vec<u8> {
         (0..4096).map(|i| (i as u8).wrapping_mul(n) ^ n).collect()
+    }
+
+    /// A count that nothing references is found (the check visits only
+    /// the PBNs the scans name, unless the store's own count of PBNs in use
+    /// says there are more) and repair frees it.
+    #[test]
+    fn a_leaked_count_is_found_and_freed_on_every_backend() {
+        for backend in crate::registry::names() {
+            let (dev, _data, _rig) = device(backend);
+            dev.write(0, &chunk(1), false).unwrap();
+            dev.flush().unwrap();
+            let (p, _) = dev.inspect_lbn(0).unwrap().unwrap();
+            // An address far from the data, never handed out.
+            let leak = dev.config().pbn_space() - 1;
+            assert_ne!(leak, p);
+            dev.engine.meta.lock().store.refcount_set(leak, 3).unwrap();
+            let report = dev.check(false).unwrap();
+            assert!(
+                kinds(&report).contains(&ProblemKind::Leaked),
+                "{backend}: {:?}",
+                report.problems
+            );
+            dev.repair(false).unwrap();
+            let after = dev.check(false).unwrap();
+            assert!(after.is_clean(), "{backend}: {:?}", after.problems);
+            assert_eq!(dev.engine.meta.lock().store.refcount_get(leak).unwrap(), 0);
+        }
     }
 
     #[test]
