@@ -71,6 +71,21 @@ pub fn status(r: &StatusReport) -> String {
         format_size(s.metadata_bytes),
         s.hash_index_entries
     );
+    if let Some(ix) = &s.hash_index {
+        let _ = writeln!(
+            o,
+            "  Index in RAM     {} of {} budget, {} fingerprints, keeps 1 in {}; {} prefetched; lookups since start: {} hits, {} by prefetch, {} misses, {} stale",
+            format_size(ix.bytes),
+            format_size(ix.budget_bytes),
+            ix.entries,
+            ix.sampling_period,
+            ix.prefetched_fingerprints,
+            ix.table_hits,
+            ix.prefetch_hits,
+            ix.misses,
+            ix.stale
+        );
+    }
     let _ = writeln!(
         o,
         "Writes           {} requests, {} written, {} chunks:",

@@ -81,6 +81,28 @@ pub struct BackendUsage {
     pub metadata_bytes: u64,
     /// Metadata-device I/O since the store was opened.
     pub io: MetaIoStats,
+    /// A store whose hash index is advice within a RAM budget (sparse):
+    /// how full it is, how it samples and how lookups fared.
+    pub index: Option<IndexFigures>,
+}
+
+/// What `dedup status` shows of a budgeted, sampled hash index.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IndexFigures {
+    pub budget_bytes: u64,
+    /// RAM the index holds now (its table and prefetched fingerprints).
+    pub bytes: u64,
+    pub entries: u64,
+    /// 1 / sampling rate: 1 keeps every fingerprint, 2 every other one...
+    pub sampling_period: u64,
+    pub prefetched_fingerprints: u64,
+    /// Lookups answered by the table, by the prefetch cache, and not at
+    /// all (new data, or data the sample missed), since open.
+    pub table_hits: u64,
+    pub prefetch_hits: u64,
+    pub misses: u64,
+    /// Candidates that failed confirmation against the chunk's record.
+    pub stale: u64,
 }
 
 /// Metadata-device I/O done by the store since it was opened.

@@ -121,6 +121,9 @@ pub struct Stats {
     /// LBNs mapped to a stored chunk (all-zero chunks are never mapped).
     pub chunks_mapped: u64,
     pub hash_index_entries: u64,
+    /// sparse: the RAM index's budget, fill, sampling and lookups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash_index: Option<crate::backend::IndexFigures>,
     pub physical_bytes_used: u64,
     pub physical_bytes_free: u64,
     pub physical_used_percent: f64,

@@ -261,6 +261,7 @@ impl MetadataBackend for Skeleton {
                 + self.hash_index.len() as u64 * 40
                 + self.refcounts.len() as u64 * 4,
             io: MetaIoStats::default(),
+            index: None,
         }
     }
 }

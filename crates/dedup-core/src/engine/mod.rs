@@ -333,6 +333,7 @@ impl Engine {
             chunks_stored: usage.pbns_used,
             chunks_mapped: totals.lbns_mapped,
             hash_index_entries: totals.hash_entries,
+            hash_index: usage.index,
             physical_bytes_used: used,
             physical_bytes_free: physical - used,
             physical_used_percent: 100.0 * used as f64 / physical as f64,

@@ -85,6 +85,13 @@ pub fn metadata_space(cfg: &DeviceConfig) -> Result<MetaSpace> {
     })
 }
 
+/// What the device will cost in metadata and RAM, for stores whose costs
+/// follow the data (sparse); `None` for the others, sized by the device.
+pub fn sizing(cfg: &DeviceConfig, params: &BackendParams) -> Option<sparse::Sizing> {
+    let kind = kinds::kind(&cfg.backend)?;
+    (kind.store == StoreKind::Sparse).then(|| sparse::sizing(cfg, params))
+}
+
 /// Bytes the metadata device needs for this device (at create time).
 pub fn metadata_device_len(cfg: &DeviceConfig) -> Result<u64> {
     metadata_space(cfg).map(|s| s.len)

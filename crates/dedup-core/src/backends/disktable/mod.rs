@@ -710,6 +710,7 @@ impl MetadataBackend for DiskTable {
             pbns_free: self.space.allocatable(),
             metadata_bytes: self.geo.device_len(),
             io: self.cache.io,
+            index: None,
         }
     }
 }

@@ -502,6 +502,7 @@ impl MetadataBackend for InRam {
                 + self.refcounts.len() as u64 * 4
                 + self.hash_index.bytes(),
             io: self.io,
+            index: None,
         }
     }
 }

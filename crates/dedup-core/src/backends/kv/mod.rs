@@ -388,6 +388,7 @@ impl<S: KvStore> MetadataBackend for KvBackend<S> {
             pbns_free: self.space.allocatable(),
             metadata_bytes: self.store.size_bytes(),
             io: self.store.io_stats(),
+            index: None,
         }
     }
 }

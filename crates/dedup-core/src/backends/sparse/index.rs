@@ -21,8 +21,8 @@
 use std::collections::HashMap;
 
 use lru::LruCache;
-use serde::{Deserialize, Serialize};
 
+use crate::backend::IndexFigures;
 use crate::config::Pbn;
 
 /// PBNs whose records one prefetch loads: the paper's container. With 4 KiB
@@ -44,23 +44,6 @@ struct Slot {
     pbn1: u64,
 }
 
-/// What `dedup status` shows of the index.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct IndexStats {
-    pub budget_bytes: u64,
-    pub table_bytes: u64,
-    pub entries: u64,
-    /// 1 / sampling rate: 1 keeps every fingerprint, 2 every other one...
-    pub sampling_period: u64,
-    pub prefetched_fingerprints: u64,
-    /// Lookups answered by the table, by the prefetch cache, and not at all.
-    pub table_hits: u64,
-    pub prefetch_hits: u64,
-    pub misses: u64,
-    /// Candidates that failed confirmation (stale advice).
-    pub stale: u64,
-}
-
 pub struct SampledIndex {
     slots: Vec<Slot>,
     len: usize,
@@ -72,7 +55,15 @@ pub struct SampledIndex {
     groups: LruCache<u64, Vec<u64>>,
     max_cached: usize,
     budget: u64,
-    pub stats: IndexStats,
+    pub stats: IndexFigures,
+}
+
+/// The most slots a budget allows: the largest power of two that fits
+/// seven eighths of it (the rest is for prefetched fingerprints).
+fn max_slots(budget: u64) -> usize {
+    let table = budget - budget / 8;
+    let fit = (table / ENTRY_BYTES).max(MIN_SLOTS as u64);
+    1usize << (63 - fit.leading_zeros())
 }
 
 fn bucket(key: u64, slots: usize) -> usize {
@@ -84,10 +75,7 @@ impl SampledIndex {
     /// An empty index within `budget` bytes: seven eighths for the table,
     /// one eighth for prefetched fingerprints.
     pub fn new(budget: u64) -> SampledIndex {
-        let table = budget - budget / 8;
-        // The largest power of two of slots that fits the table's share.
-        let fit = (table / ENTRY_BYTES).max(MIN_SLOTS as u64);
-        let max_slots = 1usize << (63 - fit.leading_zeros());
+        let max_slots = max_slots(budget);
         let max_cached = ((budget / 8 / CACHED_BYTES) as usize).max(GROUP_PBNS as usize);
         SampledIndex {
             slots: vec![Slot::default(); MIN_SLOTS.min(max_slots)],
@@ -98,12 +86,17 @@ impl SampledIndex {
             groups: LruCache::unbounded(),
             max_cached,
             budget,
-            stats: IndexStats {
+            stats: IndexFigures {
                 budget_bytes: budget,
                 sampling_period: 1,
                 ..Default::default()
             },
         }
+    }
+
+    /// Fingerprints a full (unsampled) index holds within `budget`.
+    pub fn full_capacity(budget: u64) -> u64 {
+        max_slots(budget) as u64 * 7 / 8
     }
 
     fn sampled(&self, key: u64) -> bool {
@@ -185,7 +178,6 @@ impl SampledIndex {
                 self.put(s.key, s.pbn1 - 1);
             }
         }
-        self.stats.table_bytes = self.slots.len() as u64 * ENTRY_BYTES;
         self.stats.entries = self.len as u64;
     }
 

@@ -28,7 +28,7 @@ pub mod index;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::backend::{BackendUsage, MetadataBackend, ScanCursor};
+use crate::backend::{BackendUsage, IndexFigures, MetadataBackend, ScanCursor};
 use crate::backends::disktable::cache::Cache;
 use crate::backends::disktable::geometry::{Area, BLOCK, HEADER};
 use crate::backends::disktable::journal::Journal;
@@ -43,8 +43,6 @@ use crate::superblock::{DeviceState, Superblock};
 
 use geometry::{Geometry, RECORDS_PER_BLOCK, RECORD_BYTES, REFS_PER_BLOCK};
 use index::{SampledIndex, GROUP_PBNS};
-
-pub use index::IndexStats;
 
 /// The hash index's RAM budget when none is given: a full index of 16 M
 /// chunks (64 GiB of unique data in 4 KiB chunks), sampled beyond that.
@@ -63,6 +61,49 @@ const REPAIR: &str = "`dedup check --repair DIR` (device stopped) reports and fi
 
 pub fn metadata_device_len(cfg: &DeviceConfig) -> u64 {
     Geometry::new(cfg).device_len()
+}
+
+/// What a sparse device will cost, told at create time.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Sizing {
+    /// Metadata bytes on disk per stored chunk (LBN entry, count, record).
+    pub metadata_bytes_per_chunk: u64,
+    /// Metadata on disk per TiB of unique data stored.
+    pub metadata_bytes_per_tib: u64,
+    /// RAM: the buffer cache, the index budget and the summaries.
+    pub ram_cache_bytes: u64,
+    pub ram_index_bytes: u64,
+    pub ram_summary_bytes: u64,
+    /// Unique data the index holds every fingerprint of; beyond it, it
+    /// samples 1 in 2, 4, ...
+    pub full_index_bytes: u64,
+    /// Guo's Eq. 2: the share of duplicates still found at 1/8 and 1/32 of
+    /// the full index's memory, with prefetch groups of `GROUP_PBNS`.
+    pub efficiency_at_eighth: f64,
+    pub efficiency_at_thirty_second: f64,
+}
+
+/// Guo & Efstathopoulos Eq. 2: with a sampling period `t` and prefetch
+/// units of `t_min` chunks, a stream of duplicates misses about `t - 1`
+/// chunks per unit, so the share found is `1 - (t - 1) / t_min`.
+pub fn predicted_efficiency(t: f64) -> f64 {
+    (1.0 - (t - 1.0) / GROUP_PBNS as f64).max(0.0)
+}
+
+pub fn sizing(cfg: &DeviceConfig, params: &BackendParams) -> Sizing {
+    let per_chunk = 8 + 4 + RECORD_BYTES as u64;
+    let chunks_per_tib = (1u64 << 40) / cfg.chunk_size as u64;
+    let geo = Geometry::new(cfg);
+    Sizing {
+        metadata_bytes_per_chunk: per_chunk,
+        metadata_bytes_per_tib: per_chunk * chunks_per_tib,
+        ram_cache_bytes: params.cache_bytes,
+        ram_index_bytes: params.index_memory,
+        ram_summary_bytes: geo.ref_blocks * 4 + geo.lbn_blocks * 2,
+        full_index_bytes: SampledIndex::full_capacity(params.index_memory) * cfg.chunk_size as u64,
+        efficiency_at_eighth: predicted_efficiency(8.0),
+        efficiency_at_thirty_second: predicted_efficiency(32.0),
+    }
 }
 
 /// Bytes a metadata file may have allocated and still count as new (its
@@ -553,13 +594,6 @@ impl Sparse {
         root[HEADER + 4..HEADER + 4 + state.len()].copy_from_slice(&state);
         Ok(())
     }
-
-    /// The index's figures for `dedup status`.
-    pub fn index_stats(&self) -> IndexStats {
-        let mut s = self.index.stats.clone();
-        s.table_bytes = self.index.bytes();
-        s
-    }
 }
 
 impl MetadataBackend for Sparse {
@@ -802,6 +836,10 @@ impl MetadataBackend for Sparse {
             pbns_free: self.geo.pbn_space - self.used - self.quarantine.len() as u64,
             metadata_bytes: self.allocated + self.index.bytes(),
             io: self.cache.io,
+            index: Some(IndexFigures {
+                bytes: self.index.bytes(),
+                ..self.index.stats
+            }),
         }
     }
 }
