@@ -297,16 +297,13 @@ fn check_backend(
     let referenced_in_use = seen.values().filter(|e| e.count > 0).count() as u64;
     if m.usage().pbns_used != referenced_in_use {
         for pbn in 0..nr {
-            if !seen.contains_key(&pbn) {
+            if let std::collections::hash_map::Entry::Vacant(v) = seen.entry(pbn) {
                 let count = m.refcount_get(pbn)?;
                 if count > 0 {
-                    seen.insert(
-                        pbn,
-                        Seen {
-                            count,
-                            ..Default::default()
-                        },
-                    );
+                    v.insert(Seen {
+                        count,
+                        ..Default::default()
+                    });
                     pbns.push(pbn);
                 }
             }
