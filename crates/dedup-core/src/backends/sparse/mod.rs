@@ -48,7 +48,7 @@ use index::{SampledIndex, GROUP_PBNS};
 /// chunks (64 GiB of unique data in 4 KiB chunks), sampled beyond that.
 pub const DEFAULT_INDEX_MEMORY: u64 = 256 << 20;
 /// The smallest budget accepted.
-pub const MIN_INDEX_MEMORY: u64 = 1 << 20;
+pub const MIN_INDEX_MEMORY: u64 = 256 << 10;
 
 /// Where the sparse store's fields start in the superblock backend area.
 const AREA_OFFSET: usize = 64;
@@ -158,8 +158,8 @@ fn decode_area(area: &[u8], cfg: &DeviceConfig) -> Result<(BackendParams, Geomet
 pub fn format(cfg: &DeviceConfig, meta: &dyn BlockFile, params: &BackendParams) -> Result<()> {
     if params.index_memory < MIN_INDEX_MEMORY {
         return Err(Error::InvalidArgument(format!(
-            "--index-memory must be at least {} MiB",
-            MIN_INDEX_MEMORY >> 20
+            "--index-memory must be at least {} KiB (e.g. --index-memory 256M)",
+            MIN_INDEX_MEMORY >> 10
         )));
     }
     let geo = Geometry::new(cfg);

@@ -1,0 +1,109 @@
+//! The sparse store's hash index at a fraction of the memory a full index
+//! needs (Guo & Efstathopoulos §3.2): on successive versions of a data set
+//! (a workload with locality), deduplication must stay within what their
+//! Eq. 2 predicts for the sampling period the budget forces, and every
+//! chunk must read back right whatever the index missed.
+
+mod common;
+
+use std::sync::Arc;
+
+use dedup_core::backends::sparse::index::{SampledIndex, GROUP_PBNS};
+use dedup_core::backends::sparse::{predicted_efficiency, MIN_INDEX_MEMORY};
+use dedup_core::backends::{BackendParams, OpenOptions};
+use dedup_core::blockfile::{BlockFile, FileBlockFile};
+use dedup_core::fingerprint::HashAlgo;
+use dedup_core::{registry, Device};
+
+const CS: usize = 4096;
+
+#[test]
+fn an_eighth_of_the_index_finds_what_eq_2_predicts_on_successive_versions() {
+    let full = SampledIndex::full_capacity(MIN_INDEX_MEMORY);
+    // Eight times what the budget holds in full: the index samples 1 in 8
+    // or so by the end of the first version.
+    let n = 8 * full;
+    let physical = 2 * n + dedup_core::engine::overwrite_reserve_chunks(CS as u32);
+    let mut cfg = common::config(
+        "sparse",
+        CS as u32,
+        2 * n,
+        physical,
+        HashAlgo::Blake3,
+        false,
+    );
+    cfg.compression = dedup_core::compress::Compression::None;
+    let dir = tempfile::tempdir().unwrap();
+    let data =
+        Arc::new(FileBlockFile::create(&dir.path().join("data"), cfg.data_device_len()).unwrap());
+    let meta_len = registry::metadata_device_len(&cfg).unwrap();
+    let meta = Arc::new(FileBlockFile::create(&dir.path().join("meta"), meta_len).unwrap());
+    let params = BackendParams {
+        index_memory: MIN_INDEX_MEMORY,
+        ..Default::default()
+    };
+    Device::format(&cfg, data.as_ref(), meta.clone(), &params, None).unwrap();
+    let opts = OpenOptions {
+        writable: true,
+        ..Default::default()
+    };
+    let dev = Device::open(
+        Box::new(data.clone()) as Box<dyn BlockFile>,
+        Box::new(meta.clone()),
+        &opts,
+        None,
+    )
+    .unwrap();
+
+    // Version 1: n unique chunks. Version 2, written after it: the same
+    // data with one chunk in 50 changed.
+    let v1 = dedup_core::testdata::noise(1, n as usize * CS);
+    let mut v2 = v1.clone();
+    let mut changed = 0u64;
+    for c in (0..n as usize).step_by(50) {
+        v2[c * CS..c * CS + 8].copy_from_slice(&(c as u64 + 1).to_le_bytes());
+        v2[c * CS + 8] ^= 0xa5;
+        changed += 1;
+    }
+    for (at, piece) in v1.chunks(1 << 20).enumerate() {
+        dev.write((at << 20) as u64, piece, false).unwrap();
+    }
+    let before = dev.stats();
+    let base = n * CS as u64;
+    for (at, piece) in v2.chunks(1 << 20).enumerate() {
+        dev.write(base + (at << 20) as u64, piece, false).unwrap();
+    }
+    let after = dev.stats();
+    let found = after.counters.duplicate_writes - before.counters.duplicate_writes;
+    let duplicates = n - changed;
+    let efficiency = found as f64 / duplicates as f64;
+    let ix = after.hash_index.expect("sparse reports its index");
+    let predicted = predicted_efficiency(ix.sampling_period as f64);
+    eprintln!(
+        "{n} chunks, index full at {full}: sampling 1 in {}, found {found} of {duplicates} duplicates ({:.2} %), Eq. 2 predicts {:.2} % (groups of {GROUP_PBNS}); {:?}",
+        ix.sampling_period,
+        100.0 * efficiency,
+        100.0 * predicted,
+        ix
+    );
+    assert!(
+        ix.sampling_period >= 4,
+        "the budget must force sampling: {ix:?}"
+    );
+    assert!(
+        efficiency >= predicted - 0.01,
+        "found {:.2} % of duplicates, Eq. 2 predicts {:.2} %",
+        100.0 * efficiency,
+        100.0 * predicted
+    );
+    // Whatever the index missed, the data is right.
+    let mut back = vec![0u8; 1 << 20];
+    for at in [0usize, n as usize / 2, n as usize - 256] {
+        dev.read(base + (at * CS) as u64, &mut back).unwrap();
+        assert!(back == v2[at * CS..at * CS + (1 << 20)], "v2 at chunk {at}");
+        dev.read((at * CS) as u64, &mut back).unwrap();
+        assert!(back == v1[at * CS..at * CS + (1 << 20)], "v1 at chunk {at}");
+    }
+    assert!(dev.check(false).unwrap().is_clean());
+    dev.close().unwrap();
+}
