@@ -223,7 +223,9 @@ fn expand(a: &Args) -> Vec<System> {
             }
             "lsm" if a.preset.is_some() => out.push(System::dedup("lsm", Some(25.0), None)),
             "lsm" => out.extend(caches.iter().map(|&c| System::dedup("lsm", Some(c), None))),
-            _ => {}
+            // Every other backend (names were checked) with its defaults:
+            // sparse, whose costs follow the data, and the thin family.
+            other => out.push(System::dedup(other, None, None)),
         }
     }
     // Each dedup system once per compression asked for.
