@@ -3,6 +3,7 @@
 //! store a device uses, and with which data placement, is decided in one
 //! place: `registry`.
 
+pub mod counts;
 pub mod cowbtree;
 pub mod disktable;
 pub mod inram;

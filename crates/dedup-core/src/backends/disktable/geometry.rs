@@ -97,8 +97,6 @@ impl Geometry {
         self.table_start() + self.table_blocks() * BLOCK as u64
     }
 
-    pub const ROOT: u64 = 0;
-
     /// (table block, byte offset in its payload) of an LBN's entry.
     pub fn lbn(&self, lbn: Lbn) -> (u64, usize) {
         (

@@ -15,12 +15,14 @@
 pub(crate) mod cache;
 pub(crate) mod geometry;
 pub(crate) mod journal;
+pub(crate) mod tables;
 #[cfg(test)]
 mod tests;
 
 use std::sync::Arc;
 
 use crate::backend::{BackendUsage, MetaIoStats, MetadataBackend, ScanCursor};
+use crate::backends::counts;
 use crate::backends::kv::store::StoreState;
 use crate::backends::probe::{self, Slots};
 use crate::backends::space_map::SpaceMap;
@@ -30,13 +32,14 @@ use crate::codec::{Decoder, Encoder};
 use crate::config::{DeviceConfig, Lbn, Pbn};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
-use crate::superblock::{DeviceState, Superblock};
+use crate::superblock::Superblock;
 
 use cache::Cache;
 use geometry::{block_ok, Geometry, BLOCK, HEADER, REFS_PER_BLOCK, SLOT_BYTES};
-use journal::Journal;
+use tables::Journaled;
 
 pub const NAME: &str = "disktable";
+const COUNTS: &str = "disktable refcount array";
 
 /// Where disktable's own fields start in the superblock backend area.
 const AREA_OFFSET: usize = 64;
@@ -48,8 +51,7 @@ pub fn metadata_device_len(cfg: &DeviceConfig) -> u64 {
 pub struct DiskTable {
     cfg: DeviceConfig,
     geo: Geometry,
-    cache: Cache,
-    journal: Journal,
+    t: Journaled,
     space: SpaceMap,
     /// Entries in the hash table (its occupancy: a full table refuses
     /// inserts).
@@ -57,9 +59,6 @@ pub struct DiskTable {
     /// The engine's private record, committed in the root block.
     private: Vec<u64>,
     dirty_limit: usize,
-    file: Arc<dyn BlockFile>,
-    superblock: Superblock,
-    writable: bool,
 }
 
 fn read_u64(b: &[u8], at: usize) -> u64 {
@@ -218,53 +217,35 @@ fn open_table(
         ));
     }
     let cache_bytes = opts.cache_bytes.unwrap_or(params.cache_bytes);
-    let mut cache = Cache::new(file.clone(), geo.area(), cache_bytes);
-    let (journal, replayed) = Journal::recover(file.as_ref(), &geo.area(), &mut cache.io)?;
-    if replayed > 0 {
-        tracing::info!("disktable: replayed {replayed} journaled blocks after an unclean stop");
-    }
-    let root = cache.get(Geometry::ROOT)?;
-    let state = if root.iter().all(|&b| b == 0) {
-        StoreState::default()
-    } else {
-        let len = read_u32(root, HEADER) as usize;
-        if len > BLOCK - HEADER - 4 {
-            return Err(Error::corrupt(
-                "disktable root block",
-                "state record too long",
-            ));
-        }
-        StoreState::decode(&root[HEADER + 4..HEADER + 4 + len], "disktable root block")?
-    };
+    let (mut t, state) = Journaled::open(
+        superblock,
+        file,
+        geo.area(),
+        cache_bytes,
+        opts.writable,
+        NAME,
+    )?;
     let space = load_space(
-        file.as_ref(),
+        t.file.as_ref(),
         &cfg,
         &geo,
         &state,
         opts.for_check,
-        &mut cache.io,
+        &mut t.cache.io,
     )?;
     // Dmdedup §2.6.2: write back when more than 75 % of the cache is dirty.
     // (The journal holds every table block, so no transaction outgrows it.)
-    let dirty_limit = (cache.capacity_blocks() * 3 / 4).max(1);
-    let mut backend = DiskTable {
+    let dirty_limit = t.dirty_limit();
+    t.mark_open()?;
+    Ok(DiskTable {
         cfg,
         geo,
-        cache,
-        journal,
+        t,
         space,
         hash_entries: state.hash_entries,
         private: state.counters,
         dirty_limit,
-        file,
-        superblock,
-        writable: opts.writable,
-    };
-    if backend.writable {
-        backend.superblock.state = DeviceState::Open;
-        backend.superblock.write(backend.file.as_ref())?;
-    }
-    Ok(backend)
+    })
 }
 
 /// Read `count` table blocks from `first`, straight from the device (not
@@ -444,52 +425,36 @@ fn count_pbn_entries(
 impl DiskTable {
     fn slots(&mut self) -> HashSlots<'_> {
         HashSlots {
-            cache: &mut self.cache,
+            cache: &mut self.t.cache,
             geo: &self.geo,
         }
     }
 
     fn check_lbn(&self, lbn: Lbn) -> Result<()> {
-        if lbn < self.cfg.logical_chunks() {
-            Ok(())
-        } else {
-            Err(Error::InvalidArgument(format!(
-                "LBN {lbn} is beyond the device ({} chunks)",
-                self.cfg.logical_chunks()
-            )))
-        }
+        counts::lbn_index(lbn, self.cfg.logical_chunks()).map(|_| ())
     }
 
     fn check_pbn(&self, pbn: Pbn) -> Result<()> {
-        if pbn < self.geo.pbn_space {
-            Ok(())
-        } else {
-            Err(Error::corrupt(
-                "disktable refcount array",
-                format!(
-                    "PBN {pbn} is beyond the data device ({} chunks)",
-                    self.geo.pbn_space
-                ),
-            ))
-        }
+        counts::pbn_index(COUNTS, pbn, self.geo.pbn_space).map(|_| ())
     }
 
     fn set_lbn(&mut self, lbn: Lbn, value: u64) -> Result<()> {
         let (b, off) = self.geo.lbn(lbn);
-        let block = self.cache.get_mut(b)?;
+        let block = self.t.cache.get_mut(b)?;
         block[HEADER + off..HEADER + off + 8].copy_from_slice(&value.to_le_bytes());
         Ok(())
     }
 
     fn set_refcount(&mut self, pbn: Pbn, count: u32) -> Result<()> {
         let (b, off) = self.geo.refcount(pbn);
-        let block = self.cache.get_mut(b)?;
+        let block = self.t.cache.get_mut(b)?;
         block[HEADER + off..HEADER + off + 4].copy_from_slice(&count.to_le_bytes());
         Ok(())
     }
 
-    fn write_root(&mut self) -> Result<()> {
-        let state = StoreState {
+    /// The state record to commit now.
+    fn state(&self) -> StoreState {
+        StoreState {
             // The engine keeps the count of mapped LBNs in its record.
             lbns_mapped: 0,
             pbns_used: self.space.used(),
@@ -497,11 +462,6 @@ impl DiskTable {
             alloc_cursor: self.space.cursor(),
             counters: self.private.clone(),
         }
-        .encode();
-        let root = self.cache.get_mut(Geometry::ROOT)?;
-        root[HEADER..HEADER + 4].copy_from_slice(&(state.len() as u32).to_le_bytes());
-        root[HEADER + 4..HEADER + 4 + state.len()].copy_from_slice(&state);
-        Ok(())
     }
 }
 
@@ -509,7 +469,7 @@ impl MetadataBackend for DiskTable {
     fn lbn_map_lookup(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
         self.check_lbn(lbn)?;
         let (b, off) = self.geo.lbn(lbn);
-        let v = read_u64(self.cache.get(b)?, HEADER + off);
+        let v = read_u64(self.t.cache.get(b)?, HEADER + off);
         if v > self.geo.pbn_space {
             return Err(Error::corrupt(
                 "disktable LBN map",
@@ -581,42 +541,24 @@ impl MetadataBackend for DiskTable {
     }
 
     fn refcount_inc(&mut self, pbn: Pbn) -> Result<u32> {
-        let c = self.refcount_get(pbn)?;
-        if c == 0 {
-            return Err(Error::corrupt(
-                "disktable refcount array",
-                format!("reference added to free PBN {pbn}"),
-            ));
-        }
-        let c = c.checked_add(1).ok_or_else(|| {
-            Error::corrupt(
-                "disktable refcount array",
-                format!("PBN {pbn} count overflows"),
-            )
-        })?;
+        let c = counts::incremented(COUNTS, pbn, self.refcount_get(pbn)?)?;
         self.set_refcount(pbn, c)?;
         Ok(c)
     }
 
     fn refcount_dec(&mut self, pbn: Pbn) -> Result<u32> {
-        let c = self.refcount_get(pbn)?;
+        let c = counts::decremented(COUNTS, pbn, self.refcount_get(pbn)?)?;
+        self.set_refcount(pbn, c)?;
         if c == 0 {
-            return Err(Error::corrupt(
-                "disktable refcount array",
-                format!("reference dropped from free PBN {pbn} (count would underflow)"),
-            ));
-        }
-        self.set_refcount(pbn, c - 1)?;
-        if c == 1 {
             self.space.free(pbn);
         }
-        Ok(c - 1)
+        Ok(c)
     }
 
     fn refcount_get(&mut self, pbn: Pbn) -> Result<u32> {
         self.check_pbn(pbn)?;
         let (b, off) = self.geo.refcount(pbn);
-        Ok(read_u32(self.cache.get(b)?, HEADER + off))
+        Ok(read_u32(self.t.cache.get(b)?, HEADER + off))
     }
 
     fn refcount_set(&mut self, pbn: Pbn, count: u32) -> Result<()> {
@@ -671,32 +613,19 @@ impl MetadataBackend for DiskTable {
 
     fn commit(&mut self, private: &[u64]) -> Result<()> {
         self.private = private.to_vec();
-        self.write_root()?;
-        let blocks = self.cache.sealed_dirty();
-        self.journal.commit(
-            self.file.as_ref(),
-            &self.geo.area(),
-            &blocks,
-            &mut self.cache.io,
-        )?;
-        self.cache.mark_clean();
+        self.t.commit(&self.state())?;
         self.space.commit();
         Ok(())
     }
 
     fn wants_commit(&self) -> bool {
-        self.cache.dirty_count() >= self.dirty_limit
+        self.t.cache.dirty_count() >= self.dirty_limit
     }
 
     fn close(&mut self, private: &[u64]) -> Result<()> {
-        if !self.writable {
-            return Ok(());
-        }
-        self.commit(private)?;
-        self.journal.clear(self.file.as_ref(), &self.geo.area())?;
-        self.superblock.state = DeviceState::Clean;
-        self.superblock.write(self.file.as_ref())?;
-        self.writable = false;
+        self.private = private.to_vec();
+        self.t.close(&self.state())?;
+        self.space.commit();
         Ok(())
     }
 
@@ -709,7 +638,7 @@ impl MetadataBackend for DiskTable {
             pbns_used: self.space.used(),
             pbns_free: self.space.allocatable(),
             metadata_bytes: self.geo.device_len(),
-            io: self.cache.io,
+            io: self.t.cache.io,
             index: None,
         }
     }

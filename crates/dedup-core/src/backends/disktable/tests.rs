@@ -252,7 +252,7 @@ fn more_dirty_blocks_than_the_cache_holds_between_commits() {
     for _ in 0..400 {
         step(&mut t, &mut m, &mut rng).unwrap();
     }
-    assert!(t.cache.dirty_count() > t.cache.capacity_blocks());
+    assert!(t.t.cache.dirty_count() > t.t.cache.capacity_blocks());
     assert_matches(&mut t, &m, "with the cache over-full");
     t.commit(&[]).unwrap();
     assert_matches(&mut t, &m, "after the commit");

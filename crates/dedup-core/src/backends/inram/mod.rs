@@ -14,7 +14,7 @@ mod persist;
 use std::path::PathBuf;
 
 use crate::backend::{BackendUsage, MetaIoStats, MetadataBackend, ScanCursor};
-use crate::backends::{OpenOptions, Opened};
+use crate::backends::{counts, OpenOptions, Opened};
 use crate::blockfile::BlockFile;
 use crate::config::{DeviceConfig, Lbn, Pbn};
 use crate::error::{Error, Result};
@@ -28,6 +28,7 @@ use persist::{read_section, SaveTable, Section, SectionWriter, HASH_ENTRY_BYTES,
 pub use persist::metadata_device_len;
 
 pub const NAME: &str = "inram";
+const COUNTS: &str = "inram refcount array";
 
 pub struct InRam {
     cfg: DeviceConfig,
@@ -279,28 +280,11 @@ impl InRam {
     }
 
     fn check_lbn(&self, lbn: Lbn) -> Result<usize> {
-        if lbn < self.cfg.logical_chunks() {
-            Ok(lbn as usize)
-        } else {
-            Err(Error::InvalidArgument(format!(
-                "LBN {lbn} is beyond the device ({} chunks)",
-                self.cfg.logical_chunks()
-            )))
-        }
+        counts::lbn_index(lbn, self.cfg.logical_chunks())
     }
 
     fn check_pbn(&self, pbn: Pbn) -> Result<usize> {
-        if pbn < self.pbn_space() {
-            Ok(pbn as usize)
-        } else {
-            Err(Error::corrupt(
-                "inram refcount array",
-                format!(
-                    "PBN {pbn} is beyond the data device ({} chunks)",
-                    self.pbn_space()
-                ),
-            ))
-        }
+        counts::pbn_index(COUNTS, pbn, self.pbn_space())
     }
 }
 
@@ -387,40 +371,26 @@ impl MetadataBackend for InRam {
             pbn += 1;
         }
         Err(Error::corrupt(
-            "inram refcount array",
+            COUNTS,
             "usage count says a PBN is free but none is",
         ))
     }
 
     fn refcount_inc(&mut self, pbn: Pbn) -> Result<u32> {
         let i = self.check_pbn(pbn)?;
-        let c = &mut self.refcounts[i];
-        if *c == 0 {
-            return Err(Error::corrupt(
-                "inram refcount array",
-                format!("reference added to free PBN {pbn}"),
-            ));
-        }
-        *c = c.checked_add(1).ok_or_else(|| {
-            Error::corrupt("inram refcount array", format!("PBN {pbn} count overflows"))
-        })?;
-        Ok(*c)
+        let c = counts::incremented(COUNTS, pbn, self.refcounts[i])?;
+        self.refcounts[i] = c;
+        Ok(c)
     }
 
     fn refcount_dec(&mut self, pbn: Pbn) -> Result<u32> {
         let i = self.check_pbn(pbn)?;
-        let c = &mut self.refcounts[i];
-        if *c == 0 {
-            return Err(Error::corrupt(
-                "inram refcount array",
-                format!("reference dropped from free PBN {pbn} (count would underflow)"),
-            ));
-        }
-        *c -= 1;
-        if *c == 0 {
+        let c = counts::decremented(COUNTS, pbn, self.refcounts[i])?;
+        self.refcounts[i] = c;
+        if c == 0 {
             self.pbns_used -= 1;
         }
-        Ok(*c)
+        Ok(c)
     }
 
     fn refcount_get(&mut self, pbn: Pbn) -> Result<u32> {

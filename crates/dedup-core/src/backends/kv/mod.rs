@@ -18,6 +18,7 @@ pub mod store;
 use std::ops::Bound;
 
 use crate::backend::{BackendUsage, MetadataBackend, ScanCursor};
+use crate::backends::counts;
 use crate::backends::space_map::SpaceMap;
 use crate::blockfile::BlockFile;
 use crate::config::{DeviceConfig, Lbn, Pbn};
@@ -276,36 +277,22 @@ impl<S: KvStore> MetadataBackend for KvBackend<S> {
     }
 
     fn refcount_inc(&mut self, pbn: Pbn) -> Result<u32> {
-        let c = self.refcount(pbn)?;
-        if c == 0 {
-            return Err(Error::corrupt(
-                format!("{} refcounts", self.name),
-                format!("reference added to free PBN {pbn}"),
-            ));
-        }
-        let c = c.checked_add(1).ok_or_else(|| {
-            Error::corrupt(
-                format!("{} refcounts", self.name),
-                format!("PBN {pbn} count overflows"),
-            )
-        })?;
+        let count = self.refcount(pbn)?;
+        let name = self.name;
+        let c = counts::incremented(format_args!("{name} refcounts"), pbn, count)?;
         self.changes.refcounts.insert(pbn, c);
         Ok(c)
     }
 
     fn refcount_dec(&mut self, pbn: Pbn) -> Result<u32> {
-        let c = self.refcount(pbn)?;
+        let count = self.refcount(pbn)?;
+        let name = self.name;
+        let c = counts::decremented(format_args!("{name} refcounts"), pbn, count)?;
+        self.changes.refcounts.insert(pbn, c);
         if c == 0 {
-            return Err(Error::corrupt(
-                format!("{} refcounts", self.name),
-                format!("reference dropped from free PBN {pbn} (count would underflow)"),
-            ));
-        }
-        self.changes.refcounts.insert(pbn, c - 1);
-        if c == 1 {
             self.space.free(pbn);
         }
-        Ok(c - 1)
+        Ok(c)
     }
 
     fn refcount_get(&mut self, pbn: Pbn) -> Result<u32> {

@@ -47,8 +47,6 @@ pub struct Geometry {
 }
 
 impl Geometry {
-    pub const ROOT: u64 = 0;
-
     pub fn new(cfg: &DeviceConfig) -> Geometry {
         let pbn_space = cfg.pbn_space();
         let logical_chunks = cfg.logical_chunks();

@@ -29,9 +29,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::backend::{BackendUsage, IndexFigures, MetadataBackend, ScanCursor};
-use crate::backends::disktable::cache::Cache;
-use crate::backends::disktable::geometry::{Area, BLOCK, HEADER};
-use crate::backends::disktable::journal::Journal;
+use crate::backends::counts;
+use crate::backends::disktable::geometry::{BLOCK, HEADER};
+use crate::backends::disktable::tables::Journaled;
 use crate::backends::kv::store::StoreState;
 use crate::backends::{BackendParams, OpenOptions, Opened};
 use crate::blockfile::BlockFile;
@@ -39,13 +39,13 @@ use crate::codec::{Decoder, Encoder};
 use crate::config::{DeviceConfig, Lbn, Pbn};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
-use crate::superblock::{DeviceState, Superblock};
+use crate::superblock::Superblock;
 
 use geometry::{Geometry, RECORDS_PER_BLOCK, RECORD_BYTES, REFS_PER_BLOCK};
 use index::{SampledIndex, GROUP_PBNS};
 
-/// The hash index's RAM budget when none is given: a full index of 16 M
-/// chunks (64 GiB of unique data in 4 KiB chunks), sampled beyond that.
+/// The hash index's RAM budget when none is given: a full index of 7 M
+/// chunks (28 GiB of unique data in 4 KiB chunks), sampled beyond that.
 pub const DEFAULT_INDEX_MEMORY: u64 = 256 << 20;
 /// The smallest budget accepted.
 pub const MIN_INDEX_MEMORY: u64 = 256 << 10;
@@ -55,6 +55,7 @@ const AREA_OFFSET: usize = 64;
 /// The sparse layout; a device of another layout is refused.
 const LAYOUT: u32 = 1;
 const WHAT: &str = "sparse layout (superblock backend area)";
+const COUNTS: &str = "sparse refcount array";
 
 /// What to do about damage `check --repair` fixes.
 const REPAIR: &str = "`dedup check --repair DIR` (device stopped) reports and fixes this";
@@ -182,9 +183,7 @@ pub fn format(cfg: &DeviceConfig, meta: &dyn BlockFile, params: &BackendParams) 
 
 pub struct Sparse {
     geo: Geometry,
-    area: Area,
-    cache: Cache,
-    journal: Journal,
+    t: Journaled,
     index: SampledIndex,
     /// Per refcount block: PBNs in use (count > 0), and PBNs with a chunk
     /// record (scans of the records skip ranges with none; a record may
@@ -205,9 +204,6 @@ pub struct Sparse {
     dirty_limit: usize,
     /// Bytes the metadata file occupies, as of the last commit.
     allocated: u64,
-    file: Arc<dyn BlockFile>,
-    superblock: Superblock,
-    writable: bool,
 }
 
 pub fn open(
@@ -260,29 +256,19 @@ impl Sparse {
                 ),
             ));
         }
-        let area = geo.area();
         let cache_bytes = opts.cache_bytes.unwrap_or(params.cache_bytes);
-        let mut cache = Cache::new(file.clone(), area, cache_bytes);
-        let (journal, replayed) = Journal::recover(file.as_ref(), &area, &mut cache.io)?;
-        if replayed > 0 {
-            tracing::info!("sparse: replayed {replayed} journaled blocks after an unclean stop");
-        }
-        let root = cache.get(Geometry::ROOT)?;
-        let state = if root.iter().all(|&b| b == 0) {
-            StoreState::default()
-        } else {
-            let len = read_u32(root, HEADER) as usize;
-            if len > BLOCK - HEADER - 4 {
-                return Err(Error::corrupt("sparse root block", "state record too long"));
-            }
-            StoreState::decode(&root[HEADER + 4..HEADER + 4 + len], "sparse root block")?
-        };
-        let dirty_limit = (cache.capacity_blocks() * 3 / 4).max(1);
+        let (t, state) = Journaled::open(
+            superblock,
+            file,
+            geo.area(),
+            cache_bytes,
+            opts.writable,
+            "sparse",
+        )?;
+        let dirty_limit = t.dirty_limit();
         let mut s = Sparse {
             geo,
-            area,
-            cache,
-            journal,
+            t,
             index: SampledIndex::new(params.index_memory),
             summary: vec![0; geo.ref_blocks as usize],
             recorded: vec![0; geo.ref_blocks as usize],
@@ -294,18 +280,12 @@ impl Sparse {
             private: state.counters.clone(),
             dirty_limit,
             allocated: 0,
-            file,
-            superblock,
-            writable: opts.writable,
         };
         s.load_summary(&state, opts.for_check)?;
         s.load_lbn_summary()?;
         s.refill_index(&state, opts.for_check)?;
-        s.allocated = s.file.allocated()?.unwrap_or(have);
-        if s.writable {
-            s.superblock.state = DeviceState::Open;
-            s.superblock.write(s.file.as_ref())?;
-        }
+        s.allocated = s.t.file.allocated()?.unwrap_or(have);
+        s.t.mark_open()?;
         Ok(s)
     }
 
@@ -315,7 +295,7 @@ impl Sparse {
         let (mut used, mut records) = (0u64, 0u64);
         for r in 0..self.geo.ref_blocks {
             let (b, off) = self.geo.summary(r);
-            let block = self.cache.get(b)?;
+            let block = self.t.cache.get(b)?;
             let n = read_u16(block, HEADER + off);
             let k = read_u16(block, HEADER + off + 2);
             let room = self.pbns_in_ref_block(r);
@@ -345,7 +325,7 @@ impl Sparse {
     fn load_lbn_summary(&mut self) -> Result<()> {
         for i in 0..self.geo.lbn_blocks {
             let (b, off) = self.geo.lbn_summary(i);
-            let n = read_u16(self.cache.get(b)?, HEADER + off);
+            let n = read_u16(self.t.cache.get(b)?, HEADER + off);
             let room = self.geo.lbns_of_block(i).count() as u64;
             if u64::from(n) > room {
                 return Err(Error::corrupt(
@@ -371,7 +351,7 @@ impl Sparse {
         }
         let n = *n;
         let (b, off) = self.geo.lbn_summary(i);
-        let block = self.cache.get_mut(b)?;
+        let block = self.t.cache.get_mut(b)?;
         block[HEADER + off..HEADER + off + 2].copy_from_slice(&n.to_le_bytes());
         Ok(())
     }
@@ -415,33 +395,16 @@ impl Sparse {
     }
 
     fn check_lbn(&self, lbn: Lbn) -> Result<()> {
-        if lbn < self.geo.logical_chunks {
-            Ok(())
-        } else {
-            Err(Error::InvalidArgument(format!(
-                "LBN {lbn} is beyond the device ({} chunks)",
-                self.geo.logical_chunks
-            )))
-        }
+        counts::lbn_index(lbn, self.geo.logical_chunks).map(|_| ())
     }
 
     fn check_pbn(&self, pbn: Pbn) -> Result<()> {
-        if pbn < self.geo.pbn_space {
-            Ok(())
-        } else {
-            Err(Error::corrupt(
-                "sparse refcount array",
-                format!(
-                    "PBN {pbn} is beyond the data device ({} chunks)",
-                    self.geo.pbn_space
-                ),
-            ))
-        }
+        counts::pbn_index(COUNTS, pbn, self.geo.pbn_space).map(|_| ())
     }
 
     fn set_refcount(&mut self, pbn: Pbn, count: u32) -> Result<()> {
         let (b, off) = self.geo.refcount(pbn);
-        let block = self.cache.get_mut(b)?;
+        let block = self.t.cache.get_mut(b)?;
         block[HEADER + off..HEADER + off + 4].copy_from_slice(&count.to_le_bytes());
         Ok(())
     }
@@ -466,7 +429,7 @@ impl Sparse {
     fn write_summary(&mut self, r: u64) -> Result<()> {
         let (n, k) = (self.summary[r as usize], self.recorded[r as usize]);
         let (b, off) = self.geo.summary(r);
-        let block = self.cache.get_mut(b)?;
+        let block = self.t.cache.get_mut(b)?;
         block[HEADER + off..HEADER + off + 2].copy_from_slice(&n.to_le_bytes());
         block[HEADER + off + 2..HEADER + off + 4].copy_from_slice(&k.to_le_bytes());
         Ok(())
@@ -475,7 +438,7 @@ impl Sparse {
     /// The record stored for `pbn`, if any.
     fn record(&mut self, pbn: Pbn) -> Result<Option<Fingerprint>> {
         let (b, off) = self.geo.record(pbn);
-        let block = self.cache.get(b)?;
+        let block = self.t.cache.get(b)?;
         let at = HEADER + off;
         match block[at] {
             0 => Ok(None),
@@ -494,7 +457,7 @@ impl Sparse {
     /// Set or clear `pbn`'s record (the caller knows whether one was there).
     fn set_record(&mut self, pbn: Pbn, fp: Option<&Fingerprint>) -> Result<()> {
         let (b, off) = self.geo.record(pbn);
-        let block = self.cache.get_mut(b)?;
+        let block = self.t.cache.get_mut(b)?;
         let slot = &mut block[HEADER + off..HEADER + off + RECORD_BYTES];
         let r = (pbn / REFS_PER_BLOCK) as usize;
         match fp {
@@ -533,7 +496,7 @@ impl Sparse {
         let mut p = first;
         while p < end {
             let (b, _) = self.geo.record(p);
-            let block = self.cache.get(b)?;
+            let block = self.t.cache.get(b)?;
             let block_end = ((p / RECORDS_PER_BLOCK + 1) * RECORDS_PER_BLOCK).min(end);
             for q in p..block_end {
                 let at = HEADER + (q % RECORDS_PER_BLOCK) as usize * RECORD_BYTES;
@@ -575,24 +538,15 @@ impl Sparse {
         Ok(None)
     }
 
-    fn write_root(&mut self) -> Result<()> {
-        let state = StoreState {
+    /// The state record to commit now.
+    fn state(&self) -> StoreState {
+        StoreState {
             lbns_mapped: 0,
             pbns_used: self.used,
             hash_entries: self.records,
             alloc_cursor: self.cursor,
             counters: self.private.clone(),
         }
-        .encode();
-        if state.len() > BLOCK - HEADER - 4 {
-            return Err(Error::InvalidArgument(
-                "the engine's record does not fit the sparse root block".into(),
-            ));
-        }
-        let root = self.cache.get_mut(Geometry::ROOT)?;
-        root[HEADER..HEADER + 4].copy_from_slice(&(state.len() as u32).to_le_bytes());
-        root[HEADER + 4..HEADER + 4 + state.len()].copy_from_slice(&state);
-        Ok(())
     }
 }
 
@@ -600,7 +554,7 @@ impl MetadataBackend for Sparse {
     fn lbn_map_lookup(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
         self.check_lbn(lbn)?;
         let (b, off) = self.geo.lbn(lbn);
-        let v = read_u64(self.cache.get(b)?, HEADER + off);
+        let v = read_u64(self.t.cache.get(b)?, HEADER + off);
         if v > self.geo.pbn_space {
             return Err(Error::corrupt(
                 "sparse LBN map",
@@ -614,7 +568,7 @@ impl MetadataBackend for Sparse {
         self.check_pbn(pbn)?;
         let old = self.lbn_map_lookup(lbn)?;
         let (b, off) = self.geo.lbn(lbn);
-        let block = self.cache.get_mut(b)?;
+        let block = self.t.cache.get_mut(b)?;
         block[HEADER + off..HEADER + off + 8].copy_from_slice(&(pbn + 1).to_le_bytes());
         if old.is_none() {
             self.note_mapped(lbn, true)?;
@@ -626,7 +580,7 @@ impl MetadataBackend for Sparse {
         let old = self.lbn_map_lookup(lbn)?;
         if old.is_some() {
             let (b, off) = self.geo.lbn(lbn);
-            let block = self.cache.get_mut(b)?;
+            let block = self.t.cache.get_mut(b)?;
             block[HEADER + off..HEADER + off + 8].fill(0);
             self.note_mapped(lbn, false)?;
         }
@@ -724,7 +678,7 @@ impl MetadataBackend for Sparse {
             let end = ((r + 1) * REFS_PER_BLOCK).min(total);
             if u64::from(self.summary[r as usize]) < end - r * REFS_PER_BLOCK {
                 let (b, _) = self.geo.refcount(pbn);
-                let block = self.cache.get(b)?;
+                let block = self.t.cache.get(b)?;
                 let free = (pbn..end).find(|&p| {
                     read_u32(block, HEADER + (p % REFS_PER_BLOCK) as usize * 4) == 0
                         && !self.quarantine.contains(&p)
@@ -748,42 +702,24 @@ impl MetadataBackend for Sparse {
     }
 
     fn refcount_inc(&mut self, pbn: Pbn) -> Result<u32> {
-        let c = self.refcount_get(pbn)?;
-        if c == 0 {
-            return Err(Error::corrupt(
-                "sparse refcount array",
-                format!("reference added to free PBN {pbn}"),
-            ));
-        }
-        let c = c.checked_add(1).ok_or_else(|| {
-            Error::corrupt(
-                "sparse refcount array",
-                format!("PBN {pbn} count overflows"),
-            )
-        })?;
+        let c = counts::incremented(COUNTS, pbn, self.refcount_get(pbn)?)?;
         self.set_refcount(pbn, c)?;
         Ok(c)
     }
 
     fn refcount_dec(&mut self, pbn: Pbn) -> Result<u32> {
-        let c = self.refcount_get(pbn)?;
+        let c = counts::decremented(COUNTS, pbn, self.refcount_get(pbn)?)?;
+        self.set_refcount(pbn, c)?;
         if c == 0 {
-            return Err(Error::corrupt(
-                "sparse refcount array",
-                format!("reference dropped from free PBN {pbn} (count would underflow)"),
-            ));
-        }
-        self.set_refcount(pbn, c - 1)?;
-        if c == 1 {
             self.note_use(pbn, false)?;
         }
-        Ok(c - 1)
+        Ok(c)
     }
 
     fn refcount_get(&mut self, pbn: Pbn) -> Result<u32> {
         self.check_pbn(pbn)?;
         let (b, off) = self.geo.refcount(pbn);
-        Ok(read_u32(self.cache.get(b)?, HEADER + off))
+        Ok(read_u32(self.t.cache.get(b)?, HEADER + off))
     }
 
     fn refcount_set(&mut self, pbn: Pbn, count: u32) -> Result<()> {
@@ -798,31 +734,22 @@ impl MetadataBackend for Sparse {
 
     fn commit(&mut self, private: &[u64]) -> Result<()> {
         self.private = private.to_vec();
-        self.write_root()?;
-        let blocks = self.cache.sealed_dirty();
-        self.journal
-            .commit(self.file.as_ref(), &self.area, &blocks, &mut self.cache.io)?;
-        self.cache.mark_clean();
+        let written = self.t.commit(&self.state())?;
         self.quarantine.clear();
-        if !blocks.is_empty() {
-            self.allocated = self.file.allocated()?.unwrap_or(self.allocated);
+        if written > 0 {
+            self.allocated = self.t.file.allocated()?.unwrap_or(self.allocated);
         }
         Ok(())
     }
 
     fn wants_commit(&self) -> bool {
-        self.cache.dirty_count() >= self.dirty_limit
+        self.t.cache.dirty_count() >= self.dirty_limit
     }
 
     fn close(&mut self, private: &[u64]) -> Result<()> {
-        if !self.writable {
-            return Ok(());
-        }
-        self.commit(private)?;
-        self.journal.clear(self.file.as_ref(), &self.area)?;
-        self.superblock.state = DeviceState::Clean;
-        self.superblock.write(self.file.as_ref())?;
-        self.writable = false;
+        self.private = private.to_vec();
+        self.t.close(&self.state())?;
+        self.quarantine.clear();
         Ok(())
     }
 
@@ -835,7 +762,7 @@ impl MetadataBackend for Sparse {
             pbns_used: self.used,
             pbns_free: self.geo.pbn_space - self.used - self.quarantine.len() as u64,
             metadata_bytes: self.allocated + self.index.bytes(),
-            io: self.cache.io,
+            io: self.t.cache.io,
             index: Some(IndexFigures {
                 bytes: self.index.bytes(),
                 ..self.index.stats

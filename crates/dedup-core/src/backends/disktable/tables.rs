@@ -1,0 +1,122 @@
+//! A journaled table file: 4 KiB checksummed table blocks behind the
+//! buffer cache (`cache.rs`), made crash-safe by the redo journal
+//! (`journal.rs`), with the store's state record in the root block (table
+//! block 0). disktable and sparse lay their tables out differently (their
+//! `Area`) and share this: opening (replay, read the root), commits and the
+//! clean close.
+
+use std::sync::Arc;
+
+use super::cache::Cache;
+use super::geometry::{Area, BLOCK, HEADER};
+use super::journal::Journal;
+use crate::backends::kv::store::StoreState;
+use crate::blockfile::BlockFile;
+use crate::error::{Error, Result};
+use crate::superblock::{DeviceState, Superblock};
+
+pub struct Journaled {
+    pub cache: Cache,
+    journal: Journal,
+    area: Area,
+    pub file: Arc<dyn BlockFile>,
+    superblock: Superblock,
+    writable: bool,
+    /// "disktable", "sparse": for log lines and errors.
+    name: &'static str,
+}
+
+const ROOT: u64 = 0;
+
+impl Journaled {
+    /// Replay a complete journal left by a crash, then read the state
+    /// record of the last commit from the root block (empty when new).
+    pub fn open(
+        superblock: Superblock,
+        file: Arc<dyn BlockFile>,
+        area: Area,
+        cache_bytes: u64,
+        writable: bool,
+        name: &'static str,
+    ) -> Result<(Journaled, StoreState)> {
+        let mut cache = Cache::new(file.clone(), area, cache_bytes);
+        let (journal, replayed) = Journal::recover(file.as_ref(), &area, &mut cache.io)?;
+        if replayed > 0 {
+            tracing::info!("{name}: replayed {replayed} journaled blocks after an unclean stop");
+        }
+        let root = cache.get(ROOT)?;
+        let state = if root.iter().all(|&b| b == 0) {
+            StoreState::default()
+        } else {
+            let what = format!("{name} root block");
+            let len = u32::from_le_bytes(root[HEADER..HEADER + 4].try_into().expect("4 bytes"));
+            let len = len as usize;
+            if len > BLOCK - HEADER - 4 {
+                return Err(Error::corrupt(what, "state record too long"));
+            }
+            StoreState::decode(&root[HEADER + 4..HEADER + 4 + len], &what)?
+        };
+        Ok((
+            Journaled {
+                cache,
+                journal,
+                area,
+                file,
+                superblock,
+                writable,
+                name,
+            },
+            state,
+        ))
+    }
+
+    /// Serving from now on: the superblock says so until the clean close,
+    /// so a crash is known at the next open.
+    pub fn mark_open(&mut self) -> Result<()> {
+        if self.writable {
+            self.superblock.state = DeviceState::Open;
+            self.superblock.write(self.file.as_ref())?;
+        }
+        Ok(())
+    }
+
+    /// Dirty blocks past which the store asks for a commit: 75 % of the
+    /// cache (Dmdedup §2.6.2's write-back threshold).
+    pub fn dirty_limit(&self) -> usize {
+        (self.cache.capacity_blocks() * 3 / 4).max(1)
+    }
+
+    /// Write `state` to the root and commit every dirty block through the
+    /// journal; returns how many blocks the commit wrote.
+    pub fn commit(&mut self, state: &StoreState) -> Result<usize> {
+        let state = state.encode();
+        if state.len() > BLOCK - HEADER - 4 {
+            return Err(Error::InvalidArgument(format!(
+                "the engine's record does not fit the {} root block",
+                self.name
+            )));
+        }
+        let root = self.cache.get_mut(ROOT)?;
+        root[HEADER..HEADER + 4].copy_from_slice(&(state.len() as u32).to_le_bytes());
+        root[HEADER + 4..HEADER + 4 + state.len()].copy_from_slice(&state);
+        let blocks = self.cache.sealed_dirty();
+        self.journal
+            .commit(self.file.as_ref(), &self.area, &blocks, &mut self.cache.io)?;
+        self.cache.mark_clean();
+        Ok(blocks.len())
+    }
+
+    /// Clean shutdown: commit `state`, empty the journal, mark the
+    /// superblock clean. Nothing is written when opened to inspect.
+    pub fn close(&mut self, state: &StoreState) -> Result<()> {
+        if !self.writable {
+            return Ok(());
+        }
+        self.commit(state)?;
+        self.journal.clear(self.file.as_ref(), &self.area)?;
+        self.superblock.state = DeviceState::Clean;
+        self.superblock.write(self.file.as_ref())?;
+        self.writable = false;
+        Ok(())
+    }
+}
