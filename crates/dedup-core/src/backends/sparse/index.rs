@@ -58,25 +58,41 @@ pub struct SampledIndex {
     pub stats: IndexFigures,
 }
 
-/// The most slots a budget allows: the largest power of two that fits
-/// seven eighths of it (the rest is for prefetched fingerprints).
+/// The share of a budget kept for prefetched fingerprints: an eighth, and
+/// at least one group's.
+fn cache_share(budget: u64) -> u64 {
+    (budget / 8).max(GROUP_PBNS * CACHED_BYTES)
+}
+
+/// The most slots a budget allows: what the prefetch cache leaves of it,
+/// any number, not only a power of two.
 fn max_slots(budget: u64) -> usize {
-    let table = budget - budget / 8;
-    let fit = (table / ENTRY_BYTES).max(MIN_SLOTS as u64);
-    1usize << (63 - fit.leading_zeros())
+    let table = budget.saturating_sub(cache_share(budget));
+    (table / ENTRY_BYTES).max(MIN_SLOTS as u64) as usize
 }
 
 fn bucket(key: u64, slots: usize) -> usize {
-    // The key's high bits pick the bucket; sampling tests the low bits.
-    (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & (slots - 1)
+    // The key's mixed high bits scaled to the table (no power-of-two mask,
+    // so the table can fill its budget); sampling tests the low bits.
+    let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    ((h as u128 * slots as u128) >> 64) as usize
+}
+
+/// The slot after `i`, wrapping.
+fn next(i: usize, slots: usize) -> usize {
+    if i + 1 == slots {
+        0
+    } else {
+        i + 1
+    }
 }
 
 impl SampledIndex {
-    /// An empty index within `budget` bytes: seven eighths for the table,
-    /// one eighth for prefetched fingerprints.
+    /// An empty index within `budget` bytes: an eighth (at least a group's
+    /// worth) for prefetched fingerprints, the rest for the table.
     pub fn new(budget: u64) -> SampledIndex {
         let max_slots = max_slots(budget);
-        let max_cached = ((budget / 8 / CACHED_BYTES) as usize).max(GROUP_PBNS as usize);
+        let max_cached = (cache_share(budget) / CACHED_BYTES) as usize;
         SampledIndex {
             slots: vec![Slot::default(); MIN_SLOTS.min(max_slots)],
             len: 0,
@@ -117,7 +133,7 @@ impl SampledIndex {
                 from_table = Some(s.pbn1 - 1);
                 break;
             }
-            i = (i + 1) & (self.slots.len() - 1);
+            i = next(i, self.slots.len());
         }
         let from_cache = self
             .cached
@@ -134,7 +150,7 @@ impl SampledIndex {
         }
         if (self.len + 1) * 8 > self.slots.len() * 7 {
             if self.slots.len() < self.max_slots {
-                self.resize(self.slots.len() * 2);
+                self.resize((self.slots.len() * 2).min(self.max_slots));
             } else {
                 // Full at the budget: halve the sampling rate (§3.2.2).
                 self.shift += 1;
@@ -149,8 +165,8 @@ impl SampledIndex {
     }
 
     fn put(&mut self, key: u64, pbn: Pbn) {
-        let mask = self.slots.len() - 1;
-        let mut i = bucket(key, self.slots.len());
+        let n = self.slots.len();
+        let mut i = bucket(key, n);
         loop {
             let s = &mut self.slots[i];
             if s.pbn1 == 0 {
@@ -163,7 +179,7 @@ impl SampledIndex {
                 s.pbn1 = pbn + 1;
                 break;
             }
-            i = (i + 1) & mask;
+            i = next(i, n);
         }
         self.stats.entries = self.len as u64;
     }
@@ -186,8 +202,8 @@ impl SampledIndex {
         if self.cached.get(&key) == Some(&pbn) {
             self.cached.remove(&key);
         }
-        let mask = self.slots.len() - 1;
-        let mut i = bucket(key, self.slots.len());
+        let n = self.slots.len();
+        let mut i = bucket(key, n);
         loop {
             let s = self.slots[i];
             if s.pbn1 == 0 {
@@ -199,18 +215,18 @@ impl SampledIndex {
                 }
                 break;
             }
-            i = (i + 1) & mask;
+            i = next(i, n);
         }
         // Backward-shift deletion keeps every probe chain unbroken.
         let mut hole = i;
         let mut j = i;
         loop {
-            j = (j + 1) & mask;
+            j = next(j, n);
             let s = self.slots[j];
             if s.pbn1 == 0 {
                 break;
             }
-            let home = bucket(s.key, self.slots.len());
+            let home = bucket(s.key, n);
             // Move s into the hole unless its home lies cyclically in (hole, j].
             let stays = if hole <= j {
                 hole < home && home <= j

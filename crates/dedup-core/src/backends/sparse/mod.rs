@@ -44,8 +44,8 @@ use crate::superblock::Superblock;
 use geometry::{Geometry, RECORDS_PER_BLOCK, RECORD_BYTES, REFS_PER_BLOCK};
 use index::{SampledIndex, GROUP_PBNS};
 
-/// The hash index's RAM budget when none is given: a full index of 7 M
-/// chunks (28 GiB of unique data in 4 KiB chunks), sampled beyond that.
+/// The hash index's RAM budget when none is given: a full index of 12.8 M
+/// chunks (49 GiB of unique data in 4 KiB chunks), sampled beyond that.
 pub const DEFAULT_INDEX_MEMORY: u64 = 256 << 20;
 /// The smallest budget accepted.
 pub const MIN_INDEX_MEMORY: u64 = 256 << 10;
