@@ -48,6 +48,18 @@ pub fn status(r: &StatusReport) -> String {
         s.physical_used_percent,
         format_size(s.physical_bytes_free)
     );
+    if s.overwrite_reserve_bytes > 0 {
+        let _ = writeln!(
+            o,
+            "  Reserve          {} beyond the logical size: overwrites of a full device always fit",
+            format_size(s.overwrite_reserve_bytes)
+        );
+    } else if s.physical_size < s.logical_size {
+        let _ = writeln!(
+            o,
+            "  Thin-provisioned the logical size exceeds the physical one: writes of new data fail with ENOSPC once it is full"
+        );
+    }
     if let Some(p) = &s.packing {
         let _ = writeln!(
             o,

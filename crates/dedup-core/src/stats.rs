@@ -121,6 +121,12 @@ pub struct Stats {
     /// LBNs mapped to a stored chunk (all-zero chunks are never mapped).
     pub chunks_mapped: u64,
     pub hash_index_entries: u64,
+    /// Data space beyond the logical size, up to the reserve `dedup create`
+    /// adds: while it is there, overwrites of a full device always fit. 0
+    /// on a thin-provisioned device (logical size over physical), whose
+    /// writes can run out of space.
+    #[serde(default)]
+    pub overwrite_reserve_bytes: u64,
     /// sparse: the RAM index's budget, fill, sampling and lookups.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hash_index: Option<crate::backend::IndexFigures>,

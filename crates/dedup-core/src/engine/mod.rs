@@ -334,6 +334,10 @@ impl Engine {
             chunks_mapped: totals.lbns_mapped,
             hash_index_entries: totals.hash_entries,
             hash_index: usage.index,
+            overwrite_reserve_bytes: physical.saturating_sub(self.cfg.logical_size).min(
+                chunking::overwrite_reserve_chunks(self.cfg.chunk_size)
+                    * self.cfg.chunk_size as u64,
+            ),
             physical_bytes_used: used,
             physical_bytes_free: physical - used,
             physical_used_percent: 100.0 * used as f64 / physical as f64,
