@@ -86,11 +86,16 @@ pub fn status(r: &StatusReport) -> String {
     if let Some(ix) = &s.hash_index {
         let _ = writeln!(
             o,
-            "  Index in RAM     {} of {} budget, {} fingerprints, keeps 1 in {}; {} prefetched; lookups since start: {} hits, {} by prefetch, {} misses, {} stale",
+            "  Index in RAM     {} of {} budget, {} fingerprints, keeps 1 in {}{}; {} prefetched; lookups since start: {} hits, {} by prefetch, {} misses, {} stale",
             format_size(ix.bytes),
             format_size(ix.budget_bytes),
             ix.entries,
             ix.sampling_period,
+            if ix.from_checkpoint {
+                ", loaded from the last clean stop's checkpoint"
+            } else {
+                ""
+            },
             ix.prefetched_fingerprints,
             ix.table_hits,
             ix.prefetch_hits,

@@ -103,6 +103,10 @@ pub struct IndexFigures {
     pub misses: u64,
     /// Candidates that failed confirmation against the chunk's record.
     pub stale: u64,
+    /// The index was loaded from the checkpoint of the last clean stop
+    /// (else rebuilt from the chunk records at open).
+    #[serde(default)]
+    pub from_checkpoint: bool,
 }
 
 /// Metadata-device I/O done by the store since it was opened.

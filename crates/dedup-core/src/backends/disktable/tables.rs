@@ -70,6 +70,15 @@ impl Journaled {
         ))
     }
 
+    pub fn is_writable(&self) -> bool {
+        self.writable
+    }
+
+    /// The sequence number of the last commit (the journal's).
+    pub fn seq(&self) -> u64 {
+        self.journal.seq
+    }
+
     /// Serving from now on: the superblock says so until the clean close,
     /// so a crash is known at the next open.
     pub fn mark_open(&mut self) -> Result<()> {

@@ -243,6 +243,56 @@ impl SampledIndex {
         self.stats.entries = self.len as u64;
     }
 
+    /// The table as bytes for a checkpoint: sampling shift, slot count,
+    /// entries, then every slot (key, PBN + 1).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(20 + self.slots.len() * ENTRY_BYTES as usize);
+        out.extend_from_slice(&self.shift.to_le_bytes());
+        out.extend_from_slice(&(self.slots.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(self.len as u64).to_le_bytes());
+        for s in &self.slots {
+            out.extend_from_slice(&s.key.to_le_bytes());
+            out.extend_from_slice(&s.pbn1.to_le_bytes());
+        }
+        out
+    }
+
+    /// An index within `budget` from `encode`'s bytes, or `None` if they do
+    /// not describe one this budget allows (the caller rebuilds instead).
+    /// Every entry stays advice: lookups confirm it against the records.
+    pub fn decode(budget: u64, bytes: &[u8]) -> Option<SampledIndex> {
+        let word = |at: usize| -> Option<u64> {
+            Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
+        };
+        let shift = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?);
+        let slots = word(4)? as usize;
+        let len = word(12)? as usize;
+        let mut ix = SampledIndex::new(budget);
+        if shift > 63 || slots < MIN_SLOTS.min(ix.max_slots) || slots > ix.max_slots || len > slots
+        {
+            return None;
+        }
+        if bytes.len() != 20 + slots * ENTRY_BYTES as usize {
+            return None;
+        }
+        ix.shift = shift;
+        ix.slots = bytes[20..]
+            .chunks_exact(16)
+            .map(|c| Slot {
+                key: u64::from_le_bytes(c[..8].try_into().expect("8 bytes")),
+                pbn1: u64::from_le_bytes(c[8..].try_into().expect("8 bytes")),
+            })
+            .collect();
+        let found = ix.slots.iter().filter(|s| s.pbn1 != 0).count();
+        if found != len || found * 8 > slots * 7 {
+            return None;
+        }
+        ix.len = len;
+        ix.stats.sampling_period = 1 << shift;
+        ix.stats.entries = len as u64;
+        Some(ix)
+    }
+
     /// Whether the group of `pbn` is in the prefetch cache already.
     pub fn has_group(&mut self, pbn: Pbn) -> bool {
         self.groups.get(&(pbn / GROUP_PBNS)).is_some()

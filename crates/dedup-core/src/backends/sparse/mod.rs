@@ -56,6 +56,7 @@ const AREA_OFFSET: usize = 64;
 const LAYOUT: u32 = 1;
 const WHAT: &str = "sparse layout (superblock backend area)";
 const COUNTS: &str = "sparse refcount array";
+const CHECKPOINT_MAGIC: &[u8; 8] = b"DDUPIXCK";
 
 /// What to do about damage `check --repair` fixes.
 const REPAIR: &str = "`dedup check --repair DIR` (device stopped) reports and fixes this";
@@ -283,7 +284,9 @@ impl Sparse {
         };
         s.load_summary(&state, opts.for_check)?;
         s.load_lbn_summary()?;
-        s.refill_index(&state, opts.for_check)?;
+        if !s.load_checkpoint()? {
+            s.refill_index(&state, opts.for_check)?;
+        }
         s.allocated = s.t.file.allocated()?.unwrap_or(have);
         s.t.mark_open()?;
         Ok(s)
@@ -313,6 +316,7 @@ impl Sparse {
             records += u64::from(k);
         }
         self.used = used;
+        self.records = records;
         self.agree("PBNs hold data", used, state.pbns_used, for_check)?;
         self.agree(
             "record counts in the summary",
@@ -538,6 +542,75 @@ impl Sparse {
         Ok(None)
     }
 
+    /// Where the index checkpoint lives: past the tables, in a regular file
+    /// only (it grows the file; a block device has no room there).
+    fn checkpoint_at(&self) -> Result<Option<u64>> {
+        Ok(match self.t.file.capacity()? {
+            None => Some(self.geo.device_len().next_multiple_of(BLOCK as u64)),
+            Some(_) => None,
+        })
+    }
+
+    /// After a clean close: save the index, so the next open need not read
+    /// every record (Guo §3.2.3). Body first, then the header that names
+    /// the commit it belongs to; a crash anywhere leaves a header that does
+    /// not match, and the next open rebuilds.
+    fn save_checkpoint(&mut self) -> Result<()> {
+        let Some(at) = self.checkpoint_at()? else {
+            return Ok(());
+        };
+        let body = self.index.encode();
+        self.t.file.write_at(&body, at + BLOCK as u64)?;
+        self.t.file.sync()?;
+        let mut e = Encoder::with_capacity(BLOCK);
+        e.bytes(CHECKPOINT_MAGIC)
+            .u64(self.t.seq())
+            .u64(body.len() as u64)
+            .bytes(&blake3::hash(&body).as_bytes()[..16])
+            .pad_to(BLOCK);
+        let mut header = e.buf;
+        crate::codec::seal(&mut header);
+        self.t.file.write_at(&header, at)?;
+        self.t.file.sync()
+    }
+
+    /// Load the index from the checkpoint if it belongs to the last commit
+    /// and reads back whole; `false`: rebuild it from the records.
+    fn load_checkpoint(&mut self) -> Result<bool> {
+        let Some(at) = self.checkpoint_at()? else {
+            return Ok(false);
+        };
+        if self.t.file.len()? < at + BLOCK as u64 {
+            return Ok(false);
+        }
+        let mut header = vec![0u8; BLOCK];
+        self.t.file.read_at(&mut header, at)?;
+        if &header[..8] != CHECKPOINT_MAGIC || !crate::codec::is_sealed(&header) {
+            return Ok(false);
+        }
+        let mut d = Decoder::new(&header[8..], "sparse index checkpoint");
+        let (seq, len, digest) = (d.u64()?, d.u64()?, d.bytes(16)?.to_vec());
+        if seq != self.t.seq() || len > 2 * self.index.budget() + BLOCK as u64 {
+            return Ok(false);
+        }
+        if self.t.file.len()? < at + BLOCK as u64 + len {
+            return Ok(false);
+        }
+        let mut body = vec![0u8; len as usize];
+        self.t.file.read_at(&mut body, at + BLOCK as u64)?;
+        if blake3::hash(&body).as_bytes()[..16] != digest[..] {
+            return Ok(false);
+        }
+        match SampledIndex::decode(self.index.budget(), &body) {
+            Some(mut ix) => {
+                ix.stats.from_checkpoint = true;
+                self.index = ix;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
     /// The state record to commit now.
     fn state(&self) -> StoreState {
         StoreState {
@@ -747,9 +820,13 @@ impl MetadataBackend for Sparse {
     }
 
     fn close(&mut self, private: &[u64]) -> Result<()> {
+        let writable = self.t.is_writable();
         self.private = private.to_vec();
         self.t.close(&self.state())?;
         self.quarantine.clear();
+        if writable {
+            self.save_checkpoint()?;
+        }
         Ok(())
     }
 
