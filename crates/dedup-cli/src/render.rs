@@ -86,7 +86,7 @@ pub fn status(r: &StatusReport) -> String {
     if let Some(ix) = &s.hash_index {
         let _ = writeln!(
             o,
-            "  Index in RAM     {} of {} budget, {} fingerprints, keeps 1 in {}{}; {} prefetched; lookups since start: {} hits, {} by prefetch, {} misses, {} stale",
+            "  Index in RAM     {} of {} budget, {} fingerprints, keeps 1 in {}{}; {} prefetched; lookups since start: {} hits, {} by prefetch, {} misses, {} stale; about {} duplicates missed by sampling (Eq. 2 estimate)",
             format_size(ix.bytes),
             format_size(ix.budget_bytes),
             ix.entries,
@@ -100,7 +100,8 @@ pub fn status(r: &StatusReport) -> String {
             ix.table_hits,
             ix.prefetch_hits,
             ix.misses,
-            ix.stale
+            ix.stale,
+            ix.missed_estimate
         );
     }
     let _ = writeln!(

@@ -103,6 +103,10 @@ pub struct IndexFigures {
     pub misses: u64,
     /// Candidates that failed confirmation against the chunk's record.
     pub stale: u64,
+    /// Duplicates the sampling likely missed since open, estimated from
+    /// those found and Guo's Eq. 2 (0 while every fingerprint is kept).
+    #[serde(default)]
+    pub missed_estimate: u64,
     /// The index was loaded from the checkpoint of the last clean stop
     /// (else rebuilt from the chunk records at open).
     #[serde(default)]

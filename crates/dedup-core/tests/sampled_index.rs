@@ -96,6 +96,14 @@ fn an_eighth_of_the_index_finds_what_eq_2_predicts_on_successive_versions() {
         100.0 * efficiency,
         100.0 * predicted
     );
+    assert!(ix.bytes <= ix.budget_bytes, "over budget: {ix:?}");
+    // What status estimates the sampling missed, against what it missed.
+    let missed = duplicates - found;
+    assert!(
+        ix.missed_estimate * 2 >= missed && ix.missed_estimate <= missed * 2,
+        "estimated {} missed, {missed} were",
+        ix.missed_estimate
+    );
     // Whatever the index missed, the data is right.
     let mut back = vec![0u8; 1 << 20];
     for at in [0usize, n as usize / 2, n as usize - 256] {

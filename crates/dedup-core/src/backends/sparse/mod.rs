@@ -92,6 +92,18 @@ pub fn predicted_efficiency(t: f64) -> f64 {
     (1.0 - (t - 1.0) / GROUP_PBNS as f64).max(0.0)
 }
 
+/// Duplicates a sampled index likely missed: of every duplicate, Eq. 2
+/// finds the share `f`, so those found (`hits`) stand for `hits / f` and
+/// the rest were stored again.
+fn missed_estimate(s: &IndexFigures) -> u64 {
+    let f = predicted_efficiency(s.sampling_period as f64);
+    let found = (s.table_hits + s.prefetch_hits) as f64;
+    if f <= 0.0 {
+        return 0;
+    }
+    (found / f - found).round() as u64
+}
+
 pub fn sizing(cfg: &DeviceConfig, params: &BackendParams) -> Sizing {
     let per_chunk = 8 + 4 + RECORD_BYTES as u64;
     let chunks_per_tib = (1u64 << 40) / cfg.chunk_size as u64;
@@ -842,6 +854,7 @@ impl MetadataBackend for Sparse {
             io: self.t.cache.io,
             index: Some(IndexFigures {
                 bytes: self.index.bytes(),
+                missed_estimate: missed_estimate(&self.index.stats),
                 ..self.index.stats
             }),
         }
