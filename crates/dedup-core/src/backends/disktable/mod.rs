@@ -206,16 +206,7 @@ fn open_table(
     let cfg = superblock.config.clone();
     let (params, geo) = decode_area(&superblock.backend_area, &cfg)?;
     let file: Arc<dyn BlockFile> = Arc::from(meta);
-    let have = file.len()?;
-    if have < geo.device_len() {
-        return Err(Error::foreign(
-            std::path::Path::new(&file.describe()),
-            format!(
-                "metadata device is {have} bytes but this device's tables need {}; was it truncated?",
-                geo.device_len()
-            ),
-        ));
-    }
+    Journaled::check_len(file.as_ref(), geo.device_len())?;
     let cache_bytes = opts.cache_bytes.unwrap_or(params.cache_bytes);
     let (mut t, state) = Journaled::open(
         superblock,
@@ -439,17 +430,13 @@ impl DiskTable {
     }
 
     fn set_lbn(&mut self, lbn: Lbn, value: u64) -> Result<()> {
-        let (b, off) = self.geo.lbn(lbn);
-        let block = self.t.cache.get_mut(b)?;
-        block[HEADER + off..HEADER + off + 8].copy_from_slice(&value.to_le_bytes());
-        Ok(())
+        let at = self.geo.lbn(lbn);
+        self.t.set_u64(at, value)
     }
 
     fn set_refcount(&mut self, pbn: Pbn, count: u32) -> Result<()> {
-        let (b, off) = self.geo.refcount(pbn);
-        let block = self.t.cache.get_mut(b)?;
-        block[HEADER + off..HEADER + off + 4].copy_from_slice(&count.to_le_bytes());
-        Ok(())
+        let at = self.geo.refcount(pbn);
+        self.t.set_u32(at, count)
     }
 
     /// The state record to commit now.
@@ -468,15 +455,9 @@ impl DiskTable {
 impl MetadataBackend for DiskTable {
     fn lbn_map_lookup(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
         self.check_lbn(lbn)?;
-        let (b, off) = self.geo.lbn(lbn);
-        let v = read_u64(self.t.cache.get(b)?, HEADER + off);
-        if v > self.geo.pbn_space {
-            return Err(Error::corrupt(
-                "disktable LBN map",
-                format!("LBN {lbn} maps to PBN {} beyond the data device", v - 1),
-            ));
-        }
-        Ok(v.checked_sub(1))
+        let at = self.geo.lbn(lbn);
+        self.t
+            .mapping_at(at, lbn, self.geo.pbn_space, "disktable LBN map")
     }
 
     fn lbn_map_insert(&mut self, lbn: Lbn, pbn: Pbn) -> Result<Option<Pbn>> {
@@ -557,8 +538,8 @@ impl MetadataBackend for DiskTable {
 
     fn refcount_get(&mut self, pbn: Pbn) -> Result<u32> {
         self.check_pbn(pbn)?;
-        let (b, off) = self.geo.refcount(pbn);
-        Ok(read_u32(self.t.cache.get(b)?, HEADER + off))
+        let at = self.geo.refcount(pbn);
+        self.t.u32_at(at)
     }
 
     fn refcount_set(&mut self, pbn: Pbn, count: u32) -> Result<()> {

@@ -12,6 +12,7 @@ use super::geometry::{Area, BLOCK, HEADER};
 use super::journal::Journal;
 use crate::backends::kv::store::StoreState;
 use crate::blockfile::BlockFile;
+use crate::config::{Lbn, Pbn};
 use crate::error::{Error, Result};
 use crate::superblock::{DeviceState, Superblock};
 
@@ -29,6 +30,21 @@ pub struct Journaled {
 const ROOT: u64 = 0;
 
 impl Journaled {
+    /// The metadata device's length, refused when shorter than the tables
+    /// need (`device_len`): a truncated file or the wrong device.
+    pub fn check_len(file: &dyn BlockFile, device_len: u64) -> Result<u64> {
+        let have = file.len()?;
+        if have < device_len {
+            return Err(Error::foreign(
+                std::path::Path::new(&file.describe()),
+                format!(
+                    "metadata device is {have} bytes but this device's tables need {device_len}; was it truncated?"
+                ),
+            ));
+        }
+        Ok(have)
+    }
+
     /// Replay a complete journal left by a crash, then read the state
     /// record of the last commit from the root block (empty when new).
     pub fn open(
@@ -68,6 +84,53 @@ impl Journaled {
             },
             state,
         ))
+    }
+
+    /// The little-endian u32 at (table block, payload offset).
+    pub fn u32_at(&mut self, (b, off): (u64, usize)) -> Result<u32> {
+        let block = self.cache.get(b)?;
+        Ok(u32::from_le_bytes(
+            block[HEADER + off..HEADER + off + 4]
+                .try_into()
+                .expect("4 bytes"),
+        ))
+    }
+
+    pub fn set_u32(&mut self, (b, off): (u64, usize), v: u32) -> Result<()> {
+        let block = self.cache.get_mut(b)?;
+        block[HEADER + off..HEADER + off + 4].copy_from_slice(&v.to_le_bytes());
+        Ok(())
+    }
+
+    pub fn set_u64(&mut self, (b, off): (u64, usize), v: u64) -> Result<()> {
+        let block = self.cache.get_mut(b)?;
+        block[HEADER + off..HEADER + off + 8].copy_from_slice(&v.to_le_bytes());
+        Ok(())
+    }
+
+    /// An LBN-map entry (`PBN + 1`, 0 = unmapped) at `at`; one past
+    /// `pbn_space` is damage in `table`.
+    pub fn mapping_at(
+        &mut self,
+        at: (u64, usize),
+        lbn: Lbn,
+        pbn_space: u64,
+        table: &str,
+    ) -> Result<Option<Pbn>> {
+        let (b, off) = at;
+        let block = self.cache.get(b)?;
+        let v = u64::from_le_bytes(
+            block[HEADER + off..HEADER + off + 8]
+                .try_into()
+                .expect("8 bytes"),
+        );
+        if v > pbn_space {
+            return Err(Error::corrupt(
+                table,
+                format!("LBN {lbn} maps to PBN {} beyond the data device", v - 1),
+            ));
+        }
+        Ok(v.checked_sub(1))
     }
 
     pub fn is_writable(&self) -> bool {

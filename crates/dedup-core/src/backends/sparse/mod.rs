@@ -259,16 +259,7 @@ impl Sparse {
         let cfg = superblock.config.clone();
         let (params, geo) = decode_area(&superblock.backend_area, &cfg)?;
         let file: Arc<dyn BlockFile> = Arc::from(meta);
-        let have = file.len()?;
-        if have < geo.device_len() {
-            return Err(Error::foreign(
-                std::path::Path::new(&file.describe()),
-                format!(
-                    "metadata device is {have} bytes but this device's tables need {}; was it truncated?",
-                    geo.device_len()
-                ),
-            ));
-        }
+        let have = Journaled::check_len(file.as_ref(), geo.device_len())?;
         let cache_bytes = opts.cache_bytes.unwrap_or(params.cache_bytes);
         let (t, state) = Journaled::open(
             superblock,
@@ -419,10 +410,8 @@ impl Sparse {
     }
 
     fn set_refcount(&mut self, pbn: Pbn, count: u32) -> Result<()> {
-        let (b, off) = self.geo.refcount(pbn);
-        let block = self.t.cache.get_mut(b)?;
-        block[HEADER + off..HEADER + off + 4].copy_from_slice(&count.to_le_bytes());
-        Ok(())
+        let at = self.geo.refcount(pbn);
+        self.t.set_u32(at, count)
     }
 
     /// A PBN went from free to used (`+1`) or back (`-1`): the summary and
@@ -638,23 +627,16 @@ impl Sparse {
 impl MetadataBackend for Sparse {
     fn lbn_map_lookup(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
         self.check_lbn(lbn)?;
-        let (b, off) = self.geo.lbn(lbn);
-        let v = read_u64(self.t.cache.get(b)?, HEADER + off);
-        if v > self.geo.pbn_space {
-            return Err(Error::corrupt(
-                "sparse LBN map",
-                format!("LBN {lbn} maps to PBN {} beyond the data device", v - 1),
-            ));
-        }
-        Ok(v.checked_sub(1))
+        let at = self.geo.lbn(lbn);
+        self.t
+            .mapping_at(at, lbn, self.geo.pbn_space, "sparse LBN map")
     }
 
     fn lbn_map_insert(&mut self, lbn: Lbn, pbn: Pbn) -> Result<Option<Pbn>> {
         self.check_pbn(pbn)?;
         let old = self.lbn_map_lookup(lbn)?;
-        let (b, off) = self.geo.lbn(lbn);
-        let block = self.t.cache.get_mut(b)?;
-        block[HEADER + off..HEADER + off + 8].copy_from_slice(&(pbn + 1).to_le_bytes());
+        let at = self.geo.lbn(lbn);
+        self.t.set_u64(at, pbn + 1)?;
         if old.is_none() {
             self.note_mapped(lbn, true)?;
         }
@@ -664,9 +646,8 @@ impl MetadataBackend for Sparse {
     fn lbn_map_delete(&mut self, lbn: Lbn) -> Result<Option<Pbn>> {
         let old = self.lbn_map_lookup(lbn)?;
         if old.is_some() {
-            let (b, off) = self.geo.lbn(lbn);
-            let block = self.t.cache.get_mut(b)?;
-            block[HEADER + off..HEADER + off + 8].fill(0);
+            let at = self.geo.lbn(lbn);
+            self.t.set_u64(at, 0)?;
             self.note_mapped(lbn, false)?;
         }
         Ok(old)
@@ -803,8 +784,8 @@ impl MetadataBackend for Sparse {
 
     fn refcount_get(&mut self, pbn: Pbn) -> Result<u32> {
         self.check_pbn(pbn)?;
-        let (b, off) = self.geo.refcount(pbn);
-        Ok(read_u32(self.t.cache.get(b)?, HEADER + off))
+        let at = self.geo.refcount(pbn);
+        self.t.u32_at(at)
     }
 
     fn refcount_set(&mut self, pbn: Pbn, count: u32) -> Result<()> {
