@@ -43,6 +43,10 @@ use crate::stats::Counters;
 
 /// Times a batch that found the device full is retried after making room.
 const RECLAIM_ATTEMPTS: u32 = 8;
+/// The same for one chunk, once its batch kept losing the room it made:
+/// each retry follows a reclaim that found room, so running out of them
+/// means other writers took it that often.
+const CHUNK_RECLAIM_ATTEMPTS: u32 = 1024;
 
 /// Where the new bytes of a request come from.
 #[derive(Clone, Copy)]
@@ -145,20 +149,7 @@ impl Engine {
         let cs = self.cfg.chunk_size as usize;
         let pieces = chunking::pieces(offset, len, cs);
         for batch in pieces.chunks(chunking::batch_chunks(cs)) {
-            // Full: make room (GC, and a commit to release what it freed),
-            // then try again; concurrent writers may take the room first.
-            let mut attempts = 0;
-            let wants_commit = loop {
-                match self.write_batch(batch, src) {
-                    Err(Error::NoSpace { .. })
-                        if attempts < RECLAIM_ATTEMPTS && self.reclaim_for_space()? =>
-                    {
-                        attempts += 1
-                    }
-                    other => break other,
-                }
-            }
-            .inspect_err(|e| {
+            let wants_commit = self.write_making_room(batch, src).inspect_err(|e| {
                 if matches!(e, Error::NoSpace { .. }) {
                     Counters::add(&self.counters.nospace_errors, 1);
                 }
@@ -166,6 +157,40 @@ impl Engine {
             self.commit_if_wanted(wants_commit)?;
         }
         Ok(())
+    }
+
+    /// A batch, making room when the device is full (GC, and a commit to
+    /// release what it freed) and trying again. Concurrent writers may take
+    /// the room first; a batch that keeps losing it goes on chunk by chunk,
+    /// each needing at most one new chunk, so it fails with ENOSPC only
+    /// when no room can be made at all.
+    fn write_making_room(&self, batch: &[Piece], src: Source<'_>) -> Result<bool> {
+        match self.write_retrying(batch, src, RECLAIM_ATTEMPTS) {
+            Err(Error::NoSpace { .. }) if batch.len() > 1 => {
+                let mut wants_commit = false;
+                for one in batch.chunks(1) {
+                    wants_commit |= self.write_retrying(one, src, CHUNK_RECLAIM_ATTEMPTS)?;
+                }
+                Ok(wants_commit)
+            }
+            other => other,
+        }
+    }
+
+    /// `write_batch`, making room and trying again up to `attempts` times
+    /// while making room finds any.
+    fn write_retrying(&self, batch: &[Piece], src: Source<'_>, attempts: u32) -> Result<bool> {
+        let mut tried = 0;
+        loop {
+            match self.write_batch(batch, src) {
+                Err(Error::NoSpace { .. }) if tried < attempts && self.reclaim_for_space()? => {
+                    tried += 1;
+                    // Let the writers that took the room finish with it.
+                    std::thread::yield_now();
+                }
+                other => return other,
+            }
+        }
     }
 
     /// One batch under its locks. Returns whether a commit is wanted.
