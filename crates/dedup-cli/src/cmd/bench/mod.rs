@@ -30,7 +30,7 @@ pub struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "raw,inram,disktable,cowbtree,lsm"
+        default_value = "raw,sparse,inram,disktable,cowbtree,lsm"
     )]
     pub systems: Vec<String>,
     /// Metadata cache sizes for disktable, cowbtree and lsm, in percent of
