@@ -58,7 +58,6 @@ pub struct DiskTable {
     hash_entries: u64,
     /// The engine's private record, committed in the root block.
     private: Vec<u64>,
-    dirty_limit: usize,
 }
 
 fn read_u64(b: &[u8], at: usize) -> u64 {
@@ -224,9 +223,7 @@ fn open_table(
         opts.for_check,
         &mut t.cache.io,
     )?;
-    // Dmdedup §2.6.2: write back when more than 75 % of the cache is dirty.
-    // (The journal holds every table block, so no transaction outgrows it.)
-    let dirty_limit = t.dirty_limit();
+    // The journal holds every table block, so no transaction outgrows it.
     t.mark_open()?;
     Ok(DiskTable {
         cfg,
@@ -235,7 +232,6 @@ fn open_table(
         space,
         hash_entries: state.hash_entries,
         private: state.counters,
-        dirty_limit,
     })
 }
 
@@ -600,7 +596,7 @@ impl MetadataBackend for DiskTable {
     }
 
     fn wants_commit(&self) -> bool {
-        self.t.cache.dirty_count() >= self.dirty_limit
+        self.t.wants_commit()
     }
 
     fn close(&mut self, private: &[u64]) -> Result<()> {

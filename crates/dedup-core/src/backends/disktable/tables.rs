@@ -96,6 +96,22 @@ impl Journaled {
         ))
     }
 
+    /// The little-endian u16 at (table block, payload offset).
+    pub fn u16_at(&mut self, (b, off): (u64, usize)) -> Result<u16> {
+        let block = self.cache.get(b)?;
+        Ok(u16::from_le_bytes(
+            block[HEADER + off..HEADER + off + 2]
+                .try_into()
+                .expect("2 bytes"),
+        ))
+    }
+
+    pub fn set_u16(&mut self, (b, off): (u64, usize), v: u16) -> Result<()> {
+        let block = self.cache.get_mut(b)?;
+        block[HEADER + off..HEADER + off + 2].copy_from_slice(&v.to_le_bytes());
+        Ok(())
+    }
+
     pub fn set_u32(&mut self, (b, off): (u64, usize), v: u32) -> Result<()> {
         let block = self.cache.get_mut(b)?;
         block[HEADER + off..HEADER + off + 4].copy_from_slice(&v.to_le_bytes());
@@ -152,10 +168,10 @@ impl Journaled {
         Ok(())
     }
 
-    /// Dirty blocks past which the store asks for a commit: 75 % of the
-    /// cache (Dmdedup §2.6.2's write-back threshold).
-    pub fn dirty_limit(&self) -> usize {
-        (self.cache.capacity_blocks() * 3 / 4).max(1)
+    /// Whether the store should ask for a commit: 75 % of the cache is
+    /// dirty (Dmdedup §2.6.2's write-back threshold).
+    pub fn wants_commit(&self) -> bool {
+        self.cache.dirty_count() >= (self.cache.capacity_blocks() * 3 / 4).max(1)
     }
 
     /// Write `state` to the root and commit every dirty block through the

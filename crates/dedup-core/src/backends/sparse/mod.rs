@@ -166,9 +166,9 @@ fn decode_area(area: &[u8], cfg: &DeviceConfig) -> Result<(BackendParams, Geomet
     Ok((params, geo))
 }
 
-/// Make a new sparse store: a superblock. The tables are holes of a sparse
-/// file, which read as empty; a reused file or device must already read as
-/// zeros there (`layout::create` truncates a file it reuses).
+/// Make a new sparse store: a superblock. The tables of a new sparse file
+/// are holes, which read as empty; any other file or device is zeroed over
+/// the whole range first.
 pub fn format(cfg: &DeviceConfig, meta: &dyn BlockFile, params: &BackendParams) -> Result<()> {
     if params.index_memory < MIN_INDEX_MEMORY {
         return Err(Error::InvalidArgument(format!(
@@ -214,7 +214,6 @@ pub struct Sparse {
     /// PBNs freed in the open transaction: not reused before the commit.
     quarantine: HashSet<Pbn>,
     private: Vec<u64>,
-    dirty_limit: usize,
     /// Bytes the metadata file occupies, as of the last commit.
     allocated: u64,
 }
@@ -236,10 +235,6 @@ fn read_u64(b: &[u8], at: usize) -> u64 {
 
 fn read_u32(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn read_u16(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes(b[at..at + 2].try_into().expect("2 bytes"))
 }
 
 fn cursor_at(cursor: &ScanCursor) -> Result<u64> {
@@ -269,7 +264,6 @@ impl Sparse {
             opts.writable,
             "sparse",
         )?;
-        let dirty_limit = t.dirty_limit();
         let mut s = Sparse {
             geo,
             t,
@@ -282,7 +276,6 @@ impl Sparse {
             cursor: state.alloc_cursor.min(geo.pbn_space.saturating_sub(1)),
             quarantine: HashSet::new(),
             private: state.counters.clone(),
-            dirty_limit,
             allocated: 0,
         };
         s.load_summary(&state, opts.for_check)?;
@@ -301,9 +294,8 @@ impl Sparse {
         let (mut used, mut records) = (0u64, 0u64);
         for r in 0..self.geo.ref_blocks {
             let (b, off) = self.geo.summary(r);
-            let block = self.t.cache.get(b)?;
-            let n = read_u16(block, HEADER + off);
-            let k = read_u16(block, HEADER + off + 2);
+            let n = self.t.u16_at((b, off))?;
+            let k = self.t.u16_at((b, off + 2))?;
             let room = self.pbns_in_ref_block(r);
             if u64::from(n) > room || u64::from(k) > room {
                 return Err(Error::corrupt(
@@ -331,8 +323,7 @@ impl Sparse {
 
     fn load_lbn_summary(&mut self) -> Result<()> {
         for i in 0..self.geo.lbn_blocks {
-            let (b, off) = self.geo.lbn_summary(i);
-            let n = read_u16(self.t.cache.get(b)?, HEADER + off);
+            let n = self.t.u16_at(self.geo.lbn_summary(i))?;
             let room = self.geo.lbns_of_block(i).count() as u64;
             if u64::from(n) > room {
                 return Err(Error::corrupt(
@@ -357,10 +348,8 @@ impl Sparse {
             *n -= 1;
         }
         let n = *n;
-        let (b, off) = self.geo.lbn_summary(i);
-        let block = self.t.cache.get_mut(b)?;
-        block[HEADER + off..HEADER + off + 2].copy_from_slice(&n.to_le_bytes());
-        Ok(())
+        let at = self.geo.lbn_summary(i);
+        self.t.set_u16(at, n)
     }
 
     /// Rebuild the RAM index from the chunk records (of the ranges the
@@ -434,10 +423,8 @@ impl Sparse {
     fn write_summary(&mut self, r: u64) -> Result<()> {
         let (n, k) = (self.summary[r as usize], self.recorded[r as usize]);
         let (b, off) = self.geo.summary(r);
-        let block = self.t.cache.get_mut(b)?;
-        block[HEADER + off..HEADER + off + 2].copy_from_slice(&n.to_le_bytes());
-        block[HEADER + off + 2..HEADER + off + 4].copy_from_slice(&k.to_le_bytes());
-        Ok(())
+        self.t.set_u16((b, off), n)?;
+        self.t.set_u16((b, off + 2), k)
     }
 
     /// The record stored for `pbn`, if any.
@@ -581,7 +568,8 @@ impl Sparse {
         let Some(at) = self.checkpoint_at()? else {
             return Ok(false);
         };
-        if self.t.file.len()? < at + BLOCK as u64 {
+        let file_len = self.t.file.len()?;
+        if file_len < at + BLOCK as u64 {
             return Ok(false);
         }
         let mut header = vec![0u8; BLOCK];
@@ -594,7 +582,7 @@ impl Sparse {
         if seq != self.t.seq() || len > 2 * self.index.budget() + BLOCK as u64 {
             return Ok(false);
         }
-        if self.t.file.len()? < at + BLOCK as u64 + len {
+        if file_len < at + BLOCK as u64 + len {
             return Ok(false);
         }
         let mut body = vec![0u8; len as usize];
@@ -809,7 +797,7 @@ impl MetadataBackend for Sparse {
     }
 
     fn wants_commit(&self) -> bool {
-        self.t.cache.dirty_count() >= self.dirty_limit
+        self.t.wants_commit()
     }
 
     fn close(&mut self, private: &[u64]) -> Result<()> {
