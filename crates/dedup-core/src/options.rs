@@ -104,6 +104,12 @@ pub struct OpenOptions {
     pub accept_unclean: bool,
     /// Override the metadata cache size recorded at create time.
     pub cache_bytes: Option<u64>,
+    /// sparse: override the hash index's RAM budget recorded at create time
+    /// (the index is rebuilt from the chunk records at this budget).
+    pub index_memory: Option<u64>,
+    /// sparse: of the index's budget, the bytes for prefetched fingerprints
+    /// (default an eighth).
+    pub index_cache: Option<u64>,
     /// Directory for a backend that keeps files of its own (lsm); see `aux_dir`.
     pub aux_dir: Option<PathBuf>,
     /// Opened by `check` or `repair`: damage those report and fix (totals

@@ -131,10 +131,13 @@ fn format(backend: &str, power: Arc<PowerSwitch>, txn_writes: u64) -> Disks {
         "meta",
         Arc::default(),
     ));
-    let params = BackendParams {
-        txn_writes,
-        ..BackendParams::default()
-    };
+    let params = common::params(
+        backend,
+        BackendParams {
+            txn_writes,
+            ..BackendParams::default()
+        },
+    );
     Device::format(&cfg, &data, meta.clone(), &params, None).unwrap();
     Disks {
         data: Arc::new(SimDisk::from_image(data.contents(), "data", power.clone())),
@@ -294,6 +297,13 @@ fn ops_in_workload(suite: &str, seed: u64, txn_writes: u64) -> u64 {
         &mut Expect::new(),
     );
     assert!(!failed);
+    if suite.ends_with("@64") {
+        let ix = dev.stats().hash_index.expect("sparse reports its index");
+        assert!(
+            ix.sampling_period > 1,
+            "{suite}: the index never sampled: {ix:?}"
+        );
+    }
     if write_back > 0 {
         let queued = dev.stats().counters.write_back_requests;
         assert!(queued > 0, "{suite}: no write went through the queue");
@@ -340,6 +350,18 @@ fn sparse_survives_power_cuts_at_any_io() {
 #[test]
 fn sparse_packing_lz4_survives_power_cuts_at_any_io() {
     crash_suite("sparse/lz4");
+}
+
+/// An index of 3 fingerprints: it samples, and misses most duplicates.
+#[test]
+fn sparse_with_a_sampling_index_survives_power_cuts_at_any_io() {
+    crash_suite("sparse@64");
+}
+
+/// The index moves to its compact table (group hints) after 3 chunks.
+#[test]
+fn sparse_with_a_compact_index_survives_power_cuts_at_any_io() {
+    crash_suite("sparse/lz4@41216");
 }
 
 #[test]

@@ -27,7 +27,7 @@ fn overwrite_forever(variant: &str) {
         HashAlgo::Blake3,
         false,
     );
-    let md = MemDevice::format(cfg, &BackendParams::default());
+    let md = MemDevice::format(cfg, &common::params(variant, BackendParams::default()));
     let dev = md.open().unwrap();
     let size = CHUNKS as usize * CS;
     for pass in 0..PASSES {

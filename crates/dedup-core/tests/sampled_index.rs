@@ -8,18 +8,23 @@ mod common;
 
 use std::sync::Arc;
 
-use dedup_core::backends::sparse::index::{SampledIndex, GROUP_PBNS};
-use dedup_core::backends::sparse::{predicted_efficiency, MIN_INDEX_MEMORY};
+use dedup_core::backends::sparse::index::{Grouping, SampledIndex, GROUP_BLOCKS};
+use dedup_core::backends::sparse::predicted_efficiency;
 use dedup_core::backends::{BackendParams, OpenOptions};
 use dedup_core::blockfile::{BlockFile, FileBlockFile};
 use dedup_core::fingerprint::HashAlgo;
 use dedup_core::{registry, Device};
 
 const CS: usize = 4096;
+/// An index of 5,836 fingerprints (24 KiB of compact table, beside one
+/// group's prefetch).
+const BUDGET: u64 = 64 << 10;
 
 #[test]
 fn an_eighth_of_the_index_finds_what_eq_2_predicts_on_successive_versions() {
-    let full = SampledIndex::full_capacity(MIN_INDEX_MEMORY);
+    // The compact table's capacity (the same for any PBN space whose
+    // group numbers leave it a long enough tag, as this test's does).
+    let full = SampledIndex::full_capacity(BUDGET, Grouping::new(None, 1 << 30));
     // Eight times what the budget holds in full: the index samples 1 in 8
     // or so by the end of the first version.
     let n = 8 * full;
@@ -39,7 +44,7 @@ fn an_eighth_of_the_index_finds_what_eq_2_predicts_on_successive_versions() {
     let meta_len = registry::metadata_device_len(&cfg).unwrap();
     let meta = Arc::new(FileBlockFile::create(&dir.path().join("meta"), meta_len).unwrap());
     let params = BackendParams {
-        index_memory: MIN_INDEX_MEMORY,
+        index_memory: BUDGET,
         ..Default::default()
     };
     Device::format(&cfg, data.as_ref(), meta.clone(), &params, None).unwrap();
@@ -80,7 +85,7 @@ fn an_eighth_of_the_index_finds_what_eq_2_predicts_on_successive_versions() {
     let ix = after.hash_index.expect("sparse reports its index");
     let predicted = predicted_efficiency(ix.sampling_period as f64);
     eprintln!(
-        "{n} chunks, index full at {full}: sampling 1 in {}, found {found} of {duplicates} duplicates ({:.2} %), Eq. 2 predicts {:.2} % (groups of {GROUP_PBNS}); {:?}",
+        "{n} chunks, index full at {full}: sampling 1 in {}, found {found} of {duplicates} duplicates ({:.2} %), Eq. 2 predicts {:.2} % (groups of {GROUP_BLOCKS} blocks); {:?}",
         ix.sampling_period,
         100.0 * efficiency,
         100.0 * predicted,

@@ -40,6 +40,8 @@ struct Settings {
     control: Option<PathBuf>,
     accept_unclean: bool,
     cache_bytes: Option<u64>,
+    index_memory: Option<u64>,
+    index_cache: Option<u64>,
     record: Option<PathBuf>,
     write_back_bytes: Option<u64>,
 }
@@ -58,6 +60,8 @@ static SETTINGS: Mutex<Settings> = Mutex::new(Settings {
     control: None,
     accept_unclean: false,
     cache_bytes: None,
+    index_memory: None,
+    index_cache: None,
     record: None,
     write_back_bytes: None,
 });
@@ -169,11 +173,13 @@ impl Server for DedupPlugin {
             "control" => s.control = Some(PathBuf::from(value)),
             "accept_unclean" => s.accept_unclean = parse_bool(value)?,
             "cache" => s.cache_bytes = Some(parse_size(value)? as u64),
+            "index_memory" => s.index_memory = Some(parse_size(value)? as u64),
+            "index_cache" => s.index_cache = Some(parse_size(value)? as u64),
             "record" => s.record = Some(PathBuf::from(value)),
             "writeback" => s.write_back_bytes = Some(parse_size(value)? as u64),
             _ => {
                 return Err(einval(format!(
-                    "unknown key {key:?}: the dedup plugin takes dir, data, meta, control, accept_unclean, cache, record, writeback"
+                    "unknown key {key:?}: the dedup plugin takes dir, data, meta, control, accept_unclean, cache, index_memory, index_cache, record, writeback"
                 )))
             }
         }
@@ -205,6 +211,8 @@ impl Server for DedupPlugin {
             writable: true,
             accept_unclean: s.accept_unclean,
             cache_bytes: s.cache_bytes,
+            index_memory: s.index_memory,
+            index_cache: s.index_cache,
             // layout::open puts lsm's files next to the metadata path.
             aux_dir: None,
             for_check: false,

@@ -152,9 +152,15 @@ impl BlockFile for FaultyBlockFile {
 
 /// Every backend, and the packing layer over each kind of backend (and
 /// thin without compression): what the conformance suites run over.
+///
+/// "@N" sets the sparse hash index's budget to N bytes: "sparse@64" holds 3
+/// fingerprints (its exact table samples on a few chunks); "sparse/lz4@41216"
+/// moves to the compact table after 3.
 pub const VARIANTS: &[&str] = &[
     "sparse",
     "sparse/lz4",
+    "sparse@64",
+    "sparse/lz4@41216",
     "inram",
     "disktable",
     "cowbtree",
@@ -172,7 +178,27 @@ pub const VARIANTS: &[&str] = &[
 
 /// The backend name of a variant ("disktable/lz4" -> "disktable").
 pub fn base(variant: &str) -> &str {
-    variant.split('/').next().unwrap_or(variant)
+    let (v, _) = index_budget(variant);
+    v.split('/').next().unwrap_or(v)
+}
+
+/// A variant without its "@N" index budget, and the budget.
+fn index_budget(variant: &str) -> (&str, Option<u64>) {
+    match variant.split_once('@') {
+        Some((v, n)) => (v, Some(n.parse().expect("@N: a byte count"))),
+        None => (variant, None),
+    }
+}
+
+/// `params` with the variant's index budget, if it names one.
+pub fn params(variant: &str, params: BackendParams) -> BackendParams {
+    match index_budget(variant).1 {
+        Some(index_memory) => BackendParams {
+            index_memory,
+            ..params
+        },
+        None => params,
+    }
 }
 
 pub fn config(
@@ -186,6 +212,7 @@ pub fn config(
     // "name/codec" picks a compression (packing, for all but thin); a
     // bare name stores chunks as they are, except for the thin family,
     // whose own LZ4 C-blocks are its default.
+    let (backend, _) = index_budget(backend);
     let (backend, compression) = match backend.split_once('/') {
         Some((name, codec)) => (name, Compression::parse(codec).unwrap()),
         None if registry::kinds::kind(backend)

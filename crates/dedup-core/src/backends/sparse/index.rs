@@ -5,103 +5,177 @@
 //! store returns it, so a lost, stale or sampled index costs missed
 //! deduplication only, never wrong data.
 //!
-//! - **Compact entries** (16 bytes: the fingerprint's first 8 bytes as the
-//!   key, and the PBN) in an open-addressing table that grows with the data
-//!   until it reaches the budget.
+//! - **Two tables.** It starts with the exact table (`exact.rs`: key and
+//!   PBN, 16 bytes an entry), which grows with the data. Once that would
+//!   pass a quarter of the compact table's size, its entries move into the
+//!   compact table (`compact.rs`: 4 bytes an entry, naming the chunk's
+//!   group), sized to the budget, where the index stays.
 //! - **Progressive sampling** (§3.2.2): at the budget, the sampling rate
 //!   halves (R = 2^-shift) and entries whose key's low `shift` bits are
 //!   not all zero are dropped; only sampled fingerprints are inserted from
 //!   then on.
 //! - **Prefetch by locality** (§3.2.1): a confirmed hit loads the
-//!   fingerprints of the chunks stored around it (a *group*: the records of
-//!   `GROUP_PBNS` consecutive PBNs, which sequential allocation fills with
-//!   chunks written together) into a cache with container-LRU eviction, so
-//!   a duplicate stream keeps deduplicating between sampled hooks.
+//!   fingerprints of the chunks stored around it (a *group*: the chunks
+//!   stored in `GROUP_BLOCKS` consecutive data blocks, which sequential
+//!   allocation fills with chunks written together) into a cache with
+//!   container-LRU eviction, so a duplicate stream keeps deduplicating
+//!   between sampled hooks. The store says which group a PBN is in.
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 use lru::LruCache;
 
+use super::compact::{CompactTable, Homeless};
+use super::exact::{ExactTable, ENTRY_BYTES, MIN_SLOTS};
 use crate::backend::IndexFigures;
-use crate::config::Pbn;
+use crate::config::{Addressing, Pbn};
 
-/// PBNs whose records one prefetch loads: the paper's container. With 4 KiB
-/// chunks, 1,024 chunks (4 MiB of data written together). Guo's Eq. 2 with
-/// T_min = 1,024 predicts 97 % of full-index dedup at a sampling rate of
-/// 1/32.
-pub const GROUP_PBNS: u64 = 1024;
-/// Bytes an entry of the table costs.
-pub const ENTRY_BYTES: u64 = 16;
+/// Data blocks whose chunks one prefetch loads: the paper's container, 4 MiB
+/// of data written together in 4 KiB blocks, and at least 1,024 chunks
+/// (more when packed). Guo's Eq. 2 with T_min = 1,024 predicts 97 % of
+/// full-index dedup at a sampling rate of 1/32.
+pub const GROUP_BLOCKS: u64 = 1024;
 /// Bytes a prefetched fingerprint costs (map entry and group list).
 const CACHED_BYTES: u64 = 40;
-/// The table starts with this many slots and doubles as it fills.
-const MIN_SLOTS: usize = 1 << 12;
 
-#[derive(Clone, Copy, Default)]
-struct Slot {
-    key: u64,
-    /// PBN + 1; 0 = empty.
-    pbn1: u64,
+/// What the table knows of a fingerprint: where its chunk is (exact
+/// table), or which group holds it (compact table). Either is confirmed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hint {
+    Pbn(Pbn),
+    Group(u64),
+}
+
+/// At most this many hints per lookup are followed (more mean chance tag
+/// matches in a crowded bucket).
+pub const MAX_HINTS: usize = 4;
+
+enum Table {
+    Exact(ExactTable),
+    Compact(CompactTable),
+}
+
+/// Which group a PBN's chunk is in: the data block holding it (through the
+/// packing's addressing, if the device packs), by `GROUP_BLOCKS`.
+#[derive(Clone, Copy, Debug)]
+pub struct Grouping {
+    addressing: Option<Addressing>,
+    blocks: u64,
+}
+
+impl Grouping {
+    /// For a device of `blocks` data blocks, addressed by `addressing` if it
+    /// packs (else a PBN is a block).
+    pub fn new(addressing: Option<Addressing>, blocks: u64) -> Grouping {
+        Grouping { addressing, blocks }
+    }
+
+    pub fn groups(&self) -> u64 {
+        self.blocks.div_ceil(GROUP_BLOCKS).max(1)
+    }
+
+    pub fn group(&self, pbn: Pbn) -> u64 {
+        let block = match self.addressing {
+            Some(a) => a.split(pbn).0,
+            None => pbn,
+        };
+        block / GROUP_BLOCKS
+    }
+
+    /// The PBNs whose chunks group `g` may hold: the raw chunks of its
+    /// blocks, and the fragments packed in them.
+    pub fn ranges(&self, g: u64) -> [Range<Pbn>; 2] {
+        let first = (g * GROUP_BLOCKS).min(self.blocks);
+        let end = (first + GROUP_BLOCKS).min(self.blocks);
+        match self.addressing {
+            None => [first..end, 0..0],
+            Some(a @ Addressing::DenseRaw { .. }) => [first..end, a.addr(first, 0)..a.addr(end, 0)],
+            Some(a @ Addressing::Slots) => [a.addr(first, 0)..a.addr(end, 0), 0..0],
+        }
+    }
 }
 
 pub struct SampledIndex {
-    slots: Vec<Slot>,
-    len: usize,
-    /// Most slots the budget allows (a power of two).
-    max_slots: usize,
+    table: Table,
+    pub grouping: Grouping,
+    /// Most slots the exact table may grow to.
+    max_exact_slots: usize,
+    /// Bytes of the compact table, and the groups its entries name; `None`
+    /// when the exact table is the only one (too many groups for a tag).
+    compact: Option<(u64, u64)>,
     shift: u32,
     /// Prefetched key -> PBN, and the keys each group brought.
     cached: HashMap<u64, Pbn>,
     groups: LruCache<u64, Vec<u64>>,
     max_cached: usize,
     budget: u64,
+    cache: u64,
     pub stats: IndexFigures,
 }
 
-/// The share of a budget kept for prefetched fingerprints: an eighth, and
-/// at least one group's.
-fn cache_share(budget: u64) -> u64 {
-    (budget / 8).max(GROUP_PBNS * CACHED_BYTES)
+/// The share of a budget kept for prefetched fingerprints unless told
+/// otherwise: an eighth, but at least `STREAM_CACHE` while that leaves
+/// half for the table, and at least one unpacked group's.
+pub fn default_cache(budget: u64) -> u64 {
+    (budget / 8)
+        .max(STREAM_CACHE.min(budget / 2))
+        .max(GROUP_BLOCKS * CACHED_BYTES)
 }
 
-/// The most slots a budget allows: what the prefetch cache leaves of it,
-/// any number, not only a power of two.
-fn max_slots(budget: u64) -> usize {
-    let table = budget.saturating_sub(cache_share(budget));
-    (table / ENTRY_BYTES).max(MIN_SLOTS as u64) as usize
+/// A prefetch cache that holds the groups duplicate streams go back to
+/// (52 K fingerprints): measured on successive image versions, a table at
+/// 1/32 of the full index behind it kept 98 % of the deduplication, behind
+/// a 40 KiB cache 63 %. A starved cache costs more than a sampled table.
+const STREAM_CACHE: u64 = 2 << 20;
+
+/// The compact table's bytes for a table share and a number of groups, if
+/// its tags are long enough.
+fn compact_shape(table: u64, groups: u64) -> Option<(u64, u64)> {
+    let groups = groups.max(1);
+    CompactTable::new(table.min(1 << 12), groups)?;
+    Some((table, groups))
 }
 
-fn bucket(key: u64, slots: usize) -> usize {
-    // The key's mixed high bits scaled to the table (no power-of-two mask,
-    // so the table can fill its budget); sampling tests the low bits.
-    let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    ((h as u128 * slots as u128) >> 64) as usize
-}
-
-/// The slot after `i`, wrapping.
-fn next(i: usize, slots: usize) -> usize {
-    if i + 1 == slots {
-        0
-    } else {
-        i + 1
-    }
+/// The most slots the exact table may take: the whole table share, or a
+/// quarter of the compact table's bytes when that takes over.
+fn max_exact_slots(table: u64, compact: Option<(u64, u64)>) -> usize {
+    let bytes = match compact {
+        Some((c, _)) => c / 4,
+        None => table,
+    };
+    // A floor of a few slots: tiny budgets are for tests that make the
+    // index sample on a few chunks.
+    (bytes / ENTRY_BYTES).max(4) as usize
 }
 
 impl SampledIndex {
-    /// An empty index within `budget` bytes: an eighth (at least a group's
-    /// worth) for prefetched fingerprints, the rest for the table.
-    pub fn new(budget: u64) -> SampledIndex {
-        let max_slots = max_slots(budget);
-        let max_cached = (cache_share(budget) / CACHED_BYTES) as usize;
+    /// An empty index within `budget` bytes for a store grouped by
+    /// `grouping`: an eighth (at least a group's worth) for prefetched
+    /// fingerprints, the rest for the table.
+    pub fn new(budget: u64, grouping: Grouping) -> SampledIndex {
+        SampledIndex::with_cache(budget, default_cache(budget), grouping)
+    }
+
+    /// An empty index within `budget` bytes, `cache` of them for
+    /// prefetched fingerprints (a research knob: how big a prefetch cache
+    /// the streams need does not follow from the table's size).
+    pub fn with_cache(budget: u64, cache: u64, grouping: Grouping) -> SampledIndex {
+        let table = budget.saturating_sub(cache);
+        let compact = compact_shape(table, grouping.groups());
+        let max_exact_slots = max_exact_slots(table, compact);
+        let max_cached = (cache.min(budget) / CACHED_BYTES) as usize;
         SampledIndex {
-            slots: vec![Slot::default(); MIN_SLOTS.min(max_slots)],
-            len: 0,
-            max_slots,
+            grouping,
+            table: Table::Exact(ExactTable::new(MIN_SLOTS.min(max_exact_slots))),
+            max_exact_slots,
+            compact,
             shift: 0,
             cached: HashMap::new(),
             groups: LruCache::unbounded(),
             max_cached,
             budget,
+            cache,
             stats: IndexFigures {
                 budget_bytes: budget,
                 sampling_period: 1,
@@ -111,90 +185,159 @@ impl SampledIndex {
     }
 
     /// Fingerprints a full (unsampled) index holds within `budget`.
-    pub fn full_capacity(budget: u64) -> u64 {
-        max_slots(budget) as u64 * 7 / 8
+    pub fn full_capacity(budget: u64, grouping: Grouping) -> u64 {
+        let table = budget.saturating_sub(default_cache(budget));
+        match compact_shape(table, grouping.groups()).and_then(|(b, g)| CompactTable::new(b, g)) {
+            Some(t) => t.capacity() as u64,
+            None => max_exact_slots(table, None) as u64 * 7 / 8,
+        }
     }
 
     fn sampled(&self, key: u64) -> bool {
         key & ((1u64 << self.shift) - 1) == 0
     }
 
-    /// Candidate PBNs for a fingerprint key: the table's, then the
-    /// prefetch cache's (each to be confirmed by the caller).
-    pub fn candidates(&self, key: u64) -> [Option<Pbn>; 2] {
-        let mut i = bucket(key, self.slots.len());
-        let mut from_table = None;
-        loop {
-            let s = self.slots[i];
-            if s.pbn1 == 0 {
-                break;
-            }
-            if s.key == key {
-                from_table = Some(s.pbn1 - 1);
-                break;
-            }
-            i = next(i, self.slots.len());
-        }
-        let from_cache = self
-            .cached
-            .get(&key)
-            .copied()
-            .filter(|p| Some(*p) != from_table);
-        [from_table, from_cache]
+    /// A prefetched fingerprint's PBN, to be confirmed by the caller.
+    pub fn cached(&self, key: u64) -> Option<Pbn> {
+        self.cached.get(&key).copied()
     }
 
-    /// Remember `key -> pbn` if it is sampled at the current rate.
+    /// The table's hints for a fingerprint key (each to be confirmed by the
+    /// caller), at most `MAX_HINTS`.
+    pub fn hints(&self, key: u64) -> ([Hint; MAX_HINTS], usize) {
+        let mut out = [Hint::Pbn(0); MAX_HINTS];
+        let mut n = 0;
+        if !self.sampled(key) {
+            // The table holds sampled keys only.
+            return (out, 0);
+        }
+        match &self.table {
+            Table::Exact(t) => {
+                if let Some(p) = t.get(key) {
+                    out[0] = Hint::Pbn(p);
+                    n = 1;
+                }
+            }
+            Table::Compact(t) => t.candidates(key, |g| {
+                if n < MAX_HINTS && !out[..n].contains(&Hint::Group(g)) {
+                    out[n] = Hint::Group(g);
+                    n += 1;
+                }
+            }),
+        }
+        (out, n)
+    }
+
+    /// Remember that `key`'s chunk is at `pbn`, if it is sampled at the
+    /// current rate.
     pub fn insert(&mut self, key: u64, pbn: Pbn) {
+        // A group in the prefetch cache stays whole: a compact-table hint
+        // names the group, and the cache must then hold its new chunks too.
+        let group = self.grouping.group(pbn);
+        if let Some(keys) = self.groups.peek_mut(&group) {
+            keys.push(key);
+            self.cached.insert(key, pbn);
+            self.stats.prefetched_fingerprints = self.cached.len() as u64;
+        }
         if !self.sampled(key) {
             return;
         }
-        if (self.len + 1) * 8 > self.slots.len() * 7 {
-            if self.slots.len() < self.max_slots {
-                self.resize((self.slots.len() * 2).min(self.max_slots));
-            } else {
-                // Full at the budget: halve the sampling rate (§3.2.2).
-                self.shift += 1;
-                self.stats.sampling_period = 1 << self.shift;
-                self.resize(self.slots.len());
-                if !self.sampled(key) {
-                    return;
-                }
+        if let Table::Exact(t) = &mut self.table {
+            if t.full() && t.slots() < self.max_exact_slots {
+                let slots = (t.slots() * 2).min(self.max_exact_slots);
+                let shift = self.shift;
+                t.rebuild(slots, |k| k & ((1u64 << shift) - 1) == 0);
+            } else if t.full() && self.compact.is_some() {
+                self.move_to_compact();
             }
         }
-        self.put(key, pbn);
+        // Full at the budget: halve the sampling rate (§3.2.2) until there
+        // is room, or the key is no longer sampled.
+        while matches!(&self.table, Table::Exact(t) if t.full()) {
+            if !self.halve() || !self.sampled(key) {
+                return;
+            }
+        }
+        match &mut self.table {
+            Table::Exact(t) => t.put(key, pbn),
+            Table::Compact(_) => self.insert_compact(key, group),
+        }
+        self.stats.entries = self.len() as u64;
     }
 
-    fn put(&mut self, key: u64, pbn: Pbn) {
-        let n = self.slots.len();
-        let mut i = bucket(key, n);
-        loop {
-            let s = &mut self.slots[i];
-            if s.pbn1 == 0 {
-                *s = Slot { key, pbn1: pbn + 1 };
-                self.len += 1;
-                break;
+    fn insert_compact(&mut self, key: u64, group: u64) {
+        let Table::Compact(t) = &mut self.table else {
+            return;
+        };
+        if t.full() {
+            self.halve();
+            if !self.sampled(key) {
+                return;
             }
-            if s.key == key {
-                // Advice: the newest chunk with this key wins.
-                s.pbn1 = pbn + 1;
-                break;
-            }
-            i = next(i, n);
         }
-        self.stats.entries = self.len as u64;
+        let Table::Compact(t) = &mut self.table else {
+            return;
+        };
+        let mut homeless: Result<(), Homeless> = t.insert(key, group);
+        // Displacements found no slot: sample more until the entry in hand
+        // has one or is not sampled any more.
+        while let Err(h) = homeless {
+            if !self.halve() {
+                break;
+            }
+            let Table::Compact(t) = &mut self.table else {
+                return;
+            };
+            homeless = t.reinsert(h, self.shift);
+        }
     }
 
-    /// Rebuild with `slots` slots, keeping the entries sampled at the
-    /// current rate.
-    fn resize(&mut self, slots: usize) {
-        let old = std::mem::replace(&mut self.slots, vec![Slot::default(); slots]);
-        self.len = 0;
-        for s in old.into_iter().filter(|s| s.pbn1 != 0) {
-            if self.sampled(s.key) {
-                self.put(s.key, s.pbn1 - 1);
-            }
+    /// Move the exact table's entries into the compact table.
+    fn move_to_compact(&mut self) {
+        let Some((bytes, groups)) = self.compact else {
+            return;
+        };
+        let Some(compact) = CompactTable::new(bytes, groups) else {
+            return;
+        };
+        let Table::Exact(exact) = std::mem::replace(&mut self.table, Table::Compact(compact))
+        else {
+            return;
+        };
+        for (key, pbn) in exact.entries() {
+            self.insert_compact(key, self.grouping.group(pbn));
         }
-        self.stats.entries = self.len as u64;
+    }
+
+    /// Halve the sampling rate and drop the entries it no longer keeps;
+    /// `false` if the rate cannot fall further.
+    fn halve(&mut self) -> bool {
+        let limit = match &self.table {
+            Table::Exact(_) => 63,
+            Table::Compact(t) => t.tag_bits(),
+        };
+        if self.shift >= limit {
+            return false;
+        }
+        self.shift += 1;
+        self.stats.sampling_period = 1 << self.shift;
+        let shift = self.shift;
+        match &mut self.table {
+            Table::Exact(t) => {
+                let slots = t.slots();
+                t.rebuild(slots, |k| k & ((1u64 << shift) - 1) == 0);
+            }
+            Table::Compact(t) => t.sample(shift),
+        }
+        self.stats.entries = self.len() as u64;
+        true
+    }
+
+    fn len(&self) -> usize {
+        match &self.table {
+            Table::Exact(t) => t.len(),
+            Table::Compact(t) => t.len(),
+        }
     }
 
     /// Forget `key` where it names `pbn` (the chunk was freed or moved).
@@ -202,107 +345,84 @@ impl SampledIndex {
         if self.cached.get(&key) == Some(&pbn) {
             self.cached.remove(&key);
         }
-        let n = self.slots.len();
-        let mut i = bucket(key, n);
-        loop {
-            let s = self.slots[i];
-            if s.pbn1 == 0 {
-                return;
-            }
-            if s.key == key {
-                if s.pbn1 != pbn + 1 {
-                    return;
-                }
-                break;
-            }
-            i = next(i, n);
+        match &mut self.table {
+            Table::Exact(t) => t.remove(key, pbn),
+            Table::Compact(t) => t.remove(key, self.grouping.group(pbn)),
         }
-        // Backward-shift deletion keeps every probe chain unbroken.
-        let mut hole = i;
-        let mut j = i;
-        loop {
-            j = next(j, n);
-            let s = self.slots[j];
-            if s.pbn1 == 0 {
-                break;
-            }
-            let home = bucket(s.key, n);
-            // Move s into the hole unless its home lies cyclically in (hole, j].
-            let stays = if hole <= j {
-                hole < home && home <= j
-            } else {
-                hole < home || home <= j
-            };
-            if !stays {
-                self.slots[hole] = s;
-                hole = j;
-            }
-        }
-        self.slots[hole] = Slot::default();
-        self.len -= 1;
-        self.stats.entries = self.len as u64;
+        self.stats.entries = self.len() as u64;
     }
 
-    /// The table as bytes for a checkpoint: sampling shift, slot count,
-    /// entries, then every slot (key, PBN + 1).
+    /// The table as bytes for a checkpoint: which table (0 exact, 1
+    /// compact), the sampling shift, the slot count, then the slots.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(20 + self.slots.len() * ENTRY_BYTES as usize);
+        let mut out = Vec::new();
+        let (kind, slots) = match &self.table {
+            Table::Exact(t) => (0u32, t.slots() as u64),
+            Table::Compact(t) => (1u32, t.bytes() / super::compact::SLOT_BYTES),
+        };
+        out.extend_from_slice(&kind.to_le_bytes());
         out.extend_from_slice(&self.shift.to_le_bytes());
-        out.extend_from_slice(&(self.slots.len() as u64).to_le_bytes());
-        out.extend_from_slice(&(self.len as u64).to_le_bytes());
-        for s in &self.slots {
-            out.extend_from_slice(&s.key.to_le_bytes());
-            out.extend_from_slice(&s.pbn1.to_le_bytes());
+        out.extend_from_slice(&slots.to_le_bytes());
+        match &self.table {
+            Table::Exact(t) => t.encode_into(&mut out),
+            Table::Compact(t) => t.encode_into(&mut out),
         }
         out
     }
 
-    /// An index within `budget` from `encode`'s bytes, or `None` if they do
-    /// not describe one this budget allows (the caller rebuilds instead).
-    /// Every entry stays advice: lookups confirm it against the records.
-    pub fn decode(budget: u64, bytes: &[u8]) -> Option<SampledIndex> {
-        let word = |at: usize| -> Option<u64> {
-            Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
+    /// An index within `budget` for `grouping` from `encode`'s bytes,
+    /// or `None` if they do not describe one this budget allows (the caller
+    /// rebuilds instead). Every entry stays advice: lookups confirm it.
+    pub fn decode(budget: u64, grouping: Grouping, bytes: &[u8]) -> Option<SampledIndex> {
+        SampledIndex::new(budget, grouping).load(bytes)
+    }
+
+    /// This (empty) index with the table `encode`'s bytes describe, or
+    /// `None` if they do not fit its budget and grouping.
+    pub fn load(self, bytes: &[u8]) -> Option<SampledIndex> {
+        let kind = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?);
+        let shift = u32::from_le_bytes(bytes.get(4..8)?.try_into().ok()?);
+        let slots = u64::from_le_bytes(bytes.get(8..16)?.try_into().ok()?);
+        let body = &bytes[16..];
+        let mut ix = self;
+        if shift > 63 {
+            return None;
+        }
+        ix.table = match kind {
+            0 => {
+                let slots = usize::try_from(slots).ok()?;
+                if slots < MIN_SLOTS.min(ix.max_exact_slots) || slots > ix.max_exact_slots {
+                    return None;
+                }
+                Table::Exact(ExactTable::decode(slots, body, |k| {
+                    k & ((1u64 << shift) - 1) == 0
+                })?)
+            }
+            1 => {
+                let (b, groups) = ix.compact?;
+                let t = CompactTable::decode(b, groups, shift, body)?;
+                if t.bytes() / super::compact::SLOT_BYTES != slots {
+                    return None;
+                }
+                Table::Compact(t)
+            }
+            _ => return None,
         };
-        let shift = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?);
-        let slots = word(4)? as usize;
-        let len = word(12)? as usize;
-        let mut ix = SampledIndex::new(budget);
-        if shift > 63 || slots < MIN_SLOTS.min(ix.max_slots) || slots > ix.max_slots || len > slots
-        {
-            return None;
-        }
-        if bytes.len() != 20 + slots * ENTRY_BYTES as usize {
-            return None;
-        }
         ix.shift = shift;
-        ix.slots = bytes[20..]
-            .chunks_exact(16)
-            .map(|c| Slot {
-                key: u64::from_le_bytes(c[..8].try_into().expect("8 bytes")),
-                pbn1: u64::from_le_bytes(c[8..].try_into().expect("8 bytes")),
-            })
-            .collect();
-        let found = ix.slots.iter().filter(|s| s.pbn1 != 0).count();
-        if found != len || found * 8 > slots * 7 {
-            return None;
-        }
-        ix.len = len;
         ix.stats.sampling_period = 1 << shift;
-        ix.stats.entries = len as u64;
+        ix.stats.entries = ix.len() as u64;
         Some(ix)
     }
 
     /// Whether the group of `pbn` is in the prefetch cache already.
-    pub fn has_group(&mut self, pbn: Pbn) -> bool {
-        self.groups.get(&(pbn / GROUP_PBNS)).is_some()
+    pub fn has_group(&mut self, group: u64) -> bool {
+        self.groups.get(&group).is_some()
     }
 
-    /// The fingerprint keys of group `pbn / GROUP_PBNS`'s chunks, read from
+    /// The fingerprint keys of group `group`'s chunks, read from
     /// their records after a hit there: cache them, evicting the least
     /// recently prefetched groups (container LRU) to stay in budget.
-    pub fn prefetched(&mut self, pbn: Pbn, entries: Vec<(u64, Pbn)>) {
-        let group = pbn / GROUP_PBNS;
+    pub fn prefetched(&mut self, group: u64, entries: Vec<(u64, Pbn)>) {
         let keys: Vec<u64> = entries.iter().map(|(k, _)| *k).collect();
         for (k, p) in entries {
             self.cached.insert(k, p);
@@ -313,7 +433,11 @@ impl SampledIndex {
                 break;
             };
             for k in keys {
-                if self.cached.get(&k).is_some_and(|p| p / GROUP_PBNS == old) {
+                if self
+                    .cached
+                    .get(&k)
+                    .is_some_and(|p| self.grouping.group(*p) == old)
+                {
                     self.cached.remove(&k);
                 }
             }
@@ -323,11 +447,20 @@ impl SampledIndex {
 
     /// RAM the index holds now.
     pub fn bytes(&self) -> u64 {
-        self.slots.len() as u64 * ENTRY_BYTES + self.cached.len() as u64 * CACHED_BYTES
+        let table = match &self.table {
+            Table::Exact(t) => t.bytes(),
+            Table::Compact(t) => t.bytes(),
+        };
+        table + self.cached.len() as u64 * CACHED_BYTES
     }
 
     pub fn budget(&self) -> u64 {
         self.budget
+    }
+
+    /// An empty index of this one's budget, cache and grouping.
+    pub fn emptied(&self) -> SampledIndex {
+        SampledIndex::with_cache(self.budget, self.cache, self.grouping)
     }
 }
 
@@ -340,61 +473,155 @@ mod tests {
         i.wrapping_mul(0xD6E8_FEB8_6659_FD93).rotate_left(17) ^ 0x5555
     }
 
-    #[test]
-    fn finds_what_it_holds_and_forgets_what_is_removed() {
-        let mut ix = SampledIndex::new(64 << 20);
-        for i in 0..50_000 {
-            ix.insert(key(i), i);
-        }
-        assert_eq!(ix.stats.sampling_period, 1);
-        for i in 0..50_000 {
-            assert_eq!(ix.candidates(key(i))[0], Some(i), "{i}");
-        }
-        for i in (0..50_000).step_by(3) {
-            ix.remove(key(i), i);
-        }
-        // Removing with the wrong PBN leaves the entry.
-        ix.remove(key(1), 999_999);
-        for i in 0..50_000 {
-            let want = (i % 3 != 0).then_some(i);
-            assert_eq!(ix.candidates(key(i))[0], want, "{i}");
-        }
+    /// An unpacked device of `blocks` blocks.
+    fn grouping(blocks: u64) -> Grouping {
+        Grouping::new(None, blocks)
+    }
+
+    fn finds(ix: &SampledIndex, i: u64) -> bool {
+        let (hints, n) = ix.hints(key(i));
+        hints[..n]
+            .iter()
+            .any(|h| *h == Hint::Pbn(i) || *h == Hint::Group(i / GROUP_BLOCKS))
     }
 
     #[test]
-    fn samples_progressively_within_its_budget() {
-        let budget = 1 << 20;
-        let mut ix = SampledIndex::new(budget);
-        for i in 0..400_000 {
+    fn grows_exact_then_moves_to_the_compact_table() {
+        let budget = 4 << 20;
+        let mut ix = SampledIndex::new(budget, grouping(1 << 30));
+        for i in 0..20_000 {
             ix.insert(key(i), i);
         }
-        assert!(ix.stats.sampling_period > 1, "{:?}", ix.stats);
-        assert!(ix.bytes() <= budget, "{} > {budget}", ix.bytes());
-        // Every sampled key is still found; about 1/period of all are.
-        let found = (0..400_000)
-            .filter(|&i| ix.candidates(key(i))[0] == Some(i))
-            .count() as u64;
-        let expect = 400_000 / ix.stats.sampling_period;
-        assert!(
-            found * 10 > expect * 7 && found * 10 < expect * 13,
-            "{found} vs {expect}"
+        assert!(matches!(ix.table, Table::Exact(_)));
+        assert_eq!(ix.hints(key(7)).0[0], Hint::Pbn(7));
+        for i in 20_000..200_000 {
+            ix.insert(key(i), i);
+        }
+        assert!(matches!(ix.table, Table::Compact(_)));
+        assert_eq!(ix.stats.sampling_period, 1);
+        assert_eq!(ix.stats.entries, 200_000);
+        assert!((0..200_000).all(|i| finds(&ix, i)));
+        assert!(ix.bytes() <= budget);
+        let slots = (budget - default_cache(budget)) / 32 * 8;
+        assert_eq!(
+            SampledIndex::full_capacity(budget, grouping(1 << 30)),
+            slots * 49 / 50
         );
     }
 
     #[test]
+    fn samples_progressively_within_its_budget() {
+        // Compact (a small PBN space) and exact only (a PBN space too big
+        // for the compact table's tags).
+        for pbn_space in [1u64 << 30, 1 << 50] {
+            let budget = 1 << 20;
+            let mut ix = SampledIndex::new(budget, grouping(pbn_space));
+            for i in 0..1_000_000 {
+                ix.insert(key(i), i);
+            }
+            assert!(ix.stats.sampling_period > 1, "{:?}", ix.stats);
+            assert!(ix.bytes() <= budget, "{} > {budget}", ix.bytes());
+            // Every sampled key is still found; about 1/period of all are.
+            let found = (0..1_000_000).filter(|&i| finds(&ix, i)).count() as u64;
+            let expect = 1_000_000 / ix.stats.sampling_period;
+            assert!(
+                found * 10 > expect * 7 && found * 10 < expect * 13,
+                "{pbn_space}: {found} vs {expect}"
+            );
+            let sampled_found = (0..1_000_000)
+                .filter(|&i| ix.sampled(key(i)))
+                .all(|i| finds(&ix, i));
+            assert!(sampled_found, "{pbn_space}: a sampled key was lost");
+        }
+    }
+
+    #[test]
+    fn checkpoints_round_trip_and_reject_another_shape() {
+        for n in [3_000u64, 200_000] {
+            let (budget, space) = (4 << 20, 1 << 30);
+            let mut ix = SampledIndex::new(budget, grouping(space));
+            for i in 0..n {
+                ix.insert(key(i), i);
+            }
+            let bytes = ix.encode();
+            let back = SampledIndex::decode(budget, grouping(space), &bytes).expect("decodes");
+            assert_eq!(back.stats.entries, n);
+            assert!((0..n).all(|i| finds(&back, i)));
+            assert!(SampledIndex::decode(64 << 10, grouping(space), &bytes).is_none());
+            assert!(
+                SampledIndex::decode(budget, grouping(space), &bytes[..bytes.len() - 1]).is_none()
+            );
+        }
+    }
+
+    /// A checkpoint is read from disk: damaged bytes must give an index
+    /// that passes its own checks, or none, never a panic.
+    #[test]
+    fn damaged_checkpoints_decode_to_none_or_a_valid_index() {
+        let (budget, space) = (1 << 20, 1 << 30);
+        for n in [2_000u64, 150_000] {
+            let mut ix = SampledIndex::new(budget, grouping(space));
+            for i in 0..n {
+                ix.insert(key(i), i);
+            }
+            let good = ix.encode();
+            let mut rng = 0x9E37_79B9u64;
+            let mut next = || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng
+            };
+            for round in 0..300 {
+                let mut b = good.clone();
+                for _ in 0..1 + round % 4 {
+                    let at = (next() % b.len() as u64) as usize;
+                    b[at] ^= 1 << (next() % 8);
+                }
+                if round % 7 == 0 {
+                    b.truncate((next() % b.len() as u64) as usize);
+                }
+                if let Some(d) = SampledIndex::decode(budget, grouping(space), &b) {
+                    // Usable: lookups and inserts work on what it holds.
+                    let _ = d.hints(key(1));
+                    let mut d = d;
+                    d.insert(key(n + 1), n + 1);
+                    assert!(d.bytes() <= budget);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_group_holds_the_raw_chunks_and_the_fragments_of_its_blocks() {
+        let a = Addressing::DenseRaw { blocks: 3000 };
+        let g = Grouping::new(Some(a), 3000);
+        assert_eq!(g.groups(), 3);
+        let frag = a.addr(1500, 7);
+        assert_eq!(g.group(frag), 1);
+        assert_eq!(g.group(a.addr(1500, crate::config::RAW_SLOT)), 1);
+        let [raw, frags] = g.ranges(1);
+        assert_eq!(raw, 1024..2048);
+        assert!(frags.contains(&frag) && frags.contains(&a.addr(1024, 0)));
+        assert!(!frags.contains(&a.addr(2048, 0)) && !frags.contains(&a.addr(1023, 13)));
+        assert_eq!(g.ranges(2)[0], 2048..3000);
+        assert_eq!(Grouping::new(None, 3000).ranges(2), [2048..3000, 0..0]);
+    }
+
+    #[test]
     fn prefetched_groups_are_evicted_whole_least_recent_first() {
-        let mut ix = SampledIndex::new(1 << 20);
-        let per_group = GROUP_PBNS as usize;
+        let mut ix = SampledIndex::new(1 << 20, grouping(1 << 30));
+        let per_group = GROUP_BLOCKS as usize;
         let groups = ix.max_cached / per_group + 2;
         for g in 0..groups as u64 {
-            let entries = (0..GROUP_PBNS)
-                .map(|i| (key(g * GROUP_PBNS + i), g * GROUP_PBNS + i))
+            let entries = (0..GROUP_BLOCKS)
+                .map(|i| (key(g * GROUP_BLOCKS + i), g * GROUP_BLOCKS + i))
                 .collect();
-            ix.prefetched(g * GROUP_PBNS, entries);
+            ix.prefetched(g, entries);
         }
         assert!(ix.cached.len() <= ix.max_cached);
-        assert_eq!(ix.candidates(key(0))[1], None, "oldest group evicted");
-        let last = (groups as u64 - 1) * GROUP_PBNS;
-        assert_eq!(ix.candidates(key(last))[1], Some(last));
+        assert_eq!(ix.cached(key(0)), None, "oldest group evicted");
+        let last = (groups as u64 - 1) * GROUP_BLOCKS;
+        assert_eq!(ix.cached(key(last)), Some(last));
     }
 }

@@ -13,15 +13,18 @@
 //!   the authoritative "hash index" of the Dmdedup seam, keyed by PBN, so
 //!   GC and check scan it and a candidate can be confirmed;
 //! - the **hash index proper** in RAM within a budget (`index.rs`): advice
-//!   only, sampled when the budget is reached, refilled by prefetching the
-//!   records of chunks written around a hit, rebuilt from the records at
-//!   open. A fingerprint the index misses costs a second copy of the chunk,
+//!   only, 16 bytes a fingerprint while small (`exact.rs`), then 4
+//!   (`compact.rs`, naming the chunk's group), sampled when the budget is
+//!   reached, refilled by prefetching the records of chunks written around
+//!   a hit, rebuilt from the records at open. A fingerprint the index misses costs a second copy of the chunk,
 //!   never wrong data.
 //!
 //! Open reads the root and the summary (not the tables), then the records
 //! of the blocks in use to refill the index: its time follows the data
 //! stored, not the device size.
 
+mod compact;
+mod exact;
 pub mod geometry;
 pub mod index;
 
@@ -42,13 +45,14 @@ use crate::fingerprint::Fingerprint;
 use crate::superblock::Superblock;
 
 use geometry::{Geometry, RECORDS_PER_BLOCK, RECORD_BYTES, REFS_PER_BLOCK};
-use index::{SampledIndex, GROUP_PBNS};
+use index::{Grouping, Hint, SampledIndex, GROUP_BLOCKS};
 
 /// The hash index's RAM budget when none is given: a full index of 12.8 M
 /// chunks (49 GiB of unique data in 4 KiB chunks), sampled beyond that.
 pub const DEFAULT_INDEX_MEMORY: u64 = 256 << 20;
-/// The smallest budget accepted.
-pub const MIN_INDEX_MEMORY: u64 = 256 << 10;
+/// The smallest budget the store accepts: a table of a few entries, for
+/// tests that make the index sample (the commands ask for 64 KiB or more).
+pub const MIN_INDEX_MEMORY: u64 = 64;
 
 /// Where the sparse store's fields start in the superblock backend area.
 const AREA_OFFSET: usize = 64;
@@ -56,10 +60,26 @@ const AREA_OFFSET: usize = 64;
 const LAYOUT: u32 = 1;
 const WHAT: &str = "sparse layout (superblock backend area)";
 const COUNTS: &str = "sparse refcount array";
-const CHECKPOINT_MAGIC: &[u8; 8] = b"DDUPIXCK";
+/// The second checkpoint format (exact or compact table); the first
+/// (`DDUPIXCK`, exact only) is not loaded, the index is rebuilt instead.
+const CHECKPOINT_MAGIC: &[u8; 8] = b"DDUPIXC2";
 
 /// What to do about damage `check --repair` fixes.
 const REPAIR: &str = "`dedup check --repair DIR` (device stopped) reports and fixes this";
+
+fn check_index_memory(budget: u64) -> Result<()> {
+    if budget < MIN_INDEX_MEMORY {
+        return Err(Error::InvalidArgument(format!(
+            "the hash index's memory must be at least {MIN_INDEX_MEMORY} bytes, not {budget} (e.g. --index-memory 256M)"
+        )));
+    }
+    Ok(())
+}
+
+/// How the index groups a device's chunks for prefetch.
+fn grouping(cfg: &DeviceConfig) -> Grouping {
+    Grouping::new(cfg.packs().then(|| cfg.addressing()), cfg.physical_chunks)
+}
 
 pub fn metadata_device_len(cfg: &DeviceConfig) -> u64 {
     Geometry::new(cfg).device_len()
@@ -80,7 +100,7 @@ pub struct Sizing {
     /// samples 1 in 2, 4, ...
     pub full_index_bytes: u64,
     /// Guo's Eq. 2: the share of duplicates still found at 1/8 and 1/32 of
-    /// the full index's memory, with prefetch groups of `GROUP_PBNS`.
+    /// the full index's memory, with prefetch groups of `GROUP_BLOCKS` blocks.
     pub efficiency_at_eighth: f64,
     pub efficiency_at_thirty_second: f64,
 }
@@ -89,7 +109,7 @@ pub struct Sizing {
 /// units of `t_min` chunks, a stream of duplicates misses about `t - 1`
 /// chunks per unit, so the share found is `1 - (t - 1) / t_min`.
 pub fn predicted_efficiency(t: f64) -> f64 {
-    (1.0 - (t - 1.0) / GROUP_PBNS as f64).max(0.0)
+    (1.0 - (t - 1.0) / GROUP_BLOCKS as f64).max(0.0)
 }
 
 /// Duplicates a sampled index likely missed: of every duplicate, Eq. 2
@@ -114,7 +134,8 @@ pub fn sizing(cfg: &DeviceConfig, params: &BackendParams) -> Sizing {
         ram_cache_bytes: params.cache_bytes,
         ram_index_bytes: params.index_memory,
         ram_summary_bytes: geo.ref_blocks * 4 + geo.lbn_blocks * 2,
-        full_index_bytes: SampledIndex::full_capacity(params.index_memory) * cfg.chunk_size as u64,
+        full_index_bytes: SampledIndex::full_capacity(params.index_memory, grouping(cfg))
+            * cfg.chunk_size as u64,
         efficiency_at_eighth: predicted_efficiency(8.0),
         efficiency_at_thirty_second: predicted_efficiency(32.0),
     }
@@ -170,12 +191,7 @@ fn decode_area(area: &[u8], cfg: &DeviceConfig) -> Result<(BackendParams, Geomet
 /// are holes, which read as empty; any other file or device is zeroed over
 /// the whole range first.
 pub fn format(cfg: &DeviceConfig, meta: &dyn BlockFile, params: &BackendParams) -> Result<()> {
-    if params.index_memory < MIN_INDEX_MEMORY {
-        return Err(Error::InvalidArgument(format!(
-            "--index-memory must be at least {} KiB (e.g. --index-memory 256M)",
-            MIN_INDEX_MEMORY >> 10
-        )));
-    }
+    check_index_memory(params.index_memory)?;
     let geo = Geometry::new(cfg);
     // The tables must read as empty. A new sparse file does (holes), and
     // is not read through; anything else that may hold old contents (a
@@ -256,6 +272,14 @@ impl Sparse {
         let file: Arc<dyn BlockFile> = Arc::from(meta);
         let have = Journaled::check_len(file.as_ref(), geo.device_len())?;
         let cache_bytes = opts.cache_bytes.unwrap_or(params.cache_bytes);
+        let index_memory = opts.index_memory.unwrap_or(params.index_memory);
+        check_index_memory(index_memory)?;
+        if opts.index_cache.is_some_and(|c| c >= index_memory) {
+            return Err(Error::InvalidArgument(format!(
+                "the index's prefetch cache ({} bytes) must be smaller than its memory ({index_memory} bytes)",
+                opts.index_cache.unwrap_or(0)
+            )));
+        }
         let (t, state) = Journaled::open(
             superblock,
             file,
@@ -267,7 +291,10 @@ impl Sparse {
         let mut s = Sparse {
             geo,
             t,
-            index: SampledIndex::new(params.index_memory),
+            index: match opts.index_cache {
+                Some(cache) => SampledIndex::with_cache(index_memory, cache, grouping(&cfg)),
+                None => SampledIndex::new(index_memory, grouping(&cfg)),
+            },
             summary: vec![0; geo.ref_blocks as usize],
             recorded: vec![0; geo.ref_blocks as usize],
             mapped: vec![0; geo.lbn_blocks as usize],
@@ -477,28 +504,36 @@ impl Sparse {
         Ok(self.record(pbn)?.as_ref() == Some(fp))
     }
 
-    /// Load the records of `pbn`'s group into the index's prefetch cache.
-    fn prefetch(&mut self, pbn: Pbn) -> Result<()> {
-        if self.index.has_group(pbn) {
+    /// Load the records of group `group`'s chunks into the index's
+    /// prefetch cache, skipping the ranges the summary says hold none.
+    fn prefetch(&mut self, group: u64) -> Result<()> {
+        if self.index.has_group(group) {
             return Ok(());
         }
-        let first = pbn / GROUP_PBNS * GROUP_PBNS;
-        let end = (first + GROUP_PBNS).min(self.geo.pbn_space);
         let mut entries = Vec::new();
-        let mut p = first;
-        while p < end {
-            let (b, _) = self.geo.record(p);
-            let block = self.t.cache.get(b)?;
-            let block_end = ((p / RECORDS_PER_BLOCK + 1) * RECORDS_PER_BLOCK).min(end);
-            for q in p..block_end {
-                let at = HEADER + (q % RECORDS_PER_BLOCK) as usize * RECORD_BYTES;
-                if block[at] == 1 {
-                    entries.push((read_u64(block, at + 1), q));
+        for range in self.index.grouping.ranges(group) {
+            let (mut p, end) = (range.start, range.end.min(self.geo.pbn_space));
+            while p < end {
+                let r = p / REFS_PER_BLOCK;
+                if self.recorded[r as usize] == 0 {
+                    p = ((r + 1) * REFS_PER_BLOCK).min(end);
+                    continue;
                 }
+                let (b, _) = self.geo.record(p);
+                let block = self.t.cache.get(b)?;
+                let block_end = ((p / RECORDS_PER_BLOCK + 1) * RECORDS_PER_BLOCK)
+                    .min((r + 1) * REFS_PER_BLOCK)
+                    .min(end);
+                for q in p..block_end {
+                    let at = HEADER + (q % RECORDS_PER_BLOCK) as usize * RECORD_BYTES;
+                    if block[at] == 1 {
+                        entries.push((read_u64(block, at + 1), q));
+                    }
+                }
+                p = block_end;
             }
-            p = block_end;
         }
-        self.index.prefetched(pbn, entries);
+        self.index.prefetched(group, entries);
         Ok(())
     }
 
@@ -590,7 +625,7 @@ impl Sparse {
         if blake3::hash(&body).as_bytes()[..16] != digest[..] {
             return Ok(false);
         }
-        match SampledIndex::decode(self.index.budget(), &body) {
+        match self.index.emptied().load(&body) {
             Some(mut ix) => {
                 ix.stats.from_checkpoint = true;
                 self.index = ix;
@@ -669,20 +704,38 @@ impl MetadataBackend for Sparse {
 
     fn hash_index_lookup(&mut self, fp: &Fingerprint) -> Result<Option<Pbn>> {
         let key = fp.prefix_u64();
-        let [from_table, from_cache] = self.index.candidates(key);
-        for (pbn, hook) in [(from_table, true), (from_cache, false)] {
-            let Some(pbn) = pbn else { continue };
+        if let Some(pbn) = self.index.cached(key) {
             if self.confirm(fp, pbn)? {
-                if hook {
-                    self.index.stats.table_hits += 1;
-                    self.prefetch(pbn)?;
-                } else {
-                    self.index.stats.prefetch_hits += 1;
-                }
+                self.index.stats.prefetch_hits += 1;
                 return Ok(Some(pbn));
             }
             self.index.stats.stale += 1;
             self.index.remove(key, pbn);
+        }
+        let (hints, n) = self.index.hints(key);
+        for hint in &hints[..n] {
+            let pbn = match *hint {
+                Hint::Pbn(pbn) => Some(pbn),
+                // The compact table names the group: load its records,
+                // which a hit prefetches anyway, and look there.
+                Hint::Group(g) => {
+                    self.prefetch(g)?;
+                    self.index.cached(key)
+                }
+            };
+            match pbn {
+                Some(pbn) if self.confirm(fp, pbn)? => {
+                    self.index.stats.table_hits += 1;
+                    self.prefetch(self.index.grouping.group(pbn))?;
+                    return Ok(Some(pbn));
+                }
+                Some(pbn) => {
+                    self.index.stats.stale += 1;
+                    self.index.remove(key, pbn);
+                }
+                // A tag that matched by chance, or a chunk since moved.
+                None => self.index.stats.stale += 1,
+            }
         }
         self.index.stats.misses += 1;
         Ok(None)

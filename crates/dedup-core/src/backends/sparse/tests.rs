@@ -44,6 +44,9 @@ fn open_store(f: &Arc<FileBlockFile>) -> Sparse {
     Sparse::open(sb, Box::new(f.clone()), &writable()).unwrap()
 }
 
+/// A small budget that still holds a working index.
+const SMALL: u64 = 256 << 10;
+
 #[test]
 fn a_terabyte_device_costs_what_is_written() {
     let dir = tempfile::tempdir().unwrap();
@@ -98,12 +101,12 @@ fn mem_store(c: &DeviceConfig, budget: u64) -> Sparse {
 
 #[test]
 fn a_lost_index_costs_deduplication_never_wrong_data() {
-    let mut s = mem_store(&cfg(64, 64), MIN_INDEX_MEMORY);
+    let mut s = mem_store(&cfg(64, 64), SMALL);
     for i in 0..32 {
         let pbn = s.alloc_pbn().unwrap().unwrap();
         s.hash_index_insert(&fp(i), pbn).unwrap();
     }
-    s.index = SampledIndex::new(MIN_INDEX_MEMORY);
+    s.index = SampledIndex::new(SMALL, s.index.grouping);
     for i in 0..32 {
         assert_eq!(s.hash_index_lookup(&fp(i)).unwrap(), None);
     }
@@ -123,7 +126,7 @@ fn a_lost_index_costs_deduplication_never_wrong_data() {
 
 #[test]
 fn stale_advice_fails_confirmation() {
-    let mut s = mem_store(&cfg(64, 64), MIN_INDEX_MEMORY);
+    let mut s = mem_store(&cfg(64, 64), SMALL);
     let pbn = s.alloc_pbn().unwrap().unwrap();
     s.hash_index_insert(&fp(1), pbn).unwrap();
     // The record goes, the advice stays (as after a crash or a lost
@@ -141,7 +144,7 @@ fn stale_advice_fails_confirmation() {
 fn prefetch_finds_the_neighbours_of_a_sampled_hit() {
     // A budget so small that most fingerprints are not in the table.
     let n = 200_000u64;
-    let mut s = mem_store(&cfg(n, n), MIN_INDEX_MEMORY);
+    let mut s = mem_store(&cfg(n, n), SMALL);
     for i in 0..n {
         let pbn = s.alloc_pbn().unwrap().unwrap();
         s.hash_index_insert(&fp(i), pbn).unwrap();
@@ -163,7 +166,7 @@ fn prefetch_finds_the_neighbours_of_a_sampled_hit() {
 #[test]
 fn allocation_skips_full_blocks_and_wraps_to_freed_ones() {
     let n = 3 * REFS_PER_BLOCK + 5;
-    let mut s = mem_store(&cfg(16, n), MIN_INDEX_MEMORY);
+    let mut s = mem_store(&cfg(16, n), SMALL);
     for _ in 0..n {
         s.alloc_pbn().unwrap().unwrap();
     }
@@ -184,7 +187,7 @@ fn allocation_skips_full_blocks_and_wraps_to_freed_ones() {
 #[test]
 fn scans_find_records_whose_counts_moved_first() {
     let n = 4 * REFS_PER_BLOCK;
-    let mut s = mem_store(&cfg(16, n), MIN_INDEX_MEMORY);
+    let mut s = mem_store(&cfg(16, n), SMALL);
     s.refcount_set(5, 1).unwrap();
     s.hash_index_insert(&fp(5), 5).unwrap();
     let new = 3 * REFS_PER_BLOCK + 1;
