@@ -15,7 +15,7 @@ use super::{print_json, size_arg};
 #[derive(clap::Args)]
 #[command(
     about = "Create a new deduplicated device in a directory",
-    after_help = "Examples:\n  dedup create ./dev --size 10G\n  dedup create ./dev --size 10G --physical-size 2G --compression zstd:3\n  dedup create ./dev --size 1T --physical-size 200G --hash sha256 --verify\n  dedup create ./dev --size 100G --data /dev/sdb --meta /dev/nvme0n1p3\n\nWhat it costs (sparse, the default): metadata grows by about 45 bytes per stored chunk (about 11 GiB per TiB of unique data in 4K chunks) and costs nothing for space never written; a journal as large as the largest commit comes on top. RAM: --cache plus up to --index-memory (16 bytes per fingerprint; past that the index samples and finds fewer duplicates, about 97% at 1/32 of a full index) plus 4 bytes per 4 MiB of data space. create prints the figures for the device it makes."
+    after_help = "Examples:\n  dedup create ./dev --size 10G\n  dedup create ./dev --size 10G --physical-size 2G --compression zstd:3\n  dedup create ./dev --size 1T --physical-size 200G --hash sha256 --verify\n  dedup create ./dev --size 100G --data /dev/sdb --meta /dev/nvme0n1p3\n\nWhat it costs (sparse, the default): metadata grows by about 45 bytes per stored chunk (about 11 GiB per TiB of unique data in 4K chunks) and costs nothing for space never written; a journal as large as the largest commit comes on top. RAM: --cache plus up to --index-memory (about 4 bytes per fingerprint, 1 GB per TB of unique data; past that the index samples and finds fewer duplicates, about 97% at 1/32 of a full index) plus 4 bytes per 4 MiB of data space. create prints the figures for the device it makes."
 )]
 pub struct Args {
     /// Directory for the device (created if missing; must not hold a device).
@@ -54,7 +54,7 @@ pub struct Args {
     /// bytes each). Beyond what it holds it keeps a sample (1 in 2, 4, ...)
     /// and finds the rest by prefetching the neighbours of a sampled hit;
     /// deduplication a sample misses costs space, never correctness.
-    #[arg(long, value_parser = size_arg, default_value = "256M")]
+    #[arg(long, value_parser = super::index_memory_arg, default_value = "256M")]
     pub index_memory: u64,
     /// Writes per metadata transaction for cowbtree and lsm: 1 commits after
     /// every write, 0 only at FLUSH/FUA (and when the cache fills). Default 1000, as Dmdedup.

@@ -27,6 +27,21 @@ pub fn size_arg(s: &str) -> Result<u64, String> {
     dedup_core::size::parse_size(s).map_err(|e| e.to_string())
 }
 
+/// The smallest `--index-memory` the commands take: below it the index
+/// holds next to nothing, and a bare number (bytes) is likely a slip.
+const MIN_INDEX_MEMORY_ARG: u64 = 64 << 10;
+
+pub fn index_memory_arg(s: &str) -> Result<u64, String> {
+    let n = size_arg(s)?;
+    if n < MIN_INDEX_MEMORY_ARG {
+        return Err(format!(
+            "{n} bytes is too small for the hash index: give at least {} KiB, e.g. 256M",
+            MIN_INDEX_MEMORY_ARG >> 10
+        ));
+    }
+    Ok(n)
+}
+
 pub fn control_path(dir: &Path) -> PathBuf {
     dir.join(CONTROL_SOCKET_NAME)
 }

@@ -41,6 +41,16 @@ pub struct Args {
     /// Metadata cache size for this run (default: the one chosen at create).
     #[arg(long, value_parser = super::size_arg)]
     pub cache: Option<u64>,
+    /// sparse: the hash index's RAM budget for this run (default: the one
+    /// chosen at create). Another budget than the last run's rebuilds the
+    /// index from the chunk records at start.
+    #[arg(long, value_parser = super::index_memory_arg)]
+    pub index_memory: Option<u64>,
+    /// sparse: of the index's memory, how much holds prefetched
+    /// fingerprints (default an eighth). For experiments: the cache the
+    /// streams need does not grow with the data the way the table does.
+    #[arg(long, value_parser = super::size_arg)]
+    pub index_cache: Option<u64>,
     /// nbdkit worker threads (requests in flight).
     #[arg(long, default_value_t = 16)]
     pub threads: u32,
@@ -109,6 +119,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     if let Some(cache) = a.cache {
         plugin_args.push(format!("cache={cache}").into());
+    }
+    if let Some(budget) = a.index_memory {
+        plugin_args.push(format!("index_memory={budget}").into());
+    }
+    if let Some(cache) = a.index_cache {
+        plugin_args.push(format!("index_cache={cache}").into());
     }
     if let Some(record) = &a.record {
         let path = std::path::absolute(record).context("resolving --record")?;
