@@ -20,6 +20,9 @@ pub enum Dataset {
     Tar,
     /// The --source tree extracted as files onto ext4 over the device.
     Files,
+    /// The --source file copied as it is by nbdcopy: a disk image, or
+    /// successive versions of one end to end (`scripts/image-versions`).
+    Image,
 }
 
 impl Dataset {
@@ -113,7 +116,7 @@ pub fn run(fio: &Path, job: &Job, output: &Path) -> anyhow::Result<Measured> {
         Dataset::Alldup => cmd
             .arg("--scramble_buffers=0")
             .arg("--buffer_pattern=0x5eed5eed"),
-        Dataset::Tar | Dataset::Files => {
+        Dataset::Tar | Dataset::Files | Dataset::Image => {
             bail!("the {:?} dataset is not written by fio", job.dataset)
         }
     };

@@ -44,6 +44,15 @@ pub struct Args {
     /// (none, lz4, zstd, zstd:LEVEL); e.g. --compression none,lz4,zstd.
     #[arg(long, value_delimiter = ',', default_value = "none")]
     pub compression: Vec<String>,
+    /// sparse: hash index budgets, each one a system of its own (e.g.
+    /// --index-memory 1G,4M,1M to compare a full index with sampled ones).
+    #[arg(long, value_delimiter = ',', value_parser = crate::cmd::index_memory_arg)]
+    pub index_memory: Vec<u64>,
+    /// sparse: of each index budget, the bytes for the prefetch cache
+    /// (default an eighth): to compare tables of different sizes behind
+    /// the same cache.
+    #[arg(long, value_parser = size_arg)]
+    pub index_cache: Option<u64>,
     #[arg(
         long,
         value_delimiter = ',',
@@ -61,8 +70,9 @@ pub struct Args {
     )]
     pub patterns: Vec<Pattern>,
     /// The dataset for `tar` and `files`: a directory (archived once with
-    /// tar) or a tar file. `files` needs root, nbdfuse and mkfs.ext4.
-    #[arg(long, value_name = "DIR|TAR")]
+    /// tar) or a tar file. `files` needs root, nbdfuse and mkfs.ext4. For
+    /// `image`: any file, copied as it is.
+    #[arg(long, value_name = "DIR|TAR|FILE")]
     pub source: Option<PathBuf>,
     /// Device size (logical = physical).
     #[arg(long, value_parser = size_arg, default_value = "4G")]
@@ -190,6 +200,9 @@ pub struct Run {
     pub space_ratio: Option<f64>,
     #[serde(default)]
     pub metadata_bytes: Option<u64>,
+    /// sparse: its hash index after the run (entries, RAM, sampling).
+    #[serde(default)]
+    pub hash_index: Option<dedup_core::backend::IndexFigures>,
 }
 
 fn expand(a: &Args) -> Vec<System> {
@@ -244,6 +257,21 @@ fn expand(a: &Args) -> Vec<System> {
                     .map(|c| {
                         s.clone()
                             .with_compression(c, codecs.len() > 1 || c != "none")
+                    })
+                    .collect()
+            }
+        })
+        // Each sparse system once per index budget asked for.
+        .flat_map(|s| {
+            if s.kind != "sparse" || a.index_memory.is_empty() {
+                vec![s]
+            } else {
+                a.index_memory
+                    .iter()
+                    .map(|&b| {
+                        let mut s = s.clone().with_index_memory(b);
+                        s.index_cache = a.index_cache;
+                        s
                     })
                     .collect()
             }
@@ -311,16 +339,31 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let _dir_guard = RemoveOnDrop(workdir.clone());
     // Removed however the run ends (it can be gigabytes).
     let tar_guard = RemoveOnDrop(workdir.join("source.tar"));
+    let image = datasets.contains(&Dataset::Image);
+    if image
+        && datasets
+            .iter()
+            .any(|d| matches!(d, Dataset::Tar | Dataset::Files))
+    {
+        bail!("--datasets image copies --source as it is, tar and files archive it: run them separately");
+    }
     let tar = match (datasets.iter().any(|d| !d.by_fio()), &a.source) {
         (false, _) => None,
-        (true, None) => bail!("the tar and files datasets need --source DIR or --source FILE.tar"),
+        (true, None) => bail!("the tar, files and image datasets need --source (a directory, a tar file, or for image any file)"),
         (true, Some(src)) => {
-            let tar = client::tar_stream(src, &workdir)?;
+            let tar = if image {
+                if !src.is_file() {
+                    bail!("--datasets image needs --source FILE, a regular file: {} is not one", src.display());
+                }
+                src.clone()
+            } else {
+                client::tar_stream(src, &workdir)?
+            };
             let len = std::fs::metadata(&tar)?.len();
             // ext4 needs room beyond the data: its metadata and journal.
             if len + len / 4 + (64 << 20) > a.size {
                 bail!(
-                    "the dataset's tar stream is {} but devices are {}: pass --size {} or more",
+                    "the dataset's stream is {} but devices are {}: pass --size {} or more",
                     dedup_core::size::format_size(len),
                     dedup_core::size::format_size(a.size),
                     dedup_core::size::format_size(
@@ -431,7 +474,7 @@ fn one(
         for &phase in phases {
             let cpu_before = running.cpu_seconds();
             let io = match (dataset, w.tar) {
-                (Dataset::Tar, Some(tar)) => client::write_tar(&running.uri, tar)?,
+                (Dataset::Tar | Dataset::Image, Some(tar)) => client::write_tar(&running.uri, tar)?,
                 (Dataset::Files, Some(tar)) => {
                     client::write_files(&running.uri, tar, &running.dir)?
                 }
@@ -482,6 +525,7 @@ fn one(
                 },
                 space_ratio: stats.as_ref().map(|s| s.space_ratio),
                 metadata_bytes: stats.as_ref().map(|s| s.metadata_bytes),
+                hash_index: stats.as_ref().and_then(|s| s.hash_index),
             });
         }
         Ok(out)

@@ -133,6 +133,7 @@ pub fn workload_title(s: &Summary) -> String {
     match s.dataset {
         Dataset::Tar => "tar stream of --source, nbdcopy".into(),
         Dataset::Files => "--source extracted onto ext4, to sync".into(),
+        Dataset::Image => "--source image, nbdcopy".into(),
         _ => format!("{:?} data, {:?}, {:?}", s.dataset, s.pattern, s.phase),
     }
 }

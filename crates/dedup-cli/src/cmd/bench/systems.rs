@@ -26,6 +26,12 @@ pub struct System {
     /// How chunks are compressed (dedup systems; None: none).
     #[serde(default)]
     pub compression: Option<String>,
+    /// sparse: the hash index's RAM budget (None: the default).
+    #[serde(default)]
+    pub index_memory: Option<u64>,
+    /// sparse: of that budget, the prefetch cache's (None: an eighth).
+    #[serde(default)]
+    pub index_cache: Option<u64>,
 }
 
 impl System {
@@ -36,7 +42,20 @@ impl System {
             cache_pct: None,
             txn_writes: None,
             compression: None,
+            index_memory: None,
+            index_cache: None,
         }
+    }
+
+    /// The same system with a hash index budget of `bytes` (named in the
+    /// label).
+    pub fn with_index_memory(mut self, bytes: u64) -> System {
+        self.label.push_str(&format!(
+            " ix{}",
+            dedup_core::size::format_size(bytes).replace(' ', "")
+        ));
+        self.index_memory = Some(bytes);
+        self
     }
 
     /// The same system with chunks compressed by `codec` (named in the
@@ -65,6 +84,8 @@ impl System {
             cache_pct,
             txn_writes,
             compression: None,
+            index_memory: None,
+            index_cache: None,
         }
     }
 }
@@ -128,14 +149,22 @@ pub fn start(system: &System, workdir: &Path, size: u64, tools: &Tools) -> anyho
                 .map(|p| ((reference as f64 * p / 100.0) as u64).max(backends::MIN_CACHE_BYTES))
                 .unwrap_or(defaults.cache_bytes),
             txn_writes: system.txn_writes.unwrap_or(defaults.txn_writes),
+            index_memory: system.index_memory.unwrap_or(defaults.index_memory),
             ..defaults
         };
         layout::create(&dev, &opts)?;
         (
-            vec![
+            [
                 tools.plugin.clone().into(),
                 format!("dir={}", dev.display()).into(),
-            ],
+            ]
+            .into_iter()
+            .chain(
+                system
+                    .index_cache
+                    .map(|c| format!("index_cache={c}").into()),
+            )
+            .collect(),
             Some(dev.join(CONTROL_SOCKET_NAME)),
         )
     };
