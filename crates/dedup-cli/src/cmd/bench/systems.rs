@@ -50,10 +50,13 @@ impl System {
     /// The same system with a hash index budget of `bytes` (named in the
     /// label).
     pub fn with_index_memory(mut self, bytes: u64) -> System {
-        self.label.push_str(&format!(
-            " ix{}",
-            dedup_core::size::format_size(bytes).replace(' ', "")
-        ));
+        // Exact, so that budgets a KiB apart get labels of their own.
+        let size = match bytes {
+            b if b % (1 << 20) == 0 => format!("{}M", b >> 20),
+            b if b % (1 << 10) == 0 => format!("{}K", b >> 10),
+            b => b.to_string(),
+        };
+        self.label.push_str(&format!(" ix{size}"));
         self.index_memory = Some(bytes);
         self
     }
