@@ -344,6 +344,7 @@ impl SampledIndex {
     pub fn remove(&mut self, key: u64, pbn: Pbn) {
         if self.cached.get(&key) == Some(&pbn) {
             self.cached.remove(&key);
+            self.stats.prefetched_fingerprints = self.cached.len() as u64;
         }
         match &mut self.table {
             Table::Exact(t) => t.remove(key, pbn),
