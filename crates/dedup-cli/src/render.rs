@@ -91,10 +91,10 @@ pub fn status(r: &StatusReport) -> String {
             format_size(ix.budget_bytes),
             ix.entries,
             ix.sampling_period,
-            if ix.from_checkpoint {
-                ", loaded from the last clean stop's checkpoint"
-            } else {
-                ""
+            match (ix.from_checkpoint, ix.records_to_warm) {
+                (true, _) => ", loaded from the last clean stop's checkpoint".to_string(),
+                (false, 0) => String::new(),
+                (false, n) => format!(", rebuilding: {n} records still to read"),
             },
             ix.prefetched_fingerprints,
             ix.table_hits,

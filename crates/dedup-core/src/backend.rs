@@ -111,6 +111,10 @@ pub struct IndexFigures {
     /// (else rebuilt from the chunk records at open).
     #[serde(default)]
     pub from_checkpoint: bool,
+    /// Records still to be read into the index since open (a rebuild in
+    /// the background; 0 once whole).
+    #[serde(default)]
+    pub records_to_warm: u64,
 }
 
 /// Metadata-device I/O done by the store since it was opened.
@@ -227,4 +231,13 @@ pub trait MetadataBackend: Send {
     fn private_data(&self) -> &[u64];
     /// Space and I/O figures, for `dedup status` and allocation decisions.
     fn usage(&self) -> BackendUsage;
+    /// A store whose index is advice (sparse) and was opened without its
+    /// checkpoint: fill the index from the stored records, about `max` at
+    /// a time; `true` while more remain. The engine calls it from a
+    /// background thread after open, so a large device serves before its
+    /// index is whole (a lookup that misses meanwhile costs deduplication,
+    /// never correctness). Others have nothing to do.
+    fn warm_index(&mut self, _max: usize) -> Result<bool> {
+        Ok(false)
+    }
 }

@@ -110,6 +110,13 @@ pub struct OpenOptions {
     /// sparse: of the index's budget, the bytes for prefetched fingerprints
     /// (default an eighth).
     pub index_cache: Option<u64>,
+    /// sparse, opened without its index checkpoint: records read into the
+    /// index before open returns (default 1 M, 4 GiB of 4 KiB chunks); the
+    /// rest are read in the background.
+    pub open_warm_records: Option<usize>,
+    /// The caller forks after opening (nbdkit): start no thread at open;
+    /// it calls `Device::start_write_back` and `start_index_warm` after.
+    pub defer_threads: bool,
     /// Directory for a backend that keeps files of its own (lsm); see `aux_dir`.
     pub aux_dir: Option<PathBuf>,
     /// Opened by `check` or `repair`: damage those report and fix (totals

@@ -120,3 +120,76 @@ fn an_eighth_of_the_index_finds_what_eq_2_predicts_on_successive_versions() {
     assert!(dev.check(false).unwrap().is_clean());
     dev.close().unwrap();
 }
+
+/// After a crash (no index checkpoint) a device serves at once: open reads
+/// the first records into the index, a background thread the rest, and
+/// once it is done every duplicate is found again.
+#[test]
+fn after_a_crash_the_index_is_rebuilt_in_the_background() {
+    let n = 20_000u64;
+    let physical = 2 * n + dedup_core::engine::overwrite_reserve_chunks(CS as u32);
+    let mut cfg = common::config(
+        "sparse",
+        CS as u32,
+        2 * n,
+        physical,
+        HashAlgo::Blake3,
+        false,
+    );
+    cfg.compression = dedup_core::compress::Compression::None;
+    let dir = tempfile::tempdir().unwrap();
+    let data =
+        Arc::new(FileBlockFile::create(&dir.path().join("data"), cfg.data_device_len()).unwrap());
+    let meta_len = registry::metadata_device_len(&cfg).unwrap();
+    let meta = Arc::new(FileBlockFile::create(&dir.path().join("meta"), meta_len).unwrap());
+    Device::format(
+        &cfg,
+        data.as_ref(),
+        meta.clone(),
+        &BackendParams::default(),
+        None,
+    )
+    .unwrap();
+    let open = |warm: usize| {
+        let opts = OpenOptions {
+            writable: true,
+            open_warm_records: Some(warm),
+            ..Default::default()
+        };
+        Device::open(
+            Box::new(data.clone()) as Box<dyn BlockFile>,
+            Box::new(meta.clone()),
+            &opts,
+            None,
+        )
+        .unwrap()
+    };
+    let v1 = dedup_core::testdata::noise(7, n as usize * CS);
+    let dev = open(0);
+    for (at, piece) in v1.chunks(1 << 20).enumerate() {
+        dev.write((at << 20) as u64, piece, false).unwrap();
+    }
+    dev.flush().unwrap();
+    drop(dev); // a crash: committed, but no index checkpoint
+
+    let dev = open(1000);
+    let ix = dev.stats().hash_index.unwrap();
+    assert!(!ix.from_checkpoint);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while dev.stats().hash_index.unwrap().records_to_warm > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the rebuild did not finish"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(dev.stats().hash_index.unwrap().entries, n);
+    let before = dev.stats().counters.duplicate_writes;
+    for (at, piece) in v1.chunks(1 << 20).enumerate() {
+        dev.write(n * CS as u64 + (at << 20) as u64, piece, false)
+            .unwrap();
+    }
+    assert_eq!(dev.stats().counters.duplicate_writes - before, n);
+    assert!(dev.check(false).unwrap().is_clean());
+    dev.close().unwrap();
+}

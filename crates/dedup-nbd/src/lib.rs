@@ -219,6 +219,8 @@ impl Server for DedupPlugin {
             // Started after nbdkit forks (threads do not survive it).
             write_back_bytes: 0,
             write_back_from_bytes: 0,
+            open_warm_records: None,
+            defer_threads: true,
         };
         // The trace file first: failing after the open would drop the
         // device unclosed, which an INRAM device takes for a crash.
@@ -249,6 +251,7 @@ impl Server for DedupPlugin {
         if let Some(device) = &served.device {
             let limit = s.write_back_bytes.unwrap_or(DEFAULT_WRITE_BACK);
             device.start_write_back(limit, WRITE_BACK_FROM);
+            device.start_index_warm();
         }
         if let (Some(path), Some(device)) = (path, served.device.clone()) {
             served.control = Some(ControlServer::start(&path, device).map_err(nbd_error)?);

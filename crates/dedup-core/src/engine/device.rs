@@ -19,6 +19,8 @@ use crate::stats::{Counters, Stats};
 pub struct Device {
     /// Dropped first: its appliers stop before the engine goes.
     write_back: OnceLock<WriteBack>,
+    /// The background index rebuild was started.
+    warming: OnceLock<()>,
     /// Mutations in `mutate` now (write-back decides by it).
     in_flight: AtomicUsize,
     pub(super) engine: Arc<Engine>,
@@ -46,10 +48,14 @@ impl Device {
     ) -> Result<Device> {
         let device = Device {
             write_back: OnceLock::new(),
+            warming: OnceLock::new(),
             in_flight: AtomicUsize::new(0),
             engine: Arc::new(Engine::open(data, meta, opts, lock)?),
         };
-        device.start_write_back(opts.write_back_bytes, opts.write_back_from_bytes);
+        if !opts.defer_threads {
+            device.start_write_back(opts.write_back_bytes, opts.write_back_from_bytes);
+            device.start_index_warm();
+        }
         Ok(device)
     }
 
@@ -63,10 +69,14 @@ impl Device {
     ) -> Result<Device> {
         let device = Device {
             write_back: OnceLock::new(),
+            warming: OnceLock::new(),
             in_flight: AtomicUsize::new(0),
             engine: Arc::new(Engine::assemble(cfg, pair, opts, None)?),
         };
-        device.start_write_back(opts.write_back_bytes, opts.write_back_from_bytes);
+        if !opts.defer_threads {
+            device.start_write_back(opts.write_back_bytes, opts.write_back_from_bytes);
+            device.start_index_warm();
+        }
         Ok(device)
     }
 
@@ -78,6 +88,25 @@ impl Device {
             self.write_back
                 .get_or_init(|| WriteBack::start(&self.engine, limit_bytes, from_bytes));
         }
+    }
+
+    /// Finish a partial hash index in the background (a store's
+    /// `warm_index`: sparse opened without its checkpoint), on a device
+    /// opened to serve. Apart from `open` for a process that forks after
+    /// opening (nbdkit): threads do not survive a fork.
+    pub fn start_index_warm(&self) {
+        if !self.engine.writable || self.warming.set(()).is_err() {
+            return;
+        }
+        let engine = Arc::downgrade(&self.engine);
+        std::thread::Builder::new()
+            .name("dedup-index-warm".into())
+            .spawn(move || {
+                // Some thousands of records per step: the metadata lock is
+                // held for about a millisecond at a time.
+                while engine.upgrade().is_some_and(|e| e.warm_index_step(4096)) {}
+            })
+            .expect("the system can start a thread");
     }
 
     pub fn config(&self) -> &DeviceConfig {

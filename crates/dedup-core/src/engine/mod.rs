@@ -235,6 +235,21 @@ impl Engine {
         }
     }
 
+    /// One step of the store's background index rebuild (`warm_index`):
+    /// `false` once it is whole, or the device closed or failed.
+    pub(crate) fn warm_index_step(&self, max: usize) -> bool {
+        let Ok(_open) = self.enter() else {
+            return false;
+        };
+        match self.meta.lock().store.warm_index(max) {
+            Ok(more) => more,
+            Err(e) => {
+                warn!("rebuilding the hash index stopped: {e}; it finds fewer duplicates until the next open");
+                false
+            }
+        }
+    }
+
     /// A PBN's reference count (0 = free).
     pub fn refcount(&self, pbn: crate::config::Pbn) -> Result<u32> {
         self.meta.lock().store.refcount_get(pbn)

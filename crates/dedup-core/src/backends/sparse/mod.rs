@@ -53,6 +53,10 @@ pub const DEFAULT_INDEX_MEMORY: u64 = 256 << 20;
 /// The smallest budget the store accepts: a table of a few entries, for
 /// tests that make the index sample (the commands ask for 64 KiB or more).
 pub const MIN_INDEX_MEMORY: u64 = 64;
+/// Records an open without a checkpoint reads into the index before it
+/// returns (4 GiB of unique 4 KiB chunks, about a second); the rest are
+/// read in the background.
+const OPEN_WARM_RECORDS: usize = 1 << 20;
 
 /// Where the sparse store's fields start in the superblock backend area.
 const AREA_OFFSET: usize = 64;
@@ -232,6 +236,10 @@ pub struct Sparse {
     private: Vec<u64>,
     /// Bytes the metadata file occupies, as of the last commit.
     allocated: u64,
+    /// The next PBN whose record the background rebuild reads into the
+    /// index (`None`: the index is whole), and the records read so far.
+    warm_from: Option<Pbn>,
+    warmed: u64,
 }
 
 pub fn open(
@@ -304,11 +312,21 @@ impl Sparse {
             quarantine: HashSet::new(),
             private: state.counters.clone(),
             allocated: 0,
+            warm_from: None,
+            warmed: 0,
         };
         s.load_summary(&state, opts.for_check)?;
         s.load_lbn_summary()?;
         if !s.load_checkpoint()? {
-            s.refill_index(&state, opts.for_check)?;
+            if opts.for_check {
+                s.refill_index(&state, opts.for_check)?;
+            } else {
+                // Rebuild from the records: the first ones now, the rest in
+                // the background (`warm_index`), so open time does not grow
+                // with the data stored.
+                s.warm_from = Some(0);
+                s.warm_index(opts.open_warm_records.unwrap_or(OPEN_WARM_RECORDS))?;
+            }
         }
         s.allocated = s.t.file.allocated()?.unwrap_or(have);
         s.t.mark_open()?;
@@ -772,6 +790,25 @@ impl MetadataBackend for Sparse {
         self.scan_records(cursor, max, out)
     }
 
+    fn warm_index(&mut self, max: usize) -> Result<bool> {
+        let Some(from) = self.warm_from else {
+            return Ok(false);
+        };
+        let mut page = Vec::new();
+        let next = self.scan_records(&ScanCursor(from.to_le_bytes().to_vec()), max, &mut page)?;
+        // Records written since open are in the index already; inserting
+        // one again changes nothing (advice, newest wins).
+        for (fp, pbn) in &page {
+            self.index.insert(fp.prefix_u64(), *pbn);
+        }
+        self.warmed += page.len() as u64;
+        self.warm_from = match next {
+            Some(c) => Some(cursor_at(&c)?),
+            None => None,
+        };
+        Ok(self.warm_from.is_some())
+    }
+
     fn alloc_pbn(&mut self) -> Result<Option<Pbn>> {
         let total = self.geo.pbn_space;
         if self.used + self.quarantine.len() as u64 >= total {
@@ -858,7 +895,9 @@ impl MetadataBackend for Sparse {
         self.private = private.to_vec();
         self.t.close(&self.state())?;
         self.quarantine.clear();
-        if writable {
+        // A partial index is not saved: the next open would take it for
+        // whole. Without a checkpoint it rebuilds again.
+        if writable && self.warm_from.is_none() {
             self.save_checkpoint()?;
         }
         Ok(())
@@ -877,6 +916,10 @@ impl MetadataBackend for Sparse {
             index: Some(IndexFigures {
                 bytes: self.index.bytes(),
                 missed_estimate: missed_estimate(&self.index.stats),
+                records_to_warm: match self.warm_from {
+                    Some(_) => self.records.saturating_sub(self.warmed),
+                    None => 0,
+                },
                 ..self.index.stats
             }),
         }

@@ -298,3 +298,42 @@ fn a_damaged_or_stale_checkpoint_is_rebuilt_from_the_records() {
     assert!(finds_all(&mut s, 5000));
     assert_eq!(s.hash_index_lookup(&fp(77_777)).unwrap(), Some(pbn));
 }
+
+/// After a crash (no checkpoint) a large store serves before its index is
+/// whole: the rest is read in steps in the background. A partial index is
+/// never checkpointed, so the next open does not take it for whole.
+#[test]
+fn the_index_is_rebuilt_in_steps_and_never_checkpointed_partial() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = filled(dir.path(), 5000);
+    let mut s = open_store(&f);
+    // As an open that read no record yet would leave it.
+    s.index = s.index.emptied();
+    (s.warm_from, s.warmed) = (Some(0), 0);
+    let held = |s: &Sparse| {
+        (0..5000)
+            .filter(|&i| s.index.hints(fp(i).prefix_u64()).1 > 0)
+            .count()
+    };
+    assert_eq!(held(&s), 0);
+    assert_eq!(s.usage().index.unwrap().records_to_warm, 5000);
+    let mut steps = 0;
+    while s.warm_index(700).unwrap() {
+        steps += 1;
+        let left = s.usage().index.unwrap().records_to_warm;
+        assert_eq!(left, 5000 - 700 * steps, "step {steps}");
+    }
+    assert_eq!(steps, 7);
+    assert_eq!(held(&s), 5000);
+    assert_eq!(s.usage().index.unwrap().records_to_warm, 0);
+    assert!(!s.warm_index(700).unwrap(), "nothing more to do");
+
+    // Stopped while still partial: no checkpoint, the next open rebuilds.
+    s.index = s.index.emptied();
+    (s.warm_from, s.warmed) = (Some(0), 0);
+    s.warm_index(100).unwrap();
+    s.close(&[]).unwrap();
+    let mut s = open_store(&f);
+    assert!(!s.index.stats.from_checkpoint);
+    assert!(finds_all(&mut s, 5000));
+}
