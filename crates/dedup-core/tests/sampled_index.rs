@@ -172,6 +172,10 @@ fn after_a_crash_the_index_is_rebuilt_in_the_background() {
     dev.flush().unwrap();
     drop(dev); // a crash: committed, but no index checkpoint
 
+    // Dropped while its index rebuilds: the thread stops and the device's
+    // lock goes with it, so it opens again at once.
+    let dev = open(1000);
+    drop(dev);
     let dev = open(1000);
     let ix = dev.stats().hash_index.unwrap();
     assert!(!ix.from_checkpoint);

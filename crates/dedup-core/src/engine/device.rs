@@ -3,8 +3,10 @@
 //! call that looks at data or metadata first waits for the queued
 //! mutations it could see, so callers never observe the queue.
 
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
 
 use super::write_path::Mutation;
 use super::writeback::{Admit, Wait, WriteBack};
@@ -19,8 +21,10 @@ use crate::stats::{Counters, Stats};
 pub struct Device {
     /// Dropped first: its appliers stop before the engine goes.
     write_back: OnceLock<WriteBack>,
-    /// The background index rebuild was started.
-    warming: OnceLock<()>,
+    /// The background index rebuild, if one was started: its stop flag and
+    /// thread, joined when the device drops (the thread holds the engine,
+    /// and with it the device's lock, while it works).
+    warming: OnceLock<Warming>,
     /// Mutations in `mutate` now (write-back decides by it).
     in_flight: AtomicUsize,
     pub(super) engine: Arc<Engine>,
@@ -95,18 +99,28 @@ impl Device {
     /// opened to serve. Apart from `open` for a process that forks after
     /// opening (nbdkit): threads do not survive a fork.
     pub fn start_index_warm(&self) {
-        if !self.engine.writable || self.warming.set(()).is_err() {
+        if !self.engine.writable || !self.engine.index_warming() {
             return;
         }
-        let engine = Arc::downgrade(&self.engine);
-        std::thread::Builder::new()
-            .name("dedup-index-warm".into())
-            .spawn(move || {
-                // Some thousands of records per step: the metadata lock is
-                // held for about a millisecond at a time.
-                while engine.upgrade().is_some_and(|e| e.warm_index_step(4096)) {}
-            })
-            .expect("the system can start a thread");
+        self.warming.get_or_init(|| {
+            let stop = Arc::new(AtomicBool::new(false));
+            let (engine, stopped) = (Arc::downgrade(&self.engine), stop.clone());
+            let thread = std::thread::Builder::new()
+                .name("dedup-index-warm".into())
+                .spawn(move || {
+                    // Some thousands of records per step: the metadata lock
+                    // is held for about a millisecond at a time.
+                    while !stopped.load(SeqCst)
+                        && engine.upgrade().is_some_and(|e| e.warm_index_step(4096))
+                    {
+                    }
+                })
+                .expect("the system can start a thread");
+            Warming {
+                stop,
+                thread: Mutex::new(Some(thread)),
+            }
+        });
     }
 
     pub fn config(&self) -> &DeviceConfig {
@@ -290,6 +304,22 @@ impl<'a> InFlight<'a> {
     fn enter(n: &'a AtomicUsize) -> InFlight<'a> {
         n.fetch_add(1, SeqCst);
         InFlight(n)
+    }
+}
+
+struct Warming {
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        if let Some(w) = self.warming.get() {
+            w.stop.store(true, SeqCst);
+            if let Some(t) = w.thread.lock().take() {
+                let _ = t.join();
+            }
+        }
     }
 }
 

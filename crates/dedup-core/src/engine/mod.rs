@@ -235,6 +235,12 @@ impl Engine {
         }
     }
 
+    /// Whether the store's index still has records to read (`warm_index`).
+    pub(crate) fn index_warming(&self) -> bool {
+        let usage = self.meta.lock().store.usage();
+        usage.index.is_some_and(|ix| ix.records_to_warm > 0)
+    }
+
     /// One step of the store's background index rebuild (`warm_index`):
     /// `false` once it is whole, or the device closed or failed.
     pub(crate) fn warm_index_step(&self, max: usize) -> bool {

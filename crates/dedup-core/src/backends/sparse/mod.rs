@@ -917,7 +917,9 @@ impl MetadataBackend for Sparse {
                 bytes: self.index.bytes(),
                 missed_estimate: missed_estimate(&self.index.stats),
                 records_to_warm: match self.warm_from {
-                    Some(_) => self.records.saturating_sub(self.warmed),
+                    // At least 1 while unfinished: records written since
+                    // open may be read again, so the count is an estimate.
+                    Some(_) => self.records.saturating_sub(self.warmed).max(1),
                     None => 0,
                 },
                 ..self.index.stats
