@@ -243,9 +243,15 @@ impl CompactTable {
     }
 
     /// The slots as bytes, for a checkpoint.
+    #[cfg(test)]
     pub fn encode_into(&self, out: &mut Vec<u8>) {
-        out.reserve(self.slots.len() * SLOT_BYTES as usize);
-        for s in &self.slots {
+        self.encode_range(0..self.slots.len(), out)
+    }
+
+    /// Slots `range` as `encode_into` writes them.
+    pub fn encode_range(&self, range: std::ops::Range<usize>, out: &mut Vec<u8>) {
+        out.reserve(range.len() * SLOT_BYTES as usize);
+        for s in &self.slots[range] {
             out.extend_from_slice(&s.to_le_bytes());
         }
     }

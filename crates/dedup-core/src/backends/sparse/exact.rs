@@ -158,9 +158,15 @@ impl ExactTable {
     }
 
     /// The slots as bytes (key, PBN + 1), for a checkpoint.
+    #[cfg(test)]
     pub fn encode_into(&self, out: &mut Vec<u8>) {
-        out.reserve(self.slots.len() * ENTRY_BYTES as usize);
-        for s in &self.slots {
+        self.encode_range(0..self.slots.len(), out)
+    }
+
+    /// Slots `range` as `encode_into` writes them.
+    pub fn encode_range(&self, range: std::ops::Range<usize>, out: &mut Vec<u8>) {
+        out.reserve(range.len() * ENTRY_BYTES as usize);
+        for s in &self.slots[range] {
             out.extend_from_slice(&s.key.to_le_bytes());
             out.extend_from_slice(&s.pbn1.to_le_bytes());
         }

@@ -357,18 +357,40 @@ impl SampledIndex {
     /// compact), the sampling shift, the slot count, then the slots.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
-        let (kind, slots) = match &self.table {
-            Table::Exact(t) => (0u32, t.slots() as u64),
-            Table::Compact(t) => (1u32, t.bytes() / super::compact::SLOT_BYTES),
-        };
-        out.extend_from_slice(&kind.to_le_bytes());
-        out.extend_from_slice(&self.shift.to_le_bytes());
-        out.extend_from_slice(&slots.to_le_bytes());
-        match &self.table {
-            Table::Exact(t) => t.encode_into(&mut out),
-            Table::Compact(t) => t.encode_into(&mut out),
-        }
+        self.encode_parts(|piece| {
+            out.extend_from_slice(piece);
+            Ok(())
+        })
+        .expect("a Vec takes every piece");
         out
+    }
+
+    /// `encode`'s bytes, handed to `sink` a piece at a time (a checkpoint of
+    /// a large table is written without a second copy of it in RAM).
+    pub fn encode_parts(
+        &self,
+        mut sink: impl FnMut(&[u8]) -> crate::error::Result<()>,
+    ) -> crate::error::Result<()> {
+        let (kind, slots) = match &self.table {
+            Table::Exact(t) => (0u32, t.slots()),
+            Table::Compact(t) => (1u32, (t.bytes() / super::compact::SLOT_BYTES) as usize),
+        };
+        let mut piece = Vec::with_capacity(1 << 20);
+        piece.extend_from_slice(&kind.to_le_bytes());
+        piece.extend_from_slice(&self.shift.to_le_bytes());
+        piece.extend_from_slice(&(slots as u64).to_le_bytes());
+        sink(&piece)?;
+        const SLOTS_PER_PIECE: usize = 1 << 16;
+        for start in (0..slots).step_by(SLOTS_PER_PIECE) {
+            let range = start..(start + SLOTS_PER_PIECE).min(slots);
+            piece.clear();
+            match &self.table {
+                Table::Exact(t) => t.encode_range(range, &mut piece),
+                Table::Compact(t) => t.encode_range(range, &mut piece),
+            }
+            sink(&piece)?;
+        }
+        Ok(())
     }
 
     /// An index within `budget` for `grouping` from `encode`'s bytes,

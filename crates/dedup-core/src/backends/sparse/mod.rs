@@ -600,14 +600,19 @@ impl Sparse {
         let Some(at) = self.checkpoint_at()? else {
             return Ok(());
         };
-        let body = self.index.encode();
-        self.t.file.write_at(&body, at + BLOCK as u64)?;
+        let (file, mut hasher, mut len) = (&self.t.file, blake3::Hasher::new(), 0u64);
+        self.index.encode_parts(|piece| {
+            hasher.update(piece);
+            file.write_at(piece, at + BLOCK as u64 + len)?;
+            len += piece.len() as u64;
+            Ok(())
+        })?;
         self.t.file.sync()?;
         let mut e = Encoder::with_capacity(BLOCK);
         e.bytes(CHECKPOINT_MAGIC)
             .u64(self.t.seq())
-            .u64(body.len() as u64)
-            .bytes(&blake3::hash(&body).as_bytes()[..16])
+            .u64(len)
+            .bytes(&hasher.finalize().as_bytes()[..16])
             .pad_to(BLOCK);
         let mut header = e.buf;
         crate::codec::seal(&mut header);
