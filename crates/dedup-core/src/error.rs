@@ -59,6 +59,25 @@ pub enum Error {
     )]
     Unclean { path: PathBuf, backend: String },
 
+    /// The metadata is older than the data device says it should be: a copy
+    /// put back from a backup, or the newest superblock slot damaged.
+    #[error(
+        "{meta} holds metadata generation {meta_generation}, but the data device {data} was last \
+         written with generation {data_generation}: {}. Serving it would return another time's \
+         data. Put back the metadata that belongs with this data device; or, to keep this older \
+         metadata, run `dedup check --repair --data DIR`, which verifies every stored chunk \
+         against its fingerprint and unmaps the blocks whose chunks changed since",
+        if *damaged_slot { "the newest superblock slot is damaged and only the older one could be read" }
+        else { "the metadata is older than the data (restored from a backup or copied from another time?)" }
+    )]
+    Stale {
+        meta: PathBuf,
+        data: PathBuf,
+        meta_generation: u64,
+        data_generation: u64,
+        damaged_slot: bool,
+    },
+
     /// `create` was pointed at a place that already holds a device.
     #[error("{path} already holds a dedup device; pick another directory or remove it first")]
     Exists { path: PathBuf },
@@ -98,6 +117,7 @@ impl Error {
             Error::Corrupt { .. }
             | Error::Foreign { .. }
             | Error::Unclean { .. }
+            | Error::Stale { .. }
             | Error::Remote(_) => libc::EIO,
         }
     }

@@ -324,9 +324,20 @@ pub fn open(paths: &DevicePaths, opts: &OpenOptions) -> Result<Device> {
     Device::open(Box::new(data), Box::new(meta), opts, Some(lock))
 }
 
-/// Read a device's configuration without opening (or locking) it.
+/// Read a device's configuration without opening (or locking) it; refuse
+/// metadata older than its data device's record (`generation.rs`), as
+/// opening would, so `serve` says so before starting a server.
 pub fn read_config(paths: &DevicePaths) -> Result<(DeviceConfig, crate::superblock::DeviceState)> {
     let meta = FileBlockFile::open(&paths.meta, false)?;
     let sb = Superblock::read(&meta, &paths.meta)?;
+    let data = FileBlockFile::open(&paths.data, false)?;
+    let data_generation = crate::superblock::check_data_header(&data, &paths.data, &sb.config)?;
+    crate::generation::check(
+        sb.generation,
+        data_generation,
+        sb.damaged_slot,
+        &paths.meta,
+        &paths.data,
+    )?;
     Ok((sb.config, sb.state))
 }

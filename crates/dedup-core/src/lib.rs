@@ -17,6 +17,7 @@ pub mod error;
 pub mod fingerprint;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod generation;
 pub mod layout;
 pub mod lock;
 pub mod options;

@@ -102,6 +102,10 @@ pub struct OpenOptions {
     /// Accept a roll-back to the last saved state after an unclean stop
     /// (backends that are not crash-safe).
     pub accept_unclean: bool,
+    /// Keep metadata older than the data device's record (`Error::Stale`),
+    /// verifying every stored chunk and unmapping what changed: `check
+    /// --repair --data`. Needs `writable`.
+    pub accept_stale: bool,
     /// Override the metadata cache size recorded at create time.
     pub cache_bytes: Option<u64>,
     /// sparse: override the hash index's RAM budget recorded at create time

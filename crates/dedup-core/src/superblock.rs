@@ -6,6 +6,7 @@
 //! interprets the backend area, which belongs to the backend named inside.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::blockfile::BlockFile;
 use crate::codec::{is_sealed, seal, Decoder, Encoder};
@@ -13,6 +14,7 @@ use crate::compress::Compression;
 use crate::config::{validate_chunk_size, DeviceConfig, DATA_OFFSET};
 use crate::error::{Error, Result};
 use crate::fingerprint::HashAlgo;
+use crate::generation::{self, Witness, IDENTITY_LEN};
 
 pub const SUPERBLOCK_SIZE: usize = 4096;
 /// Both superblock slots; metadata payloads start after them.
@@ -58,6 +60,12 @@ pub struct Superblock {
     pub state: DeviceState,
     /// Opaque to everyone but the backend named in `config.backend`.
     pub backend_area: Vec<u8>,
+    /// Read: the other slot has our magic but does not decode (damage or
+    /// a torn write; the data's generation tells which).
+    pub damaged_slot: bool,
+    /// Where `write` records each generation on the data device (set by
+    /// the engine on a device opened for writing).
+    pub witness: Option<Arc<Witness>>,
 }
 
 impl Superblock {
@@ -67,6 +75,8 @@ impl Superblock {
             config,
             state: DeviceState::Clean,
             backend_area: vec![0; BACKEND_AREA_SIZE],
+            damaged_slot: false,
+            witness: None,
         }
     }
 
@@ -174,6 +184,8 @@ impl Superblock {
             config,
             state,
             backend_area,
+            damaged_slot: false,
+            witness: None,
         })
     }
 
@@ -188,10 +200,14 @@ impl Superblock {
         }
         let mut best: Option<Superblock> = None;
         let mut first_err = None;
+        let mut damaged = false;
         for slot in 0..2u64 {
             let mut block = vec![0u8; SUPERBLOCK_SIZE];
             file.read_at(&mut block, slot * SUPERBLOCK_SIZE as u64)?;
-            match Superblock::decode(&block, path) {
+            let decoded = Superblock::decode(&block, path);
+            // Our magic on a slot that does not decode: damage, or a torn write.
+            damaged |= matches!(decoded, Err(Error::Corrupt { .. } | Error::Unsupported(_)));
+            match decoded {
                 Ok(sb) if best.as_ref().is_none_or(|b| sb.generation > b.generation) => {
                     best = Some(sb)
                 }
@@ -208,19 +224,27 @@ impl Superblock {
             }
         }
         match (best, first_err) {
-            (Some(sb), _) => Ok(sb),
+            (Some(sb), _) => Ok(Superblock {
+                damaged_slot: damaged,
+                ..sb
+            }),
             (None, Some(e)) => Err(e),
             (None, None) => Err(Error::corrupt("superblock", "no valid slot")),
         }
     }
 
     /// Write the next generation into the slot not holding the current one,
-    /// and sync: a torn write leaves the other slot valid.
+    /// and sync: a torn write leaves the other slot valid. Then record the
+    /// generation on the data device (`generation.rs`).
     pub fn write(&mut self, file: &dyn BlockFile) -> Result<()> {
         self.generation += 1;
         let slot = self.generation % 2;
         file.write_at(&self.encode(), slot * SUPERBLOCK_SIZE as u64)?;
-        file.sync()
+        file.sync()?;
+        match &self.witness {
+            Some(w) => w.record(self.generation),
+            None => Ok(()),
+        }
     }
 }
 
@@ -234,14 +258,16 @@ pub fn encode_data_header(config: &DeviceConfig) -> Vec<u8> {
         .u32(config.chunk_size)
         .u32(0)
         .u64(config.physical_chunks)
-        .pad_to(DATA_OFFSET as usize);
+        .pad_to(IDENTITY_LEN);
     let mut block = e.buf;
     seal(&mut block);
+    block.resize(DATA_OFFSET as usize, 0);
     block
 }
 
-/// Check that a data device belongs to the device described by `config`.
-pub fn check_data_header(file: &dyn BlockFile, path: &Path, config: &DeviceConfig) -> Result<()> {
+/// Check that a data device belongs to the device described by `config`;
+/// the generation it last recorded (`generation.rs`).
+pub fn check_data_header(file: &dyn BlockFile, path: &Path, config: &DeviceConfig) -> Result<u64> {
     let len = file.len()?;
     if len < config.data_device_len() {
         return Err(Error::foreign(
@@ -261,7 +287,8 @@ pub fn check_data_header(file: &dyn BlockFile, path: &Path, config: &DeviceConfi
             "not a dedup data device (no data header magic); check the --data path",
         ));
     }
-    if !is_sealed(&block) {
+    // Devices made before generations sealed the whole block.
+    if !is_sealed(&block[..IDENTITY_LEN]) && !is_sealed(&block) {
         return Err(Error::corrupt("data header", "checksum mismatch"));
     }
     d.skip(8)?;
@@ -276,7 +303,7 @@ pub fn check_data_header(file: &dyn BlockFile, path: &Path, config: &DeviceConfi
             ),
         ));
     }
-    Ok(())
+    generation::read(file, &config.uuid)
 }
 
 #[cfg(test)]

@@ -210,6 +210,8 @@ impl Server for DedupPlugin {
         let opts = OpenOptions {
             writable: true,
             accept_unclean: s.accept_unclean,
+            // Never to serve: `check --repair --data` verifies first.
+            accept_stale: false,
             cache_bytes: s.cache_bytes,
             index_memory: s.index_memory,
             index_cache: s.index_cache,

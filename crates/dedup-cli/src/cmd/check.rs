@@ -29,7 +29,10 @@ pub struct Args {
     pub data: bool,
     /// Fix what the check finds: rebuild reference counts and free space from
     /// the LBN map and hash index, drop index entries that are out of range,
-    /// duplicated or (with --data) no longer match their chunk.
+    /// duplicated or (with --data) no longer match their chunk. With --data
+    /// it also keeps metadata older than the data device (put back from a
+    /// backup, or a damaged newest superblock), unmapping every block whose
+    /// chunk changed since.
     #[arg(long)]
     pub repair: bool,
     /// Print JSON.
@@ -78,6 +81,9 @@ fn repair(a: &Args) -> anyhow::Result<ExitCode> {
         &OpenOptions {
             writable: true,
             for_check: true,
+            // Metadata older than the data is kept only when every chunk
+            // is verified against its fingerprint (the data check).
+            accept_stale: a.data,
             ..Default::default()
         },
     )?;

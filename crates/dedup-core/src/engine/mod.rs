@@ -33,6 +33,7 @@ use crate::backend::scan_all;
 use crate::blockfile::BlockFile;
 use crate::config::DeviceConfig;
 use crate::error::{Error, Result};
+use crate::generation;
 use crate::lock::DeviceLock;
 use crate::options::{BackendParams, OpenOptions};
 use crate::placement::{Placement, Space};
@@ -118,12 +119,35 @@ impl Engine {
     ) -> Result<Engine> {
         let meta_name = std::path::PathBuf::from(meta.describe());
         let data_name = std::path::PathBuf::from(data.describe());
-        let sb = Superblock::read(meta.as_ref(), &meta_name)?;
+        let mut sb = Superblock::read(meta.as_ref(), &meta_name)?;
         let cfg = sb.config.clone();
-        check_data_header(data.as_ref(), &data_name, &cfg)?;
+        let data_generation = check_data_header(data.as_ref(), &data_name, &cfg)?;
+        let stale = generation::check(
+            sb.generation,
+            data_generation,
+            sb.damaged_slot,
+            &meta_name,
+            &data_name,
+        );
+        let mut opts = opts.clone();
+        let is_stale = stale.is_err();
+        if let Err(e) = stale {
+            if !(opts.accept_stale && opts.writable) {
+                return Err(e);
+            }
+            warn!("{e}; keeping the older metadata as asked: verifying every stored chunk");
+            // The next superblock write supersedes what the data recorded;
+            // the older slot may be one written at open (an unclean state).
+            sb.generation = data_generation;
+            opts.accept_unclean = true;
+        }
         let data: Arc<dyn BlockFile> = Arc::from(data);
-        let pair = registry::open(sb, meta, data, opts)?;
-        Engine::assemble(cfg, pair, opts, lock)
+        if opts.writable {
+            sb.witness = Some(generation::Witness::new(data.clone(), cfg.uuid));
+        }
+        let mut pair = registry::open(sb, meta, data, &opts)?;
+        pair.rolled_back |= is_stale;
+        Engine::assemble(cfg, pair, &opts, lock)
     }
 
     /// Run a device on a store and placement the caller built (the

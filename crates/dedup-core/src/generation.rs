@@ -1,0 +1,195 @@
+//! The data device's record of the metadata's generation: how a device
+//! tells metadata that is older than its data (a copy put back from a
+//! backup, a damaged newest superblock slot that left only the older one)
+//! from metadata that belongs with it.
+//!
+//! Every superblock write syncs the metadata device and then writes the
+//! new generation into one of two 512-byte slots of the data header (the
+//! slot `generation % 2`, so a torn slot leaves the other). The data side
+//! is written only after the metadata side is durable, so the data's
+//! generation never runs ahead of the newest valid superblock: if it does,
+//! the superblock read is older than one that was written, and the device
+//! refuses to open (`Error::Stale`) rather than serve another time's data.
+//! The slot write itself is not synced: a lost one only lags the check,
+//! and the next data sync (every FLUSH) carries it.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crate::blockfile::BlockFile;
+use crate::codec::{is_sealed, seal, Decoder, Encoder};
+use crate::error::{Error, Result};
+
+/// The data header's identity part, sealed on its own at its end; the
+/// generation slots follow it.
+pub const IDENTITY_LEN: usize = 2048;
+const SLOT_LEN: usize = 512;
+const SLOTS_AT: u64 = IDENTITY_LEN as u64;
+const SLOT_MAGIC: &[u8; 8] = b"DDUPGEN1";
+
+fn encode_slot(uuid: &[u8; 16], generation: u64) -> Vec<u8> {
+    let mut e = Encoder::with_capacity(SLOT_LEN);
+    e.bytes(SLOT_MAGIC)
+        .u64(generation)
+        .bytes(uuid)
+        .pad_to(SLOT_LEN);
+    let mut slot = e.buf;
+    seal(&mut slot);
+    slot
+}
+
+fn decode_slot(slot: &[u8], uuid: &[u8; 16]) -> Option<u64> {
+    if !is_sealed(slot) {
+        return None;
+    }
+    let mut d = Decoder::new(slot, "data generation slot");
+    if d.bytes(8).ok()? != SLOT_MAGIC {
+        return None;
+    }
+    let generation = d.u64().ok()?;
+    (d.array::<16>().ok()? == *uuid).then_some(generation)
+}
+
+/// The newest generation recorded on the data device (0: none yet, a
+/// device made before generations were recorded, or both slots damaged,
+/// which only weakens the check: it can never refuse good metadata).
+pub fn read(file: &dyn BlockFile, uuid: &[u8; 16]) -> Result<u64> {
+    let mut slots = vec![0u8; 2 * SLOT_LEN];
+    file.read_at(&mut slots, SLOTS_AT)?;
+    Ok(slots
+        .chunks(SLOT_LEN)
+        .filter_map(|s| decode_slot(s, uuid))
+        .max()
+        .unwrap_or(0))
+}
+
+/// Where the superblock records each new generation on the data device.
+/// Carried by the superblock of a device opened for writing; a superblock
+/// without one (format, tests, inspection) writes only the metadata side.
+pub struct Witness {
+    data: Arc<dyn BlockFile>,
+    uuid: [u8; 16],
+    /// Devices made before generations sealed the whole 4 KiB header;
+    /// their identity is resealed at 2048 once, before the first slot
+    /// write (which breaks the old seal).
+    upgraded: AtomicBool,
+}
+
+impl std::fmt::Debug for Witness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Witness({})", self.data.describe())
+    }
+}
+
+impl Witness {
+    pub fn new(data: Arc<dyn BlockFile>, uuid: [u8; 16]) -> Arc<Witness> {
+        Arc::new(Witness {
+            data,
+            uuid,
+            upgraded: AtomicBool::new(false),
+        })
+    }
+
+    /// Record `generation`, already durable on the metadata device.
+    pub fn record(&self, generation: u64) -> Result<()> {
+        if !self.upgraded.load(Ordering::Acquire) {
+            upgrade_identity(self.data.as_ref())?;
+            self.upgraded.store(true, Ordering::Release);
+        }
+        let slot = encode_slot(&self.uuid, generation);
+        self.data
+            .write_at(&slot, SLOTS_AT + (generation % 2) * SLOT_LEN as u64)
+    }
+}
+
+/// Reseal an old whole-block header's identity at `IDENTITY_LEN` and sync.
+/// Bytes 0..2044 are the same in both layouts, so the one sector that
+/// changes (the new seal) flips the header from one valid layout to the
+/// other: a crash on either side of it leaves a readable header.
+fn upgrade_identity(data: &dyn BlockFile) -> Result<()> {
+    let mut identity = vec![0u8; IDENTITY_LEN];
+    data.read_at(&mut identity, 0)?;
+    if is_sealed(&identity) {
+        return Ok(());
+    }
+    seal(&mut identity);
+    const SECTOR: usize = 512;
+    data.write_at(
+        &identity[IDENTITY_LEN - SECTOR..],
+        (IDENTITY_LEN - SECTOR) as u64,
+    )?;
+    data.sync()
+}
+
+/// Compare the superblock's generation with the data's: metadata older
+/// than what the data device last recorded is refused.
+pub fn check(
+    meta_generation: u64,
+    data_generation: u64,
+    damaged_slot: bool,
+    meta: &Path,
+    data: &Path,
+) -> Result<()> {
+    if meta_generation >= data_generation {
+        return Ok(());
+    }
+    Err(Error::Stale {
+        meta: meta.to_path_buf(),
+        data: data.to_path_buf(),
+        meta_generation,
+        data_generation,
+        damaged_slot,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blockfile::MemBlockFile;
+
+    #[test]
+    fn the_newest_valid_slot_wins_and_a_torn_one_falls_back() {
+        let f = Arc::new(MemBlockFile::new(4096, "data"));
+        let uuid = [7; 16];
+        let w = Witness::new(f.clone(), uuid);
+        assert_eq!(read(f.as_ref(), &uuid).unwrap(), 0);
+        w.record(5).unwrap();
+        w.record(6).unwrap();
+        assert_eq!(read(f.as_ref(), &uuid).unwrap(), 6);
+        // Tear generation 6's slot (slot 0): 5 remains.
+        f.write_at(&[0xee; 100], SLOTS_AT + 40).unwrap();
+        assert_eq!(read(f.as_ref(), &uuid).unwrap(), 5);
+        // Another device's slots do not count.
+        assert_eq!(read(f.as_ref(), &[8; 16]).unwrap(), 0);
+    }
+
+    #[test]
+    fn an_old_whole_block_header_is_resealed_once_before_the_first_slot() {
+        let f = Arc::new(MemBlockFile::new(4096, "data"));
+        let mut old = vec![0u8; 4096];
+        old[..8].copy_from_slice(b"DDUPDATA");
+        seal(&mut old);
+        f.write_at(&old, 0).unwrap();
+        Witness::new(f.clone(), [1; 16]).record(1).unwrap();
+        let mut now = vec![0u8; 4096];
+        f.read_at(&mut now, 0).unwrap();
+        assert!(is_sealed(&now[..IDENTITY_LEN]));
+        assert_eq!(now[..IDENTITY_LEN - 4], old[..IDENTITY_LEN - 4]);
+        assert_eq!(read(f.as_ref(), &[1; 16]).unwrap(), 1);
+    }
+
+    #[test]
+    fn older_metadata_is_refused_naming_both_generations() {
+        check(4, 4, false, Path::new("m"), Path::new("d")).unwrap();
+        check(9, 4, false, Path::new("m"), Path::new("d")).unwrap();
+        let e = check(3, 4, false, Path::new("m"), Path::new("d"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("generation 3") && e.contains("generation 4"),
+            "{e}"
+        );
+        assert!(e.contains("check --repair --data"), "{e}");
+    }
+}
