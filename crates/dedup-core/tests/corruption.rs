@@ -71,19 +71,6 @@ fn try_damaged(built: &common::Image, meta: Vec<u8>, aux: &Path, what: &str, tal
     }
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &target);
-        } else {
-            std::fs::copy(e.path(), target).unwrap();
-        }
-    }
-}
-
 fn files(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap() {
         let e = e.unwrap();
@@ -110,7 +97,7 @@ fn corruption_suite(backend: &str) {
         let mut meta = built.meta.clone();
         meta[spot] ^= 1 << rng.random_range(0..8);
         let aux = tempfile::tempdir().unwrap();
-        copy_dir(built.aux.path(), aux.path());
+        common::copy_dir(built.aux.path(), aux.path());
         try_damaged(
             &built,
             meta,
@@ -127,7 +114,7 @@ fn corruption_suite(backend: &str) {
             let size = std::fs::metadata(&path).unwrap().len() as usize;
             for _ in 0..20 {
                 let aux = tempfile::tempdir().unwrap();
-                copy_dir(built.aux.path(), aux.path());
+                common::copy_dir(built.aux.path(), aux.path());
                 let victim = aux.path().join(&rel);
                 let mut bytes = std::fs::read(&victim).unwrap();
                 let at = rng.random_range(0..size);

@@ -63,19 +63,6 @@ fn generation_of_writes(md: &MemDevice, shift: usize) -> Vec<u8> {
     contents
 }
 
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_tree(&e.path(), &target);
-        } else {
-            std::fs::copy(e.path(), target).unwrap();
-        }
-    }
-}
-
 /// After `accept_stale`: every block reads as in `then`, or zeros; check is clean.
 fn assert_rolled_back(dev: &Device, then: &[u8], what: &str) {
     let report = dev.check(true).unwrap();
@@ -96,12 +83,12 @@ fn a_metadata_copy_put_back_from_a_backup_is_refused() {
         let then = generation_of_writes(&md, 0);
         let backup = md.meta.contents();
         let aux_backup = common::scratch_dir();
-        copy_tree(md.aux.path(), aux_backup.path());
+        common::copy_dir(md.aux.path(), aux_backup.path());
         generation_of_writes(&md, 3);
 
         // The admin puts the metadata copy back (for lsm, its files too).
         std::fs::remove_dir_all(md.aux.path()).unwrap();
-        copy_tree(aux_backup.path(), md.aux.path());
+        common::copy_dir(aux_backup.path(), md.aux.path());
         let meta = Arc::new(SimDisk::from_image(backup, "meta", Arc::default()));
         match open(&md, &meta, false) {
             Err(Error::Stale {

@@ -408,3 +408,17 @@ pub fn scratch_dir() -> tempfile::TempDir {
         .or_else(|_| tempfile::tempdir())
         .unwrap()
 }
+
+/// Copy a directory tree (lsm's files, to put back or damage a copy).
+pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
+    }
+}
