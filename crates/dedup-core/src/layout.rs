@@ -15,7 +15,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::fingerprint::HashAlgo;
 use crate::lock::DeviceLock;
 use crate::size::format_size;
-use crate::superblock::{Superblock, DATA_MAGIC, META_MAGIC, SUPERBLOCK_SIZE};
+use crate::superblock::Superblock;
 
 pub const DATA_NAME: &str = "data";
 pub const META_NAME: &str = "meta";
@@ -97,9 +97,10 @@ fn absolute(path: &Path) -> Result<PathBuf> {
     std::path::absolute(path).context(|| format!("resolving {}", path.display()))
 }
 
-/// Files this `create` made, removed again if it fails half-way.
+/// Files this `create` made, removed again if it fails half-way; and the
+/// locks it holds on existing files it lays the device out on.
 #[derive(Default)]
-struct Undo(Vec<PathBuf>);
+struct Undo(Vec<PathBuf>, Vec<DeviceLock>);
 
 impl Undo {
     fn disarm(mut self) {
@@ -138,12 +139,23 @@ fn prepare(
     };
     let path = absolute(path)?;
     let file = if path.exists() {
-        let f = FileBlockFile::open(&path, true)?;
-        if !force && holds_device(&f)? {
-            return Err(Error::InvalidArgument(format!(
-                "{} already holds a dedup {what} device; pass --force to overwrite it (its data is lost)",
+        // A served device holds this lock on both halves: never overwritten,
+        // --force or not. Held until the new device is laid out.
+        undo.1.push(DeviceLock::acquire(&path).map_err(|e| match e {
+            Error::Locked { path } => Error::InvalidArgument(format!(
+                "{} belongs to a device that is open (being served?); create never overwrites a device in use, even with --force: stop it first",
                 path.display()
-            )));
+            )),
+            e => e,
+        })?);
+        let f = FileBlockFile::open(&path, true)?;
+        if !force {
+            if let Some(held) = crate::guard::contents(&f)? {
+                return Err(Error::InvalidArgument(format!(
+                    "the {what} path {} already holds {held}; pass --force to overwrite it (what it holds is lost)",
+                    path.display()
+                )));
+            }
         }
         let len = f.len()?;
         if len < min_len {
@@ -194,21 +206,6 @@ fn reserve_space(f: &FileBlockFile, path: &Path, len: u64) -> Result<()> {
     }
 }
 
-/// Does this file hold a dedup superblock (either slot) or data header?
-fn holds_device(f: &FileBlockFile) -> Result<bool> {
-    let len = f.len()?;
-    for at in [0, SUPERBLOCK_SIZE as u64] {
-        if len >= at + 8 {
-            let mut magic = [0u8; 8];
-            f.read_at(&mut magic, at)?;
-            if &magic == META_MAGIC || (at == 0 && &magic == DATA_MAGIC) {
-                return Ok(true);
-            }
-        }
-    }
-    Ok(false)
-}
-
 /// Create a new device in `dir`. Returns its configuration.
 pub fn create(dir: &Path, opts: &CreateOptions) -> Result<DeviceConfig> {
     crate::registry::check_name(&opts.backend)?;
@@ -223,6 +220,9 @@ pub fn create(dir: &Path, opts: &CreateOptions) -> Result<DeviceConfig> {
         return Err(Error::Exists {
             path: dir.to_path_buf(),
         });
+    }
+    if let (Some(data), Some(meta)) = (&opts.data, &opts.meta) {
+        crate::guard::distinct(data, meta)?;
     }
     let mut undo = Undo::default();
     if !dir.exists() {
@@ -309,7 +309,8 @@ pub fn create(dir: &Path, opts: &CreateOptions) -> Result<DeviceConfig> {
 /// Open a device for serving (or with `writable: false`, for inspection),
 /// holding its lock until the device is dropped.
 pub fn open(paths: &DevicePaths, opts: &OpenOptions) -> Result<Device> {
-    let lock = DeviceLock::acquire(&paths.meta)?;
+    // The data half too, so `create --force` can tell it is in use.
+    let lock = DeviceLock::acquire(&paths.meta)?.and(&paths.data)?;
     let opts = &OpenOptions {
         aux_dir: opts
             .aux_dir

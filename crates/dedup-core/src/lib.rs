@@ -18,6 +18,7 @@ pub mod fingerprint;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod generation;
+mod guard;
 pub mod layout;
 pub mod lock;
 pub mod options;

@@ -1,5 +1,6 @@
-//! One server per device: an exclusive `flock` on the metadata device, held
-//! for as long as the device is open. A second opener gets `Error::Locked`.
+//! One server per device: an exclusive `flock` on the metadata device (and
+//! the data device), held for as long as the device is open. A second
+//! opener gets `Error::Locked`; so does `create` over a device in use.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -8,10 +9,17 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, IoContext, Result};
 
 pub struct DeviceLock {
-    _file: File,
+    _files: Vec<File>,
 }
 
 impl DeviceLock {
+    /// Lock one more file under the same lock.
+    pub fn and(mut self, path: &Path) -> Result<DeviceLock> {
+        let mut more = DeviceLock::acquire(path)?;
+        self._files.append(&mut more._files);
+        Ok(self)
+    }
+
     pub fn acquire(meta_path: &Path) -> Result<DeviceLock> {
         let file = File::open(meta_path)
             .context(|| format!("opening {} to lock it", meta_path.display()))?;
@@ -26,7 +34,7 @@ impl DeviceLock {
             }
             return Err(Error::io(format!("locking {}", meta_path.display()), err));
         }
-        Ok(DeviceLock { _file: file })
+        Ok(DeviceLock { _files: vec![file] })
     }
 }
 

@@ -322,3 +322,155 @@ fn not_a_device_directory_says_how_to_make_one() {
     let err = DevicePaths::from_dir(tmp.path()).unwrap_err().to_string();
     assert!(err.contains("dedup create"), "{err}");
 }
+
+#[test]
+fn create_force_over_the_files_of_a_served_device_is_refused() {
+    // Was: `create z2 --data z1/data --meta z1/meta --force` while z1 was
+    // served destroyed both.
+    let tmp = tempfile::tempdir().unwrap();
+    let paths = create(&tmp.path().join("z1"), 1 << 20);
+    let data = write_some(&paths);
+    let served = layout::open(&paths, &rw()).unwrap();
+    for (d, m) in [
+        (Some(paths.data.clone()), Some(paths.meta.clone())),
+        (Some(paths.data.clone()), None),
+        (None, Some(paths.meta.clone())),
+    ] {
+        let opts = CreateOptions {
+            data: d,
+            meta: m,
+            force: true,
+            ..CreateOptions::new(1 << 20)
+        };
+        let err = layout::create(&tmp.path().join("z2"), &opts).unwrap_err();
+        assert!(err.to_string().contains("in use"), "{err}");
+        assert!(!tmp.path().join("z2").join("meta").exists());
+    }
+    let mut got = vec![0; data.len()];
+    served.read(4096 * 5 + 7, &mut got).unwrap();
+    assert_eq!(got, data);
+    served.close().unwrap();
+    drop(served);
+    assert_eq!(read_back(&paths, data.len()), data);
+}
+
+#[test]
+fn one_file_for_data_and_metadata_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let x = tmp.path().join("x");
+    for existing in [false, true] {
+        if existing {
+            std::fs::write(&x, b"").unwrap();
+        }
+        let opts = CreateOptions {
+            data: Some(x.clone()),
+            meta: Some(x.clone()),
+            force: true,
+            ..CreateOptions::new(1 << 20)
+        };
+        let err = layout::create(&tmp.path().join("dev"), &opts).unwrap_err();
+        assert!(err.to_string().contains("same file"), "{err}");
+    }
+}
+
+#[test]
+fn create_over_a_file_that_holds_something_needs_force() {
+    // Was: `create --data victim.img` overwrote an existing file.
+    let tmp = tempfile::tempdir().unwrap();
+    let victim = tmp.path().join("victim.img");
+    let mut ext4 = vec![0u8; 4 << 20];
+    ext4[1080..1082].copy_from_slice(&[0x53, 0xef]);
+    for (content, says) in [
+        (b"SECRET database pages".repeat(1000), "not all zeros"),
+        (ext4, "ext2/3/4 filesystem"),
+    ] {
+        std::fs::write(&victim, &content).unwrap();
+        let opts = CreateOptions {
+            data: Some(victim.clone()),
+            ..CreateOptions::new(1 << 20)
+        };
+        let err = layout::create(&tmp.path().join("dev"), &opts).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains(says) && msg.contains("--force"), "{msg}");
+        assert_eq!(std::fs::read(&victim).unwrap(), content, "nothing written");
+        assert!(!tmp.path().join("dev").join("meta").exists());
+        let forced = CreateOptions {
+            force: true,
+            ..opts
+        };
+        layout::create(&tmp.path().join("dev"), &forced).unwrap();
+        std::fs::remove_dir_all(tmp.path().join("dev")).unwrap();
+    }
+}
+
+/// Every file of a device directory (the lsm tables too), by relative path.
+fn snapshot_dir(dir: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if !p.ends_with("control.sock") {
+                out.push((
+                    p.strip_prefix(dir).unwrap().to_path_buf(),
+                    std::fs::read(&p).unwrap(),
+                ));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn inspecting_a_device_writes_nothing_on_any_backend() {
+    // Was: `dedup status` on a new lsm device made it unopenable.
+    for backend in dedup_core::registry::names() {
+        for written in [false, true] {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("dev");
+            let opts = CreateOptions {
+                backend: backend.to_string(),
+                ..CreateOptions::new(1 << 20)
+            };
+            layout::create(&dir, &opts).unwrap();
+            let paths = DevicePaths::from_dir(&dir).unwrap();
+            let data = if written {
+                write_some(&paths)
+            } else {
+                Vec::new()
+            };
+            let before = snapshot_dir(&dir);
+            let inspect = OpenOptions {
+                for_check: true,
+                ..Default::default()
+            };
+            let dev = layout::open(&paths, &inspect).unwrap();
+            let _ = dev.stats();
+            assert!(dev.check(true).unwrap().is_clean(), "{backend}");
+            drop(dev);
+            let after = snapshot_dir(&dir);
+            let changed: Vec<_> = after
+                .iter()
+                .filter(|f| !before.contains(f))
+                .map(|f| f.0.display().to_string())
+                .collect();
+            assert!(
+                changed.is_empty(),
+                "{backend} (written: {written}): inspection changed {changed:?}"
+            );
+            assert_eq!(
+                before.len(),
+                after.len(),
+                "{backend}: inspection removed files"
+            );
+            if written {
+                assert_eq!(read_back(&paths, data.len()), data, "{backend}");
+            } else {
+                drop(layout::open(&paths, &rw()).unwrap());
+            }
+        }
+    }
+}

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use parking_lot::RwLock;
 
+pub mod overlay;
 pub mod sim;
 
 use crate::error::{IoContext, Result};

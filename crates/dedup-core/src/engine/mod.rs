@@ -30,6 +30,7 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use tracing::{info, warn};
 
 use crate::backend::scan_all;
+use crate::blockfile::overlay::Overlay;
 use crate::blockfile::BlockFile;
 use crate::config::DeviceConfig;
 use crate::error::{Error, Result};
@@ -119,6 +120,15 @@ impl Engine {
     ) -> Result<Engine> {
         let meta_name = std::path::PathBuf::from(meta.describe());
         let data_name = std::path::PathBuf::from(data.describe());
+        // Inspection writes nothing to the device, even where an engine
+        // writes while it opens (`blockfile/overlay.rs`).
+        let (data, meta): (Box<dyn BlockFile>, Box<dyn BlockFile>) = if opts.writable {
+            (data, meta)
+        } else {
+            let (data, meta): (Arc<dyn BlockFile>, Arc<dyn BlockFile>) =
+                (Arc::from(data), Arc::from(meta));
+            (Box::new(Overlay::new(data)), Box::new(Overlay::new(meta)))
+        };
         let mut sb = Superblock::read(meta.as_ref(), &meta_name)?;
         let cfg = sb.config.clone();
         let data_generation = check_data_header(data.as_ref(), &data_name, &cfg)?;

@@ -22,7 +22,7 @@ use crate::backends::kv::KvBackend;
 use crate::backends::{BackendParams, OpenOptions, Opened};
 use crate::blockfile::BlockFile;
 use crate::config::{DeviceConfig, Lbn, Pbn};
-use crate::error::{Error, Result};
+use crate::error::{Error, IoContext, Result};
 use crate::fingerprint::Fingerprint;
 use crate::superblock::{DeviceState, Superblock};
 
@@ -45,6 +45,9 @@ pub struct FjallStore {
     writes: AtomicU64,
     syncs: AtomicU64,
     bytes_written: AtomicU64,
+    /// Inspection: the private copy of the tables fjall was opened on
+    /// (fjall writes while it opens), removed after it closes.
+    _scratch: Option<tempfile::TempDir>,
 }
 
 struct FjallInner {
@@ -292,6 +295,15 @@ impl KvStore for FjallStore {
 
 /// Open fjall under a guard.
 fn open_store(dir: &Path, cache_bytes: u64, meta: Arc<dyn BlockFile>) -> Result<FjallStore> {
+    open_store_in(dir, cache_bytes, meta, None)
+}
+
+fn open_store_in(
+    dir: &Path,
+    cache_bytes: u64,
+    meta: Arc<dyn BlockFile>,
+    scratch: Option<tempfile::TempDir>,
+) -> Result<FjallStore> {
     Ok(FjallStore {
         engine: Guarded::open(S, || FjallInner::open(dir, cache_bytes))?,
         dir: dir.to_path_buf(),
@@ -299,7 +311,34 @@ fn open_store(dir: &Path, cache_bytes: u64, meta: Arc<dyn BlockFile>) -> Result<
         writes: AtomicU64::new(0),
         syncs: AtomicU64::new(0),
         bytes_written: AtomicU64::new(0),
+        _scratch: scratch,
     })
+}
+
+/// A private copy of the tables to open for inspection, so that `status`
+/// and `check` leave the device's own files as they were.
+fn inspection_copy(dir: &Path) -> Result<tempfile::TempDir> {
+    let copy = tempfile::Builder::new()
+        .prefix("dedup-inspect-")
+        .tempdir()
+        .map_err(|e| Error::io("making a scratch directory to inspect the lsm tables", e))?;
+    copy_tree(dir, copy.path())?;
+    Ok(copy)
+}
+
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    let what = || format!("copying {} to inspect it", from.display());
+    std::fs::create_dir_all(to).context(what)?;
+    for e in std::fs::read_dir(from).context(what)? {
+        let e = e.context(what)?;
+        let target = to.join(e.file_name());
+        if e.file_type().context(what)?.is_dir() {
+            copy_tree(&e.path(), &target)?;
+        } else {
+            std::fs::copy(e.path(), &target).context(what)?;
+        }
+    }
+    Ok(())
 }
 
 fn need_dir(dir: Option<&Path>) -> Result<&Path> {
@@ -356,7 +395,13 @@ pub fn open(
         sums::verify(meta.as_ref(), &dir)?;
     }
     let cache = opts.cache_bytes.unwrap_or(params.cache_bytes);
-    let store = open_store(&dir, cache, meta.clone())?;
+    let store = if opts.writable {
+        open_store(&dir, cache, meta.clone())?
+    } else {
+        let copy = inspection_copy(&dir)?;
+        let path = copy.path().to_path_buf();
+        open_store_in(&path, cache, meta.clone(), Some(copy))?
+    };
     let backend: Box<dyn MetadataBackend> = Box::new(KvBackend::open(
         NAME,
         store,
