@@ -80,3 +80,12 @@ near() {
     python3 -c "import sys; a,b,t=map(float,sys.argv[1:]); sys.exit(0 if abs(a-b)<=t else 1)" "$1" "$2" "$3" \
         || fail "$1 is not within $3 of $2"
 }
+
+# expect_fail TEXT CMD...: CMD must fail and say TEXT (case-insensitive).
+expect_fail() {
+    local want=$1
+    shift
+    local out
+    if out=$("$@" 2>&1); then fail "expected failure: $*"; fi
+    echo "$out" | grep -qi -- "$want" || { echo "$out"; fail "message of '$*' lacks '$want'"; }
+}

@@ -18,6 +18,9 @@ run() {
 for t in nbdcopy qemu-io fio lifecycle ext4 bench replay analyze; do
     run inram "$t"
 done
+for backend in sparse inram lsm; do
+    run "$backend" safety
+done
 for backend in sparse disktable cowbtree lsm thin; do
     for t in nbdcopy qemu-io fio ext4 crash-kill replay; do
         run "$backend" "$t"

@@ -98,6 +98,48 @@ fn request<T>(what: &str, f: impl FnOnce() -> dedup_core::Result<T>) -> Result<T
     }
 }
 
+/// Stop the control socket and the recorder, save the metadata and mark
+/// the device clean (with retries: a full filesystem may clear up).
+fn save_and_close() {
+    let mut served = lock(&SERVED);
+    if let Some(control) = served.control.take() {
+        control.stop();
+    }
+    if let Some(recorder) = served.recorder.take() {
+        recorder.finish();
+    }
+    if let Some(device) = served.device.take() {
+        // A failed save (say, a full filesystem under the metadata file)
+        // may clear up; the session's metadata is worth a few retries.
+        for attempt in 1..=5 {
+            match device.close() {
+                Ok(()) => break,
+                Err(e) if attempt < 5 => {
+                    tracing::error!(
+                        "saving metadata failed (attempt {attempt} of 5), retrying: {e}"
+                    );
+                    std::thread::sleep(std::time::Duration::from_secs(2));
+                }
+                Err(e) => tracing::error!(
+                    "saving metadata failed; the device will need --accept-unclean: {e}"
+                ),
+            }
+        }
+    }
+}
+
+/// A callback outside the request path (start, stop): a panic fails it
+/// with a message instead of unwinding into nbdkit's C code, which would
+/// abort the process.
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        Err(Error::new(
+            libc::EIO,
+            format!("internal error during {what}; stop the server and run `dedup check`"),
+        ))
+    })
+}
+
 fn einval(msg: String) -> Error {
     Error::new(libc::EINVAL, msg)
 }
@@ -194,102 +236,94 @@ impl Server for DedupPlugin {
         Ok(ThreadModel::Parallel)
     }
 
-    /// Open the device before nbdkit accepts connections, so a bad device
-    /// fails the server's start with a clear message.
+    /// Logging only: the device opens in `after_fork`.
     fn get_ready() -> Result<()> {
-        let _ = tracing_subscriber::fmt()
-            .with_writer(std::io::stderr)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_env("DEDUP_LOG")
-                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-            )
-            .try_init();
-        let s = lock(&SETTINGS);
-        let paths = paths(&s)?;
-        let opts = OpenOptions {
-            writable: true,
-            accept_unclean: s.accept_unclean,
-            // Never to serve: `check --repair --data` verifies first.
-            accept_stale: false,
-            cache_bytes: s.cache_bytes,
-            index_memory: s.index_memory,
-            index_cache: s.index_cache,
-            // layout::open puts lsm's files next to the metadata path.
-            aux_dir: None,
-            for_check: false,
-            // Started after nbdkit forks (threads do not survive it).
-            write_back_bytes: 0,
-            write_back_from_bytes: 0,
-            open_warm_records: None,
-            defer_threads: true,
-        };
-        // The trace file first: failing after the open would drop the
-        // device unclosed, which an INRAM device takes for a crash.
-        let recorder = match &s.record {
-            Some(path) => Some(Arc::new(Recorder::create(path).map_err(|e| {
-                Error::new(
-                    libc::EIO,
-                    format!("cannot create the trace file {}: {e}", path.display()),
+        guarded("start", || {
+            let _ = tracing_subscriber::fmt()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                // Its default reports a failed log write with eprintln!,
+                // which panics when stderr fails too (a full disk under a
+                // log file): a log line is never worth the server.
+                .log_internal_errors(false)
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_env("DEDUP_LOG")
+                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
                 )
-            })?)),
-            None => None,
-        };
-        let device = layout::open(&paths, &opts).map_err(nbd_error)?;
-        let mut served = lock(&SERVED);
-        served.device = Some(Arc::new(device));
-        served.recorder = recorder;
-        Ok(())
+                .try_init();
+            Ok(())
+        })
     }
 
-    /// Threads must start after nbdkit forks: the control socket lives here.
+    /// Open the device once nbdkit has bound its sockets and forked, so a
+    /// start that fails (a port in use) leaves the device as it was (an
+    /// INRAM device opened and never closed would need --accept-unclean),
+    /// and threads (write-back, index warm, the control socket) start in
+    /// the process that serves. nbdkit runs in the foreground under `dedup
+    /// serve`, so an error here still reaches the terminal, and no client
+    /// is accepted before this returns.
     fn after_fork() -> Result<()> {
-        let s = lock(&SETTINGS);
-        let path = s
-            .control
-            .clone()
-            .or_else(|| s.dir.as_ref().map(|d| d.join(CONTROL_SOCKET_NAME)));
-        let mut served = lock(&SERVED);
-        if let Some(device) = &served.device {
+        guarded("start", || {
+            let s = lock(&SETTINGS);
+            let paths = paths(&s)?;
+            let opts = OpenOptions {
+                writable: true,
+                accept_unclean: s.accept_unclean,
+                // Never to serve: `check --repair --data` verifies first.
+                accept_stale: false,
+                cache_bytes: s.cache_bytes,
+                index_memory: s.index_memory,
+                index_cache: s.index_cache,
+                // layout::open puts lsm's files next to the metadata path.
+                aux_dir: None,
+                for_check: false,
+                // Started below, once the device is open.
+                write_back_bytes: 0,
+                write_back_from_bytes: 0,
+                open_warm_records: None,
+                defer_threads: true,
+            };
+            // The trace file first: failing after the open would drop the
+            // device unclosed, which an INRAM device takes for a crash.
+            let recorder = match &s.record {
+                Some(path) => Some(Arc::new(Recorder::create(path).map_err(|e| {
+                    let fix = if e.kind() == std::io::ErrorKind::AlreadyExists {
+                        " (--record makes a new file and never overwrites one: pick a new name)"
+                    } else {
+                        ""
+                    };
+                    Error::new(
+                        libc::EIO,
+                        format!("cannot create the trace file {}: {e}{fix}", path.display()),
+                    )
+                })?)),
+                None => None,
+            };
+            let device = Arc::new(layout::open(&paths, &opts).map_err(nbd_error)?);
             let limit = s.write_back_bytes.unwrap_or(DEFAULT_WRITE_BACK);
             device.start_write_back(limit, WRITE_BACK_FROM);
             device.start_index_warm();
-        }
-        if let (Some(path), Some(device)) = (path, served.device.clone()) {
-            served.control = Some(ControlServer::start(&path, device).map_err(nbd_error)?);
-        }
-        Ok(())
+            let mut served = lock(&SERVED);
+            served.device = Some(device.clone());
+            served.recorder = recorder;
+            let control = s
+                .control
+                .clone()
+                .or_else(|| s.dir.as_ref().map(|d| d.join(CONTROL_SOCKET_NAME)));
+            if let Some(path) = control {
+                served.control = Some(ControlServer::start(&path, device).map_err(nbd_error)?);
+            }
+            Ok(())
+        })
     }
 
     /// nbdkit is shutting down (SIGINT/SIGTERM): save metadata, mark clean.
     fn unload() {
-        let mut served = lock(&SERVED);
-        if let Some(control) = served.control.take() {
-            control.stop();
-        }
-        if let Some(recorder) = served.recorder.take() {
-            recorder.finish();
-        }
-        if let Some(device) = served.device.take() {
-            // A failed save (say, a full filesystem under the metadata file)
-            // may clear up; the session's metadata is worth a few retries.
-            for attempt in 1..=5 {
-                match device.close() {
-                    Ok(()) => break,
-                    Err(e) if attempt < 5 => {
-                        tracing::error!(
-                            "saving metadata failed (attempt {attempt} of 5), retrying: {e}"
-                        );
-                        std::thread::sleep(std::time::Duration::from_secs(2));
-                    }
-                    Err(e) => tracing::error!(
-                        "saving metadata failed; the device will need --accept-unclean: {e}"
-                    ),
-                }
-            }
-        }
+        let _ = guarded("stop", || {
+            save_and_close();
+            Ok(())
+        });
     }
-
     fn open(_readonly: bool) -> Result<Box<dyn Server>> {
         let served = lock(&SERVED);
         let device = served

@@ -25,8 +25,16 @@ pub struct Recorder {
 }
 
 impl Recorder {
+    /// A new file only (private, 0600): a trace never replaces anything,
+    /// least of all the device's own files (`--record DIR/meta` used to
+    /// truncate the metadata).
     pub fn create(path: &Path) -> std::io::Result<Recorder> {
-        let file = File::create(path)?;
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)?;
         Ok(Recorder {
             start: Instant::now(),
             out: Mutex::new(Writer::new(BufWriter::with_capacity(1 << 20, file))?),

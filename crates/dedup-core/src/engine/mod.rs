@@ -211,7 +211,7 @@ impl Engine {
         if pair.rolled_back {
             let report = device.recover_rolled_back()?;
             warn!(
-                "recovered after an unclean shutdown: rolled back to the last clean stop; \
+                "rolled back to older metadata (the last clean stop after a crash, or what `check --repair --data` kept); \
                  {} stored chunks verified, {} no longer matched their fingerprint and \
                  {} LBNs mapped to them now read as zeros",
                 report.chunks_verified, report.chunks_dropped, report.lbns_unmapped
