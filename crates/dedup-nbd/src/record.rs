@@ -25,8 +25,15 @@ pub struct Recorder {
 }
 
 impl Recorder {
+    /// Create (or empty) the trace file, owner-only: its fingerprints tell
+    /// which blocks hold equal data, and where.
     pub fn create(path: &Path) -> std::io::Result<Recorder> {
-        let file = File::create(path)?;
+        let file = dedup_core::perms::file_options()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)?;
+        dedup_core::perms::set_file_mode(&file)?;
         Ok(Recorder {
             start: Instant::now(),
             out: Mutex::new(Writer::new(BufWriter::with_capacity(1 << 20, file))?),

@@ -119,7 +119,9 @@ impl Nbdkit {
 
     /// Wait until nbdkit serves (its pid file exists and `also` holds), for
     /// as long as it lives, saying so every 10 s. `Ok(Some(status))` if it
-    /// exited instead.
+    /// exited instead. A Unix socket is then made exactly 0600: our plugin
+    /// sets nbdkit's umask to 077, so it was owner-only from the start
+    /// (0700), and nbdkit itself never sets its mode.
     pub fn wait_ready(&mut self, also: impl Fn() -> bool) -> anyhow::Result<Option<ExitStatus>> {
         let started = Instant::now();
         let mut told = Duration::ZERO;
@@ -132,6 +134,12 @@ impl Nbdkit {
                 eprintln!("dedup: still opening the device ({} s)...", told.as_secs());
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+        if let Some(sock) = &self.socket {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::Permissions::from_mode(dedup_core::perms::SOCKET_MODE);
+            std::fs::set_permissions(sock, mode)
+                .with_context(|| format!("making {} private to its owner", sock.display()))?;
         }
         Ok(None)
     }
