@@ -15,6 +15,9 @@ run() {
     BACKEND=$backend COMPRESSION=$compression bash "$here/$t.sh"
     echo "=== e2e: $t ($what) passed in $(($(date +%s) - start)) s"
 }
+# Access control (file and socket modes, other users, TLS, --bind,
+# read-only) once, on the default backend.
+run sparse security
 for t in nbdcopy qemu-io fio lifecycle ext4 bench replay analyze; do
     run inram "$t"
 done

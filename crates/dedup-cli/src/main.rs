@@ -34,6 +34,7 @@ enum Command {
     Replay(cmd::replay::Args),
     Analyze(cmd::analyze::Args),
     Trace(cmd::trace::Args),
+    TlsPsk(cmd::tls::Args),
 }
 
 fn main() -> ExitCode {
@@ -57,6 +58,7 @@ fn main() -> ExitCode {
         Command::Replay(a) => cmd::replay::run(a),
         Command::Analyze(a) => cmd::analyze::run(a),
         Command::Trace(a) => cmd::trace::run(a),
+        Command::TlsPsk(a) => cmd::tls::run(a),
     };
     match result {
         Ok(code) => code,

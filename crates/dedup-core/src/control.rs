@@ -4,7 +4,7 @@
 //! `{"op":"status"}` -> `{"ok":true,"result":{...}}` or `{"ok":false,"error":"..."}`.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -64,8 +64,10 @@ impl ControlServer {
     /// file, or a live socket, is an error.
     pub fn start(path: &Path, device: Arc<Device>) -> Result<ControlServer> {
         remove_stale_socket(path)?;
-        let listener =
-            UnixListener::bind(path).context(|| format!("listening on {}", path.display()))?;
+        // Owner-only: whoever connects can read the device's statistics
+        // and start GC or a full check.
+        let listener = crate::perms::bind_socket(path)
+            .context(|| format!("listening on {}", path.display()))?;
         // Polled, so `stop` never depends on reaching the socket by its path
         // (which someone may have removed).
         listener

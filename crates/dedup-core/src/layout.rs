@@ -226,7 +226,8 @@ pub fn create(dir: &Path, opts: &CreateOptions) -> Result<DeviceConfig> {
     }
     let mut undo = Undo::default();
     if !dir.exists() {
-        fs::create_dir_all(dir).context(|| format!("creating directory {}", dir.display()))?;
+        crate::perms::create_dir_all(dir)
+            .context(|| format!("creating directory {}", dir.display()))?;
         undo.0.push(dir.to_path_buf());
     }
     let chunk = opts.chunk_size as u64;

@@ -23,6 +23,7 @@ pub mod layout;
 pub mod lock;
 pub mod options;
 pub mod pack;
+pub mod perms;
 pub mod placement;
 pub mod record;
 pub mod registry;

@@ -188,6 +188,17 @@ impl Server for DedupPlugin {
         Some(env!("CARGO_PKG_VERSION"))
     }
 
+    /// nbdkit sets its umask to 022 before loading the plugin, so its pid
+    /// file and the files the device makes while served (lsm's tables)
+    /// would be readable by other users, and the NBD socket 0755. 077
+    /// makes all of them owner-only from the moment they exist (`dedup
+    /// serve` then sets the socket to exactly 0600); nbdkit is still
+    /// single-threaded here, so nothing races the change.
+    fn load() {
+        // SAFETY: umask(2) cannot fail and touches no memory.
+        unsafe { libc::umask(0o077) };
+    }
+
     fn magic_config_key() -> Option<&'static str> {
         Some("dir")
     }
@@ -427,6 +438,7 @@ impl Server for DedupPlugin {
 }
 
 plugin!(DedupPlugin {
+    load,
     config,
     config_complete,
     config_help,

@@ -25,16 +25,16 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// A new file only (private, 0600): a trace never replaces anything,
-    /// least of all the device's own files (`--record DIR/meta` used to
-    /// truncate the metadata).
+    /// A new file only, owner-only (its fingerprints tell which blocks
+    /// hold equal data, and where): a trace never replaces anything, least
+    /// of all the device's own files (`--record DIR/meta` used to truncate
+    /// the metadata).
     pub fn create(path: &Path) -> std::io::Result<Recorder> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let file = std::fs::OpenOptions::new()
+        let file = dedup_core::perms::file_options()
             .write(true)
             .create_new(true)
-            .mode(0o600)
             .open(path)?;
+        dedup_core::perms::set_file_mode(&file)?;
         Ok(Recorder {
             start: Instant::now(),
             out: Mutex::new(Writer::new(BufWriter::with_capacity(1 << 20, file))?),

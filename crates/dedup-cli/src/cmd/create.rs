@@ -18,7 +18,8 @@ use super::{print_json, size_arg};
     after_help = "Examples:\n  dedup create ./dev --size 10G\n  dedup create ./dev --size 10G --physical-size 2G --compression zstd:3\n  dedup create ./dev --size 1T --physical-size 200G --hash sha256 --verify\n  dedup create ./dev --size 100G --data /dev/sdb --meta /dev/nvme0n1p3\n\nWhat it costs (sparse, the default): metadata grows by about 45 bytes per stored chunk (about 11 GiB per TiB of unique data in 4K chunks) and costs nothing for space never written; a journal as large as the largest commit comes on top. RAM: --cache plus up to --index-memory (about 4 bytes per fingerprint, 1 GB per TB of unique data; past that the index samples and finds fewer duplicates, about 97% at 1/32 of a full index) plus 4 bytes per 4 MiB of data space. create prints the figures for the device it makes."
 )]
 pub struct Args {
-    /// Directory for the device (created if missing; must not hold a device).
+    /// Directory for the device (created 0700 if missing; must not hold a
+    /// device). The files made in it are 0600: yours alone.
     pub dir: PathBuf,
     /// Logical size clients see (K, M, G, T suffixes); a multiple of the chunk size.
     #[arg(long, value_parser = size_arg)]

@@ -1,5 +1,6 @@
 //! The subcommands, one file each, and what they share.
 
+pub mod access;
 pub mod analyze;
 mod analyze_plot;
 pub mod bench;
@@ -11,6 +12,7 @@ pub mod nbdkit;
 pub mod replay;
 pub mod serve;
 pub mod status;
+pub mod tls;
 pub mod trace;
 
 use std::path::{Path, PathBuf};

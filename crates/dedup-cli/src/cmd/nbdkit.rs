@@ -19,11 +19,40 @@ pub enum Listen {
 }
 
 impl Listen {
+    /// The plain (no TLS) NBD URI.
     pub fn uri(&self) -> String {
         match self {
-            Listen::Unix(sock) => format!("nbd+unix:///?socket={}", sock.display()),
-            Listen::Tcp { bind, port } => format!("nbd://{bind}:{port}"),
+            Listen::Unix(sock) => {
+                format!(
+                    "nbd+unix:///?socket={}",
+                    uri_escape(&sock.to_string_lossy())
+                )
+            }
+            Listen::Tcp { bind, port } => format!("nbd://{}:{port}", uri_host(bind)),
         }
+    }
+}
+
+/// Percent-encode what a URI path or query value may not hold as it is
+/// (spaces, `&`, `?`, `#`, `%`, `@`, ...); `/` stays, so paths read as paths.
+pub fn uri_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A host for a URI: IPv6 literals go in brackets.
+pub fn uri_host(bind: &str) -> String {
+    if bind.contains(':') && !bind.starts_with('[') {
+        format!("[{bind}]")
+    } else {
+        bind.to_string()
     }
 }
 
@@ -72,12 +101,14 @@ pub struct Nbdkit {
 }
 
 impl Nbdkit {
-    /// Start `nbdkit PLUGIN ARGS...` in the foreground (it exits with us).
+    /// Start `nbdkit [OPTIONS...] PLUGIN ARGS...` in the foreground (it
+    /// exits with us); `options` are nbdkit's own (TLS, read-only).
     pub fn spawn(
         nbdkit: &Path,
         listen: &Listen,
         pidfile: &Path,
         threads: u32,
+        options: &[OsString],
         plugin: &[OsString],
     ) -> anyhow::Result<Nbdkit> {
         let _ = std::fs::remove_file(pidfile);
@@ -102,7 +133,7 @@ impl Nbdkit {
                 None
             }
         };
-        cmd.args(plugin);
+        cmd.args(options).args(plugin);
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {}", nbdkit.display()))?;
@@ -119,7 +150,9 @@ impl Nbdkit {
 
     /// Wait until nbdkit serves (its pid file exists and `also` holds), for
     /// as long as it lives, saying so every 10 s. `Ok(Some(status))` if it
-    /// exited instead.
+    /// exited instead. A Unix socket is then made exactly 0600: our plugin
+    /// sets nbdkit's umask to 077, so it was owner-only from the start
+    /// (0700), and nbdkit itself never sets its mode.
     pub fn wait_ready(&mut self, also: impl Fn() -> bool) -> anyhow::Result<Option<ExitStatus>> {
         let started = Instant::now();
         let mut told = Duration::ZERO;
@@ -132,6 +165,12 @@ impl Nbdkit {
                 eprintln!("dedup: still opening the device ({} s)...", told.as_secs());
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+        if let Some(sock) = &self.socket {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::Permissions::from_mode(dedup_core::perms::SOCKET_MODE);
+            std::fs::set_permissions(sock, mode)
+                .with_context(|| format!("making {} private to its owner", sock.display()))?;
         }
         Ok(None)
     }

@@ -12,6 +12,7 @@ use dedup_core::lock::DeviceLock;
 use dedup_core::size::format_size;
 use dedup_core::superblock::DeviceState;
 
+use super::access::{self, Access, Credentials, TlsMode};
 use super::nbdkit::{find_plugin, find_program, Listen, Nbdkit};
 use super::EXIT_FAILURE;
 const NBD_SOCKET_NAME: &str = "nbd.sock";
@@ -20,7 +21,7 @@ const PID_FILE_NAME: &str = "nbdkit.pid";
 #[derive(clap::Args)]
 #[command(
     about = "Serve a device over NBD (runs nbdkit with the dedup plugin) until Ctrl-C",
-    after_help = "Examples:\n  dedup serve ./dev                      # Unix socket ./dev/nbd.sock\n  dedup serve ./dev --port 10809         # TCP on localhost\n  dedup serve ./dev --accept-unclean     # roll back after a crash\n  dedup serve ./dev --record build.trace # capture the workload for `dedup replay`\n  dedup serve ./dev --writeback 0        # apply every write before acknowledging it\n\nAttach the device with nbd-client, qemu, or nbdfuse + losetup (printed when ready)."
+    after_help = "Examples:\n  dedup serve ./dev                      # Unix socket ./dev/nbd.sock, yours alone (0600)\n  dedup serve ./dev --port 10809         # TCP on localhost: every local user can connect\n  dedup tls-psk ./dev.psk && dedup serve ./dev --port 10809 --bind 0.0.0.0 --tls require --tls-psk ./dev.psk\n  dedup serve ./dev --read-only          # clients cannot write\n  dedup serve ./dev --accept-unclean     # roll back after a crash\n  dedup serve ./dev --record build.trace # capture the workload for `dedup replay`\n  dedup serve ./dev --writeback 0        # apply every write before acknowledging it\n\nAttach the device with nbd-client, qemu, or nbdfuse + losetup (printed when ready)."
 )]
 pub struct Args {
     /// Device directory made by `dedup create`.
@@ -31,9 +32,33 @@ pub struct Args {
     /// TCP port to listen on instead of a Unix socket.
     #[arg(long)]
     pub port: Option<u16>,
-    /// Address to bind with --port.
+    /// Address to bind with --port. Anything but loopback (127.0.0.0/8,
+    /// ::1, localhost) is refused unless TLS is required (--tls require)
+    /// or --insecure is given: NBD has no password of its own.
     #[arg(long, default_value = "127.0.0.1", requires = "port")]
     pub bind: String,
+    /// TLS for NBD connections (nbdkit --tls): off; allow (each client
+    /// chooses); require (connections without TLS are refused). Default:
+    /// require with --tls-psk or --tls-certificates, else off.
+    #[arg(long, value_enum)]
+    pub tls: Option<TlsMode>,
+    /// Pre-shared key file for TLS (USERNAME:HEXKEY lines), made by
+    /// `dedup tls-psk FILE`; clients need a copy.
+    #[arg(long, value_name = "FILE")]
+    pub tls_psk: Option<PathBuf>,
+    /// Directory with the server's X.509 certificates for TLS
+    /// (ca-cert.pem, server-cert.pem, server-key.pem; see nbdkit-tls(1)).
+    #[arg(long, value_name = "DIR")]
+    pub tls_certificates: Option<PathBuf>,
+    /// Serve a non-loopback --bind address without TLS: anyone who reaches
+    /// the port can then read and overwrite the whole device.
+    #[arg(long)]
+    pub insecure: bool,
+    /// Export the device read-only: clients' writes, trims and zeroes fail
+    /// (EPERM). Not an offline mode: the device is opened as usual, its
+    /// metadata saved at stop, and `dedup gc` still changes it.
+    #[arg(long)]
+    pub read_only: bool,
     /// After an unclean stop, roll back to the last clean state (each chunk
     /// verified against its fingerprint) instead of refusing to serve.
     #[arg(long)]
@@ -107,11 +132,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         (None, Some(s)) => Listen::Unix(std::path::absolute(s).context("resolving --socket")?),
         (None, None) => Listen::Unix(dir.join(NBD_SOCKET_NAME)),
     };
-    let uri = listen.uri();
-    let attach = match &listen {
-        Listen::Unix(sock) => format!("nbd-client -unix {} /dev/nbd0", sock.display()),
-        Listen::Tcp { bind, port } => format!("nbd-client {bind} {port} /dev/nbd0"),
-    };
+    let access = Access::new(a.tls, a.tls_psk, a.tls_certificates, a.read_only)?;
+    access::check_exposure(&listen, access.tls, a.insecure)?;
     let mut plugin_args: Vec<OsString> =
         vec![plugin.into(), format!("dir={}", dir.display()).into()];
     if a.accept_unclean {
@@ -131,7 +153,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         plugin_args.push(format!("record={}", path.display()).into());
     }
     plugin_args.push(format!("writeback={}", a.writeback).into());
-    let mut server = Nbdkit::spawn(&nbdkit, &listen, &pidfile, a.threads, &plugin_args)?;
+    let mut server = Nbdkit::spawn(
+        &nbdkit,
+        &listen,
+        &pidfile,
+        a.threads,
+        &access.nbdkit_args(),
+        &plugin_args,
+    )?;
     let pid = server.pid();
 
     let mut signals =
@@ -151,21 +180,19 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         eprintln!("dedup: nbdkit stopped before serving ({status}); see its message above");
         return Ok(ExitCode::from(EXIT_FAILURE));
     }
+    let uri = match access.tls {
+        TlsMode::Require => access.tls_uri(&listen),
+        TlsMode::Off | TlsMode::Allow => listen.uri(),
+    };
     println!(
-        "dedup: serving {} ({} logical, {} backend, {} chunks) at {uri}",
+        "dedup: serving {} ({} logical, {} backend, {} chunks{}) at {uri}",
         dir.display(),
         format_size(cfg.logical_size),
         cfg.backend,
-        format_size(cfg.chunk_size as u64)
+        format_size(cfg.chunk_size as u64),
+        if access.read_only { ", read-only" } else { "" }
     );
-    println!("Attach it:");
-    println!("  kernel NBD client:  modprobe nbd && {attach}");
-    println!("  without nbd module: mkdir -p /mnt/dedup && nbdfuse /mnt/dedup/ '{uri}' &");
-    println!("                      losetup -f --show /mnt/dedup/nbd   # then mkfs.ext4 / mount the loop device");
-    println!(
-        "  or with qemu-nbd:   modprobe nbd && qemu-nbd --connect=/dev/nbd0 --format=raw '{uri}'"
-    );
-    println!("  qemu:               qemu-img info '{uri}'  (or -drive file={uri},format=raw)");
+    print_attach(&listen, &access);
     println!(
         "Status: dedup status {}    Stop: Ctrl-C or SIGTERM (metadata is saved on a clean stop)",
         dir.display()
@@ -185,4 +212,67 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(EXIT_FAILURE)
     })
+}
+
+/// How to attach the device, for the ways it is served.
+fn print_attach(listen: &Listen, access: &Access) {
+    if access.tls != TlsMode::Require {
+        let uri = listen.uri();
+        let attach = match listen {
+            Listen::Unix(sock) => format!("nbd-client -unix {} /dev/nbd0", sock.display()),
+            Listen::Tcp { bind, port } => format!("nbd-client {bind} {port} /dev/nbd0"),
+        };
+        println!("Attach it:");
+        println!("  kernel NBD client:  modprobe nbd && {attach}");
+        println!("  without nbd module: mkdir -p /mnt/dedup && nbdfuse /mnt/dedup/ '{uri}' &");
+        println!("                      losetup -f --show /mnt/dedup/nbd   # then mkfs.ext4 / mount the loop device");
+        println!(
+            "  or with qemu-nbd:   modprobe nbd && qemu-nbd --connect=/dev/nbd0 --format=raw '{uri}'"
+        );
+        println!("  qemu:               qemu-img info '{uri}'  (or -drive file={uri},format=raw)");
+    }
+    if access.tls != TlsMode::Off {
+        let uri = access.tls_uri(listen);
+        match &access.creds {
+            Credentials::Psk { file, .. } => println!(
+                "Attach it with TLS (clients need a copy of {}, kept 0600):",
+                file.display()
+            ),
+            _ => println!(
+                "Attach it with TLS (clients check the server against their CA: libnbd looks in /etc/pki/libnbd, or add &tls-certificates=DIR to the URI):"
+            ),
+        }
+        println!("  libnbd tools:       nbdinfo '{uri}'   (nbdcopy, nbdfuse take the same URI)");
+        println!("  without nbd module: mkdir -p /mnt/dedup && nbdfuse /mnt/dedup/ '{uri}' &");
+        println!("                      losetup -f --show /mnt/dedup/nbd");
+        println!(
+            "  qemu:               {}",
+            access::qemu_tls_command(access, listen)
+        );
+        if let Credentials::Psk { file, .. } = &access.creds {
+            if file.file_name().is_none_or(|n| n != "keys.psk") {
+                println!(
+                    "                      (qemu reads the key as KEYDIR/keys.psk: copy {} there)",
+                    file.display()
+                );
+            }
+        }
+        println!("  kernel NBD client:  nbd-client has no PSK; use nbdfuse, or certificates (see README, Security)");
+    }
+    // Plain NBD over TCP: say who else can reach it (check_exposure let
+    // a non-loopback address through only with --insecure).
+    match listen {
+        Listen::Tcp { bind, port } if access.tls != TlsMode::Require => {
+            if access::is_loopback(bind) {
+                println!(
+                    "Note: every local user can connect to TCP port {port} without TLS; the Unix socket (the default) is yours alone."
+                );
+            } else {
+                eprintln!(
+                    "dedup: warning: serving {bind}:{port} without required TLS (--insecure): anyone who reaches it can read and overwrite the device"
+                );
+            }
+        }
+        _ => {}
+    }
 }

@@ -96,14 +96,17 @@ impl FileBlockFile {
         })
     }
 
-    /// Create a new regular file of `len` bytes (sparse) that must not exist yet.
+    /// Create a new regular file of `len` bytes (sparse) that must not exist
+    /// yet, readable and writable by its owner only (see `perms`).
     pub fn create(path: &Path, len: u64) -> Result<Self> {
-        let file = OpenOptions::new()
+        let file = crate::perms::file_options()
             .read(true)
             .write(true)
             .create_new(true)
             .open(path)
             .context(|| format!("creating {}", path.display()))?;
+        crate::perms::set_file_mode(&file)
+            .context(|| format!("making {} private to its owner", path.display()))?;
         file.set_len(len)
             .context(|| format!("sizing {} to {len} bytes", path.display()))?;
         Ok(FileBlockFile {
@@ -251,6 +254,7 @@ impl BlockFile for MemBlockFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
 
     #[test]
     fn mem_block_file_refuses_io_past_the_end() {
@@ -271,6 +275,12 @@ mod tests {
         assert_eq!(f.len().unwrap(), 1 << 20);
         f.write_at(b"hello", 12345).unwrap();
         f.sync().unwrap();
+        let mode = std::fs::metadata(&path).unwrap().mode() & 0o7777;
+        assert_eq!(
+            mode,
+            crate::perms::FILE_MODE,
+            "a new device file is owner-only"
+        );
         let g = FileBlockFile::open(&path, false).unwrap();
         let mut buf = [0u8; 5];
         g.read_at(&mut buf, 12345).unwrap();

@@ -187,6 +187,7 @@ pub fn start(system: &System, workdir: &Path, size: u64, tools: &Tools) -> anyho
         &listen,
         &dir.join("nbdkit.pid"),
         tools.threads,
+        &[],
         &plugin_args,
     )?;
     let ready = server.wait_ready(|| control.as_ref().is_none_or(|c| c.exists()))?;

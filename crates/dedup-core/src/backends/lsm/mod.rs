@@ -368,9 +368,25 @@ pub fn format(
         });
     }
 
+    // The tables hold the device's map and fingerprints: owner-only, like
+    // the metadata file. fjall creates its files with the process's umask,
+    // so those it made here are narrowed after it closes; while served,
+    // the plugin's umask (077) covers the ones it makes later, and the
+    // directory being 0700 covers any made by an offline gc or check.
+    if dir.exists() {
+        std::fs::set_permissions(
+            dir,
+            std::os::unix::fs::PermissionsExt::from_mode(crate::perms::DIR_MODE),
+        )
+    } else {
+        crate::perms::create_dir_all(dir)
+    }
+    .map_err(|e| Error::io(format!("creating {} owner-only", dir.display()), e))?;
     let mut store = open_store(dir, params.cache_bytes, meta.clone())?;
     store.apply(&Changes::default(), &StoreState::default())?;
     store.close()?;
+    crate::perms::restrict_tree(dir)
+        .map_err(|e| Error::io(format!("making {} owner-only", dir.display()), e))?;
     let mut sb = Superblock::new(cfg.clone());
     sb.backend_area = params.encode();
     sb.write(meta.as_ref())
