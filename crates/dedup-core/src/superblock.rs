@@ -241,10 +241,10 @@ impl Superblock {
         let slot = self.generation % 2;
         file.write_at(&self.encode(), slot * SUPERBLOCK_SIZE as u64)?;
         file.sync()?;
-        match &self.witness {
-            Some(w) => w.record(self.generation),
-            None => Ok(()),
+        if let Some(w) = &self.witness {
+            w.record(self.generation);
         }
+        Ok(())
     }
 }
 

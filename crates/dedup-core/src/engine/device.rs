@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 
 use super::write_path::Mutation;
-use super::writeback::{Admit, Wait, WriteBack};
+use super::writeback::{Admit, Wait, WriteBack, CLOSE_PATIENCE};
 use super::{CheckReport, Engine, Extent, GcReport, RecoveryReport, RepairReport};
 use crate::blockfile::BlockFile;
 use crate::config::{DeviceConfig, Lbn, Pbn};
@@ -144,7 +144,9 @@ impl Device {
     /// Every queued mutation applied (a no-op without write-back).
     fn settled(&self) -> &Engine {
         if let Some(wb) = self.write_back.get() {
-            wb.wait_all();
+            // Stalled: what is applied is consistent; the stalled
+            // mutation and those behind it are not in it yet.
+            let _ = wb.wait_all();
         }
         &self.engine
     }
@@ -194,7 +196,7 @@ impl Device {
                     match after {
                         Wait::All => wb.wait_all(),
                         Wait::Overlapping => wb.wait_range(offset, len),
-                    }
+                    }?;
                     e.perform(what, offset, len, buf)?;
                 }
             }
@@ -206,8 +208,8 @@ impl Device {
     }
 
     /// FLUSH: every write acknowledged before this call is made durable
-    /// (queued ones applied first). Fails for good once a queued write
-    /// failed: what it acknowledged can no longer be made durable.
+    /// (queued ones applied first). Fails while a queued write that failed
+    /// is being retried: what it acknowledged is not durable yet.
     pub fn flush(&self) -> Result<()> {
         let Some(wb) = self.write_back.get() else {
             return self.engine.flush();
@@ -217,10 +219,7 @@ impl Device {
     }
 
     fn flush_entered(&self, wb: &WriteBack) -> Result<()> {
-        wb.wait_all();
-        if let Some(e) = wb.failure() {
-            return Err(e);
-        }
+        wb.wait_all()?;
         self.engine.flush_entered()
     }
 
@@ -228,7 +227,7 @@ impl Device {
     /// that range.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         if let Some(wb) = self.write_back.get() {
-            wb.wait_range(offset, buf.len() as u64);
+            wb.wait_range(offset, buf.len() as u64)?;
         }
         self.engine.read(offset, buf)
     }
@@ -236,18 +235,20 @@ impl Device {
     /// Mapped and unmapped extents from `offset` (see `Engine::extents`).
     pub fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
         if let Some(wb) = self.write_back.get() {
-            wb.wait_range(offset, len);
+            wb.wait_range(offset, len)?;
         }
         self.engine.extents(offset, len)
     }
 
     /// Clean shutdown (see `Engine::close`): queued mutations are applied
-    /// first. The metadata is saved even after a queued mutation failed
-    /// (that was logged, and every flush since has failed).
+    /// first; one that keeps failing is retried for `CLOSE_PATIENCE`, then
+    /// given up (logged) so that the metadata is saved.
     pub fn close(&self) -> Result<()> {
         match self.write_back.get() {
             None => self.engine.close(),
-            Some(wb) => self.engine.close_after(|| wb.wait_all()),
+            Some(wb) => self
+                .engine
+                .close_after(|| wb.settle_for_close(&self.engine.counters, CLOSE_PATIENCE)),
         }
     }
 

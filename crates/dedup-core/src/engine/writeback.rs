@@ -20,18 +20,25 @@
 //!   a new chunk for each chunk it writes (`room`): one that might find
 //!   the device full is applied before it is acknowledged, so ENOSPC
 //!   reaches the request that caused it.
-//! - A queued mutation that fails anyway (an I/O error) was acknowledged
-//!   and is lost, with every mutation queued behind it (applying those
-//!   over a lost one could leave a chunk with bytes never written
-//!   together). The device can no longer make what it acknowledged
-//!   durable: every later FLUSH and FUA fails until restart, and every
-//!   request is applied before it is acknowledged.
+//! - A queued mutation that fails anyway (an I/O error, the host's disk
+//!   full) was acknowledged, so it is never dropped: it stays queued and
+//!   the device stalls on it, retrying it with a growing pause (up to
+//!   `MAX_RETRY_PAUSE`) until it applies. While it stalls, FLUSH and FUA
+//!   fail with its error (what was acknowledged is not durable yet), and
+//!   so does every request that would wait for it (a read of its range,
+//!   any new mutation: nothing new is acknowledged meanwhile). Once the
+//!   cause is fixed (space freed on the host) it applies, everything
+//!   queued behind it applies in order, and FLUSH succeeds again: no
+//!   restart, no acknowledged write lost. Only a clean stop that finds it
+//!   still failing after `CLOSE_PATIENCE` gives it up, loudly, to save
+//!   the metadata.
 
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use tracing::error;
@@ -44,6 +51,24 @@ use crate::stats::Counters;
 /// Mutations queued at most, whatever their size: enough to absorb the
 /// bursts of a client's writeback, few enough to keep ordering them cheap.
 const MAX_QUEUED: usize = 64;
+/// The first pause before retrying a failed queued mutation, doubled at
+/// each failure up to `MAX_RETRY_PAUSE`: a full host disk is freed by a
+/// person, in seconds to hours; retrying faster only fills the log.
+const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(50);
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(2);
+/// How long a clean stop keeps retrying a stalled mutation before it gives
+/// it up to save the metadata.
+pub(crate) const CLOSE_PATIENCE: Duration = Duration::from_secs(10);
+
+/// A queued mutation that failed: retried until it applies.
+struct Stall {
+    seq: u64,
+    /// What failed and why, for the errors of requests that meet it.
+    what: String,
+    errno: i32,
+    retry_at: Instant,
+    pause: Duration,
+}
 
 struct Queued {
     seq: u64,
@@ -70,11 +95,8 @@ struct State {
     /// (read from the engine only when it seems too small: completions
     /// and frees only ever make the true value larger).
     spare: u64,
-    /// The first queued mutation that failed (what, and its errno):
-    /// every FLUSH fails from then on.
-    failed: Option<(String, i32)>,
-    /// After a failure: apply every request before acknowledging it.
-    write_through: bool,
+    /// A queued mutation that failed and is being retried.
+    stalled: Option<Stall>,
     stop: bool,
     /// Buffers of applied writes, kept for the next ones (at most
     /// `limit_bytes` of them): a fresh large allocation is mapped, faulted
@@ -85,6 +107,33 @@ struct State {
 }
 
 impl State {
+    /// The next mutation to run: while stalled, only the stalled one, once
+    /// its pause is over (`Err`: when that is).
+    fn next(&self) -> Result<Option<usize>, Instant> {
+        match &self.stalled {
+            None => Ok(self.runnable()),
+            Some(st) if Instant::now() < st.retry_at => Err(st.retry_at),
+            Some(st) => Ok(self
+                .queue
+                .iter()
+                .position(|q| q.seq == st.seq && !q.running)),
+        }
+    }
+
+    /// The error a request that meets the stall gets.
+    fn stall_error(&self) -> Option<Error> {
+        let st = self.stalled.as_ref()?;
+        Some(Error::Io {
+            context: format!(
+                "{}, after it was acknowledged; it is kept and retried until it applies \
+                 (free space on the host, or fix the device), and until then every flush fails \
+                 and nothing new is accepted",
+                st.what
+            ),
+            cause: std::io::Error::from_raw_os_error(st.errno),
+        })
+    }
+
     /// The first queued mutation no earlier one overlaps.
     fn runnable(&self) -> Option<usize> {
         let mut earlier: Vec<&Range<u64>> = Vec::new();
@@ -250,7 +299,7 @@ impl WriteBack {
         // admitted meanwhile must not count on its room.
         s.room_held += need;
         let direct = |after| Admit::Direct { held: need, after };
-        if s.write_through || s.stop || need > s.spare {
+        if s.stalled.is_some() || s.stop || need > s.spare {
             s.spare = 0;
             return direct(Wait::All);
         }
@@ -295,25 +344,64 @@ impl WriteBack {
     }
 
     /// Wait until every mutation queued before now that touches the byte
-    /// range `offset..offset+len` has been applied.
-    pub fn wait_range(&self, offset: u64, len: u64) {
-        self.wait_for(self.chunks(offset, len));
+    /// range `offset..offset+len` has been applied; the stall's error if
+    /// one of them cannot be yet.
+    pub fn wait_range(&self, offset: u64, len: u64) -> Result<(), Error> {
+        self.wait_for(self.chunks(offset, len))
     }
 
-    /// Wait until every mutation queued before now has been applied.
-    pub fn wait_all(&self) {
-        self.wait_for(0..u64::MAX);
+    /// Wait until every mutation queued before now has been applied; the
+    /// stall's error if one cannot be yet.
+    pub fn wait_all(&self) -> Result<(), Error> {
+        self.wait_for(0..u64::MAX)
     }
 
-    fn wait_for(&self, chunks: Range<u64>) {
+    fn wait_for(&self, chunks: Range<u64>) -> Result<(), Error> {
         if self.idle() {
-            return;
+            return Ok(());
         }
         let sh = &self.shared;
         let mut s = sh.state.lock();
         let before = s.next_seq;
         while s.pending(before, &chunks) && !s.stop {
+            // Behind a stall nothing moves until it clears.
+            if let Some(e) = s.stall_error() {
+                return Err(e);
+            }
             sh.changed.wait(&mut s);
+        }
+        Ok(())
+    }
+
+    /// A clean stop: wait for every queued mutation, retrying a stalled
+    /// one for up to `patience`; then give up what is still queued (it
+    /// was acknowledged and is lost: logged and counted) so the metadata
+    /// can be saved.
+    pub fn settle_for_close(&self, counters: &Counters, patience: Duration) {
+        let deadline = Instant::now() + patience;
+        let sh = &self.shared;
+        let mut s = sh.state.lock();
+        while !s.queue.is_empty() && !s.stop {
+            if s.stalled.is_some() && Instant::now() >= deadline {
+                let lost = s.queue.iter().filter(|q| !q.running).count();
+                let why = s.stall_error().map(|e| e.to_string()).unwrap_or_default();
+                error!(
+                    "stopping: {lost} acknowledged mutations could not be applied in {} s and are lost: {why}",
+                    patience.as_secs()
+                );
+                Counters::add(&counters.write_back_failures, lost as u64);
+                let (mut bytes, mut room) = (0, 0);
+                for q in s.queue.iter().filter(|q| !q.running) {
+                    (bytes, room) = (bytes + q.bytes, room + q.room);
+                }
+                s.queue.retain(|q| q.running);
+                sh.users.fetch_sub(lost, SeqCst);
+                s.bytes -= bytes;
+                s.room_held -= room;
+                s.stalled = None;
+                continue;
+            }
+            sh.changed.wait_for(&mut s, Duration::from_millis(100));
         }
     }
 
@@ -326,20 +414,6 @@ impl WriteBack {
         if !self.shared.stale.load(SeqCst) {
             self.shared.stale.store(true, SeqCst);
         }
-    }
-
-    /// Why the device cannot make acknowledged writes durable any more:
-    /// a queued mutation failed. FLUSH and FUA report it until restart.
-    pub fn failure(&self) -> Option<Error> {
-        let s = self.shared.state.lock();
-        let (what, errno) = s.failed.as_ref()?;
-        Some(Error::Io {
-            context: format!(
-                "{what}, after it was acknowledged; the device cannot make acknowledged writes durable \
-                 any more: every flush fails until the server is restarted"
-            ),
-            cause: std::io::Error::from_raw_os_error(*errno),
-        })
     }
 }
 
@@ -364,10 +438,13 @@ fn apply_queued(sh: &Shared, engine: &Engine) {
                 if s.stop {
                     return;
                 }
-                if let Some(i) = s.runnable() {
-                    break i;
+                match s.next() {
+                    Ok(Some(i)) => break i,
+                    Ok(None) => sh.work.wait(&mut s),
+                    Err(at) => {
+                        sh.work.wait_until(&mut s, at);
+                    }
                 }
-                sh.work.wait(&mut s);
             };
             let q = &mut s.queue[i];
             q.running = true;
@@ -384,41 +461,57 @@ fn apply_queued(sh: &Shared, engine: &Engine) {
             })
         });
         let mut s = sh.state.lock();
-        if s.spare_buffer_bytes + data.capacity() <= sh.limit_bytes {
-            s.spare_buffer_bytes += data.capacity();
-            s.spare_buffers.push(std::mem::take(&mut data));
-        }
         let i = s
             .queue
             .iter()
             .position(|q| q.seq == seq)
             .expect("a running mutation stays queued until done");
+        if let Err(e) = done {
+            // Acknowledged: kept, with its bytes, and retried after a pause;
+            // everything else waits (see the module's notes).
+            let q = &mut s.queue[i];
+            q.running = false;
+            q.data = (what == Mutation::Write).then_some(data);
+            let pause = match &s.stalled {
+                Some(st) if st.seq == seq => (st.pause * 2).min(MAX_RETRY_PAUSE),
+                _ => {
+                    error!(
+                        "a queued {what:?} of {len} bytes at offset {offset} could not be applied ({e}); \
+                         it was acknowledged, so it is kept and retried until it applies; until then \
+                         flushes fail and new requests are refused"
+                    );
+                    Counters::add(&engine.counters.write_back_failures, 1);
+                    FIRST_RETRY_PAUSE
+                }
+            };
+            s.stalled = Some(Stall {
+                seq,
+                what: format!(
+                    "a {what:?} of {len} bytes at offset {offset} could not be applied ({e})"
+                ),
+                errno: e.errno(),
+                retry_at: Instant::now() + pause,
+                pause,
+            });
+            drop(s);
+            // Waiters learn of the stall.
+            sh.changed.notify_all();
+            continue;
+        }
+        if s.stalled.as_ref().is_some_and(|st| st.seq == seq) {
+            tracing::info!(
+                "the queued {what:?} at offset {offset} applied on a retry; the device serves on"
+            );
+            s.stalled = None;
+        }
+        if s.spare_buffer_bytes + data.capacity() <= sh.limit_bytes {
+            s.spare_buffer_bytes += data.capacity();
+            s.spare_buffers.push(std::mem::take(&mut data));
+        }
         let q = s.queue.remove(i).expect("index from position");
         sh.users.fetch_sub(1, SeqCst);
         s.bytes -= q.bytes;
         s.room_held -= q.room;
-        if let Err(e) = done {
-            // Drop what is queued behind it: applied over the lost
-            // mutation, a partial write would leave a chunk holding bytes
-            // never written together.
-            let (mut dropped, mut bytes, mut room) = (0, 0, 0);
-            for q in s.queue.iter().filter(|q| !q.running) {
-                (dropped, bytes, room) = (dropped + 1, bytes + q.bytes, room + q.room);
-            }
-            s.queue.retain(|q| q.running);
-            sh.users.fetch_sub(dropped, SeqCst);
-            s.bytes -= bytes;
-            s.room_held -= room;
-            let lost =
-                format!("a {what:?} of {len} bytes at offset {offset} could not be applied ({e})");
-            error!(
-                "{lost}, after it was acknowledged; {dropped} mutations queued behind it were dropped; \
-                 every flush fails from now on, until the server is restarted"
-            );
-            Counters::add(&engine.counters.write_back_failures, 1 + dropped as u64);
-            s.write_through = true;
-            s.failed.get_or_insert((lost, e.errno()));
-        }
         // Its end may make a mutation that overlapped it runnable.
         let more = !s.queue.is_empty();
         drop(s);
