@@ -211,9 +211,10 @@ fn flush_until_ok(dev: &Device) {
 /// until a restart.
 #[test]
 fn a_failed_queued_write_is_kept_and_retried_until_it_applies() {
-    // Stores chunks as they are (bare names): with packing, a failed
-    // write of a packed block still stops the device until a restart, for
-    // a failed data sync may have dropped pages other writes left dirty.
+    // Stores chunks as they are (bare names): with packing, a packed
+    // block's write failing with EIO (injected here) still stops the device
+    // until a restart, for a failed data sync may have dropped pages other
+    // writes left dirty; ENOSPC does not (tests/e2e/full-disk.sh).
     for backend in ["inram", "sparse", "disktable"] {
         let md = device(backend, CHUNKS * 2, 1 << 20);
         let p = Patterns::new(4, CS);

@@ -252,8 +252,12 @@ impl State {
 
     /// Write every bin (open ones too) and sync the data device. Runs
     /// with no write batch in flight (before a commit, a repack, close).
-    /// A failed write or sync stops the device: the kernel may have dropped
-    /// the unwritten pages, so a later sync that succeeds proves nothing.
+    /// A failed sync, or a write failing otherwise than for space, stops
+    /// the device: the kernel may have dropped the unwritten pages, so a
+    /// later sync that succeeds proves nothing. A write refused for lack
+    /// of space (the host's disk full) dirtied nothing: the bins stay in
+    /// RAM, sealed, and are written again by the next call, once space is
+    /// freed.
     fn write_all(&mut self) -> Result<()> {
         let all = self.bins.take_all();
         self.seal(all, true);
@@ -261,8 +265,14 @@ impl State {
         let data = self.data.clone();
         let written = claimed
             .iter()
-            .try_for_each(|(block, bytes)| data.write_at(bytes, self.cfg.pbn_offset(*block)))
-            .and_then(|_| data.sync());
+            .try_for_each(|(block, bytes)| data.write_at(bytes, self.cfg.pbn_offset(*block)));
+        if let Err(e) = &written {
+            if e.errno() == libc::ENOSPC {
+                self.settle(&claimed, false);
+                return written;
+            }
+        }
+        let written = written.and_then(|_| data.sync());
         self.settle(&claimed, written.is_ok());
         self.fail_on(written)
     }
@@ -385,6 +395,13 @@ impl Placement for Packed {
         });
         let mut s = self.state.lock();
         s.settle(&claimed, written.is_ok());
+        // No room on the host: nothing was dirtied (see `write_all`); the
+        // request fails, its chunks are released, the bins stay queued.
+        if let Err(e) = &written {
+            if e.errno() == libc::ENOSPC {
+                return written.map(|n| n + bytes);
+            }
+        }
         Ok(bytes + s.fail_on(written)?)
     }
 
