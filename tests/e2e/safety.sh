@@ -10,7 +10,9 @@
 # - `serve --record DIR/meta` does not truncate the metadata;
 # - a serve that fails to start (port in use) leaves the device clean;
 # - status and check write nothing (an lsm device stays openable);
-# - a server whose log cannot be written (stderr on a full disk) serves on.
+# - a server whose log cannot be written (stderr on a full disk) serves on;
+# - Ctrl-C with a filesystem mounted says what it waits for, and a second
+#   Ctrl-C saves the metadata and stops (it used to hang silently).
 source "$(dirname "$0")/lib.sh"
 
 # files_sum DIR: one checksum over every file of a device directory.
@@ -135,4 +137,32 @@ serve "$WORK/lg"
 nbdcopy "$(uri "$WORK/lg")" "$WORK/lg2.bin"
 cmp -n $((8 << 20)) "$WORK/lg2.bin" "$WORK/a.bin" || fail "data differs after the stop"
 stop "$WORK/lg"
+log "Ctrl-C with a filesystem mounted says what it waits for; a second one saves and stops"
+"$DEDUP" create "$WORK/cc" --size 128M --backend inram >/dev/null
+serve "$WORK/cc"
+mkdir "$WORK/ccfuse" "$WORK/ccmnt"
+nbdfuse "$WORK/ccfuse/" "$(uri "$WORK/cc")" &
+ccfuse=$!
+on_exit "fusermount3 -u $WORK/ccfuse || umount -l $WORK/ccfuse; kill $ccfuse"
+for _ in $(seq 100); do [ -e "$WORK/ccfuse/nbd" ] && break; sleep 0.1; done
+ccloop=$(losetup -f --show "$WORK/ccfuse/nbd")
+on_exit "losetup -d $ccloop"
+mkfs.ext4 -q -F "$ccloop"
+mount "$ccloop" "$WORK/ccmnt"
+on_exit "umount -l $WORK/ccmnt"
+echo kept >"$WORK/ccmnt/file"
+sync
+ccpid=$(cat "$WORK/cc.servepid")
+kill -INT "$ccpid"
+for _ in $(seq 50); do grep -q "waits for its clients" "$WORK/cc.serve.log" && break; sleep 0.1; done
+grep -q "waits for its clients" "$WORK/cc.serve.log" || { cat "$WORK/cc.serve.log"; fail "the first Ctrl-C did not say what it waits for"; }
+kill -0 "$ccpid" || fail "the server stopped under a mounted filesystem"
+kill -INT "$ccpid"
+wait "$ccpid" || fail "the second Ctrl-C did not stop cleanly (exit $?)"
+grep -q "metadata saved cleanly" "$WORK/cc.serve.log" || { cat "$WORK/cc.serve.log"; fail "not saved"; }
+umount -l "$WORK/ccmnt"
+losetup -d "$ccloop" || true
+# INRAM serves again without --accept-unclean: the stop was clean.
+serve "$WORK/cc"
+stop "$WORK/cc"
 echo "PASS safety"

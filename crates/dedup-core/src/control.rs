@@ -49,7 +49,13 @@ pub fn remove_stale_socket(path: &Path) -> Result<()> {
 pub enum Request {
     Status,
     Gc,
-    Check { data: bool },
+    Check {
+        data: bool,
+    },
+    /// Save the metadata and close the device (a clean stop) while nbdkit
+    /// still runs: `dedup serve`'s second Ctrl-C, when clients that stay
+    /// attached keep nbdkit from unloading. Requests after it fail.
+    Save,
 }
 
 pub struct ControlServer {
@@ -162,6 +168,7 @@ fn execute(req: &Request, device: &Device) -> Result<serde_json::Value> {
         Request::Status => serde_json::to_value(device.stats()),
         Request::Gc => serde_json::to_value(device.gc()?),
         Request::Check { data } => serde_json::to_value(device.check(*data)?),
+        Request::Save => serde_json::to_value(device.close()?),
     };
     value.map_err(|e| Error::InvalidArgument(format!("encoding reply: {e}")))
 }

@@ -3,7 +3,7 @@
 //! saves the metadata and marks the device clean.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -167,12 +167,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM, libc::SIGHUP])
             .context("installing signal handlers")?;
     let forwarder = signals.handle();
-    std::thread::spawn(move || {
-        for _ in signals.forever() {
-            // SAFETY: signalling our own child process.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-        }
-    });
+    let control_sock = super::control_path(&dir);
+    std::thread::spawn(move || stop_on_signals(&mut signals, pid, &control_sock));
 
     let control = super::control_path(&dir);
     if let Some(status) = server.wait_ready(|| control.exists())? {
@@ -200,14 +196,26 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 
     let status = server.wait()?;
     forwarder.close();
-    match layout::read_config(&paths) {
-        Ok((_, DeviceState::Clean)) => eprintln!("dedup: stopped; metadata saved cleanly"),
-        Ok((_, DeviceState::Open)) => eprintln!(
-            "dedup: warning: nbdkit exited ({status}) without a clean shutdown; the next serve needs --accept-unclean"
-        ),
-        Err(e) => eprintln!("dedup: warning: cannot read the device state after stopping: {e}"),
-    }
-    Ok(if status.success() {
+    let clean = match layout::read_config(&paths) {
+        Ok((_, DeviceState::Clean)) => {
+            eprintln_safe("dedup: stopped; metadata saved cleanly");
+            true
+        }
+        Ok((_, DeviceState::Open)) => {
+            eprintln_safe(&format!(
+                "dedup: warning: nbdkit exited ({status}) without a clean shutdown; the next serve needs --accept-unclean"
+            ));
+            false
+        }
+        Err(e) => {
+            eprintln_safe(&format!(
+                "dedup: warning: cannot read the device state after stopping: {e}"
+            ));
+            false
+        }
+    };
+    // Ended by a second Ctrl-C after the metadata was saved: a clean stop.
+    Ok(if status.success() || clean {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(EXIT_FAILURE)
@@ -275,4 +283,53 @@ fn print_attach(listen: &Listen, access: &Access) {
         }
         _ => {}
     }
+}
+
+/// Ctrl-C (or SIGTERM) asks nbdkit to stop; it unloads the plugin, which
+/// saves the metadata, once its clients have disconnected. A client that
+/// stays attached (a mounted filesystem) keeps it waiting: after a moment
+/// say so, and on a second signal save the metadata through the control
+/// socket (the device closes; its clients get errors from then on) and end
+/// nbdkit.
+fn stop_on_signals(signals: &mut signal_hook::iterator::Signals, pid: libc::pid_t, control: &Path) {
+    let mut signals = signals.forever();
+    if signals.next().is_none() {
+        return;
+    }
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let started = std::time::Instant::now();
+    // A stop with no client attached is quick; only a wait is explained.
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        // SAFETY: signal 0 only checks that the process exists.
+        if unsafe { libc::kill(pid, 0) } == 0 {
+            eprintln_safe(
+                "dedup: stopping: nbdkit waits for its clients to disconnect. Unmount the filesystem \
+                 and detach the device (losetup -d, then stop nbdfuse; or nbd-client -d). \
+                 Press Ctrl-C again to save the metadata and stop now: clients still attached then get I/O errors.",
+            );
+        }
+    });
+    if signals.next().is_none() {
+        return;
+    }
+    eprintln_safe(&format!(
+        "dedup: saving the metadata and stopping now ({} s after the first Ctrl-C)",
+        started.elapsed().as_secs()
+    ));
+    match dedup_core::control::request(control, &dedup_core::control::Request::Save) {
+        Ok(_) => eprintln_safe("dedup: metadata saved cleanly; ending nbdkit"),
+        Err(e) => eprintln_safe(&format!(
+            "dedup: saving through the control socket failed ({e}); ending nbdkit anyway: the next serve recovers"
+        )),
+    }
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+}
+
+/// A message on stderr that never panics (a closed or full stderr).
+fn eprintln_safe(msg: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{msg}");
 }
