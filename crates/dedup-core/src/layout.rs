@@ -319,10 +319,10 @@ pub fn open(paths: &DevicePaths, opts: &OpenOptions) -> Result<Device> {
             .or_else(|| Some(backends::aux_dir(&paths.meta))),
         ..opts.clone()
     };
-    // Read-write even to inspect: the B-tree and LSM engines may write while
-    // opening (recovery); our own state is only changed when `writable`.
-    let data = FileBlockFile::open(&paths.data, true)?;
-    let meta = FileBlockFile::open(&paths.meta, true)?;
+    // To inspect, read-only: what the engines write while opening
+    // (recovery) goes to a RAM overlay (`Engine::open`).
+    let data = FileBlockFile::open(&paths.data, opts.writable)?;
+    let meta = FileBlockFile::open(&paths.meta, opts.writable)?;
     Device::open(Box::new(data), Box::new(meta), opts, Some(lock))
 }
 
