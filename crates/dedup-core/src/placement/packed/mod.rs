@@ -28,8 +28,8 @@
 //!
 //! # Garbage collection
 //! A fragment's count reaching 0 frees its bytes only when its whole block
-//! is dead. `reclaim` copies the live fragments of blocks whose
-//! live share fell low into new blocks (`reclaim`), then moves their counts, hash
+//! is dead. `reclaim` copies the live fragments of blocks at most half
+//! live into new blocks (`repack.rs`, which says when a round is worth it), then moves their counts, hash
 //! index entries and LBN mappings to the new addresses in the same
 //! transaction; the old blocks are reused only after that commit and after
 //! every reader that looked up an old address is done (the engine drains
@@ -56,7 +56,7 @@ use crate::error::{Error, Result};
 
 use bins::{Bin, Bins};
 use blocks::{Blocks, Hold};
-pub use repack::REPACK_BELOW_PERCENT;
+pub use repack::{repack_worth_it, REPACK_LIVE_PERCENT, REPACK_MIN_GAIN};
 
 pub use crate::config::{Addressing, RAW_SLOT};
 
