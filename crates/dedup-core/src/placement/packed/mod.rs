@@ -446,7 +446,16 @@ impl Placement for Packed {
 
     fn after_commit(&self, _meta: &mut dyn MetadataBackend, committed: bool) -> Result<()> {
         if committed {
-            self.state.lock().blocks.commit();
+            // Blocks whose every fragment is dead, now durably: give them
+            // back to the host. Outside the state lock (reads go on); the
+            // metadata mutex we are called under keeps `alloc` from handing
+            // one out before its punch.
+            let (cfg, data, mut freed) = {
+                let mut s = self.state.lock();
+                let freed = s.blocks.commit();
+                (s.cfg.clone(), s.data.clone(), freed)
+            };
+            super::punch_blocks(&cfg, data.as_ref(), &mut freed);
         }
         Ok(())
     }
@@ -473,8 +482,14 @@ impl Placement for Packed {
     }
 
     fn stats(&self) -> PlacementStats {
+        let (packing, data) = {
+            let s = self.state.lock();
+            (s.packing_stats(), s.data.clone())
+        };
         PlacementStats {
-            packing: Some(self.state.lock().packing_stats()),
+            packing: Some(packing),
+            // One stat(2): cheap enough for every `status`. Unknown if it fails.
+            data_allocated: data.allocated().ok().flatten(),
             ..Default::default()
         }
     }
