@@ -48,6 +48,13 @@ pub fn status(r: &StatusReport) -> String {
         s.physical_used_percent,
         format_size(s.physical_bytes_free)
     );
+    if let Some(a) = s.data_allocated_bytes {
+        let _ = writeln!(
+            o,
+            "  Data file        {} allocated on the host (freed blocks are given back once committed)",
+            format_size(a)
+        );
+    }
     if s.overwrite_reserve_bytes > 0 {
         let _ = writeln!(
             o,

@@ -131,6 +131,13 @@ pub struct Stats {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hash_index: Option<crate::backend::IndexFigures>,
     pub physical_bytes_used: u64,
+    /// Bytes the data file takes on the host filesystem (its allocated
+    /// blocks; a block device's whole size), beside `physical_bytes_used`:
+    /// freed blocks are punched once their freeing is committed, so on a
+    /// sparse file the two stay close (plus the 4 KiB header and blocks
+    /// freed but not yet committed). `None` where unknown (thin, memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_allocated_bytes: Option<u64>,
     pub physical_bytes_free: u64,
     pub physical_used_percent: f64,
     pub logical_bytes_mapped: u64,

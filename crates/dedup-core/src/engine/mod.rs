@@ -394,6 +394,7 @@ impl Engine {
                     * self.cfg.chunk_size as u64,
             ),
             physical_bytes_used: used,
+            data_allocated_bytes: placed.data_allocated,
             physical_bytes_free: physical - used,
             physical_used_percent: 100.0 * used as f64 / physical as f64,
             logical_bytes_mapped: mapped,

@@ -119,6 +119,11 @@ pub struct PlacementStats {
     /// zone records and log), beside the store's.
     pub meta_io: MetaIoStats,
     pub metadata_bytes: u64,
+    /// Bytes the data device takes on the host (`BlockFile::allocated`),
+    /// where the placement knows it and it is comparable with the data
+    /// blocks in use (plain and packed; thin keeps metadata in the data
+    /// device and does not punch, so it leaves this `None`).
+    pub data_allocated: Option<u64>,
 }
 
 pub trait Placement: Send + Sync {
@@ -263,6 +268,32 @@ impl AtBlock for NewChunk<'_> {
     }
     fn item(&self) -> &[u8] {
         self.data
+    }
+}
+
+/// Give the data blocks `blocks` back to the host (`BlockFile::punch`),
+/// consecutive blocks in one call. Only for blocks whose freeing is
+/// committed and that no allocation can hand out meanwhile (the caller
+/// holds the metadata mutex). A punch is an optimisation: one that fails
+/// is logged and the block simply stays allocated on the host.
+pub(crate) fn punch_blocks(
+    cfg: &crate::config::DeviceConfig,
+    data: &dyn crate::blockfile::BlockFile,
+    blocks: &mut [u64],
+) {
+    blocks.sort_unstable();
+    let cs = cfg.chunk_size as u64;
+    let mut i = 0;
+    while i < blocks.len() {
+        let mut j = i + 1;
+        while j < blocks.len() && blocks[j] <= blocks[j - 1] + 1 {
+            j += 1;
+        }
+        let n = blocks[j - 1] - blocks[i] + 1;
+        if let Err(e) = data.punch(cfg.pbn_offset(blocks[i]), n * cs) {
+            tracing::warn!("freed data blocks stay allocated on the host: {e}");
+        }
+        i = j;
     }
 }
 

@@ -3,9 +3,14 @@
 //! the last allocation), and freed blocks are reused as the store's space
 //! manager allows (after the commit that freed them, for crash-safe stores).
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use super::{read_plain_runs, write_runs, NewChunk, Placement, ReadPiece};
+use parking_lot::Mutex;
+
+use super::{
+    punch_blocks, read_plain_runs, write_runs, NewChunk, Placement, PlacementStats, ReadPiece,
+};
 use crate::backend::MetadataBackend;
 use crate::blockfile::BlockFile;
 use crate::config::{DeviceConfig, Pbn};
@@ -14,13 +19,22 @@ use crate::error::Result;
 pub struct Plain {
     cfg: DeviceConfig,
     data: Arc<dyn BlockFile>,
+    /// Blocks freed since the last commit, punched once it is durable.
+    /// Sorted, so adjacent blocks go out as one punch.
+    freed: Mutex<BTreeSet<Pbn>>,
 }
+
+/// Most freed blocks remembered for punching: past this a commit is long
+/// overdue (or the store never commits, INRAM), and the rest simply stay
+/// allocated on the host, which costs space, never correctness.
+const MAX_PENDING_PUNCHES: usize = 1 << 20;
 
 impl Plain {
     pub fn new(cfg: &DeviceConfig, data: Arc<dyn BlockFile>) -> Plain {
         Plain {
             cfg: cfg.clone(),
             data,
+            freed: Mutex::new(BTreeSet::new()),
         }
     }
 }
@@ -36,7 +50,17 @@ impl Placement for Plain {
         _data: &[u8],
         _compressed: Option<&[u8]>,
     ) -> Result<Option<Pbn>> {
-        meta.alloc_pbn()
+        let pbn = meta.alloc_pbn()?;
+        if let Some(p) = pbn {
+            // A store that does not quarantine (INRAM) may hand a block
+            // freed in this transaction straight back: it must not be
+            // punched under its new chunk.
+            let mut freed = self.freed.lock();
+            if !freed.is_empty() {
+                freed.remove(&p);
+            }
+        }
+        Ok(pbn)
     }
 
     fn write(&self, chunks: &[NewChunk]) -> Result<u64> {
@@ -52,5 +76,39 @@ impl Placement for Plain {
         // store commits mappings that name them.
         self.data.sync()?;
         Ok(true)
+    }
+
+    fn freed(&self, pbn: Pbn) {
+        let mut freed = self.freed.lock();
+        if freed.len() < MAX_PENDING_PUNCHES {
+            freed.insert(pbn);
+        }
+    }
+
+    fn revived(&self, pbn: Pbn) -> Result<()> {
+        self.freed.lock().remove(&pbn);
+        Ok(())
+    }
+
+    /// The commit that freed the blocks is durable: no committed mapping
+    /// names them, so a crash cannot bring back a reference to a hole.
+    /// The metadata mutex is held, so no allocation reuses one meanwhile.
+    fn after_commit(&self, _meta: &mut dyn MetadataBackend, committed: bool) -> Result<()> {
+        if !committed {
+            return Ok(());
+        }
+        let mut blocks: Vec<Pbn> = std::mem::take(&mut *self.freed.lock())
+            .into_iter()
+            .collect();
+        punch_blocks(&self.cfg, self.data.as_ref(), &mut blocks);
+        Ok(())
+    }
+
+    fn stats(&self) -> PlacementStats {
+        PlacementStats {
+            // One stat(2): cheap enough for every `status`. Unknown if it fails.
+            data_allocated: self.data.allocated().ok().flatten(),
+            ..Default::default()
+        }
     }
 }

@@ -148,6 +148,9 @@ impl BlockFile for FaultyBlockFile {
     fn capacity(&self) -> Result<Option<u64>> {
         self.inner.capacity()
     }
+    fn punch(&self, offset: u64, len: u64) -> Result<()> {
+        self.inner.punch(offset, len)
+    }
 }
 
 /// Every backend, and the packing layer over each kind of backend (and

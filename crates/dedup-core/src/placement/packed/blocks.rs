@@ -266,15 +266,19 @@ impl Blocks {
         }
     }
 
-    /// The transaction committed: quarantined blocks are free.
-    pub fn commit(&mut self) {
+    /// The transaction committed: quarantined blocks are free. Returns
+    /// them (to be given back to the host).
+    pub fn commit(&mut self) -> Vec<u64> {
+        let mut freed = Vec::new();
         for b in std::mem::take(&mut self.quarantine) {
             let e = self.get(b);
             if e.hold == Hold::Quarantine && e.live == 0 {
                 self.update(b, |e| e.hold = Hold::None);
                 self.free += 1;
+                freed.push(b);
             }
         }
+        freed
     }
 
     pub fn free(&self) -> u64 {
@@ -329,17 +333,23 @@ mod tests {
         assert_eq!(b.alloc(Hold::None, 1 << RAW_SLOT), Some(2));
         assert_eq!(b.alloc(Hold::None, 1 << RAW_SLOT), Some(3));
         assert_eq!(b.alloc(Hold::None, 1 << RAW_SLOT), None);
-        b.commit();
+        let mut punched = b.commit();
+        punched.sort_unstable();
+        assert_eq!(
+            punched,
+            vec![raw, bin],
+            "the commit hands back what it freed"
+        );
         assert_eq!(b.free(), 2);
         // A revived quarantined block is live again, never handed out.
         let x = b.alloc(Hold::Bin, 0).unwrap();
         b.revive(Addressing::Slots.addr(x, 3));
         b.sealed(x, 4, 1000);
         b.retire(x);
-        b.commit();
+        assert!(b.commit().is_empty(), "a retired block is not free yet");
         assert_eq!(b.free(), 1, "retired blocks survive a commit");
         b.release_retired();
-        b.commit();
+        assert_eq!(b.commit(), vec![x]);
         assert_eq!(b.free(), 2);
         assert_eq!(b.used(), 2);
     }

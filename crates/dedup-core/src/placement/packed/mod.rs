@@ -28,8 +28,8 @@
 //!
 //! # Garbage collection
 //! A fragment's count reaching 0 frees its bytes only when its whole block
-//! is dead. `reclaim` copies the live fragments of blocks whose
-//! live share fell low into new blocks (`reclaim`), then moves their counts, hash
+//! is dead. `reclaim` copies the live fragments of blocks at most half
+//! live into new blocks (`repack.rs`, which says when a round is worth it), then moves their counts, hash
 //! index entries and LBN mappings to the new addresses in the same
 //! transaction; the old blocks are reused only after that commit and after
 //! every reader that looked up an old address is done (the engine drains
@@ -56,7 +56,7 @@ use crate::error::{Error, Result};
 
 use bins::{Bin, Bins};
 use blocks::{Blocks, Hold};
-pub use repack::REPACK_BELOW_PERCENT;
+pub use repack::{repack_worth_it, REPACK_LIVE_PERCENT, REPACK_MIN_GAIN};
 
 pub use crate::config::{Addressing, RAW_SLOT};
 
@@ -463,7 +463,16 @@ impl Placement for Packed {
 
     fn after_commit(&self, _meta: &mut dyn MetadataBackend, committed: bool) -> Result<()> {
         if committed {
-            self.state.lock().blocks.commit();
+            // Blocks whose every fragment is dead, now durably: give them
+            // back to the host. Outside the state lock (reads go on); the
+            // metadata mutex we are called under keeps `alloc` from handing
+            // one out before its punch.
+            let (cfg, data, mut freed) = {
+                let mut s = self.state.lock();
+                let freed = s.blocks.commit();
+                (s.cfg.clone(), s.data.clone(), freed)
+            };
+            super::punch_blocks(&cfg, data.as_ref(), &mut freed);
         }
         Ok(())
     }
@@ -490,8 +499,14 @@ impl Placement for Packed {
     }
 
     fn stats(&self) -> PlacementStats {
+        let (packing, data) = {
+            let s = self.state.lock();
+            (s.packing_stats(), s.data.clone())
+        };
         PlacementStats {
-            packing: Some(self.state.lock().packing_stats()),
+            packing: Some(packing),
+            // One stat(2): cheap enough for every `status`. Unknown if it fails.
+            data_allocated: data.allocated().ok().flatten(),
             ..Default::default()
         }
     }

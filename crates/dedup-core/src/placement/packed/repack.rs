@@ -1,7 +1,24 @@
 //! Repacking (issue 7's garbage collection of fragments): blocks whose
-//! live fragments fill less than `REPACK_BELOW_PERCENT` of them have those
+//! live fragments fill at most `REPACK_LIVE_PERCENT` of them have those
 //! fragments copied, best fit largest first, into fewer new blocks; then
 //! counts, hash index entries and LBN mappings move to the new addresses.
+//!
+//! # When a round is worth it
+//! A round costs the blocks it writes, the blocks it reads to weigh them,
+//! two scans of the whole LBN map and hash index, and a commit; what it
+//! gives back is the blocks it frees (chosen minus written). The old rule
+//! (any block under 75 % live, any round freeing one block) once rewrote
+//! 190 MiB to give back 2 MiB. Now:
+//! - a block is a candidate only if its live fragments fill at most half
+//!   of it (`REPACK_LIVE_PERCENT`), so packing candidates two or more to a
+//!   block frees about one block per block written;
+//! - a round is carried out only if it frees at least as many blocks as it
+//!   writes (never more bytes rewritten than given back), and at least
+//!   `min_gain` blocks: a 1/1024 share of the device, at least 1 and at
+//!   most `REPACK_MIN_GAIN` (256 blocks, 1 MiB at 4 KiB chunks), since
+//!   the scans cost in proportion to the device;
+//! - except near full (fewer free blocks than `min_gain`): there any block
+//!   freed may decide whether the next write fits, so any gain goes.
 //!
 //! Crash safety: the new blocks are written and synced before any metadata
 //! names them, and the move is one change of the backend's in-memory
@@ -24,8 +41,24 @@ use crate::fingerprint::Fingerprint;
 use crate::pack::{self, Packer};
 use crate::placement::ReclaimReport;
 
-/// Blocks whose live fragments fill less than this share are repacked.
-pub const REPACK_BELOW_PERCENT: usize = 75;
+/// Blocks whose live fragments fill at most this share are repacked.
+pub const REPACK_LIVE_PERCENT: usize = 50;
+
+/// Most blocks a round must free to be carried out (see the module notes).
+pub const REPACK_MIN_GAIN: u64 = 256;
+
+/// Whether a round that empties `chosen` blocks into `written` new ones is
+/// worth its I/O, on a device of `count` blocks with `free` free.
+pub fn repack_worth_it(chosen: u64, written: u64, count: u64, free: u64) -> bool {
+    let Some(gain) = chosen.checked_sub(written).filter(|&g| g > 0) else {
+        return false;
+    };
+    let min_gain = (count / 1024).clamp(1, REPACK_MIN_GAIN);
+    if free < min_gain {
+        return true;
+    }
+    gain >= written && gain >= min_gain
+}
 
 impl State {
     pub(super) fn repack_blocks(
@@ -48,7 +81,8 @@ impl State {
             (packers, placed) = pack_best_fit(&chosen, cs, self.addressing);
             report.more = true;
         }
-        if chosen.is_empty() || packers.len() >= chosen.len() {
+        let (count, free) = (self.blocks.count(), self.blocks.free());
+        if !repack_worth_it(chosen.len() as u64, packers.len() as u64, count, free) {
             return Ok(report);
         }
         let mut new_blocks = Vec::with_capacity(packers.len());
@@ -161,7 +195,7 @@ impl State {
                 continue;
             }
             let (slots, fill) = (self.blocks.slots(b), self.blocks.fill(b));
-            let full_enough = fill != UNKNOWN && fill as usize * 100 >= cs * REPACK_BELOW_PERCENT;
+            let full_enough = fill != UNKNOWN && fill as usize * 100 > cs * REPACK_LIVE_PERCENT;
             if slots != 0 && live.count_ones() == slots as u32 && full_enough {
                 continue;
             }
@@ -196,7 +230,7 @@ impl State {
             }
             let live_bytes: usize = frags.iter().map(|(_, f)| f.len()).sum();
             self.blocks.set_layout(b, table.len(), live_bytes as u32);
-            if live_bytes * 100 < cs * REPACK_BELOW_PERCENT {
+            if live_bytes * 100 <= cs * REPACK_LIVE_PERCENT {
                 chosen.push((b, frags));
             }
         }
@@ -242,4 +276,28 @@ fn pack_best_fit(
         placed.push((old, i, slot));
     }
     (packers, placed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_round_must_free_as_much_as_it_writes_and_enough_for_its_scans() {
+        const BIG: u64 = 1 << 20; // blocks: min gain 256
+        assert!(!repack_worth_it(10, 10, BIG, BIG), "frees nothing");
+        assert!(!repack_worth_it(190, 188, BIG, BIG), "190 rewritten for 2");
+        assert!(
+            !repack_worth_it(1000, 600, BIG, BIG),
+            "writes more than it frees"
+        );
+        assert!(!repack_worth_it(400, 200, BIG, BIG), "200 freed: under 256");
+        assert!(repack_worth_it(600, 300, BIG, BIG));
+        // A small device: 1/1024 of it.
+        assert!(repack_worth_it(20, 10, 10_240, 5_000));
+        assert!(!repack_worth_it(18, 10, 10_240, 5_000));
+        // Near full, any block freed counts.
+        assert!(repack_worth_it(3, 2, BIG, 100));
+        assert!(!repack_worth_it(3, 3, BIG, 100));
+    }
 }

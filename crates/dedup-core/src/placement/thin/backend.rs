@@ -593,6 +593,7 @@ impl Placement for ThinPlacement {
             extra: v,
             meta_io: t.meta_io,
             metadata_bytes: t.layout.end - t.layout.header,
+            data_allocated: None,
         }
     }
 }
