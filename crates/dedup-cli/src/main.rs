@@ -2,6 +2,7 @@
 //! Each subcommand lives in `cmd/`; this file only parses and dispatches.
 
 mod cmd;
+mod prometheus;
 mod render;
 
 use std::process::ExitCode;

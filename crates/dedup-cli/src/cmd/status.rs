@@ -1,7 +1,9 @@
 //! `dedup status`: the device's statistics, live from the serving process
 //! or read from a stopped device.
 
-use std::path::PathBuf;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use dedup_core::control::Request;
@@ -10,19 +12,33 @@ use dedup_core::OpenOptions;
 use serde::Serialize;
 
 use super::{print_json, reach, Reached};
-use crate::render;
+use crate::{prometheus, render};
 
 #[derive(clap::Args)]
 #[command(
     about = "Show a device's statistics (dedup ratio, space, I/O counters)",
-    after_help = "Examples:\n  dedup status ./dev\n  dedup status ./dev --json | jq .dedup_ratio"
+    after_help = "Examples:\n  dedup status ./dev\n  dedup status ./dev --json | jq .dedup_ratio\n  \
+        dedup status /srv/dedup/a --prometheus\n  \
+        dedup status /srv/dedup/a --prometheus-file /var/lib/prometheus/node-exporter/dedup-a.prom"
 )]
 pub struct Args {
     /// Device directory.
     pub dir: PathBuf,
     /// Print JSON (snake_case keys) instead of a table.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "prometheus")]
     pub json: bool,
+    /// Print the statistics in the Prometheus text exposition format
+    /// (counters `dedup_..._total`, gauges in bytes and ratios, every
+    /// sample labelled `device="DIR"`).
+    #[arg(long)]
+    pub prometheus: bool,
+    /// Also write the Prometheus text to FILE for node_exporter's textfile
+    /// collector (name it *.prom in its directory): written to FILE.tmp,
+    /// then renamed, so a scrape never reads half a file. FILE is made
+    /// 0644: metrics are figures and the device path, never data. Alone,
+    /// nothing is printed (for a timer).
+    #[arg(long, value_name = "FILE")]
+    pub prometheus_file: Option<PathBuf>,
 }
 
 #[derive(Serialize)]
@@ -44,10 +60,42 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         served,
         stats,
     };
+    let metrics = (a.prometheus || a.prometheus_file.is_some())
+        .then(|| prometheus::render(&report.device, served, &report.stats));
+    if let (Some(file), Some(text)) = (&a.prometheus_file, &metrics) {
+        write_atomically(file, text)?;
+    }
     if a.json {
         print_json(&report)?;
-    } else {
+    } else if let (true, Some(text)) = (a.prometheus, &metrics) {
+        print!("{text}");
+    } else if a.prometheus_file.is_none() {
         print!("{}", render::status(&report));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Write to FILE.tmp and rename it over FILE: the textfile collector reads
+/// only *.prom files, and a rename is atomic, so it sees the old file or
+/// the new one, never a part.
+fn write_atomically(file: &Path, text: &str) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let mut tmp = file.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(&tmp)
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
+    // The mode given to open is masked by the umask (the plugin's is 077):
+    // set it outright so node_exporter, another user, can read the file.
+    f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, file)
+        .with_context(|| format!("cannot rename {} to {}", tmp.display(), file.display()))?;
+    Ok(())
 }
