@@ -212,6 +212,13 @@ pub fn render(device: &str, served: bool, s: &Stats) -> String {
         "Bytes of metadata on the metadata device.",
         Value::Int(s.metadata_bytes),
     );
+    if let Some(bytes) = s.data_allocated_bytes {
+        f.gauge(
+            "data_allocated_bytes",
+            "Bytes the data file takes on the host (freed chunks are punched out, so it follows physical_used_bytes).",
+            Value::Int(bytes),
+        );
+    }
     f.gauge(
         "space_ratio",
         "Mapped logical bytes per physical data byte in use: dedup and compression together.",

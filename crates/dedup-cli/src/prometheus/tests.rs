@@ -142,6 +142,7 @@ fn stats() -> Stats {
         physical_used_percent: 25.0,
         logical_bytes_mapped: 122880,
         metadata_bytes: 8192,
+        data_allocated_bytes: Some(12288),
         dedup_ratio: 3.0,
         io_dedup_ratio: 2.5,
         metadata_io: MetaIoStats {
