@@ -138,22 +138,26 @@ serve "$WORK/lg"
 nbdcopy "$(uri "$WORK/lg")" "$WORK/lg2.bin"
 cmp -n $((8 << 20)) "$WORK/lg2.bin" "$WORK/a.bin" || fail "data differs after the stop"
 stop "$WORK/lg"
-log "freed space goes back to the host: the data file's allocation follows the space in use"
-"$DEDUP" create "$WORK/sp" --size 64M --backend "$BACKEND" --compression "$COMPRESSION" >/dev/null
-serve "$WORK/sp"
-head -c $((32 << 20)) /dev/urandom >"$WORK/sp.bin"
-nbdcopy --flush "$WORK/sp.bin" "$(uri "$WORK/sp")"
-high=$(($(stat -c %b "$WORK/sp/data") * 512))
-qemu-io -f raw -c "discard 0 24M" -c flush "$(uri "$WORK/sp")" >/dev/null
-"$DEDUP" gc "$WORK/sp" >/dev/null
-used=$(status "$WORK/sp" physical_bytes_used)
-alloc=$(($(stat -c %b "$WORK/sp/data") * 512))
-echo "data file: ${high} bytes allocated after writing, ${alloc} after discarding 3/4 and gc; ${used} in use"
-[ "$alloc" -le $((used + (1 << 20))) ] || fail "the data file holds $alloc bytes for $used in use"
-[ "$alloc" -lt $((high / 2)) ] || fail "the data file did not shrink ($high -> $alloc)"
-nbdcopy "$(uri "$WORK/sp")" "$WORK/sp.out"
-cmp -i $((24 << 20)) -n $((8 << 20)) "$WORK/sp.out" "$WORK/sp.bin" || fail "data kept differs"
-stop "$WORK/sp"
+# INRAM punches nothing: after a crash it rolls back to its last clean
+# stop, whose mappings may name blocks freed since.
+if [ "$BACKEND" != inram ]; then
+    log "freed space goes back to the host: the data file's allocation follows the space in use"
+    "$DEDUP" create "$WORK/sp" --size 64M --backend "$BACKEND" --compression "$COMPRESSION" >/dev/null
+    serve "$WORK/sp"
+    head -c $((32 << 20)) /dev/urandom >"$WORK/sp.bin"
+    nbdcopy --flush "$WORK/sp.bin" "$(uri "$WORK/sp")"
+    high=$(($(stat -c %b "$WORK/sp/data") * 512))
+    qemu-io -f raw -c "discard 0 24M" -c flush "$(uri "$WORK/sp")" >/dev/null
+    "$DEDUP" gc "$WORK/sp" >/dev/null
+    used=$(status "$WORK/sp" physical_bytes_used)
+    alloc=$(($(stat -c %b "$WORK/sp/data") * 512))
+    echo "data file: ${high} bytes allocated after writing, ${alloc} after discarding 3/4 and gc; ${used} in use"
+    [ "$alloc" -le $((used + (1 << 20))) ] || fail "the data file holds $alloc bytes for $used in use"
+    [ "$alloc" -lt $((high / 2)) ] || fail "the data file did not shrink ($high -> $alloc)"
+    nbdcopy "$(uri "$WORK/sp")" "$WORK/sp.out"
+    cmp -i $((24 << 20)) -n $((8 << 20)) "$WORK/sp.out" "$WORK/sp.bin" || fail "data kept differs"
+    stop "$WORK/sp"
+fi
 
 log "Ctrl-C with a filesystem mounted says what it waits for; a second one saves and stops"
 "$DEDUP" create "$WORK/cc" --size 128M --backend inram >/dev/null

@@ -67,7 +67,8 @@ pub enum Error {
          data. Put back the metadata that belongs with this data device; or, to keep this older \
          metadata, run `dedup check --repair --data DIR`, which verifies every stored chunk \
          against its fingerprint and unmaps the blocks whose chunks changed since",
-        if *damaged_slot { "the newest superblock slot is damaged and only the older one could be read" }
+        if *data_generation == crate::generation::REPAIRING { "an earlier `dedup check --repair --data` that keeps older metadata stopped before it had verified every chunk: run it again" }
+        else if *damaged_slot { "the newest superblock slot is damaged and only the older one could be read" }
         else { "the metadata is older than the data (restored from a backup or copied from another time?)" }
     )]
     Stale {

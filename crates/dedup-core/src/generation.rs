@@ -14,7 +14,7 @@
 //! and the next data sync (every FLUSH) carries it.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::blockfile::BlockFile;
@@ -27,6 +27,11 @@ pub const IDENTITY_LEN: usize = 2048;
 const SLOT_LEN: usize = 512;
 const SLOTS_AT: u64 = IDENTITY_LEN as u64;
 const SLOT_MAGIC: &[u8; 8] = b"DDUPGEN1";
+/// The record while older metadata is being kept and verified: above any
+/// metadata generation, so a repair that stops half-way leaves the device
+/// refused (the message says to run the repair again), never served with
+/// metadata that was not verified.
+pub const REPAIRING: u64 = u64::MAX;
 
 fn encode_slot(uuid: &[u8; 16], generation: u64) -> Vec<u8> {
     let mut e = Encoder::with_capacity(SLOT_LEN);
@@ -74,6 +79,12 @@ pub struct Witness {
     /// their identity is resealed at 2048 once, before the first slot
     /// write (which breaks the old seal).
     upgraded: AtomicBool,
+    /// Older metadata being kept (`check --repair --data`): nothing is
+    /// recorded until every chunk has been verified (`release`), so an
+    /// interrupted repair leaves the device refused as stale, not served.
+    held: AtomicBool,
+    /// The newest generation written to the metadata device.
+    last: AtomicU64,
 }
 
 impl std::fmt::Debug for Witness {
@@ -83,12 +94,39 @@ impl std::fmt::Debug for Witness {
 }
 
 impl Witness {
-    pub fn new(data: Arc<dyn BlockFile>, uuid: [u8; 16]) -> Arc<Witness> {
-        Arc::new(Witness {
+    /// `generation`: the superblock's as read; `held`: older metadata is
+    /// being kept: the record says `REPAIRING` (durably, before anything
+    /// else is written) and nothing else until `release`.
+    pub fn new(
+        data: Arc<dyn BlockFile>,
+        uuid: [u8; 16],
+        generation: u64,
+        held: bool,
+    ) -> Result<Arc<Witness>> {
+        let w = Witness {
             data,
             uuid,
             upgraded: AtomicBool::new(false),
-        })
+            held: AtomicBool::new(held),
+            last: AtomicU64::new(generation),
+        };
+        if held {
+            w.try_record_slot(REPAIRING, 0)?;
+            w.try_record_slot(REPAIRING, 1)?;
+            w.data.sync()?;
+        }
+        Ok(Arc::new(w))
+    }
+
+    /// The kept metadata is verified: record its newest generation in both
+    /// slots (the data's record was higher, so one slot would not do) and
+    /// sync, making it the device's metadata.
+    pub fn release(&self) -> Result<()> {
+        self.held.store(false, Ordering::SeqCst);
+        let g = self.last.load(Ordering::SeqCst);
+        self.try_record(g)?;
+        self.try_record_slot(g, 1 - g % 2)?;
+        self.data.sync()
     }
 
     /// Record `generation`, already durable on the metadata device. A
@@ -96,19 +134,27 @@ impl Witness {
     /// the record only lags, which weakens the check and never refuses good
     /// metadata, and the metadata write it follows has succeeded.
     pub fn record(&self, generation: u64) {
+        self.last.store(generation, Ordering::SeqCst);
+        if self.held.load(Ordering::SeqCst) {
+            return;
+        }
         if let Err(e) = self.try_record(generation) {
             tracing::warn!("recording metadata generation {generation} on the data device: {e}");
         }
     }
 
     fn try_record(&self, generation: u64) -> Result<()> {
+        self.try_record_slot(generation, generation % 2)
+    }
+
+    fn try_record_slot(&self, generation: u64, slot: u64) -> Result<()> {
         if !self.upgraded.load(Ordering::Acquire) {
             upgrade_identity(self.data.as_ref())?;
             self.upgraded.store(true, Ordering::Release);
         }
-        let slot = encode_slot(&self.uuid, generation);
+        let bytes = encode_slot(&self.uuid, generation);
         self.data
-            .write_at(&slot, SLOTS_AT + (generation % 2) * SLOT_LEN as u64)
+            .write_at(&bytes, SLOTS_AT + slot * SLOT_LEN as u64)
     }
 }
 
@@ -161,7 +207,7 @@ mod tests {
     fn the_newest_valid_slot_wins_and_a_torn_one_falls_back() {
         let f = Arc::new(MemBlockFile::new(4096, "data"));
         let uuid = [7; 16];
-        let w = Witness::new(f.clone(), uuid);
+        let w = Witness::new(f.clone(), uuid, 0, false).unwrap();
         assert_eq!(read(f.as_ref(), &uuid).unwrap(), 0);
         w.try_record(5).unwrap();
         w.try_record(6).unwrap();
@@ -180,12 +226,37 @@ mod tests {
         old[..8].copy_from_slice(b"DDUPDATA");
         seal(&mut old);
         f.write_at(&old, 0).unwrap();
-        Witness::new(f.clone(), [1; 16]).try_record(1).unwrap();
+        Witness::new(f.clone(), [1; 16], 0, false)
+            .unwrap()
+            .try_record(1)
+            .unwrap();
         let mut now = vec![0u8; 4096];
         f.read_at(&mut now, 0).unwrap();
         assert!(is_sealed(&now[..IDENTITY_LEN]));
         assert_eq!(now[..IDENTITY_LEN - 4], old[..IDENTITY_LEN - 4]);
         assert_eq!(read(f.as_ref(), &[1; 16]).unwrap(), 1);
+    }
+
+    #[test]
+    fn kept_older_metadata_is_refused_until_its_repair_releases_it() {
+        let f = Arc::new(MemBlockFile::new(4096, "data"));
+        let uuid = [3; 16];
+        Witness::new(f.clone(), uuid, 0, false)
+            .unwrap()
+            .try_record(9)
+            .unwrap();
+        // Keeping generation 4 over a record of 9: any metadata is refused
+        // while the repair runs, its superblock writes included.
+        let w = Witness::new(f.clone(), uuid, 4, true).unwrap();
+        w.record(5);
+        w.record(6);
+        let during = read(f.as_ref(), &uuid).unwrap();
+        assert_eq!(during, REPAIRING);
+        let e = check(6, during, false, Path::new("m"), Path::new("d")).unwrap_err();
+        assert!(e.to_string().contains("run it again"), "{e}");
+        w.release().unwrap();
+        assert_eq!(read(f.as_ref(), &uuid).unwrap(), 6);
+        check(6, 6, false, Path::new("m"), Path::new("d")).unwrap();
     }
 
     #[test]

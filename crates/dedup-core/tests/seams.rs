@@ -369,7 +369,7 @@ fn skeleton_store_passes_the_conformance_model() {
         |cfg, data| {
             (
                 Box::new(Skeleton::new(cfg)),
-                Box::new(Plain::new(cfg, data)),
+                Box::new(Plain::new(cfg, data, false)),
             )
         },
         false,

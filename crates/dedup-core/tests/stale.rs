@@ -180,3 +180,43 @@ fn a_device_made_before_generations_opens_and_starts_recording_them() {
     assert_eq!(g, sb.generation);
     assert_eq!(common::read_all(&md.open().unwrap()), written);
 }
+
+#[test]
+fn an_interrupted_repair_leaves_the_device_refused_not_served_unverified() {
+    // Was: keeping stale metadata raised its generation at open, before
+    // the verification; a repair killed during it left metadata that the
+    // next serve took as current, unverified.
+    for &variant in common::VARIANTS {
+        let md = format(variant);
+        generation_of_writes(&md, 0);
+        let backup = md.meta.contents();
+        let aux_backup = common::scratch_dir();
+        common::copy_dir(md.aux.path(), aux_backup.path());
+        generation_of_writes(&md, 3);
+        std::fs::remove_dir_all(md.aux.path()).unwrap();
+        common::copy_dir(aux_backup.path(), md.aux.path());
+        let meta = Arc::new(SimDisk::from_image(backup, "meta", Arc::default()));
+        // The repair dies before it is done: here, the data device refuses
+        // its writes, so the open fails somewhere after the metadata's.
+        let faulty = common::FaultyBlockFile::new(md.data.clone());
+        faulty
+            .fail_writes
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let opts = OpenOptions {
+            writable: true,
+            accept_stale: true,
+            aux_dir: Some(common::lsm_dir(md.aux.path())),
+            ..Default::default()
+        };
+        let interrupted = Device::open(Box::new(faulty), Box::new(meta.clone()), &opts, None);
+        assert!(interrupted.is_err(), "{variant}: the repair was to fail");
+        drop(interrupted);
+        match open(&md, &meta, false) {
+            Err(Error::Stale { .. }) => {}
+            other => panic!(
+                "{variant}: after an interrupted repair the device must still be refused, got {:?}",
+                other.map(|_| ())
+            ),
+        }
+    }
+}

@@ -146,18 +146,32 @@ impl Engine {
                 return Err(e);
             }
             warn!("{e}; keeping the older metadata as asked: verifying every stored chunk");
-            // The next superblock write supersedes what the data recorded;
-            // the older slot may be one written at open (an unclean state).
-            sb.generation = data_generation;
+            // The older slot may be one written at open (an unclean state).
             opts.accept_unclean = true;
         }
         let data: Arc<dyn BlockFile> = Arc::from(data);
-        if opts.writable {
-            sb.witness = Some(generation::Witness::new(data.clone(), cfg.uuid));
-        }
+        // Kept stale metadata records no generation until every chunk is
+        // verified (`assemble` runs the roll-back check): interrupted, the
+        // repair leaves the device refused, never served unverified. The
+        // superblock's own generation is left alone, so its writes go to
+        // the slot that does not hold the one being kept.
+        let witness = match opts.writable {
+            true => Some(generation::Witness::new(
+                data.clone(),
+                cfg.uuid,
+                sb.generation,
+                is_stale,
+            )?),
+            false => None,
+        };
+        sb.witness = witness.clone();
         let mut pair = registry::open(sb, meta, data, &opts)?;
         pair.rolled_back |= is_stale;
-        Engine::assemble(cfg, pair, &opts, lock)
+        let engine = Engine::assemble(cfg, pair, &opts, lock)?;
+        if let Some(w) = witness.filter(|_| is_stale) {
+            w.release()?;
+        }
+        Ok(engine)
     }
 
     /// Run a device on a store and placement the caller built (the

@@ -22,6 +22,10 @@ pub struct Plain {
     /// Blocks freed since the last commit, punched once it is durable.
     /// Sorted, so adjacent blocks go out as one punch.
     freed: Mutex<BTreeSet<Pbn>>,
+    /// The store's commits are durable (crash-safe backends). INRAM's are
+    /// not: after a crash it rolls back to its last clean stop, whose
+    /// mappings may name blocks freed since, so it punches nothing.
+    punch: bool,
 }
 
 /// Most freed blocks remembered for punching: past this a commit is long
@@ -30,11 +34,12 @@ pub struct Plain {
 const MAX_PENDING_PUNCHES: usize = 1 << 20;
 
 impl Plain {
-    pub fn new(cfg: &DeviceConfig, data: Arc<dyn BlockFile>) -> Plain {
+    pub fn new(cfg: &DeviceConfig, data: Arc<dyn BlockFile>, punch: bool) -> Plain {
         Plain {
             cfg: cfg.clone(),
             data,
             freed: Mutex::new(BTreeSet::new()),
+            punch,
         }
     }
 }
@@ -79,6 +84,9 @@ impl Placement for Plain {
     }
 
     fn freed(&self, pbn: Pbn) {
+        if !self.punch {
+            return;
+        }
         let mut freed = self.freed.lock();
         if freed.len() < MAX_PENDING_PUNCHES {
             freed.insert(pbn);

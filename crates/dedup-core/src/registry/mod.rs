@@ -196,11 +196,17 @@ pub fn open(
     let (record, placement): (Record, Box<dyn Placement>) = match cfg.placement() {
         PlacementKind::Plain => (
             Record::decode(store.private_data(), 0),
-            Box::new(Plain::new(&cfg, data)),
+            Box::new(Plain::new(&cfg, data, kind.crash_safe)),
         ),
         PlacementKind::Packed => (
             Record::decode(store.private_data(), 0),
-            Box::new(packed::open(&cfg, data, store.as_mut(), opts.for_check)?),
+            Box::new(packed::open(
+                &cfg,
+                data,
+                store.as_mut(),
+                opts.for_check,
+                kind.crash_safe,
+            )?),
         ),
         PlacementKind::Thin => {
             let record = Record::decode(store.private_data(), 1);

@@ -68,6 +68,10 @@ pub fn worth_packing(compressed: usize, chunk: usize) -> bool {
 
 pub struct Packed {
     state: Mutex<State>,
+    /// Punch blocks freed by a commit: only where commits are durable
+    /// (INRAM rolls back to its last clean stop after a crash, whose
+    /// mappings may name blocks freed since).
+    punch: bool,
 }
 
 /// A bin sealed but not yet on disk: readable from RAM until `write` or
@@ -103,6 +107,7 @@ pub fn open(
     data: Arc<dyn BlockFile>,
     meta: &mut dyn MetadataBackend,
     for_check: bool,
+    punch: bool,
 ) -> Result<Packed> {
     let addressing = cfg.addressing();
     let mut blocks = Blocks::new(cfg.physical_chunks, addressing);
@@ -149,6 +154,7 @@ pub fn open(
         |_, pbn| note(pbn, &|| "a hash index entry".to_string()),
     )?;
     Ok(Packed {
+        punch,
         state: Mutex::new(State {
             bins: Bins::new(cfg.chunk_size as usize),
             max_chunks: cfg.max_chunks(),
@@ -472,7 +478,9 @@ impl Placement for Packed {
                 let freed = s.blocks.commit();
                 (s.cfg.clone(), s.data.clone(), freed)
             };
-            super::punch_blocks(&cfg, data.as_ref(), &mut freed);
+            if self.punch {
+                super::punch_blocks(&cfg, data.as_ref(), &mut freed);
+            }
         }
         Ok(())
     }
