@@ -63,6 +63,23 @@ fn generation_of_writes(md: &MemDevice, shift: usize) -> Vec<u8> {
     contents
 }
 
+/// Write, take a copy of the metadata (for lsm, its files too), write
+/// again, and put the copy back, as an admin restoring a backup would:
+/// what the device held at the copy, and the metadata put back.
+fn backup_put_back(md: &MemDevice) -> (Vec<u8>, Arc<SimDisk>) {
+    let then = generation_of_writes(md, 0);
+    let backup = md.meta.contents();
+    let aux_backup = common::scratch_dir();
+    common::copy_dir(md.aux.path(), aux_backup.path());
+    generation_of_writes(md, 3);
+    std::fs::remove_dir_all(md.aux.path()).unwrap();
+    common::copy_dir(aux_backup.path(), md.aux.path());
+    (
+        then,
+        Arc::new(SimDisk::from_image(backup, "meta", Arc::default())),
+    )
+}
+
 /// After `accept_stale`: every block reads as in `then`, or zeros; check is clean.
 fn assert_rolled_back(dev: &Device, then: &[u8], what: &str) {
     let report = dev.check(true).unwrap();
@@ -80,16 +97,7 @@ fn assert_rolled_back(dev: &Device, then: &[u8], what: &str) {
 fn a_metadata_copy_put_back_from_a_backup_is_refused() {
     for &variant in common::VARIANTS {
         let md = format(variant);
-        let then = generation_of_writes(&md, 0);
-        let backup = md.meta.contents();
-        let aux_backup = common::scratch_dir();
-        common::copy_dir(md.aux.path(), aux_backup.path());
-        generation_of_writes(&md, 3);
-
-        // The admin puts the metadata copy back (for lsm, its files too).
-        std::fs::remove_dir_all(md.aux.path()).unwrap();
-        common::copy_dir(aux_backup.path(), md.aux.path());
-        let meta = Arc::new(SimDisk::from_image(backup, "meta", Arc::default()));
+        let (then, meta) = backup_put_back(&md);
         match open(&md, &meta, false) {
             Err(Error::Stale {
                 meta_generation,
@@ -188,14 +196,7 @@ fn an_interrupted_repair_leaves_the_device_refused_not_served_unverified() {
     // next serve took as current, unverified.
     for &variant in common::VARIANTS {
         let md = format(variant);
-        generation_of_writes(&md, 0);
-        let backup = md.meta.contents();
-        let aux_backup = common::scratch_dir();
-        common::copy_dir(md.aux.path(), aux_backup.path());
-        generation_of_writes(&md, 3);
-        std::fs::remove_dir_all(md.aux.path()).unwrap();
-        common::copy_dir(aux_backup.path(), md.aux.path());
-        let meta = Arc::new(SimDisk::from_image(backup, "meta", Arc::default()));
+        let (_, meta) = backup_put_back(&md);
         // The repair dies before it is done: here, the data device refuses
         // its writes, so the open fails somewhere after the metadata's.
         let faulty = common::FaultyBlockFile::new(md.data.clone());
