@@ -10,14 +10,8 @@ source "$(dirname "$0")/lib.sh"
 serve "$WORK/dev"
 
 log "nbdfuse + losetup"
-mkdir "$WORK/fuse" "$WORK/mnt"
-nbdfuse "$WORK/fuse/" "$(uri "$WORK/dev")" &
-fuse_pid=$!
-on_exit "fusermount3 -u $WORK/fuse || fusermount -u $WORK/fuse; wait $fuse_pid"
-for _ in $(seq 100); do [ -e "$WORK/fuse/nbd" ] && break; sleep 0.1; done
-[ -e "$WORK/fuse/nbd" ] || fail "nbdfuse did not expose the device"
-loop=$(losetup -f --show "$WORK/fuse/nbd")
-on_exit "losetup -d $loop"
+mkdir "$WORK/mnt"
+attach_loop "$WORK/dev" "$WORK/fuse"
 
 log "mkfs.ext4 + mount + three copies of a tree"
 mkfs.ext4 -q -F "$loop"

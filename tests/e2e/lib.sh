@@ -65,6 +65,21 @@ stop() {
     grep -q "metadata saved cleanly" "$dir.serve.log" || { cat "$dir.serve.log"; fail "$dir did not stop cleanly"; }
 }
 
+# attach_loop DIR FUSE: the served device DIR as a block device without the
+# kernel nbd module: nbdfuse exposes it as FUSE/nbd, losetup makes that a
+# loop device. Sets $loop and $fuse_pid; both are undone at exit.
+attach_loop() {
+    local dir=$1 fuse=$2
+    mkdir -p "$fuse"
+    nbdfuse "$fuse/" "$(uri "$dir")" &
+    fuse_pid=$!
+    on_exit "fusermount3 -u $fuse || fusermount -u $fuse || umount -l $fuse; wait $fuse_pid"
+    for _ in $(seq 100); do [ -e "$fuse/nbd" ] && break; sleep 0.1; done
+    [ -e "$fuse/nbd" ] || fail "nbdfuse did not expose the device"
+    loop=$(losetup -f --show "$fuse/nbd")
+    on_exit "losetup -d $loop"
+}
+
 # status DIR KEY: one field of `dedup status --json`.
 status() {
     "$DEDUP" status "$1" --json | python3 -c "import json,sys; print(json.load(sys.stdin)['$2'])"

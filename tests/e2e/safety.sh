@@ -162,15 +162,10 @@ fi
 log "Ctrl-C with a filesystem mounted says what it waits for; a second one saves and stops"
 "$DEDUP" create "$WORK/cc" --size 128M --backend inram >/dev/null
 serve "$WORK/cc"
-mkdir "$WORK/ccfuse" "$WORK/ccmnt"
-nbdfuse "$WORK/ccfuse/" "$(uri "$WORK/cc")" &
-ccfuse=$!
-on_exit "fusermount3 -u $WORK/ccfuse || umount -l $WORK/ccfuse; kill $ccfuse"
-for _ in $(seq 100); do [ -e "$WORK/ccfuse/nbd" ] && break; sleep 0.1; done
-ccloop=$(losetup -f --show "$WORK/ccfuse/nbd")
-on_exit "losetup -d $ccloop"
-mkfs.ext4 -q -F "$ccloop"
-mount "$ccloop" "$WORK/ccmnt"
+mkdir "$WORK/ccmnt"
+attach_loop "$WORK/cc" "$WORK/ccfuse"
+mkfs.ext4 -q -F "$loop"
+mount "$loop" "$WORK/ccmnt"
 on_exit "umount -l $WORK/ccmnt"
 echo kept >"$WORK/ccmnt/file"
 sync
@@ -183,7 +178,7 @@ kill -INT "$ccpid"
 wait "$ccpid" || fail "the second Ctrl-C did not stop cleanly (exit $?)"
 grep -q "metadata saved cleanly" "$WORK/cc.serve.log" || { cat "$WORK/cc.serve.log"; fail "not saved"; }
 umount -l "$WORK/ccmnt"
-losetup -d "$ccloop" || true
+losetup -d "$loop" || true
 # INRAM serves again without --accept-unclean: the stop was clean.
 serve "$WORK/cc"
 stop "$WORK/cc"

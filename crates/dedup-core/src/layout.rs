@@ -333,13 +333,6 @@ pub fn read_config(paths: &DevicePaths) -> Result<(DeviceConfig, crate::superblo
     let meta = FileBlockFile::open(&paths.meta, false)?;
     let sb = Superblock::read(&meta, &paths.meta)?;
     let data = FileBlockFile::open(&paths.data, false)?;
-    let data_generation = crate::superblock::check_data_header(&data, &paths.data, &sb.config)?;
-    crate::generation::check(
-        sb.generation,
-        data_generation,
-        sb.damaged_slot,
-        &paths.meta,
-        &paths.data,
-    )?;
+    sb.check_data(&data, &paths.meta, &paths.data)?;
     Ok((sb.config, sb.state))
 }

@@ -233,6 +233,26 @@ impl Superblock {
         }
     }
 
+    /// Check `data` (at `data_path`) against this superblock (read from
+    /// `meta_path`): it belongs to this device (`check_data_header`), and
+    /// this metadata is not older than the generation it last recorded
+    /// (`Error::Stale`, `generation.rs`).
+    pub fn check_data(
+        &self,
+        data: &dyn BlockFile,
+        meta_path: &Path,
+        data_path: &Path,
+    ) -> Result<()> {
+        let recorded = check_data_header(data, data_path, &self.config)?;
+        generation::check(
+            self.generation,
+            recorded,
+            self.damaged_slot,
+            meta_path,
+            data_path,
+        )
+    }
+
     /// Write the next generation into the slot not holding the current one,
     /// and sync: a torn write leaves the other slot valid. Then record the
     /// generation on the data device (`generation.rs`).

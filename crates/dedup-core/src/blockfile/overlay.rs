@@ -32,11 +32,6 @@ impl<F: BlockFile> Overlay<F> {
             state: Mutex::new(State::default()),
         }
     }
-
-    /// Bytes held in RAM for writes the file never saw.
-    pub fn held_bytes(&self) -> u64 {
-        self.state.lock().pages.len() as u64 * PAGE
-    }
 }
 
 impl<F: BlockFile> BlockFile for Overlay<F> {

@@ -41,7 +41,7 @@ use crate::placement::{Placement, Space};
 use crate::record::Totals;
 use crate::registry;
 use crate::stats::{ratio, Counters, Stats};
-use crate::superblock::{check_data_header, encode_data_header, Superblock, SUPERBLOCK_AREA};
+use crate::superblock::{encode_data_header, Superblock, SUPERBLOCK_AREA};
 
 pub use check::{CheckReport, Problem, ProblemKind, RepairReport};
 pub use chunking::{is_zero, overwrite_reserve_chunks};
@@ -131,24 +131,17 @@ impl Engine {
         };
         let mut sb = Superblock::read(meta.as_ref(), &meta_name)?;
         let cfg = sb.config.clone();
-        let data_generation = check_data_header(data.as_ref(), &data_name, &cfg)?;
-        let stale = generation::check(
-            sb.generation,
-            data_generation,
-            sb.damaged_slot,
-            &meta_name,
-            &data_name,
-        );
         let mut opts = opts.clone();
-        let is_stale = stale.is_err();
-        if let Err(e) = stale {
-            if !(opts.accept_stale && opts.writable) {
-                return Err(e);
+        let is_stale = match sb.check_data(data.as_ref(), &meta_name, &data_name) {
+            Ok(()) => false,
+            Err(e @ Error::Stale { .. }) if opts.accept_stale && opts.writable => {
+                warn!("{e}; keeping the older metadata as asked: verifying every stored chunk");
+                // The older slot may be one written at open (an unclean state).
+                opts.accept_unclean = true;
+                true
             }
-            warn!("{e}; keeping the older metadata as asked: verifying every stored chunk");
-            // The older slot may be one written at open (an unclean state).
-            opts.accept_unclean = true;
-        }
+            Err(e) => return Err(e),
+        };
         let data: Arc<dyn BlockFile> = Arc::from(data);
         // Kept stale metadata records no generation until every chunk is
         // verified (`assemble` runs the roll-back check): interrupted, the

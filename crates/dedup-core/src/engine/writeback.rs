@@ -472,13 +472,14 @@ fn apply_queued(sh: &Shared, engine: &Engine) {
             let q = &mut s.queue[i];
             q.running = false;
             q.data = (what == Mutation::Write).then_some(data);
+            let failed =
+                format!("a {what:?} of {len} bytes at offset {offset} could not be applied ({e})");
             let pause = match &s.stalled {
                 Some(st) if st.seq == seq => (st.pause * 2).min(MAX_RETRY_PAUSE),
                 _ => {
                     error!(
-                        "a queued {what:?} of {len} bytes at offset {offset} could not be applied ({e}); \
-                         it was acknowledged, so it is kept and retried until it applies; until then \
-                         flushes fail and new requests are refused"
+                        "{failed}; it was acknowledged, so it is kept and retried until it applies; \
+                         until then flushes fail and new requests are refused"
                     );
                     Counters::add(&engine.counters.write_back_failures, 1);
                     FIRST_RETRY_PAUSE
@@ -486,9 +487,7 @@ fn apply_queued(sh: &Shared, engine: &Engine) {
             };
             s.stalled = Some(Stall {
                 seq,
-                what: format!(
-                    "a {what:?} of {len} bytes at offset {offset} could not be applied ({e})"
-                ),
+                what: failed,
                 errno: e.errno(),
                 retry_at: Instant::now() + pause,
                 pause,
