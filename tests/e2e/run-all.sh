@@ -30,6 +30,11 @@ for backend in sparse inram disktable cowbtree lsm; do
     run "$backend" full-disk
 done
 run sparse full-disk none
+# Grown while stopped, under ext4 (copied: sparse, inram, disktable; in
+# place: cowbtree, lsm).
+for backend in sparse inram disktable cowbtree lsm; do
+    run "$backend" grow
+done
 for backend in sparse disktable cowbtree lsm thin; do
     for t in nbdcopy qemu-io fio ext4 crash-kill replay; do
         run "$backend" "$t"

@@ -87,7 +87,7 @@ impl CreateOptions {
     }
 }
 
-fn is_block_device(path: &Path) -> bool {
+pub(crate) fn is_block_device(path: &Path) -> bool {
     fs::metadata(path)
         .map(|m| m.file_type().is_block_device())
         .unwrap_or(false)
@@ -186,7 +186,7 @@ fn prepare(
     Ok(file)
 }
 
-fn reserve_space(f: &FileBlockFile, path: &Path, len: u64) -> Result<()> {
+pub(crate) fn reserve_space(f: &FileBlockFile, path: &Path, len: u64) -> Result<()> {
     use std::os::fd::AsRawFd;
     // SAFETY: posix_fallocate on a valid, owned descriptor; no memory is touched.
     let rc = unsafe { libc::posix_fallocate(f.file().as_raw_fd(), 0, len as libc::off_t) };

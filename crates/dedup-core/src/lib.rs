@@ -18,6 +18,7 @@ pub mod fingerprint;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod generation;
+pub mod grow;
 mod guard;
 pub mod layout;
 pub mod lock;

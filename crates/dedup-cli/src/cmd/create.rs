@@ -127,24 +127,29 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             cfg.backend
         );
         if let Some(s) = sizing {
-            println!(
-                "What it costs as it fills: {} B of metadata per stored chunk ({} per TiB of unique data), nothing for space never written.",
-                s.metadata_bytes_per_chunk,
-                format_size(s.metadata_bytes_per_tib)
-            );
-            println!(
-                "RAM: a {} metadata cache, up to {} for the hash index and {} of summaries. The index keeps every fingerprint of the first {} of unique data; beyond that it samples, and finds about {:.0}% of duplicates at 1/8 of the memory a full index would need, {:.0}% at 1/32 (Guo's Eq. 2; raise --index-memory to keep more).",
-                format_size(s.ram_cache_bytes),
-                format_size(s.ram_index_bytes),
-                format_size(s.ram_summary_bytes),
-                format_size(s.full_index_bytes),
-                s.efficiency_at_eighth * 100.0,
-                s.efficiency_at_thirty_second * 100.0
-            );
+            print_sizing(&s);
         }
         println!("Serve it with:  dedup serve {}", a.dir.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a device costs as it fills (create and grow print it).
+pub fn print_sizing(s: &dedup_core::backends::sparse::Sizing) {
+    println!(
+        "What it costs as it fills: {} B of metadata per stored chunk ({} per TiB of unique data), nothing for space never written.",
+        s.metadata_bytes_per_chunk,
+        format_size(s.metadata_bytes_per_tib)
+    );
+    println!(
+        "RAM: a {} metadata cache, up to {} for the hash index and {} of summaries. The index keeps every fingerprint of the first {} of unique data; beyond that it samples, and finds about {:.0}% of duplicates at 1/8 of the memory a full index would need, {:.0}% at 1/32 (Guo's Eq. 2; raise --index-memory to keep more).",
+        format_size(s.ram_cache_bytes),
+        format_size(s.ram_index_bytes),
+        format_size(s.ram_summary_bytes),
+        format_size(s.full_index_bytes),
+        s.efficiency_at_eighth * 100.0,
+        s.efficiency_at_thirty_second * 100.0
+    );
 }
 
 fn parse_compression(s: &str) -> Result<Compression, String> {

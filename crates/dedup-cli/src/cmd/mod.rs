@@ -8,6 +8,7 @@ pub mod bench_thin;
 pub mod check;
 pub mod create;
 pub mod gc;
+pub mod grow;
 pub mod nbdkit;
 pub mod replay;
 pub mod serve;

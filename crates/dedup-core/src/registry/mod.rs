@@ -184,13 +184,7 @@ pub fn open(
     let Opened {
         backend: mut store,
         rolled_back,
-    } = match kind.store {
-        StoreKind::InRam => inram::open(superblock, Box::new(meta.clone()), opts),
-        StoreKind::DiskTable => disktable::open(superblock, Box::new(meta.clone()), opts),
-        StoreKind::CowBtree => cowbtree::open(superblock, Box::new(meta.clone()), opts),
-        StoreKind::Lsm => lsm::open(superblock, Box::new(meta.clone()), opts),
-        StoreKind::Sparse => sparse::open(superblock, Box::new(meta.clone()), opts),
-    }?;
+    } = open_store(kind, superblock, meta.clone(), opts)?;
     let mut recovered = None;
     let mut rolled_back = rolled_back;
     let (record, placement): (Record, Box<dyn Placement>) = match cfg.placement() {
@@ -238,6 +232,69 @@ pub fn open(
         rolled_back,
         recovered,
     })
+}
+
+/// Open the metadata store alone, without a placement over it.
+fn open_store(
+    kind: &Kind,
+    superblock: Superblock,
+    meta: Arc<dyn BlockFile>,
+    opts: &OpenOptions,
+) -> Result<Opened> {
+    match kind.store {
+        StoreKind::InRam => inram::open(superblock, Box::new(meta), opts),
+        StoreKind::DiskTable => disktable::open(superblock, Box::new(meta), opts),
+        StoreKind::CowBtree => cowbtree::open(superblock, Box::new(meta), opts),
+        StoreKind::Lsm => lsm::open(superblock, Box::new(meta), opts),
+        StoreKind::Sparse => sparse::open(superblock, Box::new(meta), opts),
+    }
+}
+
+/// How a device's metadata follows a change of its sizes (`grow.rs`).
+pub enum Resize {
+    /// Nothing in the store depends on the sizes: rewriting the
+    /// superblock's configuration is the whole change.
+    InPlace,
+    /// The store's tables are laid out by the sizes: the metadata is
+    /// copied into a new store of the new sizes.
+    Copy,
+    /// Not possible (the reason, for the message).
+    No(&'static str),
+}
+
+pub fn resize(cfg: &DeviceConfig) -> Result<Resize> {
+    let kind = kind_of(&cfg.backend)?;
+    Ok(match (kind.store, kind.placement) {
+        (_, PlacementKind::Thin) => Resize::No(
+            "thin keeps its metadata in the data blocks' windows, laid out by the device's sizes",
+        ),
+        // Keys by LBN and by (block, slot) address: no table is sized
+        // by the device (the space map is rebuilt at open from the counts).
+        (StoreKind::CowBtree | StoreKind::Lsm, _) => Resize::InPlace,
+        (StoreKind::InRam | StoreKind::DiskTable | StoreKind::Sparse, _) => Resize::Copy,
+    })
+}
+
+/// A store's parameters as recorded at create time, for a new store that
+/// takes over from it.
+pub fn recorded_params(sb: &Superblock) -> Result<BackendParams> {
+    let kind = kind_of(&sb.config.backend)?;
+    match kind.store {
+        StoreKind::InRam => Ok(BackendParams::default()),
+        StoreKind::Sparse => sparse::recorded_params(sb),
+        _ => BackendParams::decode(&sb.backend_area),
+    }
+}
+
+/// Open the store of an existing device alone (`grow.rs` copies from
+/// one store into another).
+pub fn open_store_of(
+    superblock: Superblock,
+    meta: Arc<dyn BlockFile>,
+    opts: &OpenOptions,
+) -> Result<Box<dyn MetadataBackend>> {
+    let kind = kind_of(&superblock.config.backend)?;
+    Ok(open_store(kind, superblock, meta, opts)?.backend)
 }
 
 #[cfg(test)]

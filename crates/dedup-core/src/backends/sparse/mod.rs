@@ -191,6 +191,11 @@ fn decode_area(area: &[u8], cfg: &DeviceConfig) -> Result<(BackendParams, Geomet
     Ok((params, geo))
 }
 
+/// The parameters recorded at create time (index memory included).
+pub fn recorded_params(sb: &Superblock) -> Result<BackendParams> {
+    decode_area(&sb.backend_area, &sb.config).map(|(params, _)| params)
+}
+
 /// Make a new sparse store: a superblock. The tables of a new sparse file
 /// are holes, which read as empty; any other file or device is zeroed over
 /// the whole range first.
