@@ -8,7 +8,8 @@
 # - create never overwrites a served device (even with --force), one file
 #   for both halves, or a file holding data (without --force);
 # - `serve --record DIR/meta` does not truncate the metadata;
-# - a serve that fails to start (port in use) leaves the device clean;
+# - a serve that fails to start (port in use, or no control socket once
+#   the device is open) leaves the device clean;
 # - status and check write nothing (an lsm device stays openable);
 # - a server whose log cannot be written (stderr on a full disk) serves on;
 # - Ctrl-C with a filesystem mounted says what it waits for, and a second
@@ -103,6 +104,14 @@ sleep 0.5
 "$DEDUP" create "$WORK/fs" --size 64M --backend inram >/dev/null
 expect_fail "stopped before serving" "$DEDUP" serve "$WORK/fs" --port "$port"
 # INRAM refuses to serve a device left open: this one was not.
+serve "$WORK/fs"
+stop "$WORK/fs"
+# Failing later, once the device is open (its control socket cannot be
+# made: the path is too long for a socket), closes it again.
+long=$WORK/$(printf 'd%.0s' $(seq $((100 - ${#WORK}))))
+mv "$WORK/fs" "$long"
+expect_fail "longer than 107 bytes" "$DEDUP" serve "$long" --port "$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+mv "$long" "$WORK/fs"
 serve "$WORK/fs"
 stop "$WORK/fs"
 

@@ -58,6 +58,10 @@ pub enum Request {
     Save,
 }
 
+/// How `Request::Save` saves and closes the device: the server's own clean
+/// stop (retries, and whatever else it finishes at a stop, such as a trace).
+pub type SaveHook = Arc<dyn Fn(&Device) -> Result<()> + Send + Sync>;
+
 pub struct ControlServer {
     path: PathBuf,
     stop: Arc<AtomicBool>,
@@ -68,7 +72,7 @@ impl ControlServer {
     /// Listen at `path`. A socket file already there is replaced only if
     /// nothing answers on it (a crash leaves one behind); any other kind of
     /// file, or a live socket, is an error.
-    pub fn start(path: &Path, device: Arc<Device>) -> Result<ControlServer> {
+    pub fn start(path: &Path, device: Arc<Device>, save: SaveHook) -> Result<ControlServer> {
         remove_stale_socket(path)?;
         // Owner-only: whoever connects can read the device's statistics
         // and start GC or a full check.
@@ -89,9 +93,10 @@ impl ControlServer {
                         Ok((stream, _)) => {
                             let _ = stream.set_nonblocking(false);
                             let dev = device.clone();
+                            let save = save.clone();
                             let spawned = std::thread::Builder::new()
                                 .name("dedup-control-conn".into())
-                                .spawn(move || serve_one(stream, &dev));
+                                .spawn(move || serve_one(stream, &dev, &save));
                             if let Err(e) = spawned {
                                 warn!("control socket: cannot start a handler thread: {e}");
                             }
@@ -140,7 +145,7 @@ impl Drop for ControlServer {
     }
 }
 
-fn serve_one(stream: UnixStream, device: &Device) {
+fn serve_one(stream: UnixStream, device: &Device, save: &SaveHook) {
     let mut line = String::new();
     let read = BufReader::new(&stream)
         .take(MAX_REQUEST)
@@ -149,7 +154,7 @@ fn serve_one(stream: UnixStream, device: &Device) {
         Ok(_) => match serde_json::from_str::<Request>(line.trim()) {
             Ok(req) => {
                 debug!("control request {req:?}");
-                execute(&req, device)
+                execute(&req, device, save)
             }
             Err(e) => Err(Error::InvalidArgument(format!("bad control request: {e}"))),
         },
@@ -163,12 +168,12 @@ fn serve_one(stream: UnixStream, device: &Device) {
     let _ = writeln!(out, "{body}");
 }
 
-fn execute(req: &Request, device: &Device) -> Result<serde_json::Value> {
+fn execute(req: &Request, device: &Device, save: &SaveHook) -> Result<serde_json::Value> {
     let value = match req {
         Request::Status => serde_json::to_value(device.stats()),
         Request::Gc => serde_json::to_value(device.gc()?),
         Request::Check { data } => serde_json::to_value(device.check(*data)?),
-        Request::Save => serde_json::to_value(device.close()?),
+        Request::Save => serde_json::to_value(save(device)?),
     };
     value.map_err(|e| Error::InvalidArgument(format!("encoding reply: {e}")))
 }

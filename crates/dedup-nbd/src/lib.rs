@@ -109,23 +109,42 @@ fn save_and_close() {
         recorder.finish();
     }
     if let Some(device) = served.device.take() {
-        // A failed save (say, a full filesystem under the metadata file)
-        // may clear up; the session's metadata is worth a few retries.
-        for attempt in 1..=5 {
-            match device.close() {
-                Ok(()) => break,
-                Err(e) if attempt < 5 => {
-                    tracing::error!(
-                        "saving metadata failed (attempt {attempt} of 5), retrying: {e}"
-                    );
-                    std::thread::sleep(std::time::Duration::from_secs(2));
-                }
-                Err(e) => tracing::error!(
+        let _ = close_with_retries(&device);
+    }
+}
+
+/// Save the metadata and close: a failed save (say, a full filesystem
+/// under the metadata file) may clear up, and the session's metadata is
+/// worth a few retries.
+fn close_with_retries(device: &Device) -> dedup_core::Result<()> {
+    let mut attempt = 1;
+    loop {
+        match device.close() {
+            Ok(()) => return Ok(()),
+            Err(e) if attempt < 5 => {
+                tracing::error!("saving metadata failed (attempt {attempt} of 5), retrying: {e}");
+                std::thread::sleep(std::time::Duration::from_secs(2));
+                attempt += 1;
+            }
+            Err(e) => {
+                tracing::error!(
                     "saving metadata failed; the device will need --accept-unclean: {e}"
-                ),
+                );
+                return Err(e);
             }
         }
     }
+}
+
+/// `Request::Save` (`dedup serve`'s second Ctrl-C while clients keep
+/// nbdkit from unloading): the same clean stop as `unload`, but the
+/// control server, which runs this, keeps running until then.
+fn save_from_control(device: &Device) -> dedup_core::Result<()> {
+    let recorder = lock(&SERVED).recorder.take();
+    if let Some(r) = recorder {
+        r.finish();
+    }
+    close_with_retries(device)
 }
 
 /// A callback outside the request path (start, stop): a panic fails it
@@ -322,7 +341,16 @@ impl Server for DedupPlugin {
                 .clone()
                 .or_else(|| s.dir.as_ref().map(|d| d.join(CONTROL_SOCKET_NAME)));
             if let Some(path) = control {
-                served.control = Some(ControlServer::start(&path, device).map_err(nbd_error)?);
+                match ControlServer::start(&path, device, Arc::new(save_from_control)) {
+                    Ok(c) => served.control = Some(c),
+                    Err(e) => {
+                        // nbdkit exits without unloading: close here, so
+                        // the device is left clean.
+                        drop(served);
+                        save_and_close();
+                        return Err(nbd_error(e));
+                    }
+                }
             }
             Ok(())
         })
