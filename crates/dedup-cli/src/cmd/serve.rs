@@ -101,9 +101,12 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let dir = std::path::absolute(&a.dir).context("resolving the device directory")?;
     let paths = DevicePaths::from_dir(&dir)?;
+    // Fail early, with our own words, on the common refusals: in use
+    // first, and the configuration read under the lock, so a server or
+    // repair writing it at that moment is reported as what it is.
+    let lock = DeviceLock::acquire(&paths.meta)?;
     let (cfg, state) = layout::read_config(&paths)?;
-    // Fail early, with our own words, on the two common refusals.
-    drop(DeviceLock::acquire(&paths.meta)?);
+    drop(lock);
     if state == DeviceState::Open {
         if !dedup_core::registry::crash_safe(&cfg.backend) && !a.accept_unclean {
             return Err(dedup_core::Error::Unclean {

@@ -378,11 +378,18 @@ impl WriteBack {
     /// was acknowledged and is lost: logged and counted) so the metadata
     /// can be saved.
     pub fn settle_for_close(&self, counters: &Counters, patience: Duration) {
-        let deadline = Instant::now() + patience;
+        // Patience counts from when a stall is seen, not from the start of
+        // the close: draining a long queue first must not use it up.
+        let mut stalled_since: Option<Instant> = None;
         let sh = &self.shared;
         let mut s = sh.state.lock();
         while !s.queue.is_empty() && !s.stop {
-            if s.stalled.is_some() && Instant::now() >= deadline {
+            stalled_since = match (s.stalled.is_some(), stalled_since) {
+                (false, _) => None,
+                (true, None) => Some(Instant::now()),
+                (true, since) => since,
+            };
+            if stalled_since.is_some_and(|t| t.elapsed() >= patience) {
                 let lost = s.queue.iter().filter(|q| !q.running).count();
                 let why = s.stall_error().map(|e| e.to_string()).unwrap_or_default();
                 error!(
