@@ -14,7 +14,7 @@ use super::{
 use crate::backend::MetadataBackend;
 use crate::blockfile::BlockFile;
 use crate::config::{DeviceConfig, Pbn};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 pub struct Plain {
     cfg: DeviceConfig,
@@ -26,6 +26,13 @@ pub struct Plain {
     /// not: after a crash it rolls back to its last clean stop, whose
     /// mappings may name blocks freed since, so it punches nothing.
     punch: bool,
+    /// Why a sync of the data device failed, once one has. The kernel may
+    /// have dropped the pages that sync was to make durable (Linux reports
+    /// a write-back error once, and a later sync succeeds), so nothing is
+    /// written or committed after it: a commit would map chunks whose
+    /// bytes may be gone, and a FLUSH would say they are safe. A restart
+    /// goes back to the last commit, whose chunks were synced.
+    failed: Mutex<Option<String>>,
 }
 
 /// Most freed blocks remembered for punching: past this a commit is long
@@ -40,6 +47,19 @@ impl Plain {
             data,
             freed: Mutex::new(BTreeSet::new()),
             punch,
+            failed: Mutex::new(None),
+        }
+    }
+
+    fn usable(&self) -> Result<()> {
+        match &*self.failed.lock() {
+            None => Ok(()),
+            Some(why) => Err(Error::Io {
+                context: format!(
+                    "syncing the data device failed earlier ({why}); the writes since the last FLUSH that succeeded may be lost, so the device takes no more writes: stop it and start it again (it goes back to the last commit)"
+                ),
+                cause: std::io::Error::other("data sync failed"),
+            }),
         }
     }
 }
@@ -69,6 +89,7 @@ impl Placement for Plain {
     }
 
     fn write(&self, chunks: &[NewChunk]) -> Result<u64> {
+        self.usable()?;
         write_runs(&self.cfg, self.data.as_ref(), chunks)
     }
 
@@ -79,7 +100,11 @@ impl Placement for Plain {
     fn before_commit(&self, _meta: &mut dyn MetadataBackend, _closing: bool) -> Result<bool> {
         // Every chunk was written by `write`: make them durable before the
         // store commits mappings that name them.
-        self.data.sync()?;
+        self.usable()?;
+        if let Err(e) = self.data.sync() {
+            self.failed.lock().get_or_insert_with(|| e.to_string());
+            return Err(e);
+        }
         Ok(true)
     }
 

@@ -1,0 +1,133 @@
+//! A sync of the data device that fails (EIO, a dying disk, a full thin
+//! pool): the kernel may drop the pages it could not write and report the
+//! error once, so the next sync succeeds although the bytes are gone
+//! (PostgreSQL's "fsyncgate"). A device that then committed would map
+//! chunks whose bytes are lost, and the FLUSH that did it would say they
+//! are safe. Here every FLUSH that succeeds must be true: after a restart,
+//! everything written before it reads back.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use common::{MemDevice, Patterns};
+use dedup_core::blockfile::{BlockFile, MemBlockFile};
+use dedup_core::fingerprint::HashAlgo;
+use dedup_core::{Device, Result};
+use parking_lot::Mutex;
+
+const CS: usize = 4096;
+
+/// A disk with a page cache: writes wait in RAM until a sync; a sync that
+/// fails drops them, as Linux does with pages it could not write back.
+struct PageCache {
+    disk: Arc<MemBlockFile>,
+    dirty: Mutex<Vec<(u64, Vec<u8>)>>,
+    fail_sync: Arc<AtomicBool>,
+}
+
+impl BlockFile for PageCache {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.disk.read_at(buf, offset)?;
+        let end = offset + buf.len() as u64;
+        for (at, bytes) in self.dirty.lock().iter() {
+            let (from, to) = ((*at).max(offset), (at + bytes.len() as u64).min(end));
+            if from < to {
+                buf[(from - offset) as usize..(to - offset) as usize]
+                    .copy_from_slice(&bytes[(from - at) as usize..(to - at) as usize]);
+            }
+        }
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.dirty.lock().push((offset, buf.to_vec()));
+        Ok(())
+    }
+    fn sync(&self) -> Result<()> {
+        let dirty = std::mem::take(&mut *self.dirty.lock());
+        if self.fail_sync.load(Ordering::SeqCst) {
+            return Err(dedup_core::Error::io(
+                "injected sync failure",
+                std::io::Error::from_raw_os_error(libc::EIO),
+            ));
+        }
+        for (at, bytes) in dirty {
+            self.disk.write_at(&bytes, at)?;
+        }
+        Ok(())
+    }
+    fn len(&self) -> Result<u64> {
+        self.disk.len()
+    }
+    fn describe(&self) -> String {
+        "data (with a page cache)".into()
+    }
+    fn capacity(&self) -> Result<Option<u64>> {
+        self.disk.capacity()
+    }
+}
+
+fn open(md: &MemDevice, fail_sync: &Arc<AtomicBool>) -> Device {
+    let data = PageCache {
+        disk: md.data.clone(),
+        dirty: Mutex::new(Vec::new()),
+        fail_sync: fail_sync.clone(),
+    };
+    md.open_on(Box::new(data), Box::new(md.meta.clone()))
+        .unwrap()
+}
+
+#[test]
+fn after_a_failed_data_sync_no_flush_succeeds_until_a_restart() {
+    for variant in ["sparse", "sparse/lz4", "disktable", "cowbtree", "lsm/lz4"] {
+        let cfg = common::config(variant, CS as u32, 32, 64, HashAlgo::Blake3, false);
+        let md = MemDevice::format(cfg, &common::params(variant, Default::default()));
+        let p = Patterns::new(6, CS);
+        let fail = Arc::new(AtomicBool::new(false));
+        let dev = open(&md, &fail);
+        dev.write(0, p.chunk(1), false).unwrap();
+        dev.flush().unwrap();
+
+        dev.write(CS as u64, p.chunk(3), false).unwrap();
+        fail.store(true, Ordering::SeqCst);
+        assert!(
+            dev.flush().is_err(),
+            "{variant}: the failed sync reaches FLUSH"
+        );
+        fail.store(false, Ordering::SeqCst);
+        // The disk works again, but the pages of the chunk written before
+        // the failure are gone: no FLUSH may claim otherwise.
+        let again = dev.flush();
+        let more = dev.write(2 * CS as u64, p.chunk(5), false);
+        let flushed_after = more.is_ok() && dev.flush().is_ok();
+        drop(dev); // the restart: what the metadata committed is what counts
+
+        let dev = open(&md, &fail);
+        let mut got = vec![0u8; 3 * CS];
+        dev.read(0, &mut got).unwrap();
+        assert!(
+            &got[..CS] == p.chunk(1),
+            "{variant}: flushed before the failure, lost"
+        );
+        if again.is_ok() {
+            assert!(
+                &got[CS..2 * CS] == p.chunk(3),
+                "{variant}: a FLUSH succeeded after the failed sync, but LBN 1 lost what was written"
+            );
+        }
+        if flushed_after {
+            assert!(
+                &got[2 * CS..] == p.chunk(5),
+                "{variant}: flushed after the failure, lost"
+            );
+        }
+        let second = &got[CS..2 * CS];
+        assert!(
+            second == p.chunk(3) || second.iter().all(|&b| b == 0),
+            "{variant}: LBN 1 reads neither what was written nor zeros"
+        );
+        common::assert_consistent(&dev);
+        dev.close().unwrap();
+    }
+}
