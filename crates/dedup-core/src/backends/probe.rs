@@ -114,6 +114,28 @@ pub fn delete(s: &mut impl Slots, fp: &Fingerprint) -> Result<Option<Pbn>> {
     Ok(pbn)
 }
 
+/// After the slots just before `from` were emptied at once (a damaged
+/// block of them read as empty), move each entry of the probe run starting
+/// at `from` to where a lookup from its home finds it: no run may cross an
+/// empty slot. Re-inserting in run order never moves an entry past its old
+/// slot, which is empty when it is probed. Returns the entries moved.
+pub fn reseat_run(s: &mut impl Slots, from: u64) -> Result<u64> {
+    let n = s.slot_count();
+    let mut j = from % n;
+    let mut moved = 0;
+    for _ in 0..n {
+        let Some((fp, pbn)) = s.get(j)? else {
+            break;
+        };
+        s.set(j, None)?;
+        let (i, _) = probe(s, &fp)?;
+        s.set(i, Some((fp, pbn)))?;
+        moved += (i != j) as u64;
+        j = next(j, n);
+    }
+    Ok(moved)
+}
+
 /// Entries in slot order from slot `from`: up to `max` of them, and the slot
 /// to continue at (None at the end).
 pub fn scan(
