@@ -28,7 +28,7 @@ pub struct Cache {
     /// in `lost`.
     salvage: bool,
     /// Blocks read as empty because they failed their checksum, in the
-    /// order found. They stay dirty, so the next commit rewrites them.
+    /// order found, until the commit that rewrites them (they stay dirty).
     pub lost: Vec<u64>,
 }
 
@@ -164,8 +164,10 @@ impl Cache {
         out
     }
 
-    /// The commit is durable: dirty blocks become clean cached blocks.
+    /// The commit is durable: dirty blocks become clean cached blocks. Lost
+    /// blocks were among them, rewritten whole: no longer damaged.
     pub fn mark_clean(&mut self) {
+        self.lost.clear();
         for (n, b) in std::mem::take(&mut self.dirty) {
             self.clean.put(n, b);
         }

@@ -338,7 +338,6 @@ fn load_space(
             at: 0,
             entries: cfg.logical_chunks(),
             pbns: nr,
-            for_check,
         },
     )?;
     let entries = count_pbn_entries(
@@ -356,7 +355,6 @@ fn load_space(
             at: 32,
             entries: geo.hash_slots,
             pbns: nr,
-            for_check,
         },
     )?;
     for (what, found, recorded) in [
@@ -391,9 +389,6 @@ struct PbnEntries {
     entries: u64,
     /// PBNs on the data device.
     pbns: u64,
-    /// Count an entry beyond the device (for `check` to report) instead of
-    /// refusing.
-    for_check: bool,
 }
 
 /// What to do about damage `check --repair` fixes.
@@ -409,6 +404,9 @@ fn count_pbn_entries(
 ) -> Result<u64> {
     let mut found = 0u64;
     let blocks = (t.first_block, t.blocks);
+    // Opened for check: an entry beyond the device is counted, for
+    // `check` to report, instead of refused.
+    let for_check = lost.is_some();
     scan_blocks(file, geo, blocks, io, lost, |i, block| {
         for k in 0..t.per_block {
             let n = i * t.per_block + k;
@@ -416,7 +414,7 @@ fn count_pbn_entries(
             if n < t.entries && v != 0 {
                 if v > t.pbns {
                     let what = format!("{} {n} names a PBN beyond the data device", t.entry);
-                    if !t.for_check {
+                    if !for_check {
                         return Err(Error::corrupt(t.table, format!("{what}; {REPAIR}")));
                     }
                     tracing::warn!("{}: {what}", t.table);
