@@ -1,9 +1,11 @@
 //! sparse opened for check (`OpenOptions::for_check`): table blocks that
 //! fail their checksum read as empty (`Cache::lost`). The tables are read
-//! lazily when serving, so here every block the summaries say holds
-//! something is read at open (and every block a lost or impossible summary
-//! entry covers): the damage is all found before check reports and repair
-//! plans. Each summary entry is then set to what its blocks now hold, so
+//! lazily when serving, so here every block ever written (where the file
+//! tells its holes), every block the summaries say holds something, and
+//! every block a lost or impossible summary entry covers is read at open:
+//! the damage is all found before check reports and repair plans, and a
+//! damaged block that once held entries is rewritten even if it holds none
+//! now. Each summary entry is then set to what its blocks now hold, so
 //! allocation and scans agree with the emptied blocks; what the lost blocks
 //! held is told to check and repair (`LostBlock`).
 
@@ -12,7 +14,7 @@ use std::collections::BTreeSet;
 use super::geometry::{Place, RECORDS_PER_BLOCK, RECORD_BYTES, REFS_PER_BLOCK};
 use super::{read_u32, read_u64, Sparse};
 use crate::backend::{Held, LostBlock};
-use crate::backends::disktable::geometry::HEADER;
+use crate::backends::disktable::geometry::{BLOCK, HEADER};
 use crate::error::Result;
 
 impl Sparse {
@@ -24,6 +26,7 @@ impl Sparse {
         mut odd_refs: BTreeSet<u64>,
         mut odd_lbns: BTreeSet<u64>,
     ) -> Result<()> {
+        self.read_written_blocks()?;
         for b in self.t.cache.lost.clone() {
             match self.geo.place(b) {
                 Place::Summary(k) => odd_refs.extend(self.geo.ref_blocks_of_summary(k)),
@@ -44,6 +47,23 @@ impl Sparse {
         }
         self.used = self.summary.iter().map(|&n| u64::from(n)).sum();
         self.records = self.recorded.iter().map(|&n| u64::from(n)).sum();
+        Ok(())
+    }
+
+    /// Read (and so check) every table block but the root that the file
+    /// says was ever written. One the summaries call empty reads as empty
+    /// if damaged, which is what they say it holds.
+    fn read_written_blocks(&mut self) -> Result<()> {
+        let start = self.geo.table_start();
+        let tables = start + BLOCK as u64..self.geo.device_len();
+        let Some(ranges) = self.t.file.data_ranges(tables)? else {
+            return Ok(());
+        };
+        for r in ranges {
+            for b in (r.start - start) / BLOCK as u64..(r.end - start).div_ceil(BLOCK as u64) {
+                self.t.cache.get(b)?;
+            }
+        }
         Ok(())
     }
 
