@@ -214,9 +214,8 @@ impl Geometry {
 mod tests {
     use super::*;
 
-    #[test]
-    fn entries_stay_inside_their_tables() {
-        let cfg = DeviceConfig {
+    fn cfg() -> DeviceConfig {
+        DeviceConfig {
             uuid: [0; 16],
             backend: "sparse".into(),
             chunk_size: 4096,
@@ -225,8 +224,12 @@ mod tests {
             logical_size: 100_000 * 4096,
             physical_chunks: 50_000,
             compression: crate::compress::Compression::None,
-        };
-        let g = Geometry::new(&cfg);
+        }
+    }
+
+    #[test]
+    fn entries_stay_inside_their_tables() {
+        let g = Geometry::new(&cfg());
         let a = g.area();
         let (b, o) = g.lbn(99_999);
         assert_eq!(a.table_name(b), "sparse LBN map");
@@ -247,17 +250,7 @@ mod tests {
 
     #[test]
     fn place_names_the_table_and_index_of_every_entry() {
-        let cfg = DeviceConfig {
-            uuid: [0; 16],
-            backend: "sparse".into(),
-            chunk_size: 4096,
-            hash: crate::fingerprint::HashAlgo::Blake3,
-            verify: false,
-            logical_size: 100_000 * 4096,
-            physical_chunks: 50_000,
-            compression: crate::compress::Compression::None,
-        };
-        let g = Geometry::new(&cfg);
+        let g = Geometry::new(&cfg());
         assert_eq!(g.place(0), Place::Root);
         assert_eq!(
             g.place(g.lbn(99_999).0),

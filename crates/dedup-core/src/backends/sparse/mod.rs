@@ -72,6 +72,16 @@ const CHECKPOINT_MAGIC: &[u8; 8] = b"DDUPIXC2";
 /// What to do about damage `check --repair` fixes.
 const REPAIR: &str = "`dedup check --repair DIR` (device stopped) reports and fixes this";
 
+/// Damage `check --repair` fixes, found at open: refused, or, opened for
+/// check, logged (the caller goes on, for check to report it).
+fn damage(table: &str, detail: String, for_check: bool) -> Result<()> {
+    if !for_check {
+        return Err(Error::corrupt(table, format!("{detail}; {REPAIR}")));
+    }
+    tracing::warn!("{table}: {detail}");
+    Ok(())
+}
+
 fn check_index_memory(budget: u64) -> Result<()> {
     if budget < MIN_INDEX_MEMORY {
         return Err(Error::InvalidArgument(format!(
@@ -358,16 +368,13 @@ impl Sparse {
             let k = self.t.u16_at((b, off + 2))?;
             let room = self.pbns_in_ref_block(r);
             if u64::from(n) > room || u64::from(k) > room {
-                let detail = format!(
-                    "refcount block {r} counts {n} PBNs in use and {k} records, more than its {room} PBNs"
-                );
-                if !for_check {
-                    return Err(Error::corrupt(
-                        "sparse refcount summary",
-                        format!("{detail}; {REPAIR}"),
-                    ));
-                }
-                tracing::warn!("sparse refcount summary: {detail}");
+                damage(
+                    "sparse refcount summary",
+                    format!(
+                        "refcount block {r} counts {n} PBNs in use and {k} records, more than its {room} PBNs"
+                    ),
+                    for_check,
+                )?;
                 odd.insert(r);
                 continue;
             }
@@ -388,15 +395,11 @@ impl Sparse {
             let n = self.t.u16_at(self.geo.lbn_summary(i))?;
             let room = self.geo.lbns_of_block(i).count() as u64;
             if u64::from(n) > room {
-                let detail =
-                    format!("LBN-map block {i} counts {n} mapped LBNs, more than its {room}");
-                if !for_check {
-                    return Err(Error::corrupt(
-                        "sparse LBN summary",
-                        format!("{detail}; {REPAIR}"),
-                    ));
-                }
-                tracing::warn!("sparse LBN summary: {detail}");
+                damage(
+                    "sparse LBN summary",
+                    format!("LBN-map block {i} counts {n} mapped LBNs, more than its {room}"),
+                    for_check,
+                )?;
                 odd.insert(i);
                 continue;
             }
@@ -441,16 +444,11 @@ impl Sparse {
         if found == recorded {
             return Ok(());
         }
-        let detail = format!("{found} {what} but the last commit recorded {recorded}");
-        if for_check {
-            tracing::warn!("sparse tables: {detail}");
-            Ok(())
-        } else {
-            Err(Error::corrupt(
-                "sparse tables",
-                format!("{detail}; {REPAIR}"),
-            ))
-        }
+        damage(
+            "sparse tables",
+            format!("{found} {what} but the last commit recorded {recorded}"),
+            for_check,
+        )
     }
 
     fn pbns_in_ref_block(&self, r: u64) -> u64 {
