@@ -24,6 +24,11 @@ done
 for backend in sparse inram lsm; do
     run "$backend" safety
 done
+# A damaged table block, on the stores whose table blocks check --repair
+# rebuilds.
+for backend in sparse disktable; do
+    run "$backend" damage
+done
 # The host's disk fills and frees under the server (thin still needs a
 # restart there: not run).
 for backend in sparse inram disktable cowbtree lsm; do

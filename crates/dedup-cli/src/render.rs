@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use dedup_core::engine::{CheckReport, GcReport};
+use dedup_core::engine::{CheckReport, GcReport, LostRange};
 use dedup_core::size::format_size;
 
 use crate::cmd::status::StatusReport;
@@ -181,6 +181,25 @@ pub fn gc(r: &GcReport) -> String {
             "\n{} damaged packed blocks were left alone: run `dedup check --data` to see which chunks they hold.",
             r.damaged_blocks
         ));
+    }
+    o
+}
+
+/// The logical ranges a repair unmapped because the LBN-map block that
+/// held them was damaged.
+pub fn lost(ranges: &[LostRange]) -> String {
+    let mut o = String::new();
+    for l in ranges {
+        let _ = writeln!(
+            o,
+            "lost, now reading as zeros: LBNs {} to {} (bytes {} to {}), whose mappings were in {} block {}",
+            l.first_lbn,
+            l.last_lbn,
+            l.offset,
+            l.offset + l.length - 1,
+            l.table,
+            l.block
+        );
     }
     o
 }

@@ -69,6 +69,34 @@ pub fn scan_all<K: Copy>(
     Ok(())
 }
 
+/// A table block that failed its checksum in a store opened for check
+/// (`OpenOptions::for_check`): the store reads it as empty (never-written)
+/// from then on, and writes it back whole at the next commit. What it held
+/// says what a repair can rebuild and what is gone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LostBlock {
+    /// The table, as errors name it ("sparse LBN map").
+    pub table: &'static str,
+    /// The block's number among the store's table blocks.
+    pub block: u64,
+    pub held: Held,
+}
+
+/// What a lost table block held.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// The mappings of these LBNs: not derivable from anything else, so
+    /// they are unmapped (read as zeros).
+    Mappings(std::ops::Range<Lbn>),
+    /// Reference counts of these PBNs: rebuilt from the mappings.
+    Counts(std::ops::Range<Pbn>),
+    /// Fingerprints of chunks among these PBNs: rebuilt by hashing the
+    /// chunks the LBN map still names.
+    Fingerprints(std::ops::Range<Pbn>),
+    /// A summary of other tables, rebuilt from them when the store opened.
+    Summary,
+}
+
 /// How much the store holds right now, and the I/O it did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BackendUsage {
@@ -239,5 +267,12 @@ pub trait MetadataBackend: Send {
     /// never correctness). Others have nothing to do.
     fn warm_index(&mut self, _max: usize) -> Result<bool> {
         Ok(false)
+    }
+    /// Table blocks found failing their checksum since a store opened for
+    /// check, now read as empty (`LostBlock`). Check reports them; repair
+    /// rebuilds what they held. Stores that keep no such blocks, or refuse
+    /// damage at open, have none.
+    fn lost_blocks(&self) -> Vec<LostBlock> {
+        Vec::new()
     }
 }

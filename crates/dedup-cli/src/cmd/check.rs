@@ -29,7 +29,10 @@ pub struct Args {
     pub data: bool,
     /// Fix what the check finds: rebuild reference counts and free space from
     /// the LBN map and hash index, drop index entries that are out of range,
-    /// duplicated or (with --data) no longer match their chunk. With --data
+    /// duplicated or (with --data) no longer match their chunk. A table block
+    /// that fails its checksum is rebuilt (counts, summaries, fingerprints
+    /// by hashing the chunks), except one of the LBN map: the LBNs it held
+    /// are unmapped and named. With --data
     /// it also keeps metadata older than the data device (put back from a
     /// backup, or a damaged newest superblock), unmapping every block whose
     /// chunk changed since.
@@ -101,9 +104,13 @@ fn repair(a: &Args) -> anyhow::Result<ExitCode> {
     } else {
         print!("{}", render::check(&r.before));
         println!(
-            "repaired: {} LBNs unmapped, {} hash index entries removed, {} reference counts set",
-            r.changed.lbns_unmapped, r.changed.index_entries_removed, r.changed.refcounts_set
+            "repaired: {} LBNs unmapped, {} hash index entries removed, {} reference counts set, {} fingerprints rebuilt",
+            r.changed.lbns_unmapped,
+            r.changed.index_entries_removed,
+            r.changed.refcounts_set,
+            r.changed.fingerprints_rebuilt
         );
+        print!("{}", render::lost(&r.changed.lost));
         print!("after repair: {}", render::check(&r.after));
     }
     Ok(ExitCode::from(if clean_before { 0 } else { 1 }))

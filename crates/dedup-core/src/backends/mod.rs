@@ -18,6 +18,12 @@ use std::path::PathBuf;
 
 use crate::backend::MetadataBackend;
 
+/// What to do about damage inside a store kept in a storage engine's own
+/// format or a saved image (inram, cowbtree, lsm), which keep their own
+/// checksums: `check --repair` rebuilds only disktable's and sparse's table
+/// blocks.
+pub(crate) const NOT_REBUILT: &str = "`dedup check --repair` cannot rebuild this store's own format; put back a copy of the metadata taken while the device was stopped";
+
 pub use crate::options::{BackendParams, OpenOptions, WindowParams, MIN_CACHE_BYTES};
 
 /// A store as opened by its `open` function.

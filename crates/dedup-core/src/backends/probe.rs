@@ -114,6 +114,28 @@ pub fn delete(s: &mut impl Slots, fp: &Fingerprint) -> Result<Option<Pbn>> {
     Ok(pbn)
 }
 
+/// After the slots just before `from` were emptied at once (a damaged
+/// block of them read as empty), move each entry of the probe run starting
+/// at `from` to where a lookup from its home finds it: no run may cross an
+/// empty slot. Re-inserting in run order never moves an entry past its old
+/// slot, which is empty when it is probed. Returns the entries moved.
+pub fn reseat_run(s: &mut impl Slots, from: u64) -> Result<u64> {
+    let n = s.slot_count();
+    let mut j = from % n;
+    let mut moved = 0;
+    for _ in 0..n {
+        let Some((fp, pbn)) = s.get(j)? else {
+            break;
+        };
+        s.set(j, None)?;
+        let (i, _) = probe(s, &fp)?;
+        s.set(i, Some((fp, pbn)))?;
+        moved += (i != j) as u64;
+        j = next(j, n);
+    }
+    Ok(moved)
+}
+
 /// Entries in slot order from slot `from`: up to `max` of them, and the slot
 /// to continue at (None at the end).
 pub fn scan(
@@ -136,4 +158,59 @@ pub fn scan(
         i += 1;
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct VecSlots(Vec<Option<(Fingerprint, Pbn)>>);
+
+    impl Slots for VecSlots {
+        fn slot_count(&self) -> u64 {
+            self.0.len() as u64
+        }
+        fn get(&mut self, i: u64) -> Result<Option<(Fingerprint, Pbn)>> {
+            Ok(self.0[i as usize])
+        }
+        fn set(&mut self, i: u64, entry: Option<(Fingerprint, Pbn)>) -> Result<()> {
+            self.0[i as usize] = entry;
+            Ok(())
+        }
+    }
+
+    /// Every fingerprint whose prefix sends it home to `slot` of `n`.
+    fn homed_at(slot: u64, n: u64, k: u8) -> Fingerprint {
+        let prefix = ((slot as u128) << 64).div_ceil(n as u128) as u64;
+        let mut fp = [k; 32];
+        fp[..8].copy_from_slice(&prefix.to_le_bytes());
+        let fp = Fingerprint(fp);
+        assert_eq!(home(&fp, n), slot);
+        fp
+    }
+
+    #[test]
+    fn a_run_over_an_emptied_range_is_reseated_so_lookups_find_it() {
+        // Wrapping runs: entries homed at 13..16 and 0..4 crowd past the
+        // end of the table and across slots 4..8, which are then emptied.
+        let n = 16;
+        let mut s = VecSlots(vec![None; n as usize]);
+        let fps: Vec<Fingerprint> = (0..14u8)
+            .map(|k| homed_at([13, 14, 15, 0, 1, 2, 3, 3][k as usize % 8], n, k))
+            .collect();
+        for (i, fp) in fps.iter().enumerate() {
+            assert_eq!(
+                insert(&mut s, fp, i as u64, i as u64).unwrap(),
+                Inserted::New
+            );
+        }
+        let gone: Vec<Fingerprint> = (4..8)
+            .filter_map(|i| s.0[i].take().map(|(fp, _)| fp))
+            .collect();
+        reseat_run(&mut s, 8).unwrap();
+        for (i, fp) in fps.iter().enumerate() {
+            let want = (!gone.contains(fp)).then_some(i as u64);
+            assert_eq!(lookup(&mut s, fp).unwrap(), want, "entry {i}");
+        }
+    }
 }

@@ -6,6 +6,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -45,6 +46,13 @@ pub trait BlockFile: Send + Sync {
         Ok(None)
     }
 
+    /// The parts of `range` that may hold data, in order: a sparse file's
+    /// allocated extents (holes read as zeros and were never written), or
+    /// `None` where that is not known (then any byte may). `check` uses it
+    /// to read every table block ever written without reading the holes.
+    fn data_ranges(&self, _range: Range<u64>) -> Result<Option<Vec<Range<u64>>>> {
+        Ok(None)
+    }
     /// Give `len` bytes at `offset` back to the storage underneath (a hole
     /// in a sparse file, a discard on a block device). Afterwards the
     /// range reads as zeros, or on some block devices as anything: callers
@@ -80,6 +88,9 @@ impl<T: BlockFile + ?Sized> BlockFile for std::sync::Arc<T> {
     }
     fn allocated(&self) -> Result<Option<u64>> {
         (**self).allocated()
+    }
+    fn data_ranges(&self, range: Range<u64>) -> Result<Option<Vec<Range<u64>>>> {
+        (**self).data_ranges(range)
     }
     fn punch(&self, offset: u64, len: u64) -> Result<()> {
         (**self).punch(offset, len)
@@ -187,6 +198,41 @@ impl BlockFile for FileBlockFile {
         Ok(Some(m.blocks() * 512))
     }
 
+    fn data_ranges(&self, range: Range<u64>) -> Result<Option<Vec<Range<u64>>>> {
+        if self.block_device {
+            return Ok(None);
+        }
+        let fd = self.file.as_raw_fd();
+        let mut out = Vec::new();
+        let mut at = range.start;
+        while at < range.end {
+            // SEEK_DATA past the last extent fails with ENXIO: no more data.
+            // SAFETY: lseek on a file descriptor this file owns.
+            let data = unsafe { libc::lseek(fd, at as libc::off_t, libc::SEEK_DATA) };
+            if data < 0 {
+                match io::Error::last_os_error().raw_os_error() {
+                    Some(libc::ENXIO) => break,
+                    // A filesystem that cannot tell: take it all as data.
+                    _ => return Ok(None),
+                }
+            }
+            let data = data as u64;
+            if data >= range.end {
+                break;
+            }
+            // SAFETY: as above.
+            let hole = unsafe { libc::lseek(fd, data as libc::off_t, libc::SEEK_HOLE) };
+            let hole = if hole < 0 {
+                range.end
+            } else {
+                (hole as u64).min(range.end)
+            };
+            out.push(data.max(range.start)..hole);
+            at = hole;
+        }
+        Ok(Some(out))
+    }
+
     fn capacity(&self) -> Result<Option<u64>> {
         if self.block_device {
             self.len().map(Some)
@@ -292,6 +338,27 @@ impl BlockFile for MemBlockFile {
         let end = end.ok_or_else(|| out_of_bounds(&self.name, offset, buf.len(), bytes.len()))?;
         buf.copy_from_slice(&bytes[start..end]);
         Ok(())
+    }
+
+    /// The 4 KiB pages that hold a byte other than zero: what a sparse
+    /// file would have allocated, for tests of what reads only those.
+    fn data_ranges(&self, range: Range<u64>) -> Result<Option<Vec<Range<u64>>>> {
+        const PAGE: u64 = 4096;
+        let bytes = self.bytes.read();
+        let end = range.end.min(bytes.len() as u64);
+        let mut out: Vec<Range<u64>> = Vec::new();
+        let mut at = range.start;
+        while at < end {
+            let next = ((at / PAGE + 1) * PAGE).min(end);
+            if bytes[at as usize..next as usize].iter().any(|&b| b != 0) {
+                match out.last_mut() {
+                    Some(last) if last.end == at => last.end = next,
+                    _ => out.push(at..next),
+                }
+            }
+            at = next;
+        }
+        Ok(Some(out))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {

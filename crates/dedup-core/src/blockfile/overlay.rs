@@ -6,6 +6,8 @@
 
 use std::collections::hash_map::{Entry, HashMap};
 
+use std::ops::Range;
+
 use parking_lot::Mutex;
 
 use super::BlockFile;
@@ -112,6 +114,27 @@ impl<F: BlockFile> BlockFile for Overlay<F> {
 
     fn allocated(&self) -> Result<Option<u64>> {
         self.inner.allocated()
+    }
+
+    /// The file's data, and the pages written over it.
+    fn data_ranges(&self, range: Range<u64>) -> Result<Option<Vec<Range<u64>>>> {
+        let Some(mut out) = self.inner.data_ranges(range.clone())? else {
+            return Ok(None);
+        };
+        let s = self.state.lock();
+        out.extend(s.pages.keys().filter_map(|&p| {
+            let page = (p * PAGE).max(range.start)..((p + 1) * PAGE).min(range.end);
+            (page.start < page.end).then_some(page)
+        }));
+        out.sort_unstable_by_key(|r| r.start);
+        let mut merged: Vec<Range<u64>> = Vec::new();
+        for r in out {
+            match merged.last_mut() {
+                Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+                _ => merged.push(r),
+            }
+        }
+        Ok(Some(merged))
     }
 
     /// Nothing: the file underneath is only read, and a punch only gives

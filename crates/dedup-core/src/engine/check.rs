@@ -3,12 +3,14 @@
 //! every indexed chunk. Online, it quiesces I/O for its duration (it holds
 //! every LBN stripe), so it sees no write half-done.
 
+mod damage;
+
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
 use super::{Engine, Meta};
-use crate::backend::scan_all;
+use crate::backend::{scan_all, Held};
 use crate::config::{DeviceConfig, Pbn};
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;
@@ -31,6 +33,8 @@ pub enum ProblemKind {
     UsageMismatch,
     /// A stored chunk no longer hashes to its fingerprint (`--data`).
     FingerprintMismatch,
+    /// A table block fails its checksum; it reads as empty (`LostBlock`).
+    DamagedBlock,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -49,6 +53,24 @@ pub struct CheckReport {
     /// Chunks re-hashed (with `--data`).
     pub chunks_verified: u64,
     pub problems: Vec<Problem>,
+    /// Logical ranges whose mappings were in a damaged block: they read
+    /// as zeros.
+    #[serde(default)]
+    pub lost: Vec<LostRange>,
+}
+
+/// LBNs whose mappings a damaged LBN-map block held, and so are lost.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostRange {
+    /// The damaged block: its table and number.
+    pub table: String,
+    pub block: u64,
+    /// The LBNs, first and last (inclusive).
+    pub first_lbn: u64,
+    pub last_lbn: u64,
+    /// The same range in bytes on the device.
+    pub offset: u64,
+    pub length: u64,
 }
 
 impl CheckReport {
@@ -81,11 +103,18 @@ impl Engine {
         let _quiet = self.lbn_locks.write_many(0..1024);
         let mut m = self.meta.lock();
         let data = |pbn, buf: &mut [u8]| self.read_stored(pbn, buf);
-        check_backend(&self.cfg, &mut m, &data, verify_data, progress).map(|(r, _)| r)
+        let how = How {
+            verify_data,
+            rehash_lost: false,
+        };
+        check_backend(&self.cfg, &mut m, &data, how, progress).map(|(r, _)| r)
     }
 
     /// Check, then rebuild what the check found wrong: unmap LBNs and drop
-    /// index entries that name PBNs beyond the device; for a PBN indexed
+    /// index entries that name PBNs beyond the device; index again, by
+    /// hashing them, the chunks the LBN map names whose fingerprints were in
+    /// a damaged block (a damaged LBN-map block's LBNs are already unmapped,
+    /// and named in the report); for a PBN indexed
     /// under several fingerprints, keep only the one its bytes hash to (none,
     /// if none does); with `verify_data`, drop entries whose chunk no longer
     /// matches; then set every reference count (and so the free space) and
@@ -99,9 +128,16 @@ impl Engine {
         let (before, fixes) = {
             let mut m = self.meta.lock();
             let data = |pbn, buf: &mut [u8]| self.read_stored(pbn, buf);
-            check_backend(&self.cfg, &mut m, &data, verify_data, &|_, _| {})?
+            let how = How {
+                verify_data,
+                rehash_lost: true,
+            };
+            check_backend(&self.cfg, &mut m, &data, how, &|_, _| {})?
         };
-        let mut report = RepairReport::default();
+        let mut report = RepairReport {
+            lost: before.lost.clone(),
+            ..Default::default()
+        };
         // First make the totals those the scan counted, so the deletes
         // below bring them exactly to the repaired state and every commit
         // between slices records totals that match the tables.
@@ -130,6 +166,15 @@ impl Engine {
                 Ok(())
             })?;
             report.index_entries_removed += group.len() as u64;
+        }
+        for group in fixes.reindex.chunks(REPAIR_SLICE) {
+            self.repair_slice(|m| {
+                for (fp, pbn) in group {
+                    m.index(fp, *pbn)?;
+                }
+                Ok(())
+            })?;
+            report.fingerprints_rebuilt += group.len() as u64;
         }
         for group in fixes.set_counts.chunks(REPAIR_SLICE) {
             self.repair_slice(|m| {
@@ -168,6 +213,14 @@ pub struct RepairReport {
     pub lbns_unmapped: u64,
     pub index_entries_removed: u64,
     pub refcounts_set: u64,
+    /// Chunks indexed again by hashing them, their fingerprints having
+    /// been in a damaged block.
+    #[serde(default)]
+    pub fingerprints_rebuilt: u64,
+    /// Logical ranges lost with a damaged LBN-map block: unmapped, they
+    /// read as zeros.
+    #[serde(default)]
+    pub lost: Vec<LostRange>,
 }
 
 /// The corrections a check implies, and the totals after them.
@@ -175,12 +228,24 @@ pub struct RepairReport {
 struct Fixes {
     unmap: Vec<crate::config::Lbn>,
     drop_index: Vec<(Fingerprint, Pbn)>,
+    /// Chunks to index again (their fingerprints were lost).
+    reindex: Vec<(Fingerprint, Pbn)>,
     set_counts: Vec<(u64, u32)>,
     lbns_mapped: u64,
     hash_entries: u64,
 }
 
 type ReadChunk<'a> = &'a dyn Fn(u64, &mut [u8]) -> Result<()>;
+
+/// What a check does beyond reading metadata.
+#[derive(Clone, Copy)]
+struct How {
+    /// Re-hash every indexed chunk (`--data`).
+    verify_data: bool,
+    /// Hash the mapped chunks whose fingerprints were lost with a damaged
+    /// block, to index them again (repair).
+    rehash_lost: bool,
+}
 
 /// What a check found for one PBN.
 #[derive(Clone, Copy, Default)]
@@ -199,13 +264,21 @@ fn check_backend(
     cfg: &DeviceConfig,
     meta: &mut Meta,
     read_chunk: ReadChunk,
-    verify_data: bool,
+    how: How,
     progress: &dyn Fn(u64, u64),
 ) -> Result<(CheckReport, Fixes)> {
     use ProblemKind::*;
+    let verify_data = how.verify_data;
     let nr = cfg.pbn_space();
     let mut report = CheckReport::default();
     let mut fixes = Fixes::default();
+    let lost = meta.store.lost_blocks();
+    for l in &lost {
+        report.problem(DamagedBlock, damage::describe(cfg, l));
+        if let Held::Mappings(lbns) = &l.held {
+            report.lost.push(damage::lost_range(cfg, l, lbns));
+        }
+    }
     // What the scans found for each PBN they name: memory follows the
     // chunks stored, not the size of the device.
     let mut seen: HashMap<Pbn, Seen> = HashMap::new();
@@ -359,6 +432,9 @@ fn check_backend(
             .into_iter()
             .filter(|(_, p)| !suspect.contains(p)),
     );
+    if how.rehash_lost {
+        fixes.reindex = damage::rehash_lost(cfg, m, &lost, &mut seen, read_chunk, &mut chunk)?;
+    }
 
     for pbn in pbns {
         let e = seen[&pbn];

@@ -21,6 +21,8 @@ mod write_path;
 mod writeback;
 
 #[cfg(test)]
+mod damage_tests;
+#[cfg(test)]
 mod verify_tests;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,7 +45,7 @@ use crate::registry;
 use crate::stats::{ratio, Counters, Stats};
 use crate::superblock::{encode_data_header, Superblock, SUPERBLOCK_AREA};
 
-pub use check::{CheckReport, Problem, ProblemKind, RepairReport};
+pub use check::{CheckReport, LostRange, Problem, ProblemKind, RepairReport};
 pub use chunking::{is_zero, overwrite_reserve_chunks};
 pub use device::Device;
 pub use gc::GcReport;

@@ -58,6 +58,7 @@ fn ref_value(pbn: Pbn, (count, crc): (u32, u32)) -> Result<u32> {
 fn db_err(e: impl Into<redb::Error>) -> Error {
     match e.into() {
         redb::Error::Io(io) => Error::io("cowbtree metadata I/O", io),
+        e @ redb::Error::Corrupted(_) => Error::corrupt(S, format!("{e}; {}", super::NOT_REBUILT)),
         other => Error::corrupt(S, other.to_string()),
     }
 }

@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use lru::LruCache;
 
-use super::geometry::{block_ok, seal_block, Area, BLOCK};
+use super::geometry::{block_ok, seal_block, Area, BLOCK, ROOT};
 use crate::backend::MetaIoStats;
 use crate::blockfile::BlockFile;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 pub type Block = Box<[u8; BLOCK]>;
 
@@ -23,6 +23,13 @@ pub struct Cache {
     clean: LruCache<u64, Block>,
     dirty: HashMap<u64, Block>,
     pub io: MetaIoStats,
+    /// Opened for check (`salvage`): a block other than the root that
+    /// fails its checksum reads as empty instead of failing, and is noted
+    /// in `lost`.
+    salvage: bool,
+    /// Blocks read as empty because they failed their checksum, in the
+    /// order found, until the commit that rewrites them (they stay dirty).
+    pub lost: Vec<u64>,
 }
 
 fn new_block() -> Block {
@@ -38,6 +45,23 @@ impl Cache {
             clean: LruCache::unbounded(),
             dirty: HashMap::new(),
             io: MetaIoStats::default(),
+            salvage: false,
+            lost: Vec::new(),
+        }
+    }
+
+    /// From now on, read a damaged block as empty (see `lost`).
+    pub fn salvage(&mut self) {
+        self.salvage = true;
+    }
+
+    /// Take `block_no` as lost: empty from now on, and rewritten by the
+    /// next commit (a store that read and checked it itself).
+    pub fn mark_lost(&mut self, block_no: u64) {
+        self.clean.pop(&block_no);
+        self.dirty.insert(block_no, new_block());
+        if !self.lost.contains(&block_no) {
+            self.lost.push(block_no);
         }
     }
 
@@ -49,20 +73,26 @@ impl Cache {
         self.dirty.len()
     }
 
-    /// Read a table block from the metadata device, checking it.
-    pub fn read_home(&mut self, block_no: u64) -> Result<Block> {
+    /// Read a table block from the metadata device, checking it. `None`:
+    /// it failed its checksum while salvaging, and is now lost.
+    fn read_home(&mut self, block_no: u64) -> Result<Option<Block>> {
         let mut b = new_block();
         let at = self.geo.table_start + block_no * BLOCK as u64;
         self.file.read_at(&mut b[..], at)?;
         self.io.reads += 1;
         self.io.bytes_read += BLOCK as u64;
-        if !block_ok(block_no, &b[..]) {
-            return Err(Error::corrupt(
-                self.geo.table_name(block_no),
-                format!("block {block_no} fails its checksum"),
-            ));
+        if block_ok(block_no, &b[..]) {
+            return Ok(Some(b));
         }
-        Ok(b)
+        if !self.salvage || block_no == ROOT {
+            return Err(self.geo.damaged(block_no));
+        }
+        tracing::warn!(
+            "{}: block {block_no} fails its checksum; reading it as empty for the check",
+            self.geo.table_name(block_no)
+        );
+        self.mark_lost(block_no);
+        Ok(None)
     }
 
     /// Evict least recently used clean blocks until `room` more blocks fit.
@@ -87,7 +117,9 @@ impl Cache {
             return Ok(self.clean.get(&block_no).expect("checked"));
         }
         self.io.cache_misses += 1;
-        let b = self.read_home(block_no)?;
+        let Some(b) = self.read_home(block_no)? else {
+            return Ok(self.dirty.get(&block_no).expect("marked lost"));
+        };
         self.evict(1);
         self.clean.put(block_no, b);
         Ok(self.clean.get(&block_no).expect("just inserted"))
@@ -103,7 +135,10 @@ impl Cache {
                 }
                 None => {
                     self.io.cache_misses += 1;
-                    self.read_home(block_no)?
+                    match self.read_home(block_no)? {
+                        Some(b) => b,
+                        None => new_block(), // lost: empty
+                    }
                 }
             };
             self.evict(1);
@@ -129,8 +164,10 @@ impl Cache {
         out
     }
 
-    /// The commit is durable: dirty blocks become clean cached blocks.
+    /// The commit is durable: dirty blocks become clean cached blocks. Lost
+    /// blocks were among them, rewritten whole: no longer damaged.
     pub fn mark_clean(&mut self) {
+        self.lost.clear();
         for (n, b) in std::mem::take(&mut self.dirty) {
             self.clean.put(n, b);
         }

@@ -10,6 +10,7 @@
 //! zeros is a valid, never-written block.
 
 use crate::config::{DeviceConfig, Lbn, Pbn};
+use crate::error::Error;
 use crate::superblock::SUPERBLOCK_AREA;
 
 pub const BLOCK: usize = 4096;
@@ -32,8 +33,14 @@ pub struct Area {
     pub table_start: u64,
     pub table_blocks: u64,
     /// (first block, name) of each table, in block order, for messages.
+    /// Every layout starts with the root (block 0) and the LBN map.
     pub names: [(u64, &'static str); 6],
 }
+
+/// The table block holding the store's state record: `check --repair`
+/// cannot rebuild it (the superblock and the journal are its only
+/// safeguards), so it is never read as empty.
+pub const ROOT: u64 = 0;
 
 impl Area {
     /// Which table a block belongs to, for error messages.
@@ -43,6 +50,30 @@ impl Area {
             .rev()
             .find(|(first, name)| block >= *first && !name.is_empty())
             .map_or("table", |(_, name)| name)
+    }
+
+    /// Whether `block` is in the LBN map, the one table whose contents
+    /// cannot be derived from the others.
+    pub fn in_lbn_map(&self, block: u64) -> bool {
+        (self.names[1].0..self.names[2].0).contains(&block)
+    }
+
+    /// The error for a table block that fails its checksum: the table, the
+    /// block, and what `check --repair` does about it.
+    pub fn damaged(&self, block: u64) -> Error {
+        let fix = if block == ROOT {
+            "it holds the last commit's state record, which nothing can rebuild: put back a copy of the metadata"
+        } else if self.in_lbn_map(block) {
+            "the mappings it holds are lost; `dedup check --repair DIR` (device stopped) unmaps \
+             those LBNs, names them, and keeps the rest of the device"
+        } else {
+            "`dedup check --repair DIR` (device stopped) rebuilds what it held from the LBN map \
+             and the data"
+        };
+        Error::corrupt(
+            self.table_name(block),
+            format!("block {block} fails its checksum; {fix}"),
+        )
     }
 }
 

@@ -15,13 +15,14 @@
 pub(crate) mod cache;
 pub(crate) mod geometry;
 pub(crate) mod journal;
+mod salvage;
 pub(crate) mod tables;
 #[cfg(test)]
 mod tests;
 
 use std::sync::Arc;
 
-use crate::backend::{BackendUsage, MetaIoStats, MetadataBackend, ScanCursor};
+use crate::backend::{BackendUsage, LostBlock, MetaIoStats, MetadataBackend, ScanCursor};
 use crate::backends::counts;
 use crate::backends::kv::store::StoreState;
 use crate::backends::probe::{self, Slots};
@@ -213,40 +214,46 @@ fn open_table(
         geo.area(),
         cache_bytes,
         opts.writable,
+        opts.for_check,
         NAME,
     )?;
-    let space = load_space(
+    let mut lost = Vec::new();
+    let (space, hash_entries) = load_space(
         t.file.as_ref(),
         &cfg,
         &geo,
         &state,
-        opts.for_check,
+        opts.for_check.then_some(&mut lost),
         &mut t.cache.io,
     )?;
-    // The journal holds every table block, so no transaction outgrows it.
-    t.mark_open()?;
-    Ok(DiskTable {
+    let mut table = DiskTable {
         cfg,
         geo,
         t,
         space,
-        hash_entries: state.hash_entries,
+        hash_entries,
         private: state.counters,
-    })
+    };
+    table.salvage(&lost)?;
+    // The journal holds every table block, so no transaction outgrows it.
+    table.t.mark_open()?;
+    Ok(table)
 }
 
 /// Read `count` table blocks from `first`, straight from the device (not
 /// through the cache), checking each, and hand them to `each` with their
-/// index in the run.
+/// index in the run. A block that fails its checksum is refused, or, when
+/// salvaging (`lost`), noted there and handed on as empty.
 fn scan_blocks(
     file: &dyn BlockFile,
     geo: &Geometry,
-    first: u64,
-    count: u64,
+    (first, count): (u64, u64),
     io: &mut MetaIoStats,
+    mut lost: Option<&mut Vec<u64>>,
     mut each: impl FnMut(u64, &[u8]) -> Result<()>,
 ) -> Result<()> {
     const PER_READ: u64 = 256;
+    let empty = [0u8; BLOCK];
     let mut buf = vec![0u8; PER_READ as usize * BLOCK];
     let mut b = 0;
     while b < count {
@@ -257,12 +264,18 @@ fn scan_blocks(
         io.bytes_read += bytes.len() as u64;
         for (i, block) in bytes.chunks(BLOCK).enumerate() {
             let block_no = first + b + i as u64;
-            if !block_ok(block_no, block) {
-                return Err(Error::corrupt(
-                    geo.table_name(block_no),
-                    format!("block {block_no} fails its checksum"),
-                ));
-            }
+            let block = match (block_ok(block_no, block), lost.as_deref_mut()) {
+                (true, _) => block,
+                (false, Some(lost)) => {
+                    tracing::warn!(
+                        "{}: block {block_no} fails its checksum; reading it as empty for the check",
+                        geo.table_name(block_no)
+                    );
+                    lost.push(block_no);
+                    &empty[..]
+                }
+                (false, None) => return Err(geo.area().damaged(block_no)),
+            };
             each(b + i as u64, block)?;
         }
         b += n;
@@ -274,16 +287,19 @@ fn scan_blocks(
 /// allocation map from the refcount array, and cross-check the counts of
 /// used PBNs and index entries against the root block. A block lost or zeroed since
 /// the last commit cannot then go unnoticed (a zero block is also a valid
-/// empty one). `for_check` logs what `check` reports and `repair` fixes
-/// instead of refusing.
+/// empty one). Opened for check (`lost`), it logs what `check` reports and
+/// `repair` fixes instead of refusing, and notes blocks that fail their
+/// checksum in `lost`, counting them as empty. Returns the map and the
+/// entries in the hash index.
 fn load_space(
     file: &dyn BlockFile,
     cfg: &DeviceConfig,
     geo: &Geometry,
     state: &StoreState,
-    for_check: bool,
+    mut lost: Option<&mut Vec<u64>>,
     io: &mut MetaIoStats,
-) -> Result<SpaceMap> {
+) -> Result<(SpaceMap, u64)> {
+    let for_check = lost.is_some();
     let nr = cfg.pbn_space();
     let mut space = SpaceMap::new(nr);
     space.set_cursor(state.alloc_cursor);
@@ -291,9 +307,9 @@ fn load_space(
     scan_blocks(
         file,
         geo,
-        geo.refcount(0).0,
-        geo.ref_blocks,
+        (geo.refcount(0).0, geo.ref_blocks),
         io,
+        lost.as_deref_mut(),
         |i, block| {
             for k in 0..REFS_PER_BLOCK {
                 let pbn = i * REFS_PER_BLOCK + k;
@@ -311,6 +327,7 @@ fn load_space(
         file,
         geo,
         io,
+        lost.as_deref_mut(),
         PbnEntries {
             table: "disktable LBN map",
             entry: "LBN",
@@ -321,13 +338,13 @@ fn load_space(
             at: 0,
             entries: cfg.logical_chunks(),
             pbns: nr,
-            for_check,
         },
     )?;
     let entries = count_pbn_entries(
         file,
         geo,
         io,
+        lost,
         PbnEntries {
             table: "disktable hash index",
             entry: "slot",
@@ -338,7 +355,6 @@ fn load_space(
             at: 32,
             entries: geo.hash_slots,
             pbns: nr,
-            for_check,
         },
     )?;
     for (what, found, recorded) in [
@@ -356,7 +372,7 @@ fn load_space(
             tracing::warn!("disktable tables: {detail}");
         }
     }
-    Ok(space)
+    Ok((space, entries))
 }
 
 /// A table of entries that each hold `PBN + 1` (0 = empty) as 8 bytes.
@@ -373,9 +389,6 @@ struct PbnEntries {
     entries: u64,
     /// PBNs on the data device.
     pbns: u64,
-    /// Count an entry beyond the device (for `check` to report) instead of
-    /// refusing.
-    for_check: bool,
 }
 
 /// What to do about damage `check --repair` fixes.
@@ -386,17 +399,22 @@ fn count_pbn_entries(
     file: &dyn BlockFile,
     geo: &Geometry,
     io: &mut MetaIoStats,
+    lost: Option<&mut Vec<u64>>,
     t: PbnEntries,
 ) -> Result<u64> {
     let mut found = 0u64;
-    scan_blocks(file, geo, t.first_block, t.blocks, io, |i, block| {
+    let blocks = (t.first_block, t.blocks);
+    // Opened for check: an entry beyond the device is counted, for
+    // `check` to report, instead of refused.
+    let for_check = lost.is_some();
+    scan_blocks(file, geo, blocks, io, lost, |i, block| {
         for k in 0..t.per_block {
             let n = i * t.per_block + k;
             let v = read_u64(block, HEADER + k as usize * t.stride + t.at);
             if n < t.entries && v != 0 {
                 if v > t.pbns {
                     let what = format!("{} {n} names a PBN beyond the data device", t.entry);
-                    if !t.for_check {
+                    if !for_check {
                         return Err(Error::corrupt(t.table, format!("{what}; {REPAIR}")));
                     }
                     tracing::warn!("{}: {what}", t.table);
@@ -608,6 +626,10 @@ impl MetadataBackend for DiskTable {
 
     fn private_data(&self) -> &[u64] {
         &self.private
+    }
+
+    fn lost_blocks(&self) -> Vec<LostBlock> {
+        self.t.cache.lost.iter().map(|&b| self.held(b)).collect()
     }
 
     fn usage(&self) -> BackendUsage {

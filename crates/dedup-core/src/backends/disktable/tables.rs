@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use super::cache::Cache;
-use super::geometry::{Area, BLOCK, HEADER};
+use super::geometry::{Area, BLOCK, HEADER, ROOT};
 use super::journal::Journal;
 use crate::backends::kv::store::StoreState;
 use crate::blockfile::BlockFile;
@@ -26,8 +26,6 @@ pub struct Journaled {
     /// "disktable", "sparse": for log lines and errors.
     name: &'static str,
 }
-
-const ROOT: u64 = 0;
 
 impl Journaled {
     /// The metadata device's length, refused when shorter than the tables
@@ -47,12 +45,15 @@ impl Journaled {
 
     /// Replay a complete journal left by a crash, then read the state
     /// record of the last commit from the root block (empty when new).
+    /// `salvage` (opened for check): from then on a damaged table block
+    /// reads as empty (`Cache::lost`) instead of failing.
     pub fn open(
         superblock: Superblock,
         file: Arc<dyn BlockFile>,
         area: Area,
         cache_bytes: u64,
         writable: bool,
+        salvage: bool,
         name: &'static str,
     ) -> Result<(Journaled, StoreState)> {
         let mut cache = Cache::new(file.clone(), area, cache_bytes);
@@ -72,6 +73,9 @@ impl Journaled {
             }
             StoreState::decode(&root[HEADER + 4..HEADER + 4 + len], &what)?
         };
+        if salvage {
+            cache.salvage();
+        }
         Ok((
             Journaled {
                 cache,

@@ -243,8 +243,9 @@ pub fn read_section(
         return Err(Error::corrupt(
             section.name(),
             format!(
-                "checksum mismatch (stored {:#010x}, computed {crc:#010x})",
-                table.crcs[idx]
+                "checksum mismatch (stored {:#010x}, computed {crc:#010x}); {}",
+                table.crcs[idx],
+                crate::backends::NOT_REBUILT
             ),
         ));
     }

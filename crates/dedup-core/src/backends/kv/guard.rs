@@ -30,7 +30,10 @@ impl Guard {
     fn error(&self, why: &str) -> Error {
         Error::corrupt(
             self.structure,
-            format!("the storage engine failed on damaged data ({why}); run `dedup check` on a stopped device"),
+            format!(
+                "the storage engine failed on damaged data ({why}); {}",
+                crate::backends::NOT_REBUILT
+            ),
         )
     }
 

@@ -181,7 +181,11 @@ pub fn check_entry(engine: &str, table: Table, key: &[u8], value: u64, crc: u32)
     } else {
         Err(crate::error::Error::corrupt(
             format!("{engine} {}", table.name()),
-            format!("the entry for key {} fails its checksum", hex(key)),
+            format!(
+                "the entry for key {} fails its checksum; {}",
+                hex(key),
+                crate::backends::NOT_REBUILT
+            ),
         ))
     }
 }

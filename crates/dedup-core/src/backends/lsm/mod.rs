@@ -33,6 +33,10 @@ const STATE_KEY: &[u8] = b"state";
 fn db_err(e: fjall::Error) -> Error {
     match e {
         fjall::Error::Io(io) => Error::io("lsm metadata I/O", io),
+        e @ (fjall::Error::JournalRecovery(_)
+        | fjall::Error::Decompress(_)
+        | fjall::Error::InvalidTrailer
+        | fjall::Error::InvalidTag(_)) => Error::corrupt(S, format!("{e}; {}", super::NOT_REBUILT)),
         other => Error::corrupt(S, other.to_string()),
     }
 }

@@ -123,7 +123,9 @@ pub fn verify(meta: &dyn BlockFile, dir: &Path) -> Result<()> {
     }
     let have = list(dir)?;
     if have != want {
-        let changed: Vec<PathBuf> = want
+        // A file changed in place is both missing (as recorded) and new
+        // (as found): name it once.
+        let changed: std::collections::BTreeSet<PathBuf> = want
             .iter()
             .filter(|w| !have.contains(w))
             .map(|w| dir.join(&w.0))
@@ -136,12 +138,13 @@ pub fn verify(meta: &dyn BlockFile, dir: &Path) -> Result<()> {
         return Err(Error::corrupt(
             "lsm tables",
             format!(
-                "files changed since the last clean stop (damaged or tampered with): {}",
+                "files changed since the last clean stop (damaged or tampered with): {}; {}",
                 changed
                     .iter()
                     .map(|p| p.display().to_string())
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
+                crate::backends::NOT_REBUILT
             ),
         ));
     }

@@ -34,6 +34,17 @@ pub const SUMMARIES_PER_BLOCK: u64 = (PAYLOAD / SUMMARY_BYTES) as u64;
 /// mapped (a u16), so scans of the map skip blocks with none.
 pub const LBN_SUMMARIES_PER_BLOCK: u64 = (PAYLOAD / 2) as u64;
 
+/// Which table a table block is in, and its index in that table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    Root,
+    LbnMap(u64),
+    Refcounts(u64),
+    Records(u64),
+    Summary(u64),
+    LbnSummary(u64),
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Geometry {
     pub pbn_space: u64,
@@ -122,6 +133,43 @@ impl Geometry {
         i * LBNS_PER_BLOCK..((i + 1) * LBNS_PER_BLOCK).min(self.logical_chunks)
     }
 
+    /// The PBNs refcount block `r` (0-based in its table) counts.
+    pub fn pbns_of_ref_block(&self, r: u64) -> std::ops::Range<Pbn> {
+        r * REFS_PER_BLOCK..((r + 1) * REFS_PER_BLOCK).min(self.pbn_space)
+    }
+
+    /// The PBNs chunk-record block `j` (0-based in its table) holds.
+    pub fn pbns_of_record_block(&self, j: u64) -> std::ops::Range<Pbn> {
+        j * RECORDS_PER_BLOCK..((j + 1) * RECORDS_PER_BLOCK).min(self.pbn_space)
+    }
+
+    /// The refcount blocks summary block `k` summarizes.
+    pub fn ref_blocks_of_summary(&self, k: u64) -> std::ops::Range<u64> {
+        k * SUMMARIES_PER_BLOCK..((k + 1) * SUMMARIES_PER_BLOCK).min(self.ref_blocks)
+    }
+
+    /// The LBN-map blocks LBN-summary block `k` summarizes.
+    pub fn lbn_blocks_of_summary(&self, k: u64) -> std::ops::Range<u64> {
+        k * LBN_SUMMARIES_PER_BLOCK..((k + 1) * LBN_SUMMARIES_PER_BLOCK).min(self.lbn_blocks)
+    }
+
+    /// Which table block `b` is in.
+    pub fn place(&self, b: u64) -> Place {
+        if b == 0 {
+            Place::Root
+        } else if b < self.first_ref() {
+            Place::LbnMap(b - 1)
+        } else if b < self.first_record() {
+            Place::Refcounts(b - self.first_ref())
+        } else if b < self.first_summary() {
+            Place::Records(b - self.first_record())
+        } else if b < self.first_lbn_summary() {
+            Place::Summary(b - self.first_summary())
+        } else {
+            Place::LbnSummary(b - self.first_lbn_summary())
+        }
+    }
+
     pub fn refcount(&self, pbn: Pbn) -> (u64, usize) {
         (
             self.first_ref() + pbn / REFS_PER_BLOCK,
@@ -166,9 +214,8 @@ impl Geometry {
 mod tests {
     use super::*;
 
-    #[test]
-    fn entries_stay_inside_their_tables() {
-        let cfg = DeviceConfig {
+    fn cfg() -> DeviceConfig {
+        DeviceConfig {
             uuid: [0; 16],
             backend: "sparse".into(),
             chunk_size: 4096,
@@ -177,8 +224,12 @@ mod tests {
             logical_size: 100_000 * 4096,
             physical_chunks: 50_000,
             compression: crate::compress::Compression::None,
-        };
-        let g = Geometry::new(&cfg);
+        }
+    }
+
+    #[test]
+    fn entries_stay_inside_their_tables() {
+        let g = Geometry::new(&cfg());
         let a = g.area();
         let (b, o) = g.lbn(99_999);
         assert_eq!(a.table_name(b), "sparse LBN map");
@@ -195,5 +246,26 @@ mod tests {
         let (b, o) = g.lbn_summary(g.lbn_blocks - 1);
         assert_eq!(a.table_name(b), "sparse LBN summary");
         assert!(b == g.table_blocks() - 1 && o + 2 <= PAYLOAD);
+    }
+
+    #[test]
+    fn place_names_the_table_and_index_of_every_entry() {
+        let g = Geometry::new(&cfg());
+        assert_eq!(g.place(0), Place::Root);
+        assert_eq!(
+            g.place(g.lbn(99_999).0),
+            Place::LbnMap(99_999 / LBNS_PER_BLOCK)
+        );
+        let r = 49_999 / REFS_PER_BLOCK;
+        assert_eq!(g.place(g.refcount(49_999).0), Place::Refcounts(r));
+        assert!(g.pbns_of_ref_block(r).contains(&49_999));
+        let j = 49_999 / RECORDS_PER_BLOCK;
+        assert_eq!(g.place(g.record(49_999).0), Place::Records(j));
+        assert_eq!(g.pbns_of_record_block(j).end, g.pbn_space);
+        assert_eq!(g.place(g.summary(r).0), Place::Summary(0));
+        assert!(g.ref_blocks_of_summary(0).contains(&r));
+        let i = g.lbn_blocks - 1;
+        assert_eq!(g.place(g.lbn_summary(i).0), Place::LbnSummary(0));
+        assert!(g.lbn_blocks_of_summary(0).contains(&i));
     }
 }

@@ -27,11 +27,12 @@ mod compact;
 mod exact;
 pub mod geometry;
 pub mod index;
+mod salvage;
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
-use crate::backend::{BackendUsage, IndexFigures, MetadataBackend, ScanCursor};
+use crate::backend::{BackendUsage, IndexFigures, LostBlock, MetadataBackend, ScanCursor};
 use crate::backends::counts;
 use crate::backends::disktable::geometry::{BLOCK, HEADER};
 use crate::backends::disktable::tables::Journaled;
@@ -70,6 +71,16 @@ const CHECKPOINT_MAGIC: &[u8; 8] = b"DDUPIXC2";
 
 /// What to do about damage `check --repair` fixes.
 const REPAIR: &str = "`dedup check --repair DIR` (device stopped) reports and fixes this";
+
+/// Damage `check --repair` fixes, found at open: refused, or, opened for
+/// check, logged (the caller goes on, for check to report it).
+fn damage(table: &str, detail: String, for_check: bool) -> Result<()> {
+    if !for_check {
+        return Err(Error::corrupt(table, format!("{detail}; {REPAIR}")));
+    }
+    tracing::warn!("{table}: {detail}");
+    Ok(())
+}
 
 fn check_index_memory(budget: u64) -> Result<()> {
     if budget < MIN_INDEX_MEMORY {
@@ -299,6 +310,7 @@ impl Sparse {
             geo.area(),
             cache_bytes,
             opts.writable,
+            opts.for_check,
             "sparse",
         )?;
         let mut s = Sparse {
@@ -320,8 +332,18 @@ impl Sparse {
             warm_from: None,
             warmed: 0,
         };
-        s.load_summary(&state, opts.for_check)?;
-        s.load_lbn_summary()?;
+        let odd_refs = s.load_summary(opts.for_check)?;
+        let odd_lbns = s.load_lbn_summary(opts.for_check)?;
+        if opts.for_check {
+            s.salvage(odd_refs, odd_lbns)?;
+        }
+        s.agree("PBNs hold data", s.used, state.pbns_used, opts.for_check)?;
+        s.agree(
+            "record counts in the summary",
+            s.records,
+            state.hash_entries,
+            opts.for_check,
+        )?;
         if !s.load_checkpoint()? {
             if opts.for_check {
                 s.refill_index(&state, opts.for_check)?;
@@ -338,22 +360,28 @@ impl Sparse {
         Ok(s)
     }
 
-    /// Read the summary into RAM and check it against the root's counts of
-    /// PBNs in use and of records.
-    fn load_summary(&mut self, state: &StoreState, for_check: bool) -> Result<()> {
+    /// Read the summary into RAM (the root's counts of PBNs in use and of
+    /// records are checked against it once it is whole). An entry larger
+    /// than its block is refused, or, opened for check, returned among the
+    /// refcount blocks whose entries `salvage` recounts.
+    fn load_summary(&mut self, for_check: bool) -> Result<BTreeSet<u64>> {
         let (mut used, mut records) = (0u64, 0u64);
+        let mut odd = BTreeSet::new();
         for r in 0..self.geo.ref_blocks {
             let (b, off) = self.geo.summary(r);
             let n = self.t.u16_at((b, off))?;
             let k = self.t.u16_at((b, off + 2))?;
             let room = self.pbns_in_ref_block(r);
             if u64::from(n) > room || u64::from(k) > room {
-                return Err(Error::corrupt(
+                damage(
                     "sparse refcount summary",
                     format!(
-                        "refcount block {r} counts {n} PBNs in use and {k} records, more than its {room} PBNs; {REPAIR}"
+                        "refcount block {r} counts {n} PBNs in use and {k} records, more than its {room} PBNs"
                     ),
-                ));
+                    for_check,
+                )?;
+                odd.insert(r);
+                continue;
             }
             self.summary[r as usize] = n;
             self.recorded[r as usize] = k;
@@ -362,30 +390,27 @@ impl Sparse {
         }
         self.used = used;
         self.records = records;
-        self.agree("PBNs hold data", used, state.pbns_used, for_check)?;
-        self.agree(
-            "record counts in the summary",
-            records,
-            state.hash_entries,
-            for_check,
-        )
+        Ok(odd)
     }
 
-    fn load_lbn_summary(&mut self) -> Result<()> {
+    /// As `load_summary`, for the LBN summary.
+    fn load_lbn_summary(&mut self, for_check: bool) -> Result<BTreeSet<u64>> {
+        let mut odd = BTreeSet::new();
         for i in 0..self.geo.lbn_blocks {
             let n = self.t.u16_at(self.geo.lbn_summary(i))?;
             let room = self.geo.lbns_of_block(i).count() as u64;
             if u64::from(n) > room {
-                return Err(Error::corrupt(
+                damage(
                     "sparse LBN summary",
-                    format!(
-                        "LBN-map block {i} counts {n} mapped LBNs, more than its {room}; {REPAIR}"
-                    ),
-                ));
+                    format!("LBN-map block {i} counts {n} mapped LBNs, more than its {room}"),
+                    for_check,
+                )?;
+                odd.insert(i);
+                continue;
             }
             self.mapped[i as usize] = n;
         }
-        Ok(())
+        Ok(odd)
     }
 
     /// One more (`true`) or one fewer mapped LBN in `lbn`'s map block.
@@ -424,16 +449,11 @@ impl Sparse {
         if found == recorded {
             return Ok(());
         }
-        let detail = format!("{found} {what} but the last commit recorded {recorded}");
-        if for_check {
-            tracing::warn!("sparse tables: {detail}");
-            Ok(())
-        } else {
-            Err(Error::corrupt(
-                "sparse tables",
-                format!("{detail}; {REPAIR}"),
-            ))
-        }
+        damage(
+            "sparse tables",
+            format!("{found} {what} but the last commit recorded {recorded}"),
+            for_check,
+        )
     }
 
     fn pbns_in_ref_block(&self, r: u64) -> u64 {
@@ -915,6 +935,10 @@ impl MetadataBackend for Sparse {
 
     fn private_data(&self) -> &[u64] {
         &self.private
+    }
+
+    fn lost_blocks(&self) -> Vec<LostBlock> {
+        self.t.cache.lost.iter().map(|&b| self.held(b)).collect()
     }
 
     fn usage(&self) -> BackendUsage {
