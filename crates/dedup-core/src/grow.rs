@@ -107,9 +107,9 @@ pub fn grow(dir: &Path, opts: &GrowOptions, progress: &dyn Fn(u64, u64)) -> Resu
         )));
     }
     let params = registry::recorded_params(&sb)?;
-    extend_data(&data, &paths.data, &new)?;
     let (method, lbns, chunks) = match resize {
         Resize::InPlace => {
+            extend_data(&data, &paths.data, &new)?;
             rewrite_config(&meta, sb, &new)?;
             ("in place", 0, 0)
         }
@@ -193,11 +193,10 @@ fn extend_data(data: &FileBlockFile, path: &Path, new: &DeviceConfig) -> Result<
     }
     if is_block_device(path) {
         return Err(Error::InvalidArgument(format!(
-            "the data device {} holds {} but {} of chunk space needs {}: grow the block device first (lvextend), or give a smaller --physical-size",
+            "the data device {} holds {have} bytes but {} bytes of chunk space need {need} (4 KiB of header on top): grow the block device first (lvextend), or give a --physical-size of at most {} bytes",
             path.display(),
-            format_size(have),
-            format_size(new.physical_size()),
-            format_size(need)
+            new.physical_size(),
+            (have.saturating_sub(crate::config::DATA_OFFSET)) / new.chunk_size as u64 * new.chunk_size as u64
         )));
     }
     data.file()
@@ -276,6 +275,9 @@ fn copy_into_new_store(
     let old_meta: Arc<dyn BlockFile> = Arc::new(Overlay::new(meta));
     let mut from = registry::open_store_of(sb, old_meta, &read_only)?;
     let new_meta = make_staging(&staging, new, params)?;
+    // Longer data only now that nothing can refuse for want of room, and
+    // before the new metadata, which names the new blocks, is renamed in.
+    extend_data(&data, &paths.data, new)?;
     let sb_new = Superblock::read(new_meta.as_ref(), &staging)?;
     let writable = OpenOptions {
         writable: true,
@@ -285,6 +287,7 @@ fn copy_into_new_store(
     let copied = copy(from.as_mut(), to.as_mut(), translate(&old, new), progress)?;
     to.close(from.private_data())?;
     drop((from, to, new_meta, data));
+    keep_owner_and_mode(&target, &staging)?;
     // A generation above the old metadata's in both slots: the data
     // device's record is at most the old one's.
     let staged = FileBlockFile::open(&staging, true)?;
@@ -301,6 +304,17 @@ fn copy_into_new_store(
         .and_then(|d| d.sync_all())
         .context(|| format!("syncing directory {}", parent.display()))?;
     Ok(copied)
+}
+
+/// The new metadata takes the old file's owner, group and mode, so a grow
+/// run as root does not leave a service user's device unopenable.
+fn keep_owner_and_mode(old: &Path, new: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::metadata(old).context(|| format!("reading the owner of {}", old.display()))?;
+    std::os::unix::fs::chown(new, Some(m.uid()), Some(m.gid()))
+        .context(|| format!("giving {} the owner of {}", new.display(), old.display()))?;
+    fs::set_permissions(new, m.permissions())
+        .context(|| format!("giving {} the mode of {}", new.display(), old.display()))
 }
 
 struct RemoveOnDrop(Option<PathBuf>);

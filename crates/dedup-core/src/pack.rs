@@ -94,6 +94,12 @@ impl Packer {
         (n <= MAX_SLOTS).then(|| room(self.block, n).saturating_sub(self.used))
     }
 
+    /// Bytes left over if a fragment of `len` bytes were added (None: it
+    /// does not fit): what best-fit packing minimises.
+    pub fn slack_after(&self, len: usize) -> Option<usize> {
+        self.room_for_next()?.checked_sub(len)
+    }
+
     /// The block.
     pub fn seal(&self) -> Vec<u8> {
         let n = self.fragments.len();

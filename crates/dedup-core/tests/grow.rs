@@ -361,3 +361,45 @@ fn a_cleanly_grown_device_refuses_its_pre_grow_metadata_once_served() {
         .expect("stale metadata opened");
     assert!(matches!(e, Error::Stale { .. }), "{e}");
 }
+
+#[test]
+fn a_grown_copy_keeps_the_metadata_files_place_owner_and_mode() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    // Metadata named by a symlink (`create --meta PATH`): the copy lands
+    // beside the file, not the link, and the link still names it.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("dev");
+    let elsewhere = tmp.path().join("fast");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let meta_file = elsewhere.join("dev.meta");
+    let opts = CreateOptions {
+        meta: Some(meta_file.clone()),
+        physical_size: Some(50 * CS),
+        ..CreateOptions::new(100 * CS)
+    };
+    layout::create(&dir, &opts).unwrap();
+    let paths = DevicePaths::from_dir(&dir).unwrap();
+    let mut model = ModelDisk::new((100 * CS) as usize, CS as usize);
+    let dev = layout::open(&paths, &rw()).unwrap();
+    workload(&dev, &mut model, &mut StdRng::seed_from_u64(5), 0, 100, 150);
+    stop(dev);
+    // A service user's device, grown by root.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root {
+        std::os::unix::fs::chown(&meta_file, Some(65534), Some(65534)).unwrap();
+    }
+    std::fs::set_permissions(&meta_file, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let before = std::fs::metadata(&meta_file).unwrap();
+
+    grow_to(&dir, Some(300), Some(200));
+    assert!(std::fs::symlink_metadata(dir.join("meta")).unwrap().is_symlink());
+    assert_eq!(std::fs::read_link(dir.join("meta")).unwrap(), meta_file);
+    assert!(!elsewhere.join("dev.meta.grow").exists());
+    let after = std::fs::metadata(&meta_file).unwrap();
+    assert_eq!(after.mode() & 0o7777, 0o640);
+    assert_eq!((after.uid(), after.gid()), (before.uid(), before.gid()));
+    if !root {
+        eprintln!("not root: the owner could not be changed to test it");
+    }
+    verify(&paths, &grown(&model, 300), "grown through a symlink");
+}

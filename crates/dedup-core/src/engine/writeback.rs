@@ -379,7 +379,10 @@ impl WriteBack {
     /// can be saved.
     pub fn settle_for_close(&self, counters: &Counters, patience: Duration) {
         // Patience counts from when a stall is seen, not from the start of
-        // the close: draining a long queue first must not use it up.
+        // the close: draining a long queue first must not use it up. Stalls
+        // that keep clearing and coming back are given three patiences in
+        // all, so a close still ends.
+        let started = Instant::now();
         let mut stalled_since: Option<Instant> = None;
         let sh = &self.shared;
         let mut s = sh.state.lock();
@@ -389,7 +392,9 @@ impl WriteBack {
                 (true, None) => Some(Instant::now()),
                 (true, since) => since,
             };
-            if stalled_since.is_some_and(|t| t.elapsed() >= patience) {
+            if stalled_since
+                .is_some_and(|t| t.elapsed() >= patience || started.elapsed() >= 3 * patience)
+            {
                 let lost = s.queue.iter().filter(|q| !q.running).count();
                 let why = s.stall_error().map(|e| e.to_string()).unwrap_or_default();
                 error!(

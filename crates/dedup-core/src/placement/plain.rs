@@ -56,7 +56,7 @@ impl Plain {
             None => Ok(()),
             Some(why) => Err(Error::Io {
                 context: format!(
-                    "syncing the data device failed earlier ({why}); the writes since the last FLUSH that succeeded may be lost, so the device takes no more writes: stop it and start it again (it goes back to the last commit)"
+                    "syncing the data device failed earlier ({why}); the writes since the last FLUSH that succeeded may be lost, so the device takes no more writes: stop it and start it again (crash-safe backends go back to their last commit; inram to its last clean stop, with --accept-unclean)"
                 ),
                 cause: std::io::Error::other("data sync failed"),
             }),

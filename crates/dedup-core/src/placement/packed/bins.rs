@@ -83,10 +83,7 @@ impl Bins {
             .open
             .iter()
             .enumerate()
-            .filter_map(|(i, b)| {
-                let room = b.packer.room_for_next()?;
-                (room >= fragment.len()).then_some((room - fragment.len(), i))
-            })
+            .filter_map(|(i, b)| b.packer.slack_after(fragment.len()).map(|left| (left, i)))
             .min()
             .map(|(_, i)| i);
         let i = match best {

@@ -262,10 +262,7 @@ fn pack_best_fit(
         let best = packers
             .iter()
             .enumerate()
-            .filter_map(|(i, p)| {
-                let room = p.room_for_next()?;
-                (room >= f.len()).then_some((room - f.len(), i))
-            })
+            .filter_map(|(i, p)| p.slack_after(f.len()).map(|left| (left, i)))
             .min()
             .map(|(_, i)| i);
         let i = best.unwrap_or_else(|| {
