@@ -3,7 +3,8 @@
 //! ordered: data, flush, metadata, flush; ideal: data, flush), and the
 //! commits of the structured area (made by the engine when `area_due`
 //! says so) that empty the log, commit the C-zones' entries and release
-//! the chunks freed since the last commit (`area_committed`).
+//! the chunks freed since the last commit, punching them out of the data
+//! file (`area_committed`).
 
 use std::sync::Arc;
 
@@ -255,8 +256,20 @@ impl Thin {
     fn finish_area(&mut self) -> Result<()> {
         self.commit_ts = self.ts;
         let mut changes = Changes::default();
-        for pbn in std::mem::take(&mut self.quarantine) {
+        let mut freed = std::mem::take(&mut self.quarantine);
+        for &pbn in &freed {
             self.zones.free(pbn, &mut changes);
+        }
+        // Their freeing is committed, so they go back to the host: no
+        // committed mapping names them, any entries their C-blocks carry
+        // are at or before this commit (skipped by recovery), and no
+        // allocation can hand one out before the punch (the engine's
+        // metadata mutex and our lock are held). `ideal` empties its
+        // quarantine without commits and rolls back to its last save after
+        // a crash, whose mappings may name them: it never gets here with
+        // any, and must not punch.
+        if self.policy != Policy::Ideal {
+            crate::placement::punch_blocks(&self.cfg, self.data.as_ref(), &mut freed);
         }
         let mut write: Vec<usize> = self.zones.uncommitted();
         for &z in &write {
