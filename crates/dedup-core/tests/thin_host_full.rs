@@ -43,8 +43,8 @@ fn unique(seed: u64) -> Vec<u8> {
         .collect()
 }
 
-fn device(backend: &str, write_back: bool) -> MemDevice {
-    let cfg = common::config(backend, CS as u32, LBNS, 512, HashAlgo::Blake3, false);
+fn device(backend: &str, write_back: bool, lbns: u64, physical: u64) -> MemDevice {
+    let cfg = common::config(backend, CS as u32, lbns, physical, HashAlgo::Blake3, false);
     let params = BackendParams {
         window: WindowParams {
             blocks: WINDOW,
@@ -88,7 +88,7 @@ fn assert_enospc(e: &dedup_core::Error, what: &str) {
 /// One outage on the devices `full` names (data, meta).
 fn outage(backend: &str, write_back: bool, full: [bool; 2]) {
     let what = format!("{backend}, write-back {write_back}, full {full:?}");
-    let md = device(backend, write_back);
+    let md = device(backend, write_back, LBNS, 512);
     let (dev, switches) = open_faulty(&md);
     let mut model = ModelDisk::new(LBNS as usize * CS, CS);
     let first = unique(1000);
@@ -184,4 +184,46 @@ fn without_write_back_the_failed_writes_say_enospc_and_the_device_recovers() {
     for full in [[true, false], [false, true], [true, true]] {
         outage("thin", false, full);
     }
+}
+
+/// A client that keeps writing new data while the host is full: each write
+/// fails with ENOSPC, but its chunks used to stay in RAM behind the window
+/// the host refused, without bound (on a large device, until memory ran
+/// out). Past 64 MiB an allocation writes them out itself and, failing,
+/// refuses the chunk instead.
+#[test]
+fn new_data_does_not_pile_up_in_ram_while_the_host_is_full() {
+    const LIMIT: u64 = (64 << 20) / CS as u64;
+    const CHUNKS: u64 = LIMIT + LIMIT / 4;
+    const WRITE: u64 = 256;
+    let md = device("thin", false, CHUNKS, CHUNKS + 1024);
+    let (dev, [data, _]) = open_faulty(&md);
+    data.store(true, SeqCst);
+    let mut refused = 0;
+    for lbn in (0..CHUNKS).step_by(WRITE as usize) {
+        let bytes = dedup_core::testdata::noise(lbn, (WRITE as usize) * CS);
+        if let Err(e) = dev.write(at(lbn), &bytes, false) {
+            assert_enospc(&e, "a write while the host is full");
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, CHUNKS / WRITE, "every write meets the full host");
+    let staged = dev.stats().backend_stats["chunks_staged"];
+    assert!(
+        staged < LIMIT + WRITE,
+        "{staged} chunks held in RAM (bound {LIMIT})"
+    );
+    data.store(false, SeqCst);
+    flush_until_ok(&dev);
+    // Refused writes: each chunk reads as before (zeros) or as written.
+    for lbn in (0..CHUNKS).step_by(WRITE as usize) {
+        let bytes = dedup_core::testdata::noise(lbn, (WRITE as usize) * CS);
+        let mut got = vec![0u8; bytes.len()];
+        dev.read(at(lbn), &mut got).unwrap();
+        for (g, b) in got.chunks(CS).zip(bytes.chunks(CS)) {
+            assert!(g == b || g.iter().all(|&x| x == 0), "LBN {lbn}..: torn");
+        }
+    }
+    common::assert_consistent(&dev);
+    dev.close().unwrap();
 }

@@ -60,6 +60,12 @@ pub(super) fn zone_blocks(cfg: &DeviceConfig) -> usize {
 pub(super) const LOG_BLOCKS: u64 = 1024;
 /// Windows between commits of the structured area.
 pub(super) const COMMIT_WINDOWS: u64 = 64;
+/// Bytes of new chunks held in RAM at most (or two windows, if larger)
+/// before an allocation writes them out itself. Far above what a window and the
+/// batches in flight hold; reached only while commits keep failing (the
+/// host's disk full), where a client writing new data would otherwise
+/// pile it up in RAM until the host has room again.
+const MAX_STAGED_BYTES: u64 = 64 << 20;
 
 /// How a window is made durable (ThinDedup's thin, and the two policies
 /// it is compared with).
@@ -378,6 +384,14 @@ impl Thin {
         meta: &mut dyn MetadataBackend,
         compressed: Option<usize>,
     ) -> Result<Option<Pbn>> {
+        let limit = (self.window.blocks * 2).max(MAX_STAGED_BYTES / self.cfg.chunk_size as u64);
+        if self.staged.len() as u64 >= limit {
+            // Windows the host refused are still staged: write them now,
+            // and refuse this chunk with the host's error if that fails
+            // too. (Sound outside a commit: an entry's chunk is staged
+            // before the entry is made, so it is never in a later window.)
+            self.close_window()?;
+        }
         let kind = match compressed {
             Some(n) if cblock::capacity_for(n, self.cfg.chunk_size as usize) > 0 => Kind::C,
             _ => Kind::U,
@@ -574,6 +588,7 @@ impl Placement for ThinPlacement {
             ("area_commits", s.area_commits),
             ("windows_ended_by_area_commit", s.windows_via_commit),
             ("uncommitted_c_zones", t.zones.uncommitted().len() as u64),
+            ("chunks_staged", t.staged.len() as u64),
         ];
         if let Some((r, d)) = &t.recovery {
             v.extend([
