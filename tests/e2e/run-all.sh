@@ -29,9 +29,8 @@ done
 for backend in sparse disktable; do
     run "$backend" damage
 done
-# The host's disk fills and frees under the server (thin still needs a
-# restart there: not run).
-for backend in sparse inram disktable cowbtree lsm; do
+# The host's disk fills and frees under the server.
+for backend in sparse inram disktable cowbtree lsm thin; do
     run "$backend" full-disk
 done
 run sparse full-disk none

@@ -9,7 +9,7 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::{FaultyBlockFile, MemDevice, ModelDisk, Patterns};
+use common::{flush_until_ok, FaultyBlockFile, MemDevice, ModelDisk, Patterns};
 use dedup_core::{Device, Error};
 use rand::{Rng, SeedableRng};
 
@@ -21,11 +21,7 @@ fn slow_device(md: &MemDevice, delay: Duration) -> (Device, FaultyBlockFile) {
         write_delay: delay,
         ..FaultyBlockFile::new(md.data.clone())
     };
-    let handle = FaultyBlockFile {
-        write_delay: delay,
-        inner: faulty.inner.clone(),
-        fail_writes: faulty.fail_writes.clone(),
-    };
+    let handle = faulty.clone();
     let dev = md
         .open_on(Box::new(faulty), Box::new(md.meta.clone()))
         .unwrap();
@@ -191,15 +187,6 @@ fn enospc_reaches_the_write_that_caused_it() {
         let s = dev.stats();
         assert!(s.counters.write_back_requests > 0, "{backend}");
         assert_eq!(s.counters.write_back_failures, 0, "{backend}");
-    }
-}
-
-/// Flush until it succeeds (the stalled write is retried every 2 s at most).
-fn flush_until_ok(dev: &Device) {
-    let until = std::time::Instant::now() + Duration::from_secs(20);
-    while let Err(e) = dev.flush() {
-        assert!(std::time::Instant::now() < until, "still failing: {e}");
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

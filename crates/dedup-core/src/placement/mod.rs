@@ -121,8 +121,8 @@ pub struct PlacementStats {
     pub metadata_bytes: u64,
     /// Bytes the data device takes on the host (`BlockFile::allocated`),
     /// where the placement knows it and it is comparable with the data
-    /// blocks in use (plain and packed; thin keeps metadata in the data
-    /// device and does not punch, so it leaves this `None`).
+    /// blocks in use (every placement: thin's entries ride inside its data
+    /// blocks, and its log is on the metadata device).
     pub data_allocated: Option<u64>,
 }
 

@@ -106,10 +106,15 @@ impl MemDevice {
 
 /// A memory device with faults on demand: slow writes (to widen race
 /// windows in concurrency tests) and failing writes (for error paths).
+/// Clones share the switch, so a test keeps one to flip it.
+#[derive(Clone)]
 pub struct FaultyBlockFile {
     pub inner: Arc<dyn BlockFile>,
     pub write_delay: std::time::Duration,
     pub fail_writes: Arc<std::sync::atomic::AtomicBool>,
+    /// What a failing write returns: EIO (a failing disk) unless a test
+    /// asks for ENOSPC (the host's filesystem full).
+    pub errno: i32,
 }
 
 impl FaultyBlockFile {
@@ -118,6 +123,7 @@ impl FaultyBlockFile {
             inner,
             write_delay: std::time::Duration::ZERO,
             fail_writes: Arc::default(),
+            errno: libc::EIO,
         }
     }
 }
@@ -131,7 +137,7 @@ impl BlockFile for FaultyBlockFile {
         if self.fail_writes.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(dedup_core::Error::io(
                 "injected write failure",
-                std::io::Error::from_raw_os_error(libc::EIO),
+                std::io::Error::from_raw_os_error(self.errno),
             ));
         }
         self.inner.write_at(buf, offset)
@@ -329,6 +335,16 @@ pub fn read_all(dev: &Device) -> Vec<u8> {
     let mut buf = vec![0u8; dev.size() as usize];
     dev.read(0, &mut buf).unwrap();
     buf
+}
+
+/// Flush until it succeeds (a stalled queued write is retried every 2 s
+/// at most).
+pub fn flush_until_ok(dev: &Device) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while let Err(e) = dev.flush() {
+        assert!(std::time::Instant::now() < until, "still failing: {e}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 /// Assert the metadata is consistent.

@@ -60,6 +60,12 @@ pub(super) fn zone_blocks(cfg: &DeviceConfig) -> usize {
 pub(super) const LOG_BLOCKS: u64 = 1024;
 /// Windows between commits of the structured area.
 pub(super) const COMMIT_WINDOWS: u64 = 64;
+/// Bytes of new chunks held in RAM at most (or two windows, if larger)
+/// before an allocation writes them out itself. Far above what a window and the
+/// batches in flight hold; reached only while commits keep failing (the
+/// host's disk full), where a client writing new data would otherwise
+/// pile it up in RAM until the host has room again.
+const MAX_STAGED_BYTES: u64 = 64 << 20;
 
 /// How a window is made durable (ThinDedup's thin, and the two policies
 /// it is compared with).
@@ -201,12 +207,15 @@ pub struct Thin {
     pub(super) log_next: u64,
     pub(super) log_used: u64,
     pub(super) windows_since_commit: u64,
-    /// A change recovery could not replay (a mapping without fingerprint):
-    /// the next window commits the structured area.
+    /// A change recovery could not replay (a mapping without fingerprint),
+    /// or a commit of the structured area that failed: the next window
+    /// commits the structured area.
     pub(super) must_commit: bool,
-    /// Set after a write or flush of the window or the tables failed: the
-    /// device then refuses writes until restarted (recovery runs).
-    pub(super) failed: Option<String>,
+    /// Zone records changed in memory that are not known to be on disk
+    /// (their write or flush failed, the host's disk full): written again
+    /// before any allocation succeeds, since blocks they cover must not be
+    /// written before them.
+    pub(super) unpersisted: Vec<usize>,
     pub(super) writable: bool,
     /// `before_commit` asked for a commit of the structured area.
     pub(super) area_pending: bool,
@@ -287,7 +296,7 @@ pub fn open(
         log_used: 0,
         windows_since_commit: 0,
         must_commit: false,
-        failed: None,
+        unpersisted: Vec::new(),
         writable,
         area_pending: false,
         stats: ThinStats::default(),
@@ -313,19 +322,6 @@ pub fn open(
 }
 
 impl Thin {
-    /// Refuse work after an I/O failure left the write order unknown.
-    pub(super) fn usable(&self) -> Result<()> {
-        match &self.failed {
-            None => Ok(()),
-            Some(why) => Err(Error::Io {
-                context: "thin backend".into(),
-                cause: std::io::Error::other(format!(
-                    "{why}; no more writes are taken: restart the device (recovery runs at open)"
-                )),
-            }),
-        }
-    }
-
     pub(super) fn meta_write(&mut self, b: &[u8], at: u64) -> Result<()> {
         self.meta.write_at(b, at)?;
         self.meta_io.writes += 1;
@@ -348,22 +344,24 @@ impl Thin {
     }
 
     /// Zone records that must be on disk before the blocks they cover are
-    /// written: written and flushed now (once per zone per commit period).
+    /// written: written and flushed now (once per zone per commit period),
+    /// with any left over from a failed attempt. If this fails the records
+    /// stay owed: the zones already say dirty in memory, so later changes
+    /// would not ask for them again, and the next call writes them first
+    /// (all of them again, as a failed flush may have dropped any).
     pub(super) fn persist_changes(&mut self, changes: Changes) -> Result<()> {
-        if changes.now.is_empty() {
+        self.unpersisted.extend(changes.now);
+        if self.unpersisted.is_empty() {
             return Ok(());
         }
-        let written = changes
-            .now
-            .into_iter()
-            .try_for_each(|z| self.write_zone(z, false))
-            .and_then(|_| self.meta_sync());
-        if let Err(e) = &written {
-            // The zone changed in memory but maybe not on disk: recovery
-            // could miss its entries, so stop taking writes.
-            self.failed = Some(format!("writing a zone record failed: {e}"));
+        self.unpersisted.sort_unstable();
+        self.unpersisted.dedup();
+        for z in self.unpersisted.clone() {
+            self.write_zone(z, false)?;
         }
-        written
+        self.meta_sync()?;
+        self.unpersisted.clear();
+        Ok(())
     }
 
     pub(super) fn entry(&mut self, lbn: Lbn, pbn: Pbn, fp: [u8; 16]) {
@@ -386,7 +384,14 @@ impl Thin {
         meta: &mut dyn MetadataBackend,
         compressed: Option<usize>,
     ) -> Result<Option<Pbn>> {
-        self.usable()?;
+        let limit = (self.window.blocks * 2).max(MAX_STAGED_BYTES / self.cfg.chunk_size as u64);
+        if self.staged.len() as u64 >= limit {
+            // Windows the host refused are still staged: write them now,
+            // and refuse this chunk with the host's error if that fails
+            // too. (Sound outside a commit: an entry's chunk is staged
+            // before the entry is made, so it is never in a later window.)
+            self.close_window()?;
+        }
         let kind = match compressed {
             Some(n) if cblock::capacity_for(n, self.cfg.chunk_size as usize) > 0 => Kind::C,
             _ => Kind::U,
@@ -396,7 +401,14 @@ impl Thin {
         for _ in 0..self.cfg.physical_chunks.max(1) {
             let mut changes = Changes::default();
             let got = self.zones.alloc(kind, 1, &mut changes);
-            self.persist_changes(changes)?;
+            if let Err(e) = self.persist_changes(changes) {
+                // Not handed out, so not left marked in use (nothing would
+                // ever free it); its zone's record stays owed.
+                for &pbn in &got {
+                    self.zones.free(pbn, &mut Changes::default());
+                }
+                return Err(e);
+            }
             let Some(&pbn) = got.first() else {
                 return Ok(None);
             };
@@ -408,8 +420,7 @@ impl Thin {
         Ok(None)
     }
 
-    fn stage_thin(&mut self, pbn: Pbn, data: &[u8], lz4: Option<Vec<u8>>) -> Result<()> {
-        self.usable()?;
+    fn stage_thin(&mut self, pbn: Pbn, data: &[u8], lz4: Option<Vec<u8>>) {
         // A compressible chunk given a plain block is stored plain.
         let lz4 = if self.zones.is_cblock(pbn) {
             Some(lz4.unwrap_or_else(|| lz4_flex::block::compress(data)))
@@ -424,7 +435,6 @@ impl Thin {
             },
         );
         self.window_started.get_or_insert_with(Instant::now);
-        Ok(())
     }
 }
 
@@ -483,7 +493,7 @@ impl Placement for ThinPlacement {
         let mut bytes = 0u64;
         for c in chunks {
             bytes += c.compressed.map_or(c.data.len(), <[u8]>::len) as u64;
-            t.stage_thin(c.pbn, c.data, c.compressed.map(<[u8]>::to_vec))?;
+            t.stage_thin(c.pbn, c.data, c.compressed.map(<[u8]>::to_vec));
         }
         Ok(bytes)
     }
@@ -578,6 +588,7 @@ impl Placement for ThinPlacement {
             ("area_commits", s.area_commits),
             ("windows_ended_by_area_commit", s.windows_via_commit),
             ("uncommitted_c_zones", t.zones.uncommitted().len() as u64),
+            ("chunks_staged", t.staged.len() as u64),
         ];
         if let Some((r, d)) = &t.recovery {
             v.extend([
@@ -593,7 +604,8 @@ impl Placement for ThinPlacement {
             extra: v,
             meta_io: t.meta_io,
             metadata_bytes: t.layout.end - t.layout.header,
-            data_allocated: None,
+            // One stat(2): cheap enough for every `status`. Unknown if it fails.
+            data_allocated: t.data.allocated().ok().flatten(),
         }
     }
 }

@@ -3,7 +3,8 @@
 //! ordered: data, flush, metadata, flush; ideal: data, flush), and the
 //! commits of the structured area (made by the engine when `area_due`
 //! says so) that empty the log, commit the C-zones' entries and release
-//! the chunks freed since the last commit (`area_committed`).
+//! the chunks freed since the last commit, punching them out of the data
+//! file (`area_committed`).
 
 use std::sync::Arc;
 
@@ -19,13 +20,26 @@ use crate::error::Result;
 impl Thin {
     /// End the open window: write its blocks and entries as the policy
     /// says, and make them durable.
+    ///
+    /// If that fails (the host's disk full, an I/O error), nothing of the
+    /// window is known to be on disk: it stays staged (reads keep finding
+    /// it), its entries stay queued, the log takes back the blocks it gave
+    /// it, and the error goes to the caller; the next commit (a FLUSH, the
+    /// write-back's retry) writes it again, with whatever joined it since.
+    /// That retry is sound even after a failed flush, which may have
+    /// dropped written pages: every data block written since the last
+    /// flush that succeeded is one of the window's and is written again,
+    /// and so are its log blocks, at the same places, before the next
+    /// flush. Blocks the failed attempt did write are unreferenced by the
+    /// committed tables (allocated since), so recovery weighs any entry
+    /// they carry by its chunk's fingerprint, as for any unflushed window.
     pub(super) fn close_window(&mut self) -> Result<()> {
-        self.usable()?;
         if self.staged.is_empty() && self.entries.is_empty() {
             return Ok(());
         }
         let staged = std::mem::take(&mut self.staged);
         let entries = std::mem::take(&mut self.entries);
+        let before = (self.log_next, self.log_used, self.stats);
         match self.write_window(&staged, entries.clone()) {
             Ok(()) => {
                 self.window_started = None;
@@ -34,13 +48,9 @@ impl Thin {
                 Ok(())
             }
             Err(e) => {
-                // Nothing of the window is known to be on disk: it stays
-                // staged (reads keep finding it) and the device stops
-                // taking writes, since the write order can no longer be
-                // promised; a restart recovers.
                 self.staged = staged;
                 self.entries = entries;
-                self.failed = Some(format!("writing a window failed: {e}"));
+                (self.log_next, self.log_used, self.stats) = before;
                 Err(e)
             }
         }
@@ -166,11 +176,8 @@ impl Thin {
         if !self.writable {
             return Ok(false);
         }
-        let prepared = self.prepare_area();
-        if let Err(e) = &prepared {
-            self.failed = Some(format!("committing the tables failed: {e}"));
-        }
-        prepared?;
+        // A failure leaves the area due: the next commit prepares it again.
+        self.prepare_area()?;
         self.area_pending = true;
         Ok(true)
     }
@@ -227,26 +234,42 @@ impl Thin {
     /// After the engine committed the structured area (or failed to): the
     /// C-zones' entries are committed, the log is empty, and chunks freed
     /// since the last commit become reusable.
+    ///
+    /// A failed commit changes nothing here: the C-zones stay uncommitted,
+    /// the log keeps its entries and freed chunks stay quarantined (all
+    /// safe whether or not the tables reached the disk, since entries at or
+    /// before a commit's timestamp are skipped), and the next commit of
+    /// the engine commits the area again. A failure writing the clean zone
+    /// records after a commit leaves them dirty or uncommitted on disk,
+    /// which only makes recovery rebuild or scan them.
     pub(super) fn area_committed(&mut self, committed: bool) -> Result<()> {
         if !std::mem::take(&mut self.area_pending) {
             return Ok(());
         }
         if !committed {
-            self.failed = Some("committing the tables failed".into());
+            self.must_commit = true;
             return Ok(());
         }
-        let done = self.finish_area();
-        if let Err(e) = &done {
-            self.failed = Some(format!("committing the tables failed: {e}"));
-        }
-        done
+        self.finish_area()
     }
 
     fn finish_area(&mut self) -> Result<()> {
         self.commit_ts = self.ts;
         let mut changes = Changes::default();
-        for pbn in std::mem::take(&mut self.quarantine) {
+        let mut freed = std::mem::take(&mut self.quarantine);
+        for &pbn in &freed {
             self.zones.free(pbn, &mut changes);
+        }
+        // Their freeing is committed, so they go back to the host: no
+        // committed mapping names them, any entries their C-blocks carry
+        // are at or before this commit (skipped by recovery), and no
+        // allocation can hand one out before the punch (the engine's
+        // metadata mutex and our lock are held). `ideal` empties its
+        // quarantine without commits and rolls back to its last save after
+        // a crash, whose mappings may name them: it never gets here with
+        // any, and must not punch.
+        if self.policy != Policy::Ideal {
+            crate::placement::punch_blocks(&self.cfg, self.data.as_ref(), &mut freed);
         }
         let mut write: Vec<usize> = self.zones.uncommitted();
         for &z in &write {
