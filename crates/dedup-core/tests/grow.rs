@@ -392,7 +392,9 @@ fn a_grown_copy_keeps_the_metadata_files_place_owner_and_mode() {
     let before = std::fs::metadata(&meta_file).unwrap();
 
     grow_to(&dir, Some(300), Some(200));
-    assert!(std::fs::symlink_metadata(dir.join("meta")).unwrap().is_symlink());
+    assert!(std::fs::symlink_metadata(dir.join("meta"))
+        .unwrap()
+        .is_symlink());
     assert_eq!(std::fs::read_link(dir.join("meta")).unwrap(), meta_file);
     assert!(!elsewhere.join("dev.meta.grow").exists());
     let after = std::fs::metadata(&meta_file).unwrap();
