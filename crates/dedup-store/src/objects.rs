@@ -1,0 +1,34 @@
+//! The object-store seam: the few operations the backup store needs from
+//! whatever keeps its containers. They are chosen so that an S3-like store
+//! can implement them directly (PUT with If-None-Match, GET, ranged GET,
+//! suffix-ranged GET, LIST by prefix, DELETE); `LocalDir` is the local one.
+//!
+//! Objects are immutable: once `put` succeeds the name holds those bytes
+//! until `delete`, and a second `put` of the name is refused. A reader
+//! therefore never sees half an object, and caches never go stale.
+
+use crate::error::Result;
+
+pub trait ObjectStore: Send + Sync {
+    /// Store `bytes` under `name`, atomically and durably: when this returns
+    /// `Ok` the whole object survives a crash; before, it is invisible.
+    /// `Error::Exists` if the name is already stored.
+    fn put(&self, name: &str, bytes: &[u8]) -> Result<()>;
+
+    /// The whole object. `Error::NotFound` if there is none.
+    fn get(&self, name: &str) -> Result<Vec<u8>>;
+
+    /// `len` bytes from `offset`. `Error::OutOfRange` if they reach past the end.
+    fn get_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>>;
+
+    /// The last `min(len, size)` bytes: how a container's trailer is read
+    /// without first asking for the object's size (S3's `bytes=-len`).
+    fn get_tail(&self, name: &str, len: u64) -> Result<Vec<u8>>;
+
+    /// The names that start with `prefix` (a plain string prefix, as in S3),
+    /// sorted.
+    fn list(&self, prefix: &str) -> Result<Vec<String>>;
+
+    /// Remove the object. `Error::NotFound` if there is none.
+    fn delete(&self, name: &str) -> Result<()>;
+}
