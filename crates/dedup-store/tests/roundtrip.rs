@@ -1,0 +1,215 @@
+//! Round trip: a stream of random segments (1 B to 64 KiB, some repeated,
+//! some compressible), deduplicated by fingerprint as the index will, packed
+//! into containers, stored in a `LocalDir`, and read back: catalogs from the
+//! trailer and catalog alone, then every segment byte for byte.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use dedup_core::compress::Compression;
+use dedup_core::fingerprint::{Fingerprint, HashAlgo};
+use dedup_store::format::TRAILER_LEN;
+use dedup_store::{container_name, Catalog, Container, ContainerWriter, LocalDir, ObjectStore};
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
+
+/// An `ObjectStore` that records the reads it passes on, so the test can
+/// show what reading a catalog touches.
+struct Recording<'a> {
+    inner: &'a LocalDir,
+    /// (name, offset from the end, length) of each tail read; ranged reads
+    /// as (name, offset, length); whole reads as (name, u64::MAX, 0).
+    tails: Mutex<Vec<(String, u64)>>,
+    ranges: Mutex<Vec<(String, u64, u64)>>,
+    wholes: Mutex<Vec<String>>,
+}
+
+impl ObjectStore for Recording<'_> {
+    fn put(&self, name: &str, bytes: &[u8]) -> dedup_store::Result<()> {
+        self.inner.put(name, bytes)
+    }
+    fn get(&self, name: &str) -> dedup_store::Result<Vec<u8>> {
+        self.wholes.lock().unwrap().push(name.into());
+        self.inner.get(name)
+    }
+    fn get_range(&self, name: &str, offset: u64, len: u64) -> dedup_store::Result<Vec<u8>> {
+        self.ranges.lock().unwrap().push((name.into(), offset, len));
+        self.inner.get_range(name, offset, len)
+    }
+    fn get_tail(&self, name: &str, len: u64) -> dedup_store::Result<Vec<u8>> {
+        self.tails.lock().unwrap().push((name.into(), len));
+        self.inner.get_tail(name, len)
+    }
+    fn list(&self, prefix: &str) -> dedup_store::Result<Vec<String>> {
+        self.inner.list(prefix)
+    }
+    fn delete(&self, name: &str) -> dedup_store::Result<()> {
+        self.inner.delete(name)
+    }
+}
+
+/// A segment: random bytes, or a short random pattern repeated (compressible).
+fn segment(rng: &mut StdRng) -> Vec<u8> {
+    let len = rng.random_range(1..=64 * 1024);
+    let mut data = vec![0u8; len];
+    if rng.random_bool(0.5) {
+        rng.fill_bytes(&mut data);
+    } else {
+        let mut pattern = [0u8; 16];
+        rng.fill_bytes(&mut pattern);
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = pattern[i % pattern.len()];
+        }
+    }
+    data
+}
+
+#[test]
+fn segments_survive_containers_in_a_local_dir() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = LocalDir::open(tmp.path().join("store")).unwrap();
+    let mut rng = StdRng::seed_from_u64(17);
+
+    // The stream, with about one segment in four a repeat of an earlier one.
+    let mut stream: Vec<Vec<u8>> = Vec::new();
+    for _ in 0..400 {
+        if !stream.is_empty() && rng.random_bool(0.25) {
+            let again = stream[rng.random_range(0..stream.len())].clone();
+            stream.push(again);
+        } else {
+            stream.push(segment(&mut rng));
+        }
+    }
+
+    // Pack the new segments into 1 MiB containers, as the index will.
+    let mut index: HashMap<Fingerprint, (u64, usize)> = HashMap::new();
+    let mut writer = ContainerWriter::with_options(0, 1 << 20, Compression::Lz4);
+    let mut sealed_lens = HashMap::new();
+    for data in &stream {
+        let fp = HashAlgo::Blake3.fingerprint(data);
+        if index.contains_key(&fp) {
+            continue;
+        }
+        if writer.is_full() {
+            let next = ContainerWriter::with_options(writer.id() + 1, 1 << 20, Compression::Lz4);
+            let full = std::mem::replace(&mut writer, next);
+            let id = full.id();
+            let bytes = full.seal();
+            sealed_lens.insert(id, bytes.len() as u64);
+            dir.put(&container_name(id), &bytes).unwrap();
+        }
+        let (added, i) = writer.add(data).unwrap();
+        assert_eq!(added, fp);
+        index.insert(fp, (writer.id(), i));
+    }
+    let last = writer.id();
+    let bytes = writer.seal();
+    sealed_lens.insert(last, bytes.len() as u64);
+    dir.put(&container_name(last), &bytes).unwrap();
+    assert!(last >= 5, "the stream fills several containers ({last})");
+    assert!(index.len() < stream.len(), "the stream has repeats");
+
+    let names = dir.list("containers/").unwrap();
+    assert_eq!(names, (0..=last).map(container_name).collect::<Vec<_>>());
+
+    // Catalogs: one tail read, one ranged read of catalog + trailer, and
+    // nothing of the segments.
+    let rec = Recording {
+        inner: &dir,
+        tails: Mutex::default(),
+        ranges: Mutex::default(),
+        wholes: Mutex::default(),
+    };
+    let mut catalogs = HashMap::new();
+    let mut compressed = 0;
+    for id in 0..=last {
+        let catalog = Catalog::read(&rec, id).unwrap();
+        assert_eq!(catalog.container_id(), id);
+        let name = container_name(id);
+        let catalog_len = catalog.entries().len() as u64 * 56;
+        let catalog_offset = sealed_lens[&id] - catalog_len - TRAILER_LEN as u64;
+        assert_eq!(
+            rec.tails.lock().unwrap().pop(),
+            Some((name.clone(), TRAILER_LEN as u64))
+        );
+        assert_eq!(
+            rec.ranges.lock().unwrap().pop(),
+            Some((name, catalog_offset, catalog_len + TRAILER_LEN as u64))
+        );
+        compressed += catalog
+            .entries()
+            .iter()
+            .filter(|e| !e.location.compression.is_none())
+            .count();
+        catalogs.insert(id, catalog);
+    }
+    assert!(rec.wholes.lock().unwrap().is_empty());
+    assert!(rec.ranges.lock().unwrap().is_empty());
+    assert!(compressed > 0, "some segments were stored compressed");
+
+    // Every segment of the stream, byte for byte, both from a ranged read
+    // of it alone and from the whole container.
+    let containers: HashMap<u64, Container> = (0..=last)
+        .map(|id| (id, Container::read(&dir, id).unwrap()))
+        .collect();
+    for data in &stream {
+        let fp = HashAlgo::Blake3.fingerprint(data);
+        let (id, i) = index[&fp];
+        let catalog = &catalogs[&id];
+        assert_eq!(catalog.entries()[i].fingerprint, fp);
+        assert_eq!(catalog.entries()[i].location.raw_len as usize, data.len());
+        assert_eq!(&catalog.read_segment(&dir, i).unwrap(), data);
+        assert_eq!(&containers[&id].segment(i).unwrap(), data);
+    }
+}
+
+#[test]
+fn a_full_writer_refuses_more_and_a_large_segment_gets_its_own_container() {
+    let mut w = ContainerWriter::with_options(3, 100, Compression::Lz4);
+    assert!(!w.is_full(), "an empty writer is never full");
+    let big = vec![7u8; 5000];
+    w.add(&big).unwrap();
+    assert!(w.is_full());
+    let e = w.add(b"more").unwrap_err().to_string();
+    assert!(e.contains("container 3 is full"), "{e}");
+    let c = Container::parse("c", w.seal()).unwrap();
+    assert_eq!(c.segment(0).unwrap(), big);
+    let e = c.segment(1).unwrap_err().to_string();
+    assert!(e.contains("has 1 segments, no segment 1"), "{e}");
+
+    let mut w = ContainerWriter::new(4);
+    let e = w
+        .add(&vec![0u8; dedup_store::format::MAX_SEGMENT_LEN + 1])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("over the"), "{e}");
+}
+
+#[test]
+fn an_empty_segment_and_an_empty_container_round_trip() {
+    let mut w = ContainerWriter::new(9);
+    w.add(b"").unwrap();
+    let c = Container::parse("c", w.seal()).unwrap();
+    assert_eq!(c.segment(0).unwrap(), b"");
+    let c = Container::parse("e", ContainerWriter::new(10).seal()).unwrap();
+    assert!(c.catalog().entries().is_empty());
+}
+
+#[test]
+fn a_container_under_another_id_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = LocalDir::open(tmp.path()).unwrap();
+    let mut w = ContainerWriter::new(1);
+    w.add(b"hello").unwrap();
+    dir.put(&container_name(2), &w.seal()).unwrap();
+    for e in [
+        Catalog::read(&dir, 2).unwrap_err(),
+        Container::read(&dir, 2).err().unwrap(),
+    ] {
+        let e = e.to_string();
+        assert!(
+            e.contains("containers/0000000000000002") && e.contains("holds container id 0x1"),
+            "{e}"
+        );
+    }
+}
