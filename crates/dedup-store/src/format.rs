@@ -53,16 +53,7 @@ impl Header {
     /// Decode, checking magic and checksum (not the version: the caller
     /// names a version mismatch itself).
     pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, String> {
-        if b[0..8] != HEADER_MAGIC {
-            return Err(format!("bad header magic {:02x?}", &b[0..8]));
-        }
-        let stored = u32_at(b, 28);
-        let computed = crc(&b[..28]);
-        if stored != computed {
-            return Err(format!(
-                "header checksum {stored:#010x} does not match its bytes ({computed:#010x})"
-            ));
-        }
+        check_part(b, HEADER_MAGIC, "header")?;
         Ok(Header {
             version: u32_at(b, 8),
             flags: u32_at(b, 12),
@@ -159,16 +150,7 @@ impl Trailer {
     }
 
     pub fn decode(b: &[u8; TRAILER_LEN]) -> Result<Trailer, String> {
-        if b[0..8] != TRAILER_MAGIC {
-            return Err(format!("bad trailer magic {:02x?}", &b[0..8]));
-        }
-        let stored = u32_at(b, 44);
-        let computed = crc(&b[..44]);
-        if stored != computed {
-            return Err(format!(
-                "trailer checksum {stored:#010x} does not match its bytes ({computed:#010x})"
-            ));
-        }
+        check_part(b, TRAILER_MAGIC, "trailer")?;
         Ok(Trailer {
             version: u32_at(b, 8),
             segment_count: u32_at(b, 12),
@@ -178,6 +160,23 @@ impl Trailer {
             catalog_crc: u32_at(b, 40),
         })
     }
+}
+
+/// Check a header's or trailer's magic (its first 8 bytes) and crc32c (its
+/// last 4, over the bytes before them).
+fn check_part(b: &[u8], magic: [u8; 8], part: &str) -> Result<(), String> {
+    if b[0..8] != magic {
+        return Err(format!("bad {part} magic {:02x?}", &b[0..8]));
+    }
+    let end = b.len() - 4;
+    let stored = u32_at(b, end);
+    let computed = crc(&b[..end]);
+    if stored != computed {
+        return Err(format!(
+            "{part} checksum {stored:#010x} does not match its bytes ({computed:#010x})"
+        ));
+    }
+    Ok(())
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use dedup_core::compress::Compression;
 use dedup_core::fingerprint::{Fingerprint, HashAlgo};
-use dedup_store::format::TRAILER_LEN;
+use dedup_store::format::{ENTRY_LEN, TRAILER_LEN};
 use dedup_store::{container_name, Catalog, Container, ContainerWriter, LocalDir, ObjectStore};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
@@ -17,8 +17,8 @@ use rand::{Rng, RngCore, SeedableRng};
 /// show what reading a catalog touches.
 struct Recording<'a> {
     inner: &'a LocalDir,
-    /// (name, offset from the end, length) of each tail read; ranged reads
-    /// as (name, offset, length); whole reads as (name, u64::MAX, 0).
+    /// Tail reads as (name, length), ranged reads as (name, offset,
+    /// length), whole reads by name.
     tails: Mutex<Vec<(String, u64)>>,
     ranges: Mutex<Vec<(String, u64, u64)>>,
     wholes: Mutex<Vec<String>>,
@@ -126,7 +126,7 @@ fn segments_survive_containers_in_a_local_dir() {
         let catalog = Catalog::read(&rec, id).unwrap();
         assert_eq!(catalog.container_id(), id);
         let name = container_name(id);
-        let catalog_len = catalog.entries().len() as u64 * 56;
+        let catalog_len = (catalog.entries().len() * ENTRY_LEN) as u64;
         let catalog_offset = sealed_lens[&id] - catalog_len - TRAILER_LEN as u64;
         assert_eq!(
             rec.tails.lock().unwrap().pop(),
