@@ -16,12 +16,22 @@
 //! backup groups), chunking of backup streams, reference tracking and
 //! grouped mark-and-sweep, and an S3 implementation of the seam.
 
+pub mod backup;
+mod backup_stream;
+pub mod config;
 pub mod container;
 pub mod error;
 pub mod format;
+mod framed;
 pub mod local;
 pub mod name;
 pub mod objects;
+pub mod recipe;
+pub mod repo;
+pub mod repo_error;
+mod restore;
+pub mod segment_index;
+pub mod segmenter;
 pub mod writer;
 
 pub use container::{container_name, Catalog, Container};
@@ -30,3 +40,11 @@ pub use format::{Entry, Location};
 pub use local::LocalDir;
 pub use objects::ObjectStore;
 pub use writer::ContainerWriter;
+
+pub use backup::{BackupRecord, BackupReport};
+pub use config::RepoConfig;
+pub use recipe::{Recipe, SegmentRef};
+pub use repo::{RepoOptions, Repository};
+pub use repo_error::{RepoError, RepoResult};
+pub use segment_index::{ExactIndex, SegmentIndex};
+pub use segmenter::Segmenting;

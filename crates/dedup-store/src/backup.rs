@@ -1,0 +1,144 @@
+//! Backups and backup groups (§3.1's File Manager): the backup object
+//! `backups/<name>` records one backed-up stream, the group it belongs to,
+//! its recipe and what backing it up cost. It is written last, after every
+//! container and the recipe are durable: its `put` is the commit point.
+//!
+//! Body after the frame (magic `DDUPBKUP`, version 1): time (u64, seconds
+//! since the Unix epoch), then the report's six u64 figures (bytes in, bytes
+//! new, bytes written to containers, segments new, segments duplicate,
+//! containers written), then name, group and recipe object name, each a u16
+//! length and UTF-8 bytes.
+
+use crate::framed::{frame, put_str, unframe, Reader};
+use crate::repo_error::{RepoError, RepoResult};
+
+const MAGIC: [u8; 8] = *b"DDUPBKUP";
+const VERSION: u32 = 1;
+pub const BACKUPS_PREFIX: &str = "backups/";
+pub const RECIPES_PREFIX: &str = "recipes/";
+/// Longest backup or group name, leaving room for the prefixes and nonce.
+pub const MAX_BACKUP_NAME: usize = 200;
+
+/// What one backup cost and saved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackupReport {
+    /// Bytes read from the stream.
+    pub bytes_in: u64,
+    /// Raw bytes of the segments that were new (stored this time).
+    pub bytes_new: u64,
+    /// Bytes of containers written (compressed segments, catalogs, framing).
+    pub bytes_written: u64,
+    pub segments_new: u64,
+    pub segments_duplicate: u64,
+    pub containers_written: u64,
+}
+
+impl BackupReport {
+    /// Bytes in per new byte stored: how many times over dedup folded the
+    /// stream (infinite for a stream that stored nothing new, 1 for none).
+    pub fn dedup_ratio(&self) -> f64 {
+        if self.bytes_new == 0 {
+            if self.bytes_in == 0 {
+                1.0
+            } else {
+                f64::INFINITY
+            }
+        } else {
+            self.bytes_in as f64 / self.bytes_new as f64
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackupRecord {
+    pub name: String,
+    pub group: String,
+    /// Seconds since the Unix epoch when the backup committed.
+    pub time: u64,
+    pub recipe: String,
+    pub report: BackupReport,
+}
+
+impl BackupRecord {
+    pub fn object_name(name: &str) -> String {
+        format!("{BACKUPS_PREFIX}{name}")
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let r = &self.report;
+        let mut body = Vec::new();
+        for v in [
+            self.time,
+            r.bytes_in,
+            r.bytes_new,
+            r.bytes_written,
+            r.segments_new,
+            r.segments_duplicate,
+            r.containers_written,
+        ] {
+            body.extend_from_slice(&v.to_le_bytes());
+        }
+        put_str(&mut body, &self.name);
+        put_str(&mut body, &self.group);
+        put_str(&mut body, &self.recipe);
+        frame(MAGIC, VERSION, &body)
+    }
+
+    /// Decode `object`, which must be the backup object of the name inside.
+    pub fn decode(object: &str, bytes: &[u8]) -> RepoResult<BackupRecord> {
+        let body = unframe(object, MAGIC, VERSION, bytes)?;
+        let mut r = Reader::new(object, body);
+        let time = r.u64()?;
+        let report = BackupReport {
+            bytes_in: r.u64()?,
+            bytes_new: r.u64()?,
+            bytes_written: r.u64()?,
+            segments_new: r.u64()?,
+            segments_duplicate: r.u64()?,
+            containers_written: r.u64()?,
+        };
+        let (name, group, recipe) = (r.str()?, r.str()?, r.str()?);
+        r.finish()?;
+        let corrupt = |d: String| RepoError::corrupt(object, d);
+        if BackupRecord::object_name(&name) != object {
+            return Err(corrupt(format!("it names backup {name:?}")));
+        }
+        validate_name(&group).map_err(|e| corrupt(e.to_string()))?;
+        let recipe_ok = recipe
+            .strip_prefix(RECIPES_PREFIX)
+            .is_some_and(|r| r.starts_with(&name) && crate::name::validate(&recipe).is_ok());
+        if !recipe_ok {
+            return Err(corrupt(format!(
+                "recipe name {recipe:?} is not one of this backup's"
+            )));
+        }
+        Ok(BackupRecord {
+            name,
+            group,
+            time,
+            recipe,
+            report,
+        })
+    }
+}
+
+/// A backup or group name: one object-name component (A-Z a-z 0-9 . _ -,
+/// not starting with `.`), at most `MAX_BACKUP_NAME` bytes.
+pub fn validate_name(name: &str) -> RepoResult<()> {
+    let bad = |reason: &str| {
+        Err(RepoError::BadName {
+            name: name.to_string(),
+            reason: reason.to_string(),
+        })
+    };
+    if name.len() > MAX_BACKUP_NAME {
+        return bad(&format!("longer than {MAX_BACKUP_NAME} bytes"));
+    }
+    if name.contains('/') {
+        return bad("it holds '/'");
+    }
+    if let Err(e) = crate::name::validate(name) {
+        return bad(&e.to_string());
+    }
+    Ok(())
+}

@@ -1,0 +1,116 @@
+//! The frame shared by the repository's own objects (config, recipe,
+//! backup): 8-byte magic, 4-byte version, the body, and a crc32c of all the
+//! bytes before it. The checksum is checked before anything in the body is
+//! trusted, so a flipped byte is refused before a length in it is used.
+
+use crate::format::crc;
+use crate::repo_error::{RepoError, RepoResult};
+
+/// Frame `body` under `magic` and `version`.
+pub fn frame(magic: [u8; 8], version: u32, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + body.len());
+    out.extend_from_slice(&magic);
+    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(body);
+    let sum = crc(&out);
+    out.extend_from_slice(&sum.to_le_bytes());
+    out
+}
+
+/// Check the frame of `object` and return its body.
+pub fn unframe<'a>(
+    object: &str,
+    magic: [u8; 8],
+    version: u32,
+    bytes: &'a [u8],
+) -> RepoResult<&'a [u8]> {
+    let corrupt = |d: String| RepoError::corrupt(object, d);
+    if bytes.len() < 16 {
+        return Err(corrupt(format!(
+            "{} bytes, too short for a frame",
+            bytes.len()
+        )));
+    }
+    if bytes[..8] != magic {
+        return Err(corrupt(format!("bad magic {:02x?}", &bytes[..8])));
+    }
+    let end = bytes.len() - 4;
+    let stored = u32::from_le_bytes(bytes[end..].try_into().expect("4 bytes"));
+    if stored != crc(&bytes[..end]) {
+        return Err(corrupt("checksum does not match its bytes".into()));
+    }
+    let found = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+    if found != version {
+        return Err(corrupt(format!(
+            "format version {found}; this build reads version {version}"
+        )));
+    }
+    Ok(&bytes[12..end])
+}
+
+/// Bounds-checked little-endian reads from a frame's body.
+pub struct Reader<'a> {
+    object: &'a str,
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(object: &'a str, buf: &'a [u8]) -> Reader<'a> {
+        Reader {
+            object,
+            buf,
+            pos: 0,
+        }
+    }
+
+    pub fn bytes(&mut self, n: usize) -> RepoResult<&'a [u8]> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
+        let end = end.ok_or_else(|| {
+            RepoError::corrupt(
+                self.object,
+                format!("truncated: {n} bytes needed at offset {}", self.pos),
+            )
+        })?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    pub fn u16(&mut self) -> RepoResult<u16> {
+        Ok(u16::from_le_bytes(self.bytes(2)?.try_into().expect("2")))
+    }
+
+    pub fn u32(&mut self) -> RepoResult<u32> {
+        Ok(u32::from_le_bytes(self.bytes(4)?.try_into().expect("4")))
+    }
+
+    pub fn u64(&mut self) -> RepoResult<u64> {
+        Ok(u64::from_le_bytes(self.bytes(8)?.try_into().expect("8")))
+    }
+
+    /// A string written by `put_str`: u16 length, UTF-8 bytes.
+    pub fn str(&mut self) -> RepoResult<String> {
+        let n = self.u16()? as usize;
+        let b = self.bytes(n)?;
+        String::from_utf8(b.to_vec())
+            .map_err(|_| RepoError::corrupt(self.object, "a string is not UTF-8"))
+    }
+
+    /// Refuse bytes left over: every byte of a frame has a meaning.
+    pub fn finish(&self) -> RepoResult<()> {
+        if self.pos != self.buf.len() {
+            return Err(RepoError::corrupt(
+                self.object,
+                format!("{} unexpected bytes at the end", self.buf.len() - self.pos),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Append a string as `Reader::str` reads it (names are ≤ 255 bytes).
+pub fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u16).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}

@@ -1,0 +1,48 @@
+//! Errors of the repository layer (backups, recipes, restores), each naming
+//! the directory, backup or object that is wrong. Container and object-store
+//! errors pass through as `Store`, which already name their object.
+
+use std::io;
+use std::path::PathBuf;
+
+pub type RepoResult<T> = std::result::Result<T, RepoError>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RepoError {
+    #[error(transparent)]
+    Store(#[from] crate::error::Error),
+
+    /// `init` of a directory that already holds something.
+    #[error("{}: not empty; refusing to create a repository over it (use force)", .dir.display())]
+    NotEmpty { dir: PathBuf },
+
+    /// `open` of a directory that is not a repository.
+    #[error("{}: not a dedup repository: {detail}", .dir.display())]
+    NotARepository { dir: PathBuf, detail: String },
+
+    /// A repository object (config, recipe, backup) failed a check.
+    #[error("corrupt object {object}: {detail}")]
+    Corrupt { object: String, detail: String },
+
+    #[error("invalid backup or group name {name:?}: {reason}")]
+    BadName { name: String, reason: String },
+
+    #[error("backup {name} already exists")]
+    BackupExists { name: String },
+
+    #[error("no backup named {name}")]
+    NoSuchBackup { name: String },
+
+    /// Reading the stream to back up, or writing a restore, failed.
+    #[error("{context}: {cause}")]
+    Io { context: String, cause: io::Error },
+}
+
+impl RepoError {
+    pub fn corrupt(object: impl Into<String>, detail: impl Into<String>) -> RepoError {
+        RepoError::Corrupt {
+            object: object.into(),
+            detail: detail.into(),
+        }
+    }
+}
