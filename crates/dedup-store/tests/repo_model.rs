@@ -4,6 +4,7 @@
 //! crashed backups (a reader that fails part-way), checked after every step
 //! against a map of what should be there.
 
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::io::{self, Read};
 
@@ -104,14 +105,17 @@ fn run(seed: u64, segmenting: Segmenting) {
             0..=4 => {
                 let data = stream(&mut rng, &blocks);
                 let result = repo.backup_stream(&name, "grp", &data[..]);
-                if model.contains_key(&name) {
-                    assert!(matches!(result, Err(RepoError::BackupExists { .. })));
-                } else {
-                    let r = result.unwrap();
-                    assert_eq!(r.bytes_in, data.len() as u64);
-                    new_bytes += r.bytes_new;
-                    in_bytes += r.bytes_in;
-                    model.insert(name, data);
+                match model.entry(name) {
+                    Entry::Occupied(_) => {
+                        assert!(matches!(result, Err(RepoError::BackupExists { .. })))
+                    }
+                    Entry::Vacant(slot) => {
+                        let r = result.unwrap();
+                        assert_eq!(r.bytes_in, data.len() as u64);
+                        new_bytes += r.bytes_new;
+                        in_bytes += r.bytes_in;
+                        slot.insert(data);
+                    }
                 }
             }
             5 | 6 => {
