@@ -104,9 +104,9 @@ impl BackupRecord {
             return Err(corrupt(format!("it names backup {name:?}")));
         }
         validate_name(&group).map_err(|e| corrupt(e.to_string()))?;
-        let recipe_ok = recipe
-            .strip_prefix(RECIPES_PREFIX)
-            .is_some_and(|r| r.starts_with(&name) && crate::name::validate(&recipe).is_ok());
+        let recipe_ok = recipe.strip_prefix(RECIPES_PREFIX).is_some_and(|r| {
+            r.starts_with(&format!("{name}-")) && crate::name::validate(&recipe).is_ok()
+        });
         if !recipe_ok {
             return Err(corrupt(format!(
                 "recipe name {recipe:?} is not one of this backup's"

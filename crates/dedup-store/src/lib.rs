@@ -7,14 +7,22 @@
 //! an S3-like service later.
 //!
 //! Built so far: the seam ([`ObjectStore`], [`LocalDir`]), object names,
-//! and the container format ([`ContainerWriter`], [`Container`],
-//! [`Catalog`]); `FORMATS.md` gives the bytes.
+//! the container format ([`ContainerWriter`], [`Container`], [`Catalog`]),
+//! and a [`Repository`] that backs up and restores streams (§3.1's File
+//! Manager, single-process): a checksummed config, streams cut into fixed
+//! 4 KiB or FastCDC segments ([`Segmenting`]), dedup through the
+//! [`SegmentIndex`] seam (an exact in-RAM [`ExactIndex`] rebuilt from the
+//! catalogs at open; its hints are always checked against a catalog),
+//! recipes that locate every segment so a restore needs no index, and
+//! backup objects in groups, written last as each backup's commit point.
+//! `FORMATS.md` gives the bytes.
 //!
-//! Not built yet: the fingerprint index (the paper's sampled index and
-//! catalog-prefetch cache), the Segment Manager that fills and seals
-//! containers for concurrent backups, the File Manager (files, backups,
-//! backup groups), chunking of backup streams, reference tracking and
-//! grouped mark-and-sweep, and an S3 implementation of the seam.
+//! Not built yet: the sampled fingerprint index and catalog-prefetch cache
+//! (in progress in `index/`), a Segment Manager shared by concurrent
+//! backups (one `Repository` handle per directory at a time for now),
+//! files within a backup, reference tracking and grouped mark-and-sweep
+//! (deleting a backup leaves its containers), and an S3 implementation of
+//! the seam.
 
 pub mod backup;
 mod backup_stream;

@@ -14,7 +14,8 @@ use crate::repo_error::{RepoError, RepoResult};
 
 impl Repository {
     /// Write backup `name`'s stream to `out`; the number of bytes written.
-    /// A missing or damaged recipe or container is refused, naming it.
+    /// A missing or damaged recipe or container is refused, naming it;
+    /// `out` then holds the segments before the damaged one (all checked).
     pub fn restore(&mut self, name: &str, mut out: impl Write) -> RepoResult<u64> {
         let record = self.backup(name)?;
         let recipe = match self.store.get(&record.recipe) {
