@@ -167,3 +167,41 @@ fn fastcdc_dedups_a_shifted_stream_and_fixed_does_not() {
     assert!(new_fraction[0] > 0.99, "fixed: {new_fraction:?}");
     assert!(new_fraction[1] < 0.05, "fastcdc: {new_fraction:?}");
 }
+
+/// A backup that died after its recipe but before its backup object (made
+/// here by removing the backup object: the same files are left) does not
+/// exist, and its name can be used again; its containers serve as dedup.
+#[test]
+fn a_backup_dead_before_its_commit_point_is_absent_and_retryable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut repo = Repository::init(tmp.path()).unwrap();
+    let data = random(100_000, 4);
+    repo.backup_stream("keep", "g", &b"kept"[..]).unwrap();
+    repo.backup_stream("dies", "g", &data[..]).unwrap();
+    drop(repo);
+    std::fs::remove_file(tmp.path().join("backups/dies")).unwrap();
+
+    let mut repo = Repository::open(tmp.path()).unwrap();
+    let names: Vec<_> = repo
+        .list_backups()
+        .unwrap()
+        .into_iter()
+        .map(|b| b.name)
+        .collect();
+    assert_eq!(names, ["keep"]);
+    assert!(matches!(
+        repo.restore("dies", Vec::new()),
+        Err(RepoError::NoSuchBackup { .. })
+    ));
+    assert_eq!(restore(&mut repo, "keep"), b"kept");
+    let retry = repo.backup_stream("dies", "g", &data[..]).unwrap();
+    assert_eq!(retry.bytes_new, 0, "{retry:?}");
+    assert_eq!(restore(&mut repo, "dies"), data);
+    // The orphaned recipe stays for a GC: keep's, the orphan, the retry's.
+    assert_eq!(
+        std::fs::read_dir(tmp.path().join("recipes"))
+            .unwrap()
+            .count(),
+        3
+    );
+}
