@@ -19,6 +19,7 @@
 pub mod container;
 pub mod error;
 pub mod format;
+pub mod index;
 pub mod local;
 pub mod name;
 pub mod objects;
@@ -27,6 +28,7 @@ pub mod writer;
 pub use container::{container_name, Catalog, Container};
 pub use error::{Error, Result};
 pub use format::{Entry, Location};
+pub use index::{Advice, Eviction, Index, IndexConfig, SamplingRate};
 pub use local::LocalDir;
 pub use objects::ObjectStore;
 pub use writer::ContainerWriter;
