@@ -9,12 +9,13 @@
 //! usually seed the prefetch sooner, so the measure may beat it; it must not
 //! fall more than TOLERANCE below.
 
+mod index_support;
+
 use std::collections::HashMap;
 
-use dedup_core::compress::Compression;
 use dedup_core::fingerprint::{Fingerprint, HashAlgo};
 use dedup_store::index::{Index, IndexConfig, SamplingRate, DEFAULT_ENTRY_BYTES};
-use dedup_store::{Entry, Location};
+use dedup_store::Entry;
 use rand::{Rng, SeedableRng};
 
 const CONTAINERS: u64 = 200;
@@ -27,19 +28,7 @@ fn fp(n: u64) -> Fingerprint {
 }
 
 fn catalog(fps: &[Fingerprint]) -> Vec<Entry> {
-    fps.iter()
-        .enumerate()
-        .map(|(i, f)| Entry {
-            fingerprint: *f,
-            location: Location {
-                offset: 32 + 4096 * i as u64,
-                stored_len: 4096,
-                raw_len: 4096,
-                compression: Compression::None,
-                stored_crc: 0,
-            },
-        })
-        .collect()
+    index_support::catalog(fps, 4096)
 }
 
 struct Run {

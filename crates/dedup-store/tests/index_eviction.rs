@@ -2,10 +2,11 @@
 //! with fingerprints placed in chosen buckets of a tiny cache (4 buckets of
 //! 2 slots).
 
-use dedup_core::compress::Compression;
+mod index_support;
+
 use dedup_core::fingerprint::Fingerprint;
 use dedup_store::index::{Eviction, FingerprintCache, Index, IndexConfig};
-use dedup_store::{Entry, Location};
+use dedup_store::Entry;
 
 const BUCKETS: usize = 4;
 const SLOTS: usize = 2;
@@ -19,19 +20,7 @@ fn fp(n: u64, bucket: usize) -> Fingerprint {
 }
 
 fn entries(fps: &[Fingerprint]) -> Vec<Entry> {
-    fps.iter()
-        .enumerate()
-        .map(|(i, f)| Entry {
-            fingerprint: *f,
-            location: Location {
-                offset: 32 + 100 * i as u64,
-                stored_len: 100,
-                raw_len: 100,
-                compression: Compression::None,
-                stored_crc: 0,
-            },
-        })
-        .collect()
+    index_support::catalog(fps, 100)
 }
 
 fn cache(policy: Eviction) -> FingerprintCache {
