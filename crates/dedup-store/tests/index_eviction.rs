@@ -124,3 +124,25 @@ fn a_hook_hit_prefetches_the_catalog_once_for_the_run() {
     assert_eq!((c.hook_hits, c.cache_hits, c.prefetches), (1, 7, 1));
     assert_eq!(index.figures().cache_entries, 8);
 }
+
+#[test]
+fn a_hook_hit_on_an_evicted_container_prefetches_again() {
+    // One bucket of 16 slots: loading a second 16-entry catalog empties it.
+    let config = IndexConfig {
+        cache_entries: 16,
+        ..IndexConfig::default()
+    };
+    let mut index = Index::new(config);
+    let a: Vec<_> = (0..16).map(|n| fp(n, 0)).collect();
+    let b: Vec<_> = (100..116).map(|n| fp(n, 0)).collect();
+    index.insert(A, &a);
+    index.insert(B, &b);
+    let catalog = |id: u64| Ok(entries(if id == A { &a } else { &b }));
+    for f in [a[0], a[1], b[0], a[2]] {
+        index.lookup(&f, catalog).unwrap().unwrap();
+    }
+    // a[0] prefetched A, a[1] hit the cache, b[0] prefetched B and emptied
+    // the bucket (A evicted), a[2] is a hook hit that prefetches A again.
+    let c = index.counters();
+    assert_eq!((c.prefetches, c.cache_hits, c.hook_hits), (3, 1, 3));
+}
