@@ -1,0 +1,173 @@
+//! The store's fingerprint index, after Guo & Efstathopoulos §3.2
+//! ("Progressive Sampled Indexing"): a sampled table of *hooks*
+//! (fingerprint → container) held in RAM within a memory budget, and a
+//! fingerprint cache filled by prefetching the whole catalog of a container
+//! whose hook was hit, so the rest of a backup stream that repeats that
+//! container's segments in order hits the cache (locality, §3.2.1).
+//!
+//! Every answer is advice: the caller confirms it against the container.
+//! Nothing depends on the index being complete or right; a miss only
+//! stores a duplicate. That is what lets it be sampled, and lets it be
+//! rebuilt from the catalogs or reloaded from a checkpoint at will.
+
+pub mod cache;
+pub mod checkpoint;
+pub mod figures;
+pub mod hooks;
+pub mod rebuild;
+pub mod sampling;
+
+use dedup_core::fingerprint::Fingerprint;
+
+use crate::error::Result;
+use crate::format::{Entry, Location};
+
+pub use cache::{Eviction, FingerprintCache};
+pub use figures::{Counters, Figures};
+pub use hooks::{Hook, HookTable};
+pub use sampling::SamplingRate;
+
+/// E's default: a hook in a `HashMap<Fingerprint, Hook>` is 48 bytes plus
+/// a control byte, at hashbrown's 7/8 load factor.
+pub const DEFAULT_ENTRY_BYTES: u64 = 56;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexConfig {
+    /// M: bytes of RAM for hooks.
+    pub memory_budget: u64,
+    /// E: bytes one hook costs.
+    pub entry_bytes: u64,
+    /// Fingerprint cache size in entries; 0 turns prefetch off.
+    pub cache_entries: usize,
+    pub eviction: Eviction,
+    /// S: expected bytes per segment, for the per-TiB figure only.
+    pub segment_bytes: u64,
+}
+
+impl Default for IndexConfig {
+    /// 1 GiB of hooks, a 1 Mi-entry cache, immediate eviction (the paper's
+    /// default), 8 KiB segments.
+    fn default() -> IndexConfig {
+        IndexConfig {
+            memory_budget: 1 << 30,
+            entry_bytes: DEFAULT_ENTRY_BYTES,
+            cache_entries: 1 << 20,
+            eviction: Eviction::Immediate,
+            segment_bytes: 8 << 10,
+        }
+    }
+}
+
+impl IndexConfig {
+    /// How many hooks the budget holds: M/E.
+    pub fn max_hooks(&self) -> usize {
+        (self.memory_budget / self.entry_bytes.max(1)) as usize
+    }
+}
+
+/// Where the index thinks a fingerprint is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Advice {
+    pub container: u64,
+    /// The catalog entry's index and location, when the cache holds them.
+    pub entry: Option<(u32, Location)>,
+}
+
+pub struct Index {
+    config: IndexConfig,
+    hooks: HookTable,
+    cache: FingerprintCache,
+    counters: Counters,
+}
+
+impl Index {
+    pub fn new(config: IndexConfig) -> Index {
+        Index::with_hooks(config, HookTable::new(config.max_hooks()))
+    }
+
+    fn with_hooks(config: IndexConfig, hooks: HookTable) -> Index {
+        Index {
+            config,
+            hooks,
+            cache: FingerprintCache::new(config.cache_entries, config.eviction),
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn config(&self) -> &IndexConfig {
+        &self.config
+    }
+
+    pub fn rate(&self) -> SamplingRate {
+        self.hooks.rate()
+    }
+
+    pub fn hooks(&self) -> &HookTable {
+        &self.hooks
+    }
+
+    pub fn cache(&self) -> &FingerprintCache {
+        &self.cache
+    }
+
+    /// Add a sealed container's fingerprints, in catalog order.
+    pub fn insert(&mut self, container: u64, fingerprints: &[Fingerprint]) {
+        self.hooks.insert(container, fingerprints);
+    }
+
+    /// Look `fp` up: the cache first, then the hooks; a hook hit on a
+    /// container the cache does not hold loads its catalog through `load`
+    /// (for a store: [`rebuild::catalog_loader`]). Errors are the loader's.
+    pub fn lookup<L>(&mut self, fp: &Fingerprint, load: L) -> Result<Option<Advice>>
+    where
+        L: FnOnce(u64) -> Result<Vec<Entry>>,
+    {
+        self.counters.lookups += 1;
+        if let Some(c) = self.cache.get(fp) {
+            self.counters.cache_hits += 1;
+            return Ok(Some(Advice {
+                container: c.container,
+                entry: Some((c.entry, c.location)),
+            }));
+        }
+        let Some(hook) = self.hooks.get(fp) else {
+            self.counters.misses += 1;
+            return Ok(None);
+        };
+        self.counters.hook_hits += 1;
+        if self.cache.capacity() > 0 && !self.cache.is_loaded(hook.container) {
+            let entries = load(hook.container)?;
+            self.counters.prefetches += 1;
+            self.cache.load(hook.container, &entries);
+        }
+        let entry = self
+            .cache
+            .get(fp)
+            .filter(|c| c.container == hook.container)
+            .map(|c| (c.entry, c.location));
+        Ok(Some(Advice {
+            container: hook.container,
+            entry,
+        }))
+    }
+
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    pub fn figures(&self) -> Figures {
+        let fingerprints = self.hooks.fingerprints();
+        Figures {
+            rate: self.rate().as_f64(),
+            hooks: self.hooks.len(),
+            hook_bytes: self.hooks.len() as u64 * self.config.entry_bytes,
+            memory_budget: self.config.memory_budget,
+            cache_entries: self.cache.len(),
+            cache_capacity: self.cache.capacity(),
+            cache_bytes: self.cache.ram_bytes() as u64,
+            fingerprints,
+            stored_bytes: fingerprints * self.config.segment_bytes,
+            counters: self.counters,
+        }
+    }
+}
