@@ -18,6 +18,8 @@ run() {
 # Access control (file and socket modes, other users, TLS, --bind,
 # read-only) once, on the default backend.
 run sparse security
+# The backup store (issue 17) keeps no device: the backend is irrelevant.
+run sparse backup
 for t in nbdcopy qemu-io fio lifecycle ext4 bench replay analyze; do
     run inram "$t"
 done

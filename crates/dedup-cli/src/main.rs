@@ -16,7 +16,8 @@ use clap::{Parser, Subcommand};
     about = "Inline deduplicating block device: identical chunks are stored once",
     long_about = "Inline deduplicating block device: identical chunks are stored once.\n\n\
         Create a device in a directory, serve it over NBD with nbdkit, put any filesystem on it.\n\
-        Quick start:\n  dedup create ./dev --size 10G\n  dedup serve ./dev\n  dedup status ./dev"
+        Quick start:\n  dedup create ./dev --size 10G\n  dedup serve ./dev\n  dedup status ./dev\n\n\
+        Backups of streams (in progress):\n  dedup store init ./repo\n  tar -cf - DIR | dedup backup ./repo NAME --stdin\n  dedup restore ./repo NAME out.tar"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -37,6 +38,11 @@ enum Command {
     Analyze(cmd::analyze::Args),
     Trace(cmd::trace::Args),
     TlsPsk(cmd::tls::Args),
+    Store(cmd::store::Args),
+    Backup(cmd::backup::Args),
+    Restore(cmd::restore::Args),
+    List(cmd::list::Args),
+    Delete(cmd::delete::Args),
 }
 
 fn main() -> ExitCode {
@@ -62,6 +68,11 @@ fn main() -> ExitCode {
         Command::Analyze(a) => cmd::analyze::run(a),
         Command::Trace(a) => cmd::trace::run(a),
         Command::TlsPsk(a) => cmd::tls::run(a),
+        Command::Store(a) => cmd::store::run(a),
+        Command::Backup(a) => cmd::backup::run(a),
+        Command::Restore(a) => cmd::restore::run(a),
+        Command::List(a) => cmd::list::run(a),
+        Command::Delete(a) => cmd::delete::run(a),
     };
     match result {
         Ok(code) => code,

@@ -3,16 +3,21 @@
 pub mod access;
 pub mod analyze;
 mod analyze_plot;
+pub mod backup;
 pub mod bench;
 pub mod bench_thin;
 pub mod check;
 pub mod create;
+pub mod delete;
 pub mod gc;
 pub mod grow;
+pub mod list;
 pub mod nbdkit;
 pub mod replay;
+pub mod restore;
 pub mod serve;
 pub mod status;
+pub mod store;
 pub mod tls;
 pub mod trace;
 

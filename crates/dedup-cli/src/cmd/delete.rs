@@ -1,0 +1,47 @@
+//! `dedup delete`: remove a backup from a repository.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use serde::Serialize;
+
+use super::print_json;
+
+const SPACE_NOTE: &str = "its containers stay on disk: space comes back with garbage collection (dedup store gc), which is not built yet";
+
+#[derive(clap::Args)]
+#[command(
+    about = "Delete a backup (its space comes back with gc, which is not built yet)",
+    after_help = "The backup disappears at once; its recipe is removed too. The containers holding its segments stay, since other backups may share them: reclaiming space needs garbage collection (`dedup store gc`), which is not built yet.\n\nExamples:\n  dedup delete ./repo home-monday\n  dedup delete ./repo home-monday --json"
+)]
+pub struct Args {
+    /// Repository directory.
+    pub repo: PathBuf,
+    /// Backup to delete.
+    pub name: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    deleted: &'a str,
+    bytes_freed: u64,
+    note: &'a str,
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let mut repo = super::store::open(&a.repo)?;
+    repo.delete_backup(&a.name)?;
+    if a.json {
+        print_json(&Report {
+            deleted: &a.name,
+            bytes_freed: 0,
+            note: SPACE_NOTE,
+        })?;
+    } else {
+        println!("Deleted backup {}; {SPACE_NOTE}.", a.name);
+    }
+    Ok(ExitCode::SUCCESS)
+}

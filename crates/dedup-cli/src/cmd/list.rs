@@ -1,0 +1,74 @@
+//! `dedup list`: the committed backups in a repository.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use dedup_core::size::format_size;
+use serde::Serialize;
+
+use super::print_json;
+use super::store::{utc, ReportJson};
+
+#[derive(clap::Args)]
+#[command(
+    about = "List the backups in a repository",
+    after_help = "Only committed backups are listed: one that failed or was killed part-way never appears.\n\nExamples:\n  dedup list ./repo\n  dedup list ./repo --json"
+)]
+pub struct Args {
+    /// Repository directory.
+    pub repo: PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct Entry {
+    name: String,
+    group: String,
+    /// Seconds since the Unix epoch when the backup committed.
+    time: u64,
+    #[serde(flatten)]
+    report: ReportJson,
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let repo = super::store::open(&a.repo)?;
+    let entries: Vec<Entry> = repo
+        .list_backups()?
+        .into_iter()
+        .map(|b| Entry {
+            name: b.name,
+            group: b.group,
+            time: b.time,
+            report: b.report.into(),
+        })
+        .collect();
+    if a.json {
+        print_json(&entries)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if entries.is_empty() {
+        println!("{}: no backups yet.", a.repo.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:<24} {:<12} {:<23} {:>11} {:>11} {:>8}",
+        "NAME", "GROUP", "TIME", "SIZE", "NEW", "RATIO"
+    );
+    for e in &entries {
+        println!(
+            "{:<24} {:<12} {:<23} {:>11} {:>11} {:>8}",
+            e.name,
+            e.group,
+            utc(e.time),
+            format_size(e.report.bytes_in),
+            format_size(e.report.bytes_new),
+            e.report
+                .dedup_ratio
+                .map(|r| format!("{r:.2}"))
+                .unwrap_or_else(|| "all dup".into())
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

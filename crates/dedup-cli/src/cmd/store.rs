@@ -1,0 +1,263 @@
+//! `dedup store`: the backup store's repository as a whole (issue 17):
+//! `init` creates one, `stats` sums up what it holds. gc, check and serve
+//! will join them. Also what the backup commands (`backup`, `restore`,
+//! `list`, `delete`) share.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use dedup_core::size::format_size;
+use dedup_store::repo::CONTAINERS_PREFIX;
+use dedup_store::{BackupReport, LocalDir, ObjectStore, RepoOptions, Repository, Segmenting};
+use serde::Serialize;
+
+use super::print_json;
+
+#[derive(clap::Args)]
+#[command(
+    about = "Manage a backup repository (in progress): init, stats",
+    after_help = "A repository is a directory of containers (compressed segments with catalogs), recipes and backups. gc, check and serve are not built yet.\n\nExamples:\n  dedup store init ./repo\n  dedup store init ./repo --segments fastcdc\n  dedup store stats ./repo --json"
+)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: StoreCommand,
+}
+
+#[derive(clap::Subcommand)]
+pub enum StoreCommand {
+    Init(InitArgs),
+    Stats(StatsArgs),
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum Segments {
+    /// Fixed 4 KiB segments: fast; finds repeats at the same 4 KiB offsets.
+    Fixed,
+    /// FastCDC, 1-16 KiB averaging 4 KiB: also finds data shifted by
+    /// insertions (tar streams, edited files).
+    Fastcdc,
+}
+
+#[derive(clap::Args)]
+#[command(
+    about = "Create a backup repository in a directory",
+    after_help = "How streams are cut into segments is fixed at init for the repository's life. The directory must be empty or absent unless --force; it is made owner-only (0700).\n\nExamples:\n  dedup store init ./repo\n  dedup store init ./repo --segments fastcdc --json"
+)]
+pub struct InitArgs {
+    /// Repository directory (created if absent).
+    pub repo: PathBuf,
+    /// How backups are cut into segments.
+    #[arg(long, value_enum, default_value = "fixed")]
+    pub segments: Segments,
+    /// Create the repository even if the directory holds other files.
+    #[arg(long)]
+    pub force: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args)]
+#[command(
+    about = "Show what a backup repository holds: backups, containers, bytes stored",
+    after_help = "Bytes stored are the container files' sizes (compressed segments, catalogs, framing); logical bytes are the sum of the backups' stream lengths.\n\nExamples:\n  dedup store stats ./repo\n  dedup store stats ./repo --json"
+)]
+pub struct StatsArgs {
+    /// Repository directory.
+    pub repo: PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    match a.command {
+        StoreCommand::Init(a) => init(a),
+        StoreCommand::Stats(a) => stats(a),
+    }
+}
+
+#[derive(Serialize)]
+struct InitReport {
+    repository: PathBuf,
+    segments: String,
+    container_target: u64,
+    uuid: String,
+}
+
+fn init(a: InitArgs) -> anyhow::Result<ExitCode> {
+    let segmenting = match a.segments {
+        Segments::Fixed => Segmenting::DEFAULT,
+        Segments::Fastcdc => Segmenting::FASTCDC_4K,
+    };
+    let repo = Repository::init_with(
+        &a.repo,
+        RepoOptions {
+            segmenting,
+            force: a.force,
+            ..RepoOptions::default()
+        },
+    )?;
+    let config = repo.config();
+    let report = InitReport {
+        repository: a.repo.clone(),
+        segments: segments_label(config.segmenting),
+        container_target: config.container_target,
+        uuid: config.uuid.iter().map(|b| format!("{b:02x}")).collect(),
+    };
+    if a.json {
+        print_json(&report)?;
+    } else {
+        println!(
+            "Created backup repository {} ({} segments, {} containers).\nBack up a stream into it: tar -cf - DIR | dedup backup {} NAME --stdin",
+            a.repo.display(),
+            report.segments,
+            format_size(report.container_target),
+            a.repo.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Serialize)]
+struct StatsReport {
+    repository: PathBuf,
+    segments: String,
+    backups: u64,
+    containers: u64,
+    /// Container bytes on disk.
+    bytes_stored: u64,
+    /// Sum of the backups' stream lengths.
+    logical_bytes: u64,
+    /// logical / stored; null when nothing is stored.
+    fold_factor: Option<f64>,
+    damaged_containers: Vec<String>,
+}
+
+fn stats(a: StatsArgs) -> anyhow::Result<ExitCode> {
+    let repo = Repository::open(&a.repo)?;
+    let backups = repo.list_backups()?;
+    let store = LocalDir::open(&a.repo)?;
+    let containers = store.list(CONTAINERS_PREFIX)?;
+    let mut bytes_stored = 0;
+    for name in &containers {
+        let path = a.repo.join(name);
+        bytes_stored += fs::metadata(&path)
+            .with_context(|| format!("reading the size of {}", path.display()))?
+            .len();
+    }
+    let logical_bytes: u64 = backups.iter().map(|b| b.report.bytes_in).sum();
+    let report = StatsReport {
+        repository: a.repo.clone(),
+        segments: segments_label(repo.config().segmenting),
+        backups: backups.len() as u64,
+        containers: containers.len() as u64,
+        bytes_stored,
+        logical_bytes,
+        fold_factor: (bytes_stored > 0).then(|| logical_bytes as f64 / bytes_stored as f64),
+        damaged_containers: repo.damaged_containers().to_vec(),
+    };
+    if a.json {
+        print_json(&report)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{}: {} backups, {} logical, {} stored in {} containers{} ({} segments).",
+        a.repo.display(),
+        report.backups,
+        format_size(report.logical_bytes),
+        format_size(report.bytes_stored),
+        report.containers,
+        report
+            .fold_factor
+            .map(|f| format!(", folded {f:.2}x"))
+            .unwrap_or_default(),
+        report.segments
+    );
+    if !report.damaged_containers.is_empty() {
+        println!(
+            "Damaged containers (restores that need them fail): {}",
+            report.damaged_containers.join(", ")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A backup's report as `backup --json` and `list --json` give it.
+#[derive(Serialize)]
+pub struct ReportJson {
+    pub bytes_in: u64,
+    pub bytes_new: u64,
+    pub bytes_written: u64,
+    pub segments_new: u64,
+    pub segments_duplicate: u64,
+    pub containers_written: u64,
+    /// Bytes in per new byte; null when nothing new was stored.
+    pub dedup_ratio: Option<f64>,
+}
+
+impl From<BackupReport> for ReportJson {
+    fn from(r: BackupReport) -> ReportJson {
+        let ratio = r.dedup_ratio();
+        ReportJson {
+            bytes_in: r.bytes_in,
+            bytes_new: r.bytes_new,
+            bytes_written: r.bytes_written,
+            segments_new: r.segments_new,
+            segments_duplicate: r.segments_duplicate,
+            containers_written: r.containers_written,
+            dedup_ratio: ratio.is_finite().then_some(ratio),
+        }
+    }
+}
+
+/// Open the repository at `dir`.
+pub fn open(dir: &Path) -> anyhow::Result<Repository> {
+    Ok(Repository::open(dir)?)
+}
+
+pub fn segments_label(s: Segmenting) -> String {
+    match s {
+        Segmenting::Fixed { size } => format!("fixed {}", format_size(size.into())),
+        Segmenting::FastCdc { min, avg, max } => format!(
+            "FastCDC {}-{} avg {}",
+            format_size(min.into()),
+            format_size(max.into()),
+            format_size(avg.into())
+        ),
+    }
+}
+
+/// Seconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS UTC`.
+pub fn utc(secs: u64) -> String {
+    let days = (secs / 86400) as i64;
+    let rem = secs % 86400;
+    // Days to civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_formats_known_instants() {
+        assert_eq!(super::utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(super::utc(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(super::utc(1_767_225_599), "2025-12-31 23:59:59 UTC");
+    }
+}

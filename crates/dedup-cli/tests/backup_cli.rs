@@ -1,0 +1,114 @@
+//! The backup commands end to end through the `dedup` binary: init, a
+//! backup from stdin (twice: the second all duplicate), list --json,
+//! restore to a file and to stdout, refusals, delete.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn dedup(args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dedup"))
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run dedup");
+    if let Some(data) = stdin {
+        child.stdin.take().unwrap().write_all(data).unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn ok(args: &[&str], stdin: Option<&[u8]>) -> Vec<u8> {
+    let out = dedup(args, stdin);
+    assert!(
+        out.status.success(),
+        "dedup {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+fn refused(args: &[&str], says: &str) {
+    let out = dedup(args, None);
+    assert!(!out.status.success(), "dedup {args:?} succeeded");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(says),
+        "dedup {args:?} said {err:?}, not {says:?}"
+    );
+}
+
+fn json(bytes: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(bytes).expect("JSON")
+}
+
+/// 3 MiB that do not repeat within themselves (a simple LCG).
+fn data() -> Vec<u8> {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    (0..3 << 20)
+        .map(|_| {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (x >> 33) as u8
+        })
+        .collect()
+}
+
+#[test]
+fn init_backup_list_restore_delete() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    let r = repo.to_str().unwrap();
+    let data = data();
+
+    let init = json(&ok(&["store", "init", r, "--json"], None));
+    assert_eq!(init["segments"], "fixed 4.0 KiB");
+
+    let first = json(&ok(&["backup", r, "one", "--stdin", "--json"], Some(&data)));
+    assert_eq!(first["bytes_in"], data.len() as u64);
+    assert_eq!(first["bytes_new"], data.len() as u64);
+    assert_eq!(first["dedup_ratio"], 1.0);
+    let second = json(&ok(
+        &["backup", r, "two", "--stdin", "--group", "g", "--json"],
+        Some(&data),
+    ));
+    assert_eq!(second["bytes_new"], 0);
+    assert_eq!(second["segments_duplicate"], 768);
+    assert!(second["dedup_ratio"].is_null());
+
+    let list = json(&ok(&["list", r, "--json"], None));
+    let names: Vec<_> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| (b["name"].as_str().unwrap(), b["group"].as_str().unwrap()))
+        .collect();
+    assert_eq!(names, [("one", "default"), ("two", "g")]);
+
+    let target = tmp.path().join("restored");
+    let t = target.to_str().unwrap();
+    ok(&["restore", r, "two", t], None);
+    assert!(std::fs::read(&target).unwrap() == data);
+    assert!(ok(&["restore", r, "one", "-"], None) == data);
+    refused(&["restore", r, "one", t], "already exists");
+    refused(&["restore", r, "nosuch", "-"], "no backup named nosuch");
+    refused(&["backup", r, "x", "/etc", "--stdin"], "not built yet");
+
+    let stats = json(&ok(&["store", "stats", r, "--json"], None));
+    assert_eq!(stats["backups"], 2);
+    assert_eq!(stats["logical_bytes"], 2 * data.len() as u64);
+
+    let deleted = json(&ok(&["delete", r, "one", "--json"], None));
+    assert_eq!(deleted["deleted"], "one");
+    let list = json(&ok(&["list", r, "--json"], None));
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    refused(&["delete", r, "one"], "no backup named one");
+    // The containers stay: the remaining backup still restores.
+    assert!(ok(&["restore", r, "two", "-"], None) == data);
+    assert!(Path::new(&repo).join("config").exists());
+}
