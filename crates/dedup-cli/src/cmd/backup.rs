@@ -113,9 +113,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "Backed up {} as {} (group {}): {} in, {} new ({} written in {} containers), dedup ratio {}; {} segments new, {} duplicate; {:.1} s, {:.1} MB/s.",
-        a.repo.display(),
+        "Backed up {} into {} (group {}): {} in, {} new ({} written, {} new containers), dedup ratio {}; {} segments new, {} duplicate; {:.1} s, {:.1} MB/s.",
         a.name,
+        a.repo.display(),
         a.group,
         format_size(r.bytes_in),
         format_size(r.bytes_new),
