@@ -19,13 +19,18 @@
 //!
 //! The store's sampled fingerprint index after §3.2 ([`Index`]: hooks
 //! sampled progressively within a memory budget, a catalog-prefetch
-//! cache, rebuild from the catalogs and a checkpoint) is built and tested
-//! on its own; the repository does not use it yet (it keeps
-//! [`ExactIndex`]).
+//! cache, rebuild from the catalogs and a checkpoint) is built, and wired
+//! in behind the [`SegmentIndex`] seam as [`SampledIndex`], which prefetches
+//! catalogs through the repository's object store and answers only with
+//! entries it found in a catalog: [`Repository::open_sampled`] opens a
+//! repository with it (`open` keeps [`ExactIndex`]).
 //!
-//! Not built yet: the sampled index wired in as the repository's
-//! [`SegmentIndex`], a Segment Manager shared by concurrent
-//! backups (one `Repository` handle per directory at a time for now),
+//! Not built yet: a repository that keeps only the sampled index in RAM
+//! (it still reads and keeps every catalog at open, for hint checks and
+//! restores) or starts from an index checkpoint rather than rebuilding,
+//! an index choice recorded in the repository, a Segment Manager shared by
+//! concurrent backups (one `Repository` handle per directory at a time for
+//! now),
 //! files within a backup, reference tracking and grouped mark-and-sweep
 //! (deleting a backup leaves its containers), and an S3 implementation of
 //! the seam.
@@ -52,7 +57,7 @@ pub mod writer;
 pub use container::{container_name, Catalog, Container};
 pub use error::{Error, Result};
 pub use format::{Entry, Location};
-pub use index::{Advice, Eviction, Index, IndexConfig, SamplingRate};
+pub use index::{Advice, Eviction, Index, IndexConfig, SampledIndex, SamplingRate};
 pub use local::LocalDir;
 pub use objects::ObjectStore;
 pub use writer::ContainerWriter;

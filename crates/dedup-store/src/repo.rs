@@ -9,11 +9,13 @@ use std::fs::{self, File, Permissions};
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::backup::{validate_name, BackupRecord, BACKUPS_PREFIX};
 use crate::config::{RepoConfig, CONFIG_OBJECT};
 use crate::container::Catalog;
 use crate::error::Error;
+use crate::index::{IndexConfig, SampledIndex};
 use crate::local::LocalDir;
 use crate::objects::ObjectStore;
 use crate::repo_error::{RepoError, RepoResult};
@@ -44,7 +46,8 @@ impl Default for RepoOptions {
 
 pub struct Repository {
     pub(crate) dir: PathBuf,
-    pub(crate) store: LocalDir,
+    /// Shared with an index that prefetches catalogs ([`SampledIndex`]).
+    pub(crate) store: Arc<LocalDir>,
     pub(crate) config: RepoConfig,
     pub(crate) index: Box<dyn SegmentIndex>,
     /// Catalogs read so far; containers are immutable, so never stale.
@@ -90,10 +93,25 @@ impl Repository {
         Repository::open_with_index(dir, Box::new(ExactIndex::new()))
     }
 
+    /// Open the repository in `dir` with the sampled index of §3.2
+    /// ([`SampledIndex`]), built from every catalog at open and prefetching
+    /// catalogs through the repository's own object store.
+    pub fn open_sampled(dir: impl AsRef<Path>, config: IndexConfig) -> RepoResult<Repository> {
+        Repository::open_inner(dir, |store| Box::new(SampledIndex::new(store, config)))
+    }
+
     /// Open with `index`, which is given every container's catalog.
     pub fn open_with_index(
         dir: impl AsRef<Path>,
         index: Box<dyn SegmentIndex>,
+    ) -> RepoResult<Repository> {
+        Repository::open_inner(dir, |_| index)
+    }
+
+    /// Open with the index `make` builds from the repository's store.
+    fn open_inner(
+        dir: impl AsRef<Path>,
+        make: impl FnOnce(Arc<dyn ObjectStore>) -> Box<dyn SegmentIndex>,
     ) -> RepoResult<Repository> {
         let dir = dir.as_ref().to_path_buf();
         let foreign = |detail: String| RepoError::NotARepository {
@@ -103,16 +121,17 @@ impl Repository {
         if !dir.is_dir() {
             return Err(foreign("not a directory".into()));
         }
-        let store = LocalDir::open(&dir)?;
+        let store = Arc::new(LocalDir::open(&dir)?);
         let config = match store.get(CONFIG_OBJECT) {
             Err(Error::NotFound { .. }) => return Err(foreign("it has no config object".into())),
             other => RepoConfig::decode(&other?).map_err(|e| foreign(e.to_string()))?,
         };
+        let index = make(store.clone());
         let mut repo = Repository {
             dir,
             store,
-            config,
             index,
+            config,
             catalogs: HashMap::new(),
             next_container: 0,
             damaged: Vec::new(),
@@ -133,7 +152,7 @@ impl Repository {
                 .and_then(|h| u64::from_str_radix(h, 16).ok())
                 .ok_or_else(|| RepoError::corrupt(&name, "not a container name"))?;
             self.next_container = self.next_container.max(id + 1);
-            match Catalog::read(&self.store, id) {
+            match Catalog::read(&*self.store, id) {
                 Ok(catalog) => {
                     self.index.insert(id, catalog.entries());
                     self.catalogs.insert(id, catalog);
@@ -151,6 +170,12 @@ impl Repository {
 
     pub fn config(&self) -> &RepoConfig {
         &self.config
+    }
+
+    /// The object store holding the repository's objects, for an index
+    /// that reads catalogs itself.
+    pub fn object_store(&self) -> Arc<dyn ObjectStore> {
+        self.store.clone()
     }
 
     /// Containers whose catalogs failed their checks at open.
@@ -172,7 +197,7 @@ impl Repository {
     /// Container `id`'s catalog, read once.
     pub(crate) fn catalog(&mut self, id: u64) -> crate::error::Result<&Catalog> {
         if !self.catalogs.contains_key(&id) {
-            let catalog = Catalog::read(&self.store, id)?;
+            let catalog = Catalog::read(&*self.store, id)?;
             self.catalogs.insert(id, catalog);
         }
         Ok(&self.catalogs[&id])

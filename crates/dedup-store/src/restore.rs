@@ -59,7 +59,7 @@ impl Repository {
                     ),
                 ));
             }
-            let data = catalog.read_segment(&self.store, s.entry as usize)?;
+            let data = catalog.read_segment(&*self.store, s.entry as usize)?;
             out.write_all(&data).map_err(|cause| RepoError::Io {
                 context: format!("writing the restore of backup {name}"),
                 cause,

@@ -16,6 +16,7 @@ pub mod figures;
 pub mod hooks;
 pub mod rebuild;
 pub mod sampling;
+pub mod segment_index;
 
 use dedup_core::fingerprint::Fingerprint;
 
@@ -26,6 +27,7 @@ pub use cache::{Eviction, FingerprintCache};
 pub use figures::{Counters, Figures};
 pub use hooks::{Hook, HookTable};
 pub use sampling::SamplingRate;
+pub use segment_index::SampledIndex;
 
 /// E's default: a hook in a `HashMap<Fingerprint, Hook>` is 48 bytes plus
 /// a control byte, at hashbrown's 7/8 load factor.

@@ -1,0 +1,117 @@
+//! [`SampledIndex`]: the sampled [`Index`] behind the repository's
+//! [`SegmentIndex`] seam, prefetching catalogs through the repository's
+//! [`ObjectStore`].
+//!
+//! It answers with a (container, entry) pair only when it knows the entry:
+//! from the fingerprint cache, or from the catalog of the container a hook
+//! named (the one just prefetched, or one read for the purpose when the
+//! cache is off or has dropped the entry). A hook alone names a container,
+//! never an entry, so it is never turned into a guess. Every answer is still
+//! checked against the catalog by the backup (see `segment_index.rs`).
+
+use std::sync::Arc;
+
+use dedup_core::fingerprint::Fingerprint;
+
+use crate::container::Catalog;
+use crate::error::Result;
+use crate::format::Entry;
+use crate::objects::ObjectStore;
+use crate::repo::Repository;
+use crate::segment_index::SegmentIndex;
+
+use super::{Index, IndexConfig};
+
+pub struct SampledIndex {
+    index: Index,
+    store: Arc<dyn ObjectStore>,
+    /// Hook hits the cache could not resolve and that were resolved (or
+    /// refused) by reading the container's catalog.
+    catalog_reads: u64,
+}
+
+impl SampledIndex {
+    /// An empty index reading catalogs from `store`. Give it the catalogs
+    /// with [`SegmentIndex::insert`] (as `Repository::open_with_index` and
+    /// `Repository::set_index` do), in container id order.
+    pub fn new(store: Arc<dyn ObjectStore>, config: IndexConfig) -> SampledIndex {
+        SampledIndex {
+            index: Index::new(config),
+            store,
+            catalog_reads: 0,
+        }
+    }
+
+    /// An index of every container already in `store`, for use on its own.
+    /// Not for `Repository::open_with_index` or `set_index`, which insert
+    /// every catalog again: hand those [`SampledIndex::new`] instead.
+    pub fn rebuild(store: Arc<dyn ObjectStore>, config: IndexConfig) -> Result<SampledIndex> {
+        let index = Index::rebuild(&*store, config)?;
+        Ok(SampledIndex {
+            index,
+            store,
+            catalog_reads: 0,
+        })
+    }
+
+    /// An empty index bound to `repo`'s object store, for
+    /// `repo.set_index(Box::new(..))`, which gives it every catalog.
+    pub fn for_repository(repo: &Repository, config: IndexConfig) -> SampledIndex {
+        SampledIndex::new(repo.object_store(), config)
+    }
+
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// Catalogs read outside a prefetch to resolve a hook's entry.
+    pub fn catalog_reads(&self) -> u64 {
+        self.catalog_reads
+    }
+
+    fn read_catalog(&self, id: u64) -> Result<Vec<Entry>> {
+        Ok(Catalog::read(&*self.store, id)?.entries().to_vec())
+    }
+}
+
+/// Where `fp` is in `entries`, if it is there.
+fn position(entries: &[Entry], fp: &Fingerprint) -> Option<u32> {
+    entries
+        .iter()
+        .position(|e| e.fingerprint == *fp)
+        .and_then(|i| u32::try_from(i).ok())
+}
+
+impl SegmentIndex for SampledIndex {
+    fn lookup(&mut self, fp: &Fingerprint) -> Option<(u64, u32)> {
+        let mut prefetched: Option<(u64, Vec<Entry>)> = None;
+        let store = &self.store;
+        let advice = self
+            .index
+            .lookup(fp, |id| {
+                let entries = Catalog::read(&**store, id)?.entries().to_vec();
+                prefetched = Some((id, entries.clone()));
+                Ok(entries)
+            })
+            // A catalog that cannot be read costs dedup, not correctness.
+            .ok()??;
+        if let Some((entry, _)) = advice.entry {
+            return Some((advice.container, entry));
+        }
+        // A hook without a cached entry: find the entry in the container's
+        // catalog, or give no answer.
+        let entry = match prefetched {
+            Some((id, entries)) if id == advice.container => position(&entries, fp),
+            _ => {
+                self.catalog_reads += 1;
+                position(&self.read_catalog(advice.container).ok()?, fp)
+            }
+        }?;
+        Some((advice.container, entry))
+    }
+
+    fn insert(&mut self, container: u64, entries: &[Entry]) {
+        let fps: Vec<Fingerprint> = entries.iter().map(|e| e.fingerprint).collect();
+        self.index.insert(container, &fps);
+    }
+}
