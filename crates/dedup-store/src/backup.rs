@@ -20,7 +20,7 @@ pub const RECIPES_PREFIX: &str = "recipes/";
 pub const MAX_BACKUP_NAME: usize = 200;
 
 /// What one backup cost and saved.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct BackupReport {
     /// Bytes read from the stream.
     pub bytes_in: u64,

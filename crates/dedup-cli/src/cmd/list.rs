@@ -62,8 +62,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             e.name,
             e.group,
             utc(e.time),
-            format_size(e.report.bytes_in),
-            format_size(e.report.bytes_new),
+            format_size(e.report.counts.bytes_in),
+            format_size(e.report.counts.bytes_new),
             e.report
                 .dedup_ratio
                 .map(|r| format!("{r:.2}"))

@@ -185,29 +185,21 @@ fn stats(a: StatsArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// A backup's report as `backup --json` and `list --json` give it.
+/// A backup's report as `backup --json` and `list --json` give it: the
+/// store's figures, and the ratio as JSON can hold it.
 #[derive(Serialize)]
 pub struct ReportJson {
-    pub bytes_in: u64,
-    pub bytes_new: u64,
-    pub bytes_written: u64,
-    pub segments_new: u64,
-    pub segments_duplicate: u64,
-    pub containers_written: u64,
+    #[serde(flatten)]
+    pub counts: BackupReport,
     /// Bytes in per new byte; null when nothing new was stored.
     pub dedup_ratio: Option<f64>,
 }
 
 impl From<BackupReport> for ReportJson {
-    fn from(r: BackupReport) -> ReportJson {
-        let ratio = r.dedup_ratio();
+    fn from(counts: BackupReport) -> ReportJson {
+        let ratio = counts.dedup_ratio();
         ReportJson {
-            bytes_in: r.bytes_in,
-            bytes_new: r.bytes_new,
-            bytes_written: r.bytes_written,
-            segments_new: r.segments_new,
-            segments_duplicate: r.segments_duplicate,
-            containers_written: r.containers_written,
+            counts,
             dedup_ratio: ratio.is_finite().then_some(ratio),
         }
     }
