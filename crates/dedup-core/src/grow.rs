@@ -271,7 +271,7 @@ fn copy_into_new_store(
         ..Default::default()
     };
     // A copy that fails (a full disk) is removed, not left for the next grow.
-    let undo = RemoveOnDrop(Some(staging.clone()));
+    let undo = crate::layout::Undo::removing(staging.clone());
     let old_meta: Arc<dyn BlockFile> = Arc::new(Overlay::new(meta));
     let mut from = registry::open_store_of(sb, old_meta, &read_only)?;
     let new_meta = make_staging(&staging, new, params)?;
@@ -315,22 +315,6 @@ fn keep_owner_and_mode(old: &Path, new: &Path) -> Result<()> {
         .context(|| format!("giving {} the owner of {}", new.display(), old.display()))?;
     fs::set_permissions(new, m.permissions())
         .context(|| format!("giving {} the mode of {}", new.display(), old.display()))
-}
-
-struct RemoveOnDrop(Option<PathBuf>);
-
-impl RemoveOnDrop {
-    fn disarm(mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        if let Some(p) = self.0.take() {
-            let _ = fs::remove_file(p);
-        }
-    }
 }
 
 fn staging_path(target: &Path) -> PathBuf {

@@ -97,13 +97,19 @@ fn absolute(path: &Path) -> Result<PathBuf> {
     std::path::absolute(path).context(|| format!("resolving {}", path.display()))
 }
 
-/// Files this `create` made, removed again if it fails half-way; and the
-/// locks it holds on existing files it lays the device out on.
+/// Files this `create` (or a `grow`: its staging copy) made, removed again
+/// if it fails half-way; and the locks `create` holds on existing files it
+/// lays the device out on.
 #[derive(Default)]
-struct Undo(Vec<PathBuf>, Vec<DeviceLock>);
+pub(crate) struct Undo(Vec<PathBuf>, Vec<DeviceLock>);
 
 impl Undo {
-    fn disarm(mut self) {
+    /// Remove `path` if dropped before `disarm`.
+    pub(crate) fn removing(path: PathBuf) -> Undo {
+        Undo(vec![path], Vec::new())
+    }
+
+    pub(crate) fn disarm(mut self) {
         self.0.clear();
     }
 }
