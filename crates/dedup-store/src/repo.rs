@@ -312,17 +312,21 @@ impl Repository {
     }
 
     /// Remove a backup: its backup object first (after which it is gone),
-    /// then its recipe. Its containers stay until a garbage collection.
+    /// then its recipe and tree. Its containers stay until a garbage
+    /// collection.
     pub fn delete_backup(&self, name: &str) -> RepoResult<()> {
         if !self.is_writable() {
             return Err(RepoError::ReadOnly);
         }
         let record = self.backup(name)?;
         self.store.delete(&BackupRecord::object_name(name))?;
-        match self.store.delete(&record.recipe) {
-            Ok(()) | Err(Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(e.into()),
+        for object in std::iter::once(&record.recipe).chain(&record.tree) {
+            match self.store.delete(object) {
+                Ok(()) | Err(Error::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
+        Ok(())
     }
 }
 

@@ -19,7 +19,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use dedup_core::compress::Compression;
 use dedup_core::fingerprint::Fingerprint;
 
-use crate::backup::{validate_name, BackupRecord, BackupReport, RECIPES_PREFIX};
+use crate::backup::{validate_name, BackupRecord, BackupReport, RECIPES_PREFIX, TREES_PREFIX};
 use crate::container::{container_name, Container};
 use crate::error::Error;
 use crate::objects::ObjectStore;
@@ -174,15 +174,31 @@ impl BackupSession<'_> {
         Ok(())
     }
 
-    /// Make the backup durable and visible: the last container, then the
-    /// recipe, then the backup object, whose `put` is the commit point.
-    pub fn commit(mut self) -> RepoResult<BackupRecord> {
+    /// Make the backup of a stream durable and visible: the last
+    /// container, then the recipe, then the backup object, whose `put` is
+    /// the commit point.
+    pub fn commit(self) -> RepoResult<BackupRecord> {
+        self.commit_with_tree(None)
+    }
+
+    /// Commit, with `tree` (the encoded metadata of the files whose
+    /// contents the stream holds) stored as the backup's tree object
+    /// before the backup object names it.
+    pub fn commit_with_tree(mut self, tree: Option<&[u8]>) -> RepoResult<BackupRecord> {
         self.seal()?;
         let repo = self.repo;
         self.recipe.stream_len = self.report.bytes_in;
         let nonce = u64::from_le_bytes(random_bytes()?);
         let recipe_name = format!("{RECIPES_PREFIX}{}-{nonce:016x}", self.name);
         repo.store.put(&recipe_name, &self.recipe.encode())?;
+        let tree_name = match tree {
+            Some(bytes) => {
+                let name = format!("{TREES_PREFIX}{}-{nonce:016x}", self.name);
+                repo.store.put(&name, bytes)?;
+                Some(name)
+            }
+            None => None,
+        };
         let time = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -191,6 +207,7 @@ impl BackupSession<'_> {
             group: self.group.clone(),
             time,
             recipe: recipe_name,
+            tree: tree_name,
             report: self.report,
         };
         let object = BackupRecord::object_name(&self.name);

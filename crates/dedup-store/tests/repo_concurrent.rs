@@ -113,8 +113,7 @@ fn one_writer_at_a_time_but_readers_beside_it() {
     assert_eq!(out, random(50_000, 1));
     let e = reader
         .backup_stream("b", "g", &b"x"[..])
-        .err()
-        .expect("read-only");
+        .expect_err("read-only");
     assert!(matches!(e, RepoError::ReadOnly), "{e}");
     assert!(matches!(
         reader.delete_backup("a"),
@@ -133,9 +132,28 @@ fn two_sessions_racing_for_one_name_commit_once() {
     first.append(&random(4096, 1)).unwrap();
     second.append(&random(4096, 2)).unwrap();
     first.commit().unwrap();
-    let e = second.commit().err().expect("name taken");
+    let e = second.commit().expect_err("name taken");
     assert!(matches!(e, RepoError::BackupExists { .. }), "{e}");
     let mut out = Vec::new();
     repo.restore("same", &mut out).unwrap();
     assert_eq!(out, random(4096, 1));
+}
+
+#[test]
+fn a_tree_is_committed_with_its_backup_and_deleted_with_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::init(tmp.path()).unwrap();
+    let mut s = repo.begin_backup("files", "g").unwrap();
+    s.append(&random(5000, 3)).unwrap();
+    let record = s.commit_with_tree(Some(b"tree bytes")).unwrap();
+    let tree = record.tree.clone().expect("a tree");
+    assert!(tree.starts_with("trees/files-"), "{tree}");
+    assert_eq!(repo.backup("files").unwrap(), record);
+    assert_eq!(
+        std::fs::read(tmp.path().join(&tree)).unwrap(),
+        b"tree bytes"
+    );
+    repo.delete_backup("files").unwrap();
+    assert!(!tmp.path().join(&tree).exists());
+    assert!(!tmp.path().join(&record.recipe).exists());
 }
