@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use dedup_core::size::format_size;
+use dedup_store::index::IndexConfig;
 use dedup_store::repo::CONTAINERS_PREFIX;
 use dedup_store::{
     BackupReport, Catalog, LocalDir, ObjectStore, RepoOptions, Repository, Segmenting,
@@ -136,6 +137,20 @@ struct StatsReport {
     /// logical / stored; null when nothing is stored.
     fold_factor: Option<f64>,
     damaged_containers: Vec<String>,
+    /// The sampled index as last checkpointed; null if there is none.
+    index: Option<StatsIndex>,
+}
+
+#[derive(Serialize)]
+struct StatsIndex {
+    /// R, the sampling rate (1, 1/2, 1/4, ...).
+    sampling_rate: f64,
+    hooks: usize,
+    /// RAM the hooks take.
+    hook_bytes: u64,
+    fingerprints: u64,
+    /// Hook RAM per TiB of segments stored.
+    hook_bytes_per_tib: Option<f64>,
 }
 
 fn stats(a: StatsArgs) -> anyhow::Result<ExitCode> {
@@ -168,6 +183,17 @@ fn stats(a: StatsArgs) -> anyhow::Result<ExitCode> {
         logical_bytes,
         fold_factor: (bytes_stored > 0).then(|| logical_bytes as f64 / bytes_stored as f64),
         damaged_containers: damaged,
+        index: dedup_store::index_checkpoint::newest_figures(&store).map(|f| {
+            let stored = f.fingerprints as f64 * f64::from(segment_bytes(repo.config().segmenting));
+            StatsIndex {
+                sampling_rate: f.rate,
+                hooks: f.hooks,
+                hook_bytes: f.hook_bytes,
+                fingerprints: f.fingerprints,
+                hook_bytes_per_tib: (stored > 0.0)
+                    .then(|| f.hook_bytes as f64 * (1u64 << 40) as f64 / stored),
+            }
+        }),
     };
     if a.json {
         print_json(&report)?;
@@ -190,6 +216,18 @@ fn stats(a: StatsArgs) -> anyhow::Result<ExitCode> {
         println!(
             "Damaged containers (restores that need them fail): {}",
             report.damaged_containers.join(", ")
+        );
+    }
+    if let Some(i) = &report.index {
+        println!(
+            "Index (as last checkpointed): {} hooks at R = 1/{:.0} for {} segments: {} of RAM{}.",
+            i.hooks,
+            1.0 / i.sampling_rate,
+            i.fingerprints,
+            format_size(i.hook_bytes),
+            i.hook_bytes_per_tib
+                .map(|b| format!(", {} per TiB stored", format_size(b as u64)))
+                .unwrap_or_default()
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -215,7 +253,78 @@ impl From<BackupReport> for ReportJson {
     }
 }
 
-/// Open the repository at `dir`.
+/// How a writing command indexes the repository's segments.
+#[derive(clap::Args, Clone, Debug)]
+pub struct IndexArgs {
+    /// RAM for the sampled index's hooks (Guo §3.2). Every fingerprint is
+    /// a hook while they fit; past that the sampling rate halves as the
+    /// store grows (R = 1, 1/2, 1/4, ...), and a hit on a sampled
+    /// fingerprint prefetches its container's catalog.
+    #[arg(long, default_value = "1G", value_parser = super::index_memory_arg)]
+    pub index_memory: u64,
+    /// Fingerprints the prefetch cache holds (0: no prefetch).
+    #[arg(long, default_value_t = 1 << 18)]
+    pub index_cache: usize,
+    /// Keep every fingerprint in RAM instead (about 60 bytes a segment),
+    /// rebuilt from every catalog at open.
+    #[arg(long)]
+    pub exact_index: bool,
+}
+
+impl IndexArgs {
+    pub fn config(&self) -> IndexConfig {
+        IndexConfig {
+            memory_budget: self.index_memory,
+            cache_entries: self.index_cache,
+            ..IndexConfig::default()
+        }
+    }
+}
+
+/// Open `dir` to write (backup, delete, gc) with the index `index` asks for.
+pub fn open_indexed(dir: &Path, index: &IndexArgs) -> anyhow::Result<Repository> {
+    if index.exact_index {
+        return open(dir);
+    }
+    Ok(Repository::open_sampled(dir, index.config())?)
+}
+
+/// What the index cost, for reports: RAM, and RAM per TiB of segments
+/// stored (the paper's figure of merit for an index).
+#[derive(Serialize, Clone, Copy, Debug)]
+pub struct IndexJson {
+    /// RAM of the tables that grow with the store (hooks, or the exact map).
+    pub index_ram_bytes: u64,
+    /// RAM of the fixed-size prefetch cache.
+    pub index_cache_bytes: u64,
+    pub index_fingerprints: u64,
+    /// Null before anything is stored.
+    pub index_ram_per_tib: Option<f64>,
+}
+
+impl IndexJson {
+    /// `segment_bytes`: the repository's average segment size.
+    pub fn of(repo: &Repository) -> Option<IndexJson> {
+        let ram = repo.index_ram()?;
+        let stored = ram.fingerprints as f64 * f64::from(segment_bytes(repo.config().segmenting));
+        Some(IndexJson {
+            index_ram_bytes: ram.bytes,
+            index_cache_bytes: ram.cache_bytes,
+            index_fingerprints: ram.fingerprints,
+            index_ram_per_tib: (stored > 0.0)
+                .then(|| ram.bytes as f64 * (1u64 << 40) as f64 / stored),
+        })
+    }
+}
+
+/// A segment's expected size.
+fn segment_bytes(s: Segmenting) -> u32 {
+    match s {
+        Segmenting::Fixed { size } => size,
+        Segmenting::FastCdc { avg, .. } => avg,
+    }
+}
+
 /// Open `dir` to write (backup, delete): one writing process at a time.
 pub fn open(dir: &Path) -> anyhow::Result<Repository> {
     Ok(Repository::open(dir)?)
