@@ -37,6 +37,7 @@
 
 pub mod backup;
 mod backup_stream;
+pub mod check;
 pub mod config;
 pub mod container;
 pub mod error;
@@ -48,6 +49,7 @@ pub mod name;
 pub mod objects;
 pub mod recipe;
 pub mod repo;
+mod repo_check;
 pub mod repo_error;
 mod restore;
 pub mod segment_index;
@@ -63,6 +65,7 @@ pub use objects::ObjectStore;
 pub use writer::ContainerWriter;
 
 pub use backup::{BackupRecord, BackupReport};
+pub use check::{CheckOptions, CheckProgress, CheckReport};
 pub use config::RepoConfig;
 pub use recipe::{Recipe, SegmentRef};
 pub use repo::{RepoOptions, Repository};
