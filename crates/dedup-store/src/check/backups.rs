@@ -86,9 +86,10 @@ pub(super) fn check_recipes(
     let listed: BTreeSet<&str> = objects.iter().map(String::as_str).collect();
     for record in &backups.records {
         if !listed.contains(record.recipe.as_str()) {
+            // Named as the missing object, as a missing container is.
             report.problem_affecting(
-                &BackupRecord::object_name(&record.name),
-                format!("names recipe {}, which is missing", record.recipe),
+                &record.recipe,
+                format!("missing, but backup {} names it", record.name),
                 [&record.name],
             );
             out.complete = false;
