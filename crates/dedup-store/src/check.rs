@@ -50,7 +50,9 @@ pub struct CheckProgress {
 }
 
 /// Check the repository in `store`. `Err` only when the store cannot be
-/// listed; whatever is wrong with its objects is in the report.
+/// listed; whatever is wrong with its objects is in the report. The check
+/// only reads, but note that `LocalDir::open` creates a missing directory:
+/// a caller checking a path it was given should see that it exists first.
 pub fn check(
     store: &dyn ObjectStore,
     opts: CheckOptions,
@@ -61,6 +63,11 @@ pub fn check(
         ..CheckReport::default()
     };
     let config_problem = backups::check_config(store, &mut report);
+    // Listed in commit order (a backup puts its containers, then its
+    // recipe, then its backup object): a backup committing while we list
+    // shows up at worst as garbage, never as a reference to something
+    // missing. Deletions while we check (a backup deleted, a collection)
+    // can still show as damage; a second check tells.
     let backup_names = store.list(BACKUPS_PREFIX)?;
     let recipe_names = store.list(RECIPES_PREFIX)?;
     let container_names = store.list(CONTAINERS_PREFIX)?;

@@ -267,6 +267,14 @@ fn garbage_is_reported_as_garbage_not_damage() {
 #[test]
 fn check_writes_nothing_even_on_a_damaged_repository() {
     let f = fixture(Segmenting::FASTCDC_4K);
+    let before = snapshot(f.dir());
+    for data in [false, true] {
+        assert!(f.check(data).is_clean());
+        assert!(
+            snapshot(f.dir()) == before,
+            "check (data {data}) changed the repository"
+        );
+    }
     let containers = f.containers();
     let mut bytes = fs::read(f.path(&containers[1])).unwrap();
     bytes[100] ^= 1;

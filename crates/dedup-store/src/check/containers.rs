@@ -113,3 +113,23 @@ fn check_data(store: &dyn ObjectStore, id: u64, report: &mut CheckReport) -> Con
         bad_segments,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::container_id;
+
+    #[test]
+    fn only_what_container_name_makes_is_a_container_name() {
+        assert_eq!(container_id("containers/00000000000000a3"), Some(0xa3));
+        for bad in [
+            "containers/00000000000000A3",
+            "containers/a3",
+            "containers/000000000000000a3",
+            "containers/+0000000000000a3",
+            "containers/00000000000000a3/x",
+            "containers/",
+        ] {
+            assert_eq!(container_id(bad), None, "{bad}");
+        }
+    }
+}
