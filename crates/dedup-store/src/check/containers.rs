@@ -3,10 +3,15 @@
 //! more), so every byte but the segment bodies is checked; with `data`,
 //! the whole container in one read, and every segment's crc32c, and its
 //! BLAKE3 after decompressing, against its catalog entry.
+//!
+//! A damaged catalog or trailer costs every backup that references the
+//! container; a damaged segment only those that reference that entry; a
+//! damaged header none (restores find segments through the catalog).
 
 use std::collections::BTreeMap;
 
 use crate::container::{container_name, Catalog, Container};
+use crate::error::Error;
 use crate::format::Entry;
 use crate::objects::ObjectStore;
 use crate::repo::CONTAINERS_PREFIX;
@@ -69,18 +74,15 @@ fn container_id(object: &str) -> Option<u64> {
 
 fn check_catalog(store: &dyn ObjectStore, id: u64, report: &mut CheckReport) -> ContainerState {
     let name = container_name(id);
-    let read = Catalog::read(store, id).and_then(|c| c.check_header(store).map(|()| c));
-    match read {
-        Ok(catalog) => {
-            report.counts.segments += catalog.entries().len() as u64;
-            report.counts.bytes_stored += catalog.container_len();
-            ContainerState::Readable {
-                entries: catalog.entries().to_vec(),
-                bad_segments: BTreeMap::new(),
-            }
-        }
-        Err(e) => ContainerState::Damaged(report.problem(&name, store_detail(&e))),
+    let catalog = match Catalog::read(store, id) {
+        Ok(c) => c,
+        Err(e) => return ContainerState::Damaged(report.problem(&name, store_detail(&e))),
+    };
+    if let Err(e) = catalog.check_header(store) {
+        header_problem(&name, &e, report);
     }
+    report.counts.bytes_stored += catalog.container_len();
+    readable(&catalog, report, BTreeMap::new())
 }
 
 fn check_data(store: &dyn ObjectStore, id: u64, report: &mut CheckReport) -> ContainerState {
@@ -92,22 +94,73 @@ fn check_data(store: &dyn ObjectStore, id: u64, report: &mut CheckReport) -> Con
     report.counts.bytes_stored += bytes.len() as u64;
     let container = match Container::parse_structure(&name, bytes) {
         Ok(c) => c,
-        Err(e) => return ContainerState::Damaged(report.problem(&name, store_detail(&e))),
+        Err(e) => return check_data_through_catalog(store, id, &e, report),
     };
     let catalog = container.catalog();
     if catalog.container_id() != id {
         let d = format!("it holds container id {:#x}", catalog.container_id());
         return ContainerState::Damaged(report.problem(&name, d));
     }
-    report.counts.segments += catalog.entries().len() as u64;
-    let mut bad_segments = BTreeMap::new();
+    // Checks crc32c, decompresses, and compares BLAKE3 with the entry.
+    let bad = verify_segments(&name, catalog, |i| container.segment(i), report);
+    readable(catalog, report, bad)
+}
+
+/// The container as a whole did not parse. If its catalog still reads, the
+/// damage is outside what restores read (the header: `Catalog::read` checks
+/// everything else `parse_structure` does), so it costs no backup by
+/// itself; the segments are then verified one ranged read each, which only
+/// such a container pays for.
+fn check_data_through_catalog(
+    store: &dyn ObjectStore,
+    id: u64,
+    parse_error: &Error,
+    report: &mut CheckReport,
+) -> ContainerState {
+    let name = container_name(id);
+    let Ok(catalog) = Catalog::read(store, id) else {
+        return ContainerState::Damaged(report.problem(&name, store_detail(parse_error)));
+    };
+    header_problem(&name, parse_error, report);
+    let bad = verify_segments(&name, &catalog, |i| catalog.read_segment(store, i), report);
+    readable(&catalog, report, bad)
+}
+
+/// Damage restores do not read (they find segments through the catalog):
+/// named, but costing no backup.
+fn header_problem(name: &str, e: &Error, report: &mut CheckReport) {
+    let d = format!(
+        "{} (restores do not read the header; rewriting the container would refuse it)",
+        store_detail(e)
+    );
+    report.problem(name, d);
+}
+
+/// Verify every segment `read` returns (it checks crc32c, then BLAKE3 after
+/// decompressing); the failed ones' problems by entry.
+fn verify_segments(
+    name: &str,
+    catalog: &Catalog,
+    read: impl Fn(usize) -> crate::error::Result<Vec<u8>>,
+    report: &mut CheckReport,
+) -> BTreeMap<u32, usize> {
+    let mut bad = BTreeMap::new();
     for i in 0..catalog.entries().len() {
-        // Checks crc32c, decompresses, and compares BLAKE3 with the entry.
-        if let Err(e) = container.segment(i) {
-            let p = report.problem(&name, format!("catalog entry {i}: {}", store_detail(&e)));
-            bad_segments.insert(i as u32, p);
+        if let Err(e) = read(i) {
+            let p = report.problem(name, format!("catalog entry {i}: {}", store_detail(&e)));
+            bad.insert(i as u32, p);
         }
     }
+    bad
+}
+
+/// Count a container whose catalog reads and keep what references need.
+fn readable(
+    catalog: &Catalog,
+    report: &mut CheckReport,
+    bad_segments: BTreeMap<u32, usize>,
+) -> ContainerState {
+    report.counts.segments += catalog.entries().len() as u64;
     ContainerState::Readable {
         entries: catalog.entries().to_vec(),
         bad_segments,
