@@ -113,17 +113,17 @@ fn phase_label(phase: CheckPhase, data: bool) -> &'static str {
 fn render(repo: &Path, r: &CheckReport) -> String {
     let c = &r.counts;
     let mut out = format!(
-        "Checked {} ({}): {} backups, {} recipes, {} containers, {} segments, {} stored.\n",
+        "Checked {} ({}): {}, {}, {}, {}, {} stored.\n",
         repo.display(),
         if r.data_verified {
             "every segment verified"
         } else {
             "catalogs and references; segment data not read, use --data"
         },
-        c.backups,
-        c.recipes,
-        c.containers,
-        c.segments,
+        count(c.backups as usize, "backup"),
+        count(c.recipes as usize, "recipe"),
+        count(c.containers as usize, "container"),
+        count(c.segments as usize, "segment"),
         format_size(c.bytes_stored)
     );
     if !r.problems.is_empty() {
