@@ -3,19 +3,23 @@
 //! its recipe and what backing it up cost. It is written last, after every
 //! container and the recipe are durable: its `put` is the commit point.
 //!
-//! Body after the frame (magic `DDUPBKUP`, version 1): time (u64, seconds
+//! Body after the frame (magic `DDUPBKUP`, version 2): time (u64, seconds
 //! since the Unix epoch), then the report's six u64 figures (bytes in, bytes
 //! new, bytes written to containers, segments new, segments duplicate,
-//! containers written), then name, group and recipe object name, each a u16
-//! length and UTF-8 bytes.
+//! containers written), then name, group, recipe object name and tree
+//! object name (empty for a stream), each a u16 length and UTF-8 bytes.
+//! Version 1 (still read) has no tree name.
 
-use crate::framed::{frame, put_str, unframe, Reader};
+use crate::framed::{frame, put_str, unframe_any, Reader};
 use crate::repo_error::{RepoError, RepoResult};
 
 const MAGIC: [u8; 8] = *b"DDUPBKUP";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 pub const BACKUPS_PREFIX: &str = "backups/";
 pub const RECIPES_PREFIX: &str = "recipes/";
+/// Tree objects: a backup of files and directories keeps their metadata
+/// here; the file contents are the backup's stream.
+pub const TREES_PREFIX: &str = "trees/";
 /// Longest backup or group name, leaving room for the prefixes and nonce.
 pub const MAX_BACKUP_NAME: usize = 200;
 
@@ -56,6 +60,9 @@ pub struct BackupRecord {
     /// Seconds since the Unix epoch when the backup committed.
     pub time: u64,
     pub recipe: String,
+    /// The tree object of a backup of files and directories; `None` for a
+    /// stream.
+    pub tree: Option<String>,
     pub report: BackupReport,
 }
 
@@ -81,12 +88,13 @@ impl BackupRecord {
         put_str(&mut body, &self.name);
         put_str(&mut body, &self.group);
         put_str(&mut body, &self.recipe);
+        put_str(&mut body, self.tree.as_deref().unwrap_or(""));
         frame(MAGIC, VERSION, &body)
     }
 
     /// Decode `object`, which must be the backup object of the name inside.
     pub fn decode(object: &str, bytes: &[u8]) -> RepoResult<BackupRecord> {
-        let body = unframe(object, MAGIC, VERSION, bytes)?;
+        let (version, body) = unframe_any(object, MAGIC, 1..=VERSION, bytes)?;
         let mut r = Reader::new(object, body);
         let time = r.u64()?;
         let report = BackupReport {
@@ -98,6 +106,11 @@ impl BackupRecord {
             containers_written: r.u64()?,
         };
         let (name, group, recipe) = (r.str()?, r.str()?, r.str()?);
+        let tree = if version >= 2 {
+            r.str()?
+        } else {
+            String::new()
+        };
         r.finish()?;
         let corrupt = |d: String| RepoError::corrupt(object, d);
         if BackupRecord::object_name(&name) != object {
@@ -112,11 +125,23 @@ impl BackupRecord {
                 "recipe name {recipe:?} is not one of this backup's"
             )));
         }
+        let tree = (!tree.is_empty()).then_some(tree);
+        let tree_ok = tree.as_ref().is_none_or(|t| {
+            t.strip_prefix(TREES_PREFIX)
+                .is_some_and(|t| t.starts_with(&format!("{name}-")))
+                && crate::name::validate(t).is_ok()
+        });
+        if !tree_ok {
+            return Err(corrupt(format!(
+                "tree name {tree:?} is not one of this backup's"
+            )));
+        }
         Ok(BackupRecord {
             name,
             group,
             time,
             recipe,
+            tree,
             report,
         })
     }
@@ -141,4 +166,51 @@ pub fn validate_name(name: &str) -> RepoResult<()> {
         return bad(&e.to_string());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(tree: Option<&str>) -> BackupRecord {
+        BackupRecord {
+            name: "b".into(),
+            group: "g".into(),
+            time: 7,
+            recipe: "recipes/b-0000000000000001".into(),
+            tree: tree.map(String::from),
+            report: BackupReport {
+                bytes_in: 1,
+                ..BackupReport::default()
+            },
+        }
+    }
+
+    #[test]
+    fn records_round_trip_with_and_without_a_tree_and_version_1_still_reads() {
+        for tree in [None, Some("trees/b-0000000000000001")] {
+            let r = record(tree);
+            assert_eq!(BackupRecord::decode("backups/b", &r.encode()).unwrap(), r);
+        }
+        // Version 1: the same body without the tree name.
+        let v2 = record(None).encode();
+        let body = &v2[12..v2.len() - 4 - 2];
+        let v1 = frame(MAGIC, 1, body);
+        assert_eq!(
+            BackupRecord::decode("backups/b", &v1).unwrap(),
+            record(None)
+        );
+    }
+
+    #[test]
+    fn a_tree_of_another_backup_is_refused() {
+        for bad in [
+            "trees/other-0000000000000001",
+            "recipes/b-1",
+            "trees/b-x/../y",
+        ] {
+            let e = BackupRecord::decode("backups/b", &record(Some(bad)).encode()).expect_err(bad);
+            assert!(e.to_string().contains("tree name"), "{bad}: {e}");
+        }
+    }
 }

@@ -24,6 +24,17 @@ pub fn unframe<'a>(
     version: u32,
     bytes: &'a [u8],
 ) -> RepoResult<&'a [u8]> {
+    unframe_any(object, magic, version..=version, bytes).map(|(_, body)| body)
+}
+
+/// Check the frame of `object`, which may be any of `versions`; its
+/// version and body.
+pub fn unframe_any<'a>(
+    object: &str,
+    magic: [u8; 8],
+    versions: std::ops::RangeInclusive<u32>,
+    bytes: &'a [u8],
+) -> RepoResult<(u32, &'a [u8])> {
     let corrupt = |d: String| RepoError::corrupt(object, d);
     if bytes.len() < 16 {
         return Err(corrupt(format!(
@@ -40,12 +51,14 @@ pub fn unframe<'a>(
         return Err(corrupt("checksum does not match its bytes".into()));
     }
     let found = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
-    if found != version {
+    if !versions.contains(&found) {
         return Err(corrupt(format!(
-            "format version {found}; this build reads version {version}"
+            "format version {found}; this build reads versions {} to {}",
+            versions.start(),
+            versions.end()
         )));
     }
-    Ok(&bytes[12..end])
+    Ok((found, &bytes[12..end]))
 }
 
 /// Bounds-checked little-endian reads from a frame's body.

@@ -25,6 +25,13 @@
 //! entries it found in a catalog: [`Repository::open_sampled`] opens a
 //! repository with it (`open` keeps [`ExactIndex`]).
 //!
+//! One [`Repository`] handle is shared by every backup of a process
+//! (`Send + Sync`, `&self`): each backup is a [`BackupSession`] filling its
+//! own container, meeting the others only in short critical sections (the
+//! index, a bounded catalog cache, the protection map that keeps GC off
+//! what running backups use). One process writes (an exclusive lock on the
+//! config object); others may open read-only to list, restore and check.
+//!
 //! `store check` ([`check::check`], [`Repository::check`]) verifies a
 //! repository without writing to it: the config, every backup object and
 //! the recipe it names, every container's header, catalog and trailer, and
@@ -34,18 +41,16 @@
 //! problem names the damaged object and the backups it costs; recipes and
 //! containers no committed backup needs are listed as garbage, not damage.
 //!
-//! Not built yet: a repository that keeps only the sampled index in RAM
-//! (it still reads and keeps every catalog at open, for hint checks and
-//! restores) or starts from an index checkpoint rather than rebuilding,
-//! an index choice recorded in the repository, a Segment Manager shared by
-//! concurrent backups (one `Repository` handle per directory at a time for
-//! now),
+//! Not built yet: a repository that starts from an index checkpoint rather
+//! than reading every catalog at open, an index choice recorded in the
+//! repository,
 //! files within a backup, reference tracking and grouped mark-and-sweep
 //! (deleting a backup leaves its containers), and an S3 implementation of
 //! the seam.
 
 pub mod backup;
 mod backup_stream;
+mod catalog_cache;
 pub mod check;
 pub mod config;
 pub mod container;
@@ -56,6 +61,7 @@ pub mod index;
 pub mod local;
 pub mod name;
 pub mod objects;
+mod protection;
 pub mod recipe;
 pub mod repo;
 mod repo_check;
@@ -63,6 +69,7 @@ pub mod repo_error;
 mod restore;
 pub mod segment_index;
 pub mod segmenter;
+pub mod session;
 pub mod writer;
 
 pub use container::{container_name, Catalog, Container};
@@ -81,3 +88,4 @@ pub use repo::{RepoOptions, Repository};
 pub use repo_error::{RepoError, RepoResult};
 pub use segment_index::{ExactIndex, SegmentIndex};
 pub use segmenter::Segmenting;
+pub use session::BackupSession;

@@ -2,22 +2,35 @@
 //! config, containers, recipes and backups as objects in a `LocalDir`, and
 //! a fingerprint index rebuilt from the containers' catalogs at open.
 //!
-//! Backing up is in `backup_stream.rs`, restoring in `restore.rs`.
+//! One handle is shared by every backup, restore and GC of the process
+//! (`&self` throughout, `Send + Sync`): the paper's single server owning
+//! the store, with its Segment Manager (index, catalogs, container ids,
+//! protection map) behind short locks rather than one repository-wide
+//! lock. Another process may open the repository read-only (list,
+//! restore, check) at any time; only one process opens it to write, which
+//! is what `dedup store serve` is for.
+//!
+//! Backing up is in `session.rs` and `backup_stream.rs`, restoring in
+//! `restore.rs`.
 
-use std::collections::HashMap;
 use std::fs::{self, File, Permissions};
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use dedup_core::lock::DeviceLock;
 
 use crate::backup::{validate_name, BackupRecord, BACKUPS_PREFIX};
+use crate::catalog_cache::{CatalogCache, DEFAULT_CATALOGS};
 use crate::config::{RepoConfig, CONFIG_OBJECT};
 use crate::container::Catalog;
 use crate::error::Error;
 use crate::index::{IndexConfig, SampledIndex};
 use crate::local::LocalDir;
 use crate::objects::ObjectStore;
+use crate::protection::Protection;
 use crate::repo_error::{RepoError, RepoResult};
 use crate::segment_index::{ExactIndex, SegmentIndex};
 use crate::segmenter::Segmenting;
@@ -49,11 +62,14 @@ pub struct Repository {
     /// Shared with an index that prefetches catalogs ([`SampledIndex`]).
     pub(crate) store: Arc<LocalDir>,
     pub(crate) config: RepoConfig,
-    pub(crate) index: Box<dyn SegmentIndex>,
-    /// Catalogs read so far; containers are immutable, so never stale.
-    pub(crate) catalogs: HashMap<u64, Catalog>,
-    pub(crate) next_container: u64,
+    /// The fingerprint index; `None` when opened read-only.
+    index: Option<Mutex<Box<dyn SegmentIndex>>>,
+    catalogs: Mutex<CatalogCache>,
+    pub(crate) next_container: AtomicU64,
+    pub(crate) protection: Mutex<Protection>,
     damaged: Vec<String>,
+    /// Held by the one process that may write; `None` when read-only.
+    _writer: Option<DeviceLock>,
 }
 
 impl Repository {
@@ -88,6 +104,15 @@ impl Repository {
         Repository::open(dir)
     }
 
+    /// Open the repository in `dir` to read: list, restore, check. No
+    /// lock, no index; it works while another process writes.
+    pub fn open_read_only(dir: impl AsRef<Path>) -> RepoResult<Repository> {
+        Repository::open_as(
+            dir,
+            None::<fn(Arc<dyn ObjectStore>) -> Box<dyn SegmentIndex>>,
+        )
+    }
+
     /// Open the repository in `dir` with an exact in-RAM index.
     pub fn open(dir: impl AsRef<Path>) -> RepoResult<Repository> {
         Repository::open_with_index(dir, Box::new(ExactIndex::new()))
@@ -113,6 +138,15 @@ impl Repository {
         dir: impl AsRef<Path>,
         make: impl FnOnce(Arc<dyn ObjectStore>) -> Box<dyn SegmentIndex>,
     ) -> RepoResult<Repository> {
+        Repository::open_as(dir, Some(make))
+    }
+
+    /// Open to write (with the index `make` builds, under the writer's
+    /// lock) or, with `None`, to read.
+    fn open_as(
+        dir: impl AsRef<Path>,
+        make: Option<impl FnOnce(Arc<dyn ObjectStore>) -> Box<dyn SegmentIndex>>,
+    ) -> RepoResult<Repository> {
         let dir = dir.as_ref().to_path_buf();
         let foreign = |detail: String| RepoError::NotARepository {
             dir: dir.clone(),
@@ -126,15 +160,29 @@ impl Repository {
             Err(Error::NotFound { .. }) => return Err(foreign("it has no config object".into())),
             other => RepoConfig::decode(&other?).map_err(|e| foreign(e.to_string()))?,
         };
-        let index = make(store.clone());
+        let (index, writer) = match make {
+            None => (None, None),
+            Some(make) => {
+                let lock = DeviceLock::acquire(&dir.join(CONFIG_OBJECT)).map_err(|e| match e {
+                    dedup_core::Error::Locked { .. } => RepoError::InUse { dir: dir.clone() },
+                    other => RepoError::Io {
+                        context: format!("locking {}", dir.display()),
+                        cause: std::io::Error::other(other.to_string()),
+                    },
+                })?;
+                (Some(Mutex::new(make(store.clone()))), Some(lock))
+            }
+        };
         let mut repo = Repository {
             dir,
             store,
             index,
             config,
-            catalogs: HashMap::new(),
-            next_container: 0,
+            catalogs: Mutex::new(CatalogCache::new(DEFAULT_CATALOGS)),
+            next_container: AtomicU64::new(0),
+            protection: Mutex::new(Protection::default()),
             damaged: Vec::new(),
+            _writer: writer,
         };
         repo.load_catalogs()?;
         Ok(repo)
@@ -144,24 +192,40 @@ impl Repository {
     /// A container whose catalog is damaged is left out of the index (its
     /// segments are stored again if seen again) and listed in `damaged`;
     /// the restores that need it fail naming it.
+    /// A read-only handle reads none.
     fn load_catalogs(&mut self) -> RepoResult<()> {
+        if self.index.is_none() {
+            return Ok(());
+        }
+        let ids = self.store_container_ids()?;
+        let index = self.index.as_mut().expect("writable");
+        let index = index.get_mut().unwrap_or_else(|p| p.into_inner());
+        let mut next = 0;
+        for id in ids {
+            next = id + 1;
+            match Catalog::read(&*self.store, id) {
+                Ok(catalog) => index.insert(id, catalog.entries()),
+                Err(Error::Corrupt { .. }) => self.damaged.push(crate::container_name(id)),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        *self.next_container.get_mut() = next;
+        Ok(())
+    }
+
+    /// The ids of every container in the store, ascending.
+    pub(crate) fn store_container_ids(&self) -> RepoResult<Vec<u64>> {
+        let mut ids = Vec::new();
         for name in self.store.list(CONTAINERS_PREFIX)? {
             let id = name
                 .strip_prefix(CONTAINERS_PREFIX)
                 .filter(|h| h.len() == 16)
                 .and_then(|h| u64::from_str_radix(h, 16).ok())
                 .ok_or_else(|| RepoError::corrupt(&name, "not a container name"))?;
-            self.next_container = self.next_container.max(id + 1);
-            match Catalog::read(&*self.store, id) {
-                Ok(catalog) => {
-                    self.index.insert(id, catalog.entries());
-                    self.catalogs.insert(id, catalog);
-                }
-                Err(Error::Corrupt { .. }) => self.damaged.push(name),
-                Err(e) => return Err(e.into()),
-            }
+            ids.push(id);
         }
-        Ok(())
+        ids.sort_unstable();
+        Ok(ids)
     }
 
     pub fn dir(&self) -> &Path {
@@ -183,24 +247,50 @@ impl Repository {
         &self.damaged
     }
 
-    /// Replace the index (given every catalog read so far). For tests and
-    /// for trying another index on an open repository.
-    pub fn set_index(&mut self, mut index: Box<dyn SegmentIndex>) {
-        let mut ids: Vec<_> = self.catalogs.keys().copied().collect();
-        ids.sort_unstable();
-        for id in ids {
-            index.insert(id, self.catalogs[&id].entries());
+    /// Replace the index, giving it every container's catalog. For tests
+    /// and for trying another index on an open repository.
+    pub fn set_index(&mut self, mut index: Box<dyn SegmentIndex>) -> RepoResult<()> {
+        if self.index.is_none() {
+            return Err(RepoError::ReadOnly);
         }
-        self.index = index;
+        for id in self.store_container_ids()? {
+            if let Ok(catalog) = Catalog::read(&*self.store, id) {
+                index.insert(id, catalog.entries());
+            }
+        }
+        let slot = self.index.as_mut().expect("writable");
+        *slot.get_mut().unwrap_or_else(|p| p.into_inner()) = index;
+        Ok(())
     }
 
-    /// Container `id`'s catalog, read once.
-    pub(crate) fn catalog(&mut self, id: u64) -> crate::error::Result<&Catalog> {
-        if !self.catalogs.contains_key(&id) {
-            let catalog = Catalog::read(&*self.store, id)?;
-            self.catalogs.insert(id, catalog);
+    /// The index, locked; `ReadOnly` for a read-only handle.
+    pub(crate) fn index(&self) -> RepoResult<MutexGuard<'_, Box<dyn SegmentIndex>>> {
+        let index = self.index.as_ref().ok_or(RepoError::ReadOnly)?;
+        Ok(index.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    pub(crate) fn protection(&self) -> MutexGuard<'_, Protection> {
+        self.protection.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Container `id`'s catalog, from the cache or read (without holding
+    /// the cache's lock over the read).
+    pub(crate) fn catalog(&self, id: u64) -> crate::error::Result<Arc<Catalog>> {
+        if let Some(c) = self.catalog_cache().get(id) {
+            return Ok(c);
         }
-        Ok(&self.catalogs[&id])
+        let catalog = Arc::new(Catalog::read(&*self.store, id)?);
+        self.catalog_cache().insert(id, catalog.clone());
+        Ok(catalog)
+    }
+
+    pub(crate) fn catalog_cache(&self) -> MutexGuard<'_, CatalogCache> {
+        self.catalogs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether this handle may write (it holds the writer's lock).
+    pub fn is_writable(&self) -> bool {
+        self.index.is_some()
     }
 
     /// The committed backups, by name.
@@ -222,14 +312,21 @@ impl Repository {
     }
 
     /// Remove a backup: its backup object first (after which it is gone),
-    /// then its recipe. Its containers stay until a garbage collection.
-    pub fn delete_backup(&mut self, name: &str) -> RepoResult<()> {
+    /// then its recipe and tree. Its containers stay until a garbage
+    /// collection.
+    pub fn delete_backup(&self, name: &str) -> RepoResult<()> {
+        if !self.is_writable() {
+            return Err(RepoError::ReadOnly);
+        }
         let record = self.backup(name)?;
         self.store.delete(&BackupRecord::object_name(name))?;
-        match self.store.delete(&record.recipe) {
-            Ok(()) | Err(Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(e.into()),
+        for object in std::iter::once(&record.recipe).chain(&record.tree) {
+            match self.store.delete(object) {
+                Ok(()) | Err(Error::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
+        Ok(())
     }
 }
 

@@ -33,6 +33,14 @@ pub enum RepoError {
     #[error("no backup named {name}")]
     NoSuchBackup { name: String },
 
+    /// A second process opened the repository to write.
+    #[error("{}: the repository is in use by another process that writes to it; back up through that process (dedup store serve) or wait for it to finish", .dir.display())]
+    InUse { dir: PathBuf },
+
+    /// A write through a handle opened with `open_read_only`.
+    #[error("the repository was opened read-only")]
+    ReadOnly,
+
     /// Reading the stream to back up, or writing a restore, failed.
     #[error("{context}: {cause}")]
     Io { context: String, cause: io::Error },

@@ -16,7 +16,7 @@ impl Repository {
     /// Write backup `name`'s stream to `out`; the number of bytes written.
     /// A missing or damaged recipe or container is refused, naming it;
     /// `out` then holds the segments before the damaged one (all checked).
-    pub fn restore(&mut self, name: &str, mut out: impl Write) -> RepoResult<u64> {
+    pub fn restore(&self, name: &str, mut out: impl Write) -> RepoResult<u64> {
         let record = self.backup(name)?;
         let recipe = match self.store.get(&record.recipe) {
             Err(Error::NotFound { .. }) => {
@@ -44,11 +44,10 @@ impl Repository {
                     format!("missing, but backup {name} needs it"),
                 )
             };
-            match self.catalog(s.container) {
+            let catalog = match self.catalog(s.container) {
                 Err(e @ Error::NotFound { .. }) => return Err(missing(e)),
                 other => other?,
             };
-            let catalog = &self.catalogs[&s.container];
             let entry = catalog.entries().get(s.entry as usize).copied();
             if entry.map(|e| (e.fingerprint, e.location.raw_len)) != Some((s.fingerprint, s.len)) {
                 return Err(RepoError::corrupt(

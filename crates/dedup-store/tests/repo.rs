@@ -103,8 +103,7 @@ fn round_trip_names_groups_and_odd_lengths() {
 #[test]
 fn same_stream_twice_stores_nothing_new() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut repo =
-        Repository::init_with(tmp.path(), small_containers(Segmenting::DEFAULT)).unwrap();
+    let repo = Repository::init_with(tmp.path(), small_containers(Segmenting::DEFAULT)).unwrap();
     let data = random(2 << 20, 1);
     let first = repo.backup_stream("one", "g", &data[..]).unwrap();
     assert_eq!(first.segments_new, 512);
@@ -174,7 +173,7 @@ fn fastcdc_dedups_a_shifted_stream_and_fixed_does_not() {
 #[test]
 fn a_backup_dead_before_its_commit_point_is_absent_and_retryable() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut repo = Repository::init(tmp.path()).unwrap();
+    let repo = Repository::init(tmp.path()).unwrap();
     let data = random(100_000, 4);
     repo.backup_stream("keep", "g", &b"kept"[..]).unwrap();
     repo.backup_stream("dies", "g", &data[..]).unwrap();

@@ -27,7 +27,7 @@ fn only_file(dir: &Path) -> PathBuf {
 /// A repository with backup `b` of three segments (one short).
 fn setup() -> (tempfile::TempDir, Vec<u8>) {
     let tmp = tempfile::tempdir().unwrap();
-    let mut repo = Repository::init(tmp.path()).unwrap();
+    let repo = Repository::init(tmp.path()).unwrap();
     let data = random(2 * 4096 + 100, 9);
     repo.backup_stream("b", "g", &data[..]).unwrap();
     (tmp, data)
@@ -58,7 +58,7 @@ fn damaged_recipe_backup_and_config_are_refused_by_name() {
     let (tmp, data) = setup();
     let dir = tmp.path();
     let restore = || {
-        let mut repo = Repository::open(dir).map_err(|e| e.to_string())?;
+        let repo = Repository::open(dir).map_err(|e| e.to_string())?;
         let mut out = Vec::new();
         repo.restore("b", &mut out).map_err(|e| e.to_string())?;
         assert_eq!(out, data);
@@ -79,7 +79,7 @@ fn missing_recipe_or_container_is_named() {
     let container = only_file(&dir.join("containers"));
     let saved = fs::read(&container).unwrap();
     fs::remove_file(&container).unwrap();
-    let mut repo = Repository::open(dir).unwrap();
+    let repo = Repository::open(dir).unwrap();
     let e = repo.restore("b", Vec::new()).unwrap_err().to_string();
     assert!(
         e.contains("containers/0000000000000000") && e.contains("missing"),
@@ -119,7 +119,7 @@ fn a_damaged_segment_is_caught_by_its_fingerprint() {
     c[t_at..].copy_from_slice(&fixed.encode());
     fs::write(&file, &c).unwrap();
 
-    let mut repo = Repository::open(tmp.path()).unwrap();
+    let repo = Repository::open(tmp.path()).unwrap();
     let mut out = Vec::new();
     let e = repo.restore("b", &mut out).unwrap_err().to_string();
     assert!(e.contains("containers/0000000000000000"), "{e}");
@@ -183,6 +183,8 @@ fn a_lying_index_never_corrupts_a_restore() {
     }
     for reopened in [false, true] {
         if reopened {
+            // One writer at a time: the old handle goes first.
+            drop(repo);
             repo = Repository::open(tmp.path()).unwrap();
         }
         for (i, s) in streams.iter().enumerate() {
@@ -199,7 +201,7 @@ fn a_lying_index_never_corrupts_a_restore() {
 #[test]
 fn restore_errors_are_errors_not_panics() {
     let (tmp, _) = setup();
-    let mut repo = Repository::open(tmp.path()).unwrap();
+    let repo = Repository::open(tmp.path()).unwrap();
     assert!(matches!(
         repo.restore("nope", Vec::new()),
         Err(RepoError::NoSuchBackup { .. })

@@ -184,7 +184,7 @@ fn efficiency(period: u64, cache_entries: usize) -> (f64, SamplingRate, Sampling
     let mut first_rate = None;
     for n in 0..versions {
         let ids = v.next();
-        let mut repo = Repository::open_sampled(tmp.path(), config).unwrap();
+        let repo = Repository::open_sampled(tmp.path(), config).unwrap();
         let report = repo
             .backup_stream(&format!("v{n}"), "g", &bytes(&ids)[..])
             .unwrap();
@@ -285,7 +285,7 @@ fn wrong_hints_from_the_sampled_index_never_corrupt_a_restore() {
     // containers with the same ids hold other segments, or the same ones
     // at other entries.
     let other = tempfile::tempdir().unwrap();
-    let mut o = Repository::init_with(other.path(), options(Segmenting::DEFAULT)).unwrap();
+    let o = Repository::init_with(other.path(), options(Segmenting::DEFAULT)).unwrap();
     let mut shuffled = versions[0].clone();
     shuffled.reverse();
     shuffled.swap(0, 7);
@@ -304,7 +304,7 @@ fn wrong_hints_from_the_sampled_index_never_corrupt_a_restore() {
             hints: hints.clone(),
             wrong: wrong.clone(),
         };
-        let mut repo = Repository::open_with_index(tmp.path(), Box::new(misled)).unwrap();
+        let repo = Repository::open_with_index(tmp.path(), Box::new(misled)).unwrap();
         let data = bytes(ids);
         repo.backup_stream(&format!("v{n}"), "g", &data[..])
             .unwrap();
@@ -325,7 +325,7 @@ fn wrong_hints_from_the_sampled_index_never_corrupt_a_restore() {
 #[test]
 fn a_hook_alone_is_resolved_in_the_catalog_or_not_at_all() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut repo = Repository::init_with(tmp.path(), options(Segmenting::DEFAULT)).unwrap();
+    let repo = Repository::init_with(tmp.path(), options(Segmenting::DEFAULT)).unwrap();
     let data = bytes(&[1, 2, 3, 4]);
     repo.backup_stream("b", "g", &data[..]).unwrap();
     let real = dedup_store::Catalog::read(&*repo.object_store(), 0)

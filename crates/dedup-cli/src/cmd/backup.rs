@@ -78,7 +78,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if stdin.is_terminal() {
         bail!("--stdin is a terminal; pipe the data in, e.g. tar -cf - DIR | dedup backup {} {} --stdin", a.repo.display(), a.name);
     }
-    let mut repo = super::store::open(&a.repo)?;
+    let repo = super::store::open(&a.repo)?;
     let bar =
         indicatif::ProgressBar::new_spinner().with_style(indicatif::ProgressStyle::with_template(
             "{spinner} backing up {msg}: {bytes} read, {bytes_per_sec}, {elapsed}",

@@ -32,7 +32,7 @@ struct Report<'a> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let mut repo = super::store::open(&a.repo)?;
+    let repo = super::store::open(&a.repo)?;
     repo.delete_backup(&a.name)?;
     if a.json {
         print_json(&Report {

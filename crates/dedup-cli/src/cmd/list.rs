@@ -33,7 +33,7 @@ struct Entry {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let repo = super::store::open(&a.repo)?;
+    let repo = super::store::open_read_only(&a.repo)?;
     let entries: Vec<Entry> = repo
         .list_backups()?
         .into_iter()

@@ -29,7 +29,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let mut repo = super::store::open(&a.repo)?;
+    let repo = super::store::open_read_only(&a.repo)?;
     // Fail on an unknown name before creating the target.
     repo.backup(&a.name)?;
     let start = Instant::now();
@@ -65,7 +65,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             anyhow::anyhow!("creating {}: {e}", a.target.display())
         }
     })?;
-    match write_to(&mut repo, &a.name, file) {
+    match write_to(&repo, &a.name, file) {
         Ok(n) => {
             let s = start.elapsed().as_secs_f64();
             println!(
@@ -89,7 +89,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn write_to(repo: &mut dedup_store::Repository, name: &str, file: File) -> anyhow::Result<u64> {
+fn write_to(repo: &dedup_store::Repository, name: &str, file: File) -> anyhow::Result<u64> {
     let mut out = BufWriter::with_capacity(1 << 20, file);
     let n = repo.restore(name, &mut out)?;
     let file = out.into_inner().map_err(|e| e.into_error())?;

@@ -10,7 +10,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use dedup_core::size::format_size;
 use dedup_store::repo::CONTAINERS_PREFIX;
-use dedup_store::{BackupReport, LocalDir, ObjectStore, RepoOptions, Repository, Segmenting};
+use dedup_store::{
+    BackupReport, Catalog, LocalDir, ObjectStore, RepoOptions, Repository, Segmenting,
+};
 use serde::Serialize;
 
 use super::print_json;
@@ -139,12 +141,20 @@ struct StatsReport {
 }
 
 fn stats(a: StatsArgs) -> anyhow::Result<ExitCode> {
-    let repo = Repository::open(&a.repo)?;
+    // Read-only: stats works beside a process that writes, and writes nothing.
+    let repo = Repository::open_read_only(&a.repo)?;
     let backups = repo.list_backups()?;
     let store = LocalDir::open(&a.repo)?;
     let containers = store.list(CONTAINERS_PREFIX)?;
     let mut bytes_stored = 0;
+    let mut damaged = Vec::new();
     for name in &containers {
+        let id = name
+            .strip_prefix(CONTAINERS_PREFIX)
+            .and_then(|h| u64::from_str_radix(h, 16).ok());
+        if id.is_none_or(|id| Catalog::read(&store, id).is_err()) {
+            damaged.push(name.clone());
+        }
         let path = a.repo.join(name);
         bytes_stored += fs::metadata(&path)
             .with_context(|| format!("reading the size of {}", path.display()))?
@@ -159,7 +169,7 @@ fn stats(a: StatsArgs) -> anyhow::Result<ExitCode> {
         bytes_stored,
         logical_bytes,
         fold_factor: (bytes_stored > 0).then(|| logical_bytes as f64 / bytes_stored as f64),
-        damaged_containers: repo.damaged_containers().to_vec(),
+        damaged_containers: damaged,
     };
     if a.json {
         print_json(&report)?;
@@ -208,8 +218,15 @@ impl From<BackupReport> for ReportJson {
 }
 
 /// Open the repository at `dir`.
+/// Open `dir` to write (backup, delete): one writing process at a time.
 pub fn open(dir: &Path) -> anyhow::Result<Repository> {
     Ok(Repository::open(dir)?)
+}
+
+/// Open `dir` to read (list, restore, stats): no lock, no index, so it
+/// works beside a process that writes.
+pub fn open_read_only(dir: &Path) -> anyhow::Result<Repository> {
+    Ok(Repository::open_read_only(dir)?)
 }
 
 pub fn segments_label(s: Segmenting) -> String {

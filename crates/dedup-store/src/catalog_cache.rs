@@ -1,0 +1,93 @@
+//! The catalogs a repository handle keeps, least recently used out. The
+//! repository used to keep every catalog it read, which is a store's whole
+//! fingerprint list in RAM (about 60 bytes a segment); a fixed number of
+//! catalogs keeps a backup's confirmations and a restore's reads cheap
+//! while memory stays independent of the store's size. Catalogs are
+//! immutable, so a cached one is never stale; one of a deleted container
+//! is dropped with `forget`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::container::Catalog;
+
+/// Catalogs kept by default: 64 catalogs of full 16 MiB containers of
+/// 4 KiB segments is about 15 MiB.
+pub const DEFAULT_CATALOGS: usize = 64;
+
+pub(crate) struct CatalogCache {
+    capacity: usize,
+    tick: u64,
+    map: HashMap<u64, (Arc<Catalog>, u64)>,
+}
+
+impl CatalogCache {
+    pub(crate) fn new(capacity: usize) -> CatalogCache {
+        CatalogCache {
+            capacity: capacity.max(1),
+            tick: 0,
+            map: HashMap::new(),
+        }
+    }
+
+    pub(crate) fn get(&mut self, id: u64) -> Option<Arc<Catalog>> {
+        self.tick += 1;
+        let tick = self.tick;
+        self.map.get_mut(&id).map(|(c, used)| {
+            *used = tick;
+            c.clone()
+        })
+    }
+
+    pub(crate) fn insert(&mut self, id: u64, catalog: Arc<Catalog>) {
+        self.tick += 1;
+        if !self.map.contains_key(&id) && self.map.len() >= self.capacity {
+            // O(capacity), and the capacity is small.
+            let oldest = self.map.iter().min_by_key(|(_, (_, used))| *used);
+            if let Some(&id) = oldest.map(|(id, _)| id) {
+                self.map.remove(&id);
+            }
+        }
+        self.map.insert(id, (catalog, self.tick));
+    }
+
+    #[allow(dead_code)] // for garbage collection, which lands next
+    pub(crate) fn forget(&mut self, id: u64) {
+        self.map.remove(&id);
+    }
+
+    #[allow(dead_code)] // for garbage collection, which lands next
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::objects::ObjectStore;
+    use crate::writer::ContainerWriter;
+
+    fn catalog(id: u64) -> Arc<Catalog> {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::LocalDir::open(dir.path()).unwrap();
+        let mut w = ContainerWriter::new(id);
+        w.add(&id.to_le_bytes()).unwrap();
+        store.put(&crate::container_name(id), &w.seal()).unwrap();
+        Arc::new(Catalog::read(&store, id).unwrap())
+    }
+
+    #[test]
+    fn the_least_recently_used_catalog_goes_first() {
+        let mut cache = CatalogCache::new(2);
+        cache.insert(1, catalog(1));
+        cache.insert(2, catalog(2));
+        assert!(cache.get(1).is_some());
+        cache.insert(3, catalog(3));
+        assert!(cache.get(2).is_none(), "2 was the least recently used");
+        assert!(cache.get(1).is_some() && cache.get(3).is_some());
+        cache.forget(1);
+        assert!(cache.get(1).is_none());
+        assert_eq!(cache.len(), 1);
+    }
+}

@@ -1,0 +1,267 @@
+//! A backup in progress (the paper's per-stream state in the Segment
+//! Manager, §3.1 and §3.4): the recipe so far, the container being
+//! filled, and the containers this backup holds in the protection map.
+//!
+//! Many sessions run at once on one shared [`Repository`], each filling
+//! its own container, so streams never wait for each other's writes; they
+//! meet only in short critical sections (the index, the catalog cache, the
+//! protection map). A session that is dropped without `commit` leaves no
+//! backup, only containers for GC.
+//!
+//! The steps are public so a server can run them for a remote client that
+//! cut and hashed the segments itself: `lookup` a fingerprint, `store` the
+//! bytes of the new ones, `push` each segment's reference in stream order.
+//! A local backup uses `append`, which does all three.
+
+use std::collections::HashMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use dedup_core::compress::Compression;
+use dedup_core::fingerprint::Fingerprint;
+
+use crate::backup::{validate_name, BackupRecord, BackupReport, RECIPES_PREFIX, TREES_PREFIX};
+use crate::container::{container_name, Container};
+use crate::error::Error;
+use crate::objects::ObjectStore;
+use crate::recipe::{Recipe, SegmentRef};
+use crate::repo::{random_bytes, Repository};
+use crate::repo_error::{RepoError, RepoResult};
+use crate::writer::{ContainerWriter, HASH};
+
+/// The container being filled, and what it holds so far (segments repeated
+/// within it are found here: the index only learns of durable containers).
+struct Open {
+    writer: ContainerWriter,
+    holds: HashMap<Fingerprint, u32>,
+}
+
+pub struct BackupSession<'r> {
+    repo: &'r Repository,
+    id: u64,
+    name: String,
+    group: String,
+    report: BackupReport,
+    recipe: Recipe,
+    open: Option<Open>,
+    ended: bool,
+}
+
+impl Repository {
+    /// Start backup `name` in `group`. Refused if the name is taken or the
+    /// handle is read-only; two sessions racing for one name both run, and
+    /// the second to commit is refused.
+    pub fn begin_backup(&self, name: &str, group: &str) -> RepoResult<BackupSession<'_>> {
+        validate_name(name)?;
+        validate_name(group)?;
+        if !self.is_writable() {
+            return Err(RepoError::ReadOnly);
+        }
+        match self.store.get(&BackupRecord::object_name(name)) {
+            Err(Error::NotFound { .. }) => {}
+            Ok(_) => return Err(RepoError::BackupExists { name: name.into() }),
+            Err(e) => return Err(e.into()),
+        }
+        let id = self.protection().begin_session();
+        Ok(BackupSession {
+            repo: self,
+            id,
+            name: name.into(),
+            group: group.into(),
+            report: BackupReport::default(),
+            recipe: Recipe::default(),
+            open: None,
+            ended: false,
+        })
+    }
+}
+
+impl BackupSession<'_> {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// What the backup has cost so far.
+    pub fn report(&self) -> &BackupReport {
+        &self.report
+    }
+
+    /// Where segment `fp` is already stored, if anywhere this backup may
+    /// reuse it: in its own open container, or where the index says once
+    /// the container is protected for this session and its catalog
+    /// confirms the fingerprint. A hint that cannot be confirmed (no such
+    /// container, condemned by GC, damaged catalog, another fingerprint) is
+    /// no answer: storing the segment again costs space, reusing a wrong
+    /// one would lose data.
+    pub fn lookup(&mut self, fp: &Fingerprint) -> RepoResult<Option<(u64, u32)>> {
+        if let Some(o) = &self.open {
+            if let Some(&i) = o.holds.get(fp) {
+                return Ok(Some((o.writer.id(), i)));
+            }
+        }
+        let Some((container, entry)) = self.repo.index()?.lookup(fp) else {
+            return Ok(None);
+        };
+        // Protect first, then confirm: once held, GC cannot condemn it.
+        if !self.repo.protection().hold(self.id, container) {
+            return Ok(None);
+        }
+        let Ok(catalog) = self.repo.catalog(container) else {
+            return Ok(None);
+        };
+        let confirmed = catalog
+            .entries()
+            .get(entry as usize)
+            .is_some_and(|e| e.fingerprint == *fp);
+        Ok(confirmed.then_some((container, entry)))
+    }
+
+    /// Store `data` as a new segment in this session's container, unless
+    /// the container already holds it; its location and fingerprint.
+    pub fn store(&mut self, data: &[u8]) -> RepoResult<(u64, u32, Fingerprint)> {
+        let fp = HASH.fingerprint(data);
+        if let Some(o) = &self.open {
+            if let Some(&i) = o.holds.get(&fp) {
+                return Ok((o.writer.id(), i, fp));
+            }
+        }
+        if self.open.is_none() {
+            self.open = Some(self.new_container());
+        }
+        let o = self.open.as_mut().expect("just opened");
+        let (_, i) = o.writer.add(data)?;
+        o.holds.insert(fp, i as u32);
+        let at = (o.writer.id(), i as u32);
+        if o.writer.is_full() {
+            self.seal()?;
+        }
+        Ok((at.0, at.1, fp))
+    }
+
+    /// Add the next segment of the stream to the recipe; `new` if this
+    /// backup stored it.
+    pub fn push(&mut self, segment: SegmentRef, new: bool) {
+        let len = u64::from(segment.len);
+        self.report.bytes_in += len;
+        if new {
+            self.report.segments_new += 1;
+            self.report.bytes_new += len;
+        } else {
+            self.report.segments_duplicate += 1;
+        }
+        self.recipe.segments.push(segment);
+    }
+
+    /// Back up the next segment of the stream: reuse it or store it.
+    pub fn append(&mut self, data: &[u8]) -> RepoResult<()> {
+        let fp = HASH.fingerprint(data);
+        let len = data.len() as u32;
+        let (container, entry, new) = match self.lookup(&fp)? {
+            Some((c, e)) => (c, e, false),
+            None => {
+                let (c, e, _) = self.store(data)?;
+                (c, e, true)
+            }
+        };
+        self.push(
+            SegmentRef {
+                container,
+                entry,
+                len,
+                fingerprint: fp,
+            },
+            new,
+        );
+        Ok(())
+    }
+
+    /// Make the backup of a stream durable and visible: the last
+    /// container, then the recipe, then the backup object, whose `put` is
+    /// the commit point.
+    pub fn commit(self) -> RepoResult<BackupRecord> {
+        self.commit_with_tree(None)
+    }
+
+    /// Commit, with `tree` (the encoded metadata of the files whose
+    /// contents the stream holds) stored as the backup's tree object
+    /// before the backup object names it.
+    pub fn commit_with_tree(mut self, tree: Option<&[u8]>) -> RepoResult<BackupRecord> {
+        self.seal()?;
+        let repo = self.repo;
+        self.recipe.stream_len = self.report.bytes_in;
+        let nonce = u64::from_le_bytes(random_bytes()?);
+        let recipe_name = format!("{RECIPES_PREFIX}{}-{nonce:016x}", self.name);
+        repo.store.put(&recipe_name, &self.recipe.encode())?;
+        let tree_name = match tree {
+            Some(bytes) => {
+                let name = format!("{TREES_PREFIX}{}-{nonce:016x}", self.name);
+                repo.store.put(&name, bytes)?;
+                Some(name)
+            }
+            None => None,
+        };
+        let time = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let record = BackupRecord {
+            name: self.name.clone(),
+            group: self.group.clone(),
+            time,
+            recipe: recipe_name,
+            tree: tree_name,
+            report: self.report,
+        };
+        let object = BackupRecord::object_name(&self.name);
+        match repo.store.put(&object, &record.encode()) {
+            Ok(()) => {}
+            Err(Error::Exists { .. }) => {
+                return Err(RepoError::BackupExists {
+                    name: self.name.clone(),
+                })
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.ended = true;
+        repo.protection().commit_session(self.id);
+        Ok(record)
+    }
+
+    fn new_container(&mut self) -> Open {
+        let id = self
+            .repo
+            .next_container
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        // Held from birth: no committed backup references it yet.
+        self.repo.protection().hold(self.id, id);
+        let target = usize::try_from(self.repo.config.container_target).unwrap_or(usize::MAX);
+        Open {
+            writer: ContainerWriter::with_options(id, target, Compression::Lz4),
+            holds: HashMap::new(),
+        }
+    }
+
+    /// Seal and store the open container, if any, then tell the index.
+    fn seal(&mut self) -> RepoResult<()> {
+        let Some(open) = self.open.take() else {
+            return Ok(());
+        };
+        let id = open.writer.id();
+        let name = container_name(id);
+        let bytes = open.writer.seal();
+        self.repo.store.put(&name, &bytes)?;
+        self.report.containers_written += 1;
+        self.report.bytes_written += bytes.len() as u64;
+        let container = Container::parse(&name, bytes)?;
+        let catalog = std::sync::Arc::new(container.catalog().clone());
+        self.repo.index()?.insert(id, catalog.entries());
+        self.repo.catalog_cache().insert(id, catalog);
+        Ok(())
+    }
+}
+
+impl Drop for BackupSession<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.repo.protection().abort_session(self.id);
+        }
+    }
+}

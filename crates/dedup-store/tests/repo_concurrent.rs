@@ -1,0 +1,159 @@
+//! One repository handle shared by many backups at once (the paper's one
+//! server, many streams), and the one-writing-process rule: a second
+//! writer is refused by name, readers are not.
+
+use std::sync::Arc;
+
+use dedup_store::{RepoError, RepoOptions, Repository, Segmenting};
+use rand::{rngs::StdRng, Rng, RngCore, SeedableRng};
+
+fn random(n: usize, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    StdRng::seed_from_u64(seed).fill_bytes(&mut v);
+    v
+}
+
+fn options(segmenting: Segmenting) -> RepoOptions {
+    RepoOptions {
+        segmenting,
+        container_target: 64 << 10,
+        force: false,
+    }
+}
+
+fn assert_send_sync<T: Send + Sync>() {}
+
+#[test]
+fn concurrent_backups_on_one_handle_all_restore_and_share_segments() {
+    assert_send_sync::<Repository>();
+    for segmenting in [
+        Segmenting::DEFAULT,
+        Segmenting::FastCdc {
+            min: 2048,
+            avg: 4096,
+            max: 16384,
+        },
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        Repository::init_with(tmp.path(), options(segmenting)).unwrap();
+        let repo = Arc::new(Repository::open(tmp.path()).unwrap());
+        // Every stream mixes shared blocks with its own (4 KiB-aligned for
+        // fixed segments, long enough for FastCDC to find cut points in),
+        // so streams dedup against each other's containers while those are
+        // being written.
+        let shared: Arc<Vec<Vec<u8>>> = Arc::new((0..16).map(|i| random(64 << 10, i)).collect());
+        let threads: Vec<_> = (0..6u64)
+            .map(|t| {
+                let (repo, shared) = (repo.clone(), shared.clone());
+                std::thread::spawn(move || {
+                    let mut rng = StdRng::seed_from_u64(100 + t);
+                    let mut made = Vec::new();
+                    for b in 0..4 {
+                        let mut s = Vec::new();
+                        for _ in 0..rng.random_range(5..30) {
+                            if rng.random_bool(0.7) {
+                                s.extend_from_slice(&shared[rng.random_range(0..16)]);
+                            } else {
+                                s.extend_from_slice(&random(
+                                    4096 * rng.random_range(1..3),
+                                    rng.random(),
+                                ));
+                            }
+                        }
+                        let name = format!("t{t}-b{b}");
+                        repo.backup_stream(&name, &format!("g{t}"), &s[..]).unwrap();
+                        made.push((name, s));
+                    }
+                    made
+                })
+            })
+            .collect();
+        let made: Vec<(String, Vec<u8>)> = threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        let check = |repo: &Repository| {
+            for (name, s) in &made {
+                let mut out = Vec::new();
+                repo.restore(name, &mut out).unwrap();
+                assert!(out == *s, "{name} restored wrong");
+            }
+        };
+        check(&repo);
+        let stored: u64 = repo
+            .list_backups()
+            .unwrap()
+            .iter()
+            .map(|b| b.report.bytes_new)
+            .sum();
+        let logical: u64 = made.iter().map(|(_, s)| s.len() as u64).sum();
+        assert!(
+            stored < logical * 3 / 4,
+            "little dedup with {segmenting:?}: {stored} of {logical}"
+        );
+        drop(repo);
+        check(&Repository::open_read_only(tmp.path()).unwrap());
+        check(&Repository::open(tmp.path()).unwrap());
+    }
+}
+
+#[test]
+fn one_writer_at_a_time_but_readers_beside_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let writer = Repository::init(tmp.path()).unwrap();
+    writer
+        .backup_stream("a", "g", &random(50_000, 1)[..])
+        .unwrap();
+    let e = Repository::open(tmp.path()).err().expect("second writer");
+    assert!(matches!(e, RepoError::InUse { .. }), "{e}");
+    assert!(e.to_string().contains("dedup store serve"), "{e}");
+    let reader = Repository::open_read_only(tmp.path()).unwrap();
+    let mut out = Vec::new();
+    reader.restore("a", &mut out).unwrap();
+    assert_eq!(out, random(50_000, 1));
+    let e = reader
+        .backup_stream("b", "g", &b"x"[..])
+        .expect_err("read-only");
+    assert!(matches!(e, RepoError::ReadOnly), "{e}");
+    assert!(matches!(
+        reader.delete_backup("a"),
+        Err(RepoError::ReadOnly)
+    ));
+    drop(writer);
+    Repository::open(tmp.path()).unwrap();
+}
+
+#[test]
+fn two_sessions_racing_for_one_name_commit_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::init(tmp.path()).unwrap();
+    let mut first = repo.begin_backup("same", "g").unwrap();
+    let mut second = repo.begin_backup("same", "g").unwrap();
+    first.append(&random(4096, 1)).unwrap();
+    second.append(&random(4096, 2)).unwrap();
+    first.commit().unwrap();
+    let e = second.commit().expect_err("name taken");
+    assert!(matches!(e, RepoError::BackupExists { .. }), "{e}");
+    let mut out = Vec::new();
+    repo.restore("same", &mut out).unwrap();
+    assert_eq!(out, random(4096, 1));
+}
+
+#[test]
+fn a_tree_is_committed_with_its_backup_and_deleted_with_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::init(tmp.path()).unwrap();
+    let mut s = repo.begin_backup("files", "g").unwrap();
+    s.append(&random(5000, 3)).unwrap();
+    let record = s.commit_with_tree(Some(b"tree bytes")).unwrap();
+    let tree = record.tree.clone().expect("a tree");
+    assert!(tree.starts_with("trees/files-"), "{tree}");
+    assert_eq!(repo.backup("files").unwrap(), record);
+    assert_eq!(
+        std::fs::read(tmp.path().join(&tree)).unwrap(),
+        b"tree bytes"
+    );
+    repo.delete_backup("files").unwrap();
+    assert!(!tmp.path().join(&tree).exists());
+    assert!(!tmp.path().join(&record.recipe).exists());
+}
