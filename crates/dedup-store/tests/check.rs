@@ -72,7 +72,7 @@ fn a_clean_repository_checks_clean_and_counts_what_it_holds() {
 #[test]
 fn progress_goes_through_every_object_of_each_kind() {
     let f = fixture(Segmenting::DEFAULT);
-    let repo = Repository::open(f.dir()).unwrap();
+    let repo = Repository::open_read_only(f.dir()).unwrap();
     let seen = std::cell::RefCell::new(Vec::new());
     let r = repo
         .check(CheckOptions { data: true }, &|p: CheckProgress| {
@@ -162,7 +162,7 @@ fn a_missing_recipe_costs_its_backup() {
 #[test]
 fn a_backup_naming_a_recipe_that_is_gone_is_damage_and_the_old_recipe_garbage() {
     let f = fixture(Segmenting::DEFAULT);
-    let repo = Repository::open(f.dir()).unwrap();
+    let repo = Repository::open_read_only(f.dir()).unwrap();
     let old = repo.backup("b").unwrap();
     let renamed = BackupRecord {
         recipe: "recipes/b-00000000000000ff".into(),

@@ -47,7 +47,7 @@ pub fn fixture(segmenting: Segmenting) -> Fixture {
         container_target: 16 << 10,
         force: false,
     };
-    let mut repo = Repository::init_with(tmp.path(), options).unwrap();
+    let repo = Repository::init_with(tmp.path(), options).unwrap();
     let a = [random(14_000, 1), text(10_000, 0)].concat();
     let mut b = a.clone();
     b[4096..8192].copy_from_slice(&random(4096, 2));
@@ -74,7 +74,7 @@ impl Fixture {
     /// The backups that fail to restore (or restore wrong) as things are.
     pub fn unrestorable(&self) -> BTreeSet<String> {
         let all = || self.backups.iter().map(|(n, _)| n.clone()).collect();
-        let Ok(mut repo) = Repository::open(self.dir()) else {
+        let Ok(repo) = Repository::open_read_only(self.dir()) else {
             return all();
         };
         let mut out = BTreeSet::new();
@@ -88,7 +88,7 @@ impl Fixture {
     }
 
     pub fn recipe_object(&self, backup: &str) -> String {
-        let repo = Repository::open(self.dir()).unwrap();
+        let repo = Repository::open_read_only(self.dir()).unwrap();
         repo.backup(backup).unwrap().recipe
     }
 
