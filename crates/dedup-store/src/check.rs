@@ -2,11 +2,12 @@
 //! and say which backups each damaged object costs.
 //!
 //! One function per object kind, in the order the references run: config,
-//! backup objects (each names a recipe), recipes (each names catalog entries
-//! of containers), containers (catalogs, and with `data` every segment), and
-//! last the references between them, which is also where garbage (objects
-//! no committed backup needs) is found. A new kind (a file manifest named
-//! by the backup object) is one more function between backups and recipes.
+//! backup objects (each names a recipe and maybe a tree), trees (files'
+//! metadata), recipes (each names catalog entries of containers),
+//! containers (catalogs, and with `data` every segment), and last the
+//! references between them, which is also where garbage (objects no
+//! committed backup needs) is found. Another kind named by the backup
+//! object is one more function like `trees::check_trees`.
 //!
 //! Every failure to read or decode one object is recorded as that object's
 //! problem, I/O errors included (a disk that cannot read a container has
@@ -17,8 +18,9 @@ mod backups;
 mod containers;
 mod references;
 mod report;
+mod trees;
 
-use crate::backup::{BACKUPS_PREFIX, RECIPES_PREFIX};
+use crate::backup::{BACKUPS_PREFIX, RECIPES_PREFIX, TREES_PREFIX};
 use crate::error::Error;
 use crate::objects::ObjectStore;
 use crate::repo::CONTAINERS_PREFIX;
@@ -37,6 +39,7 @@ pub struct CheckOptions {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CheckPhase {
     Backups,
+    Trees,
     Recipes,
     Containers,
 }
@@ -64,15 +67,17 @@ pub fn check(
     };
     let config_problem = backups::check_config(store, &mut report);
     // Listed in commit order (a backup puts its containers, then its
-    // recipe, then its backup object): a backup committing while we list
+    // recipe and tree, then its backup object): a backup committing while we list
     // shows up at worst as garbage, never as a reference to something
     // missing. Deletions while we check (a backup deleted, a collection)
     // can still show as damage; a second check tells.
     let backup_names = store.list(BACKUPS_PREFIX)?;
+    let tree_names = store.list(TREES_PREFIX)?;
     let recipe_names = store.list(RECIPES_PREFIX)?;
     let container_names = store.list(CONTAINERS_PREFIX)?;
     report.counts.backups = backup_names.len() as u64;
     report.counts.recipes = recipe_names.len() as u64;
+    report.counts.trees = tree_names.len() as u64;
 
     let backups = backups::check_backups(store, &backup_names, &mut report, progress);
     if let Some(p) = config_problem {
@@ -80,6 +85,7 @@ pub fn check(
         let all: Vec<String> = backup_names.iter().map(|o| backup_of(o)).collect();
         report.affect(p, &all);
     }
+    trees::check_trees(store, &tree_names, &backups, &mut report, progress);
     let recipes = backups::check_recipes(store, &recipe_names, &backups, &mut report, progress);
     let containers =
         containers::check_containers(store, &container_names, opts, &mut report, progress);

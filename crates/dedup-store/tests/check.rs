@@ -7,7 +7,7 @@ mod check_support;
 use std::collections::BTreeSet;
 use std::fs;
 
-use check_support::{fixture, snapshot, Fixture};
+use check_support::{fixture, random, snapshot, Fixture};
 use dedup_store::check::{CheckPhase, CheckProgress};
 use dedup_store::{
     BackupRecord, CheckOptions, CheckReport, ContainerWriter, Recipe, Repository, Segmenting,
@@ -290,4 +290,35 @@ fn check_writes_nothing_even_on_a_damaged_repository() {
             "check (data {data}) changed the repository"
         );
     }
+}
+
+#[test]
+fn a_backup_of_files_needs_its_tree_and_an_unnamed_tree_is_garbage() {
+    let f = fixture(Segmenting::DEFAULT);
+    let tree = {
+        let repo = Repository::open(f.dir()).unwrap();
+        let mut s = repo.begin_backup("files", "g").unwrap();
+        s.append(&random(5000, 9)).unwrap();
+        let record = s.commit_with_tree(Some(b"tree bytes")).unwrap();
+        record.tree.expect("a tree")
+    };
+    let r = f.check(true);
+    assert!(r.is_clean() && r.garbage.is_empty(), "{r:#?}");
+    assert_eq!(r.counts.trees, 1);
+
+    let saved = fs::read(f.path(&tree)).unwrap();
+    fs::remove_file(f.path(&tree)).unwrap();
+    let r = f.check(false);
+    assert_eq!(
+        about(&r, &tree),
+        [format!("{tree}: missing, but backup files names it")]
+    );
+    assert_eq!(r.problems.len(), 1);
+    assert_eq!(r.affected_backups(), BTreeSet::from(["files"]));
+
+    fs::write(f.path(&tree), saved).unwrap();
+    fs::remove_file(f.path("backups/files")).unwrap();
+    let r = f.check(false);
+    assert!(r.is_clean(), "{r:#?}");
+    assert!(r.garbage.iter().any(|g| g.object == tree), "{r:#?}");
 }

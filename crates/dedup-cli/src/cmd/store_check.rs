@@ -18,7 +18,7 @@ use super::print_json;
 #[derive(clap::Args)]
 #[command(
     about = "Check a backup repository's objects; writes nothing (exit 0 clean, 1 damage found, 2 could not run)",
-    after_help = "Without --data: the config, every backup object and recipe, every container's header, catalog and trailer, and that every recipe reference finds its catalog entry (same fingerprint and length). With --data, also every segment: each container is read whole once and every segment's crc32c, and BLAKE3 after decompressing, is verified.\n\nEach problem names the damaged object and the backups that cannot be fully restored because of it. Recipes and containers no backup needs (left by backups that did not finish, or by deleted ones) are listed as garbage, which is not damage.\n\nExamples:\n  dedup store check ./repo\n  dedup store check ./repo --data\n  dedup store check ./repo --data --json"
+    after_help = "Without --data: the config, every backup object and the recipe and tree it names, every container's header, catalog and trailer, and that every recipe reference finds its catalog entry (same fingerprint and length). With --data, also every segment: each container is read whole once and every segment's crc32c, and BLAKE3 after decompressing, is verified.\n\nEach problem names the damaged object and the backups that cannot be fully restored because of it. Recipes, trees and containers no backup needs (left by backups that did not finish, or by deleted ones) are listed as garbage, which is not damage.\n\nExamples:\n  dedup store check ./repo\n  dedup store check ./repo --data\n  dedup store check ./repo --data --json"
 )]
 pub struct CheckArgs {
     /// Repository directory.
@@ -104,6 +104,7 @@ fn progress_bar(data: bool) -> anyhow::Result<indicatif::ProgressBar> {
 fn phase_label(phase: CheckPhase, data: bool) -> &'static str {
     match (phase, data) {
         (CheckPhase::Backups, _) => "checking backups",
+        (CheckPhase::Trees, _) => "checking trees",
         (CheckPhase::Recipes, _) => "checking recipes",
         (CheckPhase::Containers, false) => "checking catalogs",
         (CheckPhase::Containers, true) => "verifying containers",
@@ -113,7 +114,7 @@ fn phase_label(phase: CheckPhase, data: bool) -> &'static str {
 fn render(repo: &Path, r: &CheckReport) -> String {
     let c = &r.counts;
     let mut out = format!(
-        "Checked {} ({}): {}, {}, {}, {}, {} stored.\n",
+        "Checked {} ({}): {}, {}{}, {}, {}, {} stored.\n",
         repo.display(),
         if r.data_verified {
             "every segment verified"
@@ -122,6 +123,10 @@ fn render(repo: &Path, r: &CheckReport) -> String {
         },
         count(c.backups as usize, "backup"),
         count(c.recipes as usize, "recipe"),
+        match c.trees {
+            0 => String::new(),
+            n => format!(", {}", count(n as usize, "tree")),
+        },
         count(c.containers as usize, "container"),
         count(c.segments as usize, "segment"),
         format_size(c.bytes_stored)

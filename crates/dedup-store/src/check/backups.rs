@@ -134,20 +134,24 @@ pub(super) fn check_recipes(
 
 /// Why an unnamed recipe is garbage, and what to know before removing it.
 fn orphan_reason(object: &str, damaged: &[String], error: Option<&RepoError>) -> String {
-    // A recipe is `recipes/<backup>-<nonce>`: a damaged backup object's
-    // recipe looks unnamed only because its namer cannot be read.
-    let suspect = damaged.iter().find(|b| {
-        let own = format!("{RECIPES_PREFIX}{b}-");
-        object.starts_with(&own)
-    });
-    let mut reason = match suspect {
-        Some(b) => format!("no backup names it, but it may be damaged backup {b}'s recipe"),
-        None => "no backup names it (a backup that did not finish, or a deleted one)".into(),
-    };
+    let mut reason = unnamed_reason(RECIPES_PREFIX, object, damaged);
     if let Some(e) = error {
         reason.push_str(&format!("; it does not decode either: {}", detail(e)));
     }
     reason
+}
+
+/// Why an object no backup names (`<prefix><backup>-<nonce>`) is garbage,
+/// and whether it may be a damaged backup object's: that one looks unnamed
+/// only because its namer cannot be read.
+pub(super) fn unnamed_reason(prefix: &str, object: &str, damaged: &[String]) -> String {
+    let suspect = damaged
+        .iter()
+        .find(|b| object.starts_with(&format!("{prefix}{b}-")));
+    match suspect {
+        Some(b) => format!("no backup names it, but it may be damaged backup {b}'s"),
+        None => "no backup names it (a backup that did not finish, or a deleted one)".into(),
+    }
 }
 
 pub(super) fn tick(progress: &dyn Fn(CheckProgress), phase: CheckPhase, done: usize, total: usize) {

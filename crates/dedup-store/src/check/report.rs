@@ -39,6 +39,8 @@ pub struct CheckCounts {
     pub backups: u64,
     /// Recipe objects.
     pub recipes: u64,
+    /// Tree objects (files' metadata of backups of files).
+    pub trees: u64,
 }
 
 /// One damaged object.
