@@ -38,10 +38,9 @@
 //! trailer, and that each recipe reference finds a catalog entry with its
 //! fingerprint and length; with `data` it also reads each container whole,
 //! once, and verifies every segment's crc32c and its BLAKE3 after
-//! decompressing. Each
-//! problem names the damaged object and the backups it costs; recipes,
-//! trees and containers no committed backup needs are listed as garbage,
-//! not damage.
+//! decompressing. Each problem names the damaged object and the backups it
+//! costs; recipes, trees and containers no committed backup needs are
+//! listed as garbage, not damage.
 //!
 //! Not built yet: a repository that starts from an index checkpoint rather
 //! than reading every catalog at open, an index choice recorded in the
