@@ -18,6 +18,7 @@ pub mod restore;
 pub mod serve;
 pub mod status;
 pub mod store;
+mod store_check;
 pub mod tls;
 pub mod trace;
 

@@ -1,6 +1,6 @@
 //! `dedup store`: the backup store's repository as a whole (issue 17):
-//! `init` creates one, `stats` sums up what it holds. gc, check and serve
-//! will join them. Also what the backup commands (`backup`, `restore`,
+//! `init` creates one, `stats` sums up what it holds, `check` verifies it
+//! (in `store_check.rs`). gc and serve will join them. Also what the backup commands (`backup`, `restore`,
 //! `list`, `delete`) share.
 
 use std::fs;
@@ -20,8 +20,8 @@ use super::print_json;
 
 #[derive(clap::Args)]
 #[command(
-    about = "Manage a backup repository (in progress): init, stats",
-    after_help = "A repository is a directory of containers (compressed segments with catalogs), recipes and backups. gc, check and serve are not built yet.\n\nExamples:\n  dedup store init ./repo\n  dedup store init ./repo --segments fastcdc\n  dedup store stats ./repo --json"
+    about = "Manage a backup repository (in progress): init, stats, check",
+    after_help = "A repository is a directory of containers (compressed segments with catalogs), recipes and backups. gc and serve are not built yet.\n\nExamples:\n  dedup store init ./repo\n  dedup store init ./repo --segments fastcdc\n  dedup store stats ./repo --json\n  dedup store check ./repo --data"
 )]
 pub struct Args {
     #[command(subcommand)]
@@ -32,6 +32,7 @@ pub struct Args {
 pub enum StoreCommand {
     Init(InitArgs),
     Stats(StatsArgs),
+    Check(super::store_check::CheckArgs),
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -79,6 +80,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     match a.command {
         StoreCommand::Init(a) => init(a),
         StoreCommand::Stats(a) => stats(a),
+        StoreCommand::Check(a) => super::store_check::run(a),
     }
 }
 
