@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use dedup_core::compress::Compression;
 use dedup_core::lock::DeviceLock;
 
 use crate::backup::{validate_name, BackupRecord, BACKUPS_PREFIX};
@@ -43,6 +44,7 @@ pub const CONTAINERS_PREFIX: &str = "containers/";
 pub struct RepoOptions {
     pub segmenting: Segmenting,
     pub container_target: u64,
+    pub compression: Compression,
     /// Create the repository even if the directory holds other files.
     pub force: bool,
 }
@@ -52,6 +54,7 @@ impl Default for RepoOptions {
         RepoOptions {
             segmenting: Segmenting::DEFAULT,
             container_target: DEFAULT_TARGET as u64,
+            compression: Compression::Lz4,
             force: false,
         }
     }
@@ -105,6 +108,7 @@ impl Repository {
             uuid: random_bytes()?,
             segmenting: options.segmenting,
             container_target: options.container_target,
+            compression: options.compression,
         };
         // A refused put (Exists) means a repository is already there.
         store.put(CONFIG_OBJECT, &config.encode())?;

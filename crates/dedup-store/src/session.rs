@@ -16,7 +16,6 @@
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use dedup_core::compress::Compression;
 use dedup_core::fingerprint::Fingerprint;
 
 use crate::backup::{validate_name, BackupRecord, BackupReport, RECIPES_PREFIX, TREES_PREFIX};
@@ -234,7 +233,7 @@ impl BackupSession<'_> {
         self.repo.protection().hold(self.id, id);
         let target = usize::try_from(self.repo.config.container_target).unwrap_or(usize::MAX);
         Open {
-            writer: ContainerWriter::with_options(id, target, Compression::Lz4),
+            writer: ContainerWriter::with_options(id, target, self.repo.config.compression),
             holds: HashMap::new(),
         }
     }

@@ -17,6 +17,7 @@ fn init(dir: &std::path::Path) {
         segmenting: Segmenting::DEFAULT,
         container_target: 64 << 10,
         force: false,
+        ..RepoOptions::default()
     };
     drop(Repository::init_with(dir, options).unwrap());
 }

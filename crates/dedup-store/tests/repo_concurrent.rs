@@ -18,6 +18,7 @@ fn options(segmenting: Segmenting) -> RepoOptions {
         segmenting,
         container_target: 64 << 10,
         force: false,
+        ..RepoOptions::default()
     }
 }
 

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
+use dedup_core::compress::Compression;
 use dedup_core::size::format_size;
 use dedup_store::index::IndexConfig;
 use dedup_store::repo::CONTAINERS_PREFIX;
@@ -55,6 +56,10 @@ pub struct InitArgs {
     /// How backups are cut into segments.
     #[arg(long, value_enum, default_value = "fixed")]
     pub segments: Segments,
+    /// How segments are compressed: none, lz4 (fast), zstd or zstd:LEVEL
+    /// (1-22; smaller, slower).
+    #[arg(long, default_value = "lz4", value_parser = compression_arg)]
+    pub compression: Compression,
     /// Create the repository even if the directory holds other files.
     #[arg(long)]
     pub force: bool,
@@ -88,8 +93,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 struct InitReport {
     repository: PathBuf,
     segments: String,
+    compression: String,
     container_target: u64,
     uuid: String,
+}
+
+fn compression_arg(s: &str) -> Result<Compression, String> {
+    Compression::parse(s).map_err(|e| e.to_string())
 }
 
 fn init(a: InitArgs) -> anyhow::Result<ExitCode> {
@@ -101,6 +111,7 @@ fn init(a: InitArgs) -> anyhow::Result<ExitCode> {
         &a.repo,
         RepoOptions {
             segmenting,
+            compression: a.compression,
             force: a.force,
             ..RepoOptions::default()
         },
@@ -109,6 +120,7 @@ fn init(a: InitArgs) -> anyhow::Result<ExitCode> {
     let report = InitReport {
         repository: a.repo.clone(),
         segments: segments_label(config.segmenting),
+        compression: config.compression.to_string(),
         container_target: config.container_target,
         uuid: config.uuid.iter().map(|b| format!("{b:02x}")).collect(),
     };
@@ -116,9 +128,10 @@ fn init(a: InitArgs) -> anyhow::Result<ExitCode> {
         print_json(&report)?;
     } else {
         println!(
-            "Created backup repository {} ({} segments, {} containers).\nBack up a stream into it: tar -cf - DIR | dedup backup {} NAME --stdin",
+            "Created backup repository {} ({} segments, {} compression, {} containers).\nBack up a stream into it: tar -cf - DIR | dedup backup {} NAME --stdin",
             a.repo.display(),
             report.segments,
+            report.compression,
             format_size(report.container_target),
             a.repo.display()
         );

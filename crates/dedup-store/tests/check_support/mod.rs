@@ -46,6 +46,7 @@ pub fn fixture(segmenting: Segmenting) -> Fixture {
         segmenting,
         container_target: 16 << 10,
         force: false,
+        ..RepoOptions::default()
     };
     let repo = Repository::init_with(tmp.path(), options).unwrap();
     let a = [random(14_000, 1), text(10_000, 0)].concat();
