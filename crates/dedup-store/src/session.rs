@@ -114,6 +114,29 @@ impl BackupSession<'_> {
         Ok(confirmed.then_some((container, entry)))
     }
 
+    /// Reuse segment `r` from an earlier backup's recipe without reading
+    /// or hashing its bytes (a file unchanged since the parent backup):
+    /// the container is protected for this session and its catalog must
+    /// still hold `r`'s fingerprint and length at `r`'s entry. False (and
+    /// nothing pushed) if it cannot be confirmed: the caller reads the
+    /// data instead.
+    pub fn reuse(&mut self, r: SegmentRef) -> RepoResult<bool> {
+        if !self.repo.protection().hold(self.id, r.container) {
+            return Ok(false);
+        }
+        let Ok(catalog) = self.repo.catalog(r.container) else {
+            return Ok(false);
+        };
+        let confirmed = catalog
+            .entries()
+            .get(r.entry as usize)
+            .is_some_and(|e| e.fingerprint == r.fingerprint && e.location.raw_len == r.len);
+        if confirmed {
+            self.push(r, false);
+        }
+        Ok(confirmed)
+    }
+
     /// Store `data` as a new segment in this session's container, unless
     /// the container already holds it; its location and fingerprint.
     pub fn store(&mut self, data: &[u8]) -> RepoResult<(u64, u32, Fingerprint)> {
