@@ -140,7 +140,15 @@ impl BackupSession<'_> {
     /// Store `data` as a new segment in this session's container, unless
     /// the container already holds it; its location and fingerprint.
     pub fn store(&mut self, data: &[u8]) -> RepoResult<(u64, u32, Fingerprint)> {
-        let fp = HASH.fingerprint(data);
+        self.store_hashed(data, HASH.fingerprint(data))
+    }
+
+    /// `store` of bytes this process hashed itself.
+    fn store_hashed(
+        &mut self,
+        data: &[u8],
+        fp: Fingerprint,
+    ) -> RepoResult<(u64, u32, Fingerprint)> {
         if let Some(o) = &self.open {
             if let Some(&i) = o.holds.get(&fp) {
                 return Ok((o.writer.id(), i, fp));
@@ -150,7 +158,7 @@ impl BackupSession<'_> {
             self.open = Some(self.new_container());
         }
         let o = self.open.as_mut().expect("just opened");
-        let (_, i) = o.writer.add(data)?;
+        let (_, i) = o.writer.add_hashed(data, fp)?;
         o.holds.insert(fp, i as u32);
         let at = (o.writer.id(), i as u32);
         if o.writer.is_full() {
@@ -175,12 +183,18 @@ impl BackupSession<'_> {
 
     /// Back up the next segment of the stream: reuse it or store it.
     pub fn append(&mut self, data: &[u8]) -> RepoResult<()> {
-        let fp = HASH.fingerprint(data);
+        self.append_hashed(data, HASH.fingerprint(data))
+    }
+
+    /// `append` of a segment whose fingerprint `fp` this process computed
+    /// with [`HASH`] from `data` (on another thread, say). Not for
+    /// fingerprints from elsewhere: a wrong one would be stored as truth.
+    pub fn append_hashed(&mut self, data: &[u8], fp: Fingerprint) -> RepoResult<()> {
         let len = data.len() as u32;
         let (container, entry, new) = match self.lookup(&fp)? {
             Some((c, e)) => (c, e, false),
             None => {
-                let (c, e, _) = self.store(data)?;
+                let (c, e, _) = self.store_hashed(data, fp)?;
                 (c, e, true)
             }
         };

@@ -97,7 +97,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         &a.name,
         &a.group,
         Counting {
-            inner: stdin.lock(),
+            inner: stdin,
             bar: bar.clone(),
         },
     );
