@@ -47,6 +47,7 @@ pub mod container;
 pub mod error;
 pub mod format;
 mod framed;
+pub mod gc;
 pub mod index;
 pub mod local;
 pub mod name;
@@ -71,6 +72,7 @@ pub use writer::ContainerWriter;
 
 pub use backup::{BackupRecord, BackupReport};
 pub use config::RepoConfig;
+pub use gc::{GcOptions, GcReport};
 pub use recipe::{Recipe, SegmentRef};
 pub use repo::{RepoOptions, Repository};
 pub use repo_error::{RepoError, RepoResult};

@@ -60,7 +60,9 @@ impl Default for RepoOptions {
 pub struct Repository {
     pub(crate) dir: PathBuf,
     /// Shared with an index that prefetches catalogs ([`SampledIndex`]).
-    pub(crate) store: Arc<LocalDir>,
+    /// A `LocalDir` under `dir`, seen through the seam (tests wrap it to
+    /// count reads or fail writes).
+    pub(crate) store: Arc<dyn ObjectStore>,
     pub(crate) config: RepoConfig,
     /// The fingerprint index; `None` when opened read-only.
     index: Option<Mutex<Box<dyn SegmentIndex>>>,
@@ -110,6 +112,7 @@ impl Repository {
         Repository::open_as(
             dir,
             None::<fn(Arc<dyn ObjectStore>) -> Box<dyn SegmentIndex>>,
+            |s| s,
         )
     }
 
@@ -138,7 +141,20 @@ impl Repository {
         dir: impl AsRef<Path>,
         make: impl FnOnce(Arc<dyn ObjectStore>) -> Box<dyn SegmentIndex>,
     ) -> RepoResult<Repository> {
-        Repository::open_as(dir, Some(make))
+        Repository::open_as(dir, Some(make), |s| s)
+    }
+
+    /// Open to write (exact index) with every object operation going
+    /// through `wrap(store)`: for tests that count reads or simulate a
+    /// crash by failing the Nth operation. Not for production use.
+    #[doc(hidden)]
+    pub fn open_wrapped(
+        dir: impl AsRef<Path>,
+        wrap: impl FnOnce(Arc<dyn ObjectStore>) -> Arc<dyn ObjectStore>,
+    ) -> RepoResult<Repository> {
+        let exact =
+            |_: Arc<dyn ObjectStore>| -> Box<dyn SegmentIndex> { Box::new(ExactIndex::new()) };
+        Repository::open_as(dir, Some(exact), wrap)
     }
 
     /// Open to write (with the index `make` builds, under the writer's
@@ -146,6 +162,7 @@ impl Repository {
     fn open_as(
         dir: impl AsRef<Path>,
         make: Option<impl FnOnce(Arc<dyn ObjectStore>) -> Box<dyn SegmentIndex>>,
+        wrap: impl FnOnce(Arc<dyn ObjectStore>) -> Arc<dyn ObjectStore>,
     ) -> RepoResult<Repository> {
         let dir = dir.as_ref().to_path_buf();
         let foreign = |detail: String| RepoError::NotARepository {
@@ -155,7 +172,7 @@ impl Repository {
         if !dir.is_dir() {
             return Err(foreign("not a directory".into()));
         }
-        let store = Arc::new(LocalDir::open(&dir)?);
+        let store = wrap(Arc::new(LocalDir::open(&dir)?));
         let config = match store.get(CONFIG_OBJECT) {
             Err(Error::NotFound { .. }) => return Err(foreign("it has no config object".into())),
             other => RepoConfig::decode(&other?).map_err(|e| foreign(e.to_string()))?,

@@ -7,7 +7,6 @@ use std::io::Write;
 
 use crate::container::container_name;
 use crate::error::Error;
-use crate::objects::ObjectStore;
 use crate::recipe::Recipe;
 use crate::repo::Repository;
 use crate::repo_error::{RepoError, RepoResult};

@@ -6,7 +6,7 @@
 //! catalog and compares the fingerprint before reusing the segment, so an
 //! index that forgets, samples or lies costs dedup, never correctness.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use dedup_core::fingerprint::Fingerprint;
 
@@ -21,6 +21,12 @@ pub trait SegmentIndex: Send {
     /// in order: entry `i` is catalog entry `i`). Called for every container
     /// at open, and for each new one once its `put` has succeeded.
     fn insert(&mut self, container: u64, entries: &[Entry]);
+
+    /// Garbage collection deleted `containers`: drop hints into them, so a
+    /// segment stored again elsewhere is found there. The default keeps
+    /// them, which costs dedup only (a hint into a deleted container is
+    /// refused by the protection map or the catalog check).
+    fn forget(&mut self, _containers: &HashSet<u64>) {}
 }
 
 /// Every fingerprint in RAM: exact, and fine for repositories whose
@@ -57,5 +63,9 @@ impl SegmentIndex for ExactIndex {
                 .entry(e.fingerprint)
                 .or_insert((container, i as u32));
         }
+    }
+
+    fn forget(&mut self, containers: &HashSet<u64>) {
+        self.map.retain(|_, (c, _)| !containers.contains(c));
     }
 }

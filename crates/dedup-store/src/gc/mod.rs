@@ -1,0 +1,277 @@
+//! Garbage collection: grouped mark-and-sweep (GMS, Guo & Efstathopoulos
+//! §3.3) under the protection map.
+//!
+//! 1. *Mark changed groups.* Each backup group's marks (`marks.rs`) record
+//!    the backups they were computed from; a group whose backups are the
+//!    same (names and recipe objects) reuses them without reading a recipe,
+//!    a changed group is marked again from its recipes, and the marks of a
+//!    group with no backups left are dropped. Work follows the change.
+//! 2. *Sweep.* A container is garbage when no group's marks reference it.
+//!    Those are the containers listed in the store (a cheap LIST; nothing
+//!    is read) minus the union of the marks: the containers a changed
+//!    group stopped referencing, and those no backup ever committed (a
+//!    crashed or refused backup, a GC that died before deleting).
+//!    Protection decides what may go (`sweep.rs`).
+//! 3. *Orphans.* Recipes and trees no backup object names (a backup that
+//!    died between its recipe and its commit point, a delete that died
+//!    part-way) are removed, unless a running session is about to commit
+//!    them.
+//!
+//! Why it is safe against backups running at the same time: see
+//! `protection.rs`. In short, the backups are listed only after the GC has
+//! begun (so a backup committed later keeps its containers held until the
+//! GC ends), and a container is deleted only once condemned, which no
+//! session holding it allows and after which no lookup hands it out.
+//!
+//! Why it is restartable: marks are derived data, written put-new-then-
+//! delete-old before anything is deleted; every deletion is repeatable and
+//! a missing object is not an error. A GC that dies at any point leaves
+//! every committed backup restorable, and the next GC finds what is left
+//! by listing.
+
+pub mod marks;
+mod sweep;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+pub use marks::{Marks, MARKS_PREFIX};
+
+use crate::backup::{BackupRecord, BACKUPS_PREFIX, RECIPES_PREFIX, TREES_PREFIX};
+use crate::error::Error;
+use crate::recipe::Recipe;
+use crate::repo::Repository;
+use crate::repo_error::{RepoError, RepoResult};
+
+/// Called as a GC proceeds: the phase ("mark", "sweep"), items done, and
+/// items in the phase.
+pub type Progress = dyn Fn(&str, u64, u64) + Send + Sync;
+
+/// How to collect.
+#[derive(Default)]
+pub struct GcOptions<'a> {
+    pub progress: Option<&'a Progress>,
+}
+
+/// What one garbage collection did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct GcReport {
+    /// Committed backups when the GC began.
+    pub backups: u64,
+    /// Groups whose backups changed, marked again from their recipes.
+    pub groups_remarked: u64,
+    /// Groups whose saved marks were reused (no recipe read).
+    pub groups_reused: u64,
+    /// Groups with no backups left, whose marks were dropped.
+    pub groups_dropped: u64,
+    /// Recipes read to mark.
+    pub recipes_read: u64,
+    /// Containers in the store.
+    pub containers: u64,
+    /// Containers no marks reference that a running backup holds (kept).
+    pub containers_protected: u64,
+    /// Containers deleted.
+    pub containers_swept: u64,
+    /// Bytes of the containers deleted.
+    pub bytes_reclaimed: u64,
+    /// Recipes and trees no backup names, removed.
+    pub orphans_removed: u64,
+    pub seconds: f64,
+}
+
+/// Ends the GC in the protection map however `gc` returns.
+struct Running<'r>(&'r Repository);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.protection().end_gc();
+    }
+}
+
+impl Repository {
+    /// Collect garbage while backups may run on other threads. One GC at
+    /// a time: a second is refused with [`RepoError::GcRunning`]. A damaged
+    /// backup or recipe stops the GC before anything is deleted (what it
+    /// references cannot be known).
+    pub fn gc(&self, options: &GcOptions) -> RepoResult<GcReport> {
+        if !self.is_writable() {
+            return Err(RepoError::ReadOnly);
+        }
+        let start = Instant::now();
+        if !self.protection().begin_gc() {
+            return Err(RepoError::GcRunning);
+        }
+        let _running = Running(self);
+        let mut report = GcReport::default();
+
+        // Recipes and trees first, then what sessions are about to commit,
+        // then the backups: an object listed here either belongs to a
+        // session still pending, or to a backup object already put (and so
+        // listed below), or to none.
+        let mut named = self.store.list(RECIPES_PREFIX)?;
+        named.extend(self.store.list(TREES_PREFIX)?);
+        let pending = self.protection().pending_objects();
+        let backups = self.committed_backups()?;
+        report.backups = backups.len() as u64;
+
+        let marks = self.mark(&backups, options, &mut report)?;
+        let live: BTreeSet<u64> = marks
+            .values()
+            .flat_map(|m| m.containers.keys().copied())
+            .collect();
+        self.sweep_containers(&live, options, &mut report)?;
+
+        let referenced: BTreeSet<&str> = backups
+            .iter()
+            .flat_map(|b| std::iter::once(b.recipe.as_str()).chain(b.tree.as_deref()))
+            .collect();
+        for object in named {
+            if referenced.contains(object.as_str()) || pending.contains(&object) {
+                continue;
+            }
+            if self.delete_if_there(&object)? {
+                report.orphans_removed += 1;
+            }
+        }
+        report.seconds = start.elapsed().as_secs_f64();
+        Ok(report)
+    }
+
+    /// The committed backups; one deleted while listing is left out.
+    fn committed_backups(&self) -> RepoResult<Vec<BackupRecord>> {
+        let mut out = Vec::new();
+        for object in self.store.list(BACKUPS_PREFIX)? {
+            match self.store.get(&object) {
+                Err(Error::NotFound { .. }) => continue,
+                other => out.push(BackupRecord::decode(&object, &other?)?),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every group's current marks: saved ones reused where the group's
+    /// backups are unchanged, the others computed and saved (new
+    /// generation first, then the old ones deleted); marks of groups with
+    /// no backups deleted.
+    fn mark(
+        &self,
+        backups: &[BackupRecord],
+        options: &GcOptions,
+        report: &mut GcReport,
+    ) -> RepoResult<BTreeMap<String, Marks>> {
+        let mut groups: BTreeMap<&str, BTreeMap<String, String>> = BTreeMap::new();
+        for b in backups {
+            groups
+                .entry(&b.group)
+                .or_default()
+                .insert(b.name.clone(), b.recipe.clone());
+        }
+        // Saved marks objects by group, every generation.
+        let mut saved: BTreeMap<String, Vec<(u64, String)>> = BTreeMap::new();
+        for object in self.store.list(MARKS_PREFIX)? {
+            if let Some((group, generation)) = Marks::parse_name(&object) {
+                saved.entry(group).or_default().push((generation, object));
+            }
+        }
+        // The newest readable marks of each group that has backups.
+        let mut old: BTreeMap<&str, (Vec<(u64, String)>, Option<Marks>)> = BTreeMap::new();
+        for group in groups.keys() {
+            let versions = saved.remove(*group).unwrap_or_default();
+            let m = self.newest_marks(&versions);
+            old.insert(group, (versions, m));
+        }
+        let unchanged = |g: &str| old[g].1.as_ref().is_some_and(|m| m.backups == groups[g]);
+        let to_read: u64 = groups
+            .iter()
+            .filter(|(g, _)| !unchanged(g))
+            .map(|(_, set)| set.len() as u64)
+            .sum();
+        let mut out = BTreeMap::new();
+        for (group, set) in &groups {
+            let (versions, saved_marks) = &old[group];
+            if let Some(m) = saved_marks.as_ref().filter(|m| m.backups == *set) {
+                self.delete_marks(versions, Some(newest(versions)))?;
+                report.groups_reused += 1;
+                out.insert(group.to_string(), m.clone());
+                continue;
+            }
+            let mut m = Marks::new(group);
+            for (name, recipe) in set {
+                if let Some(r) = self.read_recipe(name, recipe)? {
+                    m.mark(&r);
+                    m.backups.insert(name.clone(), recipe.clone());
+                }
+                report.recipes_read += 1;
+                if let Some(p) = options.progress {
+                    p("mark", report.recipes_read, to_read);
+                }
+            }
+            let generation = versions.iter().map(|(g, _)| g + 1).max().unwrap_or(0);
+            self.store
+                .put(&Marks::object_name(group, generation), &m.encode())?;
+            self.delete_marks(versions, None)?;
+            report.groups_remarked += 1;
+            out.insert(group.to_string(), m);
+        }
+        // Groups with no backups left.
+        for versions in saved.values() {
+            self.delete_marks(versions, None)?;
+            report.groups_dropped += 1;
+        }
+        Ok(out)
+    }
+
+    /// The newest readable marks among `versions`; damaged ones are only
+    /// a cost (the group is marked again).
+    fn newest_marks(&self, versions: &[(u64, String)]) -> Option<Marks> {
+        let object = versions.iter().max_by_key(|(g, _)| *g).map(|(_, o)| o)?;
+        let bytes = self.store.get(object).ok()?;
+        Marks::decode(object, &bytes).ok()
+    }
+
+    fn delete_marks(&self, versions: &[(u64, String)], keep: Option<&str>) -> RepoResult<()> {
+        for (_, object) in versions {
+            if Some(object.as_str()) != keep {
+                self.delete_if_there(object)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Backup `name`'s recipe, or `None` if the backup was deleted since
+    /// it was listed. A recipe missing under a backup that is still there,
+    /// or a damaged one, stops the GC.
+    fn read_recipe(&self, name: &str, recipe: &str) -> RepoResult<Option<Recipe>> {
+        match self.store.get(recipe) {
+            Ok(bytes) => Ok(Some(Recipe::decode(recipe, &bytes)?)),
+            Err(Error::NotFound { .. }) => match self.backup(name) {
+                Err(RepoError::NoSuchBackup { .. }) => Ok(None),
+                Ok(b) if b.recipe != recipe => Ok(None),
+                Ok(_) => Err(RepoError::corrupt(
+                    recipe,
+                    format!("missing, but backup {name} needs it; garbage collection stopped before deleting anything"),
+                )),
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Delete `object`; false if it was already gone.
+    pub(crate) fn delete_if_there(&self, object: &str) -> RepoResult<bool> {
+        match self.store.delete(object) {
+            Ok(()) => Ok(true),
+            Err(Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// The object of the highest generation.
+fn newest(versions: &[(u64, String)]) -> &str {
+    versions
+        .iter()
+        .max_by_key(|(g, _)| *g)
+        .map(|(_, o)| o.as_str())
+        .expect("a saved group has at least one marks object")
+}
