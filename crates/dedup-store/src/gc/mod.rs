@@ -43,14 +43,12 @@ use crate::recipe::Recipe;
 use crate::repo::Repository;
 use crate::repo_error::{RepoError, RepoResult};
 
-/// Called as a GC proceeds: the phase ("mark", "sweep"), items done, and
-/// items in the phase.
-pub type Progress = dyn Fn(&str, u64, u64) + Send + Sync;
-
 /// How to collect.
 #[derive(Default)]
 pub struct GcOptions<'a> {
-    pub progress: Option<&'a Progress>,
+    /// Called as a GC proceeds: the phase ("mark", "sweep"), items done,
+    /// and items in the phase.
+    pub progress: Option<&'a (dyn Fn(&str, u64, u64) + Send + Sync + 'a)>,
 }
 
 /// What one garbage collection did.
