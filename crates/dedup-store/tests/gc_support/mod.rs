@@ -21,6 +21,8 @@ pub struct Faulty {
     budget: AtomicU64,
     /// Whole or ranged reads, by object name.
     pub reads: Mutex<Vec<String>>,
+    /// Puts of names under this prefix fail.
+    fail_puts_under: Mutex<Option<String>>,
 }
 
 impl Faulty {
@@ -30,7 +32,14 @@ impl Faulty {
             ops: AtomicU64::new(0),
             budget: AtomicU64::new(u64::MAX),
             reads: Mutex::new(Vec::new()),
+            fail_puts_under: Mutex::new(None),
         }
+    }
+
+    /// Fail every put of a name under `prefix` (e.g. `backups/`: a backup
+    /// that dies just before its commit point).
+    pub fn fail_puts_under(&self, prefix: &str) {
+        *self.fail_puts_under.lock().unwrap() = Some(prefix.to_string());
     }
 
     /// Let `n` more operations succeed, then fail every one.
@@ -77,6 +86,17 @@ impl Faulty {
 impl ObjectStore for Faulty {
     fn put(&self, name: &str, bytes: &[u8]) -> Result<()> {
         self.step(name)?;
+        let refused = self.fail_puts_under.lock().unwrap();
+        if refused
+            .as_ref()
+            .is_some_and(|p| name.starts_with(p.as_str()))
+        {
+            return Err(Error::io(
+                format!("simulated crash before putting {name}"),
+                std::io::Error::other("crashed"),
+            ));
+        }
+        drop(refused);
         self.inner.put(name, bytes)
     }
     fn get(&self, name: &str) -> Result<Vec<u8>> {
