@@ -1,0 +1,91 @@
+//! `dedup gc REPO` through the binary: it recognises a backup repository,
+//! reclaims a deleted backup's containers, reports JSON, reuses the marks
+//! of unchanged groups the second time, and refuses (naming the server)
+//! while another process writes to the repository.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+fn dedup(args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dedup"))
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run dedup");
+    if let Some(data) = stdin {
+        child.stdin.take().unwrap().write_all(data).unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn ok_json(args: &[&str], stdin: Option<&[u8]>) -> serde_json::Value {
+    let out = dedup(args, stdin);
+    assert!(
+        out.status.success(),
+        "dedup {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// `len` bytes that do not repeat (an LCG from `seed`).
+fn data(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (x >> 33) as u8
+        })
+        .collect()
+}
+
+#[test]
+fn gc_of_a_repository_reclaims_a_deleted_backup() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    let r = repo.to_str().unwrap();
+    ok_json(&["store", "init", r, "--json"], None);
+    let (one, two) = (data(1, 2 << 20), data(2, 1 << 20));
+    ok_json(&["backup", r, "one", "--stdin", "--json"], Some(&one));
+    ok_json(
+        &["backup", r, "two", "--stdin", "--group", "g", "--json"],
+        Some(&two),
+    );
+    ok_json(&["delete", r, "one", "--json"], None);
+
+    let gc = ok_json(&["gc", r, "--json"], None);
+    assert_eq!(gc["backups"], 1);
+    assert_eq!(gc["groups_remarked"], 1);
+    assert_eq!(gc["recipes_read"], 1);
+    assert!(gc["containers_swept"].as_u64().unwrap() > 0, "{gc}");
+    assert!(gc["bytes_reclaimed"].as_u64().unwrap() >= 2 << 20, "{gc}");
+    assert!(gc["seconds"].is_number());
+    let restored = dedup(&["restore", r, "two", "-"], None);
+    assert!(restored.status.success() && restored.stdout == two);
+
+    let again = ok_json(&["gc", r, "--json"], None);
+    assert_eq!(again["groups_reused"], 1);
+    assert_eq!(again["recipes_read"], 0);
+    assert_eq!(again["containers_swept"], 0);
+
+    let text = dedup(&["gc", r], None);
+    assert!(text.status.success());
+    assert!(String::from_utf8_lossy(&text.stdout).contains("0 containers deleted"));
+
+    // Another process writes: refused, naming the server.
+    let writer = dedup_store::Repository::open(&repo).unwrap();
+    let out = dedup(&["gc", r], None);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("another process") && err.contains("dedup store serve"),
+        "{err}"
+    );
+    drop(writer);
+}
