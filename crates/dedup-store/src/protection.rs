@@ -17,6 +17,14 @@
 //! A session that commits while a GC runs keeps its containers protected
 //! until that GC ends: the GC listed the committed backups before the
 //! commit, so it did not mark them.
+//!
+//! The same holds for the recipe and tree a session puts just before its
+//! backup object: announced here first (`will_write`), they are not
+//! orphans to a GC that lists recipes, then takes `pending_objects`, then
+//! lists backups. A recipe listed was put, so announced before the list;
+//! if no longer pending when the GC looks, its session either committed
+//! (and its backup object is in the later listing) or gave up (and the
+//! recipe is an orphan).
 
 use std::collections::{HashMap, HashSet};
 

@@ -330,7 +330,7 @@ impl Repository {
 
     /// Remove a backup: its backup object first (after which it is gone),
     /// then its recipe and tree. Its containers stay until a garbage
-    /// collection.
+    /// collection ([`Repository::gc`]).
     pub fn delete_backup(&self, name: &str) -> RepoResult<()> {
         if !self.is_writable() {
             return Err(RepoError::ReadOnly);

@@ -71,7 +71,7 @@ fn run(seed: u64) {
                 gcs += 1;
                 check_backups(&repo, &model);
                 check_collected(dir);
-                assert_eq!(r.recipes_read as usize <= model.len(), true, "{r:?}");
+                assert!(r.recipes_read as usize <= model.len(), "{r:?}");
             }
             8 => {
                 // A collection that dies after a few operations.

@@ -43,13 +43,18 @@ use crate::recipe::Recipe;
 use crate::repo::Repository;
 use crate::repo_error::{RepoError, RepoResult};
 
+/// Called as a GC proceeds: the phase ("mark", "sweep"), items done, and
+/// items in the phase.
+pub type Progress<'a> = dyn Fn(&str, u64, u64) + Send + Sync + 'a;
+
 /// How to collect.
 #[derive(Default)]
 pub struct GcOptions<'a> {
-    /// Called as a GC proceeds: the phase ("mark", "sweep"), items done,
-    /// and items in the phase.
-    pub progress: Option<&'a (dyn Fn(&str, u64, u64) + Send + Sync + 'a)>,
+    pub progress: Option<&'a Progress<'a>>,
 }
+
+/// A group's saved marks objects (generation, name), every generation.
+type Versions = Vec<(u64, String)>;
 
 /// What one garbage collection did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
@@ -165,14 +170,14 @@ impl Repository {
                 .insert(b.name.clone(), b.recipe.clone());
         }
         // Saved marks objects by group, every generation.
-        let mut saved: BTreeMap<String, Vec<(u64, String)>> = BTreeMap::new();
+        let mut saved: BTreeMap<String, Versions> = BTreeMap::new();
         for object in self.store.list(MARKS_PREFIX)? {
             if let Some((group, generation)) = Marks::parse_name(&object) {
                 saved.entry(group).or_default().push((generation, object));
             }
         }
         // The newest readable marks of each group that has backups.
-        let mut old: BTreeMap<&str, (Vec<(u64, String)>, Option<Marks>)> = BTreeMap::new();
+        let mut old: BTreeMap<&str, (Versions, Option<Marks>)> = BTreeMap::new();
         for group in groups.keys() {
             let versions = saved.remove(*group).unwrap_or_default();
             let m = self.newest_marks(&versions);
