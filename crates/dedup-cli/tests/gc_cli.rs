@@ -51,7 +51,11 @@ fn gc_of_a_repository_reclaims_a_deleted_backup() {
     let repo = tmp.path().join("repo");
     let r = repo.to_str().unwrap();
     ok_json(&["store", "init", r, "--json"], None);
-    let (one, two) = (data(1, 2 << 20), data(2, 1 << 20));
+    // two shares one's first 256 KiB, so one's container stays, mostly
+    // dead once one is deleted: compacted, not deleted.
+    let one = data(1, 2 << 20);
+    let mut two = one[..256 << 10].to_vec();
+    two.extend_from_slice(&data(2, 1 << 20));
     ok_json(&["backup", r, "one", "--stdin", "--json"], Some(&one));
     ok_json(
         &["backup", r, "two", "--stdin", "--group", "g", "--json"],
@@ -63,20 +67,29 @@ fn gc_of_a_repository_reclaims_a_deleted_backup() {
     assert_eq!(gc["backups"], 1);
     assert_eq!(gc["groups_remarked"], 1);
     assert_eq!(gc["recipes_read"], 1);
-    assert!(gc["containers_swept"].as_u64().unwrap() > 0, "{gc}");
-    assert!(gc["bytes_reclaimed"].as_u64().unwrap() >= 2 << 20, "{gc}");
+    assert_eq!(gc["containers_swept"], 0, "{gc}");
+    assert_eq!(gc["containers_compacted"], 1, "{gc}");
+    assert!(gc["bytes_reclaimed"].as_u64().unwrap() > 3 << 19, "{gc}");
     assert!(gc["seconds"].is_number());
     let restored = dedup(&["restore", r, "two", "-"], None);
     assert!(restored.status.success() && restored.stdout == two);
 
-    let again = ok_json(&["gc", r, "--json"], None);
+    let again = ok_json(&["gc", r, "--json", "--compact-below", "30"], None);
     assert_eq!(again["groups_reused"], 1);
     assert_eq!(again["recipes_read"], 0);
     assert_eq!(again["containers_swept"], 0);
 
     let text = dedup(&["gc", r], None);
     assert!(text.status.success());
-    assert!(String::from_utf8_lossy(&text.stdout).contains("0 containers deleted"));
+    assert!(String::from_utf8_lossy(&text.stdout).contains("0 containers deleted and 0 compacted"));
+
+    // Deleting the last backup frees its containers whole.
+    ok_json(&["delete", r, "two", "--json"], None);
+    let last = ok_json(&["gc", r, "--json"], None);
+    assert!(last["containers_swept"].as_u64().unwrap() >= 2, "{last}");
+    assert_eq!(last["groups_dropped"], 1);
+    let stats = ok_json(&["store", "stats", r, "--json"], None);
+    assert_eq!(stats["bytes_stored"], 0);
 
     // Another process writes: refused, naming the server.
     let writer = dedup_store::Repository::open(&repo).unwrap();

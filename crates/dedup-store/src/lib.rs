@@ -35,13 +35,13 @@
 //! Garbage collection is the paper's grouped mark-and-sweep (§3.3,
 //! [`Repository::gc`], `gc/`): per-group marks reused while a group is
 //! unchanged, containers no marks reference deleted once the protection
-//! map condemns them, orphan recipes and trees removed.
+//! map condemns them, mostly dead containers compacted in place (same id
+//! and entry numbers, dead entries removed), orphan recipes and trees
+//! removed.
 //!
 //! Not built yet: a repository that starts from an index checkpoint rather
 //! than reading every catalog at open, an index choice recorded in the
-//! repository, files within a backup, compaction of partly dead containers
-//! (a collection deletes only containers with no live segment), and an S3
-//! implementation of the seam.
+//! repository, files within a backup, and an S3 implementation of the seam.
 
 pub mod backup;
 mod backup_stream;

@@ -123,7 +123,13 @@ impl Protection {
         out
     }
 
-    #[allow(dead_code)] // for garbage collection, which lands next
+    /// A compaction condemned `container` to keep sessions off it while
+    /// it replaced it; the new version may be handed out again.
+    pub(crate) fn release(&mut self, container: u64) {
+        self.condemned.remove(&container);
+    }
+
+    #[allow(dead_code)] // for tests
     pub(crate) fn is_condemned(&self, container: u64) -> bool {
         self.condemned.contains(&container)
     }

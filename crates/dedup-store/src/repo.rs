@@ -214,6 +214,9 @@ impl Repository {
         if self.index.is_none() {
             return Ok(());
         }
+        // A compaction a crash interrupted may have left an id with only
+        // its compacted version: finish it before listing the ids.
+        self.finish_compactions()?;
         let ids = self.store_container_ids()?;
         let index = self.index.as_mut().expect("writable");
         let index = index.get_mut().unwrap_or_else(|p| p.into_inner());

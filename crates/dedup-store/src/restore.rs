@@ -57,7 +57,17 @@ impl Repository {
                     ),
                 ));
             }
-            let data = catalog.read_segment(&*self.store, s.entry as usize)?;
+            let data = match catalog.read_segment(&*self.store, s.entry as usize) {
+                Ok(data) => data,
+                // A garbage collection may have compacted the container
+                // since its catalog was read (same entries, new offsets):
+                // read the catalog again, once.
+                Err(_) => {
+                    self.catalog_cache().forget(s.container);
+                    let fresh = self.catalog(s.container)?;
+                    fresh.read_segment(&*self.store, s.entry as usize)?
+                }
+            };
             out.write_all(&data).map_err(|cause| RepoError::Io {
                 context: format!("writing the restore of backup {name}"),
                 cause,

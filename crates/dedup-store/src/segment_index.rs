@@ -56,7 +56,8 @@ impl SegmentIndex for ExactIndex {
     }
 
     fn insert(&mut self, container: u64, entries: &[Entry]) {
-        for (i, e) in entries.iter().enumerate() {
+        // A segment removed by compaction is no hint.
+        for (i, e) in entries.iter().enumerate().filter(|(_, e)| !e.is_absent()) {
             // Keep the first copy: garbage from a crashed backup may repeat
             // a segment, and either copy is as good.
             self.map

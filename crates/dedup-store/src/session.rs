@@ -110,7 +110,7 @@ impl BackupSession<'_> {
         let confirmed = catalog
             .entries()
             .get(entry as usize)
-            .is_some_and(|e| e.fingerprint == *fp);
+            .is_some_and(|e| e.fingerprint == *fp && !e.is_absent());
         Ok(confirmed.then_some((container, entry)))
     }
 

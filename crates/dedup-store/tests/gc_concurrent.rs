@@ -23,7 +23,7 @@ fn own(rng: &mut StdRng, blocks: usize) -> Vec<u8> {
     v
 }
 
-fn run(seed: u64) {
+fn run(seed: u64) -> u64 {
     let mut rng = StdRng::seed_from_u64(seed);
     let shared = Arc::new(blocks(&mut rng, 8));
     let tmp = tempfile::tempdir().unwrap();
@@ -34,6 +34,7 @@ fn run(seed: u64) {
     };
     let repo = Arc::new(Repository::init_with(tmp.path(), options).unwrap());
     let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut compacted = 0;
     for round in 0..4 {
         // X: mostly blocks of its own, spread over several containers.
         let mut x = own(&mut rng, 12);
@@ -41,15 +42,14 @@ fn run(seed: u64) {
         let xname = format!("x{round}");
         repo.backup_stream(&xname, "gx", &x[..]).unwrap();
         repo.delete_backup(&xname).unwrap();
-        // Sometimes delete an older backup too, so groups change.
-        if let Some(old) = model
-            .keys()
-            .next()
-            .cloned()
-            .filter(|_| rng.random_bool(0.5))
-        {
-            repo.delete_backup(&old).unwrap();
-            model.remove(&old);
+        // Delete some older backups too, so groups change and containers
+        // become partly dead.
+        let older: Vec<String> = model.keys().cloned().collect();
+        for old in older {
+            if rng.random_bool(0.4) {
+                repo.delete_backup(&old).unwrap();
+                model.remove(&old);
+            }
         }
         let done = Arc::new(AtomicBool::new(false));
         let threads: Vec<_> = (0..3u64)
@@ -62,6 +62,12 @@ fn run(seed: u64) {
                     for b in 0..3 {
                         let data = if b == 0 || rng.random_bool(0.3) {
                             x.clone()
+                        } else if b == 1 {
+                            // A quarter of X: once the whole copies go,
+                            // X's containers are mostly dead (compaction).
+                            let mut d = x[..3 * 4096].to_vec();
+                            d.extend_from_slice(&stream(&mut rng, &shared));
+                            d
                         } else {
                             stream(&mut rng, &shared)
                         };
@@ -77,22 +83,44 @@ fn run(seed: u64) {
         let collector = {
             let (repo, done) = (repo.clone(), done.clone());
             std::thread::spawn(move || {
-                let mut runs = 0;
+                let (mut runs, mut compacted) = (0, 0);
                 while !done.load(Ordering::SeqCst) || runs == 0 {
                     match repo.gc(&GcOptions::default()) {
-                        Ok(_) => runs += 1,
+                        Ok(r) => {
+                            runs += 1;
+                            compacted += r.containers_compacted;
+                        }
                         Err(RepoError::GcRunning) => unreachable!("one collector"),
                         Err(e) => panic!("gc: {e}"),
                     }
                 }
-                runs
+                compacted
+            })
+        };
+        // Restores of the earlier rounds' backups while containers are
+        // compacted under them.
+        let restorer = {
+            let (repo, done, model) = (repo.clone(), done.clone(), model.clone());
+            std::thread::spawn(move || {
+                while !done.load(Ordering::SeqCst) {
+                    for (name, data) in &model {
+                        let mut out = Vec::new();
+                        repo.restore(name, &mut out)
+                            .unwrap_or_else(|e| panic!("restoring {name} during gc: {e}"));
+                        assert!(out == *data, "{name} restored wrong during gc");
+                    }
+                    if model.is_empty() {
+                        break;
+                    }
+                }
             })
         };
         for t in threads {
             model.extend(t.join().unwrap());
         }
         done.store(true, Ordering::SeqCst);
-        collector.join().unwrap();
+        compacted += collector.join().unwrap();
+        restorer.join().unwrap();
         check_backups(&repo, &model);
     }
     repo.gc(&GcOptions::default()).unwrap();
@@ -100,13 +128,13 @@ fn run(seed: u64) {
     check_collected(tmp.path());
     drop(repo);
     check_backups(&Repository::open(tmp.path()).unwrap(), &model);
+    compacted
 }
 
 #[test]
 fn gc_beside_backups_that_reuse_segments_of_deleted_ones() {
-    for seed in 0..20 {
-        run(seed);
-    }
+    let compacted: u64 = (0..20).map(run).sum();
+    eprintln!("{compacted} containers compacted beside backups and restores");
 }
 
 #[test]
@@ -126,6 +154,7 @@ fn one_collection_at_a_time() {
     repo.backup_stream("a", "g", &[7u8; 10_000][..]).unwrap();
     repo.gc(&GcOptions {
         progress: Some(&progress),
+        ..GcOptions::default()
     })
     .unwrap();
     let e = second.lock().unwrap().take().expect("progress was called");

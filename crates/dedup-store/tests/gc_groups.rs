@@ -4,6 +4,8 @@
 
 mod gc_support;
 
+use std::collections::BTreeSet;
+
 use dedup_store::{GcOptions, GcReport, Repository};
 use gc_support::*;
 use rand::{rngs::StdRng, RngCore, SeedableRng};
@@ -14,14 +16,24 @@ fn data(seed: u64, len: usize) -> Vec<u8> {
     v
 }
 
-fn gc(repo: &Repository, store: &Faulty) -> (GcReport, Vec<String>) {
+/// A collection, the recipes it read, and the containers it read (only
+/// to decide on compacting those a changed group used).
+fn gc_reading(repo: &Repository, store: &Faulty) -> (GcReport, Vec<String>, BTreeSet<String>) {
     store.clear_reads();
     let r = repo.gc(&GcOptions::default()).unwrap();
-    assert!(
-        store.reads_under("containers/").is_empty(),
-        "a collection reads no container"
-    );
-    (r, store.reads_under("recipes/"))
+    let containers: BTreeSet<String> = store.reads_under("containers/").into_iter().collect();
+    if r.groups_remarked == 0 && r.groups_dropped == 0 {
+        assert!(
+            containers.is_empty(),
+            "nothing changed, yet {containers:?} read"
+        );
+    }
+    (r, store.reads_under("recipes/"), containers)
+}
+
+fn gc(repo: &Repository, store: &Faulty) -> (GcReport, Vec<String>) {
+    let (r, recipes, _) = gc_reading(repo, store);
+    (r, recipes)
 }
 
 #[test]
@@ -106,9 +118,13 @@ fn work_follows_the_change_not_the_repository_size() {
     assert_eq!(full.recipes_read, 3 * groups);
     assert_eq!(read.len() as u64, 3 * groups);
     repo.delete_backup("g7-1").unwrap();
-    let (r, read) = gc(&repo, &store);
+    let (r, read, containers) = gc_reading(&repo, &store);
     assert_eq!((r.groups_remarked, r.groups_reused), (1, groups - 1));
     assert_eq!(read.len(), 2, "only group g7's two recipes: {read:?}");
+    // Each backup fills one container: g7's other two are the only ones
+    // that may have lost entries.
+    assert!(containers.len() <= 2, "{containers:?}");
+    assert_eq!(r.catalogs_read, 2);
     eprintln!(
         "{groups} groups: full mark {:.1} ms, one group changed {:.1} ms",
         full.seconds * 1e3,

@@ -15,7 +15,7 @@ use crate::render;
 #[derive(clap::Args)]
 #[command(
     about = "Run garbage collection: free chunks no LBN references any more, or a backup repository's unreferenced containers",
-    after_help = "On a device: works while the device is served (online) or stopped (offline).\n\nOn a backup repository: deletes the containers, recipes and trees no backup needs any more (after `dedup delete`), marking again only the backup groups that changed since the last collection. Backups may run in the process that collects (a server); another process writing to the repository must run the collection itself.\n\nExamples:\n  dedup gc ./dev\n  dedup gc ./dev --json\n  dedup gc ./repo --json"
+    after_help = "On a device: works while the device is served (online) or stopped (offline).\n\nOn a backup repository: deletes the containers, recipes and trees no backup needs any more (after `dedup delete`) and rewrites containers that are mostly dead (--compact-below), marking again only the backup groups that changed since the last collection. Backups may run in the process that collects (a server); another process writing to the repository must run the collection itself.\n\nExamples:\n  dedup gc ./dev\n  dedup gc ./dev --json\n  dedup gc ./repo --json\n  dedup gc ./repo --compact-below 30"
 )]
 pub struct Args {
     /// Device or backup repository directory.
@@ -23,6 +23,17 @@ pub struct Args {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Repositories only: rewrite containers whose live share of stored
+    /// bytes is below PERCENT (0 never compacts).
+    #[arg(long, value_name = "PERCENT", default_value_t = 50.0, value_parser = percent)]
+    pub compact_below: f64,
+}
+
+fn percent(s: &str) -> Result<f64, String> {
+    match s.trim_end_matches('%').parse::<f64>() {
+        Ok(p) if (0.0..=100.0).contains(&p) => Ok(p),
+        _ => Err(format!("{s:?} is not a percentage from 0 to 100")),
+    }
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {

@@ -37,13 +37,15 @@ pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
     let progress = |phase: &str, done: u64, total: u64| {
         bar.set_message(match phase {
             "mark" => "marking recipes",
-            _ => "deleting containers",
+            "sweep" => "deleting containers",
+            _ => "compacting containers",
         });
         bar.set_length(total);
         bar.set_position(done);
     };
     let result = repo.gc(&GcOptions {
         progress: Some(&progress),
+        compact_below: a.compact_below / 100.0,
     });
     bar.finish_and_clear();
     let r = result?;
@@ -52,9 +54,10 @@ pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "Collected {}: {} containers deleted ({} reclaimed), {} orphan recipes and trees removed; {} groups marked again ({} recipes read), {} reused, {} dropped; {} backups, {} containers; {:.2} s.",
+        "Collected {}: {} containers deleted and {} compacted ({} reclaimed), {} orphan recipes and trees removed; {} groups marked again ({} recipes read), {} reused, {} dropped; {} backups, {} containers; {:.2} s.",
         a.dir.display(),
         r.containers_swept,
+        r.containers_compacted,
         format_size(r.bytes_reclaimed),
         r.orphans_removed,
         r.groups_remarked,

@@ -12,7 +12,9 @@
 //!    group stopped referencing, and those no backup ever committed (a
 //!    crashed or refused backup, a GC that died before deleting).
 //!    Protection decides what may go (`sweep.rs`).
-//! 3. *Orphans.* Recipes and trees no backup object names (a backup that
+//! 3. *Compaction* of the live containers that may have lost entries and
+//!    are now mostly dead (`compact.rs`).
+//! 4. *Orphans.* Recipes and trees no backup object names (a backup that
 //!    died between its recipe and its commit point, a delete that died
 //!    part-way) are removed, unless a running session is about to commit
 //!    them.
@@ -29,13 +31,17 @@
 //! every committed backup restorable, and the next GC finds what is left
 //! by listing.
 
+mod compact;
 pub mod marks;
 mod sweep;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
+pub use compact::DEFAULT_COMPACT_BELOW;
 pub use marks::{Marks, MARKS_PREFIX};
+
+use compact::Candidates;
 
 use crate::backup::{BackupRecord, BACKUPS_PREFIX, RECIPES_PREFIX, TREES_PREFIX};
 use crate::error::Error;
@@ -48,9 +54,20 @@ use crate::repo_error::{RepoError, RepoResult};
 pub type Progress<'a> = dyn Fn(&str, u64, u64) + Send + Sync + 'a;
 
 /// How to collect.
-#[derive(Default)]
 pub struct GcOptions<'a> {
+    /// Rewrite a container whose live share of stored bytes is below this
+    /// fraction (0 never compacts; default [`DEFAULT_COMPACT_BELOW`]).
+    pub compact_below: f64,
     pub progress: Option<&'a Progress<'a>>,
+}
+
+impl Default for GcOptions<'_> {
+    fn default() -> Self {
+        GcOptions {
+            compact_below: DEFAULT_COMPACT_BELOW,
+            progress: None,
+        }
+    }
 }
 
 /// A group's saved marks objects (generation, name), every generation.
@@ -75,7 +92,12 @@ pub struct GcReport {
     pub containers_protected: u64,
     /// Containers deleted.
     pub containers_swept: u64,
-    /// Bytes of the containers deleted.
+    /// Containers rewritten with only their live segments.
+    pub containers_compacted: u64,
+    /// Catalogs read to decide on compaction (containers that lost
+    /// entries since the last collection).
+    pub catalogs_read: u64,
+    /// Bytes freed: containers deleted, and what compaction saved.
     pub bytes_reclaimed: u64,
     /// Recipes and trees no backup names, removed.
     pub orphans_removed: u64,
@@ -106,6 +128,12 @@ impl Repository {
         }
         let _running = Running(self);
         let mut report = GcReport::default();
+        self.finish_compactions()?;
+        let mut candidates = if options.compact_below > 0.0 {
+            Some(self.load_candidates()?)
+        } else {
+            None
+        };
 
         // Recipes and trees first, then what sessions are about to commit,
         // then the backups: an object listed here either belongs to a
@@ -117,12 +145,27 @@ impl Repository {
         let backups = self.committed_backups()?;
         report.backups = backups.len() as u64;
 
-        let marks = self.mark(&backups, options, &mut report)?;
+        let marks = self.mark(&backups, candidates.as_mut(), options, &mut report)?;
         let live: BTreeSet<u64> = marks
             .values()
             .flat_map(|m| m.containers.keys().copied())
             .collect();
         self.sweep_containers(&live, options, &mut report)?;
+        if let Some(c) = candidates.as_mut() {
+            let mut union: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+            for m in marks.values() {
+                for (id, bits) in &m.containers {
+                    let u = union.entry(*id).or_default();
+                    if u.len() < bits.len() {
+                        u.resize(bits.len(), 0);
+                    }
+                    u.iter_mut().zip(bits).for_each(|(a, b)| *a |= b);
+                }
+            }
+            let ids = c.ids.clone();
+            let held = self.compact(&ids, &union, options, &mut report)?;
+            self.save_candidates(c, &held)?;
+        }
 
         let referenced: BTreeSet<&str> = backups
             .iter()
@@ -159,6 +202,7 @@ impl Repository {
     fn mark(
         &self,
         backups: &[BackupRecord],
+        candidates: Option<&mut Candidates>,
         options: &GcOptions,
         report: &mut GcReport,
     ) -> RepoResult<BTreeMap<String, Marks>> {
@@ -189,11 +233,11 @@ impl Repository {
             .filter(|(g, _)| !unchanged(g))
             .map(|(_, set)| set.len() as u64)
             .sum();
+        // Mark the changed groups (in memory for now).
         let mut out = BTreeMap::new();
+        let mut remarked = Vec::new();
         for (group, set) in &groups {
-            let (versions, saved_marks) = &old[group];
-            if let Some(m) = saved_marks.as_ref().filter(|m| m.backups == *set) {
-                self.delete_marks(versions, Some(newest(versions)))?;
+            if let Some(m) = old[group].1.as_ref().filter(|m| m.backups == *set) {
                 report.groups_reused += 1;
                 out.insert(group.to_string(), m.clone());
                 continue;
@@ -209,12 +253,48 @@ impl Repository {
                     p("mark", report.recipes_read, to_read);
                 }
             }
-            let generation = versions.iter().map(|(g, _)| g + 1).max().unwrap_or(0);
-            self.store
-                .put(&Marks::object_name(group, generation), &m.encode())?;
-            self.delete_marks(versions, None)?;
-            report.groups_remarked += 1;
+            remarked.push(*group);
             out.insert(group.to_string(), m);
+        }
+        // Containers that may have lost entries since the last collection:
+        // those the old marks of changed and emptied groups reference, and
+        // those no old marks reference (written since; a backup that used
+        // them may already be deleted). Saved before any marks change, so
+        // a GC that dies before compacting leaves them for the next.
+        if let Some(c) = candidates {
+            let dropped: Vec<Marks> = saved
+                .values()
+                .filter_map(|v| self.newest_marks(v))
+                .collect();
+            let old_marks = || old.values().filter_map(|(_, m)| m.as_ref()).chain(&dropped);
+            let known: BTreeSet<u64> = old_marks()
+                .flat_map(|m| m.containers.keys().copied())
+                .collect();
+            let mut ids = c.ids.clone();
+            for g in &remarked {
+                ids.extend(old[g].1.iter().flat_map(|m| m.containers.keys()));
+                ids.extend(out[*g].containers.keys().filter(|id| !known.contains(id)));
+            }
+            for m in &dropped {
+                ids.extend(m.containers.keys());
+            }
+            if ids != c.ids {
+                self.save_candidates(c, &ids)?;
+            }
+        }
+        // Save: the changed groups' new marks first, then old versions go.
+        for (group, (versions, _)) in &old {
+            if remarked.contains(group) {
+                let generation = versions.iter().map(|(g, _)| g + 1).max().unwrap_or(0);
+                self.store.put(
+                    &Marks::object_name(group, generation),
+                    &out[*group].encode(),
+                )?;
+                self.delete_marks(versions, None)?;
+                report.groups_remarked += 1;
+            } else {
+                self.delete_marks(versions, Some(newest(versions)))?;
+            }
         }
         // Groups with no backups left.
         for versions in saved.values() {

@@ -201,6 +201,42 @@ pub fn check_collected(dir: &Path) {
         groups.len(),
         "marks objects {marks:?} for groups {groups:?}"
     );
+    assert!(objects(dir, "compacted/").is_empty());
+}
+
+/// After a finished GC with the default threshold: every container either
+/// stores no dead segment or stores at least half live bytes; and every
+/// segment a live backup needs is stored.
+pub fn check_compacted(dir: &Path) {
+    let repo = Repository::open_read_only(dir).unwrap();
+    let store = dedup_store::LocalDir::open(dir).unwrap();
+    let mut live: BTreeMap<u64, BTreeSet<u32>> = BTreeMap::new();
+    for b in repo.list_backups().unwrap() {
+        let recipe =
+            Recipe::decode(&b.recipe, &std::fs::read(dir.join(&b.recipe)).unwrap()).unwrap();
+        for s in recipe.segments {
+            live.entry(s.container).or_default().insert(s.entry);
+        }
+    }
+    for (id, entries) in &live {
+        let catalog = dedup_store::Catalog::read(&store, *id).unwrap();
+        let (mut all, mut kept) = (0u64, 0u64);
+        for (i, e) in catalog.entries().iter().enumerate() {
+            let stored = u64::from(e.location.stored_len);
+            all += stored;
+            if entries.contains(&(i as u32)) {
+                assert!(
+                    !e.is_absent(),
+                    "container {id:x} entry {i} is needed but was removed"
+                );
+                kept += stored;
+            }
+        }
+        assert!(
+            kept == all || kept * 2 >= all,
+            "container {id:x}: {kept} of {all} bytes live"
+        );
+    }
 }
 
 /// `n` random blocks of 4 KiB: the shared content streams are built from.
