@@ -27,6 +27,12 @@ pub trait SegmentIndex: Send {
     /// them, which costs dedup only (a hint into a deleted container is
     /// refused by the protection map or the catalog check).
     fn forget(&mut self, _containers: &HashSet<u64>) {}
+
+    /// Garbage collection rewrote `container` with some entries removed
+    /// (same numbering; `entries` is the new catalog). The default keeps
+    /// the old hints: one to a removed entry is refused by the catalog
+    /// check, so it costs dedup only.
+    fn compacted(&mut self, _container: u64, _entries: &[Entry]) {}
 }
 
 /// Every fingerprint in RAM: exact, and fine for repositories whose
@@ -68,5 +74,10 @@ impl SegmentIndex for ExactIndex {
 
     fn forget(&mut self, containers: &HashSet<u64>) {
         self.map.retain(|_, (c, _)| !containers.contains(c));
+    }
+
+    fn compacted(&mut self, container: u64, entries: &[Entry]) {
+        self.forget(&HashSet::from([container]));
+        self.insert(container, entries);
     }
 }

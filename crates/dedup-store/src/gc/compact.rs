@@ -30,7 +30,7 @@
 //! `gc/candidates-<gen>` before the new marks are written, so a GC that
 //! dies before compacting leaves them for the next one.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::container::{compacted_name, container_name, Container, COMPACTED_PREFIX};
@@ -197,10 +197,7 @@ impl Repository {
         self.delete_if_there(&tmp)?;
         report.containers_compacted += 1;
         report.bytes_reclaimed += old_len.saturating_sub(bytes.len() as u64);
-        let mut index = self.index()?;
-        index.forget(&HashSet::from([id]));
-        index.insert(id, &entries);
-        drop(index);
+        self.index()?.compacted(id, &entries);
         let catalog = Container::parse(&container_name(id), bytes)?
             .catalog()
             .clone();

@@ -119,13 +119,16 @@ impl FingerprintCache {
             return;
         }
         self.seq += 1;
+        // A segment removed by compaction is no answer (see
+        // `Entry::is_absent`); entry numbers stay those of the catalog.
+        let present = entries.iter().filter(|e| !e.is_absent()).count();
         let loaded = Loaded {
-            entries: entries.len() as u32,
+            entries: present as u32,
             removed: 0,
             seq: self.seq,
         };
         self.loaded.insert(container, loaded);
-        for (i, e) in entries.iter().enumerate() {
+        for (i, e) in entries.iter().enumerate().filter(|(_, e)| !e.is_absent()) {
             self.put(Cached {
                 fingerprint: e.fingerprint,
                 container,
