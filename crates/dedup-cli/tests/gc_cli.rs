@@ -91,6 +91,19 @@ fn gc_of_a_repository_reclaims_a_deleted_backup() {
     let stats = ok_json(&["store", "stats", r, "--json"], None);
     assert_eq!(stats["bytes_stored"], 0);
 
+    // The threshold is a percentage, and only for repositories.
+    let bad = dedup(&["gc", r, "--compact-below", "150"], None);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not a percentage"));
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let dev = dedup(
+        &["gc", empty.to_str().unwrap(), "--compact-below", "30"],
+        None,
+    );
+    assert!(!dev.status.success());
+    assert!(String::from_utf8_lossy(&dev.stderr).contains("for backup repositories"));
+
     // Another process writes: refused, naming the server.
     let writer = dedup_store::Repository::open(&repo).unwrap();
     let out = dedup(&["gc", r], None);

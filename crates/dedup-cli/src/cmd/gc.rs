@@ -24,9 +24,9 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// Repositories only: rewrite containers whose live share of stored
-    /// bytes is below PERCENT (0 never compacts).
-    #[arg(long, value_name = "PERCENT", default_value_t = 50.0, value_parser = percent)]
-    pub compact_below: f64,
+    /// bytes is below PERCENT (default 50; 0 never compacts).
+    #[arg(long, value_name = "PERCENT", value_parser = percent)]
+    pub compact_below: Option<f64>,
 }
 
 fn percent(s: &str) -> Result<f64, String> {
@@ -39,6 +39,12 @@ fn percent(s: &str) -> Result<f64, String> {
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if super::gc_repo::is_repository(&a.dir) {
         return super::gc_repo::run(&a);
+    }
+    if a.compact_below.is_some() {
+        anyhow::bail!(
+            "--compact-below is for backup repositories; {} is not one (a device's gc repacks on its own)",
+            a.dir.display()
+        );
     }
     let report: GcReport = match reach(
         &a.dir,

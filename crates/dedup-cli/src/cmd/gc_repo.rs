@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use anyhow::bail;
 use dedup_core::size::format_size;
 use dedup_store::config::CONFIG_OBJECT;
+use dedup_store::gc::DEFAULT_COMPACT_BELOW;
 use dedup_store::{GcOptions, RepoConfig, RepoError, Repository};
 
 use super::gc::Args;
@@ -45,7 +46,7 @@ pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
     };
     let result = repo.gc(&GcOptions {
         progress: Some(&progress),
-        compact_below: a.compact_below / 100.0,
+        compact_below: a.compact_below.map_or(DEFAULT_COMPACT_BELOW, |p| p / 100.0),
     });
     bar.finish_and_clear();
     let r = result?;

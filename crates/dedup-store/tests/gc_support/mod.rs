@@ -202,6 +202,11 @@ pub fn check_collected(dir: &Path) {
         "marks objects {marks:?} for groups {groups:?}"
     );
     assert!(objects(dir, "compacted/").is_empty());
+    let candidates: Vec<String> = objects(dir, "gc/")
+        .into_iter()
+        .filter(|o| o.starts_with("gc/candidates-"))
+        .collect();
+    assert!(candidates.is_empty(), "{candidates:?} left");
 }
 
 /// After a finished GC with the default threshold: every container either
