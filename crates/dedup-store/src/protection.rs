@@ -18,6 +18,11 @@
 //! until that GC ends: the GC listed the committed backups before the
 //! commit, so it did not mark them.
 //!
+//! Compaction uses the same lock: it condemns a container before
+//! rewriting it (so it never rewrites one a session holds, which may
+//! reference an entry the marks call dead, and no lookup hands it out
+//! meanwhile) and releases it once the new version is in place.
+//!
 //! The same holds for the recipe and tree a session puts just before its
 //! backup object: announced here first (`will_write`), they are not
 //! orphans to a GC that lists recipes, then takes `pending_objects`, then
