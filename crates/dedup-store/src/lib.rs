@@ -47,10 +47,15 @@
 //! costs; recipes, trees and containers no committed backup needs are
 //! listed as garbage, not damage.
 //!
-//! Not built yet: an index choice recorded in the repository,
-//! files within a backup, reference tracking and grouped mark-and-sweep
-//! (deleting a backup leaves its containers), and an S3 implementation of
-//! the seam.
+//! Garbage collection is the paper's grouped mark-and-sweep (§3.3,
+//! [`Repository::gc`], `gc/`): per-group marks reused while a group is
+//! unchanged, containers no marks reference deleted once the protection
+//! map condemns them, mostly dead containers compacted in place (same id
+//! and entry numbers, dead entries removed), orphan recipes and trees
+//! removed.
+//!
+//! Not built yet: an index choice recorded in the repository, files
+//! within a backup, and an S3 implementation of the seam.
 
 pub mod backup;
 mod backup_stream;
@@ -61,6 +66,7 @@ pub mod container;
 pub mod error;
 pub mod format;
 mod framed;
+pub mod gc;
 pub mod index;
 pub mod index_checkpoint;
 pub mod local;
@@ -88,6 +94,7 @@ pub use writer::ContainerWriter;
 pub use backup::{BackupRecord, BackupReport};
 pub use check::{CheckOptions, CheckProgress, CheckReport};
 pub use config::RepoConfig;
+pub use gc::{GcOptions, GcReport};
 pub use recipe::{Recipe, SegmentRef};
 pub use repo::{RepoOptions, Repository};
 pub use repo_error::{RepoError, RepoResult};

@@ -37,6 +37,10 @@ pub enum RepoError {
     #[error("{}: the repository is in use by another process that writes to it; back up through that process (dedup store serve) or wait for it to finish", .dir.display())]
     InUse { dir: PathBuf },
 
+    /// `gc` while another GC runs on the same handle.
+    #[error("a garbage collection is already running")]
+    GcRunning,
+
     /// A write through a handle opened with `open_read_only`.
     #[error("the repository was opened read-only")]
     ReadOnly,

@@ -10,6 +10,7 @@ pub mod check;
 pub mod create;
 pub mod delete;
 pub mod gc;
+mod gc_repo;
 pub mod grow;
 pub mod list;
 pub mod nbdkit;
