@@ -59,6 +59,7 @@ mod restore;
 pub mod segment_index;
 pub mod segmenter;
 pub mod session;
+pub mod tree;
 pub mod writer;
 
 pub use container::{container_name, Catalog, Container};
