@@ -60,6 +60,9 @@ pub mod segment_index;
 pub mod segmenter;
 pub mod session;
 pub mod tree;
+mod tree_backup;
+mod tree_restore;
+pub mod tree_walk;
 pub mod writer;
 
 pub use container::{container_name, Catalog, Container};
@@ -78,3 +81,7 @@ pub use repo_error::{RepoError, RepoResult};
 pub use segment_index::{ExactIndex, SegmentIndex};
 pub use segmenter::Segmenting;
 pub use session::BackupSession;
+pub use tree::Tree;
+pub use tree_backup::TreeBackupReport;
+pub use tree_restore::{RestoreOptions, RestoreReport};
+pub use tree_walk::{TreeWalk, WalkCounts};
