@@ -258,11 +258,14 @@ impl Tree {
                 return Err(format!("{}: rdev on a {:?}", at(), n.kind));
             }
             match n.kind {
-                Kind::Symlink => {
-                    if n.target.is_empty() || n.target.len() > MAX_PATH || n.target.contains(&0) {
-                        return Err(format!("{}: bad symlink target", at()));
-                    }
+                Kind::Symlink
+                    if n.target.is_empty()
+                        || n.target.len() > MAX_PATH
+                        || n.target.contains(&0) =>
+                {
+                    return Err(format!("{}: bad symlink target", at()));
                 }
+                Kind::Symlink => {}
                 Kind::HardLink => match seen.get(n.target.as_slice()) {
                     Some(Kind::Dir | Kind::HardLink) | None => {
                         return Err(format!(

@@ -387,13 +387,15 @@ pub(crate) fn tree_path(p: &Path) -> io::Result<Vec<u8>> {
                 }
                 out.extend_from_slice(name.as_bytes());
             }
-            Component::ParentDir => return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
+            Component::ParentDir => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
                     "{}: '..' in a path to back up; give the path without it (or cd there first)",
                     p.display()
                 ),
-            )),
+                ))
+            }
             Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
         }
     }
