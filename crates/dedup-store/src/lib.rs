@@ -32,10 +32,13 @@
 //! what running backups use). One process writes (an exclusive lock on the
 //! config object); others may open read-only to list, restore and check.
 //!
+//! Backups of files and directories ([`Repository::backup_paths`],
+//! [`Repository::restore_tree`]) are one stream of the files' contents
+//! plus a tree object of their metadata ([`Tree`]; walk in [`TreeWalk`]).
+//!
 //! Not built yet: a repository that starts from an index checkpoint rather
 //! than reading every catalog at open, an index choice recorded in the
-//! repository,
-//! files within a backup, reference tracking and grouped mark-and-sweep
+//! repository, reference tracking and grouped mark-and-sweep
 //! (deleting a backup leaves its containers), and an S3 implementation of
 //! the seam.
 
