@@ -464,3 +464,52 @@ fn is_gone(e: &io::Error) -> bool {
 fn context(e: io::Error, path: &Path) -> io::Error {
     io::Error::new(e.kind(), format!("{}: {e}", path.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn given_paths_are_named_as_tar_names_them() {
+        for (given, stored) in [
+            ("/usr/share/doc", "usr/share/doc"),
+            ("docs", "docs"),
+            ("./a/./b/", "a/b"),
+            (".", ""),
+            ("/", ""),
+        ] {
+            assert_eq!(
+                tree_path(Path::new(given)).unwrap(),
+                stored.as_bytes(),
+                "{given}"
+            );
+        }
+        for bad in ["..", "a/../b", "../a"] {
+            let e = tree_path(Path::new(bad)).unwrap_err();
+            assert!(e.to_string().contains("'..'"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_given_symlink_is_recorded_not_followed_and_parents_come_first() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path().join("d");
+        fs::create_dir(&d).unwrap();
+        fs::write(d.join("f"), b"data").unwrap();
+        std::os::unix::fs::symlink(&d, tmp.path().join("s")).unwrap();
+        let mut walk = TreeWalk::new(&[tmp.path().join("s")]).unwrap();
+        assert!(!walk.next_file().unwrap(), "followed the symlink");
+        let (tree, counts, _) = walk.finish();
+        let last = tree.nodes.last().unwrap();
+        assert_eq!(
+            (last.kind, counts.symlinks, counts.files),
+            (Kind::Symlink, 1, 0)
+        );
+        assert_eq!(last.target, d.as_os_str().as_bytes());
+        // Every directory leading to it, outermost first.
+        let parents = tmp.path().components().count() - 1;
+        assert_eq!(tree.nodes.len(), parents + 1);
+        assert!(tree.nodes[..parents].iter().all(|n| n.kind == Kind::Dir));
+        tree.check().unwrap();
+    }
+}

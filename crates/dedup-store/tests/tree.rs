@@ -388,3 +388,28 @@ fn a_walk_records_what_it_read_and_skips_what_vanished() {
     assert_eq!(tree.stream_len, 11);
     tree.check().unwrap();
 }
+
+#[test]
+fn without_owners_everything_but_the_owners_is_restored() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = build(tmp.path());
+    let repo = repo(tmp.path());
+    repo.backup_paths("one", "g", &[&data], |_| {}).unwrap();
+    let target = tmp.path().join("t");
+    let opts = RestoreOptions {
+        owners: false,
+        ..RestoreOptions::default()
+    };
+    repo.restore_tree("one", &target, &opts).unwrap();
+    let me = |mut l: Listing| {
+        for e in l.entries.values_mut() {
+            (e.uid, e.gid) = (0, 0);
+        }
+        l
+    };
+    let restored = listing(&in_target(&target, &data));
+    // SAFETY: geteuid cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    assert!(restored.entries.values().all(|e| e.uid == uid));
+    assert_same(&me(listing(&data)), &me(restored));
+}
