@@ -25,6 +25,7 @@ pub struct Args {
     /// Name of the new backup (letters, digits, . _ -).
     pub name: String,
     /// Files or directories to back up.
+    #[arg(value_name = "PATH")]
     pub paths: Vec<PathBuf>,
     /// Back up standard input (a stream) instead of files.
     #[arg(long)]
