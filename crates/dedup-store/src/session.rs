@@ -16,7 +16,6 @@
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use dedup_core::compress::Compression;
 use dedup_core::fingerprint::Fingerprint;
 
 use crate::backup::{validate_name, BackupRecord, BackupReport, RECIPES_PREFIX, TREES_PREFIX};
@@ -113,6 +112,29 @@ impl BackupSession<'_> {
             .get(entry as usize)
             .is_some_and(|e| e.fingerprint == *fp);
         Ok(confirmed.then_some((container, entry)))
+    }
+
+    /// Reuse segment `r` from an earlier backup's recipe without reading
+    /// or hashing its bytes (a file unchanged since the parent backup):
+    /// the container is protected for this session and its catalog must
+    /// still hold `r`'s fingerprint and length at `r`'s entry. False (and
+    /// nothing pushed) if it cannot be confirmed: the caller reads the
+    /// data instead.
+    pub fn reuse(&mut self, r: SegmentRef) -> RepoResult<bool> {
+        if !self.repo.protection().hold(self.id, r.container) {
+            return Ok(false);
+        }
+        let Ok(catalog) = self.repo.catalog(r.container) else {
+            return Ok(false);
+        };
+        let confirmed = catalog
+            .entries()
+            .get(r.entry as usize)
+            .is_some_and(|e| e.fingerprint == r.fingerprint && e.location.raw_len == r.len);
+        if confirmed {
+            self.push(r, false);
+        }
+        Ok(confirmed)
     }
 
     /// Store `data` as a new segment in this session's container, unless
@@ -234,7 +256,7 @@ impl BackupSession<'_> {
         self.repo.protection().hold(self.id, id);
         let target = usize::try_from(self.repo.config.container_target).unwrap_or(usize::MAX);
         Open {
-            writer: ContainerWriter::with_options(id, target, Compression::Lz4),
+            writer: ContainerWriter::with_options(id, target, self.repo.config.compression),
             holds: HashMap::new(),
         }
     }

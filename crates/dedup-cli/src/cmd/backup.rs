@@ -36,6 +36,8 @@ pub struct Args {
     /// Print the report as JSON (and no progress bar).
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub index: super::store::IndexArgs,
 }
 
 #[derive(Serialize)]
@@ -44,6 +46,8 @@ struct Report {
     group: String,
     #[serde(flatten)]
     report: ReportJson,
+    #[serde(flatten)]
+    index: Option<super::store::IndexJson>,
     seconds: f64,
     mb_per_sec: f64,
 }
@@ -76,7 +80,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if stdin.is_terminal() {
         bail!("--stdin is a terminal; pipe the data in, e.g. tar -cf - DIR | dedup backup {} {} --stdin", a.repo.display(), a.name);
     }
-    let repo = super::store::open(&a.repo)?;
+    let repo = super::store::open_indexed(&a.repo, &a.index)?;
     let bar =
         indicatif::ProgressBar::new_spinner().with_style(indicatif::ProgressStyle::with_template(
             "{spinner} backing up {msg}: {bytes} read, {bytes_per_sec}, {elapsed}",
@@ -103,6 +107,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         name: a.name.clone(),
         group: a.group.clone(),
         report: r.into(),
+        index: super::store::IndexJson::of(&repo),
         seconds,
         mb_per_sec: mb_per_sec(r.bytes_in, seconds),
     };
@@ -129,6 +134,17 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         seconds,
         report.mb_per_sec
     );
+    if let Some(i) = report.index {
+        println!(
+            "Index: {} of RAM for {} segments{}, and a {} prefetch cache.",
+            format_size(i.index_ram_bytes),
+            i.index_fingerprints,
+            i.index_ram_per_tib
+                .map(|b| format!(" ({} per TiB stored)", format_size(b as u64)))
+                .unwrap_or_default(),
+            format_size(i.index_cache_bytes)
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

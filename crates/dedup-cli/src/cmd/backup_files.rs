@@ -22,13 +22,15 @@ struct Report {
     report: ReportJson,
     #[serde(flatten)]
     counts: WalkCounts,
+    #[serde(flatten)]
+    index: Option<super::store::IndexJson>,
     warnings: Vec<String>,
     seconds: f64,
     mb_per_sec: f64,
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let repo = super::store::open(&a.repo)?;
+    let repo = super::store::open_indexed(&a.repo, &a.index)?;
     let bar =
         indicatif::ProgressBar::new_spinner().with_style(indicatif::ProgressStyle::with_template(
             "{spinner} backing up {msg}: {bytes} read, {bytes_per_sec}, {elapsed}",
@@ -57,6 +59,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         group: a.group.clone(),
         report: r.into(),
         counts: c,
+        index: super::store::IndexJson::of(&repo),
         warnings,
         seconds,
         mb_per_sec: mb_per_sec(r.bytes_in, seconds),
@@ -90,5 +93,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             n => format!("; {n} skipped (see the warnings above)"),
         }
     );
+    if let Some(i) = report.index {
+        println!(
+            "Index: {} of RAM for {} segments, and a {} prefetch cache.",
+            format_size(i.index_ram_bytes),
+            i.index_fingerprints,
+            format_size(i.index_cache_bytes)
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -20,6 +20,7 @@ mod restore_files;
 pub mod serve;
 pub mod status;
 pub mod store;
+mod store_check;
 pub mod tls;
 pub mod trace;
 
