@@ -54,8 +54,12 @@
 //! and entry numbers, dead entries removed), orphan recipes and trees
 //! removed.
 //!
-//! Not built yet: an index choice recorded in the repository, files
-//! within a backup, and an S3 implementation of the seam.
+//! Backups of files and directories ([`Repository::backup_paths`],
+//! [`Repository::restore_tree`]) are one stream of the files' contents
+//! plus a tree object of their metadata ([`Tree`]; walk in [`TreeWalk`]).
+//!
+//! Not built yet: an index choice recorded in the repository, and an S3
+//! implementation of the seam.
 
 pub mod backup;
 mod backup_stream;
@@ -81,6 +85,10 @@ mod restore;
 pub mod segment_index;
 pub mod segmenter;
 pub mod session;
+pub mod tree;
+mod tree_backup;
+mod tree_restore;
+pub mod tree_walk;
 pub mod writer;
 
 pub use container::{container_name, Catalog, Container};
@@ -101,3 +109,7 @@ pub use repo_error::{RepoError, RepoResult};
 pub use segment_index::{ExactIndex, IndexRam, SegmentIndex};
 pub use segmenter::Segmenting;
 pub use session::BackupSession;
+pub use tree::Tree;
+pub use tree_backup::TreeBackupReport;
+pub use tree_restore::{RestoreOptions, RestoreReport};
+pub use tree_walk::{TreeWalk, WalkCounts};

@@ -1,5 +1,5 @@
-//! `dedup backup`: back a stream up into a repository (issue 17). Only
-//! standard input for now; files and directories come later.
+//! `dedup backup`: back up files and directories (see `backup_files.rs`)
+//! or a stream from standard input into a repository (issue 17).
 
 use std::io::{self, IsTerminal, Read};
 use std::path::PathBuf;
@@ -16,17 +16,18 @@ use super::store::ReportJson;
 
 #[derive(clap::Args)]
 #[command(
-    about = "Back up a stream from standard input into a repository (files and directories: not yet)",
-    after_help = "Only --stdin works for now: backing up files and directories directly is not built yet, so pipe them in as a tar stream. The backup becomes visible only once all of it is durable; a backup that fails or is killed leaves no backup behind.\n\nExamples:\n  tar -cf - /home | dedup backup ./repo home-monday --stdin\n  pg_dump db | dedup backup ./repo db-1 --stdin --group db --json"
+    about = "Back up files and directories, or a stream from standard input, into a repository",
+    after_help = "Files and directories are stored with their metadata (type, mode including setuid/setgid/sticky, owner, times to the nanosecond, symlink targets, hard links, fifos and devices, extended attributes); symlinks are never followed; sockets are skipped with a warning, as are files that vanish or cannot be read. Paths are kept as given, made relative like tar does: /home/me is stored as home/me, so `dedup restore REPO NAME /restore` recreates /restore/home/me. A file that changes while it is read is stored as read.\n\nThe backup becomes visible only once all of it is durable; a backup that fails or is killed leaves no backup behind.\n\nExamples:\n  dedup backup ./repo home-monday /home\n  dedup backup ./repo etc-1 /etc --group etc --json\n  pg_dump db | dedup backup ./repo db-1 --stdin --group db --json"
 )]
 pub struct Args {
     /// Repository directory (see `dedup store init`).
     pub repo: PathBuf,
     /// Name of the new backup (letters, digits, . _ -).
     pub name: String,
-    /// Files or directories to back up: not supported yet (use --stdin).
-    pub path: Option<PathBuf>,
-    /// Back up standard input.
+    /// Files or directories to back up.
+    #[arg(value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+    /// Back up standard input (a stream) instead of files.
     #[arg(long)]
     pub stdin: bool,
     /// Backup group the backup belongs to.
@@ -66,17 +67,14 @@ impl<R: Read> Read for Counting<R> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    if let Some(p) = &a.path {
-        bail!(
-            "backing up files and directories ({}) is not built yet; pipe them in as a stream instead: tar -cf - {} | dedup backup {} {} --stdin",
-            p.display(),
-            p.display(),
-            a.repo.display(),
-            a.name
-        );
+    if !a.paths.is_empty() {
+        if a.stdin {
+            bail!("give either files and directories or --stdin, not both");
+        }
+        return super::backup_files::run(a);
     }
     if !a.stdin {
-        bail!("nothing to back up: give --stdin and pipe the data in (files and directories are not supported yet)");
+        bail!("nothing to back up: give files or directories, or --stdin and pipe the data in");
     }
     let stdin = io::stdin();
     if stdin.is_terminal() {
