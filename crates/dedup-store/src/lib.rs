@@ -87,6 +87,7 @@ pub mod segmenter;
 pub mod session;
 pub mod tree;
 mod tree_backup;
+mod tree_parent;
 mod tree_restore;
 pub mod tree_walk;
 pub mod writer;

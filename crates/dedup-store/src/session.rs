@@ -126,14 +126,36 @@ impl BackupSession<'_> {
         let Ok(catalog) = self.repo.catalog(r.container) else {
             return Ok(false);
         };
-        let confirmed = catalog
-            .entries()
-            .get(r.entry as usize)
-            .is_some_and(|e| e.fingerprint == r.fingerprint && e.location.raw_len == r.len);
+        let confirmed = catalog.entries().get(r.entry as usize).is_some_and(|e| {
+            !e.is_absent() && e.fingerprint == r.fingerprint && e.location.raw_len == r.len
+        });
         if confirmed {
             self.push(r, false);
         }
         Ok(confirmed)
+    }
+
+    /// `reuse` for a whole file's segments: all of them or none (false,
+    /// nothing pushed), so a file is never half reused, half read.
+    pub fn reuse_all(&mut self, refs: &[SegmentRef]) -> RepoResult<bool> {
+        for r in refs {
+            if !self.repo.protection().hold(self.id, r.container) {
+                return Ok(false);
+            }
+            let Ok(catalog) = self.repo.catalog(r.container) else {
+                return Ok(false);
+            };
+            let confirmed = catalog.entries().get(r.entry as usize).is_some_and(|e| {
+                !e.is_absent() && e.fingerprint == r.fingerprint && e.location.raw_len == r.len
+            });
+            if !confirmed {
+                return Ok(false);
+            }
+        }
+        for r in refs {
+            self.push(*r, false);
+        }
+        Ok(true)
     }
 
     /// Store `data` as a new segment in this session's container, unless

@@ -13,6 +13,8 @@
 //! | 4, 4 | uid, gid                                                    |
 //! | 8, 4 | mtime: seconds (i64) since the epoch, nanoseconds (< 10^9)  |
 //! | 8, 4 | atime: the same                                             |
+//! | 8, 4 | ctime: the same (for finding unchanged files next time)     |
+//! | 8    | inode (files), else 0                                       |
 //! | 8    | size: bytes of the stream (files), else 0                   |
 //! | 8    | offset in the stream (files), else 0                        |
 //! | 8    | rdev (devices), else 0                                      |
@@ -32,7 +34,7 @@ use crate::repo_error::{RepoError, RepoResult};
 const MAGIC: [u8; 8] = *b"DDUPTREE";
 const VERSION: u32 = 1;
 /// Bytes of an entry with an empty path, target and no xattrs.
-const MIN_ENTRY: usize = 1 + 4 * 3 + 12 * 2 + 8 * 3 + 2 * 3;
+const MIN_ENTRY: usize = 1 + 4 * 3 + 12 * 3 + 8 * 4 + 2 * 3;
 /// Longest path or symlink target (Linux's PATH_MAX).
 pub const MAX_PATH: usize = 4096;
 
@@ -95,6 +97,12 @@ pub struct Node {
     pub gid: u32,
     pub mtime: Time,
     pub atime: Time,
+    /// Change time: with mtime, size and inode, what says a file is
+    /// unchanged since the parent backup (its contents are then reused
+    /// without being read).
+    pub ctime: Time,
+    /// Files only (0 otherwise).
+    pub inode: u64,
     pub size: u64,
     pub offset: u64,
     pub rdev: u64,
@@ -113,6 +121,8 @@ impl Node {
             gid: 0,
             mtime: Time::default(),
             atime: Time::default(),
+            ctime: Time::default(),
+            inode: 0,
             size: 0,
             offset: 0,
             rdev: 0,
@@ -141,11 +151,11 @@ impl Tree {
             for v in [n.mode, n.uid, n.gid] {
                 b.extend_from_slice(&v.to_le_bytes());
             }
-            for t in [n.mtime, n.atime] {
+            for t in [n.mtime, n.atime, n.ctime] {
                 b.extend_from_slice(&t.sec.to_le_bytes());
                 b.extend_from_slice(&t.nsec.to_le_bytes());
             }
-            for v in [n.size, n.offset, n.rdev] {
+            for v in [n.inode, n.size, n.offset, n.rdev] {
                 b.extend_from_slice(&v.to_le_bytes());
             }
             put_bytes16(&mut b, &n.path);
@@ -183,6 +193,8 @@ impl Tree {
             let (mode, uid, gid) = (r.u32()?, r.u32()?, r.u32()?);
             let mtime = time(&mut r)?;
             let atime = time(&mut r)?;
+            let ctime = time(&mut r)?;
+            let inode = r.u64()?;
             let (size, offset, rdev) = (r.u64()?, r.u64()?, r.u64()?);
             let path = bytes16(&mut r)?;
             let target = bytes16(&mut r)?;
@@ -201,6 +213,8 @@ impl Tree {
                 gid,
                 mtime,
                 atime,
+                ctime,
+                inode,
                 size,
                 offset,
                 rdev,
@@ -235,11 +249,14 @@ impl Tree {
             if n.mode > 0o7777 {
                 return Err(format!("{}: mode {:o} has more than 12 bits", at(), n.mode));
             }
-            if n.mtime.nsec >= 1_000_000_000 || n.atime.nsec >= 1_000_000_000 {
+            if [n.mtime, n.atime, n.ctime]
+                .iter()
+                .any(|t| t.nsec >= 1_000_000_000)
+            {
                 return Err(format!("{}: nanoseconds out of range", at()));
             }
             let content = n.kind == Kind::File;
-            if !content && (n.size != 0 || n.offset != 0) {
+            if !content && (n.size != 0 || n.offset != 0 || n.inode != 0) {
                 return Err(format!("{}: a {:?} has no contents", at(), n.kind));
             }
             if content {

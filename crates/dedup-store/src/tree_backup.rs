@@ -12,6 +12,7 @@ use crate::backup::BackupReport;
 use crate::repo::Repository;
 use crate::repo_error::{RepoError, RepoResult};
 use crate::segmenter::Segmenter;
+use crate::tree_parent::ParentFiles;
 use crate::tree_walk::{TreeWalk, WalkCounts};
 
 /// What a backup of files cost, what it held, and what it skipped.
@@ -23,6 +24,12 @@ pub struct TreeBackupReport {
     pub counts: WalkCounts,
     /// Entries skipped (vanished, unreadable, sockets), one line each.
     pub warnings: Vec<String>,
+    /// The backup whose unchanged files were reused, if any.
+    pub parent: Option<String>,
+    /// Files unchanged since the parent (same size, mtime, ctime and
+    /// inode), whose segments were reused without reading them.
+    pub files_unchanged: u64,
+    pub bytes_unchanged: u64,
 }
 
 /// Tells `progress` how many bytes each read returned.
@@ -40,6 +47,18 @@ impl<R: Read, F: FnMut(u64)> Read for Progress<'_, R, F> {
 }
 
 impl Repository {
+    /// The files of the newest backup of files in `group`, to reuse what
+    /// is unchanged. A parent that cannot be read is no parent: every
+    /// file is then read (never a reason to fail the backup).
+    fn parent_files(&self, group: &str) -> RepoResult<Option<ParentFiles>> {
+        let newest = self
+            .list_backups()?
+            .into_iter()
+            .filter(|b| b.group == group && b.tree.is_some())
+            .max_by_key(|b| b.time);
+        Ok(newest.and_then(|b| ParentFiles::load(self, &b.name).ok()))
+    }
+
     /// Back up `paths` (files or directories, see [`TreeWalk`] for how
     /// they are named in the tree) as backup `name` in `group`;
     /// `progress` is told the bytes of file contents as they are read.
@@ -56,8 +75,22 @@ impl Repository {
         };
         let mut walk = TreeWalk::new(paths).map_err(io)?;
         let mut session = self.begin_backup(name, group)?;
+        let parent = self.parent_files(group)?;
+        let (mut files_unchanged, mut bytes_unchanged) = (0, 0);
         // Segmented file by file: an edit shifts no other file's segments.
         while walk.next_file().map_err(io)? {
+            let unchanged = walk
+                .current()
+                .and_then(|(n, len)| parent.as_ref()?.unchanged(n, len));
+            if let Some((size, refs)) = unchanged {
+                if session.reuse_all(refs)? {
+                    walk.skip_current(size);
+                    progress(size);
+                    files_unchanged += 1;
+                    bytes_unchanged += size;
+                    continue;
+                }
+            }
             let reader = Progress {
                 inner: &mut walk,
                 progress: &mut progress,
@@ -73,6 +106,9 @@ impl Repository {
             backup: record.report,
             counts,
             warnings,
+            parent: parent.map(|p| p.name),
+            files_unchanged,
+            bytes_unchanged,
         })
     }
 }

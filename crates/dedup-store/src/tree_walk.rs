@@ -54,6 +54,8 @@ struct Dir {
 struct Current {
     file: File,
     node: usize,
+    /// Its size when opened, as `stat` gave it.
+    len: u64,
 }
 
 pub struct TreeWalk {
@@ -323,7 +325,11 @@ impl TreeWalk {
         let node = self.nodes.len() - 1;
         self.nodes[node].offset = self.offset;
         self.counts.files += 1;
-        self.current = Some(Current { file, node });
+        self.current = Some(Current {
+            file,
+            node,
+            len: meta.len(),
+        });
         Ok(true)
     }
 
@@ -356,6 +362,21 @@ impl TreeWalk {
     pub fn next_file(&mut self) -> io::Result<bool> {
         self.current = None;
         self.advance()
+    }
+
+    /// The entry of the file `next_file` opened, as recorded so far (its
+    /// size still 0), and its size when opened.
+    pub fn current(&self) -> Option<(&Node, u64)> {
+        self.current.as_ref().map(|c| (&self.nodes[c.node], c.len))
+    }
+
+    /// Take the current file's contents as `size` bytes without reading
+    /// them: its segments were reused from the parent backup.
+    pub fn skip_current(&mut self, size: u64) {
+        if let Some(cur) = self.current.take() {
+            self.nodes[cur.node].size = size;
+            self.offset += size;
+        }
     }
 }
 
@@ -417,6 +438,13 @@ fn node(path: Vec<u8>, kind: Kind, meta: &Metadata, target: Vec<u8>) -> Node {
         sec: meta.atime(),
         nsec: meta.atime_nsec() as u32,
     };
+    n.ctime = Time {
+        sec: meta.ctime(),
+        nsec: meta.ctime_nsec() as u32,
+    };
+    if kind == Kind::File {
+        n.inode = meta.ino();
+    }
     n.target = target;
     n
 }

@@ -25,6 +25,10 @@ struct Report {
     #[serde(flatten)]
     index: Option<super::store::IndexJson>,
     warnings: Vec<String>,
+    /// The backup whose unchanged files were reused without reading them.
+    parent: Option<String>,
+    files_unchanged: u64,
+    bytes_unchanged: u64,
     seconds: f64,
     mb_per_sec: f64,
 }
@@ -47,6 +51,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         backup: r,
         counts: c,
         warnings,
+        parent,
+        files_unchanged,
+        bytes_unchanged,
     } = result?;
     let seconds = start.elapsed().as_secs_f64();
     // Skipped entries are worth saying even with --json: stderr.
@@ -61,6 +68,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         counts: c,
         index: super::store::IndexJson::of(&repo),
         warnings,
+        parent,
+        files_unchanged,
+        bytes_unchanged,
         seconds,
         mb_per_sec: mb_per_sec(r.bytes_in, seconds),
     };
@@ -93,6 +103,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             n => format!("; {n} skipped (see the warnings above)"),
         }
     );
+    if let Some(p) = &report.parent {
+        println!(
+            "{} unchanged files ({}) reused from backup {p} without reading them.",
+            report.files_unchanged,
+            format_size(report.bytes_unchanged)
+        );
+    }
     if let Some(i) = report.index {
         println!(
             "Index: {} of RAM for {} segments, and a {} prefetch cache.",
