@@ -70,6 +70,21 @@ fn backups_report_the_index_and_stats_reads_its_checkpoint() {
         &stream,
     );
     assert_eq!(second["bytes_new"], 0, "{second}");
+    // A fixed rate samples a sixteenth (plus a pinned hook a container)
+    // and still finds every repeat through prefetch.
+    let sparse = ["--stdin", "--json", "--index-sampling", "1/16"];
+    let s16 = dedup(
+        &[&["backup", r, "s16"][..], &sparse].concat(),
+        &data(8 << 20, 3),
+    );
+    let hooks = s16["index_ram_bytes"].as_u64().unwrap() / 56;
+    let fps = s16["index_fingerprints"].as_u64().unwrap();
+    assert!(hooks * 8 < fps && hooks > 0, "{s16}");
+    let again = dedup(
+        &[&["backup", r, "s16b"][..], &sparse].concat(),
+        &data(8 << 20, 3),
+    );
+    assert_eq!(again["bytes_new"], 0, "{again}");
     let exact = dedup(
         &["backup", r, "c", "--stdin", "--json", "--exact-index"],
         &stream,

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use dedup_core::compress::Compression;
 use dedup_core::size::format_size;
-use dedup_store::index::IndexConfig;
+use dedup_store::index::{IndexConfig, SamplingRate};
 use dedup_store::repo::CONTAINERS_PREFIX;
 use dedup_store::{
     BackupReport, Catalog, LocalDir, ObjectStore, RepoOptions, Repository, Segmenting,
@@ -280,6 +280,11 @@ pub struct IndexArgs {
     /// Fingerprints the prefetch cache holds (0: no prefetch).
     #[arg(long, default_value_t = 1 << 18)]
     pub index_cache: usize,
+    /// Sample at most this densely, whatever the budget allows: 1 (the
+    /// budget decides), 1/2, 1/4, ... 1/128 ... (a power of two), to
+    /// trade dedup for RAM as Guo's Table 4 does.
+    #[arg(long, default_value = "1", value_parser = sampling_arg)]
+    pub index_sampling: SamplingRate,
     /// Keep every fingerprint in RAM instead (about 60 bytes a segment),
     /// rebuilt from every catalog at open.
     #[arg(long)]
@@ -291,9 +296,28 @@ impl IndexArgs {
         IndexConfig {
             memory_budget: self.index_memory,
             cache_entries: self.index_cache,
+            max_rate: self.index_sampling,
             ..IndexConfig::default()
         }
     }
+}
+
+/// `1` or `1/T` for a power of two T.
+fn sampling_arg(s: &str) -> Result<SamplingRate, String> {
+    let period: u64 = match s.trim().strip_prefix("1/") {
+        Some(t) => t
+            .parse()
+            .map_err(|_| format!("{s:?}: give 1 or 1/T, e.g. 1/16"))?,
+        None if s.trim() == "1" => 1,
+        None => return Err(format!("{s:?}: give 1 or 1/T, e.g. 1/16")),
+    };
+    if !period.is_power_of_two() {
+        return Err(format!(
+            "{s:?}: T must be a power of two (1/16, 1/128, ...)"
+        ));
+    }
+    SamplingRate::from_log2_period(period.trailing_zeros())
+        .ok_or_else(|| format!("{s:?}: too sparse"))
 }
 
 /// Open `dir` to write (backup, delete, gc) with the index `index` asks for.

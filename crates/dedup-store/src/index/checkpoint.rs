@@ -135,6 +135,7 @@ impl Index {
                 "container {c:#x} has hooks but no pinned hook"
             )));
         }
+        hooks.lower_to(config.max_rate);
         hooks.fit_budget();
         Ok(Index::with_hooks(config, hooks))
     }

@@ -157,6 +157,15 @@ impl HookTable {
 
     /// Progressive sampling: halve R and drop the hooks it no longer
     /// samples until the table fits, or only pinned hooks are left.
+    /// Sample no more densely than `rate`: drop the unpinned hooks it
+    /// does not sample.
+    pub(super) fn lower_to(&mut self, rate: SamplingRate) {
+        if rate.log2_period() > self.rate.log2_period() {
+            self.rate = rate;
+            self.map.retain(|fp, h| h.pinned || rate.samples(fp));
+        }
+    }
+
     pub(super) fn fit_budget(&mut self) {
         while self.map.len() > self.max_hooks && self.map.values().any(|h| !h.pinned) {
             let Some(rate) = self.rate.halved() else {

@@ -44,6 +44,10 @@ pub struct IndexConfig {
     pub eviction: Eviction,
     /// S: expected bytes per segment, for the per-TiB figure only.
     pub segment_bytes: u64,
+    /// The highest R to use, whatever the budget allows: 1 lets Eq. 1
+    /// decide alone; 1/16 or 1/128 sample that sparsely from the start
+    /// (Guo's Table 4 compares dedup at fixed rates).
+    pub max_rate: SamplingRate,
 }
 
 impl Default for IndexConfig {
@@ -56,6 +60,7 @@ impl Default for IndexConfig {
             cache_entries: 1 << 20,
             eviction: Eviction::Immediate,
             segment_bytes: 8 << 10,
+            max_rate: SamplingRate::FULL,
         }
     }
 }
@@ -84,7 +89,10 @@ pub struct Index {
 
 impl Index {
     pub fn new(config: IndexConfig) -> Index {
-        Index::with_hooks(config, HookTable::new(config.max_hooks()))
+        Index::with_hooks(
+            config,
+            HookTable::with_rate(config.max_hooks(), config.max_rate),
+        )
     }
 
     fn with_hooks(config: IndexConfig, hooks: HookTable) -> Index {
