@@ -56,6 +56,7 @@ pub mod recipe;
 pub mod repo;
 pub mod repo_error;
 mod restore;
+pub mod rpc;
 pub mod segment_index;
 pub mod segmenter;
 pub mod session;
