@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use anyhow::bail;
 use dedup_core::size::format_size;
+use dedup_store::rpc::Endpoint;
 use dedup_store::BackupReport;
 use serde::Serialize;
 
@@ -17,15 +18,19 @@ use super::store::ReportJson;
 #[derive(clap::Args)]
 #[command(
     about = "Back up a stream from standard input into a repository (files and directories: not yet)",
-    after_help = "Only --stdin works for now: backing up files and directories directly is not built yet, so pipe them in as a tar stream. The backup becomes visible only once all of it is durable; a backup that fails or is killed leaves no backup behind.\n\nExamples:\n  tar -cf - /home | dedup backup ./repo home-monday --stdin\n  pg_dump db | dedup backup ./repo db-1 --stdin --group db --json"
+    after_help = "Only --stdin works for now: backing up files and directories directly is not built yet, so pipe them in as a tar stream. The backup becomes visible only once all of it is durable; a backup that fails or is killed leaves no backup behind.\n\nExamples:\n  tar -cf - /home | dedup backup ./repo home-monday --stdin\n  pg_dump db | dedup backup ./repo db-1 --stdin --group db --json\n  tar -cf - /home | dedup backup --server unix:/run/dedup-backup.sock home-monday --stdin"
 )]
 pub struct Args {
-    /// Repository directory (see `dedup store init`).
-    pub repo: PathBuf,
-    /// Name of the new backup (letters, digits, . _ -).
-    pub name: String,
-    /// Files or directories to back up: not supported yet (use --stdin).
-    pub path: Option<PathBuf>,
+    /// REPO NAME [PATH]: the repository directory (see `dedup store
+    /// init`), the new backup's name (letters, digits, . _ -), and files or
+    /// directories to back up (not supported yet: use --stdin). With
+    /// --server, NAME [PATH].
+    #[arg(value_name = "REPO NAME [PATH]", required = true, num_args = 1..=3)]
+    pub args: Vec<String>,
+    /// Back up through a running `dedup store serve` instead of opening
+    /// the repository here: unix:PATH or tcp:HOST:PORT.
+    #[arg(long, value_parser = Endpoint::parse)]
+    pub server: Option<Endpoint>,
     /// Back up standard input.
     #[arg(long)]
     pub stdin: bool,
@@ -61,14 +66,34 @@ impl<R: Read> Read for Counting<R> {
     }
 }
 
+/// The positionals: (repository or server, name, path).
+fn targets(a: &Args) -> anyhow::Result<(String, String, Option<PathBuf>)> {
+    let (at, rest) = match &a.server {
+        Some(s) => (s.to_string(), &a.args[..]),
+        None => (a.args[0].clone(), &a.args[1..]),
+    };
+    match rest {
+        [name] => Ok((at, name.clone(), None)),
+        [name, path] => Ok((at, name.clone(), Some(path.into()))),
+        [] if a.server.is_some() => {
+            bail!("give the new backup's NAME: dedup backup --server {at} NAME --stdin")
+        }
+        [] => {
+            bail!("give the repository and the new backup's name: dedup backup REPO NAME --stdin")
+        }
+        [_, _, extra, ..] => bail!("unexpected argument {extra:?}"),
+    }
+}
+
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    if let Some(p) = &a.path {
+    let (at, name, path) = targets(&a)?;
+    if let Some(p) = &path {
         bail!(
             "backing up files and directories ({}) is not built yet; pipe them in as a stream instead: tar -cf - {} | dedup backup {} {} --stdin",
             p.display(),
             p.display(),
-            a.repo.display(),
-            a.name
+            if a.server.is_some() { format!("--server {at}") } else { at.clone() },
+            name
         );
     }
     if !a.stdin {
@@ -76,21 +101,25 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     let stdin = io::stdin();
     if stdin.is_terminal() {
-        bail!("--stdin is a terminal; pipe the data in, e.g. tar -cf - DIR | dedup backup {} {} --stdin", a.repo.display(), a.name);
+        bail!("--stdin is a terminal; pipe the data in, e.g. tar -cf - DIR | dedup backup {at} {name} --stdin");
     }
-    let repo = super::store::open(&a.repo)?;
+    if let Some(server) = &a.server {
+        return super::backup_remote::run(server, &name, &a.group, a.json);
+    }
+    let repo_dir = PathBuf::from(&at);
+    let repo = super::store::open(&repo_dir)?;
     let bar =
         indicatif::ProgressBar::new_spinner().with_style(indicatif::ProgressStyle::with_template(
             "{spinner} backing up {msg}: {bytes} read, {bytes_per_sec}, {elapsed}",
         )?);
-    bar.set_message(a.name.clone());
+    bar.set_message(name.clone());
     if a.json || !io::stderr().is_terminal() {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
     let start = Instant::now();
     let result = repo.backup_stream(
-        &a.name,
+        &name,
         &a.group,
         Counting {
             inner: stdin.lock(),
@@ -102,7 +131,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let seconds = start.elapsed().as_secs_f64();
     let ratio = r.dedup_ratio();
     let report = Report {
-        name: a.name.clone(),
+        name: name.clone(),
         group: a.group.clone(),
         report: r.into(),
         seconds,
@@ -114,8 +143,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     println!(
         "Backed up {} into {} (group {}): {} in, {} new ({} written, {} new containers), dedup ratio {}; {} segments new, {} duplicate; {:.1} s, {:.1} MB/s.",
-        a.name,
-        a.repo.display(),
+        name,
+        repo_dir.display(),
         a.group,
         format_size(r.bytes_in),
         format_size(r.bytes_new),

@@ -4,6 +4,7 @@ pub mod access;
 pub mod analyze;
 mod analyze_plot;
 pub mod backup;
+mod backup_remote;
 pub mod bench;
 pub mod bench_thin;
 pub mod check;
@@ -18,6 +19,8 @@ pub mod restore;
 pub mod serve;
 pub mod status;
 pub mod store;
+mod store_remote;
+mod store_serve;
 pub mod tls;
 pub mod trace;
 

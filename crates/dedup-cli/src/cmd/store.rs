@@ -19,8 +19,8 @@ use super::print_json;
 
 #[derive(clap::Args)]
 #[command(
-    about = "Manage a backup repository (in progress): init, stats",
-    after_help = "A repository is a directory of containers (compressed segments with catalogs), recipes and backups. gc, check and serve are not built yet.\n\nExamples:\n  dedup store init ./repo\n  dedup store init ./repo --segments fastcdc\n  dedup store stats ./repo --json"
+    about = "Manage a backup repository (in progress): init, stats, serve, remote",
+    after_help = "A repository is a directory of containers (compressed segments with catalogs), recipes and backups. serve holds it open for many concurrent backup clients; remote lists, deletes and sums up through a server. gc and check are not built yet.\n\nExamples:\n  dedup store init ./repo\n  dedup store init ./repo --segments fastcdc\n  dedup store stats ./repo --json\n  dedup store serve ./repo --socket /run/dedup-backup.sock"
 )]
 pub struct Args {
     #[command(subcommand)]
@@ -31,6 +31,8 @@ pub struct Args {
 pub enum StoreCommand {
     Init(InitArgs),
     Stats(StatsArgs),
+    Serve(super::store_serve::Args),
+    Remote(super::store_remote::Args),
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -78,6 +80,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     match a.command {
         StoreCommand::Init(a) => init(a),
         StoreCommand::Stats(a) => stats(a),
+        StoreCommand::Serve(a) => super::store_serve::run(a),
+        StoreCommand::Remote(a) => super::store_remote::run(a),
     }
 }
 

@@ -17,7 +17,7 @@ use crate::segmenter::{Segmenter, Segmenting};
 use crate::writer::HASH;
 
 /// Told the stream bytes the server has taken so far, as they grow.
-pub type Progress = dyn Fn(u64) + Sync;
+pub type Progress<'a> = dyn Fn(u64) + Sync + 'a;
 
 #[derive(Clone, Copy, Debug)]
 pub struct BackupOptions {
@@ -56,7 +56,7 @@ impl Client {
         reader: impl Read + Send,
         tree: Option<Vec<u8>>,
         opts: &BackupOptions,
-        progress: &Progress,
+        progress: &Progress<'_>,
     ) -> Result<WireBackup, ClientError> {
         let session = match self.call(Call::BeginBackup {
             name: name.into(),
@@ -97,7 +97,7 @@ impl Client {
         segmenting: Segmenting,
         reader: impl Read + Send,
         opts: &BackupOptions,
-        progress: &Progress,
+        progress: &Progress<'_>,
     ) -> Result<(), ClientError> {
         let (raw_tx, raw_rx) = sync_channel::<(u64, Batch)>(opts.hashers * 2);
         let raw_rx = Mutex::new(raw_rx);
@@ -156,7 +156,7 @@ impl Client {
         session: u64,
         looked: Receiver<(Batch, Fps, Pending)>,
         in_flight: usize,
-        progress: &Progress,
+        progress: &Progress<'_>,
     ) -> Result<(), ClientError> {
         let mut acks: VecDeque<Pending> = VecDeque::new();
         // Segments already sent in this session: later repeats are Known

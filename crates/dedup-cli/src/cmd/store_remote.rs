@@ -1,0 +1,114 @@
+//! `dedup store remote`: list, delete, stats and gc through a running
+//! `dedup store serve`, for clients that do not have the directory.
+
+use std::process::ExitCode;
+
+use dedup_core::size::format_size;
+use dedup_store::rpc::{Client, Endpoint};
+use serde::Serialize;
+
+use super::print_json;
+use super::store::{utc, ReportJson};
+
+#[derive(clap::Args)]
+#[command(
+    about = "List, delete and sum up backups through a running dedup store serve",
+    after_help = "Examples:\n  dedup store remote --server unix:/run/dedup-backup.sock list\n  dedup store remote --server tcp:127.0.0.1:7070 delete home-monday\n  dedup store remote --server unix:/run/dedup-backup.sock stats --json"
+)]
+pub struct Args {
+    /// The server: unix:PATH or tcp:HOST:PORT.
+    #[arg(long, value_parser = Endpoint::parse)]
+    pub server: Endpoint,
+    /// Print JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: RemoteCommand,
+}
+
+#[derive(clap::Subcommand)]
+pub enum RemoteCommand {
+    /// List the backups.
+    List,
+    /// Delete a backup (its containers stay until a garbage collection).
+    Delete { name: String },
+    /// What the repository holds, and what the server is doing.
+    Stats,
+    /// Garbage collection: not built in the server yet.
+    Gc,
+}
+
+#[derive(Serialize)]
+struct Listed {
+    name: String,
+    group: String,
+    time: u64,
+    has_tree: bool,
+    #[serde(flatten)]
+    report: ReportJson,
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let c = Client::connect(&a.server)?;
+    match a.command {
+        RemoteCommand::List => {
+            let backups = c.list()?;
+            if a.json {
+                let v: Vec<Listed> = backups
+                    .into_iter()
+                    .map(|b| Listed {
+                        name: b.name,
+                        group: b.group,
+                        time: b.time,
+                        has_tree: b.has_tree,
+                        report: dedup_store::BackupReport::from(b.report).into(),
+                    })
+                    .collect();
+                print_json(&v)?;
+            } else {
+                for b in backups {
+                    println!(
+                        "{} {} {} {}",
+                        b.name,
+                        b.group,
+                        utc(b.time),
+                        format_size(b.report.bytes_in)
+                    );
+                }
+            }
+        }
+        RemoteCommand::Delete { name } => {
+            c.delete(&name)?;
+            if a.json {
+                print_json(&serde_json::json!({ "deleted": name }))?;
+            } else {
+                println!("Deleted backup {name} (its containers stay until a garbage collection).");
+            }
+        }
+        RemoteCommand::Stats => {
+            let s = c.stats()?;
+            if a.json {
+                print_json(&serde_json::json!({
+                    "backups": s.backups,
+                    "containers": s.containers,
+                    "logical_bytes": s.logical_bytes,
+                    "damaged_containers": s.damaged_containers,
+                    "running_backups": s.running_backups,
+                    "connections": s.connections,
+                }))?;
+            } else {
+                println!(
+                    "{}: {} backups, {} logical in {} containers; {} backups running, {} connections.",
+                    a.server,
+                    s.backups,
+                    format_size(s.logical_bytes),
+                    s.containers,
+                    s.running_backups,
+                    s.connections
+                );
+            }
+        }
+        RemoteCommand::Gc => c.gc()?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
