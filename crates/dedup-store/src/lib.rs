@@ -32,6 +32,11 @@
 //! what running backups use). One process writes (an exclusive lock on the
 //! config object); others may open read-only to list, restore and check.
 //!
+//! [`rpc`] serves one writable repository to many clients at once (§3.4,
+//! `dedup store serve`): a pipelined client cuts and hashes its stream,
+//! looks fingerprints up in batches with several in flight, and sends only
+//! the segments the server lacks, which the server hashes again.
+//!
 //! Not built yet: a repository that starts from an index checkpoint rather
 //! than reading every catalog at open, an index choice recorded in the
 //! repository,
