@@ -132,6 +132,28 @@ fn serve_four_backup_processes_at_once_restore_and_stop_on_sigterm() {
             "b{i}"
         );
     }
+    // And through the server, to stdout and to a file.
+    assert!(
+        ok(
+            &["store", "remote", "--server", s, "restore", "b1", "-"],
+            None
+        ) == streams[1]
+    );
+    let t = tmp.path().join("b2.out");
+    let t = t.to_str().unwrap();
+    ok(
+        &["store", "remote", "--server", s, "restore", "b2", t],
+        None,
+    );
+    assert!(std::fs::read(t).unwrap() == streams[2]);
+    refused(
+        &["store", "remote", "--server", s, "restore", "b2", t],
+        "already exists",
+    );
+    refused(
+        &["store", "remote", "--server", s, "restore", "nosuch", "-"],
+        "no backup named nosuch",
+    );
     // A later backup of the shared part sends nothing new.
     let again = json(&ok(
         &["backup", "--server", s, "again", "--stdin", "--json"],

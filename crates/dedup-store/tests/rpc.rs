@@ -434,3 +434,63 @@ fn a_tree_travels_with_the_commit() {
     assert!(repo.backup("t").unwrap().tree.is_some());
     server.shut();
 }
+
+#[test]
+fn restores_stream_back_through_the_server_in_chunks() {
+    let (_dir, server) = setup();
+    let c = server.client();
+    let bytes = data(13, (5 << 20) + 123);
+    backup(&c, "big", &bytes);
+    let mut out = Vec::new();
+    assert_eq!(c.restore("big", &mut out).unwrap(), bytes.len() as u64);
+    assert!(out == bytes);
+    let e = c.restore("nosuch", &mut Vec::new()).unwrap_err();
+    assert!(e.to_string().contains("no backup named nosuch"), "{e}");
+    // The connection serves on after a failed restore.
+    assert_eq!(c.list().unwrap().len(), 1);
+    server.shut();
+}
+
+#[test]
+fn a_loopback_tcp_server_serves_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::init(dir.path().join("repo")).unwrap();
+    let at = Endpoint::Tcp("127.0.0.1:0".parse().unwrap());
+    let server = Server::bind(repo, &at, ServerLimits::default()).unwrap();
+    let (at, stop) = (server.endpoint().clone(), server.stop_handle());
+    let t = std::thread::spawn(move || server.run());
+    let c = Client::connect(&at).unwrap();
+    let bytes = data(14, 300_000);
+    backup(&c, "tcp", &bytes);
+    let mut out = Vec::new();
+    c.restore("tcp", &mut out).unwrap();
+    assert!(out == bytes);
+    stop.stop();
+    t.join().unwrap().unwrap();
+    assert!(Client::connect(&at).is_err(), "nothing listens after stop");
+}
+
+#[test]
+fn connections_past_the_limit_are_refused_as_busy() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::init(dir.path().join("repo")).unwrap();
+    let limits = ServerLimits {
+        max_connections: 2,
+        max_sessions_per_connection: 1,
+    };
+    let server = Server::bind(repo, &Endpoint::Unix(dir.path().join("s")), limits).unwrap();
+    let (at, stop) = (server.endpoint().clone(), server.stop_handle());
+    let t = std::thread::spawn(move || server.run());
+    let (a, _b) = (Client::connect(&at).unwrap(), Client::connect(&at).unwrap());
+    let e = Client::connect(&at).err().unwrap();
+    assert!(e.to_string().contains("too many connections"), "{e}");
+    let begin = |name: &str| Call::BeginBackup {
+        name: name.into(),
+        group: "g".into(),
+    };
+    a.call(begin("one")).unwrap();
+    let e = a.call(begin("two")).unwrap_err();
+    assert_eq!(e.kind(), Some(ErrorKind::Busy));
+    stop.stop();
+    t.join().unwrap().unwrap();
+}

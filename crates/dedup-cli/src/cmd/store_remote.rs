@@ -1,7 +1,12 @@
-//! `dedup store remote`: list, delete, stats and gc through a running
+//! `dedup store remote`: list, restore, delete, stats and gc through a running
 //! `dedup store serve`, for clients that do not have the directory.
 
+use std::fs::{self, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+use anyhow::{anyhow, Context};
 
 use dedup_core::size::format_size;
 use dedup_store::rpc::{Client, Endpoint};
@@ -12,8 +17,8 @@ use super::store::{utc, ReportJson};
 
 #[derive(clap::Args)]
 #[command(
-    about = "List, delete and sum up backups through a running dedup store serve",
-    after_help = "Examples:\n  dedup store remote --server unix:/run/dedup-backup.sock list\n  dedup store remote --server tcp:127.0.0.1:7070 delete home-monday\n  dedup store remote --server unix:/run/dedup-backup.sock stats --json"
+    about = "List, restore, delete and sum up backups through a running dedup store serve",
+    after_help = "Examples:\n  dedup store remote --server unix:/run/dedup-backup.sock list\n  dedup store remote --server tcp:127.0.0.1:7070 restore home-monday home.tar\n  dedup store remote --server tcp:127.0.0.1:7070 delete home-monday\n  dedup store remote --server unix:/run/dedup-backup.sock stats --json"
 )]
 pub struct Args {
     /// The server: unix:PATH or tcp:HOST:PORT.
@@ -36,6 +41,14 @@ pub enum RemoteCommand {
     Stats,
     /// Garbage collection: not built in the server yet.
     Gc,
+    /// Restore a backup through the server to a new file or `-` (stdout).
+    Restore {
+        name: String,
+        target: PathBuf,
+        /// Replace TARGET if it exists.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Serialize)]
@@ -109,6 +122,69 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             }
         }
         RemoteCommand::Gc => c.gc()?,
+        RemoteCommand::Restore {
+            name,
+            target,
+            force,
+        } => restore(&c, &name, &target, force)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Like `dedup restore`: a file TARGET must be new unless `force`, and a
+/// failed restore removes what it wrote.
+fn restore(c: &Client, name: &str, target: &Path, force: bool) -> anyhow::Result<()> {
+    if target.as_os_str() == "-" {
+        let mut out = BufWriter::with_capacity(1 << 20, io::stdout().lock());
+        let n = c.restore(name, &mut out)?;
+        out.flush().context("writing to standard output")?;
+        eprintln!(
+            "Restored {} of backup {name} to standard output.",
+            format_size(n)
+        );
+        return Ok(());
+    }
+    let mut opts = OpenOptions::new();
+    opts.write(true);
+    if force {
+        opts.create(true).truncate(true);
+    } else {
+        opts.create_new(true);
+    }
+    let file = opts.open(target).map_err(|e| {
+        if e.kind() == io::ErrorKind::AlreadyExists {
+            anyhow!(
+                "{} already exists; refusing to overwrite it (use --force to replace it)",
+                target.display()
+            )
+        } else {
+            anyhow!("creating {}: {e}", target.display())
+        }
+    })?;
+    let mut out = BufWriter::with_capacity(1 << 20, file);
+    let done = c
+        .restore(name, &mut out)
+        .map_err(anyhow::Error::from)
+        .and_then(|n| {
+            let file = out.into_inner().map_err(|e| e.into_error())?;
+            file.sync_all()?;
+            Ok(n)
+        });
+    match done {
+        Ok(n) => {
+            println!(
+                "Restored {} of backup {name} to {}.",
+                format_size(n),
+                target.display()
+            );
+            Ok(())
+        }
+        Err(e) => {
+            let _ = fs::remove_file(target);
+            Err(e.context(format!(
+                "restoring backup {name} (the partial {} was removed)",
+                target.display()
+            )))
+        }
+    }
 }

@@ -44,7 +44,33 @@ impl ClientError {
     }
 }
 
-type Slot = mpsc::Sender<Result<Reply, ClientError>>;
+type Answer = Result<Reply, ClientError>;
+
+/// Where a request's answers go: one answer, or a restore's stream of
+/// chunks through a bounded queue (a slow reader of a restore stops the
+/// connection rather than buffering the backup in memory).
+#[derive(Clone)]
+enum Slot {
+    One(mpsc::Sender<Answer>),
+    Stream(mpsc::SyncSender<Answer>),
+}
+
+impl Slot {
+    fn send(&self, a: Answer) {
+        let _ = match self {
+            Slot::One(s) => s.send(a),
+            Slot::Stream(s) => s.send(a),
+        };
+    }
+
+    /// Fail the request without blocking (its reader may be gone).
+    fn fail(&self, a: Answer) {
+        match self {
+            Slot::One(s) => drop(s.send(a)),
+            Slot::Stream(s) => drop(s.try_send(a)),
+        }
+    }
+}
 
 #[derive(Default)]
 struct Waiting {
@@ -118,22 +144,54 @@ impl Client {
 
     /// Send `call` without waiting for its answer.
     pub fn send(&self, call: Call) -> Result<Pending, ClientError> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel();
+        self.send_to(call, Slot::One(tx))?;
+        Ok(Pending(rx))
+    }
+
+    fn send_to(&self, call: Call, slot: Slot) -> Result<(), ClientError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         {
             let mut w = lock(&self.waiting);
             if let Some(why) = &w.closed {
                 return Err(ClientError::Lost(why.clone()));
             }
-            w.slots.insert(id, tx);
+            w.slots.insert(id, slot);
         }
         let mut writer = lock(&self.writer);
         let sent = write_frame(&mut *writer, &Request { id, call }).and_then(|()| writer.flush());
-        if let Err(e) = sent {
-            lock(&self.waiting).slots.remove(&id);
-            return Err(ClientError::Lost(e.to_string()));
+        match sent {
+            Ok(()) => Ok(()),
+            // Not encodable: the connection is fine, this request is not.
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+                lock(&self.waiting).slots.remove(&id);
+                Err(ClientError::Local(e.to_string()))
+            }
+            // The server closed: the reader thread will fail the request
+            // with the reason the server gave, if it gave one (busy).
+            Err(_) => Ok(()),
         }
-        Ok(Pending(rx))
+    }
+
+    /// Write backup `name`'s stream to `out` as the server reads it; the
+    /// number of bytes.
+    pub fn restore(&self, name: &str, out: &mut impl Write) -> Result<u64, ClientError> {
+        let (tx, rx) = mpsc::sync_channel(8);
+        self.send_to(Call::Restore { name: name.into() }, Slot::Stream(tx))?;
+        let mut n = 0u64;
+        loop {
+            match rx.recv() {
+                Ok(Ok(Reply::Chunk(bytes))) => {
+                    out.write_all(&bytes)
+                        .map_err(|e| ClientError::Local(format!("writing the restore: {e}")))?;
+                    n += bytes.len() as u64;
+                }
+                Ok(Ok(Reply::Restored { bytes })) if bytes == n => return Ok(n),
+                Ok(Ok(other)) => return Err(unexpected(&other)),
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(ClientError::Lost("the restore was cut off".into())),
+            }
+        }
     }
 
     pub fn call(&self, call: Call) -> Result<Reply, ClientError> {
@@ -199,11 +257,17 @@ fn read_responses(stream: Stream, waiting: &Mutex<Waiting>) {
             Ok(r) => r,
             Err(e) => break e,
         };
-        let slot = lock(waiting).slots.remove(&resp.id);
-        match (slot, resp.reply) {
-            (Some(slot), reply) => {
-                let _ = slot.send(reply.map_err(ClientError::Server));
+        let chunk = matches!(resp.reply, Ok(Reply::Chunk(_)));
+        let slot = {
+            let mut w = lock(waiting);
+            if chunk {
+                w.slots.get(&resp.id).cloned()
+            } else {
+                w.slots.remove(&resp.id)
             }
+        };
+        match (slot, resp.reply) {
+            (Some(slot), reply) => slot.send(reply.map_err(ClientError::Server)),
             // Id 0 answers no request: the server refused the connection
             // (busy) or the last frame; it closes next.
             (None, Err(e)) => break e.message,
@@ -213,6 +277,6 @@ fn read_responses(stream: Stream, waiting: &Mutex<Waiting>) {
     let mut w = lock(waiting);
     w.closed = Some(why.clone());
     for (_, slot) in w.slots.drain() {
-        let _ = slot.send(Err(ClientError::Lost(why.clone())));
+        slot.fail(Err(ClientError::Lost(why.clone())));
     }
 }

@@ -15,7 +15,7 @@ use dedup_core::fingerprint::Fingerprint;
 use super::frame::{decode, read_frame, write_frame};
 use super::protocol::{
     Call, ErrorKind, Item, Reply, Request, Response, WireBackup, WireError, WireStats, MAX_BATCH,
-    MAX_FRAME, MAX_SEGMENT, PROTOCOL_VERSION,
+    MAX_FRAME, MAX_SEGMENT, PROTOCOL_VERSION, RESTORE_CHUNK,
 };
 use super::server::Shared;
 use super::stream::Stream;
@@ -52,6 +52,16 @@ pub(crate) fn serve(repo: &Repository, stream: Stream, shared: &Shared) {
     loop {
         let (id, reply) = match read_frame(&mut reader, MAX_FRAME) {
             Ok(Some(body)) => match decode::<Request>(&body) {
+                // A restore answers with many frames, written as it reads.
+                Ok(Request {
+                    id,
+                    call: Call::Restore { name },
+                }) => {
+                    if restore(repo, &name, id, &mut writer).is_err() {
+                        break;
+                    }
+                    continue;
+                }
                 Ok(req) => (req.id, conn.handle(req.call)),
                 // The frame was whole but not a request: answer, then close
                 // (a peer that sends garbage gets no second guess).
@@ -74,6 +84,54 @@ pub(crate) fn serve(repo: &Repository, stream: Stream, shared: &Shared) {
     // Dropping the sessions aborts them.
     let n = conn.sessions.len() as u64;
     shared.running.fetch_sub(n, Ordering::SeqCst);
+}
+
+/// Send backup `name` as `Chunk`s, then `Restored` or the error that
+/// stopped it; an error only if the connection failed.
+fn restore(repo: &Repository, name: &str, id: u64, w: &mut impl Write) -> io::Result<()> {
+    let mut out = Chunks {
+        w: &mut *w,
+        id,
+        buf: Vec::with_capacity(RESTORE_CHUNK),
+    };
+    let done = repo.restore(name, &mut out);
+    let reply = match done {
+        Ok(bytes) => Ok(Reply::Restored { bytes }),
+        Err(e) => Err(repo_err(e)),
+    };
+    send(w, id, reply)
+}
+
+/// A `Write` that sends what it is given as `Chunk` responses.
+struct Chunks<'w, W: Write> {
+    w: &'w mut W,
+    id: u64,
+    buf: Vec<u8>,
+}
+
+impl<W: Write> Chunks<'_, W> {
+    fn emit(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = std::mem::replace(&mut self.buf, Vec::with_capacity(RESTORE_CHUNK));
+        send(&mut *self.w, self.id, Ok(Reply::Chunk(chunk)))
+    }
+}
+
+impl<W: Write> Write for Chunks<'_, W> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let n = data.len().min(RESTORE_CHUNK - self.buf.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() == RESTORE_CHUNK {
+            self.emit()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.emit()
+    }
 }
 
 fn send(w: &mut impl Write, id: u64, reply: Answer) -> io::Result<()> {
@@ -121,6 +179,7 @@ impl<'r> Conn<'r> {
                 Ok(Reply::Committed(WireBackup::from(&record)))
             }
             Call::Abort { session } => self.take(session).map(|_| Reply::Aborted),
+            Call::Restore { .. } => Err(bad("a restore is answered by the connection loop")),
             Call::List => {
                 let backups = self.repo.list_backups().map_err(repo_err)?;
                 Ok(Reply::Backups(backups.iter().map(WireBackup::from).collect()))

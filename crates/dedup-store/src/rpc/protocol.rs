@@ -22,6 +22,9 @@ pub const MAX_SEGMENT: usize = crate::format::MAX_SEGMENT_LEN;
 /// framing. Checked before the frame is allocated.
 pub const MAX_FRAME: usize = MAX_SEGMENT + (1 << 20);
 
+/// Bytes per `Chunk` of a restore.
+pub const RESTORE_CHUNK: usize = 1 << 20;
+
 /// Most fingerprints or items in one `Lookup` or `Append`.
 pub const MAX_BATCH: usize = 4096;
 
@@ -98,6 +101,10 @@ pub enum Call {
     Abort {
         session: u64,
     },
+    /// Stream backup `name` back: `Chunk`s in order, then `Restored`.
+    Restore {
+        name: String,
+    },
     List,
     Delete {
         name: String,
@@ -146,6 +153,12 @@ pub enum Reply {
     },
     Committed(WireBackup),
     Aborted,
+    /// The next bytes of a restore (at most [`RESTORE_CHUNK`]).
+    Chunk(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// A restore is complete: this many bytes were sent.
+    Restored {
+        bytes: u64,
+    },
     Backups(Vec<WireBackup>),
     Deleted,
     Stats(WireStats),
