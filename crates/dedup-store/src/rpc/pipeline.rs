@@ -12,7 +12,7 @@ use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Mutex;
 
 use super::client::{unexpected, Client, ClientError, Pending};
-use super::protocol::{Call, Item, Reply, WireBackup, MAX_BATCH};
+use super::protocol::{Call, Item, Reply, WireBackup, MAX_BATCH, MAX_FRAME};
 use crate::segmenter::{Segmenter, Segmenting};
 use crate::writer::HASH;
 
@@ -58,6 +58,14 @@ impl Client {
         opts: &BackupOptions,
         progress: &Progress<'_>,
     ) -> Result<WireBackup, ClientError> {
+        // The tree travels in the commit's one frame.
+        if let Some(t) = tree.as_ref().filter(|t| t.len() > MAX_FRAME - (64 << 10)) {
+            return Err(ClientError::Local(format!(
+                "a tree of {} bytes is over what one commit carries ({} bytes)",
+                t.len(),
+                MAX_FRAME - (64 << 10)
+            )));
+        }
         let session = match self.call(Call::BeginBackup {
             name: name.into(),
             group: group.into(),
