@@ -63,6 +63,16 @@ fn data(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// A server process, killed if the test fails before stopping it.
+struct Serving(Child);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn wait_for(path: &Path) {
     let start = Instant::now();
     while !path.exists() {
@@ -80,10 +90,11 @@ fn serve_four_backup_processes_at_once_restore_and_stop_on_sigterm() {
     let server_arg = format!("unix:{}", sock.display());
     let s = server_arg.as_str();
     ok(&["store", "init", r, "--json"], None);
-    let mut server = spawn(
+    let mut serving = Serving(spawn(
         &["store", "serve", r, "--socket", sock.to_str().unwrap()],
         false,
-    );
+    ));
+    let server = &mut serving.0;
     wait_for(&sock);
 
     let shared = data(1, 2 << 20);
@@ -203,4 +214,57 @@ fn serve_four_backup_processes_at_once_restore_and_stop_on_sigterm() {
     assert!(err.contains("stopped"), "{err}");
     // The repository reopens to write.
     ok(&["backup", r, "after", "--stdin"], Some(b"after"));
+}
+
+#[test]
+fn sigterm_mid_backup_aborts_it_the_client_fails_and_no_backup_is_left() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    let r = repo.to_str().unwrap();
+    let sock = tmp.path().join("s.sock");
+    let server_arg = format!("unix:{}", sock.display());
+    let s = server_arg.as_str();
+    ok(&["store", "init", r], None);
+    let mut serving = Serving(spawn(
+        &["store", "serve", r, "--socket", sock.to_str().unwrap()],
+        false,
+    ));
+    let server = &mut serving.0;
+    wait_for(&sock);
+    let mut client = spawn(
+        &["backup", "--server", s, "slow", "--stdin", "--json"],
+        true,
+    );
+    let mut input = client.stdin.take().unwrap();
+    // Feed it slowly, until it stops taking input.
+    let feeder = std::thread::spawn(move || {
+        for i in 0..600 {
+            if input.write_all(&data(i, 256 << 10)).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let start = Instant::now();
+    loop {
+        let stats = json(&ok(
+            &["store", "remote", "--server", s, "stats", "--json"],
+            None,
+        ));
+        if stats["running_backups"] == 1 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{stats}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    unsafe { libc::kill(server.id() as libc::pid_t, libc::SIGTERM) };
+    assert!(server.wait().unwrap().success());
+    let out = client.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("connection to the server was lost"), "{err}");
+    feeder.join().unwrap();
+    let list = json(&ok(&["list", r, "--json"], None));
+    assert_eq!(list.as_array().unwrap().len(), 0, "{list}");
+    ok(&["backup", r, "slow", "--stdin"], Some(b"the name is free"));
 }

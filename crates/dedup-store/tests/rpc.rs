@@ -494,3 +494,60 @@ fn connections_past_the_limit_are_refused_as_busy() {
     stop.stop();
     t.join().unwrap().unwrap();
 }
+
+#[test]
+fn a_server_whose_socket_file_was_removed_still_stops() {
+    let (dir, server) = setup();
+    std::fs::remove_file(dir.path().join("s.sock")).unwrap();
+    server.shut();
+    Repository::open(dir.path().join("repo")).unwrap();
+}
+
+/// A reader that gives a little, then blocks until told to end.
+struct Slow(std::sync::mpsc::Receiver<()>, u64);
+
+impl Read for Slow {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.1 >= 8 << 20 {
+            let _ = self.0.recv_timeout(Duration::from_millis(20));
+        }
+        let n = buf.len().min(64 << 10);
+        buf[..n].fill(self.1 as u8);
+        self.1 += n as u64;
+        Ok(n)
+    }
+}
+
+#[test]
+fn a_backup_whose_server_stops_fails_promptly_and_leaves_nothing() {
+    let (dir, server) = setup();
+    let c = server.client();
+    let (_tx, rx) = std::sync::mpsc::channel();
+    let stop = server.stop.clone();
+    let stopper = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        stop.stop();
+    });
+    let start = std::time::Instant::now();
+    let e = c
+        .backup_stream(
+            "slow",
+            "g",
+            Slow(rx, 0),
+            None,
+            &BackupOptions::default(),
+            &|_| {},
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("connection"), "{e}");
+    // It does not wait for the slow reader to fill batches nobody takes.
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    stopper.join().unwrap();
+    server.shut();
+    let repo = Repository::open(dir.path().join("repo")).unwrap();
+    assert!(repo.list_backups().unwrap().is_empty());
+}

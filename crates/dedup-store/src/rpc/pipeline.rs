@@ -8,8 +8,9 @@
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::client::{unexpected, Client, ClientError, Pending};
 use super::protocol::{Call, Item, Reply, WireBackup, MAX_BATCH, MAX_FRAME};
@@ -108,13 +109,17 @@ impl Client {
         progress: &Progress<'_>,
     ) -> Result<(), ClientError> {
         let (raw_tx, raw_rx) = sync_channel::<(u64, Batch)>(opts.hashers * 2);
-        let raw_rx = Mutex::new(raw_rx);
+        // Owned by the hashers: when the last one stops, the reader's next
+        // send fails and it stops too (were it held here, a reader blocked
+        // on a full queue would wait forever after a failure downstream).
+        let raw_rx = Arc::new(Mutex::new(raw_rx));
         let (hashed_tx, hashed_rx) = sync_channel::<(u64, Batch, Fps)>(opts.hashers * 2);
         let (looked_tx, looked_rx) = sync_channel::<(Batch, Fps, Pending)>(opts.in_flight);
+        let stop = AtomicBool::new(false);
         std::thread::scope(|s| {
-            let reading = s.spawn(move || read_batches(segmenting, reader, opts, raw_tx));
+            let reading = s.spawn(|| read_batches(segmenting, reader, opts, raw_tx, &stop));
             for _ in 0..opts.hashers {
-                let (raw_rx, hashed_tx) = (&raw_rx, hashed_tx.clone());
+                let (raw_rx, hashed_tx) = (raw_rx.clone(), hashed_tx.clone());
                 s.spawn(move || loop {
                     let job = raw_rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
                     let Ok((seq, batch)) = job else { return };
@@ -124,7 +129,7 @@ impl Client {
                     }
                 });
             }
-            drop(hashed_tx);
+            drop((hashed_tx, raw_rx));
             let looking = s.spawn(move || -> Result<(), ClientError> {
                 // Hashers finish out of order; lookups go in stream order.
                 let (mut next, mut early) = (0u64, BTreeMap::new());
@@ -144,6 +149,9 @@ impl Client {
                 Ok(())
             });
             let stored = self.store_stage(session, looked_rx, opts.in_flight, progress);
+            // Done or failed downstream: the reader stops at its next
+            // segment instead of filling batches nobody will take.
+            stop.store(true, Ordering::SeqCst);
             let read = reading
                 .join()
                 .unwrap_or_else(|_| Err("the reader panicked".into()));
@@ -212,9 +220,13 @@ fn read_batches(
     reader: impl Read,
     opts: &BackupOptions,
     tx: std::sync::mpsc::SyncSender<(u64, Batch)>,
+    stop: &AtomicBool,
 ) -> Result<(), String> {
     let (mut batch, mut bytes, mut seq) = (Vec::new(), 0usize, 0u64);
     for segment in Segmenter::new(segmenting, reader) {
+        if stop.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         let segment = segment.map_err(|e| format!("reading the stream: {e}"))?;
         if !batch.is_empty() && bytes + segment.len() > opts.batch_bytes {
             if tx.send((seq, std::mem::take(&mut batch))).is_err() {

@@ -22,6 +22,10 @@ use super::protocol::{Endpoint, ErrorKind, Response, WireError};
 use super::stream::{Listener, Stream};
 use crate::repo::Repository;
 
+/// How often an idle accept loop looks for a stop: the most a stop, or a
+/// new connection, waits.
+const ACCEPT_POLL: Duration = Duration::from_millis(20);
+
 /// How much one server takes on at once; past these, new connections and
 /// backups are refused with `Busy` rather than queued without bound.
 #[derive(Clone, Copy, Debug)]
@@ -75,8 +79,6 @@ impl StopHandle {
     pub fn stop(&self) {
         self.0.stopping.store(true, Ordering::SeqCst);
         self.0.close_all();
-        // Wake the blocked accept; it then sees `stopping`.
-        let _ = Stream::connect(&self.0.endpoint);
     }
 }
 
@@ -142,12 +144,17 @@ impl Server {
     /// Serve until stopped; returns once every connection has ended and
     /// the repository is released.
     pub fn run(self) -> io::Result<()> {
+        self.listener.set_nonblocking()?;
         let mut threads: Vec<JoinHandle<()>> = Vec::new();
         let mut next_conn = 0u64;
         while !self.shared.stopping.load(Ordering::SeqCst) {
             let stream = match self.listener.accept() {
                 Ok(s) => s,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(ACCEPT_POLL);
+                    continue;
+                }
                 Err(_) => {
                     // Out of descriptors or a connection reset before we
                     // took it: not the server's end. Back off a little.

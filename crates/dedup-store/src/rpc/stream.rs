@@ -72,11 +72,27 @@ pub(crate) enum Listener {
 }
 
 impl Listener {
+    /// Make `accept` return `WouldBlock` rather than wait, so the accept
+    /// loop can look at its stop flag (a blocked accept cannot be woken
+    /// portably, least of all once its socket file is gone).
+    pub(crate) fn set_nonblocking(&self) -> io::Result<()> {
+        match self {
+            Listener::Unix(l) => l.set_nonblocking(true),
+            Listener::Tcp(l) => l.set_nonblocking(true),
+        }
+    }
+
+    /// A connection, in blocking mode whatever the listener's mode.
     pub(crate) fn accept(&self) -> io::Result<Stream> {
         match self {
-            Listener::Unix(l) => l.accept().map(|(s, _)| Stream::Unix(s)),
+            Listener::Unix(l) => {
+                let (s, _) = l.accept()?;
+                s.set_nonblocking(false)?;
+                Ok(Stream::Unix(s))
+            }
             Listener::Tcp(l) => {
                 let (s, _) = l.accept()?;
+                s.set_nonblocking(false)?;
                 s.set_nodelay(true)?;
                 Ok(Stream::Tcp(s))
             }
