@@ -143,6 +143,17 @@ impl Catalog {
         self.container_id
     }
 
+    /// The size of the container object in bytes, which `read` has found
+    /// to be exactly the header, the segments, the catalog and the trailer.
+    pub fn container_len(&self) -> u64 {
+        let stored: u64 = self
+            .entries
+            .iter()
+            .map(|e| u64::from(e.location.stored_len))
+            .sum();
+        (HEADER_LEN + self.entries.len() * ENTRY_LEN + TRAILER_LEN) as u64 + stored
+    }
+
     /// The segments in container order.
     pub fn entries(&self) -> &[Entry] {
         &self.entries
@@ -154,6 +165,61 @@ impl Catalog {
         let l = &entry.location;
         let stored = store.get_range(&self.name, l.offset, u64::from(l.stored_len))?;
         decode_segment(&self.name, i, entry, &stored)
+    }
+
+    /// Read segments `first..first + count` with one ranged read when they
+    /// lie back to back (as a container writes them); one read each
+    /// otherwise. Each is checked and decompressed on its own, so a damaged
+    /// one does not cost the ones before it.
+    pub fn read_run(
+        &self,
+        store: &dyn ObjectStore,
+        first: usize,
+        count: usize,
+    ) -> Result<Vec<Result<Vec<u8>>>> {
+        let end = first.saturating_add(count);
+        self.entry(end.saturating_sub(1).max(first))?;
+        let run = &self.entries[first..end];
+        let contiguous = run.windows(2).all(|w| {
+            w[0].location.offset + u64::from(w[0].location.stored_len) == w[1].location.offset
+        });
+        if !contiguous || run.is_empty() {
+            return Ok((first..end).map(|i| self.read_segment(store, i)).collect());
+        }
+        let start = run[0].location.offset;
+        let len: u64 = run.iter().map(|e| u64::from(e.location.stored_len)).sum();
+        let bytes = store.get_range(&self.name, start, len)?;
+        Ok(run
+            .iter()
+            .enumerate()
+            .map(|(k, e)| {
+                let at = (e.location.offset - start) as usize;
+                let stored = &bytes[at..at + e.location.stored_len as usize];
+                decode_segment(&self.name, first + k, e, stored)
+            })
+            .collect())
+    }
+
+    /// Read the container's header (one ranged read) and check that it
+    /// agrees with this catalog, which `read` does not look at: with it,
+    /// every byte but the segment bodies has been checked.
+    pub fn check_header(&self, store: &dyn ObjectStore) -> Result<()> {
+        let bytes = store.get_range(&self.name, 0, HEADER_LEN as u64)?;
+        let bytes: &[u8; HEADER_LEN] = bytes.as_slice().try_into().map_err(|_| {
+            Error::corrupt(&self.name, format!("its header is not {HEADER_LEN} bytes"))
+        })?;
+        let header = decode_header(&self.name, bytes)?;
+        let count = self.entries.len() as u64;
+        if (header.container_id, u64::from(header.segment_count)) != (self.container_id, count) {
+            return Err(Error::corrupt(
+                &self.name,
+                format!(
+                    "the header says container {:#x} with {} segments, the trailer {:#x} with {count}",
+                    header.container_id, header.segment_count, self.container_id
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn entry(&self, i: usize) -> Result<&Entry> {
@@ -186,6 +252,21 @@ impl Container {
     /// every checksum, segment bodies included, so any damage is refused
     /// here rather than found at restore time.
     pub fn parse(name: &str, bytes: Vec<u8>) -> Result<Container> {
+        let container = Container::parse_structure(name, bytes)?;
+        for (i, entry) in container.catalog.entries.iter().enumerate() {
+            let l = &entry.location;
+            let stored = &container.bytes[l.offset as usize..][..l.stored_len as usize];
+            check_stored_crc(name, i, entry, stored)?;
+        }
+        Ok(container)
+    }
+
+    /// Parse a container's bytes checking everything but the segment
+    /// bodies: header, trailer, catalog and where each segment lies.
+    /// `segment` still checks each body as it reads it, so nothing unchecked
+    /// is ever returned; a store check uses this to name every damaged
+    /// segment rather than refuse the container at the first.
+    pub fn parse_structure(name: &str, bytes: Vec<u8>) -> Result<Container> {
         let corrupt = |detail: String| Error::corrupt(name, detail);
         if bytes.len() < HEADER_LEN + TRAILER_LEN {
             return Err(corrupt(format!(
@@ -194,17 +275,7 @@ impl Container {
                 HEADER_LEN + TRAILER_LEN
             )));
         }
-        let header: &[u8; HEADER_LEN] = bytes[..HEADER_LEN].try_into().expect("HEADER_LEN");
-        let header = Header::decode(header).map_err(corrupt)?;
-        if header.version != FORMAT_VERSION {
-            return Err(corrupt(format!(
-                "format version {} in the header; this build reads version {FORMAT_VERSION}",
-                header.version
-            )));
-        }
-        if header.flags != 0 {
-            return Err(corrupt(format!("unknown header flags {:#x}", header.flags)));
-        }
+        let header = decode_header(name, bytes[..HEADER_LEN].try_into().expect("HEADER_LEN"))?;
         let tail = &bytes[bytes.len() - TRAILER_LEN..];
         let trailer = decode_trailer(name, tail.try_into().expect("TRAILER_LEN"))?;
         if (header.container_id, header.segment_count)
@@ -231,16 +302,16 @@ impl Container {
         }
         let start = trailer.catalog_offset as usize;
         let catalog = Catalog::parse(name, &trailer, &bytes[start..start + catalog_len as usize])?;
-        for (i, entry) in catalog.entries.iter().enumerate() {
-            let l = &entry.location;
-            let stored = &bytes[l.offset as usize..][..l.stored_len as usize];
-            check_stored_crc(name, i, entry, stored)?;
-        }
         Ok(Container { bytes, catalog })
     }
 
     pub fn catalog(&self) -> &Catalog {
         &self.catalog
+    }
+
+    /// The container's size in bytes.
+    pub fn byte_len(&self) -> u64 {
+        self.bytes.len() as u64
     }
 
     /// Segment `i`, decompressed and checked against its fingerprint.
@@ -250,6 +321,22 @@ impl Container {
         let stored = &self.bytes[l.offset as usize..][..l.stored_len as usize];
         decode_segment(&self.catalog.name, i, entry, stored)
     }
+}
+
+/// Decode the header and refuse versions and flags this build does not read.
+fn decode_header(name: &str, bytes: &[u8; HEADER_LEN]) -> Result<Header> {
+    let corrupt = |detail: String| Error::corrupt(name, detail);
+    let header = Header::decode(bytes).map_err(corrupt)?;
+    if header.version != FORMAT_VERSION {
+        return Err(corrupt(format!(
+            "format version {} in the header; this build reads version {FORMAT_VERSION}",
+            header.version
+        )));
+    }
+    if header.flags != 0 {
+        return Err(corrupt(format!("unknown header flags {:#x}", header.flags)));
+    }
+    Ok(header)
 }
 
 /// Decode the trailer and refuse versions this build does not read.

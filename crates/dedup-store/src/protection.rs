@@ -104,6 +104,11 @@ impl Protection {
         self.committed_during_gc.clear();
     }
 
+    /// How many sessions are running.
+    pub(crate) fn sessions(&self) -> usize {
+        self.active.len()
+    }
+
     /// Containers the running sessions hold, for reports and tests.
     #[allow(dead_code)] // for garbage collection, which lands next
     pub(crate) fn held(&self) -> HashSet<u64> {

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use dedup_core::compress::Compression;
 use dedup_core::lock::DeviceLock;
 
 use crate::backup::{validate_name, BackupRecord, BACKUPS_PREFIX};
@@ -43,6 +44,7 @@ pub const CONTAINERS_PREFIX: &str = "containers/";
 pub struct RepoOptions {
     pub segmenting: Segmenting,
     pub container_target: u64,
+    pub compression: Compression,
     /// Create the repository even if the directory holds other files.
     pub force: bool,
 }
@@ -52,9 +54,17 @@ impl Default for RepoOptions {
         RepoOptions {
             segmenting: Segmenting::DEFAULT,
             container_target: DEFAULT_TARGET as u64,
+            compression: Compression::Lz4,
             force: false,
         }
     }
+}
+
+/// An index made at open, and the container ids below which it already
+/// knows every catalog (from a checkpoint; 0 for none).
+pub(crate) struct Opened {
+    pub(crate) index: Box<dyn SegmentIndex>,
+    pub(crate) covered: u64,
 }
 
 pub struct Repository {
@@ -98,6 +108,7 @@ impl Repository {
             uuid: random_bytes()?,
             segmenting: options.segmenting,
             container_target: options.container_target,
+            compression: options.compression,
         };
         // A refused put (Exists) means a repository is already there.
         store.put(CONFIG_OBJECT, &config.encode())?;
@@ -107,10 +118,7 @@ impl Repository {
     /// Open the repository in `dir` to read: list, restore, check. No
     /// lock, no index; it works while another process writes.
     pub fn open_read_only(dir: impl AsRef<Path>) -> RepoResult<Repository> {
-        Repository::open_as(
-            dir,
-            None::<fn(Arc<dyn ObjectStore>) -> Box<dyn SegmentIndex>>,
-        )
+        Repository::open_as(dir, None::<fn(Arc<dyn ObjectStore>) -> Opened>)
     }
 
     /// Open the repository in `dir` with an exact in-RAM index.
@@ -119,10 +127,20 @@ impl Repository {
     }
 
     /// Open the repository in `dir` with the sampled index of §3.2
-    /// ([`SampledIndex`]), built from every catalog at open and prefetching
-    /// catalogs through the repository's own object store.
+    /// ([`SampledIndex`]), prefetching catalogs through the repository's
+    /// own object store. It starts from the newest index checkpoint that
+    /// loads and reads only the catalogs of containers sealed after it;
+    /// without one it reads every catalog.
     pub fn open_sampled(dir: impl AsRef<Path>, config: IndexConfig) -> RepoResult<Repository> {
-        Repository::open_inner(dir, |store| Box::new(SampledIndex::new(store, config)))
+        Repository::open_as(
+            dir,
+            Some(|store: Arc<dyn ObjectStore>| {
+                crate::index_checkpoint::load(store.clone(), config).unwrap_or_else(|| Opened {
+                    index: Box::new(SampledIndex::new(store, config)),
+                    covered: 0,
+                })
+            }),
+        )
     }
 
     /// Open with `index`, which is given every container's catalog.
@@ -130,22 +148,14 @@ impl Repository {
         dir: impl AsRef<Path>,
         index: Box<dyn SegmentIndex>,
     ) -> RepoResult<Repository> {
-        Repository::open_inner(dir, |_| index)
-    }
-
-    /// Open with the index `make` builds from the repository's store.
-    fn open_inner(
-        dir: impl AsRef<Path>,
-        make: impl FnOnce(Arc<dyn ObjectStore>) -> Box<dyn SegmentIndex>,
-    ) -> RepoResult<Repository> {
-        Repository::open_as(dir, Some(make))
+        Repository::open_as(dir, Some(|_| Opened { index, covered: 0 }))
     }
 
     /// Open to write (with the index `make` builds, under the writer's
     /// lock) or, with `None`, to read.
     fn open_as(
         dir: impl AsRef<Path>,
-        make: Option<impl FnOnce(Arc<dyn ObjectStore>) -> Box<dyn SegmentIndex>>,
+        make: Option<impl FnOnce(Arc<dyn ObjectStore>) -> Opened>,
     ) -> RepoResult<Repository> {
         let dir = dir.as_ref().to_path_buf();
         let foreign = |detail: String| RepoError::NotARepository {
@@ -160,8 +170,8 @@ impl Repository {
             Err(Error::NotFound { .. }) => return Err(foreign("it has no config object".into())),
             other => RepoConfig::decode(&other?).map_err(|e| foreign(e.to_string()))?,
         };
-        let (index, writer) = match make {
-            None => (None, None),
+        let (index, covered, writer) = match make {
+            None => (None, 0, None),
             Some(make) => {
                 let lock = DeviceLock::acquire(&dir.join(CONFIG_OBJECT)).map_err(|e| match e {
                     dedup_core::Error::Locked { .. } => RepoError::InUse { dir: dir.clone() },
@@ -170,7 +180,8 @@ impl Repository {
                         cause: std::io::Error::other(other.to_string()),
                     },
                 })?;
-                (Some(Mutex::new(make(store.clone()))), Some(lock))
+                let opened = make(store.clone());
+                (Some(Mutex::new(opened.index)), opened.covered, Some(lock))
             }
         };
         let mut repo = Repository {
@@ -184,24 +195,26 @@ impl Repository {
             damaged: Vec::new(),
             _writer: writer,
         };
-        repo.load_catalogs()?;
+        repo.load_catalogs(covered)?;
         Ok(repo)
     }
 
-    /// Give the index every container's catalog and find the next free id.
+    /// Give the index the catalog of every container from `covered` up (it
+    /// has the others from a checkpoint) and find the next free id.
     /// A container whose catalog is damaged is left out of the index (its
     /// segments are stored again if seen again) and listed in `damaged`;
     /// the restores that need it fail naming it.
     /// A read-only handle reads none.
-    fn load_catalogs(&mut self) -> RepoResult<()> {
+    fn load_catalogs(&mut self, covered: u64) -> RepoResult<()> {
         if self.index.is_none() {
             return Ok(());
         }
         let ids = self.store_container_ids()?;
         let index = self.index.as_mut().expect("writable");
         let index = index.get_mut().unwrap_or_else(|p| p.into_inner());
-        let mut next = 0;
-        for id in ids {
+        // Ids are never reused, even after GC deleted the newest.
+        let mut next = covered;
+        for id in ids.into_iter().filter(|&id| id >= covered) {
             next = id + 1;
             match Catalog::read(&*self.store, id) {
                 Ok(catalog) => index.insert(id, catalog.entries()),
@@ -286,6 +299,12 @@ impl Repository {
 
     pub(crate) fn catalog_cache(&self) -> MutexGuard<'_, CatalogCache> {
         self.catalogs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What the index costs in RAM and for how many fingerprints; `None`
+    /// for a read-only handle.
+    pub fn index_ram(&self) -> Option<crate::segment_index::IndexRam> {
+        self.index().ok().map(|i| i.ram())
     }
 
     /// Whether this handle may write (it holds the writer's lock).

@@ -1,10 +1,12 @@
-//! Restoring a backup from its recipe alone: each segment is read with one
-//! ranged read of exactly its stored bytes, checked (crc32c, then BLAKE3
+//! Restoring a backup from its recipe alone: each run of consecutive
+//! entries of one container (up to 4 MiB) is read with one ranged read of
+//! exactly their stored bytes, each segment checked (crc32c, then BLAKE3
 //! against its catalog entry, which must carry the recipe's fingerprint)
 //! and written out in order. No index is consulted.
 
 use std::io::Write;
 
+use crate::backup::BackupRecord;
 use crate::container::container_name;
 use crate::error::Error;
 use crate::objects::ObjectStore;
@@ -12,11 +14,12 @@ use crate::recipe::Recipe;
 use crate::repo::Repository;
 use crate::repo_error::{RepoError, RepoResult};
 
+/// Most raw bytes one ranged read of a restore covers.
+const MAX_RUN: u64 = 4 << 20;
+
 impl Repository {
-    /// Write backup `name`'s stream to `out`; the number of bytes written.
-    /// A missing or damaged recipe or container is refused, naming it;
-    /// `out` then holds the segments before the damaged one (all checked).
-    pub fn restore(&self, name: &str, mut out: impl Write) -> RepoResult<u64> {
+    /// Backup `name`'s record and recipe, checked against each other.
+    pub fn recipe(&self, name: &str) -> RepoResult<(BackupRecord, Recipe)> {
         let record = self.backup(name)?;
         let recipe = match self.store.get(&record.recipe) {
             Err(Error::NotFound { .. }) => {
@@ -36,34 +39,66 @@ impl Repository {
                 ),
             ));
         }
+        Ok((record, recipe))
+    }
+
+    /// Write backup `name`'s stream to `out`; the number of bytes written.
+    /// A missing or damaged recipe or container is refused, naming it;
+    /// `out` then holds the segments before the run (at most 4 MiB of one
+    /// container) holding the damaged one, all checked.
+    pub fn restore(&self, name: &str, mut out: impl Write) -> RepoResult<u64> {
+        let (record, recipe) = self.recipe(name)?;
         let mut written = 0u64;
-        for s in &recipe.segments {
-            let missing = |_| {
-                RepoError::corrupt(
-                    container_name(s.container),
-                    format!("missing, but backup {name} needs it"),
-                )
-            };
-            let catalog = match self.catalog(s.container) {
-                Err(e @ Error::NotFound { .. }) => return Err(missing(e)),
+        let segments = &recipe.segments;
+        let mut i = 0;
+        while i < segments.len() {
+            // A run: consecutive entries of one container, read at once.
+            let first = segments[i];
+            let mut n = 1;
+            let mut bytes = u64::from(first.len);
+            while let Some(next) = segments.get(i + n) {
+                if next.container != first.container
+                    || next.entry != first.entry + n as u32
+                    || bytes >= MAX_RUN
+                {
+                    break;
+                }
+                bytes += u64::from(next.len);
+                n += 1;
+            }
+            let run = &segments[i..i + n];
+            let catalog = match self.catalog(first.container) {
+                Err(Error::NotFound { .. }) => {
+                    return Err(RepoError::corrupt(
+                        container_name(first.container),
+                        format!("missing, but backup {name} needs it"),
+                    ))
+                }
                 other => other?,
             };
-            let entry = catalog.entries().get(s.entry as usize).copied();
-            if entry.map(|e| (e.fingerprint, e.location.raw_len)) != Some((s.fingerprint, s.len)) {
-                return Err(RepoError::corrupt(
-                    container_name(s.container),
-                    format!(
-                        "entry {} is not the segment recipe {} expects",
-                        s.entry, record.recipe
-                    ),
-                ));
+            for s in run {
+                let entry = catalog.entries().get(s.entry as usize).copied();
+                if entry.map(|e| (e.fingerprint, e.location.raw_len))
+                    != Some((s.fingerprint, s.len))
+                {
+                    return Err(RepoError::corrupt(
+                        container_name(s.container),
+                        format!(
+                            "entry {} is not the segment recipe {} expects",
+                            s.entry, record.recipe
+                        ),
+                    ));
+                }
             }
-            let data = catalog.read_segment(&*self.store, s.entry as usize)?;
-            out.write_all(&data).map_err(|cause| RepoError::Io {
-                context: format!("writing the restore of backup {name}"),
-                cause,
-            })?;
-            written += data.len() as u64;
+            for data in catalog.read_run(&*self.store, first.entry as usize, n)? {
+                let data = data?;
+                out.write_all(&data).map_err(|cause| RepoError::Io {
+                    context: format!("writing the restore of backup {name}"),
+                    cause,
+                })?;
+                written += data.len() as u64;
+            }
+            i += n;
         }
         out.flush().map_err(|cause| RepoError::Io {
             context: format!("writing the restore of backup {name}"),

@@ -21,6 +21,31 @@ pub trait SegmentIndex: Send {
     /// in order: entry `i` is catalog entry `i`). Called for every container
     /// at open, and for each new one once its `put` has succeeded.
     fn insert(&mut self, container: u64, entries: &[Entry]);
+
+    /// The index as bytes a later open can start from instead of reading
+    /// every catalog (see `index_checkpoint.rs`); `None` if it has no such
+    /// form (an exact index is rebuilt from the catalogs).
+    fn checkpoint(&self) -> Option<Vec<u8>> {
+        None
+    }
+
+    /// Bytes of RAM the index's own tables take, and the fingerprints it
+    /// has been given, for "index RAM per TB stored". Zeros if unknown.
+    fn ram(&self) -> IndexRam {
+        IndexRam::default()
+    }
+}
+
+/// What an index costs in RAM, and for how much stored data.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct IndexRam {
+    /// Bytes of the tables that grow with the store (the hooks, or the
+    /// full map): what "RAM per TB stored" is about.
+    pub bytes: u64,
+    /// Bytes of fixed-size parts (the prefetch cache), whatever the store.
+    pub cache_bytes: u64,
+    /// Fingerprints inserted (stored segments), sampled or not.
+    pub fingerprints: u64,
 }
 
 /// Every fingerprint in RAM: exact, and fine for repositories whose
@@ -28,6 +53,7 @@ pub trait SegmentIndex: Send {
 #[derive(Default)]
 pub struct ExactIndex {
     map: HashMap<Fingerprint, (u64, u32)>,
+    fingerprints: u64,
 }
 
 impl ExactIndex {
@@ -49,7 +75,19 @@ impl SegmentIndex for ExactIndex {
         self.map.get(fp).copied()
     }
 
+    fn ram(&self) -> IndexRam {
+        // A hashbrown entry: the key, the value and a control byte, at a
+        // 7/8 load factor.
+        let entry = std::mem::size_of::<(Fingerprint, (u64, u32))>() as u64 + 1;
+        IndexRam {
+            bytes: self.map.capacity() as u64 * entry,
+            cache_bytes: 0,
+            fingerprints: self.fingerprints,
+        }
+    }
+
     fn insert(&mut self, container: u64, entries: &[Entry]) {
+        self.fingerprints += entries.len() as u64;
         for (i, e) in entries.iter().enumerate() {
             // Keep the first copy: garbage from a crashed backup may repeat
             // a segment, and either copy is as good.

@@ -16,7 +16,6 @@
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use dedup_core::compress::Compression;
 use dedup_core::fingerprint::Fingerprint;
 
 use crate::backup::{validate_name, BackupRecord, BackupReport, RECIPES_PREFIX, TREES_PREFIX};
@@ -143,10 +142,41 @@ impl BackupSession<'_> {
         }))
     }
 
+    /// Reuse segment `r` from an earlier backup's recipe without reading
+    /// or hashing its bytes (a file unchanged since the parent backup):
+    /// the container is protected for this session and its catalog must
+    /// still hold `r`'s fingerprint and length at `r`'s entry. False (and
+    /// nothing pushed) if it cannot be confirmed: the caller reads the
+    /// data instead.
+    pub fn reuse(&mut self, r: SegmentRef) -> RepoResult<bool> {
+        if !self.repo.protection().hold(self.id, r.container) {
+            return Ok(false);
+        }
+        let Ok(catalog) = self.repo.catalog(r.container) else {
+            return Ok(false);
+        };
+        let confirmed = catalog
+            .entries()
+            .get(r.entry as usize)
+            .is_some_and(|e| e.fingerprint == r.fingerprint && e.location.raw_len == r.len);
+        if confirmed {
+            self.push(r, false);
+        }
+        Ok(confirmed)
+    }
+
     /// Store `data` as a new segment in this session's container, unless
     /// the container already holds it; its location and fingerprint.
     pub fn store(&mut self, data: &[u8]) -> RepoResult<(u64, u32, Fingerprint)> {
-        let fp = HASH.fingerprint(data);
+        self.store_hashed(data, HASH.fingerprint(data))
+    }
+
+    /// `store` of bytes this process hashed itself.
+    fn store_hashed(
+        &mut self,
+        data: &[u8],
+        fp: Fingerprint,
+    ) -> RepoResult<(u64, u32, Fingerprint)> {
         if let Some(o) = &self.open {
             if let Some(&i) = o.holds.get(&fp) {
                 return Ok((o.writer.id(), i, fp));
@@ -156,7 +186,7 @@ impl BackupSession<'_> {
             self.open = Some(self.new_container());
         }
         let o = self.open.as_mut().expect("just opened");
-        let (_, i) = o.writer.add(data)?;
+        let (_, i) = o.writer.add_hashed(data, fp)?;
         o.holds.insert(fp, i as u32);
         let at = (o.writer.id(), i as u32);
         if o.writer.is_full() {
@@ -181,12 +211,18 @@ impl BackupSession<'_> {
 
     /// Back up the next segment of the stream: reuse it or store it.
     pub fn append(&mut self, data: &[u8]) -> RepoResult<()> {
-        let fp = HASH.fingerprint(data);
+        self.append_hashed(data, HASH.fingerprint(data))
+    }
+
+    /// `append` of a segment whose fingerprint `fp` this process computed
+    /// with [`HASH`] from `data` (on another thread, say). Not for
+    /// fingerprints from elsewhere: a wrong one would be stored as truth.
+    pub fn append_hashed(&mut self, data: &[u8], fp: Fingerprint) -> RepoResult<()> {
         let len = data.len() as u32;
         let (container, entry, new) = match self.lookup(&fp)? {
             Some((c, e)) => (c, e, false),
             None => {
-                let (c, e, _) = self.store(data)?;
+                let (c, e, _) = self.store_hashed(data, fp)?;
                 (c, e, true)
             }
         };
@@ -262,7 +298,7 @@ impl BackupSession<'_> {
         self.repo.protection().hold(self.id, id);
         let target = usize::try_from(self.repo.config.container_target).unwrap_or(usize::MAX);
         Open {
-            writer: ContainerWriter::with_options(id, target, Compression::Lz4),
+            writer: ContainerWriter::with_options(id, target, self.repo.config.compression),
             holds: HashMap::new(),
         }
     }

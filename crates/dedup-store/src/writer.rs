@@ -74,6 +74,17 @@ impl ContainerWriter {
     /// container. Refused when full (seal and start another) or when the
     /// segment is over `MAX_SEGMENT_LEN`.
     pub fn add(&mut self, data: &[u8]) -> Result<(Fingerprint, usize)> {
+        self.add_hashed(data, HASH.fingerprint(data))
+    }
+
+    /// `add` for a segment whose fingerprint the caller computed (with
+    /// `HASH`) from these very bytes: hashing is the dearest step of a
+    /// backup, so it is done once.
+    pub fn add_hashed(
+        &mut self,
+        data: &[u8],
+        fingerprint: Fingerprint,
+    ) -> Result<(Fingerprint, usize)> {
         if data.len() > MAX_SEGMENT_LEN {
             return Err(Error::InvalidArgument(format!(
                 "a {}-byte segment is over the {MAX_SEGMENT_LEN}-byte limit of a container segment",
@@ -88,7 +99,6 @@ impl ContainerWriter {
                 self.target
             )));
         }
-        let fingerprint = HASH.fingerprint(data);
         let compressed = self.compression.compress(data);
         let (compression, stored) = match &compressed {
             Some(c) => (self.compression, c.as_slice()),

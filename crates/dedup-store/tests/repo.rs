@@ -22,6 +22,7 @@ fn small_containers(segmenting: Segmenting) -> RepoOptions {
         segmenting,
         container_target: 256 << 10,
         force: false,
+        ..RepoOptions::default()
     }
 }
 

@@ -18,6 +18,7 @@ fn options(segmenting: Segmenting) -> RepoOptions {
         segmenting,
         container_target: 64 << 10,
         force: false,
+        ..RepoOptions::default()
     }
 }
 
@@ -156,4 +157,29 @@ fn a_tree_is_committed_with_its_backup_and_deleted_with_it() {
     repo.delete_backup("files").unwrap();
     assert!(!tmp.path().join(&tree).exists());
     assert!(!tmp.path().join(&record.recipe).exists());
+}
+
+#[test]
+fn reuse_takes_an_earlier_recipe_s_segments_only_if_their_catalog_confirms_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::init(tmp.path()).unwrap();
+    let data = random(100_000, 9);
+    repo.backup_stream("parent", "g", &data[..]).unwrap();
+    let (_, recipe) = repo.recipe("parent").unwrap();
+    let mut s = repo.begin_backup("child", "g").unwrap();
+    for r in &recipe.segments {
+        assert!(s.reuse(*r).unwrap());
+    }
+    let mut wrong = recipe.segments[0];
+    wrong.fingerprint.0[0] ^= 1;
+    assert!(!s.reuse(wrong).unwrap(), "a wrong fingerprint is refused");
+    let mut gone = recipe.segments[0];
+    gone.container += 1000;
+    assert!(!s.reuse(gone).unwrap(), "a missing container is refused");
+    let record = s.commit().unwrap();
+    assert_eq!(record.report.bytes_new, 0);
+    assert_eq!(record.report.bytes_in, data.len() as u64);
+    let mut out = Vec::new();
+    repo.restore("child", &mut out).unwrap();
+    assert!(out == data);
 }

@@ -160,6 +160,7 @@ fn a_lying_index_never_corrupts_a_restore() {
         segmenting: Segmenting::DEFAULT,
         container_target: 32 << 10,
         force: false,
+        ..RepoOptions::default()
     };
     Repository::init_with(tmp.path(), options).unwrap();
     let liar = Liar {

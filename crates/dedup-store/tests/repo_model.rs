@@ -94,6 +94,7 @@ fn run(seed: u64, segmenting: Segmenting) {
         segmenting,
         container_target: 48 << 10,
         force: false,
+        ..RepoOptions::default()
     };
     let mut repo = Repository::init_with(tmp.path(), options).unwrap();
     let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();

@@ -25,6 +25,7 @@ fn options(segmenting: Segmenting) -> RepoOptions {
         segmenting,
         container_target: CONTAINER,
         force: false,
+        ..RepoOptions::default()
     }
 }
 

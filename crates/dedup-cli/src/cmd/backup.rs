@@ -40,6 +40,8 @@ pub struct Args {
     /// Print the report as JSON (and no progress bar).
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub index: super::store::IndexArgs,
 }
 
 #[derive(Serialize)]
@@ -48,6 +50,8 @@ struct Report {
     group: String,
     #[serde(flatten)]
     report: ReportJson,
+    #[serde(flatten)]
+    index: Option<super::store::IndexJson>,
     seconds: f64,
     mb_per_sec: f64,
 }
@@ -107,7 +111,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         return super::backup_remote::run(server, &name, &a.group, a.json);
     }
     let repo_dir = PathBuf::from(&at);
-    let repo = super::store::open(&repo_dir)?;
+    let repo = super::store::open_indexed(&repo_dir, &a.index)?;
     let bar =
         indicatif::ProgressBar::new_spinner().with_style(indicatif::ProgressStyle::with_template(
             "{spinner} backing up {msg}: {bytes} read, {bytes_per_sec}, {elapsed}",
@@ -122,7 +126,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         &name,
         &a.group,
         Counting {
-            inner: stdin.lock(),
+            inner: stdin,
             bar: bar.clone(),
         },
     );
@@ -134,6 +138,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         name: name.clone(),
         group: a.group.clone(),
         report: r.into(),
+        index: super::store::IndexJson::of(&repo),
         seconds,
         mb_per_sec: mb_per_sec(r.bytes_in, seconds),
     };
@@ -160,6 +165,17 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         seconds,
         report.mb_per_sec
     );
+    if let Some(i) = report.index {
+        println!(
+            "Index: {} of RAM for {} segments{}, and a {} prefetch cache.",
+            format_size(i.index_ram_bytes),
+            i.index_fingerprints,
+            i.index_ram_per_tib
+                .map(|b| format!(" ({} per TiB stored)", format_size(b as u64)))
+                .unwrap_or_default(),
+            format_size(i.index_cache_bytes)
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -19,6 +19,7 @@ pub mod restore;
 pub mod serve;
 pub mod status;
 pub mod store;
+mod store_check;
 mod store_remote;
 mod store_serve;
 pub mod tls;

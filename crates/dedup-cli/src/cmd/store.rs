@@ -1,6 +1,6 @@
 //! `dedup store`: the backup store's repository as a whole (issue 17):
-//! `init` creates one, `stats` sums up what it holds. gc, check and serve
-//! will join them. Also what the backup commands (`backup`, `restore`,
+//! `init` creates one, `stats` sums up what it holds, `check` verifies it
+//! (in `store_check.rs`). gc and serve will join them. Also what the backup commands (`backup`, `restore`,
 //! `list`, `delete`) share.
 
 use std::fs;
@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
+use dedup_core::compress::Compression;
 use dedup_core::size::format_size;
+use dedup_store::index::IndexConfig;
 use dedup_store::repo::CONTAINERS_PREFIX;
 use dedup_store::{
     BackupReport, Catalog, LocalDir, ObjectStore, RepoOptions, Repository, Segmenting,
@@ -19,8 +21,8 @@ use super::print_json;
 
 #[derive(clap::Args)]
 #[command(
-    about = "Manage a backup repository (in progress): init, stats, serve, remote",
-    after_help = "A repository is a directory of containers (compressed segments with catalogs), recipes and backups. serve holds it open for many concurrent backup clients; remote lists, deletes and sums up through a server. gc and check are not built yet.\n\nExamples:\n  dedup store init ./repo\n  dedup store init ./repo --segments fastcdc\n  dedup store stats ./repo --json\n  dedup store serve ./repo --socket /run/dedup-backup.sock"
+    about = "Manage a backup repository (in progress): init, stats, check, serve, remote",
+    after_help = "A repository is a directory of containers (compressed segments with catalogs), recipes and backups. serve holds it open for many concurrent backup clients; remote lists, restores, deletes and sums up through a server. gc is not built yet.\n\nExamples:\n  dedup store init ./repo\n  dedup store init ./repo --segments fastcdc\n  dedup store stats ./repo --json\n  dedup store check ./repo --data\n  dedup store serve ./repo --socket /run/dedup-backup.sock"
 )]
 pub struct Args {
     #[command(subcommand)]
@@ -31,6 +33,7 @@ pub struct Args {
 pub enum StoreCommand {
     Init(InitArgs),
     Stats(StatsArgs),
+    Check(super::store_check::CheckArgs),
     Serve(super::store_serve::Args),
     Remote(super::store_remote::Args),
 }
@@ -55,6 +58,10 @@ pub struct InitArgs {
     /// How backups are cut into segments.
     #[arg(long, value_enum, default_value = "fixed")]
     pub segments: Segments,
+    /// How segments are compressed: none, lz4 (fast), zstd or zstd:LEVEL
+    /// (1-22; smaller, slower).
+    #[arg(long, default_value = "lz4", value_parser = compression_arg)]
+    pub compression: Compression,
     /// Create the repository even if the directory holds other files.
     #[arg(long)]
     pub force: bool,
@@ -80,6 +87,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     match a.command {
         StoreCommand::Init(a) => init(a),
         StoreCommand::Stats(a) => stats(a),
+        StoreCommand::Check(a) => super::store_check::run(a),
         StoreCommand::Serve(a) => super::store_serve::run(a),
         StoreCommand::Remote(a) => super::store_remote::run(a),
     }
@@ -89,8 +97,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 struct InitReport {
     repository: PathBuf,
     segments: String,
+    compression: String,
     container_target: u64,
     uuid: String,
+}
+
+fn compression_arg(s: &str) -> Result<Compression, String> {
+    Compression::parse(s).map_err(|e| e.to_string())
 }
 
 fn init(a: InitArgs) -> anyhow::Result<ExitCode> {
@@ -102,6 +115,7 @@ fn init(a: InitArgs) -> anyhow::Result<ExitCode> {
         &a.repo,
         RepoOptions {
             segmenting,
+            compression: a.compression,
             force: a.force,
             ..RepoOptions::default()
         },
@@ -110,6 +124,7 @@ fn init(a: InitArgs) -> anyhow::Result<ExitCode> {
     let report = InitReport {
         repository: a.repo.clone(),
         segments: segments_label(config.segmenting),
+        compression: config.compression.to_string(),
         container_target: config.container_target,
         uuid: config.uuid.iter().map(|b| format!("{b:02x}")).collect(),
     };
@@ -117,9 +132,10 @@ fn init(a: InitArgs) -> anyhow::Result<ExitCode> {
         print_json(&report)?;
     } else {
         println!(
-            "Created backup repository {} ({} segments, {} containers).\nBack up a stream into it: tar -cf - DIR | dedup backup {} NAME --stdin",
+            "Created backup repository {} ({} segments, {} compression, {} containers).\nBack up a stream into it: tar -cf - DIR | dedup backup {} NAME --stdin",
             a.repo.display(),
             report.segments,
+            report.compression,
             format_size(report.container_target),
             a.repo.display()
         );
@@ -140,6 +156,20 @@ struct StatsReport {
     /// logical / stored; null when nothing is stored.
     fold_factor: Option<f64>,
     damaged_containers: Vec<String>,
+    /// The sampled index as last checkpointed; null if there is none.
+    index: Option<StatsIndex>,
+}
+
+#[derive(Serialize)]
+struct StatsIndex {
+    /// R, the sampling rate (1, 1/2, 1/4, ...).
+    sampling_rate: f64,
+    hooks: usize,
+    /// RAM the hooks take.
+    hook_bytes: u64,
+    fingerprints: u64,
+    /// Hook RAM per TiB of segments stored.
+    hook_bytes_per_tib: Option<f64>,
 }
 
 fn stats(a: StatsArgs) -> anyhow::Result<ExitCode> {
@@ -172,6 +202,17 @@ fn stats(a: StatsArgs) -> anyhow::Result<ExitCode> {
         logical_bytes,
         fold_factor: (bytes_stored > 0).then(|| logical_bytes as f64 / bytes_stored as f64),
         damaged_containers: damaged,
+        index: dedup_store::index_checkpoint::newest_figures(&store).map(|f| {
+            let stored = f.fingerprints as f64 * f64::from(segment_bytes(repo.config().segmenting));
+            StatsIndex {
+                sampling_rate: f.rate,
+                hooks: f.hooks,
+                hook_bytes: f.hook_bytes,
+                fingerprints: f.fingerprints,
+                hook_bytes_per_tib: (stored > 0.0)
+                    .then(|| f.hook_bytes as f64 * (1u64 << 40) as f64 / stored),
+            }
+        }),
     };
     if a.json {
         print_json(&report)?;
@@ -194,6 +235,18 @@ fn stats(a: StatsArgs) -> anyhow::Result<ExitCode> {
         println!(
             "Damaged containers (restores that need them fail): {}",
             report.damaged_containers.join(", ")
+        );
+    }
+    if let Some(i) = &report.index {
+        println!(
+            "Index (as last checkpointed): {} hooks at R = 1/{:.0} for {} segments: {} of RAM{}.",
+            i.hooks,
+            1.0 / i.sampling_rate,
+            i.fingerprints,
+            format_size(i.hook_bytes),
+            i.hook_bytes_per_tib
+                .map(|b| format!(", {} per TiB stored", format_size(b as u64)))
+                .unwrap_or_default()
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -219,7 +272,78 @@ impl From<BackupReport> for ReportJson {
     }
 }
 
-/// Open the repository at `dir`.
+/// How a writing command indexes the repository's segments.
+#[derive(clap::Args, Clone, Debug)]
+pub struct IndexArgs {
+    /// RAM for the sampled index's hooks (Guo §3.2). Every fingerprint is
+    /// a hook while they fit; past that the sampling rate halves as the
+    /// store grows (R = 1, 1/2, 1/4, ...), and a hit on a sampled
+    /// fingerprint prefetches its container's catalog.
+    #[arg(long, default_value = "1G", value_parser = super::index_memory_arg)]
+    pub index_memory: u64,
+    /// Fingerprints the prefetch cache holds (0: no prefetch).
+    #[arg(long, default_value_t = 1 << 18)]
+    pub index_cache: usize,
+    /// Keep every fingerprint in RAM instead (about 60 bytes a segment),
+    /// rebuilt from every catalog at open.
+    #[arg(long)]
+    pub exact_index: bool,
+}
+
+impl IndexArgs {
+    pub fn config(&self) -> IndexConfig {
+        IndexConfig {
+            memory_budget: self.index_memory,
+            cache_entries: self.index_cache,
+            ..IndexConfig::default()
+        }
+    }
+}
+
+/// Open `dir` to write (backup, delete, gc) with the index `index` asks for.
+pub fn open_indexed(dir: &Path, index: &IndexArgs) -> anyhow::Result<Repository> {
+    if index.exact_index {
+        return open(dir);
+    }
+    Ok(Repository::open_sampled(dir, index.config())?)
+}
+
+/// What the index cost, for reports: RAM, and RAM per TiB of segments
+/// stored (the paper's figure of merit for an index).
+#[derive(Serialize, Clone, Copy, Debug)]
+pub struct IndexJson {
+    /// RAM of the tables that grow with the store (hooks, or the exact map).
+    pub index_ram_bytes: u64,
+    /// RAM of the fixed-size prefetch cache.
+    pub index_cache_bytes: u64,
+    pub index_fingerprints: u64,
+    /// Null before anything is stored.
+    pub index_ram_per_tib: Option<f64>,
+}
+
+impl IndexJson {
+    /// `segment_bytes`: the repository's average segment size.
+    pub fn of(repo: &Repository) -> Option<IndexJson> {
+        let ram = repo.index_ram()?;
+        let stored = ram.fingerprints as f64 * f64::from(segment_bytes(repo.config().segmenting));
+        Some(IndexJson {
+            index_ram_bytes: ram.bytes,
+            index_cache_bytes: ram.cache_bytes,
+            index_fingerprints: ram.fingerprints,
+            index_ram_per_tib: (stored > 0.0)
+                .then(|| ram.bytes as f64 * (1u64 << 40) as f64 / stored),
+        })
+    }
+}
+
+/// A segment's expected size.
+fn segment_bytes(s: Segmenting) -> u32 {
+    match s {
+        Segmenting::Fixed { size } => size,
+        Segmenting::FastCdc { avg, .. } => avg,
+    }
+}
+
 /// Open `dir` to write (backup, delete): one writing process at a time.
 pub fn open(dir: &Path) -> anyhow::Result<Repository> {
     Ok(Repository::open(dir)?)

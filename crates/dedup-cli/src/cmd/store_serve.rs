@@ -9,7 +9,6 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use dedup_store::rpc::{Endpoint, Server, ServerLimits};
-use dedup_store::Repository;
 
 #[derive(clap::Args)]
 #[command(
@@ -33,6 +32,9 @@ pub struct Args {
     /// Most client connections at once.
     #[arg(long, default_value_t = ServerLimits::default().max_connections)]
     pub max_connections: usize,
+    /// The fingerprint index the server keeps (as `dedup backup`'s).
+    #[command(flatten)]
+    pub index: super::store::IndexArgs,
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
@@ -49,7 +51,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         }
         (None, None) => bail!("give --socket PATH or --listen ADDR"),
     };
-    let repo = Repository::open(&a.repo)?;
+    let repo = super::store::open_indexed(&a.repo, &a.index)?;
     let limits = ServerLimits {
         max_connections: a.max_connections.max(1),
         ..ServerLimits::default()

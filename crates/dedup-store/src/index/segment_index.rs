@@ -18,7 +18,7 @@ use crate::error::Result;
 use crate::format::Entry;
 use crate::objects::ObjectStore;
 use crate::repo::Repository;
-use crate::segment_index::SegmentIndex;
+use crate::segment_index::{IndexRam, SegmentIndex};
 
 use super::{Index, IndexConfig};
 
@@ -49,6 +49,20 @@ impl SampledIndex {
         let index = Index::rebuild(&*store, config)?;
         Ok(SampledIndex {
             index,
+            store,
+            catalog_reads: 0,
+        })
+    }
+
+    /// An index starting from checkpoint `bytes` (see
+    /// [`Index::from_checkpoint`]), reading catalogs from `store`.
+    pub fn from_checkpoint(
+        store: Arc<dyn ObjectStore>,
+        bytes: &[u8],
+        config: IndexConfig,
+    ) -> Result<SampledIndex> {
+        Ok(SampledIndex {
+            index: Index::from_checkpoint(bytes, config)?,
             store,
             catalog_reads: 0,
         })
@@ -113,5 +127,18 @@ impl SegmentIndex for SampledIndex {
     fn insert(&mut self, container: u64, entries: &[Entry]) {
         let fps: Vec<Fingerprint> = entries.iter().map(|e| e.fingerprint).collect();
         self.index.insert(container, &fps);
+    }
+
+    fn checkpoint(&self) -> Option<Vec<u8>> {
+        Some(self.index.checkpoint())
+    }
+
+    fn ram(&self) -> IndexRam {
+        let f = self.index.figures();
+        IndexRam {
+            bytes: f.hook_bytes,
+            cache_bytes: f.cache_bytes,
+            fingerprints: f.fingerprints,
+        }
     }
 }

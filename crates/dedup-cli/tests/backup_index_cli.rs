@@ -1,0 +1,102 @@
+//! The backup store's index through the `dedup` binary: a backup reports
+//! its index's RAM, leaves a checkpoint that `store stats` reads without
+//! writing, and `--exact-index` and `--index-memory` change the index.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+fn dedup(args: &[&str], stdin: &[u8]) -> serde_json::Value {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dedup"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run dedup");
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "dedup {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// Deterministic, incompressible-enough bytes.
+fn data(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn backups_report_the_index_and_stats_reads_its_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    let r = repo.to_str().unwrap();
+    dedup(&["store", "init", r, "--json"], b"");
+    let stream = data(2 << 20, 1);
+    let first = dedup(&["backup", r, "a", "--stdin", "--json"], &stream);
+    assert_eq!(first["index_fingerprints"], 512, "{first}");
+    // R = 1: a hook per segment, 56 bytes each.
+    assert_eq!(first["index_ram_bytes"], 512 * 56, "{first}");
+    assert!(first["index_cache_bytes"].as_u64().unwrap() > 0, "{first}");
+
+    let before = listing(&repo);
+    let stats = dedup(&["store", "stats", r, "--json"], b"");
+    assert_eq!(listing(&repo), before, "stats wrote to the repository");
+    assert_eq!(stats["index"]["hooks"], 512, "{stats}");
+    assert_eq!(stats["index"]["sampling_rate"], 1.0, "{stats}");
+
+    // A small budget samples: fewer hooks, and the repeat still dedups
+    // through catalog prefetch.
+    let second = dedup(
+        &[
+            "backup",
+            r,
+            "b",
+            "--stdin",
+            "--json",
+            "--index-memory",
+            "64K",
+        ],
+        &stream,
+    );
+    assert_eq!(second["bytes_new"], 0, "{second}");
+    let exact = dedup(
+        &["backup", r, "c", "--stdin", "--json", "--exact-index"],
+        &stream,
+    );
+    assert_eq!(exact["bytes_new"], 0, "{exact}");
+    assert_eq!(exact["index_cache_bytes"], 0, "{exact}");
+}
+
+fn listing(dir: &std::path::Path) -> Vec<(String, u64, std::time::SystemTime)> {
+    let mut out = Vec::new();
+    for e in walk(dir) {
+        let m = std::fs::metadata(&e).unwrap();
+        out.push((e.display().to_string(), m.len(), m.modified().unwrap()));
+    }
+    out.sort();
+    out
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = vec![dir.to_path_buf()];
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}

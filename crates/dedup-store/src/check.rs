@@ -1,0 +1,125 @@
+//! `store check`: verify a repository's objects without writing anything,
+//! and say which backups each damaged object costs.
+//!
+//! One function per object kind, in the order the references run: config,
+//! backup objects (each names a recipe and maybe a tree), trees (files'
+//! metadata), recipes (each names catalog entries of containers),
+//! containers (catalogs, and with `data` every segment), and last the
+//! references between them, which is also where garbage (objects no
+//! committed backup needs) is found. Another kind named by the backup
+//! object is one more function like `trees::check_trees`.
+//!
+//! Every failure to read or decode one object is recorded as that object's
+//! problem, I/O errors included (a disk that cannot read a container has
+//! lost it as far as its backups go); only a failure to list the store stops
+//! the check. Nothing here panics on bad bytes: the decoders refuse them.
+
+mod backups;
+mod containers;
+mod references;
+mod report;
+mod trees;
+
+use crate::backup::{BACKUPS_PREFIX, RECIPES_PREFIX, TREES_PREFIX};
+use crate::error::Error;
+use crate::objects::ObjectStore;
+use crate::repo::CONTAINERS_PREFIX;
+use crate::repo_error::{RepoError, RepoResult};
+
+pub use report::{CheckCounts, CheckReport, Garbage, Problem};
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CheckOptions {
+    /// Read every container whole and verify every segment (crc32c, then
+    /// BLAKE3 after decompressing) against its catalog entry.
+    pub data: bool,
+}
+
+/// Which kind of object the check is going through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckPhase {
+    Backups,
+    Trees,
+    Recipes,
+    Containers,
+}
+
+/// `done` of `total` objects of the phase's kind checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckProgress {
+    pub phase: CheckPhase,
+    pub done: u64,
+    pub total: u64,
+}
+
+/// Check the repository in `store`. `Err` only when the store cannot be
+/// listed; whatever is wrong with its objects is in the report. The check
+/// only reads, but note that `LocalDir::open` creates a missing directory:
+/// a caller checking a path it was given should see that it exists first.
+pub fn check(
+    store: &dyn ObjectStore,
+    opts: CheckOptions,
+    progress: &dyn Fn(CheckProgress),
+) -> RepoResult<CheckReport> {
+    let mut report = CheckReport {
+        data_verified: opts.data,
+        ..CheckReport::default()
+    };
+    let config_problem = backups::check_config(store, &mut report);
+    // Listed in commit order (a backup puts its containers, then its
+    // recipe and tree, then its backup object): a backup committing while we list
+    // shows up at worst as garbage, never as a reference to something
+    // missing. Deletions while we check (a backup deleted, a collection)
+    // can still show as damage; a second check tells.
+    let backup_names = store.list(BACKUPS_PREFIX)?;
+    let tree_names = store.list(TREES_PREFIX)?;
+    let recipe_names = store.list(RECIPES_PREFIX)?;
+    let container_names = store.list(CONTAINERS_PREFIX)?;
+    report.counts.backups = backup_names.len() as u64;
+    report.counts.recipes = recipe_names.len() as u64;
+    report.counts.trees = tree_names.len() as u64;
+
+    let backups = backups::check_backups(store, &backup_names, &mut report, progress);
+    if let Some(p) = config_problem {
+        // Nothing restores without the config.
+        let all: Vec<String> = backup_names.iter().map(|o| backup_of(o)).collect();
+        report.affect(p, &all);
+    }
+    trees::check_trees(store, &tree_names, &backups, &mut report, progress);
+    let recipes = backups::check_recipes(store, &recipe_names, &backups, &mut report, progress);
+    let containers =
+        containers::check_containers(store, &container_names, opts, &mut report, progress);
+    references::check_references(&recipes, &containers, &mut report);
+
+    report.garbage_complete = backups.damaged.is_empty() && recipes.complete;
+    // Grouped by object; a container's segments stay in catalog order.
+    report.problems.sort_by(|a, b| a.object.cmp(&b.object));
+    Ok(report)
+}
+
+/// The backup a `backups/<name>` object is, by its name alone (its bytes
+/// may be what is damaged).
+fn backup_of(object: &str) -> String {
+    object
+        .strip_prefix(BACKUPS_PREFIX)
+        .unwrap_or(object)
+        .to_string()
+}
+
+/// What a failed read or decode says about its object, without repeating
+/// the object's name (the problem carries it).
+fn detail(e: &RepoError) -> String {
+    match e {
+        RepoError::Store(e) => store_detail(e),
+        RepoError::Corrupt { detail, .. } => detail.clone(),
+        e => e.to_string(),
+    }
+}
+
+fn store_detail(e: &Error) -> String {
+    match e {
+        Error::Corrupt { detail, .. } => detail.clone(),
+        Error::NotFound { .. } => "missing".into(),
+        e => e.to_string(),
+    }
+}

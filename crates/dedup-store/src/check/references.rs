@@ -1,0 +1,107 @@
+//! Checking what the recipes of committed backups point at: every
+//! reference must find an existing container whose catalog entry has the
+//! reference's fingerprint and length. Each damaged container or segment
+//! learns which backups need it; containers no such recipe references are
+//! garbage.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::container::container_name;
+use crate::recipe::SegmentRef;
+
+use super::backups::Recipes;
+use super::containers::ContainerState;
+use super::CheckReport;
+
+pub(super) fn check_references(
+    recipes: &Recipes,
+    containers: &BTreeMap<u64, ContainerState>,
+    report: &mut CheckReport,
+) {
+    let mut referenced = BTreeSet::new();
+    // One problem per missing container, however many references find it gone.
+    let mut missing: BTreeMap<u64, usize> = BTreeMap::new();
+    for (object, (recipe, owners)) in &recipes.owned {
+        let mut wrong: Vec<String> = Vec::new();
+        for (k, s) in recipe.segments.iter().enumerate() {
+            referenced.insert(s.container);
+            match containers.get(&s.container) {
+                None => {
+                    let p = *missing.entry(s.container).or_insert_with(|| {
+                        report.problem(
+                            &container_name(s.container),
+                            "missing, but a backup's recipe references it",
+                        )
+                    });
+                    report.affect(p, owners);
+                }
+                Some(ContainerState::Damaged(p)) => report.affect(*p, owners),
+                Some(ContainerState::Readable {
+                    entries,
+                    bad_segments,
+                }) => match entry_mismatch(s, entries) {
+                    Some(why) => wrong.push(format!("reference {k}: {why}")),
+                    None => {
+                        if let Some(&p) = bad_segments.get(&s.entry) {
+                            report.affect(p, owners);
+                        }
+                    }
+                },
+            }
+        }
+        if let Some(first) = wrong.first() {
+            // A recipe pointing wrongly points wrongly many times: the
+            // first says what, the count how much.
+            let more = match wrong.len() {
+                1 => String::new(),
+                n => format!(" (and {} more wrong references)", n - 1),
+            };
+            report.problem_affecting(object, format!("{first}{more}"), owners);
+        }
+    }
+    for &id in containers.keys() {
+        if referenced.contains(&id) {
+            continue;
+        }
+        let by: Vec<&str> = recipes
+            .orphans
+            .iter()
+            .filter(|(_, ids)| ids.contains(&id))
+            .map(|(name, _)| name.as_str())
+            .collect();
+        let reason = if by.is_empty() {
+            "no recipe references it".to_string()
+        } else {
+            format!(
+                "no backup's recipe references it, only recipes no backup names: {}",
+                by.join(", ")
+            )
+        };
+        report.garbage(&container_name(id), reason);
+    }
+}
+
+/// Why catalog entry `s.entry` is not the segment `s` expects, if it is not.
+fn entry_mismatch(s: &SegmentRef, entries: &[crate::format::Entry]) -> Option<String> {
+    let c = container_name(s.container);
+    let Some(e) = entries.get(s.entry as usize) else {
+        return Some(format!(
+            "{c} has no catalog entry {} (it has {})",
+            s.entry,
+            entries.len()
+        ));
+    };
+    if e.fingerprint != s.fingerprint {
+        return Some(format!(
+            "catalog entry {} of {c} holds another segment (fingerprints differ)",
+            s.entry
+        ));
+    }
+    if e.location.raw_len != s.len {
+        return Some(format!(
+            "catalog entry {} of {c} is {} bytes, the recipe says {}",
+            s.entry, e.location.raw_len, s.len
+        ));
+    }
+    None
+}

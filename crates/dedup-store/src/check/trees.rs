@@ -1,0 +1,48 @@
+//! Checking tree objects (`trees/<backup>-<nonce>`): the metadata of the
+//! files a backup of files holds, named by its backup object. Their bytes
+//! have no format of their own yet, so a tree is checked for being there
+//! and readable; decoding it joins here when its format does. A tree no
+//! backup names is garbage, like an unnamed recipe.
+
+use std::collections::BTreeSet;
+
+use crate::backup::TREES_PREFIX;
+
+use super::backups::{tick, unnamed_reason, Backups};
+use super::{store_detail, CheckPhase, CheckProgress, CheckReport};
+use crate::objects::ObjectStore;
+
+pub(super) fn check_trees(
+    store: &dyn ObjectStore,
+    objects: &[String],
+    backups: &Backups,
+    report: &mut CheckReport,
+    progress: &dyn Fn(CheckProgress),
+) {
+    let listed: BTreeSet<&str> = objects.iter().map(String::as_str).collect();
+    let mut named = BTreeSet::new();
+    for record in &backups.records {
+        let Some(tree) = &record.tree else { continue };
+        named.insert(tree.as_str());
+        if !listed.contains(tree.as_str()) {
+            let d = format!("missing, but backup {} names it", record.name);
+            report.problem_affecting(tree, d, [&record.name]);
+        }
+    }
+    for (done, object) in objects.iter().enumerate() {
+        let read = store.get(object);
+        if named.contains(object.as_str()) {
+            if let Err(e) = read {
+                let owners = backups
+                    .records
+                    .iter()
+                    .filter(|r| r.tree.as_ref() == Some(object));
+                report.problem_affecting(object, store_detail(&e), owners.map(|r| &r.name));
+            }
+        } else {
+            let reason = unnamed_reason(TREES_PREFIX, object, &backups.damaged);
+            report.garbage(object, reason);
+        }
+        tick(progress, CheckPhase::Trees, done, objects.len());
+    }
+}

@@ -1,0 +1,119 @@
+//! Where a repository keeps its index checkpoint (§3.2.3), so that opening
+//! a large store reads its hooks from one object instead of every
+//! container's catalog.
+//!
+//! Object `index/hooks-<covered>`: the index's checkpoint bytes (see
+//! FORMATS.md, "Index checkpoint"), taken when no backup was running, so
+//! it knows every container whose id is below `covered` (16 hex digits).
+//! An open loads the newest one that loads and reads only the catalogs of
+//! containers from `covered` up. The checkpoint is a hint: a damaged,
+//! stale or missing one only costs a rebuild from the catalogs, and hooks
+//! naming containers GC deleted since are answered by nothing (every hint
+//! is confirmed against a catalog).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::error::Error;
+use crate::index::{IndexConfig, SampledIndex};
+use crate::objects::ObjectStore;
+use crate::repo::{Opened, Repository};
+use crate::repo_error::RepoResult;
+
+pub const INDEX_PREFIX: &str = "index/hooks-";
+
+fn name(covered: u64) -> String {
+    format!("{INDEX_PREFIX}{covered:016x}")
+}
+
+/// The checkpoints in `store`, newest (highest `covered`) first.
+fn checkpoints(store: &dyn ObjectStore) -> Vec<(u64, String)> {
+    let mut found: Vec<_> = store
+        .list(INDEX_PREFIX)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|n| {
+            let hex = n.strip_prefix(INDEX_PREFIX)?;
+            let covered = u64::from_str_radix(hex, 16).ok()?;
+            (hex.len() == 16).then_some((covered, n))
+        })
+        .collect();
+    found.sort_unstable_by(|a, b| b.cmp(a));
+    found
+}
+
+/// A sampled index from the newest checkpoint in `store` that loads.
+pub(crate) fn load(store: Arc<dyn ObjectStore>, config: IndexConfig) -> Option<Opened> {
+    for (covered, name) in checkpoints(&*store) {
+        let Ok(bytes) = store.get(&name) else {
+            continue;
+        };
+        if let Ok(index) = SampledIndex::from_checkpoint(store.clone(), &bytes, config) {
+            return Some(Opened {
+                index: Box::new(index),
+                covered,
+            });
+        }
+    }
+    None
+}
+
+/// The figures of the newest checkpoint that loads (hooks, R, their RAM),
+/// read without a writer's lock, for `dedup store stats`.
+pub fn newest_figures(store: &dyn ObjectStore) -> Option<crate::index::Figures> {
+    // A budget that never halves R: report the checkpoint as it is.
+    let config = IndexConfig {
+        memory_budget: 1 << 50,
+        cache_entries: 0,
+        ..IndexConfig::default()
+    };
+    checkpoints(store).into_iter().find_map(|(_, name)| {
+        let bytes = store.get(&name).ok()?;
+        Some(
+            crate::index::Index::from_checkpoint(&bytes, config)
+                .ok()?
+                .figures(),
+        )
+    })
+}
+
+impl Repository {
+    /// Save the index's checkpoint, if it has one, and drop older ones.
+    /// Done only while no backup runs: a running backup's container may
+    /// have a lower id than a sealed one, and would be missed. Whether a
+    /// checkpoint was saved.
+    pub fn save_index(&self) -> RepoResult<bool> {
+        if !self.is_writable() || self.protection().sessions() > 0 {
+            return Ok(false);
+        }
+        let covered = self.next_container.load(Ordering::SeqCst);
+        let Some(bytes) = self.index()?.checkpoint() else {
+            return Ok(false);
+        };
+        let object = name(covered);
+        match self.store.put(&object, &bytes) {
+            Ok(()) => {}
+            // Same containers, but GC may have changed the hooks since:
+            // replace it (losing it to a crash in between costs a rebuild).
+            Err(Error::Exists { .. }) => {
+                self.store.delete(&object)?;
+                self.store.put(&object, &bytes)?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        for (older, stale) in checkpoints(&*self.store) {
+            if older < covered {
+                self.store.delete(&stale)?;
+            }
+        }
+        Ok(true)
+    }
+}
+
+impl Drop for Repository {
+    /// A writing handle leaves a checkpoint behind so the next open is
+    /// quick; failing to is harmless (the next open rebuilds).
+    fn drop(&mut self) {
+        let _ = self.save_index();
+    }
+}
