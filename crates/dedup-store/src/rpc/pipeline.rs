@@ -45,6 +45,9 @@ impl Default for BackupOptions {
 }
 
 type Batch = Vec<Vec<u8>>;
+
+/// Fingerprints of segments sent, remembered to send repeats as `Known`.
+const MAX_SENT: usize = 1 << 18;
 type Fps = Vec<[u8; 32]>;
 
 impl Client {
@@ -199,7 +202,8 @@ impl Client {
                     items.push(Item::New { fingerprint, data });
                 }
             }
-            if sent.len() > 1 << 20 {
+            // About 12 MiB at most; forgetting only costs a lookup miss.
+            if sent.len() > MAX_SENT {
                 sent.clear();
             }
             acks.push_back(self.send(Call::Append { session, items })?);
