@@ -2,7 +2,9 @@
 # The backup store from the command line (issue 17): a tar stream of a tree
 # backed up twice (the second all duplicate), then again after a few files
 # change; every backup restores byte for byte; a random 64 MiB stream round
-# trips; --json parses; bad input is refused in plain words.
+# trips; a directory tree backed up as files (a copy of /usr/share/doc plus
+# special cases) restores with the same contents, types, modes, owners,
+# times and hard links; --json parses; bad input is refused in plain words.
 source "$(dirname "$0")/lib.sh"
 
 R=$WORK/repo
@@ -70,22 +72,104 @@ restored rand "$WORK/rand"
 "$DEDUP" backup "$R" empty --stdin </dev/null >"$WORK/empty.txt" || fail "an empty stream"
 restored empty /dev/null
 
+log "a directory tree as files: /usr/share/doc plus special cases"
+F=$WORK/files
+mkdir -p "$F"
+cp -a /usr/share/doc "$F/doc"
+S=$F/special
+mkdir -p "$S/empty-dir" "$S/sticky" "$S/setgid-dir" "$S/read-only" "$S/deep/er/est"
+: >"$S/empty-file"
+head -c 3000000 /dev/urandom >"$S/deep/er/est/big"
+cp "$S/deep/er/est/big" "$S/big-copy"
+echo suid >"$S/suid" && chmod 4755 "$S/suid"
+echo sgid >"$S/sgid" && chmod 2711 "$S/sgid"
+echo none >"$S/mode-0000" && chmod 0000 "$S/mode-0000"
+echo owned >"$S/owned" && chown 1234:5678 "$S/owned"
+echo linked >"$S/hard-1" && ln "$S/hard-1" "$S/deep/hard-2" && ln "$S/hard-1" "$S/hard-3"
+ln -s deep/er/est/big "$S/link"
+ln -s /no/such/target "$S/dangling"
+ln -s nowhere "$S/owned-link" && chown -h 4321:8765 "$S/owned-link"
+mkfifo -m 0620 "$S/fifo"
+mknod -m 0640 "$S/null-dev" c 1 3
+echo spaces >"$S/a name with spaces" && echo nl >"$S/new"$'\n'"line"
+echo latin1 >"$S/$(printf 'caf\xe9')"
+echo in-ro >"$S/read-only/file"
+touch -h -d '2001-02-03 04:05:06.123456789' "$S/link" "$S/suid" "$S/deep/er/est/big"
+touch -d '1999-12-31 23:59:59.999999999' "$S/empty-dir" "$S/deep/er/est"
+chmod 1777 "$S/sticky" && chmod 2750 "$S/setgid-dir" && chmod 0555 "$S/read-only"
+touch -d '2010-01-01 00:00:00.5' "$S/read-only" "$S"
+# listing DIR: every entry's name, type, mode, owner, mtime (ns), link
+# count, size (not of directories) and symlink target, then the groups
+# of names that share an inode.
+listing() {
+    (cd "$1" && find . -printf '%p|%y|%#m|%U|%G|%T@|%n|%s|%l\n' | awk -F'|' -v OFS='|' '$2 == "d" { $8 = "-" } 1' | LC_ALL=C sort)
+    python3 - "$1" <<'PY'
+import os, sys
+groups = {}
+for d, dirs, files in os.walk(sys.argv[1]):
+    for f in files:
+        p = os.path.join(d, f)
+        st = os.lstat(p)
+        if st.st_nlink > 1:
+            groups.setdefault(st.st_ino, []).append(os.path.relpath(p, sys.argv[1]))
+print(sorted(sorted(g) for g in groups.values()))
+PY
+}
+listing "$F" >"$WORK/files.before"
+"$DEDUP" backup "$R" files1 "$F" --group files --json >"$WORK/files1.json" || fail "backup files1"
+"$DEDUP" backup "$R" files2 "$F" --group files --json >"$WORK/files2.json" || fail "backup files2"
+python3 - "$WORK/files1.json" "$WORK/files2.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["files"] > 1000 and a["dirs"] > 100 and a["symlinks"] >= 3, a
+assert a["hard_links"] == 2 and a["specials"] == 2 and not a["warnings"], a
+# big-copy is found in the same backup; everything in the second.
+assert a["bytes_new"] < a["bytes_in"] - 2_900_000, a
+assert b["bytes_in"] == a["bytes_in"] and b["bytes_new"] == 0, b
+print(f'   files1: {a["files"]} files, {a["dirs"]} dirs, {a["bytes_in"]} bytes, {a["mb_per_sec"]:.0f} MB/s')
+PY
+listing "$F" | cmp - "$WORK/files.before" || fail "the backup changed what it read"
+"$DEDUP" list "$R" | grep -q "^files1 .* files " || fail "list does not show files1 as files"
+"$DEDUP" restore "$R" files2 "$WORK/out" --json >"$WORK/out.json" || fail "restore files2"
+# diff -r names fifos and devices it cannot compare; the listing does.
+diff -r --no-dereference "$F" "$WORK/out$F" 2>&1 \
+    | grep -Ev '^File .* is a (fifo|character special file) while file .* is a (fifo|character special file)$' \
+    | head >"$WORK/diff.out" || true
+[ -s "$WORK/diff.out" ] && { cat "$WORK/diff.out"; fail "restored contents differ"; }
+listing "$WORK/out$F" >"$WORK/files.after"
+diff "$WORK/files.before" "$WORK/files.after" || fail "restored metadata differs"
+
+log "files: restore only a part; refusals"
+"$DEDUP" restore "$R" files1 "$WORK/part" --include "${F#/}/special/deep" --json >/dev/null || fail "restore --include"
+[ -f "$WORK/part$F/special/deep/er/est/big" ] || fail "--include left out what it names"
+[ -e "$WORK/part$F/special/suid" ] && fail "--include restored what it does not name"
+[ -e "$WORK/part$F/doc" ] && fail "--include restored another directory"
+cmp "$WORK/part$F/special/deep/hard-2" "$S/hard-1" || fail "a hard link restored alone lost its contents"
+expect_fail "not empty" "$DEDUP" restore "$R" files1 "$WORK/out"
+"$DEDUP" restore "$R" files1 "$WORK/out" --force >/dev/null || fail "restore --force"
+listing "$WORK/out$F" | diff "$WORK/files.before" - || fail "restore --force metadata"
+expect_fail "into a directory" "$DEDUP" restore "$R" files1 -
+expect_fail "nothing in backup files1" "$DEDUP" restore "$R" files1 "$WORK/none" --include nope
+expect_fail "overlap" "$DEDUP" backup "$R" x "$F" "$S"
+expect_fail "'..'" "$DEDUP" backup "$R" x "$F/../files"
+
 log "list, stats, delete as JSON"
 "$DEDUP" list "$R" --json >"$WORK/list.json"
 "$DEDUP" store stats "$R" --json >"$WORK/stats.json"
 python3 - "$WORK/list.json" "$WORK/stats.json" <<'PY'
 import json, sys
 l, s = (json.load(open(p)) for p in sys.argv[1:3])
-assert [b["name"] for b in l] == ["empty", "rand", "t1", "t2", "t3"], l
+assert [b["name"] for b in l] == ["empty", "files1", "files2", "rand", "t1", "t2", "t3"], l
 assert {b["group"] for b in l if b["name"].startswith("t")} == {"tree"}, l
-assert s["backups"] == 5 and s["containers"] >= 2 and not s["damaged_containers"], s
+assert s["backups"] == 7 and s["containers"] >= 2 and not s["damaged_containers"], s
 assert s["logical_bytes"] == sum(b["bytes_in"] for b in l), s
 t1 = next(b for b in l if b["name"] == "t1")
 # Stored about once: random data does not compress, so ~t1 + 64 MiB.
-assert s["bytes_stored"] < 1.1 * (t1["bytes_in"] + (64 << 20)), s
+f1 = next(b for b in l if b["name"] == "files1")
+assert s["bytes_stored"] < 1.1 * (t1["bytes_in"] + (64 << 20) + f1["bytes_in"]), s
 assert s["fold_factor"] > 1.5, s
 PY
-"$DEDUP" store stats "$R" | grep -q "5 backups" || fail "stats text"
+"$DEDUP" store stats "$R" | grep -q "7 backups" || fail "stats text"
 "$DEDUP" delete "$R" t2 --json >"$WORK/del.json"
 grep -q "not built yet" "$WORK/del.json" || fail "delete does not say gc is not built"
 "$DEDUP" list "$R" | grep -q "^t2 " && fail "t2 still listed after delete"
@@ -100,8 +184,8 @@ expect_fail "already exists; refusing to overwrite" "$DEDUP" restore "$R" t1 "$W
 [ -s "$WORK/exists" ] && fail "the existing file was written"
 "$DEDUP" restore "$R" t1 "$WORK/exists" --force >/dev/null
 cmp "$WORK/exists" "$WORK/t1.tar" || fail "restore --force"
-expect_fail "files and directories .* not built yet" "$DEDUP" backup "$R" p "$WORK/tree" --stdin
-expect_fail "give --stdin" "$DEDUP" backup "$R" p
+expect_fail "not both" "$DEDUP" backup "$R" p "$WORK/tree" --stdin
+expect_fail "nothing to back up" "$DEDUP" backup "$R" p
 expect_fail "backup t1 already exists" "$DEDUP" backup "$R" t1 --stdin </dev/null
 expect_fail "invalid backup or group name" "$DEDUP" backup "$R" "a/b" --stdin </dev/null
 expect_fail "not a dedup repository" "$DEDUP" list "$WORK/tree"

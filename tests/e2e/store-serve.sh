@@ -54,7 +54,14 @@ for n in t1 t2 t3 t4 base; do
 done
 "$DEDUP" store remote --server "unix:$S" list | grep -c . | grep -qx 5 || fail "remote list"
 expect_fail "dedup store serve" "$DEDUP" backup "$R" local --stdin </dev/null
-expect_fail "not built in this server yet" "$DEDUP" store remote --server "unix:$S" gc
+"$DEDUP" store remote --server "unix:$S" delete t1 >/dev/null || fail "remote delete"
+"$DEDUP" store remote --server "unix:$S" gc --json >"$WORK/gc.json" || fail "remote gc"
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['backups'] == 4, r" "$WORK/gc.json" \
+    || fail "remote gc report"
+for n in t2 t3 t4 base; do
+    "$DEDUP" store remote --server "unix:$S" restore "$n" - 2>/dev/null | cmp - "$WORK/$n.tar" \
+        || fail "backup $n after the collection"
+done
 
 log "SIGTERM stops it cleanly"
 kill -TERM "$pid"
@@ -63,4 +70,5 @@ wait "$pid" || fail "dedup store serve exited $?"
 grep -q "stopped" "$WORK/store.serve.log" || fail "no stop message"
 echo tail | "$DEDUP" backup "$R" after --stdin >/dev/null || fail "the repository does not reopen"
 "$DEDUP" restore "$R" t3 - 2>/dev/null | cmp - "$WORK/t3.tar" || fail "t3 after the stop"
+"$DEDUP" store check "$R" >/dev/null || fail "store check after the server"
 echo "PASS store-serve"

@@ -17,7 +17,7 @@ use clap::{Parser, Subcommand};
     long_about = "Inline deduplicating block device: identical chunks are stored once.\n\n\
         Create a device in a directory, serve it over NBD with nbdkit, put any filesystem on it.\n\
         Quick start:\n  dedup create ./dev --size 10G\n  dedup serve ./dev\n  dedup status ./dev\n\n\
-        Backups of streams (in progress):\n  dedup store init ./repo\n  tar -cf - DIR | dedup backup ./repo NAME --stdin\n  dedup restore ./repo NAME out.tar"
+        Backups (in progress):\n  dedup store init ./repo\n  dedup backup ./repo NAME DIR...\n  dedup restore ./repo NAME /restore\n  pg_dump db | dedup backup ./repo NAME --stdin\n  dedup restore ./repo NAME out.sql"
 )]
 struct Cli {
     #[command(subcommand)]

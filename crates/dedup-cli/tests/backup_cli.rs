@@ -97,7 +97,7 @@ fn init_backup_list_restore_delete() {
     assert!(ok(&["restore", r, "one", "-"], None) == data);
     refused(&["restore", r, "one", t], "already exists");
     refused(&["restore", r, "nosuch", "-"], "no backup named nosuch");
-    refused(&["backup", r, "x", "/etc", "--stdin"], "not built yet");
+    refused(&["backup", r, "x", "/etc", "--stdin"], "not both");
 
     let stats = json(&ok(&["store", "stats", r, "--json"], None));
     assert_eq!(stats["backups"], 2);

@@ -51,7 +51,6 @@ impl CatalogCache {
         self.map.insert(id, (catalog, self.tick));
     }
 
-    #[allow(dead_code)] // for garbage collection, which lands next
     pub(crate) fn forget(&mut self, id: u64) {
         self.map.remove(&id);
     }

@@ -21,6 +21,28 @@ pub fn container_name(id: u64) -> String {
     format!("containers/{id:016x}")
 }
 
+/// Where a compacted version of container `id` waits while its
+/// `containers/` object is replaced (see `gc/compact.rs`).
+pub fn compacted_name(id: u64) -> String {
+    format!("{COMPACTED_PREFIX}{id:016x}")
+}
+
+pub const COMPACTED_PREFIX: &str = "compacted/";
+
+/// Run `read` on container `id`'s object, or, if there is none, on its
+/// compacted version (a compaction that is replacing it).
+fn with_fallback<T>(id: u64, mut read: impl FnMut(&str) -> Result<T>) -> Result<T> {
+    match read(&container_name(id)) {
+        Err(Error::NotFound { .. }) => match read(&compacted_name(id)) {
+            Err(Error::NotFound { .. }) => Err(Error::NotFound {
+                name: container_name(id),
+            }),
+            other => other,
+        },
+        other => other,
+    }
+}
+
 /// A container's catalog: each segment's fingerprint and location.
 #[derive(Clone, Debug)]
 pub struct Catalog {
@@ -32,7 +54,11 @@ pub struct Catalog {
 impl Catalog {
     /// Read container `id`'s catalog without reading its segments.
     pub fn read(store: &dyn ObjectStore, id: u64) -> Result<Catalog> {
-        let name = container_name(id);
+        with_fallback(id, |name| Catalog::read_object(store, id, name))
+    }
+
+    fn read_object(store: &dyn ObjectStore, id: u64, name: &str) -> Result<Catalog> {
+        let name = name.to_string();
         let corrupt = |detail: String| Error::corrupt(&name, detail);
         let tail = store.get_tail(&name, TRAILER_LEN as u64)?;
         let tail: &[u8; TRAILER_LEN] = tail.as_slice().try_into().map_err(|_| {
@@ -98,6 +124,7 @@ impl Catalog {
                 )));
             }
             let sizes_agree = match l.compression {
+                _ if entry.is_absent() => true,
                 Compression::None => l.stored_len == l.raw_len,
                 _ => l.stored_len < l.raw_len,
             };
@@ -162,6 +189,7 @@ impl Catalog {
     /// Read segment `i` alone with one ranged read, checked and decompressed.
     pub fn read_segment(&self, store: &dyn ObjectStore, i: usize) -> Result<Vec<u8>> {
         let entry = self.entry(i)?;
+        self.check_present(i, entry)?;
         let l = &entry.location;
         let stored = store.get_range(&self.name, l.offset, u64::from(l.stored_len))?;
         decode_segment(&self.name, i, entry, &stored)
@@ -193,6 +221,7 @@ impl Catalog {
             .iter()
             .enumerate()
             .map(|(k, e)| {
+                self.check_present(first + k, e)?;
                 let at = (e.location.offset - start) as usize;
                 let stored = &bytes[at..at + e.location.stored_len as usize];
                 decode_segment(&self.name, first + k, e, stored)
@@ -222,6 +251,22 @@ impl Catalog {
         Ok(())
     }
 
+    fn check_present(&self, i: usize, entry: &Entry) -> Result<()> {
+        if entry.is_absent() {
+            return Err(Error::corrupt(
+                &self.name,
+                format!("segment {i} was removed by garbage collection, but is asked for"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The object this catalog was read from (the container, or its
+    /// compacted version while that replaces it).
+    pub fn object_name(&self) -> &str {
+        &self.name
+    }
+
     fn entry(&self, i: usize) -> Result<&Entry> {
         self.entries.get(i).ok_or_else(|| {
             Error::InvalidArgument(format!(
@@ -242,10 +287,11 @@ pub struct Container {
 impl Container {
     /// Read container `id` whole.
     pub fn read(store: &dyn ObjectStore, id: u64) -> Result<Container> {
-        let name = container_name(id);
-        let container = Container::parse(&name, store.get(&name)?)?;
-        container.catalog.check_id(id)?;
-        Ok(container)
+        with_fallback(id, |name| {
+            let container = Container::parse(name, store.get(name)?)?;
+            container.catalog.check_id(id)?;
+            Ok(container)
+        })
     }
 
     /// Parse a container's bytes; `name` is what errors call it. Checks
@@ -254,6 +300,9 @@ impl Container {
     pub fn parse(name: &str, bytes: Vec<u8>) -> Result<Container> {
         let container = Container::parse_structure(name, bytes)?;
         for (i, entry) in container.catalog.entries.iter().enumerate() {
+            if entry.is_absent() {
+                continue;
+            }
             let l = &entry.location;
             let stored = &container.bytes[l.offset as usize..][..l.stored_len as usize];
             check_stored_crc(name, i, entry, stored)?;
@@ -314,9 +363,17 @@ impl Container {
         self.bytes.len() as u64
     }
 
+    /// Segment `i`'s stored bytes as they are (compressed), unchecked
+    /// beyond what `parse` checked.
+    pub fn stored(&self, i: usize) -> Result<&[u8]> {
+        let l = &self.catalog.entry(i)?.location;
+        Ok(&self.bytes[l.offset as usize..][..l.stored_len as usize])
+    }
+
     /// Segment `i`, decompressed and checked against its fingerprint.
     pub fn segment(&self, i: usize) -> Result<Vec<u8>> {
         let entry = self.catalog.entry(i)?;
+        self.catalog.check_present(i, entry)?;
         let l = &entry.location;
         let stored = &self.bytes[l.offset as usize..][..l.stored_len as usize];
         decode_segment(&self.catalog.name, i, entry, stored)

@@ -96,6 +96,7 @@ impl Entry {
         b[40..44].copy_from_slice(&l.stored_len.to_le_bytes());
         b[44..48].copy_from_slice(&l.raw_len.to_le_bytes());
         b[48] = l.compression.code();
+        b[49] = u8::from(self.is_absent());
         b[52..56].copy_from_slice(&l.stored_crc.to_le_bytes());
         b
     }
@@ -103,12 +104,12 @@ impl Entry {
     pub fn decode(b: &[u8; ENTRY_LEN]) -> Result<Entry, String> {
         let compression = Compression::from_code(b[48])
             .ok_or_else(|| format!("unknown compression code {:#04x}", b[48]))?;
-        if b[49..52] != [0, 0, 0] {
+        if b[49] > 1 || b[50..52] != [0, 0] {
             return Err(format!("reserved bytes are {:02x?}, not zero", &b[49..52]));
         }
         let mut fp = [0u8; FINGERPRINT_BYTES];
         fp.copy_from_slice(&b[0..32]);
-        Ok(Entry {
+        let entry = Entry {
             fingerprint: Fingerprint(fp),
             location: Location {
                 offset: u64_at(b, 32),
@@ -117,7 +118,43 @@ impl Entry {
                 compression,
                 stored_crc: u32_at(b, 52),
             },
-        })
+        };
+        if (b[49] == 1) != entry.is_absent()
+            || (entry.is_absent() && entry.location.stored_crc != 0)
+        {
+            return Err(format!(
+                "the removed flag {} does not match {} stored bytes for {} raw with compression {}",
+                b[49],
+                entry.location.stored_len,
+                entry.location.raw_len,
+                entry.location.compression
+            ));
+        }
+        Ok(entry)
+    }
+
+    /// The segment was removed by compaction (garbage collection): its
+    /// fingerprint and raw length stay so entry numbers do not change,
+    /// but no bytes are stored. Told apart from a present segment by
+    /// storing nothing for a non-empty segment uncompressed, which a
+    /// present one never does.
+    pub fn is_absent(&self) -> bool {
+        let l = &self.location;
+        l.stored_len == 0 && l.raw_len > 0 && l.compression == Compression::None
+    }
+
+    /// This entry with its bytes removed, at `offset`.
+    pub fn absent_at(&self, offset: u64) -> Entry {
+        Entry {
+            fingerprint: self.fingerprint,
+            location: Location {
+                offset,
+                stored_len: 0,
+                raw_len: self.location.raw_len,
+                compression: Compression::None,
+                stored_crc: 0,
+            },
+        }
     }
 }
 

@@ -47,15 +47,24 @@
 //! costs; recipes, trees and containers no committed backup needs are
 //! listed as garbage, not damage.
 //!
+//! Garbage collection is the paper's grouped mark-and-sweep (§3.3,
+//! [`Repository::gc`], `gc/`): per-group marks reused while a group is
+//! unchanged, containers no marks reference deleted once the protection
+//! map condemns them, mostly dead containers compacted in place (same id
+//! and entry numbers, dead entries removed), orphan recipes and trees
+//! removed.
+//!
+//! Backups of files and directories ([`Repository::backup_paths`],
+//! [`Repository::restore_tree`]) are one stream of the files' contents
+//! plus a tree object of their metadata ([`Tree`]; walk in [`TreeWalk`]).
+//!
 //! [`rpc`] serves one writable repository to many clients at once (§3.4,
 //! `dedup store serve`): a pipelined client cuts and hashes its stream,
 //! looks fingerprints up in batches with several in flight, and sends only
 //! the segments the server lacks, which the server hashes again.
 //!
-//! Not built yet: an index choice recorded in the repository,
-//! files within a backup, reference tracking and grouped mark-and-sweep
-//! (deleting a backup leaves its containers), and an S3 implementation of
-//! the seam.
+//! Not built yet: an index choice recorded in the repository, and an S3
+//! implementation of the seam.
 
 pub mod backup;
 mod backup_stream;
@@ -66,6 +75,7 @@ pub mod container;
 pub mod error;
 pub mod format;
 mod framed;
+pub mod gc;
 pub mod index;
 pub mod index_checkpoint;
 pub mod local;
@@ -81,6 +91,10 @@ pub mod rpc;
 pub mod segment_index;
 pub mod segmenter;
 pub mod session;
+pub mod tree;
+mod tree_backup;
+mod tree_restore;
+pub mod tree_walk;
 pub mod writer;
 
 pub use container::{container_name, Catalog, Container};
@@ -94,9 +108,14 @@ pub use writer::ContainerWriter;
 pub use backup::{BackupRecord, BackupReport};
 pub use check::{CheckOptions, CheckProgress, CheckReport};
 pub use config::RepoConfig;
+pub use gc::{GcOptions, GcReport};
 pub use recipe::{Recipe, SegmentRef};
 pub use repo::{RepoOptions, Repository};
 pub use repo_error::{RepoError, RepoResult};
 pub use segment_index::{ExactIndex, IndexRam, SegmentIndex};
 pub use segmenter::Segmenting;
 pub use session::BackupSession;
+pub use tree::Tree;
+pub use tree_backup::TreeBackupReport;
+pub use tree_restore::{RestoreOptions, RestoreReport};
+pub use tree_walk::{TreeWalk, WalkCounts};

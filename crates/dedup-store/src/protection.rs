@@ -17,6 +17,19 @@
 //! A session that commits while a GC runs keeps its containers protected
 //! until that GC ends: the GC listed the committed backups before the
 //! commit, so it did not mark them.
+//!
+//! Compaction uses the same lock: it condemns a container before
+//! rewriting it (so it never rewrites one a session holds, which may
+//! reference an entry the marks call dead, and no lookup hands it out
+//! meanwhile) and releases it once the new version is in place.
+//!
+//! The same holds for the recipe and tree a session puts just before its
+//! backup object: announced here first (`will_write`), they are not
+//! orphans to a GC that lists recipes, then takes `pending_objects`, then
+//! lists backups. A recipe listed was put, so announced before the list;
+//! if no longer pending when the GC looks, its session either committed
+//! (and its backup object is in the later listing) or gave up (and the
+//! recipe is an orphan).
 
 use std::collections::{HashMap, HashSet};
 
@@ -25,6 +38,10 @@ pub(crate) struct Protection {
     next_session: u64,
     /// Containers each running session holds.
     active: HashMap<u64, HashSet<u64>>,
+    /// Recipe and tree objects each running session is about to name from
+    /// its backup object: written just before the commit point, so they
+    /// look orphaned to a GC until then.
+    pending: HashMap<u64, Vec<String>>,
     /// Containers of sessions that committed while a GC was running.
     committed_during_gc: HashSet<u64>,
     gc_running: bool,
@@ -51,9 +68,25 @@ impl Protection {
         true
     }
 
+    /// `session` is about to put `object` (its recipe or tree), which its
+    /// backup object will name: GC must not take it for an orphan.
+    pub(crate) fn will_write(&mut self, session: u64, object: &str) {
+        self.pending
+            .entry(session)
+            .or_default()
+            .push(object.to_string());
+    }
+
+    /// The objects running sessions are about to commit, for a GC that
+    /// lists the recipes first, then takes this, then lists the backups.
+    pub(crate) fn pending_objects(&self) -> HashSet<String> {
+        self.pending.values().flatten().cloned().collect()
+    }
+
     /// The session committed: its containers are referenced by a backup
     /// object now, which a GC starting later will mark.
     pub(crate) fn commit_session(&mut self, session: u64) {
+        self.pending.remove(&session);
         if let Some(held) = self.active.remove(&session) {
             if self.gc_running {
                 self.committed_during_gc.extend(held);
@@ -64,11 +97,11 @@ impl Protection {
     /// The session ended without committing: what it wrote is garbage.
     pub(crate) fn abort_session(&mut self, session: u64) {
         self.active.remove(&session);
+        self.pending.remove(&session);
     }
 
     /// A GC starts; it must list the committed backups only after this.
     /// False if another GC is running.
-    #[allow(dead_code)] // for garbage collection, which lands next
     pub(crate) fn begin_gc(&mut self) -> bool {
         if self.gc_running {
             return false;
@@ -79,26 +112,33 @@ impl Protection {
     }
 
     /// Of `candidates` (containers the GC found unreferenced), condemn and
-    /// return those no session protects.
-    #[allow(dead_code)] // for garbage collection, which lands next
+    /// return those no session protects. One condemned by an earlier GC
+    /// whose deletion failed is returned again (no session can have held
+    /// it since), so the next GC of this process finishes the job.
     pub(crate) fn condemn(&mut self, candidates: impl IntoIterator<Item = u64>) -> Vec<u64> {
         let mut out = Vec::new();
         for c in candidates {
             let held = self.committed_during_gc.contains(&c)
                 || self.active.values().any(|held| held.contains(&c));
-            if !held && self.condemned.insert(c) {
+            if !held {
+                self.condemned.insert(c);
                 out.push(c);
             }
         }
         out
     }
 
-    #[allow(dead_code)] // for garbage collection, which lands next
+    /// A compaction condemned `container` to keep sessions off it while
+    /// it replaced it; the new version may be handed out again.
+    pub(crate) fn release(&mut self, container: u64) {
+        self.condemned.remove(&container);
+    }
+
+    #[allow(dead_code)] // for tests
     pub(crate) fn is_condemned(&self, container: u64) -> bool {
         self.condemned.contains(&container)
     }
 
-    #[allow(dead_code)] // for garbage collection, which lands next
     pub(crate) fn end_gc(&mut self) {
         self.gc_running = false;
         self.committed_during_gc.clear();

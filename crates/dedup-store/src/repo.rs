@@ -70,7 +70,9 @@ pub(crate) struct Opened {
 pub struct Repository {
     pub(crate) dir: PathBuf,
     /// Shared with an index that prefetches catalogs ([`SampledIndex`]).
-    pub(crate) store: Arc<LocalDir>,
+    /// A `LocalDir` under `dir`, seen through the seam (tests wrap it to
+    /// count reads or fail writes).
+    pub(crate) store: Arc<dyn ObjectStore>,
     pub(crate) config: RepoConfig,
     /// The fingerprint index; `None` when opened read-only.
     index: Option<Mutex<Box<dyn SegmentIndex>>>,
@@ -118,7 +120,7 @@ impl Repository {
     /// Open the repository in `dir` to read: list, restore, check. No
     /// lock, no index; it works while another process writes.
     pub fn open_read_only(dir: impl AsRef<Path>) -> RepoResult<Repository> {
-        Repository::open_as(dir, None::<fn(Arc<dyn ObjectStore>) -> Opened>)
+        Repository::open_as(dir, None::<fn(Arc<dyn ObjectStore>) -> Opened>, |s| s)
     }
 
     /// Open the repository in `dir` with an exact in-RAM index.
@@ -140,6 +142,7 @@ impl Repository {
                     covered: 0,
                 })
             }),
+            |s| s,
         )
     }
 
@@ -148,7 +151,22 @@ impl Repository {
         dir: impl AsRef<Path>,
         index: Box<dyn SegmentIndex>,
     ) -> RepoResult<Repository> {
-        Repository::open_as(dir, Some(|_| Opened { index, covered: 0 }))
+        Repository::open_as(dir, Some(|_| Opened { index, covered: 0 }), |s| s)
+    }
+
+    /// Open to write (exact index) with every object operation going
+    /// through `wrap(store)`: for tests that count reads or simulate a
+    /// crash by failing the Nth operation. Not for production use.
+    #[doc(hidden)]
+    pub fn open_wrapped(
+        dir: impl AsRef<Path>,
+        wrap: impl FnOnce(Arc<dyn ObjectStore>) -> Arc<dyn ObjectStore>,
+    ) -> RepoResult<Repository> {
+        let exact = |_: Arc<dyn ObjectStore>| Opened {
+            index: Box::new(ExactIndex::new()),
+            covered: 0,
+        };
+        Repository::open_as(dir, Some(exact), wrap)
     }
 
     /// Open to write (with the index `make` builds, under the writer's
@@ -156,6 +174,7 @@ impl Repository {
     fn open_as(
         dir: impl AsRef<Path>,
         make: Option<impl FnOnce(Arc<dyn ObjectStore>) -> Opened>,
+        wrap: impl FnOnce(Arc<dyn ObjectStore>) -> Arc<dyn ObjectStore>,
     ) -> RepoResult<Repository> {
         let dir = dir.as_ref().to_path_buf();
         let foreign = |detail: String| RepoError::NotARepository {
@@ -165,7 +184,7 @@ impl Repository {
         if !dir.is_dir() {
             return Err(foreign("not a directory".into()));
         }
-        let store = Arc::new(LocalDir::open(&dir)?);
+        let store = wrap(Arc::new(LocalDir::open(&dir)?));
         let config = match store.get(CONFIG_OBJECT) {
             Err(Error::NotFound { .. }) => return Err(foreign("it has no config object".into())),
             other => RepoConfig::decode(&other?).map_err(|e| foreign(e.to_string()))?,
@@ -209,6 +228,9 @@ impl Repository {
         if self.index.is_none() {
             return Ok(());
         }
+        // A compaction a crash interrupted may have left an id with only
+        // its compacted version: finish it before listing the ids.
+        self.finish_compactions()?;
         let ids = self.store_container_ids()?;
         let index = self.index.as_mut().expect("writable");
         let index = index.get_mut().unwrap_or_else(|p| p.into_inner());
@@ -332,7 +354,7 @@ impl Repository {
 
     /// Remove a backup: its backup object first (after which it is gone),
     /// then its recipe and tree. Its containers stay until a garbage
-    /// collection.
+    /// collection ([`Repository::gc`]).
     pub fn delete_backup(&self, name: &str) -> RepoResult<()> {
         if !self.is_writable() {
             return Err(RepoError::ReadOnly);

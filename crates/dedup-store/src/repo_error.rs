@@ -37,9 +37,25 @@ pub enum RepoError {
     #[error("{}: the repository is in use by another process that writes to it; back up through that process (dedup store serve) or wait for it to finish", .dir.display())]
     InUse { dir: PathBuf },
 
+    /// `gc` while another GC runs on the same handle.
+    #[error("a garbage collection is already running")]
+    GcRunning,
+
     /// A write through a handle opened with `open_read_only`.
     #[error("the repository was opened read-only")]
     ReadOnly,
+
+    /// A restore of files into a directory that already holds something.
+    #[error("{}: not empty; refusing to restore into it (use force to restore over what is there)", .dir.display())]
+    TargetNotEmpty { dir: PathBuf },
+
+    /// A restore of files from a backup of a stream, or the reverse.
+    #[error("backup {name} {detail}")]
+    WrongKind { name: String, detail: String },
+
+    /// A path to restore that the backup does not hold.
+    #[error("nothing in backup {name} is at or under {path}")]
+    NoSuchPath { name: String, path: String },
 
     /// Reading the stream to back up, or writing a restore, failed.
     #[error("{context}: {cause}")]

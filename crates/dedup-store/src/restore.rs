@@ -7,10 +7,9 @@
 use std::io::Write;
 
 use crate::backup::BackupRecord;
-use crate::container::container_name;
+use crate::container::{container_name, Catalog};
 use crate::error::Error;
-use crate::objects::ObjectStore;
-use crate::recipe::Recipe;
+use crate::recipe::{Recipe, SegmentRef};
 use crate::repo::Repository;
 use crate::repo_error::{RepoError, RepoResult};
 
@@ -76,21 +75,19 @@ impl Repository {
                 }
                 other => other?,
             };
-            for s in run {
-                let entry = catalog.entries().get(s.entry as usize).copied();
-                if entry.map(|e| (e.fingerprint, e.location.raw_len))
-                    != Some((s.fingerprint, s.len))
-                {
-                    return Err(RepoError::corrupt(
-                        container_name(s.container),
-                        format!(
-                            "entry {} is not the segment recipe {} expects",
-                            s.entry, record.recipe
-                        ),
-                    ));
-                }
+            check_run(&catalog, run, &record.recipe)?;
+            let mut read = catalog.read_run(&*self.store, first.entry as usize, n);
+            if !matches!(&read, Ok(v) if v.iter().all(|d| d.is_ok())) {
+                // A garbage collection may have compacted the container
+                // since its catalog was read (same entries, new offsets):
+                // read the catalog again, once. Nothing of the run has
+                // been written yet.
+                self.catalog_cache().forget(first.container);
+                let fresh = self.catalog(first.container)?;
+                check_run(&fresh, run, &record.recipe)?;
+                read = fresh.read_run(&*self.store, first.entry as usize, n);
             }
-            for data in catalog.read_run(&*self.store, first.entry as usize, n)? {
+            for data in read? {
                 let data = data?;
                 out.write_all(&data).map_err(|cause| RepoError::Io {
                     context: format!("writing the restore of backup {name}"),
@@ -106,4 +103,22 @@ impl Repository {
         })?;
         Ok(written)
     }
+}
+
+/// Every reference of `run` names an entry of `catalog` with its
+/// fingerprint and length.
+fn check_run(catalog: &Catalog, run: &[SegmentRef], recipe: &str) -> RepoResult<()> {
+    for s in run {
+        let entry = catalog.entries().get(s.entry as usize).copied();
+        if entry.map(|e| (e.fingerprint, e.location.raw_len)) != Some((s.fingerprint, s.len)) {
+            return Err(RepoError::corrupt(
+                container_name(s.container),
+                format!(
+                    "entry {} is not the segment recipe {recipe} expects",
+                    s.entry
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

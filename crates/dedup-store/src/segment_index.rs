@@ -6,7 +6,7 @@
 //! catalog and compares the fingerprint before reusing the segment, so an
 //! index that forgets, samples or lies costs dedup, never correctness.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use dedup_core::fingerprint::Fingerprint;
 
@@ -34,6 +34,18 @@ pub trait SegmentIndex: Send {
     fn ram(&self) -> IndexRam {
         IndexRam::default()
     }
+
+    /// Garbage collection deleted `containers`: drop hints into them, so a
+    /// segment stored again elsewhere is found there. The default keeps
+    /// them, which costs dedup only (a hint into a deleted container is
+    /// refused by the protection map or the catalog check).
+    fn forget(&mut self, _containers: &HashSet<u64>) {}
+
+    /// Garbage collection rewrote `container` with some entries removed
+    /// (same numbering; `entries` is the new catalog). The default keeps
+    /// the old hints: one to a removed entry is refused by the catalog
+    /// check, so it costs dedup only.
+    fn compacted(&mut self, _container: u64, _entries: &[Entry]) {}
 }
 
 /// What an index costs in RAM, and for how much stored data.
@@ -88,12 +100,22 @@ impl SegmentIndex for ExactIndex {
 
     fn insert(&mut self, container: u64, entries: &[Entry]) {
         self.fingerprints += entries.len() as u64;
-        for (i, e) in entries.iter().enumerate() {
+        // A segment removed by compaction is no hint.
+        for (i, e) in entries.iter().enumerate().filter(|(_, e)| !e.is_absent()) {
             // Keep the first copy: garbage from a crashed backup may repeat
             // a segment, and either copy is as good.
             self.map
                 .entry(e.fingerprint)
                 .or_insert((container, i as u32));
         }
+    }
+
+    fn forget(&mut self, containers: &HashSet<u64>) {
+        self.map.retain(|_, (c, _)| !containers.contains(c));
+    }
+
+    fn compacted(&mut self, container: u64, entries: &[Entry]) {
+        self.forget(&HashSet::from([container]));
+        self.insert(container, entries);
     }
 }

@@ -21,7 +21,6 @@ use dedup_core::fingerprint::Fingerprint;
 use crate::backup::{validate_name, BackupRecord, BackupReport, RECIPES_PREFIX, TREES_PREFIX};
 use crate::container::{container_name, Container};
 use crate::error::Error;
-use crate::objects::ObjectStore;
 use crate::recipe::{Recipe, SegmentRef};
 use crate::repo::{random_bytes, Repository};
 use crate::repo_error::{RepoError, RepoResult};
@@ -110,7 +109,7 @@ impl BackupSession<'_> {
         let confirmed = catalog
             .entries()
             .get(entry as usize)
-            .is_some_and(|e| e.fingerprint == *fp);
+            .is_some_and(|e| e.fingerprint == *fp && !e.is_absent());
         Ok(confirmed.then_some((container, entry)))
     }
 
@@ -254,10 +253,14 @@ impl BackupSession<'_> {
         self.recipe.stream_len = self.report.bytes_in;
         let nonce = u64::from_le_bytes(random_bytes()?);
         let recipe_name = format!("{RECIPES_PREFIX}{}-{nonce:016x}", self.name);
+        // Announced before the put: a GC must not take it for an orphan
+        // between its put and the backup object's.
+        repo.protection().will_write(self.id, &recipe_name);
         repo.store.put(&recipe_name, &self.recipe.encode())?;
         let tree_name = match tree {
             Some(bytes) => {
                 let name = format!("{TREES_PREFIX}{}-{nonce:016x}", self.name);
+                repo.protection().will_write(self.id, &name);
                 repo.store.put(&name, bytes)?;
                 Some(name)
             }

@@ -299,7 +299,13 @@ fn a_backup_of_files_needs_its_tree_and_an_unnamed_tree_is_garbage() {
         let repo = Repository::open(f.dir()).unwrap();
         let mut s = repo.begin_backup("files", "g").unwrap();
         s.append(&random(5000, 9)).unwrap();
-        let record = s.commit_with_tree(Some(b"tree bytes")).unwrap();
+        let mut file = dedup_store::tree::Node::new(&b"f"[..], dedup_store::tree::Kind::File);
+        file.size = 5000;
+        let tree = dedup_store::Tree {
+            stream_len: 5000,
+            nodes: vec![file],
+        };
+        let record = s.commit_with_tree(Some(&tree.encode())).unwrap();
         record.tree.expect("a tree")
     };
     let r = f.check(true);
@@ -315,6 +321,13 @@ fn a_backup_of_files_needs_its_tree_and_an_unnamed_tree_is_garbage() {
     );
     assert_eq!(r.problems.len(), 1);
     assert_eq!(r.affected_backups(), BTreeSet::from(["files"]));
+
+    // A tree that does not decode costs its backup too.
+    fs::write(f.path(&tree), b"tree bytes").unwrap();
+    let r = f.check(false);
+    assert_eq!(r.problems.len(), 1, "{r:#?}");
+    assert_eq!(r.affected_backups(), BTreeSet::from(["files"]));
+    assert!(about(&r, &tree)[0].contains("too short"), "{r:#?}");
 
     fs::write(f.path(&tree), saved).unwrap();
     fs::remove_file(f.path("backups/files")).unwrap();

@@ -254,12 +254,8 @@ fn unknown_sessions_oversized_batches_and_gc_get_errors_on_a_live_connection() {
     });
     let e = e.unwrap_err();
     assert!(e.to_string().contains("send its bytes"), "{e}");
-    let e = c.gc().unwrap_err();
-    assert_eq!(e.kind(), Some(ErrorKind::NotBuilt));
-    assert!(
-        e.to_string().contains("not built in this server yet"),
-        "{e}"
-    );
+    let e = c.gc(Some(2.0)).unwrap_err();
+    assert_eq!(e.kind(), Some(ErrorKind::BadRequest));
     let e = c
         .call(Call::BeginBackup {
             name: "../x".into(),
@@ -550,4 +546,50 @@ fn a_backup_whose_server_stops_fails_promptly_and_leaves_nothing() {
     server.shut();
     let repo = Repository::open(dir.path().join("repo")).unwrap();
     assert!(repo.list_backups().unwrap().is_empty());
+}
+
+#[test]
+fn gc_through_the_server_runs_beside_a_backup_and_keeps_what_it_uses() {
+    let (dir, server) = setup();
+    let c = server.client();
+    let (old, kept) = (data(20, 3 << 20), data(21, 1 << 20));
+    backup(&c, "old", &old);
+    backup(&c, "kept", &kept);
+    c.delete("old").unwrap();
+    // A backup running on another connection reuses part of the deleted
+    // backup's data while the collection runs.
+    let other = server.client();
+    let Reply::Begun { session, .. } = other
+        .call(Call::BeginBackup {
+            name: "running".into(),
+            group: "g".into(),
+        })
+        .unwrap()
+    else {
+        panic!()
+    };
+    let reused = &old[..4096];
+    let found = other
+        .call(Call::Lookup {
+            session,
+            fingerprints: vec![HASH.fingerprint(reused).0],
+        })
+        .unwrap();
+    assert_eq!(found, Reply::Found(vec![true]));
+    let r = c.gc(None).unwrap();
+    assert_eq!(r.backups, 1);
+    assert!(r.containers_protected >= 1, "{r:?}");
+    let items = vec![Item::Known {
+        fingerprint: HASH.fingerprint(reused).0,
+    }];
+    other.call(Call::Append { session, items }).unwrap();
+    other
+        .call(Call::Commit {
+            session,
+            tree: None,
+        })
+        .unwrap();
+    assert!(restored(dir.path(), "running") == reused);
+    assert!(restored(dir.path(), "kept") == kept);
+    server.shut();
 }

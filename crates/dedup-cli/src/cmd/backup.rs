@@ -1,5 +1,5 @@
-//! `dedup backup`: back a stream up into a repository (issue 17). Only
-//! standard input for now; files and directories come later.
+//! `dedup backup`: back up files and directories (see `backup_files.rs`)
+//! or a stream from standard input into a repository (issue 17).
 
 use std::io::{self, IsTerminal, Read};
 use std::path::PathBuf;
@@ -17,26 +17,29 @@ use super::store::ReportJson;
 
 #[derive(clap::Args)]
 #[command(
-    about = "Back up a stream from standard input into a repository (files and directories: not yet)",
-    after_help = "Only --stdin works for now: backing up files and directories directly is not built yet, so pipe them in as a tar stream. The backup becomes visible only once all of it is durable; a backup that fails or is killed leaves no backup behind.\n\nExamples:\n  tar -cf - /home | dedup backup ./repo home-monday --stdin\n  pg_dump db | dedup backup ./repo db-1 --stdin --group db --json\n  tar -cf - /home | dedup backup --server unix:/run/dedup-backup.sock home-monday --stdin"
+    about = "Back up files and directories, or a stream from standard input, into a repository",
+    after_help = "Files and directories are stored with their metadata (type, mode including setuid/setgid/sticky, owner, times to the nanosecond, symlink targets, hard links, fifos and devices, extended attributes); symlinks are never followed; sockets are skipped with a warning, as are files that vanish or cannot be read. Paths are kept as given, made relative like tar does: /home/me is stored as home/me, so `dedup restore REPO NAME /restore` recreates /restore/home/me. A file that changes while it is read is stored as read.\n\nThe backup becomes visible only once all of it is durable; a backup that fails or is killed leaves no backup behind.\n\nExamples:\n  dedup backup ./repo home-monday /home\n  dedup backup ./repo etc-1 /etc --group etc --json\n  pg_dump db | dedup backup ./repo db-1 --stdin --group db --json\n  tar -cf - /home | dedup backup --server unix:/run/dedup-backup.sock home-monday --stdin"
 )]
 pub struct Args {
-    /// REPO NAME [PATH]: the repository directory (see `dedup store
-    /// init`), the new backup's name (letters, digits, . _ -), and files or
-    /// directories to back up (not supported yet: use --stdin). With
-    /// --server, NAME [PATH].
-    #[arg(value_name = "REPO NAME [PATH]", required = true, num_args = 1..=3)]
-    pub args: Vec<String>,
-    /// Back up through a running `dedup store serve` instead of opening
-    /// the repository here: unix:PATH or tcp:HOST:PORT.
-    #[arg(long, value_parser = Endpoint::parse)]
-    pub server: Option<Endpoint>,
-    /// Back up standard input.
+    /// Repository directory (see `dedup store init`).
+    pub repo: PathBuf,
+    /// Name of the new backup (letters, digits, . _ -). With --server the
+    /// first argument is the name: dedup backup --server ADDR NAME --stdin.
+    #[arg(required_unless_present = "server")]
+    pub name: Option<String>,
+    /// Files or directories to back up.
+    #[arg(value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+    /// Back up standard input (a stream) instead of files.
     #[arg(long)]
     pub stdin: bool,
     /// Backup group the backup belongs to.
     #[arg(long, default_value = "default")]
     pub group: String,
+    /// Back up through a running `dedup store serve` instead of opening
+    /// the repository here: unix:PATH or tcp:HOST:PORT (streams only).
+    #[arg(long, value_name = "ADDR", value_parser = Endpoint::parse)]
+    pub server: Option<Endpoint>,
     /// Print the report as JSON (and no progress bar).
     #[arg(long)]
     pub json: bool,
@@ -70,48 +73,25 @@ impl<R: Read> Read for Counting<R> {
     }
 }
 
-/// The positionals: (repository or server, name, path).
-fn targets(a: &Args) -> anyhow::Result<(String, String, Option<PathBuf>)> {
-    let (at, rest) = match &a.server {
-        Some(s) => (s.to_string(), &a.args[..]),
-        None => (a.args[0].clone(), &a.args[1..]),
-    };
-    match rest {
-        [name] => Ok((at, name.clone(), None)),
-        [name, path] => Ok((at, name.clone(), Some(path.into()))),
-        [] if a.server.is_some() => {
-            bail!("give the new backup's NAME: dedup backup --server {at} NAME --stdin")
-        }
-        [] => {
-            bail!("give the repository and the new backup's name: dedup backup REPO NAME --stdin")
-        }
-        [_, _, extra, ..] => bail!("unexpected argument {extra:?}"),
-    }
-}
-
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let (at, name, path) = targets(&a)?;
-    if let Some(p) = &path {
-        bail!(
-            "backing up files and directories ({}) is not built yet; pipe them in as a stream instead: tar -cf - {} | dedup backup {} {} --stdin",
-            p.display(),
-            p.display(),
-            if a.server.is_some() { format!("--server {at}") } else { at.clone() },
-            name
-        );
+    if let Some(server) = &a.server {
+        return remote(server, &a);
+    }
+    let name = a.name.clone().unwrap_or_default();
+    if !a.paths.is_empty() {
+        if a.stdin {
+            bail!("give either files and directories or --stdin, not both");
+        }
+        return super::backup_files::run(a);
     }
     if !a.stdin {
-        bail!("nothing to back up: give --stdin and pipe the data in (files and directories are not supported yet)");
+        bail!("nothing to back up: give files or directories, or --stdin and pipe the data in");
     }
     let stdin = io::stdin();
     if stdin.is_terminal() {
-        bail!("--stdin is a terminal; pipe the data in, e.g. tar -cf - DIR | dedup backup {at} {name} --stdin");
+        bail!("--stdin is a terminal; pipe the data in, e.g. tar -cf - DIR | dedup backup {} {name} --stdin", a.repo.display());
     }
-    if let Some(server) = &a.server {
-        return super::backup_remote::run(server, &name, &a.group, a.json);
-    }
-    let repo_dir = PathBuf::from(&at);
-    let repo = super::store::open_indexed(&repo_dir, &a.index)?;
+    let repo = super::store::open_indexed(&a.repo, &a.index)?;
     let bar =
         indicatif::ProgressBar::new_spinner().with_style(indicatif::ProgressStyle::with_template(
             "{spinner} backing up {msg}: {bytes} read, {bytes_per_sec}, {elapsed}",
@@ -149,7 +129,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     println!(
         "Backed up {} into {} (group {}): {} in, {} new ({} written, {} new containers), dedup ratio {}; {} segments new, {} duplicate; {:.1} s, {:.1} MB/s.",
         name,
-        repo_dir.display(),
+        a.repo.display(),
         a.group,
         format_size(r.bytes_in),
         format_size(r.bytes_new),
@@ -177,6 +157,21 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--server`: the positionals are NAME (parsed as REPO) and no paths.
+fn remote(server: &Endpoint, a: &Args) -> anyhow::Result<ExitCode> {
+    let name = a.repo.to_string_lossy().into_owned();
+    if a.name.is_some() || !a.paths.is_empty() {
+        bail!("through a server only a stream backs up: dedup backup --server {server} NAME --stdin (files and directories: back them up where the repository is, or pipe a tar stream in)");
+    }
+    if !a.stdin {
+        bail!("nothing to back up: give --stdin and pipe the data in, e.g. tar -cf - DIR | dedup backup --server {server} {name} --stdin");
+    }
+    if io::stdin().is_terminal() {
+        bail!("--stdin is a terminal; pipe the data in, e.g. tar -cf - DIR | dedup backup --server {server} {name} --stdin");
+    }
+    super::backup_remote::run(server, &name, &a.group, a.json)
 }
 
 /// Decimal megabytes per second (0 for an instant).

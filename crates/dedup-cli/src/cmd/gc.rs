@@ -1,5 +1,6 @@
 //! `dedup gc`: free chunks that only the hash index still references,
-//! online (through the serving process) or offline.
+//! online (through the serving process) or offline; or, given a backup
+//! repository, collect its garbage (`gc_repo.rs`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,18 +14,38 @@ use crate::render;
 
 #[derive(clap::Args)]
 #[command(
-    about = "Run garbage collection: free chunks no LBN references any more",
-    after_help = "Works while the device is served (online) or stopped (offline).\n\nExamples:\n  dedup gc ./dev\n  dedup gc ./dev --json"
+    about = "Run garbage collection: free chunks no LBN references any more, or a backup repository's unreferenced containers",
+    after_help = "On a device: works while the device is served (online) or stopped (offline).\n\nOn a backup repository: deletes the containers, recipes and trees no backup needs any more (after `dedup delete`) and rewrites containers that are mostly dead (--compact-below), marking again only the backup groups that changed since the last collection. Backups may run in the process that collects (a server); another process writing to the repository must run the collection itself.\n\nExamples:\n  dedup gc ./dev\n  dedup gc ./dev --json\n  dedup gc ./repo --json\n  dedup gc ./repo --compact-below 30"
 )]
 pub struct Args {
-    /// Device directory.
+    /// Device or backup repository directory.
     pub dir: PathBuf,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Repositories only: rewrite containers whose live share of stored
+    /// bytes is below PERCENT (default 50; 0 never compacts).
+    #[arg(long, value_name = "PERCENT", value_parser = percent)]
+    pub compact_below: Option<f64>,
+}
+
+fn percent(s: &str) -> Result<f64, String> {
+    match s.trim_end_matches('%').parse::<f64>() {
+        Ok(p) if (0.0..=100.0).contains(&p) => Ok(p),
+        _ => Err(format!("{s:?} is not a percentage from 0 to 100")),
+    }
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    if super::gc_repo::is_repository(&a.dir) {
+        return super::gc_repo::run(&a);
+    }
+    if a.compact_below.is_some() {
+        anyhow::bail!(
+            "--compact-below is for backup repositories; {} is not one (a device's gc repacks on its own)",
+            a.dir.display()
+        );
+    }
     let report: GcReport = match reach(
         &a.dir,
         &Request::Gc,

@@ -26,6 +26,8 @@ pub struct Args {
 struct Entry {
     name: String,
     group: String,
+    /// `files` (a backup of files and directories) or `stream`.
+    kind: &'static str,
     /// Seconds since the Unix epoch when the backup committed.
     time: u64,
     #[serde(flatten)]
@@ -40,6 +42,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         .map(|b| Entry {
             name: b.name,
             group: b.group,
+            kind: if b.tree.is_some() { "files" } else { "stream" },
             time: b.time,
             report: b.report.into(),
         })
@@ -53,14 +56,15 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:<24} {:<12} {:<23} {:>11} {:>11} {:>8}",
-        "NAME", "GROUP", "TIME", "SIZE", "NEW", "RATIO"
+        "{:<24} {:<12} {:<6} {:<23} {:>11} {:>11} {:>8}",
+        "NAME", "GROUP", "KIND", "TIME", "SIZE", "NEW", "RATIO"
     );
     for e in &entries {
         println!(
-            "{:<24} {:<12} {:<23} {:>11} {:>11} {:>8}",
+            "{:<24} {:<12} {:<6} {:<23} {:>11} {:>11} {:>8}",
             e.name,
             e.group,
+            e.kind,
             utc(e.time),
             format_size(e.report.counts.bytes_in),
             format_size(e.report.counts.bytes_new),

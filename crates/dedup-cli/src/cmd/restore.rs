@@ -1,4 +1,5 @@
-//! `dedup restore`: write a backup's stream to a new file or to stdout.
+//! `dedup restore`: a backup of files into a directory (see
+//! `restore_files.rs`), or a backup's stream to a new file or to stdout.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
@@ -6,32 +7,55 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use dedup_core::size::format_size;
 
 use super::backup::mb_per_sec;
 
 #[derive(clap::Args)]
 #[command(
-    about = "Restore a backup to a file or to standard output",
-    after_help = "Restoring reads the backup's recipe and the containers it names; every segment is checked against its catalog, and a damaged or missing container or recipe is refused by name. A file TARGET must not exist unless --force (it is then replaced); if the restore fails, the partial file is removed.\n\nExamples:\n  dedup restore ./repo home-monday home.tar\n  dedup restore ./repo home-monday - | tar -xf - -C /restore"
+    about = "Restore a backup of files into a directory, or of a stream to a file or standard output",
+    after_help = "Restoring reads the backup's recipe and the containers it names; every segment is checked against its catalog, and a damaged or missing container, recipe or tree is refused by name.\n\nA backup of files is restored under the directory TARGET (paths as stored: a backup of /home/me restores to TARGET/home/me), with modes, times, symlinks, hard links, and owners when run as root. TARGET must be empty or absent unless --force (what is in the way is then replaced). --include PATH restores only what is at or under PATH (as stored, e.g. home/me/docs) and the directories leading to it. A restore that fails part-way leaves what it made so far.\n\nA backup of a stream is written to the file TARGET, which must not exist unless --force (it is then replaced), or to standard output with `-`; if the restore fails, the partial file is removed.\n\nExamples:\n  dedup restore ./repo home-monday /restore\n  dedup restore ./repo home-monday /restore --include home/me/docs\n  dedup restore ./repo db-1 db.sql\n  dedup restore ./repo db-1 - | psql"
 )]
 pub struct Args {
     /// Repository directory.
     pub repo: PathBuf,
     /// Backup to restore (see `dedup list`).
     pub name: String,
-    /// File to create, or `-` for standard output.
+    /// Directory to restore files into; for a stream, the file to create
+    /// or `-` for standard output.
     pub target: PathBuf,
-    /// Replace TARGET if it exists.
+    /// Restore into a non-empty directory, or replace an existing file.
     #[arg(long)]
     pub force: bool,
+    /// Restore only this path of a backup of files, and what is under it
+    /// (repeat for more).
+    #[arg(long, value_name = "PATH")]
+    pub include: Vec<PathBuf>,
+    /// Print the report of a restore of files as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let repo = super::store::open_read_only(&a.repo)?;
     // Fail on an unknown name before creating the target.
-    repo.backup(&a.name)?;
+    let record = repo.backup(&a.name)?;
+    if record.tree.is_some() {
+        if a.target.as_os_str() == "-" {
+            bail!("backup {} holds files and directories: restore it into a directory, not to standard output", a.name);
+        }
+        return super::restore_files::run(&repo, &a);
+    }
+    if !a.include.is_empty() {
+        bail!(
+            "backup {} is a stream: --include is for backups of files",
+            a.name
+        );
+    }
+    if a.json && a.target.as_os_str() == "-" {
+        bail!("--json and `-` would both write to standard output: give a file");
+    }
     let start = Instant::now();
     if a.target.as_os_str() == "-" {
         let stdout = io::stdout();
@@ -68,6 +92,16 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     match write_to(&repo, &a.name, file) {
         Ok(n) => {
             let s = start.elapsed().as_secs_f64();
+            if a.json {
+                super::print_json(&serde_json::json!({
+                    "name": a.name,
+                    "target": a.target.display().to_string(),
+                    "bytes": n,
+                    "seconds": s,
+                    "mb_per_sec": mb_per_sec(n, s),
+                }))?;
+                return Ok(ExitCode::SUCCESS);
+            }
             println!(
                 "Restored {} of backup {} to {} ({:.1} s, {:.1} MB/s).",
                 format_size(n),

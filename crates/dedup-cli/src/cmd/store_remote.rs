@@ -17,7 +17,7 @@ use super::store::{utc, ReportJson};
 
 #[derive(clap::Args)]
 #[command(
-    about = "List, restore, delete and sum up backups through a running dedup store serve",
+    about = "List, restore, delete, sum up and collect garbage through a running dedup store serve",
     after_help = "Examples:\n  dedup store remote --server unix:/run/dedup-backup.sock list\n  dedup store remote --server tcp:127.0.0.1:7070 restore home-monday home.tar\n  dedup store remote --server tcp:127.0.0.1:7070 delete home-monday\n  dedup store remote --server unix:/run/dedup-backup.sock stats --json"
 )]
 pub struct Args {
@@ -39,8 +39,13 @@ pub enum RemoteCommand {
     Delete { name: String },
     /// What the repository holds, and what the server is doing.
     Stats,
-    /// Garbage collection: not built in the server yet.
-    Gc,
+    /// Collect garbage in the server's repository, beside running backups.
+    Gc {
+        /// Compact a container whose live share of stored bytes is below
+        /// this fraction (0 never compacts); the server's default if not given.
+        #[arg(long)]
+        compact_below: Option<f64>,
+    },
     /// Restore a backup through the server to a new file or `-` (stdout).
     Restore {
         name: String,
@@ -121,7 +126,31 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 );
             }
         }
-        RemoteCommand::Gc => c.gc()?,
+        RemoteCommand::Gc { compact_below } => {
+            let r = c.gc(compact_below)?;
+            if a.json {
+                print_json(&serde_json::json!({
+                    "backups": r.backups,
+                    "containers": r.containers,
+                    "containers_protected": r.containers_protected,
+                    "containers_swept": r.containers_swept,
+                    "containers_compacted": r.containers_compacted,
+                    "bytes_reclaimed": r.bytes_reclaimed,
+                    "orphans_removed": r.orphans_removed,
+                    "seconds": r.seconds,
+                }))?;
+            } else {
+                println!(
+                    "Collected: {} of {} containers deleted, {} compacted, {} kept for running backups; {} reclaimed ({:.1} s).",
+                    r.containers_swept,
+                    r.containers,
+                    r.containers_compacted,
+                    r.containers_protected,
+                    format_size(r.bytes_reclaimed),
+                    r.seconds
+                );
+            }
+        }
         RemoteCommand::Restore {
             name,
             target,

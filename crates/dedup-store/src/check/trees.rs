@@ -1,8 +1,8 @@
 //! Checking tree objects (`trees/<backup>-<nonce>`): the metadata of the
-//! files a backup of files holds, named by its backup object. Their bytes
-//! have no format of their own yet, so a tree is checked for being there
-//! and readable; decoding it joins here when its format does. A tree no
-//! backup names is garbage, like an unnamed recipe.
+//! files a backup of files holds, named by its backup object. A named tree
+//! must be there and decode (`Tree::decode`: frame, lengths, paths that
+//! stay inside a restore's target). A tree no backup names is garbage,
+//! like an unnamed recipe.
 
 use std::collections::BTreeSet;
 
@@ -32,12 +32,22 @@ pub(super) fn check_trees(
     for (done, object) in objects.iter().enumerate() {
         let read = store.get(object);
         if named.contains(object.as_str()) {
-            if let Err(e) = read {
+            let detail = match read {
+                Err(e) => Some(store_detail(&e)),
+                // Decoded as a restore would: frame, lengths, and a tree
+                // that stays inside its target.
+                Ok(bytes) => match crate::tree::Tree::decode(object, &bytes) {
+                    Ok(_) => None,
+                    Err(crate::RepoError::Corrupt { detail, .. }) => Some(detail),
+                    Err(e) => Some(e.to_string()),
+                },
+            };
+            if let Some(detail) = detail {
                 let owners = backups
                     .records
                     .iter()
                     .filter(|r| r.tree.as_ref() == Some(object));
-                report.problem_affecting(object, store_detail(&e), owners.map(|r| &r.name));
+                report.problem_affecting(object, detail, owners.map(|r| &r.name));
             }
         } else {
             let reason = unnamed_reason(TREES_PREFIX, object, &backups.damaged);

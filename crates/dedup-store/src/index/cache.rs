@@ -119,13 +119,16 @@ impl FingerprintCache {
             return;
         }
         self.seq += 1;
+        // A segment removed by compaction is no answer (see
+        // `Entry::is_absent`); entry numbers stay those of the catalog.
+        let present = entries.iter().filter(|e| !e.is_absent()).count();
         let loaded = Loaded {
-            entries: entries.len() as u32,
+            entries: present as u32,
             removed: 0,
             seq: self.seq,
         };
         self.loaded.insert(container, loaded);
-        for (i, e) in entries.iter().enumerate() {
+        for (i, e) in entries.iter().enumerate().filter(|(_, e)| !e.is_absent()) {
             self.put(Cached {
                 fingerprint: e.fingerprint,
                 container,
@@ -198,6 +201,14 @@ impl FingerprintCache {
 
     /// Remove every entry of `container` (scans the whole cache: the
     /// overhead the paper names for this policy).
+    /// Drop container `container`'s entries, if loaded (it was deleted or
+    /// compacted).
+    pub fn evict(&mut self, container: u64) {
+        if self.loaded.contains_key(&container) {
+            self.evict_container(container);
+        }
+    }
+
     fn evict_container(&mut self, container: u64) {
         self.loaded.remove(&container);
         for q in &mut self.buckets {

@@ -104,6 +104,48 @@ impl HookTable {
         self.fit_budget();
     }
 
+    /// Drop every hook into `containers` (deleted by garbage collection),
+    /// so the fingerprints they held can hook a container that has them.
+    pub fn forget(&mut self, containers: &std::collections::HashSet<u64>) {
+        self.map.retain(|_, h| !containers.contains(&h.container));
+    }
+
+    /// Container `container` was compacted and now holds only `present`
+    /// (in catalog order): drop its hooks on the fingerprints it lost, and
+    /// pin another of its fingerprints if its pinned hook went, so it keeps
+    /// the one hook that seeds prefetch (and a checkpoint stays valid).
+    pub fn compacted(&mut self, container: u64, present: &[Fingerprint]) {
+        let keep: std::collections::HashSet<&Fingerprint> = present.iter().collect();
+        let mut lost_pin = false;
+        self.map.retain(|fp, h| {
+            let stays = h.container != container || keep.contains(fp);
+            lost_pin |= !stays && h.pinned;
+            stays
+        });
+        if !lost_pin {
+            return;
+        }
+        // A fingerprint of this container that is a hook of no other.
+        let pin = present
+            .iter()
+            .find(|fp| self.map.get(fp).is_none_or(|h| h.container == container));
+        match pin {
+            Some(fp) => {
+                self.map.insert(
+                    *fp,
+                    Hook {
+                        container,
+                        pinned: true,
+                    },
+                );
+            }
+            // None left to pin: its unpinned hooks would be refused by a
+            // checkpoint's loader, so they go too (prefetch then needs a
+            // hook of another container; dedup, never data).
+            None => self.map.retain(|_, h| h.container != container),
+        }
+    }
+
     /// Restore a hook from a checkpoint (already checked by the caller).
     pub(super) fn restore(&mut self, fp: Fingerprint, hook: Hook) {
         self.map.insert(fp, hook);

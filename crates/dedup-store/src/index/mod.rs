@@ -117,6 +117,23 @@ impl Index {
         self.hooks.insert(container, fingerprints);
     }
 
+    /// Garbage collection deleted `containers`: forget their hooks and
+    /// cached entries.
+    pub fn forget(&mut self, containers: &std::collections::HashSet<u64>) {
+        self.hooks.forget(containers);
+        for c in containers {
+            self.cache.evict(*c);
+        }
+    }
+
+    /// Garbage collection compacted `container`, which now holds `present`:
+    /// forget hooks on what it lost, and its cached entries (reloaded on
+    /// the next hook hit).
+    pub fn compacted(&mut self, container: u64, present: &[Fingerprint]) {
+        self.hooks.compacted(container, present);
+        self.cache.evict(container);
+    }
+
     /// Look `fp` up: the cache first, then the hooks; a hook hit on a
     /// container the cache does not hold loads its catalog through `load`
     /// (for a store: [`rebuild::catalog_loader`]). Errors are the loader's.

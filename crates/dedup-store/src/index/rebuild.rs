@@ -42,7 +42,12 @@ impl Index {
         let mut index = Index::new(config);
         for id in container_ids(store)? {
             let catalog = Catalog::read(store, id)?;
-            let fps: Vec<_> = catalog.entries().iter().map(|e| e.fingerprint).collect();
+            let fps: Vec<_> = catalog
+                .entries()
+                .iter()
+                .filter(|e| !e.is_absent())
+                .map(|e| e.fingerprint)
+                .collect();
             index.insert(id, &fps);
         }
         Ok(index)

@@ -92,7 +92,7 @@ impl SampledIndex {
 fn position(entries: &[Entry], fp: &Fingerprint) -> Option<u32> {
     entries
         .iter()
-        .position(|e| e.fingerprint == *fp)
+        .position(|e| e.fingerprint == *fp && !e.is_absent())
         .and_then(|i| u32::try_from(i).ok())
 }
 
@@ -125,12 +125,29 @@ impl SegmentIndex for SampledIndex {
     }
 
     fn insert(&mut self, container: u64, entries: &[Entry]) {
-        let fps: Vec<Fingerprint> = entries.iter().map(|e| e.fingerprint).collect();
+        let fps: Vec<Fingerprint> = entries
+            .iter()
+            .filter(|e| !e.is_absent())
+            .map(|e| e.fingerprint)
+            .collect();
         self.index.insert(container, &fps);
     }
 
     fn checkpoint(&self) -> Option<Vec<u8>> {
         Some(self.index.checkpoint())
+    }
+
+    fn forget(&mut self, containers: &std::collections::HashSet<u64>) {
+        self.index.forget(containers);
+    }
+
+    fn compacted(&mut self, container: u64, entries: &[Entry]) {
+        let present: Vec<Fingerprint> = entries
+            .iter()
+            .filter(|e| !e.is_absent())
+            .map(|e| e.fingerprint)
+            .collect();
+        self.index.compacted(container, &present);
     }
 
     fn ram(&self) -> IndexRam {

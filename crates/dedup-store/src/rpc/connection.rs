@@ -190,10 +190,7 @@ impl<'r> Conn<'r> {
                 .map(|()| Reply::Deleted)
                 .map_err(repo_err),
             Call::Stats => self.stats(),
-            Call::Gc => Err(WireError::new(
-                ErrorKind::NotBuilt,
-                "garbage collection is not built in this server yet",
-            )),
+            Call::Gc { compact_below } => self.gc(compact_below),
         }
     }
 
@@ -282,6 +279,24 @@ impl<'r> Conn<'r> {
         Ok(Reply::Appended {
             bytes_in: live.session.report().bytes_in,
         })
+    }
+
+    /// A collection on this connection's thread: backups on the others
+    /// go on (the protection map keeps what they use); this connection's
+    /// next requests wait for it.
+    fn gc(&self, compact_below: Option<f64>) -> Answer {
+        let compact_below = compact_below.unwrap_or(crate::gc::DEFAULT_COMPACT_BELOW);
+        if !(0.0..=1.0).contains(&compact_below) {
+            return Err(bad(format!(
+                "compact_below {compact_below} is not a fraction from 0 to 1"
+            )));
+        }
+        let options = crate::gc::GcOptions {
+            compact_below,
+            progress: None,
+        };
+        let report = self.repo.gc(&options).map_err(repo_err)?;
+        Ok(Reply::Collected(report.into()))
     }
 
     fn stats(&self) -> Answer {

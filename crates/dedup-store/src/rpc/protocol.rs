@@ -110,8 +110,12 @@ pub enum Call {
         name: String,
     },
     Stats,
-    /// Garbage collection: not built in this server yet.
-    Gc,
+    /// Collect garbage beside the running backups (the protection map
+    /// keeps what they use); `compact_below` as `dedup gc`'s, default if
+    /// `None`. Answered with `Collected`.
+    Gc {
+        compact_below: Option<f64>,
+    },
 }
 
 /// One segment of a stream, in order.
@@ -162,6 +166,7 @@ pub enum Reply {
     Backups(Vec<WireBackup>),
     Deleted,
     Stats(WireStats),
+    Collected(WireGcReport),
 }
 
 /// Why a request failed. `kind` is for programs, `message` for people.
@@ -182,7 +187,7 @@ pub enum ErrorKind {
     Repository,
     /// Too many connections or sessions: try again later.
     Busy,
-    /// Not built in this server yet.
+    /// Not built in this server yet (kept for clients of later calls).
     NotBuilt,
     ShuttingDown,
 }
@@ -289,4 +294,42 @@ pub struct WireStats {
     /// Backups running in this server now.
     pub running_backups: u64,
     pub connections: u64,
+}
+
+/// What a garbage collection did (the store's `GcReport`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WireGcReport {
+    pub backups: u64,
+    pub groups_remarked: u64,
+    pub groups_reused: u64,
+    pub groups_dropped: u64,
+    pub recipes_read: u64,
+    pub containers: u64,
+    pub containers_protected: u64,
+    pub containers_swept: u64,
+    pub containers_compacted: u64,
+    pub catalogs_read: u64,
+    pub bytes_reclaimed: u64,
+    pub orphans_removed: u64,
+    pub seconds: f64,
+}
+
+impl From<crate::gc::GcReport> for WireGcReport {
+    fn from(r: crate::gc::GcReport) -> WireGcReport {
+        WireGcReport {
+            backups: r.backups,
+            groups_remarked: r.groups_remarked,
+            groups_reused: r.groups_reused,
+            groups_dropped: r.groups_dropped,
+            recipes_read: r.recipes_read,
+            containers: r.containers,
+            containers_protected: r.containers_protected,
+            containers_swept: r.containers_swept,
+            containers_compacted: r.containers_compacted,
+            catalogs_read: r.catalogs_read,
+            bytes_reclaimed: r.bytes_reclaimed,
+            orphans_removed: r.orphans_removed,
+            seconds: r.seconds,
+        }
+    }
 }

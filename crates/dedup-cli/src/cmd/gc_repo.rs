@@ -1,0 +1,79 @@
+//! `dedup gc REPO`: a backup repository's garbage collection (grouped
+//! mark-and-sweep, `dedup_store::gc`), with a progress bar and a report.
+
+use std::io::IsTerminal;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::bail;
+use dedup_core::size::format_size;
+use dedup_store::config::CONFIG_OBJECT;
+use dedup_store::gc::DEFAULT_COMPACT_BELOW;
+use dedup_store::{GcOptions, RepoConfig, RepoError, Repository};
+
+use super::gc::Args;
+use super::print_json;
+
+/// Whether `dir` holds a backup repository: a `config` object that
+/// decodes as one (a device directory has no such file).
+pub fn is_repository(dir: &Path) -> bool {
+    std::fs::read(dir.join(CONFIG_OBJECT)).is_ok_and(|b| RepoConfig::decode(&b).is_ok())
+}
+
+pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
+    let repo = match Repository::open(&a.dir) {
+        Err(RepoError::InUse { dir }) => bail!(
+            "{}: another process is writing to this repository, so it cannot be collected from here; the server that holds it (dedup store serve) will run garbage collection for it, or wait for that process to finish",
+            dir.display()
+        ),
+        other => other?,
+    };
+    let bar = indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {elapsed}")?
+            .progress_chars("=> "),
+    );
+    if a.json || !std::io::stderr().is_terminal() {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let progress = |phase: &str, done: u64, total: u64| {
+        bar.set_message(match phase {
+            "mark" => "marking recipes",
+            "sweep" => "deleting containers",
+            _ => "compacting containers",
+        });
+        bar.set_length(total);
+        bar.set_position(done);
+    };
+    let result = repo.gc(&GcOptions {
+        progress: Some(&progress),
+        compact_below: a.compact_below.map_or(DEFAULT_COMPACT_BELOW, |p| p / 100.0),
+    });
+    bar.finish_and_clear();
+    let r = result?;
+    if a.json {
+        print_json(&r)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "Collected {}: {} containers deleted and {} compacted ({} reclaimed), {} orphan recipes and trees removed; {} groups marked again ({} recipes read), {} reused, {} dropped; {} backups, {} containers; {:.2} s.",
+        a.dir.display(),
+        r.containers_swept,
+        r.containers_compacted,
+        format_size(r.bytes_reclaimed),
+        r.orphans_removed,
+        r.groups_remarked,
+        r.recipes_read,
+        r.groups_reused,
+        r.groups_dropped,
+        r.backups,
+        r.containers,
+        r.seconds
+    );
+    if r.containers_protected > 0 {
+        println!(
+            "{} unreferenced containers were kept because a running backup uses them; the next collection takes them if they are still unreferenced.",
+            r.containers_protected
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

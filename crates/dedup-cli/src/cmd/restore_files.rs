@@ -1,0 +1,63 @@
+//! `dedup restore REPO NAME DIR` for a backup of files: recreate them
+//! with their metadata under DIR (the store's `Repository::restore_tree`).
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use dedup_core::size::format_size;
+use dedup_store::{Repository, RestoreOptions, RestoreReport};
+use serde::Serialize;
+
+use super::backup::mb_per_sec;
+use super::print_json;
+use super::restore::Args;
+
+#[derive(Serialize)]
+struct Report {
+    name: String,
+    target: String,
+    #[serde(flatten)]
+    report: RestoreReport,
+    seconds: f64,
+    mb_per_sec: f64,
+}
+
+pub fn run(repo: &Repository, a: &Args) -> anyhow::Result<ExitCode> {
+    let start = Instant::now();
+    let options = RestoreOptions {
+        include: a.include.clone(),
+        force: a.force,
+        ..RestoreOptions::default()
+    };
+    let r = repo.restore_tree(&a.name, &a.target, &options)?;
+    let seconds = start.elapsed().as_secs_f64();
+    for w in &r.warnings {
+        eprintln!("warning: {w}");
+    }
+    let report = Report {
+        name: a.name.clone(),
+        target: a.target.display().to_string(),
+        mb_per_sec: mb_per_sec(r.bytes, seconds),
+        report: r,
+        seconds,
+    };
+    if a.json {
+        print_json(&report)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let c = &report.report.counts;
+    println!(
+        "Restored backup {} into {}: {} files ({}), {} directories, {} symlinks, {} hard links, {} special files; {:.1} s, {:.1} MB/s.",
+        a.name,
+        a.target.display(),
+        c.files,
+        format_size(report.report.bytes),
+        c.dirs,
+        c.symlinks,
+        c.hard_links,
+        c.specials,
+        seconds,
+        report.mb_per_sec
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,179 @@
+//! Backups of files and directories through the `dedup` binary: back up a
+//! tree with odd modes, times, symlinks and hard links (twice: the second
+//! all duplicate), list shows it as files, restore it whole and in part,
+//! and the refusals.
+
+use std::fs;
+use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, UNIX_EPOCH};
+
+fn dedup(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dedup"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run dedup")
+}
+
+fn ok(args: &[&str]) -> serde_json::Value {
+    let out = dedup(args);
+    assert!(
+        out.status.success(),
+        "dedup {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+fn refused(args: &[&str], says: &str) {
+    let out = dedup(args);
+    assert!(!out.status.success(), "dedup {args:?} succeeded");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(says),
+        "dedup {args:?} said {err:?}, not {says:?}"
+    );
+}
+
+fn build(d: &Path) {
+    fs::create_dir_all(d.join("sub/deeper")).unwrap();
+    fs::create_dir(d.join("empty")).unwrap();
+    fs::write(d.join("sub/deeper/big"), vec![7u8; 1 << 20]).unwrap();
+    fs::write(d.join("sub/text"), b"hello\n").unwrap();
+    fs::write(d.join("zero"), b"").unwrap();
+    fs::write(d.join("suid"), b"#!/bin/sh\n").unwrap();
+    fs::set_permissions(d.join("suid"), fs::Permissions::from_mode(0o4755)).unwrap();
+    fs::hard_link(d.join("sub/text"), d.join("text-again")).unwrap();
+    symlink("sub/text", d.join("link")).unwrap();
+    symlink("/no/such/file", d.join("dangling")).unwrap();
+    // Times after contents: files, then directories deepest first.
+    let mut t = 1_500_000_000;
+    for p in [
+        "sub/deeper/big",
+        "sub/text",
+        "zero",
+        "suid",
+        "sub/deeper",
+        "sub",
+        "empty",
+        "",
+    ] {
+        t += 1;
+        let when = UNIX_EPOCH + Duration::new(t, 987_654_321);
+        fs::File::open(d.join(p))
+            .unwrap()
+            .set_modified(when)
+            .unwrap();
+    }
+    fs::set_permissions(d.join("sub"), fs::Permissions::from_mode(0o1750)).unwrap();
+}
+
+/// (path, mode, mtime s, ns, size, symlink target, contents) of every
+/// entry, and the paths sharing an inode.
+type Row = (
+    PathBuf,
+    u32,
+    i64,
+    i64,
+    u64,
+    Option<PathBuf>,
+    Option<Vec<u8>>,
+);
+
+fn rows(root: &Path) -> (Vec<Row>, Vec<Vec<PathBuf>>) {
+    let mut out = Vec::new();
+    let mut inodes = std::collections::BTreeMap::<u64, Vec<PathBuf>>::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let p = root.join(&rel);
+        let m = fs::symlink_metadata(&p).unwrap();
+        if m.is_dir() {
+            for e in fs::read_dir(&p).unwrap() {
+                stack.push(rel.join(e.unwrap().file_name()));
+            }
+        } else {
+            inodes.entry(m.ino()).or_default().push(rel.clone());
+        }
+        let link = m.is_symlink().then(|| fs::read_link(&p).unwrap());
+        let data = m.is_file().then(|| fs::read(&p).unwrap());
+        let size = if m.is_dir() { 0 } else { m.size() };
+        out.push((rel, m.mode(), m.mtime(), m.mtime_nsec(), size, link, data));
+    }
+    out.sort();
+    let mut links: Vec<_> = inodes.into_values().filter(|v| v.len() > 1).collect();
+    links.iter_mut().for_each(|v| v.sort());
+    links.sort();
+    (out, links)
+}
+
+#[test]
+fn back_up_a_tree_list_restore_whole_and_in_part() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    let r = repo.to_str().unwrap();
+    let src = tmp.path().join("src");
+    build(&src);
+    let s = src.to_str().unwrap();
+    ok(&["store", "init", r, "--json"]);
+
+    let one = ok(&["backup", r, "one", s, "--json"]);
+    assert_eq!(one["files"], 4, "{one}");
+    assert_eq!(
+        one["dirs"].as_u64().unwrap(),
+        4 + src.components().count() as u64 - 2
+    );
+    assert_eq!(
+        (one["symlinks"].as_u64(), one["hard_links"].as_u64()),
+        (Some(2), Some(1))
+    );
+    assert_eq!(one["bytes_in"], (1 << 20) + 6 + 10);
+    let two = ok(&["backup", r, "two", s, "--group", "g", "--json"]);
+    assert_eq!(two["bytes_new"], 0, "{two}");
+    ok(&["backup", r, "stream", "--stdin", "--json"]);
+
+    let list = ok(&["list", r, "--json"]);
+    let kinds: Vec<_> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["files", "stream", "files"]);
+
+    let target = tmp.path().join("restored");
+    let t = target.to_str().unwrap();
+    let rr = ok(&["restore", r, "two", t, "--json"]);
+    assert_eq!(
+        (rr["files"].as_u64(), rr["hard_links"].as_u64()),
+        (Some(4), Some(1))
+    );
+    let restored = target.join(src.strip_prefix("/").unwrap());
+    assert_eq!(rows(&src), rows(&restored));
+
+    let part = tmp.path().join("part");
+    let p = part.to_str().unwrap();
+    let inc = format!("{}/sub/deeper", s.trim_start_matches('/'));
+    ok(&["restore", r, "one", p, "--include", &inc, "--json"]);
+    let partial = part.join(src.strip_prefix("/").unwrap());
+    assert!(partial.join("sub/deeper/big").is_file());
+    assert!(!partial.join("sub/text").exists() && !partial.join("zero").exists());
+
+    refused(&["restore", r, "one", t], "not empty");
+    ok(&["restore", r, "one", t, "--force", "--json"]);
+    assert_eq!(rows(&src), rows(&restored));
+    refused(&["restore", r, "one", "-"], "restore it into a directory");
+    refused(
+        &["restore", r, "one", p, "--include", "nope"],
+        "nothing in backup one",
+    );
+    refused(
+        &["restore", r, "stream", "-", "--include", "x"],
+        "is a stream",
+    );
+    refused(&["backup", r, "x", s, "--stdin"], "not both");
+    refused(&["backup", r, "x", "/no/such/dir"], "/no/such/dir");
+    refused(&["backup", r, "x", s, &format!("{s}/sub")], "overlap");
+    refused(&["backup", r, "x"], "nothing to back up");
+}

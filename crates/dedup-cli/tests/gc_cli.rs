@@ -1,0 +1,117 @@
+//! `dedup gc REPO` through the binary: it recognises a backup repository,
+//! reclaims a deleted backup's containers, reports JSON, reuses the marks
+//! of unchanged groups the second time, and refuses (naming the server)
+//! while another process writes to the repository.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+fn dedup(args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dedup"))
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run dedup");
+    if let Some(data) = stdin {
+        child.stdin.take().unwrap().write_all(data).unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn ok_json(args: &[&str], stdin: Option<&[u8]>) -> serde_json::Value {
+    let out = dedup(args, stdin);
+    assert!(
+        out.status.success(),
+        "dedup {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// `len` bytes that do not repeat (an LCG from `seed`).
+fn data(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (x >> 33) as u8
+        })
+        .collect()
+}
+
+#[test]
+fn gc_of_a_repository_reclaims_a_deleted_backup() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    let r = repo.to_str().unwrap();
+    ok_json(&["store", "init", r, "--json"], None);
+    // two shares one's first 256 KiB, so one's container stays, mostly
+    // dead once one is deleted: compacted, not deleted.
+    let one = data(1, 2 << 20);
+    let mut two = one[..256 << 10].to_vec();
+    two.extend_from_slice(&data(2, 1 << 20));
+    ok_json(&["backup", r, "one", "--stdin", "--json"], Some(&one));
+    ok_json(
+        &["backup", r, "two", "--stdin", "--group", "g", "--json"],
+        Some(&two),
+    );
+    ok_json(&["delete", r, "one", "--json"], None);
+
+    let gc = ok_json(&["gc", r, "--json"], None);
+    assert_eq!(gc["backups"], 1);
+    assert_eq!(gc["groups_remarked"], 1);
+    assert_eq!(gc["recipes_read"], 1);
+    assert_eq!(gc["containers_swept"], 0, "{gc}");
+    assert_eq!(gc["containers_compacted"], 1, "{gc}");
+    assert!(gc["bytes_reclaimed"].as_u64().unwrap() > 3 << 19, "{gc}");
+    assert!(gc["seconds"].is_number());
+    let restored = dedup(&["restore", r, "two", "-"], None);
+    assert!(restored.status.success() && restored.stdout == two);
+
+    let again = ok_json(&["gc", r, "--json", "--compact-below", "30"], None);
+    assert_eq!(again["groups_reused"], 1);
+    assert_eq!(again["recipes_read"], 0);
+    assert_eq!(again["containers_swept"], 0);
+
+    let text = dedup(&["gc", r], None);
+    assert!(text.status.success());
+    assert!(String::from_utf8_lossy(&text.stdout).contains("0 containers deleted and 0 compacted"));
+
+    // Deleting the last backup frees its containers whole.
+    ok_json(&["delete", r, "two", "--json"], None);
+    let last = ok_json(&["gc", r, "--json"], None);
+    assert!(last["containers_swept"].as_u64().unwrap() >= 2, "{last}");
+    assert_eq!(last["groups_dropped"], 1);
+    let stats = ok_json(&["store", "stats", r, "--json"], None);
+    assert_eq!(stats["bytes_stored"], 0);
+
+    // The threshold is a percentage, and only for repositories.
+    let bad = dedup(&["gc", r, "--compact-below", "150"], None);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not a percentage"));
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let dev = dedup(
+        &["gc", empty.to_str().unwrap(), "--compact-below", "30"],
+        None,
+    );
+    assert!(!dev.status.success());
+    assert!(String::from_utf8_lossy(&dev.stderr).contains("for backup repositories"));
+
+    // Another process writes: refused, naming the server.
+    let writer = dedup_store::Repository::open(&repo).unwrap();
+    let out = dedup(&["gc", r], None);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("another process") && err.contains("dedup store serve"),
+        "{err}"
+    );
+    drop(writer);
+}

@@ -1,0 +1,275 @@
+//! Compaction: a container whose live share (stored bytes of the entries
+//! some group's marks reference, over the stored bytes of all its present
+//! entries) falls below a threshold is rewritten with only its live
+//! segments. Recipes name (container id, entry index), so the new version
+//! keeps the id and every entry number: a dead entry stays in the catalog
+//! as *absent* (fingerprint and raw length, no stored bytes, see
+//! `Entry::is_absent`).
+//!
+//! Objects are immutable, so the id's object is replaced in four steps,
+//! each leaving a readable container under the id (readers fall back from
+//! `containers/<id>` to `compacted/<id>`, see `container.rs`):
+//!
+//! 1. put `compacted/<id>` (the new version);
+//! 2. delete `containers/<id>`;
+//! 3. put `containers/<id>` (the new version again);
+//! 4. delete `compacted/<id>`.
+//!
+//! `finish_compactions` (at a writable open and at the start of every GC)
+//! completes any that a crash interrupted: if `containers/<id>` is missing
+//! it puts it from `compacted/<id>`, then deletes `compacted/<id>`. Either
+//! version serves every live reference: the old one holds more.
+//!
+//! Concurrency: the container is condemned in the protection map first,
+//! so a compaction never starts on a container a running backup holds
+//! (which may reference one of the dead entries: the back-up-X, delete-X,
+//! back-up-X-again race), and no lookup hands it out while it is replaced;
+//! after step 4 the catalog cache and the index learn the new catalog and
+//! it is released. Which containers to look at: those the old marks of
+//! changed groups referenced (only they can have lost entries), saved in
+//! `gc/candidates-<gen>` before the new marks are written, so a GC that
+//! dies before compacting leaves them for the next one.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use crate::container::{compacted_name, container_name, Container, COMPACTED_PREFIX};
+use crate::error::Error;
+use crate::format::{crc, Entry, Header, Trailer, FORMAT_VERSION, HEADER_LEN};
+use crate::framed::{frame, unframe, Reader};
+use crate::gc::marks::is_marked;
+use crate::gc::{GcOptions, GcReport};
+use crate::repo::Repository;
+use crate::repo_error::{RepoError, RepoResult};
+
+pub const CANDIDATES_PREFIX: &str = "gc/candidates-";
+const MAGIC: [u8; 8] = *b"DDUPCAND";
+const VERSION: u32 = 1;
+
+/// The default threshold: compact a container once less than half of it
+/// is live.
+pub const DEFAULT_COMPACT_BELOW: f64 = 0.5;
+
+/// Saved compaction candidates: ids and the objects that held them.
+pub(super) struct Candidates {
+    pub ids: BTreeSet<u64>,
+    pub objects: Vec<String>,
+    next_generation: u64,
+}
+
+impl Repository {
+    /// Finish the compactions a crash interrupted (see the module doc).
+    pub(crate) fn finish_compactions(&self) -> RepoResult<()> {
+        for object in self.store.list(COMPACTED_PREFIX)? {
+            let id = object
+                .strip_prefix(COMPACTED_PREFIX)
+                .and_then(|h| u64::from_str_radix(h, 16).ok())
+                .ok_or_else(|| RepoError::corrupt(&object, "not a compacted container name"))?;
+            let name = container_name(id);
+            match self.store.get_tail(&name, 1) {
+                Ok(_) => {}
+                Err(Error::NotFound { .. }) => {
+                    let bytes = self.store.get(&object)?;
+                    match self.store.put(&name, &bytes) {
+                        Ok(()) | Err(Error::Exists { .. }) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+            self.delete_if_there(&object)?;
+            self.catalog_cache().forget(id);
+        }
+        Ok(())
+    }
+
+    pub(super) fn load_candidates(&self) -> RepoResult<Candidates> {
+        let mut c = Candidates {
+            ids: BTreeSet::new(),
+            objects: Vec::new(),
+            next_generation: 0,
+        };
+        for object in self.store.list(CANDIDATES_PREFIX)? {
+            let generation = object
+                .strip_prefix(CANDIDATES_PREFIX)
+                .and_then(|h| u64::from_str_radix(h, 16).ok());
+            if let Some(g) = generation {
+                c.next_generation = c.next_generation.max(g + 1);
+            }
+            // Damaged: only a missed compaction, never a lost segment.
+            if let Ok(ids) = self
+                .store
+                .get(&object)
+                .map_err(RepoError::from)
+                .and_then(|b| decode_candidates(&object, &b))
+            {
+                c.ids.extend(ids);
+            }
+            c.objects.push(object);
+        }
+        Ok(c)
+    }
+
+    /// Replace the saved candidates with `ids` (put new, delete old).
+    pub(super) fn save_candidates(
+        &self,
+        c: &mut Candidates,
+        ids: &BTreeSet<u64>,
+    ) -> RepoResult<()> {
+        let old = std::mem::take(&mut c.objects);
+        if !ids.is_empty() {
+            let object = format!("{CANDIDATES_PREFIX}{:016x}", c.next_generation);
+            self.store.put(&object, &encode_candidates(ids))?;
+            c.next_generation += 1;
+            c.objects.push(object);
+        }
+        for object in old {
+            self.delete_if_there(&object)?;
+        }
+        c.ids = ids.clone();
+        Ok(())
+    }
+
+    /// Compact the candidates that are live and mostly dead; the ones a
+    /// running backup held are returned, to be tried next time.
+    pub(super) fn compact(
+        &self,
+        candidates: &BTreeSet<u64>,
+        live: &BTreeMap<u64, Vec<u8>>,
+        options: &GcOptions,
+        report: &mut GcReport,
+    ) -> RepoResult<BTreeSet<u64>> {
+        let mut held = BTreeSet::new();
+        let total = candidates.len() as u64;
+        for (n, &id) in candidates.iter().enumerate() {
+            if let Some(p) = options.progress {
+                p("compact", n as u64 + 1, total);
+            }
+            let Some(bits) = live.get(&id) else {
+                continue; // swept, or never live
+            };
+            // The catalog says whether it is worth reading the container.
+            report.catalogs_read += 1;
+            let catalog = match self.catalog(id) {
+                Ok(c) => c,
+                Err(Error::NotFound { .. } | Error::Corrupt { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let (mut all, mut kept) = (0u64, 0u64);
+            for (i, e) in catalog.entries().iter().enumerate() {
+                let stored = u64::from(e.location.stored_len);
+                all += stored;
+                if is_marked(bits, i) {
+                    kept += stored;
+                }
+            }
+            if kept == all || kept as f64 >= options.compact_below * all as f64 {
+                continue;
+            }
+            if self.protection().condemn([id]).is_empty() {
+                held.insert(id);
+                continue;
+            }
+            let result = self.replace(id, bits, report);
+            // Released even on failure: both versions serve every live
+            // reference, and the next GC (or open) finishes the switch.
+            self.catalog_cache().forget(id);
+            self.protection().release(id);
+            result?;
+        }
+        Ok(held)
+    }
+
+    /// Steps 1 to 4 for container `id`, keeping the entries set in `bits`.
+    fn replace(&self, id: u64, bits: &[u8], report: &mut GcReport) -> RepoResult<()> {
+        let old = match Container::read(&*self.store, id) {
+            Ok(c) => c,
+            // A damaged container is left for `check` to report.
+            Err(Error::Corrupt { .. }) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        let old_len = std::fs::metadata(self.dir.join(container_name(id))).map_or(0, |m| m.len());
+        let (bytes, entries) = compacted(id, &old, bits)?;
+        let tmp = compacted_name(id);
+        self.store.put(&tmp, &bytes)?;
+        self.delete_if_there(&container_name(id))?;
+        self.store.put(&container_name(id), &bytes)?;
+        self.delete_if_there(&tmp)?;
+        report.containers_compacted += 1;
+        report.bytes_reclaimed += old_len.saturating_sub(bytes.len() as u64);
+        self.index()?.compacted(id, &entries);
+        let catalog = Container::parse(&container_name(id), bytes)?
+            .catalog()
+            .clone();
+        self.catalog_cache().insert(id, Arc::new(catalog));
+        Ok(())
+    }
+}
+
+/// Container `id` with only the entries set in `bits` stored: the same
+/// header, numbering and trailer layout, dead entries absent.
+fn compacted(id: u64, old: &Container, bits: &[u8]) -> RepoResult<(Vec<u8>, Vec<Entry>)> {
+    let count = old.catalog().entries().len() as u32;
+    let mut out = vec![0u8; HEADER_LEN];
+    let mut entries = Vec::with_capacity(count as usize);
+    for (i, e) in old.catalog().entries().iter().enumerate() {
+        let offset = out.len() as u64;
+        if is_marked(bits, i) && !e.is_absent() {
+            out.extend_from_slice(old.stored(i)?);
+            let mut kept = *e;
+            kept.location.offset = offset;
+            entries.push(kept);
+        } else {
+            entries.push(e.absent_at(offset));
+        }
+    }
+    let header = Header {
+        version: FORMAT_VERSION,
+        flags: 0,
+        container_id: id,
+        segment_count: count,
+    };
+    out[..HEADER_LEN].copy_from_slice(&header.encode());
+    let catalog_offset = out.len() as u64;
+    for e in &entries {
+        out.extend_from_slice(&e.encode());
+    }
+    let catalog = &out[catalog_offset as usize..];
+    let trailer = Trailer {
+        version: FORMAT_VERSION,
+        segment_count: count,
+        container_id: id,
+        catalog_offset,
+        catalog_len: catalog.len() as u64,
+        catalog_crc: crc(catalog),
+    };
+    out.extend_from_slice(&trailer.encode());
+    // Checked as any container is read: a bug here fails the GC, not a
+    // later restore.
+    Container::parse(&compacted_name(id), out.clone())?;
+    Ok((out, entries))
+}
+
+fn encode_candidates(ids: &BTreeSet<u64>) -> Vec<u8> {
+    let mut body = Vec::with_capacity(8 + 8 * ids.len());
+    body.extend_from_slice(&(ids.len() as u64).to_le_bytes());
+    for id in ids {
+        body.extend_from_slice(&id.to_le_bytes());
+    }
+    frame(MAGIC, VERSION, &body)
+}
+
+fn decode_candidates(object: &str, bytes: &[u8]) -> RepoResult<Vec<u64>> {
+    let body = unframe(object, MAGIC, VERSION, bytes)?;
+    let mut r = Reader::new(object, body);
+    let n = r.u64()?;
+    if n.checked_mul(8) != Some(body.len() as u64 - 8) {
+        return Err(RepoError::corrupt(
+            object,
+            "count does not match its length",
+        ));
+    }
+    let ids = (0..n).map(|_| r.u64()).collect::<RepoResult<Vec<_>>>()?;
+    r.finish()?;
+    Ok(ids)
+}

@@ -1,0 +1,174 @@
+//! The mark phase (§3.3, step 1): reuse the saved marks of groups whose
+//! backups are unchanged, mark the changed groups from their recipes, save
+//! the compaction candidates, then the new marks (put new, delete old),
+//! and drop the marks of groups with no backups left.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::backup::BackupRecord;
+use crate::error::Error;
+use crate::gc::compact::Candidates;
+use crate::gc::marks::{Marks, MARKS_PREFIX};
+use crate::gc::{GcOptions, GcReport};
+use crate::recipe::Recipe;
+use crate::repo::Repository;
+use crate::repo_error::{RepoError, RepoResult};
+
+/// A group's saved marks objects (generation, name), every generation.
+type Versions = Vec<(u64, String)>;
+
+impl Repository {
+    /// Every group's current marks: saved ones reused where the group's
+    /// backups are unchanged, the others computed and saved (new
+    /// generation first, then the old ones deleted); marks of groups with
+    /// no backups deleted.
+    pub(super) fn mark(
+        &self,
+        backups: &[BackupRecord],
+        candidates: Option<&mut Candidates>,
+        options: &GcOptions,
+        report: &mut GcReport,
+    ) -> RepoResult<BTreeMap<String, Marks>> {
+        let mut groups: BTreeMap<&str, BTreeMap<String, String>> = BTreeMap::new();
+        for b in backups {
+            groups
+                .entry(&b.group)
+                .or_default()
+                .insert(b.name.clone(), b.recipe.clone());
+        }
+        // Saved marks objects by group, every generation.
+        let mut saved: BTreeMap<String, Versions> = BTreeMap::new();
+        for object in self.store.list(MARKS_PREFIX)? {
+            if let Some((group, generation)) = Marks::parse_name(&object) {
+                saved.entry(group).or_default().push((generation, object));
+            }
+        }
+        // The newest readable marks of each group that has backups.
+        let mut old: BTreeMap<&str, (Versions, Option<Marks>)> = BTreeMap::new();
+        for group in groups.keys() {
+            let versions = saved.remove(*group).unwrap_or_default();
+            let m = self.newest_marks(&versions);
+            old.insert(group, (versions, m));
+        }
+        let unchanged = |g: &str| old[g].1.as_ref().is_some_and(|m| m.backups == groups[g]);
+        let to_read: u64 = groups
+            .iter()
+            .filter(|(g, _)| !unchanged(g))
+            .map(|(_, set)| set.len() as u64)
+            .sum();
+        // Mark the changed groups (in memory for now).
+        let mut out = BTreeMap::new();
+        let mut remarked = Vec::new();
+        for (group, set) in &groups {
+            if let Some(m) = old[group].1.as_ref().filter(|m| m.backups == *set) {
+                report.groups_reused += 1;
+                out.insert(group.to_string(), m.clone());
+                continue;
+            }
+            let mut m = Marks::new(group);
+            for (name, recipe) in set {
+                if let Some(r) = self.read_recipe(name, recipe)? {
+                    m.mark(&r);
+                    m.backups.insert(name.clone(), recipe.clone());
+                }
+                report.recipes_read += 1;
+                if let Some(p) = options.progress {
+                    p("mark", report.recipes_read, to_read);
+                }
+            }
+            remarked.push(*group);
+            out.insert(group.to_string(), m);
+        }
+        // Containers that may have lost entries since the last collection:
+        // those the old marks of changed and emptied groups reference, and
+        // those no old marks reference (written since; a backup that used
+        // them may already be deleted). Saved before any marks change, so
+        // a GC that dies before compacting leaves them for the next.
+        if let Some(c) = candidates {
+            let dropped: Vec<Marks> = saved
+                .values()
+                .filter_map(|v| self.newest_marks(v))
+                .collect();
+            let old_marks = || old.values().filter_map(|(_, m)| m.as_ref()).chain(&dropped);
+            let known: BTreeSet<u64> = old_marks()
+                .flat_map(|m| m.containers.keys().copied())
+                .collect();
+            let mut ids = c.ids.clone();
+            for g in &remarked {
+                ids.extend(old[g].1.iter().flat_map(|m| m.containers.keys()));
+                ids.extend(out[*g].containers.keys().filter(|id| !known.contains(id)));
+            }
+            for m in &dropped {
+                ids.extend(m.containers.keys());
+            }
+            if ids != c.ids {
+                self.save_candidates(c, &ids)?;
+            }
+        }
+        // Save: the changed groups' new marks first, then old versions go.
+        for (group, (versions, _)) in &old {
+            if remarked.contains(group) {
+                let generation = versions.iter().map(|(g, _)| g + 1).max().unwrap_or(0);
+                self.store.put(
+                    &Marks::object_name(group, generation),
+                    &out[*group].encode(),
+                )?;
+                self.delete_marks(versions, None)?;
+                report.groups_remarked += 1;
+            } else {
+                self.delete_marks(versions, Some(newest(versions)))?;
+            }
+        }
+        // Groups with no backups left.
+        for versions in saved.values() {
+            self.delete_marks(versions, None)?;
+            report.groups_dropped += 1;
+        }
+        Ok(out)
+    }
+
+    /// The newest readable marks among `versions`; damaged ones are only
+    /// a cost (the group is marked again).
+    fn newest_marks(&self, versions: &[(u64, String)]) -> Option<Marks> {
+        let object = versions.iter().max_by_key(|(g, _)| *g).map(|(_, o)| o)?;
+        let bytes = self.store.get(object).ok()?;
+        Marks::decode(object, &bytes).ok()
+    }
+
+    fn delete_marks(&self, versions: &[(u64, String)], keep: Option<&str>) -> RepoResult<()> {
+        for (_, object) in versions {
+            if Some(object.as_str()) != keep {
+                self.delete_if_there(object)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Backup `name`'s recipe, or `None` if the backup was deleted since
+    /// it was listed. A recipe missing under a backup that is still there,
+    /// or a damaged one, stops the GC.
+    fn read_recipe(&self, name: &str, recipe: &str) -> RepoResult<Option<Recipe>> {
+        match self.store.get(recipe) {
+            Ok(bytes) => Ok(Some(Recipe::decode(recipe, &bytes)?)),
+            Err(Error::NotFound { .. }) => match self.backup(name) {
+                Err(RepoError::NoSuchBackup { .. }) => Ok(None),
+                Ok(b) if b.recipe != recipe => Ok(None),
+                Ok(_) => Err(RepoError::corrupt(
+                    recipe,
+                    format!("missing, but backup {name} needs it; garbage collection stopped before deleting anything"),
+                )),
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// The object of the highest generation.
+fn newest(versions: &[(u64, String)]) -> &str {
+    versions
+        .iter()
+        .max_by_key(|(g, _)| *g)
+        .map(|(_, o)| o.as_str())
+        .expect("a saved group has at least one marks object")
+}

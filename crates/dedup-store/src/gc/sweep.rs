@@ -1,0 +1,52 @@
+//! The sweep: delete the containers no group's marks reference, once the
+//! protection map condemns them.
+//!
+//! Order per container, each step repeatable: condemn (under the
+//! protection lock: from then on no lookup hands it out, and a session
+//! holding it keeps it), forget its catalog and its index hints, delete.
+//! A GC that dies after condemning leaves the container for the next GC,
+//! which lists it again; `condemn` returns it again.
+
+use std::collections::{BTreeSet, HashSet};
+
+use crate::container::container_name;
+use crate::gc::{GcOptions, GcReport};
+use crate::repo::Repository;
+use crate::repo_error::RepoResult;
+
+impl Repository {
+    pub(super) fn sweep_containers(
+        &self,
+        live: &BTreeSet<u64>,
+        options: &GcOptions,
+        report: &mut GcReport,
+    ) -> RepoResult<()> {
+        let all = self.store_container_ids()?;
+        report.containers = all.len() as u64;
+        let candidates: Vec<u64> = all.into_iter().filter(|id| !live.contains(id)).collect();
+        let condemned = self.protection().condemn(candidates.iter().copied());
+        report.containers_protected = (candidates.len() - condemned.len()) as u64;
+        {
+            let mut cache = self.catalog_cache();
+            for &id in &condemned {
+                cache.forget(id);
+            }
+        }
+        let gone: HashSet<u64> = condemned.iter().copied().collect();
+        self.index()?.forget(&gone);
+        let total = condemned.len() as u64;
+        for (i, &id) in condemned.iter().enumerate() {
+            let name = container_name(id);
+            // The size from the directory, not a read of the container.
+            let size = std::fs::metadata(self.dir.join(&name)).map_or(0, |m| m.len());
+            if self.delete_if_there(&name)? {
+                report.containers_swept += 1;
+                report.bytes_reclaimed += size;
+            }
+            if let Some(p) = options.progress {
+                p("sweep", i as u64 + 1, total);
+            }
+        }
+        Ok(())
+    }
+}

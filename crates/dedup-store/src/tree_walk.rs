@@ -1,0 +1,515 @@
+//! Walking the files and directories to back up: file by file
+//! ([`TreeWalk::next_file`], then [`Read`]), every regular file's contents
+//! in turn, which make the backup's stream; each entry's metadata (and
+//! each file's range of the stream) is recorded as the walk reaches it, so
+//! the backup reads every file once and the tree it leaves matches the
+//! bytes actually read.
+//!
+//! Paths in the tree follow tar: each path given is kept as given, made
+//! relative (a leading `/` and `.` components dropped), so `/usr/share/doc`
+//! is stored as `usr/share/doc/...` and `docs` as `docs/...`; `.` or `/`
+//! puts the directory's entries at the top. The directories leading to a
+//! given path are recorded too (metadata only), so a restore recreates
+//! them as they were. `..` in a given path is refused: it would make the
+//! tree's path depend on where the backup ran.
+//!
+//! Symlinks are never followed (not even a given path), directories are
+//! read in byte order of their names (so two walks of an unchanged tree
+//! give the same stream), a second name of a file already seen (same
+//! device and inode) is recorded as a hard link without its contents, and
+//! sockets are skipped with a warning. Files may change while they are
+//! read: a file's size is what was read, to end of file; a file or
+//! directory that vanishes or cannot be read is skipped with a warning.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
+use std::fs::{self, File, Metadata};
+use std::io::{self, Read};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use crate::tree::{Kind, Node, Time, Tree, MAX_PATH};
+
+/// Entries of one kind the walk recorded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct WalkCounts {
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    pub hard_links: u64,
+    /// Fifos and devices.
+    pub specials: u64,
+}
+
+/// A directory being walked: where it is, its tree path, and the names
+/// still to visit, sorted.
+struct Dir {
+    source: PathBuf,
+    tree: Vec<u8>,
+    names: std::vec::IntoIter<OsString>,
+}
+
+/// The regular file being read and its entry.
+struct Current {
+    file: File,
+    node: usize,
+}
+
+pub struct TreeWalk {
+    /// Given paths still to walk (source, tree path), in tree-path order.
+    roots: std::vec::IntoIter<(PathBuf, Vec<u8>)>,
+    stack: Vec<Dir>,
+    current: Option<Current>,
+    nodes: Vec<Node>,
+    offset: u64,
+    /// First tree path of each multiply-linked inode seen.
+    links: HashMap<(u64, u64), Vec<u8>>,
+    /// Directories recorded, so a parent shared by two given paths is
+    /// recorded once.
+    dirs: HashSet<Vec<u8>>,
+    counts: WalkCounts,
+    warnings: Vec<String>,
+}
+
+impl TreeWalk {
+    /// A walk of `paths`. Refused: a path with `..`, or two paths of which
+    /// one holds the other (their entries would be recorded twice).
+    pub fn new(paths: &[impl AsRef<Path>]) -> io::Result<TreeWalk> {
+        let mut roots = Vec::new();
+        for p in paths {
+            let p = p.as_ref();
+            fs::symlink_metadata(p).map_err(|e| context(e, p))?;
+            roots.push((p.to_path_buf(), tree_path(p)?));
+        }
+        roots.sort_by(|a, b| a.1.cmp(&b.1));
+        for w in roots.windows(2) {
+            let (a, b) = (&w[0].1, &w[1].1);
+            if a.is_empty() || b == a || (b.starts_with(a) && b[a.len()] == b'/') {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{} and {} overlap: give each file once",
+                        w[0].0.display(),
+                        w[1].0.display()
+                    ),
+                ));
+            }
+        }
+        Ok(TreeWalk {
+            roots: roots.into_iter(),
+            stack: Vec::new(),
+            current: None,
+            nodes: Vec::new(),
+            offset: 0,
+            links: HashMap::new(),
+            dirs: HashSet::new(),
+            counts: WalkCounts::default(),
+            warnings: Vec::new(),
+        })
+    }
+
+    pub fn counts(&self) -> WalkCounts {
+        self.counts
+    }
+
+    /// What was skipped, and why, so far.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// The tree of everything walked (call once the reader is exhausted).
+    pub fn finish(self) -> (Tree, WalkCounts, Vec<String>) {
+        let tree = Tree {
+            stream_len: self.offset,
+            nodes: self.nodes,
+        };
+        (tree, self.counts, self.warnings)
+    }
+
+    /// Record the next entry; open it if it is a regular file. False once
+    /// every path has been walked.
+    fn advance(&mut self) -> io::Result<bool> {
+        loop {
+            let next = match self.stack.last_mut() {
+                Some(dir) => match dir.names.next() {
+                    Some(name) => {
+                        let mut tree = dir.tree.clone();
+                        if !tree.is_empty() {
+                            tree.push(b'/');
+                        }
+                        tree.extend_from_slice(name.as_bytes());
+                        Some((dir.source.join(&name), tree))
+                    }
+                    None => {
+                        self.stack.pop();
+                        continue;
+                    }
+                },
+                None => match self.roots.next() {
+                    Some((source, tree)) => {
+                        self.record_parents(&source, &tree)?;
+                        if tree.is_empty() {
+                            // `.` or `/`: its entries, not itself.
+                            let names = self.list(&source)?;
+                            self.stack.push(Dir {
+                                source,
+                                tree,
+                                names,
+                            });
+                            continue;
+                        }
+                        Some((source, tree))
+                    }
+                    None => return Ok(false),
+                },
+            };
+            let (source, tree) = next.expect("an entry");
+            if self.visit(source, tree)? {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// The directories leading to a given path, recorded once each with
+    /// their own metadata (following symlinks: they only hold the path).
+    fn record_parents(&mut self, source: &Path, tree: &[u8]) -> io::Result<()> {
+        let mut s = PathBuf::new();
+        let mut t: Vec<u8> = Vec::new();
+        let mut parents = Vec::new();
+        for c in source.components() {
+            s.push(c);
+            if let Component::Normal(name) = c {
+                if !t.is_empty() {
+                    t.push(b'/');
+                }
+                t.extend_from_slice(name.as_bytes());
+                parents.push((s.clone(), t.clone()));
+            }
+        }
+        parents.pop(); // the path itself
+        debug_assert!(parents.last().is_none_or(|p| tree.starts_with(&p.1)));
+        for (s, t) in parents {
+            if self.dirs.contains(&t) {
+                continue;
+            }
+            let meta = fs::metadata(&s).map_err(|e| context(e, &s))?;
+            self.push(t.clone(), Kind::Dir, &meta, Vec::new(), &s);
+            self.counts.dirs += 1;
+            self.dirs.insert(t);
+        }
+        Ok(())
+    }
+
+    /// Record `source` at `tree`; true if it is a file opened for reading.
+    fn visit(&mut self, source: PathBuf, tree: Vec<u8>) -> io::Result<bool> {
+        if tree.len() > MAX_PATH {
+            self.warn(&source, "path longer than 4096 bytes, skipped");
+            return Ok(false);
+        }
+        let meta = match fs::symlink_metadata(&source) {
+            Ok(m) => m,
+            Err(e) if is_gone(&e) => {
+                self.warn(&source, "vanished before it was read, skipped");
+                return Ok(false);
+            }
+            Err(e) => return Err(context(e, &source)),
+        };
+        let ft = meta.file_type();
+        if ft.is_dir() {
+            let names = match self.list(&source) {
+                Ok(n) => n,
+                Err(e) if is_gone(&e) => {
+                    self.warn(&source, "vanished before it was read, skipped");
+                    return Ok(false);
+                }
+                Err(e) => {
+                    self.warn(&source, &format!("{e}; recorded empty"));
+                    Vec::new().into_iter()
+                }
+            };
+            self.push(tree.clone(), Kind::Dir, &meta, Vec::new(), &source);
+            self.counts.dirs += 1;
+            self.dirs.insert(tree.clone());
+            self.stack.push(Dir {
+                source,
+                tree,
+                names,
+            });
+            return Ok(false);
+        }
+        if ft.is_socket() {
+            self.warn(&source, "a socket; skipped");
+            return Ok(false);
+        }
+        if meta.nlink() > 1 {
+            if let Some(first) = self.links.get(&(meta.dev(), meta.ino())) {
+                let first = first.clone();
+                let mut n = node(tree, Kind::HardLink, &meta, first);
+                // The first name carries the inode's metadata.
+                (n.mode, n.uid, n.gid, n.mtime, n.atime) =
+                    (0, 0, 0, Time::default(), Time::default());
+                self.nodes.push(n);
+                self.counts.hard_links += 1;
+                return Ok(false);
+            }
+        }
+        let linked = (meta.nlink() > 1).then_some((meta.dev(), meta.ino()));
+        if ft.is_symlink() {
+            let target = match fs::read_link(&source) {
+                Ok(t) => t.into_os_string().into_vec(),
+                Err(e) if is_gone(&e) => {
+                    self.warn(&source, "vanished before it was read, skipped");
+                    return Ok(false);
+                }
+                Err(e) => return Err(context(e, &source)),
+            };
+            if target.is_empty() || target.len() > MAX_PATH {
+                self.warn(&source, "symlink target empty or too long, skipped");
+                return Ok(false);
+            }
+            self.push(tree.clone(), Kind::Symlink, &meta, target, &source);
+            self.counts.symlinks += 1;
+        } else if ft.is_fifo() || ft.is_char_device() || ft.is_block_device() {
+            let kind = if ft.is_fifo() {
+                Kind::Fifo
+            } else if ft.is_char_device() {
+                Kind::CharDev
+            } else {
+                Kind::BlockDev
+            };
+            self.push(tree.clone(), kind, &meta, Vec::new(), &source);
+            self.nodes.last_mut().expect("pushed").rdev =
+                if kind == Kind::Fifo { 0 } else { meta.rdev() };
+            self.counts.specials += 1;
+        } else {
+            return self.open_file(source, tree, linked);
+        }
+        if let Some(key) = linked {
+            self.links.insert(key, tree);
+        }
+        Ok(false)
+    }
+
+    /// Open a regular file without following a symlink that replaced it,
+    /// and record it with the metadata of what was opened.
+    fn open_file(
+        &mut self,
+        source: PathBuf,
+        tree: Vec<u8>,
+        linked: Option<(u64, u64)>,
+    ) -> io::Result<bool> {
+        let file = match open_no_follow(&source) {
+            Ok(f) => f,
+            Err(e) if is_gone(&e) || e.raw_os_error() == Some(libc::ELOOP) => {
+                self.warn(&source, "vanished or replaced before it was read, skipped");
+                return Ok(false);
+            }
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                self.warn(&source, &format!("{e}; skipped"));
+                return Ok(false);
+            }
+            Err(e) => return Err(context(e, &source)),
+        };
+        let meta = file.metadata().map_err(|e| context(e, &source))?;
+        if !meta.file_type().is_file() {
+            self.warn(&source, "replaced by something else while read, skipped");
+            return Ok(false);
+        }
+        if let Some(key) = linked {
+            self.links.insert(key, tree.clone());
+        }
+        self.push(tree, Kind::File, &meta, Vec::new(), &source);
+        let node = self.nodes.len() - 1;
+        self.nodes[node].offset = self.offset;
+        self.counts.files += 1;
+        self.current = Some(Current { file, node });
+        Ok(true)
+    }
+
+    fn push(&mut self, tree: Vec<u8>, kind: Kind, meta: &Metadata, target: Vec<u8>, source: &Path) {
+        let mut n = node(tree, kind, meta, target);
+        n.xattrs = xattrs(source);
+        self.nodes.push(n);
+    }
+
+    /// A directory's names, sorted by their bytes.
+    fn list(&mut self, dir: &Path) -> io::Result<std::vec::IntoIter<OsString>> {
+        let mut names = Vec::new();
+        for e in fs::read_dir(dir)? {
+            names.push(e?.file_name());
+        }
+        names.sort();
+        Ok(names.into_iter())
+    }
+
+    fn warn(&mut self, path: &Path, what: &str) {
+        self.warnings.push(format!("{}: {what}", path.display()));
+    }
+}
+
+impl TreeWalk {
+    /// Record entries up to the next regular file and open it for
+    /// [`Read`]; false once every path has been walked. Each file is read
+    /// (and segmented) on its own, so a change to one file never shifts
+    /// the segments of the files after it.
+    pub fn next_file(&mut self) -> io::Result<bool> {
+        self.current = None;
+        self.advance()
+    }
+}
+
+/// The contents of the current file (see [`TreeWalk::next_file`]), to its
+/// end of file however long that turns out to be.
+impl Read for TreeWalk {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let Some(cur) = &mut self.current else {
+            return Ok(0);
+        };
+        let n = cur.file.read(buf).map_err(|e| {
+            let p = String::from_utf8_lossy(&self.nodes[cur.node].path).into_owned();
+            io::Error::new(e.kind(), format!("reading {p}: {e}"))
+        })?;
+        self.nodes[cur.node].size += n as u64;
+        self.offset += n as u64;
+        Ok(n)
+    }
+}
+
+/// The tree path of a given path: relative, without `.` components.
+pub(crate) fn tree_path(p: &Path) -> io::Result<Vec<u8>> {
+    let mut out: Vec<u8> = Vec::new();
+    for c in p.components() {
+        match c {
+            Component::Normal(name) => {
+                if !out.is_empty() {
+                    out.push(b'/');
+                }
+                out.extend_from_slice(name.as_bytes());
+            }
+            Component::ParentDir => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                    "{}: '..' in a path to back up; give the path without it (or cd there first)",
+                    p.display()
+                ),
+                ))
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    Ok(out)
+}
+
+/// An entry with `meta`'s mode, owner and times; size and offset zero (a
+/// file's grow as it is read).
+fn node(path: Vec<u8>, kind: Kind, meta: &Metadata, target: Vec<u8>) -> Node {
+    let mut n = Node::new(path, kind);
+    n.mode = meta.mode() & 0o7777;
+    n.uid = meta.uid();
+    n.gid = meta.gid();
+    n.mtime = Time {
+        sec: meta.mtime(),
+        nsec: meta.mtime_nsec() as u32,
+    };
+    n.atime = Time {
+        sec: meta.atime(),
+        nsec: meta.atime_nsec() as u32,
+    };
+    n.target = target;
+    n
+}
+
+/// Extended attributes, without following a symlink; none where the file
+/// system has none or they cannot be read (they are not worth failing a
+/// backup for).
+fn xattrs(path: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let Ok(names) = xattr::list(path) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for name in names {
+        let bytes = name.as_bytes();
+        if bytes.len() > 255 {
+            continue;
+        }
+        if let Ok(Some(value)) = xattr::get(path, &name) {
+            out.push((bytes.to_vec(), value));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Open to read without following a symlink and, where allowed, without
+/// updating the access time (a backup should not change what it reads).
+fn open_no_follow(path: &Path) -> io::Result<File> {
+    let open = |flags| {
+        fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(flags)
+            .open(path)
+    };
+    match open(libc::O_NOFOLLOW | libc::O_NOATIME) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => open(libc::O_NOFOLLOW),
+        other => other,
+    }
+}
+
+fn is_gone(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
+}
+
+fn context(e: io::Error, path: &Path) -> io::Error {
+    io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn given_paths_are_named_as_tar_names_them() {
+        for (given, stored) in [
+            ("/usr/share/doc", "usr/share/doc"),
+            ("docs", "docs"),
+            ("./a/./b/", "a/b"),
+            (".", ""),
+            ("/", ""),
+        ] {
+            assert_eq!(
+                tree_path(Path::new(given)).unwrap(),
+                stored.as_bytes(),
+                "{given}"
+            );
+        }
+        for bad in ["..", "a/../b", "../a"] {
+            let e = tree_path(Path::new(bad)).unwrap_err();
+            assert!(e.to_string().contains("'..'"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_given_symlink_is_recorded_not_followed_and_parents_come_first() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path().join("d");
+        fs::create_dir(&d).unwrap();
+        fs::write(d.join("f"), b"data").unwrap();
+        std::os::unix::fs::symlink(&d, tmp.path().join("s")).unwrap();
+        let mut walk = TreeWalk::new(&[tmp.path().join("s")]).unwrap();
+        assert!(!walk.next_file().unwrap(), "followed the symlink");
+        let (tree, counts, _) = walk.finish();
+        let last = tree.nodes.last().unwrap();
+        assert_eq!(
+            (last.kind, counts.symlinks, counts.files),
+            (Kind::Symlink, 1, 0)
+        );
+        assert_eq!(last.target, d.as_os_str().as_bytes());
+        // Every directory leading to it, outermost first.
+        let parents = tmp.path().components().count() - 1;
+        assert_eq!(tree.nodes.len(), parents + 1);
+        assert!(tree.nodes[..parents].iter().all(|n| n.kind == Kind::Dir));
+        tree.check().unwrap();
+    }
+}

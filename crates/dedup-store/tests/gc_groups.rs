@@ -1,0 +1,134 @@
+//! Grouped marking (§3.3): a collection reads the recipes of the groups
+//! whose backups changed and no others, and reads no container at all, so
+//! its work follows the change rather than the repository's size.
+
+mod gc_support;
+
+use std::collections::BTreeSet;
+
+use dedup_store::{GcOptions, GcReport, Repository};
+use gc_support::*;
+use rand::{rngs::StdRng, RngCore, SeedableRng};
+
+fn data(seed: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    StdRng::seed_from_u64(seed).fill_bytes(&mut v);
+    v
+}
+
+/// A collection, the recipes it read, and the containers it read (only
+/// to decide on compacting those a changed group used).
+fn gc_reading(repo: &Repository, store: &Faulty) -> (GcReport, Vec<String>, BTreeSet<String>) {
+    store.clear_reads();
+    let r = repo.gc(&GcOptions::default()).unwrap();
+    let containers: BTreeSet<String> = store.reads_under("containers/").into_iter().collect();
+    if r.groups_remarked == 0 && r.groups_dropped == 0 {
+        assert!(
+            containers.is_empty(),
+            "nothing changed, yet {containers:?} read"
+        );
+    }
+    (r, store.reads_under("recipes/"), containers)
+}
+
+fn gc(repo: &Repository, store: &Faulty) -> (GcReport, Vec<String>) {
+    let (r, recipes, _) = gc_reading(repo, store);
+    (r, recipes)
+}
+
+#[test]
+fn only_changed_groups_are_marked_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    Repository::init(tmp.path()).unwrap();
+    let (repo, store) = open_faulty(tmp.path());
+    for (group, base) in [("A", 0), ("B", 100)] {
+        for i in 0..4 {
+            let name = format!("{group}{i}");
+            repo.backup_stream(&name, group, &data(base + i, 30_000)[..])
+                .unwrap();
+        }
+    }
+    let (r, read) = gc(&repo, &store);
+    assert_eq!(
+        (r.groups_remarked, r.groups_reused, r.recipes_read),
+        (2, 0, 8)
+    );
+    assert_eq!(read.len(), 8);
+
+    // Nothing changed: both groups' marks reused, no recipe read.
+    let (r, read) = gc(&repo, &store);
+    assert_eq!(
+        (r.groups_remarked, r.groups_reused, r.recipes_read),
+        (0, 2, 0)
+    );
+    assert!(read.is_empty(), "{read:?}");
+    assert_eq!(r.containers_swept, 0);
+
+    // A backup of A deleted: A alone is marked again; B's recipes unread.
+    repo.delete_backup("A1").unwrap();
+    let (r, read) = gc(&repo, &store);
+    assert_eq!(
+        (r.groups_remarked, r.groups_reused, r.recipes_read),
+        (1, 1, 3)
+    );
+    assert!(read.iter().all(|r| r.starts_with("recipes/A")), "{read:?}");
+    assert!(r.containers_swept > 0 && r.bytes_reclaimed > 0, "{r:?}");
+    check_collected(tmp.path());
+
+    // A backup added to B: B alone.
+    repo.backup_stream("B9", "B", &data(9, 20_000)[..]).unwrap();
+    let (r, read) = gc(&repo, &store);
+    assert_eq!(
+        (r.groups_remarked, r.groups_reused, r.recipes_read),
+        (1, 1, 5)
+    );
+    assert!(read.iter().all(|r| r.starts_with("recipes/B")), "{read:?}");
+    assert_eq!(r.containers_swept, 0);
+
+    // Group A emptied: its marks dropped, its containers freed.
+    for i in [0, 2, 3] {
+        repo.delete_backup(&format!("A{i}")).unwrap();
+    }
+    let (r, read) = gc(&repo, &store);
+    assert_eq!(
+        (r.groups_remarked, r.groups_reused, r.groups_dropped),
+        (0, 1, 1)
+    );
+    assert!(read.is_empty(), "{read:?}");
+    check_collected(tmp.path());
+    let mut out = Vec::new();
+    repo.restore("B9", &mut out).unwrap();
+    assert_eq!(out, data(9, 20_000));
+}
+
+#[test]
+fn work_follows_the_change_not_the_repository_size() {
+    let tmp = tempfile::tempdir().unwrap();
+    Repository::init(tmp.path()).unwrap();
+    let (repo, store) = open_faulty(tmp.path());
+    let groups = 30;
+    for g in 0..groups {
+        for i in 0..3 {
+            let name = format!("g{g}-{i}");
+            repo.backup_stream(&name, &format!("g{g}"), &data(g * 10 + i, 20_000)[..])
+                .unwrap();
+        }
+    }
+    let (full, read) = gc(&repo, &store);
+    assert_eq!(full.recipes_read, 3 * groups);
+    assert_eq!(read.len() as u64, 3 * groups);
+    repo.delete_backup("g7-1").unwrap();
+    let (r, read, containers) = gc_reading(&repo, &store);
+    assert_eq!((r.groups_remarked, r.groups_reused), (1, groups - 1));
+    assert_eq!(read.len(), 2, "only group g7's two recipes: {read:?}");
+    // Each backup fills one container: g7's other two are the only ones
+    // that may have lost entries.
+    assert!(containers.len() <= 2, "{containers:?}");
+    assert_eq!(r.catalogs_read, 2);
+    eprintln!(
+        "{groups} groups: full mark {:.1} ms, one group changed {:.1} ms",
+        full.seconds * 1e3,
+        r.seconds * 1e3
+    );
+    check_collected(tmp.path());
+}
