@@ -20,6 +20,7 @@ run() {
 run sparse security
 # The backup store (issue 17) keeps no device: the backend is irrelevant.
 run sparse backup
+run sparse store-serve
 for t in nbdcopy qemu-io fio lifecycle ext4 bench replay analyze; do
     run inram "$t"
 done

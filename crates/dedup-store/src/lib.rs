@@ -58,6 +58,11 @@
 //! [`Repository::restore_tree`]) are one stream of the files' contents
 //! plus a tree object of their metadata ([`Tree`]; walk in [`TreeWalk`]).
 //!
+//! [`rpc`] serves one writable repository to many clients at once (§3.4,
+//! `dedup store serve`): a pipelined client cuts and hashes its stream,
+//! looks fingerprints up in batches with several in flight, and sends only
+//! the segments the server lacks, which the server hashes again.
+//!
 //! Not built yet: an index choice recorded in the repository, and an S3
 //! implementation of the seam.
 
@@ -82,6 +87,7 @@ pub mod repo;
 mod repo_check;
 pub mod repo_error;
 mod restore;
+pub mod rpc;
 pub mod segment_index;
 pub mod segmenter;
 pub mod session;

@@ -113,6 +113,34 @@ impl BackupSession<'_> {
         Ok(confirmed.then_some((container, entry)))
     }
 
+    /// [`lookup`](Self::lookup), answered as the full reference (with the
+    /// segment's length from its catalog entry): what a server pushes for a
+    /// segment a remote client names only by fingerprint, so the length in
+    /// the recipe is the store's, never the client's word.
+    pub fn lookup_ref(&mut self, fp: &Fingerprint) -> RepoResult<Option<SegmentRef>> {
+        let Some((container, entry)) = self.lookup(fp)? else {
+            return Ok(None);
+        };
+        let len = match &self.open {
+            Some(o) if o.writer.id() == container => o
+                .writer
+                .entries()
+                .get(entry as usize)
+                .map(|e| e.location.raw_len),
+            _ => self
+                .repo
+                .catalog(container)
+                .ok()
+                .and_then(|c| c.entries().get(entry as usize).map(|e| e.location.raw_len)),
+        };
+        Ok(len.map(|len| SegmentRef {
+            container,
+            entry,
+            len,
+            fingerprint: *fp,
+        }))
+    }
+
     /// Reuse segment `r` from an earlier backup's recipe without reading
     /// or hashing its bytes (a file unchanged since the parent backup):
     /// the container is protected for this session and its catalog must

@@ -50,6 +50,11 @@ impl ContainerWriter {
         self.id
     }
 
+    /// The catalog entries of the segments added so far.
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
     pub fn segment_count(&self) -> usize {
         self.entries.len()
     }

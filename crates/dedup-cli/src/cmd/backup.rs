@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use anyhow::bail;
 use dedup_core::size::format_size;
+use dedup_store::rpc::Endpoint;
 use dedup_store::BackupReport;
 use serde::Serialize;
 
@@ -17,13 +18,15 @@ use super::store::ReportJson;
 #[derive(clap::Args)]
 #[command(
     about = "Back up files and directories, or a stream from standard input, into a repository",
-    after_help = "Files and directories are stored with their metadata (type, mode including setuid/setgid/sticky, owner, times to the nanosecond, symlink targets, hard links, fifos and devices, extended attributes); symlinks are never followed; sockets are skipped with a warning, as are files that vanish or cannot be read. Paths are kept as given, made relative like tar does: /home/me is stored as home/me, so `dedup restore REPO NAME /restore` recreates /restore/home/me. A file that changes while it is read is stored as read.\n\nThe backup becomes visible only once all of it is durable; a backup that fails or is killed leaves no backup behind.\n\nExamples:\n  dedup backup ./repo home-monday /home\n  dedup backup ./repo etc-1 /etc --group etc --json\n  pg_dump db | dedup backup ./repo db-1 --stdin --group db --json"
+    after_help = "Files and directories are stored with their metadata (type, mode including setuid/setgid/sticky, owner, times to the nanosecond, symlink targets, hard links, fifos and devices, extended attributes); symlinks are never followed; sockets are skipped with a warning, as are files that vanish or cannot be read. Paths are kept as given, made relative like tar does: /home/me is stored as home/me, so `dedup restore REPO NAME /restore` recreates /restore/home/me. A file that changes while it is read is stored as read.\n\nThe backup becomes visible only once all of it is durable; a backup that fails or is killed leaves no backup behind.\n\nExamples:\n  dedup backup ./repo home-monday /home\n  dedup backup ./repo etc-1 /etc --group etc --json\n  pg_dump db | dedup backup ./repo db-1 --stdin --group db --json\n  tar -cf - /home | dedup backup --server unix:/run/dedup-backup.sock home-monday --stdin"
 )]
 pub struct Args {
     /// Repository directory (see `dedup store init`).
     pub repo: PathBuf,
-    /// Name of the new backup (letters, digits, . _ -).
-    pub name: String,
+    /// Name of the new backup (letters, digits, . _ -). With --server the
+    /// first argument is the name: dedup backup --server ADDR NAME --stdin.
+    #[arg(required_unless_present = "server")]
+    pub name: Option<String>,
     /// Files or directories to back up.
     #[arg(value_name = "PATH")]
     pub paths: Vec<PathBuf>,
@@ -33,6 +36,10 @@ pub struct Args {
     /// Backup group the backup belongs to.
     #[arg(long, default_value = "default")]
     pub group: String,
+    /// Back up through a running `dedup store serve` instead of opening
+    /// the repository here: unix:PATH or tcp:HOST:PORT (streams only).
+    #[arg(long, value_name = "ADDR", value_parser = Endpoint::parse)]
+    pub server: Option<Endpoint>,
     /// Print the report as JSON (and no progress bar).
     #[arg(long)]
     pub json: bool,
@@ -67,6 +74,10 @@ impl<R: Read> Read for Counting<R> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    if let Some(server) = &a.server {
+        return remote(server, &a);
+    }
+    let name = a.name.clone().unwrap_or_default();
     if !a.paths.is_empty() {
         if a.stdin {
             bail!("give either files and directories or --stdin, not both");
@@ -78,21 +89,21 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     let stdin = io::stdin();
     if stdin.is_terminal() {
-        bail!("--stdin is a terminal; pipe the data in, e.g. tar -cf - DIR | dedup backup {} {} --stdin", a.repo.display(), a.name);
+        bail!("--stdin is a terminal; pipe the data in, e.g. tar -cf - DIR | dedup backup {} {name} --stdin", a.repo.display());
     }
     let repo = super::store::open_indexed(&a.repo, &a.index)?;
     let bar =
         indicatif::ProgressBar::new_spinner().with_style(indicatif::ProgressStyle::with_template(
             "{spinner} backing up {msg}: {bytes} read, {bytes_per_sec}, {elapsed}",
         )?);
-    bar.set_message(a.name.clone());
+    bar.set_message(name.clone());
     if a.json || !io::stderr().is_terminal() {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
     let start = Instant::now();
     let result = repo.backup_stream(
-        &a.name,
+        &name,
         &a.group,
         Counting {
             inner: stdin,
@@ -104,7 +115,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let seconds = start.elapsed().as_secs_f64();
     let ratio = r.dedup_ratio();
     let report = Report {
-        name: a.name.clone(),
+        name: name.clone(),
         group: a.group.clone(),
         report: r.into(),
         index: super::store::IndexJson::of(&repo),
@@ -117,7 +128,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     println!(
         "Backed up {} into {} (group {}): {} in, {} new ({} written, {} new containers), dedup ratio {}; {} segments new, {} duplicate; {:.1} s, {:.1} MB/s.",
-        a.name,
+        name,
         a.repo.display(),
         a.group,
         format_size(r.bytes_in),
@@ -146,6 +157,21 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--server`: the positionals are NAME (parsed as REPO) and no paths.
+fn remote(server: &Endpoint, a: &Args) -> anyhow::Result<ExitCode> {
+    let name = a.repo.to_string_lossy().into_owned();
+    if a.name.is_some() || !a.paths.is_empty() {
+        bail!("through a server only a stream backs up: dedup backup --server {server} NAME --stdin (files and directories: back them up where the repository is, or pipe a tar stream in)");
+    }
+    if !a.stdin {
+        bail!("nothing to back up: give --stdin and pipe the data in, e.g. tar -cf - DIR | dedup backup --server {server} {name} --stdin");
+    }
+    if io::stdin().is_terminal() {
+        bail!("--stdin is a terminal; pipe the data in, e.g. tar -cf - DIR | dedup backup --server {server} {name} --stdin");
+    }
+    super::backup_remote::run(server, &name, &a.group, a.json)
 }
 
 /// Decimal megabytes per second (0 for an instant).

@@ -34,18 +34,20 @@ struct Report {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    // Present: clap requires it unless --server, which never comes here.
+    let name = a.name.clone().unwrap_or_default();
     let repo = super::store::open_indexed(&a.repo, &a.index)?;
     let bar =
         indicatif::ProgressBar::new_spinner().with_style(indicatif::ProgressStyle::with_template(
             "{spinner} backing up {msg}: {bytes} read, {bytes_per_sec}, {elapsed}",
         )?);
-    bar.set_message(a.name.clone());
+    bar.set_message(name.clone());
     if a.json || !io::stderr().is_terminal() {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
     let start = Instant::now();
-    let result = repo.backup_paths(&a.name, &a.group, &a.paths, |n| bar.inc(n));
+    let result = repo.backup_paths(&name, &a.group, &a.paths, |n| bar.inc(n));
     bar.finish_and_clear();
     let TreeBackupReport {
         backup: r,
@@ -62,7 +64,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     let ratio = r.dedup_ratio();
     let report = Report {
-        name: a.name.clone(),
+        name: name.clone(),
         group: a.group.clone(),
         report: r.into(),
         counts: c,
@@ -80,7 +82,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     println!(
         "Backed up {} into {} (group {}): {} files, {} directories, {} symlinks, {} hard links, {} special files; {} in, {} new ({} written), dedup ratio {}; {:.1} s, {:.1} MB/s{}.",
-        a.name,
+        name,
         a.repo.display(),
         a.group,
         c.files,

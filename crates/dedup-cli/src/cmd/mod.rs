@@ -5,6 +5,7 @@ pub mod analyze;
 mod analyze_plot;
 pub mod backup;
 mod backup_files;
+mod backup_remote;
 pub mod bench;
 pub mod bench_thin;
 pub mod check;
@@ -22,6 +23,8 @@ pub mod serve;
 pub mod status;
 pub mod store;
 mod store_check;
+mod store_remote;
+mod store_serve;
 pub mod tls;
 pub mod trace;
 

@@ -21,8 +21,8 @@ use super::print_json;
 
 #[derive(clap::Args)]
 #[command(
-    about = "Manage a backup repository (in progress): init, stats, check",
-    after_help = "A repository is a directory of containers (compressed segments with catalogs), recipes and backups. gc and serve are not built yet.\n\nExamples:\n  dedup store init ./repo\n  dedup store init ./repo --segments fastcdc\n  dedup store stats ./repo --json\n  dedup store check ./repo --data"
+    about = "Manage a backup repository (in progress): init, stats, check, serve, remote",
+    after_help = "A repository is a directory of containers (compressed segments with catalogs), recipes and backups. serve holds it open for many concurrent backup clients; remote lists, restores, deletes, sums up and collects garbage through a server.\n\nExamples:\n  dedup store init ./repo\n  dedup store init ./repo --segments fastcdc\n  dedup store stats ./repo --json\n  dedup store check ./repo --data\n  dedup store serve ./repo --socket /run/dedup-backup.sock"
 )]
 pub struct Args {
     #[command(subcommand)]
@@ -34,6 +34,8 @@ pub enum StoreCommand {
     Init(InitArgs),
     Stats(StatsArgs),
     Check(super::store_check::CheckArgs),
+    Serve(super::store_serve::Args),
+    Remote(super::store_remote::Args),
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -86,6 +88,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         StoreCommand::Init(a) => init(a),
         StoreCommand::Stats(a) => stats(a),
         StoreCommand::Check(a) => super::store_check::run(a),
+        StoreCommand::Serve(a) => super::store_serve::run(a),
+        StoreCommand::Remote(a) => super::store_remote::run(a),
     }
 }
 

@@ -1,0 +1,219 @@
+//! `dedup store remote`: list, restore, delete, stats and gc through a running
+//! `dedup store serve`, for clients that do not have the directory.
+
+use std::fs::{self, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{anyhow, Context};
+
+use dedup_core::size::format_size;
+use dedup_store::rpc::{Client, Endpoint};
+use serde::Serialize;
+
+use super::print_json;
+use super::store::{utc, ReportJson};
+
+#[derive(clap::Args)]
+#[command(
+    about = "List, restore, delete, sum up and collect garbage through a running dedup store serve",
+    after_help = "Examples:\n  dedup store remote --server unix:/run/dedup-backup.sock list\n  dedup store remote --server tcp:127.0.0.1:7070 restore home-monday home.tar\n  dedup store remote --server tcp:127.0.0.1:7070 delete home-monday\n  dedup store remote --server unix:/run/dedup-backup.sock stats --json"
+)]
+pub struct Args {
+    /// The server: unix:PATH or tcp:HOST:PORT.
+    #[arg(long, value_parser = Endpoint::parse)]
+    pub server: Endpoint,
+    /// Print JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: RemoteCommand,
+}
+
+#[derive(clap::Subcommand)]
+pub enum RemoteCommand {
+    /// List the backups.
+    List,
+    /// Delete a backup (its containers stay until a garbage collection).
+    Delete { name: String },
+    /// What the repository holds, and what the server is doing.
+    Stats,
+    /// Collect garbage in the server's repository, beside running backups.
+    Gc {
+        /// Compact a container whose live share of stored bytes is below
+        /// this fraction (0 never compacts); the server's default if not given.
+        #[arg(long)]
+        compact_below: Option<f64>,
+    },
+    /// Restore a backup through the server to a new file or `-` (stdout).
+    Restore {
+        name: String,
+        target: PathBuf,
+        /// Replace TARGET if it exists.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Serialize)]
+struct Listed {
+    name: String,
+    group: String,
+    time: u64,
+    has_tree: bool,
+    #[serde(flatten)]
+    report: ReportJson,
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let c = Client::connect(&a.server)?;
+    match a.command {
+        RemoteCommand::List => {
+            let backups = c.list()?;
+            if a.json {
+                let v: Vec<Listed> = backups
+                    .into_iter()
+                    .map(|b| Listed {
+                        name: b.name,
+                        group: b.group,
+                        time: b.time,
+                        has_tree: b.has_tree,
+                        report: dedup_store::BackupReport::from(b.report).into(),
+                    })
+                    .collect();
+                print_json(&v)?;
+            } else {
+                for b in backups {
+                    println!(
+                        "{} {} {} {}",
+                        b.name,
+                        b.group,
+                        utc(b.time),
+                        format_size(b.report.bytes_in)
+                    );
+                }
+            }
+        }
+        RemoteCommand::Delete { name } => {
+            c.delete(&name)?;
+            if a.json {
+                print_json(&serde_json::json!({ "deleted": name }))?;
+            } else {
+                println!("Deleted backup {name} (its containers stay until a garbage collection).");
+            }
+        }
+        RemoteCommand::Stats => {
+            let s = c.stats()?;
+            if a.json {
+                print_json(&serde_json::json!({
+                    "backups": s.backups,
+                    "containers": s.containers,
+                    "logical_bytes": s.logical_bytes,
+                    "damaged_containers": s.damaged_containers,
+                    "running_backups": s.running_backups,
+                    "connections": s.connections,
+                }))?;
+            } else {
+                println!(
+                    "{}: {} backups, {} logical in {} containers; {} backups running, {} connections.",
+                    a.server,
+                    s.backups,
+                    format_size(s.logical_bytes),
+                    s.containers,
+                    s.running_backups,
+                    s.connections
+                );
+            }
+        }
+        RemoteCommand::Gc { compact_below } => {
+            let r = c.gc(compact_below)?;
+            if a.json {
+                print_json(&serde_json::json!({
+                    "backups": r.backups,
+                    "containers": r.containers,
+                    "containers_protected": r.containers_protected,
+                    "containers_swept": r.containers_swept,
+                    "containers_compacted": r.containers_compacted,
+                    "bytes_reclaimed": r.bytes_reclaimed,
+                    "orphans_removed": r.orphans_removed,
+                    "seconds": r.seconds,
+                }))?;
+            } else {
+                println!(
+                    "Collected: {} of {} containers deleted, {} compacted, {} kept for running backups; {} reclaimed ({:.1} s).",
+                    r.containers_swept,
+                    r.containers,
+                    r.containers_compacted,
+                    r.containers_protected,
+                    format_size(r.bytes_reclaimed),
+                    r.seconds
+                );
+            }
+        }
+        RemoteCommand::Restore {
+            name,
+            target,
+            force,
+        } => restore(&c, &name, &target, force)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Like `dedup restore`: a file TARGET must be new unless `force`, and a
+/// failed restore removes what it wrote.
+fn restore(c: &Client, name: &str, target: &Path, force: bool) -> anyhow::Result<()> {
+    if target.as_os_str() == "-" {
+        let mut out = BufWriter::with_capacity(1 << 20, io::stdout().lock());
+        let n = c.restore(name, &mut out)?;
+        out.flush().context("writing to standard output")?;
+        eprintln!(
+            "Restored {} of backup {name} to standard output.",
+            format_size(n)
+        );
+        return Ok(());
+    }
+    let mut opts = OpenOptions::new();
+    opts.write(true);
+    if force {
+        opts.create(true).truncate(true);
+    } else {
+        opts.create_new(true);
+    }
+    let file = opts.open(target).map_err(|e| {
+        if e.kind() == io::ErrorKind::AlreadyExists {
+            anyhow!(
+                "{} already exists; refusing to overwrite it (use --force to replace it)",
+                target.display()
+            )
+        } else {
+            anyhow!("creating {}: {e}", target.display())
+        }
+    })?;
+    let mut out = BufWriter::with_capacity(1 << 20, file);
+    let done = c
+        .restore(name, &mut out)
+        .map_err(anyhow::Error::from)
+        .and_then(|n| {
+            let file = out.into_inner().map_err(|e| e.into_error())?;
+            file.sync_all()?;
+            Ok(n)
+        });
+    match done {
+        Ok(n) => {
+            println!(
+                "Restored {} of backup {name} to {}.",
+                format_size(n),
+                target.display()
+            );
+            Ok(())
+        }
+        Err(e) => {
+            let _ = fs::remove_file(target);
+            Err(e.context(format!(
+                "restoring backup {name} (the partial {} was removed)",
+                target.display()
+            )))
+        }
+    }
+}

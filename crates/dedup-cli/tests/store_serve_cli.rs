@@ -1,0 +1,271 @@
+//! `dedup store serve` through the binary: four `dedup backup --server`
+//! processes at once, `store remote`, restores beside the server, the
+//! refusals a running server causes, and a clean stop on SIGTERM.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn dedup(args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut child = spawn(args, stdin.is_some());
+    if let Some(data) = stdin {
+        child.stdin.take().unwrap().write_all(data).unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn spawn(args: &[&str], piped_stdin: bool) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_dedup"))
+        .args(args)
+        .stdin(if piped_stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run dedup")
+}
+
+fn ok(args: &[&str], stdin: Option<&[u8]>) -> Vec<u8> {
+    let out = dedup(args, stdin);
+    assert!(
+        out.status.success(),
+        "dedup {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+fn refused(args: &[&str], says: &str) {
+    let out = dedup(args, Some(b""));
+    assert!(!out.status.success(), "dedup {args:?} succeeded");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(says),
+        "dedup {args:?} said {err:?}, not {says:?}"
+    );
+}
+
+fn json(bytes: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(bytes).expect("JSON")
+}
+
+fn data(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (x >> 33) as u8
+        })
+        .collect()
+}
+
+/// A server process, killed if the test fails before stopping it.
+struct Serving(Child);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_for(path: &Path) {
+    let start = Instant::now();
+    while !path.exists() {
+        assert!(start.elapsed() < Duration::from_secs(20), "no {path:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn serve_four_backup_processes_at_once_restore_and_stop_on_sigterm() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    let r = repo.to_str().unwrap();
+    let sock = tmp.path().join("s.sock");
+    let server_arg = format!("unix:{}", sock.display());
+    let s = server_arg.as_str();
+    ok(&["store", "init", r, "--json"], None);
+    let mut serving = Serving(spawn(
+        &["store", "serve", r, "--socket", sock.to_str().unwrap()],
+        false,
+    ));
+    let server = &mut serving.0;
+    wait_for(&sock);
+
+    let shared = data(1, 2 << 20);
+    let streams: Vec<Vec<u8>> = (0..4)
+        .map(|i| [&shared[..], &data(10 + i, 1 << 20)[..]].concat())
+        .collect();
+    let mut clients: Vec<Child> = (0..4)
+        .map(|i| {
+            spawn(
+                &[
+                    "backup",
+                    "--server",
+                    s,
+                    &format!("b{i}"),
+                    "--stdin",
+                    "--json",
+                ],
+                true,
+            )
+        })
+        .collect();
+    for (c, stream) in clients.iter_mut().zip(&streams) {
+        c.stdin.take().unwrap().write_all(stream).unwrap();
+    }
+    for (i, c) in clients.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let j = json(&out.stdout);
+        assert_eq!(j["name"], format!("b{i}"));
+        assert_eq!(j["bytes_in"], streams[i].len() as u64);
+        assert_eq!(j["server"], s);
+    }
+    let list = json(&ok(
+        &["store", "remote", "--server", s, "list", "--json"],
+        None,
+    ));
+    assert_eq!(list.as_array().unwrap().len(), 4);
+    // Restores read the directory beside the server.
+    for (i, stream) in streams.iter().enumerate() {
+        assert!(
+            ok(&["restore", r, &format!("b{i}"), "-"], None) == *stream,
+            "b{i}"
+        );
+    }
+    // And through the server, to stdout and to a file.
+    assert!(
+        ok(
+            &["store", "remote", "--server", s, "restore", "b1", "-"],
+            None
+        ) == streams[1]
+    );
+    let t = tmp.path().join("b2.out");
+    let t = t.to_str().unwrap();
+    ok(
+        &["store", "remote", "--server", s, "restore", "b2", t],
+        None,
+    );
+    assert!(std::fs::read(t).unwrap() == streams[2]);
+    refused(
+        &["store", "remote", "--server", s, "restore", "b2", t],
+        "already exists",
+    );
+    refused(
+        &["store", "remote", "--server", s, "restore", "nosuch", "-"],
+        "no backup named nosuch",
+    );
+    // A later backup of the shared part sends nothing new.
+    let again = json(&ok(
+        &["backup", "--server", s, "again", "--stdin", "--json"],
+        Some(&shared),
+    ));
+    assert_eq!(again["bytes_new"], 0);
+    let stats = json(&ok(
+        &["store", "remote", "--server", s, "stats", "--json"],
+        None,
+    ));
+    assert_eq!(stats["backups"], 5);
+    ok(&["store", "remote", "--server", s, "delete", "again"], None);
+
+    refused(&["backup", r, "local", "--stdin"], "dedup store serve");
+    refused(
+        &["store", "serve", r, "--socket", "other.sock"],
+        "in use by another process",
+    );
+    let gc = json(&ok(
+        &["store", "remote", "--server", s, "gc", "--json"],
+        None,
+    ));
+    assert_eq!(gc["backups"], 4);
+    refused(
+        &["backup", "--server", s, "b0", "--stdin"],
+        "backup b0 already exists",
+    );
+    refused(
+        &["backup", "--server", s, "--stdin"],
+        "required arguments were not provided",
+    );
+    refused(
+        &["backup", "--server", "nope", "x", "--stdin"],
+        "unix:PATH or tcp:HOST:PORT",
+    );
+    refused(
+        &["store", "serve", r, "--listen", "0.0.0.0:0"],
+        "--allow-remote",
+    );
+
+    unsafe { libc::kill(server.id() as libc::pid_t, libc::SIGTERM) };
+    let status = server.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(!sock.exists(), "the socket is removed at exit");
+    let mut err = String::new();
+    std::io::Read::read_to_string(server.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(err.contains("dedup: serving"), "{err}");
+    assert!(err.contains("stopped"), "{err}");
+    // The repository reopens to write.
+    ok(&["backup", r, "after", "--stdin"], Some(b"after"));
+}
+
+#[test]
+fn sigterm_mid_backup_aborts_it_the_client_fails_and_no_backup_is_left() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    let r = repo.to_str().unwrap();
+    let sock = tmp.path().join("s.sock");
+    let server_arg = format!("unix:{}", sock.display());
+    let s = server_arg.as_str();
+    ok(&["store", "init", r], None);
+    let mut serving = Serving(spawn(
+        &["store", "serve", r, "--socket", sock.to_str().unwrap()],
+        false,
+    ));
+    let server = &mut serving.0;
+    wait_for(&sock);
+    let mut client = spawn(
+        &["backup", "--server", s, "slow", "--stdin", "--json"],
+        true,
+    );
+    let mut input = client.stdin.take().unwrap();
+    // Feed it slowly, until it stops taking input.
+    let feeder = std::thread::spawn(move || {
+        for i in 0..600 {
+            if input.write_all(&data(i, 256 << 10)).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let start = Instant::now();
+    loop {
+        let stats = json(&ok(
+            &["store", "remote", "--server", s, "stats", "--json"],
+            None,
+        ));
+        if stats["running_backups"] == 1 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{stats}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    unsafe { libc::kill(server.id() as libc::pid_t, libc::SIGTERM) };
+    assert!(server.wait().unwrap().success());
+    let out = client.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("connection to the server was lost"), "{err}");
+    feeder.join().unwrap();
+    let list = json(&ok(&["list", r, "--json"], None));
+    assert_eq!(list.as_array().unwrap().len(), 0, "{list}");
+    ok(&["backup", r, "slow", "--stdin"], Some(b"the name is free"));
+}

@@ -1,0 +1,286 @@
+//! The client side: one connection whose calls can be pipelined. `send`
+//! writes a request and returns at once with a [`Pending`] answer; a
+//! reader thread hands each response to its request by id. `call` is
+//! `send` then `wait`.
+
+use std::collections::HashMap;
+use std::io::{self, BufReader, BufWriter, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+
+use super::frame::{decode, read_frame, write_frame};
+use super::protocol::{
+    Call, Endpoint, ErrorKind, Reply, Request, Response, WireBackup, WireError, WireGcReport,
+    WireStats, MAX_FRAME, PROTOCOL_VERSION,
+};
+use super::stream::Stream;
+use crate::segmenter::Segmenting;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("connecting to {to}: {cause}")]
+    Connect { to: String, cause: io::Error },
+    /// The server answered the request with an error.
+    #[error("the server refused: {0}")]
+    Server(WireError),
+    #[error("the connection to the server was lost: {0}")]
+    Lost(String),
+    /// The server answered something this client cannot use.
+    #[error("the server answered unexpectedly: {0}")]
+    Protocol(String),
+    /// The stream to back up could not be read.
+    #[error("{0}")]
+    Local(String),
+}
+
+impl ClientError {
+    /// The server's error kind, if the server refused.
+    pub fn kind(&self) -> Option<ErrorKind> {
+        match self {
+            ClientError::Server(e) => Some(e.kind),
+            _ => None,
+        }
+    }
+}
+
+type Answer = Result<Reply, ClientError>;
+
+/// Where a request's answers go: one answer, or a restore's stream of
+/// chunks through a bounded queue (a slow reader of a restore stops the
+/// connection rather than buffering the backup in memory).
+#[derive(Clone)]
+enum Slot {
+    One(mpsc::Sender<Answer>),
+    Stream(mpsc::SyncSender<Answer>),
+}
+
+impl Slot {
+    fn send(&self, a: Answer) {
+        let _ = match self {
+            Slot::One(s) => s.send(a),
+            Slot::Stream(s) => s.send(a),
+        };
+    }
+
+    /// Fail the request without blocking (its reader may be gone).
+    fn fail(&self, a: Answer) {
+        match self {
+            Slot::One(s) => drop(s.send(a)),
+            Slot::Stream(s) => drop(s.try_send(a)),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Waiting {
+    slots: HashMap<u64, Slot>,
+    /// Why the connection is over, once it is.
+    closed: Option<String>,
+}
+
+pub struct Client {
+    writer: Mutex<BufWriter<Stream>>,
+    waiting: Arc<Mutex<Waiting>>,
+    next_id: AtomicU64,
+    closer: Stream,
+    reader: Option<JoinHandle<()>>,
+    segmenting: Segmenting,
+}
+
+/// An answer still on its way.
+pub struct Pending(mpsc::Receiver<Result<Reply, ClientError>>);
+
+impl Pending {
+    pub fn wait(self) -> Result<Reply, ClientError> {
+        self.0
+            .recv()
+            .unwrap_or_else(|_| Err(ClientError::Lost("no answer".into())))
+    }
+}
+
+impl Client {
+    /// Connect and agree on the protocol version.
+    pub fn connect(to: &Endpoint) -> Result<Client, ClientError> {
+        let stream = Stream::connect(to).map_err(|cause| ClientError::Connect {
+            to: to.to_string(),
+            cause,
+        })?;
+        let io_err = |cause| ClientError::Connect {
+            to: to.to_string(),
+            cause,
+        };
+        let read_half = stream.try_clone().map_err(io_err)?;
+        let closer = stream.try_clone().map_err(io_err)?;
+        let waiting = Arc::new(Mutex::new(Waiting::default()));
+        let w = waiting.clone();
+        let reader = std::thread::Builder::new()
+            .name("dedup-rpc-reader".into())
+            .spawn(move || read_responses(read_half, &w))
+            .map_err(io_err)?;
+        let mut client = Client {
+            writer: Mutex::new(BufWriter::with_capacity(256 << 10, stream)),
+            waiting,
+            next_id: AtomicU64::new(1),
+            closer,
+            reader: Some(reader),
+            segmenting: Segmenting::DEFAULT,
+        };
+        match client.call(Call::Hello {
+            protocol: PROTOCOL_VERSION,
+        })? {
+            Reply::Hello { segmenting, .. } => {
+                client.segmenting = segmenting.check().map_err(ClientError::Protocol)?;
+                Ok(client)
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// How the repository cuts streams.
+    pub fn segmenting(&self) -> Segmenting {
+        self.segmenting
+    }
+
+    /// Send `call` without waiting for its answer.
+    pub fn send(&self, call: Call) -> Result<Pending, ClientError> {
+        let (tx, rx) = mpsc::channel();
+        self.send_to(call, Slot::One(tx))?;
+        Ok(Pending(rx))
+    }
+
+    fn send_to(&self, call: Call, slot: Slot) -> Result<(), ClientError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut w = lock(&self.waiting);
+            if let Some(why) = &w.closed {
+                return Err(ClientError::Lost(why.clone()));
+            }
+            w.slots.insert(id, slot);
+        }
+        let mut writer = lock(&self.writer);
+        let sent = write_frame(&mut *writer, &Request { id, call }).and_then(|()| writer.flush());
+        match sent {
+            Ok(()) => Ok(()),
+            // Not encodable: the connection is fine, this request is not.
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+                lock(&self.waiting).slots.remove(&id);
+                Err(ClientError::Local(e.to_string()))
+            }
+            // The server closed: the reader thread will fail the request
+            // with the reason the server gave, if it gave one (busy).
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// Write backup `name`'s stream to `out` as the server reads it; the
+    /// number of bytes.
+    pub fn restore(&self, name: &str, out: &mut impl Write) -> Result<u64, ClientError> {
+        let (tx, rx) = mpsc::sync_channel(8);
+        self.send_to(Call::Restore { name: name.into() }, Slot::Stream(tx))?;
+        let mut n = 0u64;
+        loop {
+            match rx.recv() {
+                Ok(Ok(Reply::Chunk(bytes))) => {
+                    out.write_all(&bytes)
+                        .map_err(|e| ClientError::Local(format!("writing the restore: {e}")))?;
+                    n += bytes.len() as u64;
+                }
+                Ok(Ok(Reply::Restored { bytes })) if bytes == n => return Ok(n),
+                Ok(Ok(other)) => return Err(unexpected(&other)),
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(ClientError::Lost("the restore was cut off".into())),
+            }
+        }
+    }
+
+    pub fn call(&self, call: Call) -> Result<Reply, ClientError> {
+        self.send(call)?.wait()
+    }
+
+    pub fn list(&self) -> Result<Vec<WireBackup>, ClientError> {
+        match self.call(Call::List)? {
+            Reply::Backups(b) => Ok(b),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub fn delete(&self, name: &str) -> Result<(), ClientError> {
+        match self.call(Call::Delete { name: name.into() })? {
+            Reply::Deleted => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub fn stats(&self) -> Result<WireStats, ClientError> {
+        match self.call(Call::Stats)? {
+            Reply::Stats(s) => Ok(s),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Collect garbage in the server's repository.
+    pub fn gc(&self, compact_below: Option<f64>) -> Result<WireGcReport, ClientError> {
+        match self.call(Call::Gc { compact_below })? {
+            Reply::Collected(r) => Ok(r),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.closer.shutdown();
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
+}
+
+pub(crate) fn unexpected(reply: &Reply) -> ClientError {
+    let mut s = format!("{reply:?}");
+    s.truncate(200);
+    ClientError::Protocol(s)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Hand each response to the request it answers until the connection ends,
+/// then fail whatever still waits.
+fn read_responses(stream: Stream, waiting: &Mutex<Waiting>) {
+    let mut r = BufReader::with_capacity(64 << 10, stream);
+    let why = loop {
+        let body = match read_frame(&mut r, MAX_FRAME) {
+            Ok(Some(b)) => b,
+            Ok(None) => break "the server closed the connection".to_string(),
+            Err(e) => break e.to_string(),
+        };
+        let resp: Response = match decode(&body) {
+            Ok(r) => r,
+            Err(e) => break e,
+        };
+        let chunk = matches!(resp.reply, Ok(Reply::Chunk(_)));
+        let slot = {
+            let mut w = lock(waiting);
+            if chunk {
+                w.slots.get(&resp.id).cloned()
+            } else {
+                w.slots.remove(&resp.id)
+            }
+        };
+        match (slot, resp.reply) {
+            (Some(slot), reply) => slot.send(reply.map_err(ClientError::Server)),
+            // Id 0 answers no request: the server refused the connection
+            // (busy) or the last frame; it closes next.
+            (None, Err(e)) => break e.message,
+            (None, Ok(_)) => break format!("an answer to request {} never sent", resp.id),
+        }
+    };
+    let mut w = lock(waiting);
+    w.closed = Some(why.clone());
+    for (_, slot) in w.slots.drain() {
+        slot.fail(Err(ClientError::Lost(why.clone())));
+    }
+}

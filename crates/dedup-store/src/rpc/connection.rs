@@ -1,0 +1,370 @@
+//! One client connection: its requests answered in order, its backup
+//! sessions. Every byte from the network is untrusted: frames, batches and
+//! segments are bounded, names are checked by the repository, a segment's
+//! bytes are hashed here whatever fingerprint came with them, and a
+//! segment named only by fingerprint takes its location and length from
+//! the store. A connection that ends, however, drops its sessions, which
+//! aborts their backups.
+
+use std::collections::HashMap;
+use std::io::{self, BufReader, BufWriter, Write};
+use std::sync::atomic::Ordering;
+
+use dedup_core::fingerprint::Fingerprint;
+
+use super::frame::{decode, read_frame, write_frame};
+use super::protocol::{
+    Call, ErrorKind, Item, Reply, Request, Response, WireBackup, WireError, WireStats, MAX_BATCH,
+    MAX_FRAME, MAX_SEGMENT, PROTOCOL_VERSION, RESTORE_CHUNK,
+};
+use super::server::Shared;
+use super::stream::Stream;
+use crate::recipe::SegmentRef;
+use crate::repo::Repository;
+use crate::repo_error::RepoError;
+use crate::session::BackupSession;
+use crate::writer::HASH;
+
+/// Lookup hits remembered for the appends that follow them; past this
+/// many the memory is dropped (appends then look up again).
+const MAX_PENDING: usize = 1 << 16;
+
+/// A running backup of this connection.
+struct Live<'r> {
+    session: BackupSession<'r>,
+    /// Segments a lookup found, by fingerprint, until their append.
+    found: HashMap<[u8; 32], SegmentRef>,
+}
+
+type Answer = Result<Reply, WireError>;
+
+pub(crate) fn serve(repo: &Repository, stream: Stream, shared: &Shared) {
+    let Ok(read_half) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::with_capacity(256 << 10, read_half);
+    let mut writer = BufWriter::with_capacity(64 << 10, stream);
+    let mut conn = Conn {
+        repo,
+        shared,
+        sessions: HashMap::new(),
+    };
+    loop {
+        let (id, reply) = match read_frame(&mut reader, MAX_FRAME) {
+            Ok(Some(body)) => match decode::<Request>(&body) {
+                // A restore answers with many frames, written as it reads.
+                Ok(Request {
+                    id,
+                    call: Call::Restore { name },
+                }) => {
+                    if restore(repo, &name, id, &mut writer).is_err() {
+                        break;
+                    }
+                    continue;
+                }
+                Ok(req) => (req.id, conn.handle(req.call)),
+                // The frame was whole but not a request: answer, then close
+                // (a peer that sends garbage gets no second guess).
+                Err(why) => {
+                    let _ = send(&mut writer, 0, Err(bad(why)));
+                    break;
+                }
+            },
+            Ok(None) => break,
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                let _ = send(&mut writer, 0, Err(bad(e.to_string())));
+                break;
+            }
+            Err(_) => break,
+        };
+        if send(&mut writer, id, reply).is_err() {
+            break;
+        }
+    }
+    // Dropping the sessions aborts them.
+    let n = conn.sessions.len() as u64;
+    shared.running.fetch_sub(n, Ordering::SeqCst);
+}
+
+/// Send backup `name` as `Chunk`s, then `Restored` or the error that
+/// stopped it; an error only if the connection failed.
+fn restore(repo: &Repository, name: &str, id: u64, w: &mut impl Write) -> io::Result<()> {
+    let mut out = Chunks {
+        w: &mut *w,
+        id,
+        buf: Vec::with_capacity(RESTORE_CHUNK),
+    };
+    let done = repo.restore(name, &mut out);
+    let reply = match done {
+        Ok(bytes) => Ok(Reply::Restored { bytes }),
+        Err(e) => Err(repo_err(e)),
+    };
+    send(w, id, reply)
+}
+
+/// A `Write` that sends what it is given as `Chunk` responses.
+struct Chunks<'w, W: Write> {
+    w: &'w mut W,
+    id: u64,
+    buf: Vec<u8>,
+}
+
+impl<W: Write> Chunks<'_, W> {
+    fn emit(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = std::mem::replace(&mut self.buf, Vec::with_capacity(RESTORE_CHUNK));
+        send(&mut *self.w, self.id, Ok(Reply::Chunk(chunk)))
+    }
+}
+
+impl<W: Write> Write for Chunks<'_, W> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let n = data.len().min(RESTORE_CHUNK - self.buf.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() == RESTORE_CHUNK {
+            self.emit()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.emit()
+    }
+}
+
+fn send(w: &mut impl Write, id: u64, reply: Answer) -> io::Result<()> {
+    write_frame(w, &Response { id, reply })?;
+    w.flush()
+}
+
+fn bad(message: impl Into<String>) -> WireError {
+    WireError::new(ErrorKind::BadRequest, message)
+}
+
+fn repo_err(e: RepoError) -> WireError {
+    WireError::new(ErrorKind::Repository, e.to_string())
+}
+
+struct Conn<'r> {
+    repo: &'r Repository,
+    shared: &'r Shared,
+    sessions: HashMap<u64, Live<'r>>,
+}
+
+impl<'r> Conn<'r> {
+    fn handle(&mut self, call: Call) -> Answer {
+        let segmenting = self.repo.config().segmenting.into();
+        match call {
+            Call::Hello { protocol } if protocol == PROTOCOL_VERSION => Ok(Reply::Hello {
+                protocol,
+                segmenting,
+            }),
+            Call::Hello { protocol } => Err(bad(format!(
+                "the client speaks protocol {protocol}, this server {PROTOCOL_VERSION}: use a dedup of the same version"
+            ))),
+            Call::BeginBackup { name, group } => self.begin(&name, &group),
+            Call::Lookup {
+                session,
+                fingerprints,
+            } => self.lookup(session, &fingerprints),
+            Call::Append { session, items } => self.append(session, items),
+            Call::Commit { session, tree } => {
+                let live = self.take(session)?;
+                let record = live
+                    .session
+                    .commit_with_tree(tree.as_deref())
+                    .map_err(repo_err)?;
+                Ok(Reply::Committed(WireBackup::from(&record)))
+            }
+            Call::Abort { session } => self.take(session).map(|_| Reply::Aborted),
+            Call::Restore { .. } => Err(bad("a restore is answered by the connection loop")),
+            Call::List => {
+                let backups = self.repo.list_backups().map_err(repo_err)?;
+                Ok(Reply::Backups(backups.iter().map(WireBackup::from).collect()))
+            }
+            Call::Delete { name } => self
+                .repo
+                .delete_backup(&name)
+                .map(|()| Reply::Deleted)
+                .map_err(repo_err),
+            Call::Stats => self.stats(),
+            Call::Gc { compact_below } => self.gc(compact_below),
+        }
+    }
+
+    fn begin(&mut self, name: &str, group: &str) -> Answer {
+        if self.shared.stopping.load(Ordering::SeqCst) {
+            return Err(WireError::new(
+                ErrorKind::ShuttingDown,
+                "the server is shutting down",
+            ));
+        }
+        let max = self.shared.limits.max_sessions_per_connection;
+        if self.sessions.len() >= max {
+            return Err(WireError::new(
+                ErrorKind::Busy,
+                format!("{max} backups already run on this connection; open another connection"),
+            ));
+        }
+        let session = self.repo.begin_backup(name, group).map_err(repo_err)?;
+        let id = self.shared.next_session.fetch_add(1, Ordering::SeqCst);
+        self.shared.running.fetch_add(1, Ordering::SeqCst);
+        self.sessions.insert(
+            id,
+            Live {
+                session,
+                found: HashMap::new(),
+            },
+        );
+        Ok(Reply::Begun {
+            session: id,
+            segmenting: self.repo.config().segmenting.into(),
+        })
+    }
+
+    /// End session `id` here (commit or abort), or say it is unknown.
+    fn take(&mut self, id: u64) -> Result<Live<'r>, WireError> {
+        let live = self.sessions.remove(&id).ok_or_else(|| no_session(id))?;
+        self.shared.running.fetch_sub(1, Ordering::SeqCst);
+        Ok(live)
+    }
+
+    /// Abort session `id` after `e`: a stream with a hole must not commit.
+    fn fail(&mut self, id: u64, e: WireError) -> WireError {
+        let _ = self.take(id);
+        WireError::new(e.kind, format!("{}; backup aborted", e.message))
+    }
+
+    fn lookup(&mut self, id: u64, fps: &[[u8; 32]]) -> Answer {
+        if fps.len() > MAX_BATCH {
+            return Err(bad(format!(
+                "{} fingerprints in one lookup; at most {MAX_BATCH}",
+                fps.len()
+            )));
+        }
+        let live = self.sessions.get_mut(&id).ok_or_else(|| no_session(id))?;
+        if live.found.len() + fps.len() > MAX_PENDING {
+            live.found.clear();
+        }
+        let mut out = Vec::with_capacity(fps.len());
+        for fp in fps {
+            match live.session.lookup_ref(&Fingerprint(*fp)) {
+                Ok(Some(r)) => {
+                    live.found.insert(*fp, r);
+                    out.push(true);
+                }
+                Ok(None) => out.push(false),
+                Err(e) => return Err(self.fail(id, repo_err(e))),
+            }
+        }
+        Ok(Reply::Found(out))
+    }
+
+    fn append(&mut self, id: u64, items: Vec<Item>) -> Answer {
+        if items.len() > MAX_BATCH {
+            return Err(bad(format!(
+                "{} segments in one append; at most {MAX_BATCH}",
+                items.len()
+            )));
+        }
+        let live = self.sessions.get_mut(&id).ok_or_else(|| no_session(id))?;
+        for (i, item) in items.into_iter().enumerate() {
+            if let Err(e) = append_one(live, item) {
+                let e = WireError::new(e.kind, format!("segment {i} of the append: {}", e.message));
+                return Err(self.fail(id, e));
+            }
+        }
+        Ok(Reply::Appended {
+            bytes_in: live.session.report().bytes_in,
+        })
+    }
+
+    /// A collection on this connection's thread: backups on the others
+    /// go on (the protection map keeps what they use); this connection's
+    /// next requests wait for it.
+    fn gc(&self, compact_below: Option<f64>) -> Answer {
+        let compact_below = compact_below.unwrap_or(crate::gc::DEFAULT_COMPACT_BELOW);
+        if !(0.0..=1.0).contains(&compact_below) {
+            return Err(bad(format!(
+                "compact_below {compact_below} is not a fraction from 0 to 1"
+            )));
+        }
+        let options = crate::gc::GcOptions {
+            compact_below,
+            progress: None,
+        };
+        let report = self.repo.gc(&options).map_err(repo_err)?;
+        Ok(Reply::Collected(report.into()))
+    }
+
+    fn stats(&self) -> Answer {
+        let backups = self.repo.list_backups().map_err(repo_err)?;
+        let containers = self.repo.store_container_ids().map_err(repo_err)?;
+        Ok(Reply::Stats(WireStats {
+            segmenting: self.repo.config().segmenting.into(),
+            backups: backups.len() as u64,
+            containers: containers.len() as u64,
+            logical_bytes: backups.iter().map(|b| b.report.bytes_in).sum(),
+            damaged_containers: self.repo.damaged_containers().to_vec(),
+            running_backups: self.shared.running.load(Ordering::SeqCst),
+            connections: self.shared.connections(),
+        }))
+    }
+}
+
+fn append_one(live: &mut Live<'_>, item: Item) -> Result<(), WireError> {
+    match item {
+        Item::Known { fingerprint } => {
+            let found = match live.found.get(&fingerprint) {
+                Some(r) => Some(*r),
+                None => live
+                    .session
+                    .lookup_ref(&Fingerprint(fingerprint))
+                    .map_err(repo_err)?,
+            };
+            let r = found.ok_or_else(|| {
+                bad(format!(
+                    "{} is not in the repository; send its bytes",
+                    Fingerprint(fingerprint).to_hex(HASH)
+                ))
+            })?;
+            live.session.push(r, false);
+        }
+        Item::New { fingerprint, data } => {
+            if data.is_empty() || data.len() > MAX_SEGMENT {
+                return Err(bad(format!(
+                    "a segment of {} bytes; segments are 1 to {MAX_SEGMENT} bytes",
+                    data.len()
+                )));
+            }
+            // Stored under the hash of its bytes, whatever the client said:
+            // a wrong claim costs a little garbage, never wrong data.
+            let (container, entry, fp) = live.session.store(&data).map_err(repo_err)?;
+            if fp.0 != fingerprint {
+                return Err(bad(format!(
+                    "its bytes hash to {}, not to the fingerprint {} sent with them",
+                    fp.to_hex(HASH),
+                    Fingerprint(fingerprint).to_hex(HASH)
+                )));
+            }
+            let len = data.len() as u32;
+            let r = SegmentRef {
+                container,
+                entry,
+                len,
+                fingerprint: fp,
+            };
+            live.session.push(r, true);
+        }
+    }
+    Ok(())
+}
+
+fn no_session(id: u64) -> WireError {
+    WireError::new(
+        ErrorKind::NoSuchSession,
+        format!("no backup session {id} on this connection (never begun, ended, or aborted)"),
+    )
+}

@@ -1,0 +1,254 @@
+//! The client's backup pipeline (§3.4, Figure 3): a reader cuts the
+//! stream the way the repository does, worker threads hash batches of
+//! segments, a lookup stage sends each batch's fingerprints as soon as it
+//! is hashed (several batches in flight), and the store stage, as each
+//! lookup's answer arrives, appends the batch in stream order with the
+//! bytes of only the segments the server lacks. Stages are joined by
+//! bounded queues, so memory stays at a few batches per stage.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::{Arc, Mutex};
+
+use super::client::{unexpected, Client, ClientError, Pending};
+use super::protocol::{Call, Item, Reply, WireBackup, MAX_BATCH, MAX_FRAME};
+use crate::segmenter::{Segmenter, Segmenting};
+use crate::writer::HASH;
+
+/// Told the stream bytes the server has taken so far, as they grow.
+pub type Progress<'a> = dyn Fn(u64) + Sync + 'a;
+
+#[derive(Clone, Copy, Debug)]
+pub struct BackupOptions {
+    /// Segments per lookup and append (the paper's 256).
+    pub batch_segments: usize,
+    /// Bytes per batch at most (a single larger segment goes alone).
+    pub batch_bytes: usize,
+    /// Lookups, and appends, in flight at once.
+    pub in_flight: usize,
+    /// Hashing threads.
+    pub hashers: usize,
+}
+
+impl Default for BackupOptions {
+    fn default() -> BackupOptions {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        BackupOptions {
+            batch_segments: 256,
+            batch_bytes: 4 << 20,
+            in_flight: 4,
+            hashers: cores.clamp(1, 8),
+        }
+    }
+}
+
+type Batch = Vec<Vec<u8>>;
+
+/// Fingerprints of segments sent, remembered to send repeats as `Known`.
+const MAX_SENT: usize = 1 << 18;
+type Fps = Vec<[u8; 32]>;
+
+impl Client {
+    /// Back `reader` up as backup `name` in `group`, with `tree` as its
+    /// tree object. Nothing is left behind if it fails.
+    pub fn backup_stream(
+        &self,
+        name: &str,
+        group: &str,
+        reader: impl Read + Send,
+        tree: Option<Vec<u8>>,
+        opts: &BackupOptions,
+        progress: &Progress<'_>,
+    ) -> Result<WireBackup, ClientError> {
+        // The tree travels in the commit's one frame.
+        if let Some(t) = tree.as_ref().filter(|t| t.len() > MAX_FRAME - (64 << 10)) {
+            return Err(ClientError::Local(format!(
+                "a tree of {} bytes is over what one commit carries ({} bytes)",
+                t.len(),
+                MAX_FRAME - (64 << 10)
+            )));
+        }
+        let session = match self.call(Call::BeginBackup {
+            name: name.into(),
+            group: group.into(),
+        })? {
+            Reply::Begun {
+                session,
+                segmenting,
+            } => {
+                let s = segmenting.check().map_err(ClientError::Protocol)?;
+                (session, s)
+            }
+            other => return Err(unexpected(&other)),
+        };
+        let (session, segmenting) = session;
+        let opts = BackupOptions {
+            batch_segments: opts.batch_segments.clamp(1, MAX_BATCH),
+            batch_bytes: opts.batch_bytes.clamp(1, 8 << 20),
+            in_flight: opts.in_flight.max(1),
+            hashers: opts.hashers.max(1),
+        };
+        match self.pipeline(session, segmenting, reader, &opts, progress) {
+            Ok(()) => match self.call(Call::Commit { session, tree })? {
+                Reply::Committed(b) => Ok(b),
+                other => Err(unexpected(&other)),
+            },
+            Err(e) => {
+                // Already gone if an append failed; nobody waits for this.
+                let _ = self.send(Call::Abort { session });
+                Err(e)
+            }
+        }
+    }
+
+    fn pipeline(
+        &self,
+        session: u64,
+        segmenting: Segmenting,
+        reader: impl Read + Send,
+        opts: &BackupOptions,
+        progress: &Progress<'_>,
+    ) -> Result<(), ClientError> {
+        let (raw_tx, raw_rx) = sync_channel::<(u64, Batch)>(opts.hashers * 2);
+        // Owned by the hashers: when the last one stops, the reader's next
+        // send fails and it stops too (were it held here, a reader blocked
+        // on a full queue would wait forever after a failure downstream).
+        let raw_rx = Arc::new(Mutex::new(raw_rx));
+        let (hashed_tx, hashed_rx) = sync_channel::<(u64, Batch, Fps)>(opts.hashers * 2);
+        let (looked_tx, looked_rx) = sync_channel::<(Batch, Fps, Pending)>(opts.in_flight);
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let reading = s.spawn(|| read_batches(segmenting, reader, opts, raw_tx, &stop));
+            for _ in 0..opts.hashers {
+                let (raw_rx, hashed_tx) = (raw_rx.clone(), hashed_tx.clone());
+                s.spawn(move || loop {
+                    let job = raw_rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                    let Ok((seq, batch)) = job else { return };
+                    let fps = batch.iter().map(|b| HASH.fingerprint(b).0).collect();
+                    if hashed_tx.send((seq, batch, fps)).is_err() {
+                        return;
+                    }
+                });
+            }
+            drop((hashed_tx, raw_rx));
+            let looking = s.spawn(move || -> Result<(), ClientError> {
+                // Hashers finish out of order; lookups go in stream order.
+                let (mut next, mut early) = (0u64, BTreeMap::new());
+                for (seq, batch, fps) in hashed_rx {
+                    early.insert(seq, (batch, fps));
+                    while let Some((batch, fps)) = early.remove(&next) {
+                        next += 1;
+                        let p = self.send(Call::Lookup {
+                            session,
+                            fingerprints: fps.clone(),
+                        })?;
+                        if looked_tx.send((batch, fps, p)).is_err() {
+                            return Ok(());
+                        }
+                    }
+                }
+                Ok(())
+            });
+            let stored = self.store_stage(session, looked_rx, opts.in_flight, progress);
+            // Done or failed downstream: the reader stops at its next
+            // segment instead of filling batches nobody will take.
+            stop.store(true, Ordering::SeqCst);
+            let read = reading
+                .join()
+                .unwrap_or_else(|_| Err("the reader panicked".into()));
+            let looked = looking
+                .join()
+                .unwrap_or_else(|_| Err(ClientError::Local("the lookup stage panicked".into())));
+            // A stream that could not be read is the cause of whatever
+            // else failed; a truncated stream must never commit.
+            read.map_err(ClientError::Local)?;
+            stored?;
+            looked
+        })
+    }
+
+    /// Append each looked-up batch in order; `in_flight` appends at once.
+    fn store_stage(
+        &self,
+        session: u64,
+        looked: Receiver<(Batch, Fps, Pending)>,
+        in_flight: usize,
+        progress: &Progress<'_>,
+    ) -> Result<(), ClientError> {
+        let mut acks: VecDeque<Pending> = VecDeque::new();
+        // Segments already sent in this session: later repeats are Known
+        // even if their lookup ran before the bytes arrived.
+        let mut sent = HashSet::new();
+        let ack = |p: Pending| match p.wait()? {
+            Reply::Appended { bytes_in } => {
+                progress(bytes_in);
+                Ok(())
+            }
+            other => Err(unexpected(&other)),
+        };
+        for (batch, fps, lookup) in looked {
+            let found = match lookup.wait()? {
+                Reply::Found(f) if f.len() == fps.len() => f,
+                other => return Err(unexpected(&other)),
+            };
+            let mut items = Vec::with_capacity(batch.len());
+            for ((data, fingerprint), known) in batch.into_iter().zip(fps).zip(found) {
+                if known || sent.contains(&fingerprint) {
+                    items.push(Item::Known { fingerprint });
+                } else {
+                    sent.insert(fingerprint);
+                    items.push(Item::New { fingerprint, data });
+                }
+            }
+            // About 12 MiB at most; forgetting only costs a lookup miss.
+            if sent.len() > MAX_SENT {
+                sent.clear();
+            }
+            acks.push_back(self.send(Call::Append { session, items })?);
+            while acks.len() > in_flight {
+                ack(acks.pop_front().expect("non-empty"))?;
+            }
+        }
+        for p in acks {
+            ack(p)?;
+        }
+        Ok(())
+    }
+}
+
+/// Cut the stream into batches of segments, numbered in order.
+fn read_batches(
+    segmenting: Segmenting,
+    reader: impl Read,
+    opts: &BackupOptions,
+    tx: std::sync::mpsc::SyncSender<(u64, Batch)>,
+    stop: &AtomicBool,
+) -> Result<(), String> {
+    let (mut batch, mut bytes, mut seq) = (Vec::new(), 0usize, 0u64);
+    for segment in Segmenter::new(segmenting, reader) {
+        if stop.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let segment = segment.map_err(|e| format!("reading the stream: {e}"))?;
+        if !batch.is_empty() && bytes + segment.len() > opts.batch_bytes {
+            if tx.send((seq, std::mem::take(&mut batch))).is_err() {
+                return Ok(());
+            }
+            (bytes, seq) = (0, seq + 1);
+        }
+        bytes += segment.len();
+        batch.push(segment);
+        if batch.len() >= opts.batch_segments {
+            if tx.send((seq, std::mem::take(&mut batch))).is_err() {
+                return Ok(());
+            }
+            (bytes, seq) = (0, seq + 1);
+        }
+    }
+    if !batch.is_empty() {
+        let _ = tx.send((seq, batch));
+    }
+    Ok(())
+}

@@ -1,0 +1,335 @@
+//! The messages of the store's RPC protocol and its limits. Types here are
+//! the wire: they mirror the store's own types (`Segmenting`,
+//! `BackupReport`) rather than deriving serde on them, so the store can
+//! change its types without silently changing the protocol.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::backup::BackupReport;
+use crate::segmenter::Segmenting;
+
+/// Bumped on any incompatible change; `Hello` refuses a mismatch.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Largest segment the server takes: what a container holds.
+pub const MAX_SEGMENT: usize = crate::format::MAX_SEGMENT_LEN;
+
+/// Largest frame either side reads: one largest segment and its batch's
+/// framing. Checked before the frame is allocated.
+pub const MAX_FRAME: usize = MAX_SEGMENT + (1 << 20);
+
+/// Bytes per `Chunk` of a restore.
+pub const RESTORE_CHUNK: usize = 1 << 20;
+
+/// Most fingerprints or items in one `Lookup` or `Append`.
+pub const MAX_BATCH: usize = 4096;
+
+/// Where a server listens: `unix:PATH` or `tcp:HOST:PORT`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl Endpoint {
+    /// Parse `unix:PATH` or `tcp:HOST:PORT` (HOST an IP address).
+    pub fn parse(s: &str) -> Result<Endpoint, String> {
+        if let Some(path) = s.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("unix: needs a socket path, e.g. unix:/run/dedup.sock".into());
+            }
+            return Ok(Endpoint::Unix(path.into()));
+        }
+        if let Some(addr) = s.strip_prefix("tcp:") {
+            return addr.parse().map(Endpoint::Tcp).map_err(|e| {
+                format!("{addr:?} is not an IP address and port ({e}), e.g. tcp:127.0.0.1:7070")
+            });
+        }
+        Err(format!(
+            "{s:?} is not a server address: give unix:PATH or tcp:HOST:PORT"
+        ))
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Unix(p) => write!(f, "unix:{}", p.display()),
+            Endpoint::Tcp(a) => write!(f, "tcp:{a}"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Request {
+    pub id: u64,
+    pub call: Call,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Call {
+    Hello {
+        protocol: u32,
+    },
+    /// Start a backup; answered with `Begun`.
+    BeginBackup {
+        name: String,
+        group: String,
+    },
+    /// Which of these segments the repository has (and holds for the
+    /// session: GC will not take them before it ends); `Found`.
+    Lookup {
+        session: u64,
+        fingerprints: Vec<[u8; 32]>,
+    },
+    /// The next segments of the stream, in order; `Appended`.
+    Append {
+        session: u64,
+        items: Vec<Item>,
+    },
+    /// Make the backup durable and visible, with an optional tree object;
+    /// `Committed`.
+    Commit {
+        session: u64,
+        #[serde(with = "serde_bytes")]
+        tree: Option<Vec<u8>>,
+    },
+    Abort {
+        session: u64,
+    },
+    /// Stream backup `name` back: `Chunk`s in order, then `Restored`.
+    Restore {
+        name: String,
+    },
+    List,
+    Delete {
+        name: String,
+    },
+    Stats,
+    /// Collect garbage beside the running backups (the protection map
+    /// keeps what they use); `compact_below` as `dedup gc`'s, default if
+    /// `None`. Answered with `Collected`.
+    Gc {
+        compact_below: Option<f64>,
+    },
+}
+
+/// One segment of a stream, in order.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Item {
+    /// A segment the server has (a lookup found it, or this session sent
+    /// it before): the server takes its location and length from the store.
+    Known { fingerprint: [u8; 32] },
+    /// A segment's bytes. The server hashes them itself; a fingerprint that
+    /// does not match them fails the append (and the session).
+    New {
+        fingerprint: [u8; 32],
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Response {
+    pub id: u64,
+    pub reply: Result<Reply, WireError>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Reply {
+    Hello {
+        protocol: u32,
+        segmenting: WireSegmenting,
+    },
+    Begun {
+        session: u64,
+        segmenting: WireSegmenting,
+    },
+    /// One answer per fingerprint, in order.
+    Found(Vec<bool>),
+    /// Stream bytes appended so far.
+    Appended {
+        bytes_in: u64,
+    },
+    Committed(WireBackup),
+    Aborted,
+    /// The next bytes of a restore (at most [`RESTORE_CHUNK`]).
+    Chunk(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// A restore is complete: this many bytes were sent.
+    Restored {
+        bytes: u64,
+    },
+    Backups(Vec<WireBackup>),
+    Deleted,
+    Stats(WireStats),
+    Collected(WireGcReport),
+}
+
+/// Why a request failed. `kind` is for programs, `message` for people.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct WireError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorKind {
+    /// Malformed, oversized or out-of-bounds request.
+    BadRequest,
+    /// No such session on this connection (never begun, ended, or failed).
+    NoSuchSession,
+    /// The repository refused (name taken, no such backup, I/O, ...).
+    Repository,
+    /// Too many connections or sessions: try again later.
+    Busy,
+    /// Not built in this server yet (kept for clients of later calls).
+    NotBuilt,
+    ShuttingDown,
+}
+
+impl WireError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> WireError {
+        WireError {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WireSegmenting {
+    Fixed { size: u32 },
+    FastCdc { min: u32, avg: u32, max: u32 },
+}
+
+impl From<Segmenting> for WireSegmenting {
+    fn from(s: Segmenting) -> WireSegmenting {
+        match s {
+            Segmenting::Fixed { size } => WireSegmenting::Fixed { size },
+            Segmenting::FastCdc { min, avg, max } => WireSegmenting::FastCdc { min, avg, max },
+        }
+    }
+}
+
+impl WireSegmenting {
+    /// The segmenting, if its sizes are ones this side can cut with.
+    pub fn check(self) -> Result<Segmenting, String> {
+        let s = match self {
+            WireSegmenting::Fixed { size } => Segmenting::Fixed { size },
+            WireSegmenting::FastCdc { min, avg, max } => Segmenting::FastCdc { min, avg, max },
+        };
+        s.check().map(|()| s)
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireReport {
+    pub bytes_in: u64,
+    pub bytes_new: u64,
+    pub bytes_written: u64,
+    pub segments_new: u64,
+    pub segments_duplicate: u64,
+    pub containers_written: u64,
+}
+
+impl From<BackupReport> for WireReport {
+    fn from(r: BackupReport) -> WireReport {
+        WireReport {
+            bytes_in: r.bytes_in,
+            bytes_new: r.bytes_new,
+            bytes_written: r.bytes_written,
+            segments_new: r.segments_new,
+            segments_duplicate: r.segments_duplicate,
+            containers_written: r.containers_written,
+        }
+    }
+}
+
+impl From<WireReport> for BackupReport {
+    fn from(r: WireReport) -> BackupReport {
+        BackupReport {
+            bytes_in: r.bytes_in,
+            bytes_new: r.bytes_new,
+            bytes_written: r.bytes_written,
+            segments_new: r.segments_new,
+            segments_duplicate: r.segments_duplicate,
+            containers_written: r.containers_written,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireBackup {
+    pub name: String,
+    pub group: String,
+    pub time: u64,
+    pub has_tree: bool,
+    pub report: WireReport,
+}
+
+impl From<&crate::BackupRecord> for WireBackup {
+    fn from(r: &crate::BackupRecord) -> WireBackup {
+        WireBackup {
+            name: r.name.clone(),
+            group: r.group.clone(),
+            time: r.time,
+            has_tree: r.tree.is_some(),
+            report: r.report.into(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireStats {
+    pub segmenting: WireSegmenting,
+    pub backups: u64,
+    pub containers: u64,
+    pub logical_bytes: u64,
+    pub damaged_containers: Vec<String>,
+    /// Backups running in this server now.
+    pub running_backups: u64,
+    pub connections: u64,
+}
+
+/// What a garbage collection did (the store's `GcReport`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WireGcReport {
+    pub backups: u64,
+    pub groups_remarked: u64,
+    pub groups_reused: u64,
+    pub groups_dropped: u64,
+    pub recipes_read: u64,
+    pub containers: u64,
+    pub containers_protected: u64,
+    pub containers_swept: u64,
+    pub containers_compacted: u64,
+    pub catalogs_read: u64,
+    pub bytes_reclaimed: u64,
+    pub orphans_removed: u64,
+    pub seconds: f64,
+}
+
+impl From<crate::gc::GcReport> for WireGcReport {
+    fn from(r: crate::gc::GcReport) -> WireGcReport {
+        WireGcReport {
+            backups: r.backups,
+            groups_remarked: r.groups_remarked,
+            groups_reused: r.groups_reused,
+            groups_dropped: r.groups_dropped,
+            recipes_read: r.recipes_read,
+            containers: r.containers,
+            containers_protected: r.containers_protected,
+            containers_swept: r.containers_swept,
+            containers_compacted: r.containers_compacted,
+            catalogs_read: r.catalogs_read,
+            bytes_reclaimed: r.bytes_reclaimed,
+            orphans_removed: r.orphans_removed,
+            seconds: r.seconds,
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! The listening side of `dedup store serve`: binds a Unix socket (0600,
+//! removed at exit) or a TCP address, gives each connection a thread of
+//! its own (see `connection.rs`), and stops cleanly: [`StopHandle::stop`]
+//! closes every connection (aborting their running backups, which leave no
+//! backup), waits for their threads, then releases the repository.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{self, BufWriter, Write};
+use std::net::TcpListener;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::connection;
+use super::frame::write_frame;
+use super::protocol::{Endpoint, ErrorKind, Response, WireError};
+use super::stream::{Listener, Stream};
+use crate::repo::Repository;
+
+/// How often an idle accept loop looks for a stop: the most a stop, or a
+/// new connection, waits.
+const ACCEPT_POLL: Duration = Duration::from_millis(20);
+
+/// How much one server takes on at once; past these, new connections and
+/// backups are refused with `Busy` rather than queued without bound.
+#[derive(Clone, Copy, Debug)]
+pub struct ServerLimits {
+    pub max_connections: usize,
+    pub max_sessions_per_connection: usize,
+}
+
+impl Default for ServerLimits {
+    fn default() -> ServerLimits {
+        ServerLimits {
+            max_connections: 64,
+            max_sessions_per_connection: 8,
+        }
+    }
+}
+
+/// What the server's threads share.
+pub(crate) struct Shared {
+    pub(crate) stopping: AtomicBool,
+    pub(crate) next_session: AtomicU64,
+    /// Backups running, for `Stats`.
+    pub(crate) running: AtomicU64,
+    conns: Mutex<HashMap<u64, Stream>>,
+    endpoint: Endpoint,
+    pub(crate) limits: ServerLimits,
+}
+
+impl Shared {
+    pub(crate) fn connections(&self) -> u64 {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner()).len() as u64
+    }
+
+    fn close_all(&self) {
+        for s in self
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            s.shutdown();
+        }
+    }
+}
+
+/// Stops a running [`Server`] from another thread (a signal handler's).
+#[derive(Clone)]
+pub struct StopHandle(Arc<Shared>);
+
+impl StopHandle {
+    pub fn stop(&self) {
+        self.0.stopping.store(true, Ordering::SeqCst);
+        self.0.close_all();
+    }
+}
+
+pub struct Server {
+    repo: Arc<Repository>,
+    listener: Listener,
+    shared: Arc<Shared>,
+    /// The socket file this server made, removed when it ends.
+    socket: Option<std::path::PathBuf>,
+}
+
+impl Server {
+    /// Listen at `at` for clients of `repo`, which must be open to write.
+    /// A Unix socket is created owner-only (0600); a stale socket file
+    /// left by a dead server is replaced, a live one refused.
+    pub fn bind(repo: Repository, at: &Endpoint, limits: ServerLimits) -> io::Result<Server> {
+        if !repo.is_writable() {
+            return Err(io::Error::other(
+                "the repository must be opened to write to serve it",
+            ));
+        }
+        let (listener, endpoint, socket) = match at {
+            Endpoint::Unix(path) => {
+                remove_stale_socket(path)?;
+                let l = UnixListener::bind(path)
+                    .map_err(|e| annotate(e, &format!("binding {}", path.display())))?;
+                // connect(2) needs write permission, which the usual umask
+                // already withholds from others before this chmod.
+                fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
+                (Listener::Unix(l), at.clone(), Some(path.clone()))
+            }
+            Endpoint::Tcp(addr) => {
+                let l = TcpListener::bind(addr)
+                    .map_err(|e| annotate(e, &format!("listening on {addr}")))?;
+                let bound = Endpoint::Tcp(l.local_addr()?);
+                (Listener::Tcp(l), bound, None)
+            }
+        };
+        Ok(Server {
+            repo: Arc::new(repo),
+            listener,
+            shared: Arc::new(Shared {
+                stopping: AtomicBool::new(false),
+                next_session: AtomicU64::new(1),
+                running: AtomicU64::new(0),
+                conns: Mutex::new(HashMap::new()),
+                endpoint,
+                limits,
+            }),
+            socket,
+        })
+    }
+
+    /// Where clients reach it (a TCP port 0 resolved).
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.shared.endpoint
+    }
+
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle(self.shared.clone())
+    }
+
+    /// Serve until stopped; returns once every connection has ended and
+    /// the repository is released.
+    pub fn run(self) -> io::Result<()> {
+        self.listener.set_nonblocking()?;
+        let mut threads: Vec<JoinHandle<()>> = Vec::new();
+        let mut next_conn = 0u64;
+        while !self.shared.stopping.load(Ordering::SeqCst) {
+            let stream = match self.listener.accept() {
+                Ok(s) => s,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(ACCEPT_POLL);
+                    continue;
+                }
+                Err(_) => {
+                    // Out of descriptors or a connection reset before we
+                    // took it: not the server's end. Back off a little.
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+            };
+            if self.shared.stopping.load(Ordering::SeqCst) {
+                break;
+            }
+            threads.retain(|t| !t.is_finished());
+            if threads.len() >= self.shared.limits.max_connections {
+                refuse(stream, "too many connections; try again later");
+                continue;
+            }
+            next_conn += 1;
+            let id = next_conn;
+            match stream.try_clone() {
+                Ok(clone) => {
+                    self.shared
+                        .conns
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(id, clone);
+                }
+                Err(_) => continue,
+            }
+            let (repo, shared) = (self.repo.clone(), self.shared.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("dedup-conn-{id}"))
+                .spawn(move || {
+                    connection::serve(&repo, stream, &shared);
+                    shared
+                        .conns
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&id);
+                });
+            match spawned {
+                Ok(t) => threads.push(t),
+                Err(_) => {
+                    if let Some(s) = self
+                        .shared
+                        .conns
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&id)
+                    {
+                        s.shutdown();
+                    }
+                }
+            }
+        }
+        // A connection accepted while `stop` was closing the others.
+        self.shared.close_all();
+        for t in threads {
+            let _ = t.join();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(path) = &self.socket {
+            let _ = fs::remove_file(path);
+        }
+    }
+}
+
+/// Answer a connection we will not serve, then close it.
+fn refuse(stream: Stream, why: &str) {
+    let mut w = BufWriter::new(stream);
+    let response = Response {
+        id: 0,
+        reply: Err(WireError::new(ErrorKind::Busy, why)),
+    };
+    let _ = write_frame(&mut w, &response).and_then(|()| w.flush());
+}
+
+/// Remove a socket file no server listens on; refuse a live one or a file
+/// that is not a socket.
+fn remove_stale_socket(path: &Path) -> io::Result<()> {
+    let Ok(meta) = fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    if !meta.file_type().is_socket() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!(
+                "{} exists and is not a socket; choose another --socket path",
+                path.display()
+            ),
+        ));
+    }
+    if UnixStream::connect(path).is_ok() {
+        return Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!(
+                "{}: another server is listening on this socket",
+                path.display()
+            ),
+        ));
+    }
+    fs::remove_file(path)
+}
+
+fn annotate(e: io::Error, doing: &str) -> io::Error {
+    io::Error::new(e.kind(), format!("{doing}: {e}"))
+}

@@ -1,0 +1,595 @@
+//! `dedup store serve`'s server and client in one process: a server on a
+//! temporary socket, many concurrent clients backing up streams that share
+//! content, every backup restored byte for byte; disconnects, shutdown, a
+//! second writer, garbage from the network and lying clients.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use dedup_store::rpc::protocol::{Call, ErrorKind, Item, Reply, Request, Response, MAX_BATCH};
+use dedup_store::rpc::{BackupOptions, Client, Endpoint, Server, ServerLimits, StopHandle};
+use dedup_store::writer::HASH;
+use dedup_store::{RepoError, Repository};
+use proptest::prelude::*;
+
+struct Running {
+    at: Endpoint,
+    stop: StopHandle,
+    thread: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl Running {
+    fn start(dir: &Path) -> Running {
+        let repo = Repository::open(dir.join("repo")).unwrap();
+        let server = Server::bind(
+            repo,
+            &Endpoint::Unix(dir.join("s.sock")),
+            ServerLimits::default(),
+        )
+        .unwrap();
+        let (at, stop) = (server.endpoint().clone(), server.stop_handle());
+        Running {
+            at,
+            stop,
+            thread: Some(std::thread::spawn(move || server.run())),
+        }
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(&self.at).unwrap()
+    }
+
+    fn shut(mut self) {
+        self.stop.stop();
+        self.thread.take().unwrap().join().unwrap().unwrap();
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            self.stop.stop();
+            let _ = t.join();
+        }
+    }
+}
+
+fn setup() -> (tempfile::TempDir, Running) {
+    let dir = tempfile::tempdir().unwrap();
+    Repository::init(dir.path().join("repo")).unwrap();
+    let r = Running::start(dir.path());
+    (dir, r)
+}
+
+/// `len` bytes that do not repeat within themselves, from `seed`.
+fn data(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (x >> 33) as u8
+        })
+        .collect()
+}
+
+fn backup(c: &Client, name: &str, bytes: &[u8]) -> dedup_store::rpc::protocol::WireBackup {
+    c.backup_stream(name, "g", bytes, None, &BackupOptions::default(), &|_| {})
+        .unwrap()
+}
+
+fn restored(dir: &Path, name: &str) -> Vec<u8> {
+    let repo = Repository::open_read_only(dir.join("repo")).unwrap();
+    let mut out = Vec::new();
+    repo.restore(name, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn eight_concurrent_clients_with_shared_content_all_commit_and_restore_byte_exact() {
+    let (dir, server) = setup();
+    let shared = data(1, 3 << 20);
+    let streams: Vec<Vec<u8>> = (0..8u64)
+        .map(|i| {
+            let mut s = shared[..(1 << 20) + 4096 * i as usize].to_vec();
+            s.extend(data(100 + i, 1 << 20));
+            s.extend(&shared[1 << 20..]);
+            s.extend(&data(200 + i, 777)); // a short last segment
+            s
+        })
+        .collect();
+    std::thread::scope(|s| {
+        for (i, stream) in streams.iter().enumerate() {
+            let server = &server;
+            s.spawn(move || {
+                let c = server.client();
+                let b = backup(&c, &format!("s{i}"), stream);
+                assert_eq!(b.report.bytes_in, stream.len() as u64);
+            });
+        }
+    });
+    for (i, stream) in streams.iter().enumerate() {
+        assert!(restored(dir.path(), &format!("s{i}")) == *stream, "s{i}");
+    }
+    let stats = server.client().stats().unwrap();
+    assert_eq!(stats.backups, 8);
+    // Streams running together store their shared content each (the index
+    // learns a container only once it is sealed); streams after them
+    // find it: a second round stores only its unique megabyte each.
+    let round2: Vec<Vec<u8>> = (0..8u64)
+        .map(|i| [&shared[..], &data(300 + i, 1 << 20)[..]].concat())
+        .collect();
+    let reports: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = round2
+            .iter()
+            .enumerate()
+            .map(|(i, stream)| {
+                let server = &server;
+                s.spawn(move || backup(&server.client(), &format!("r{i}"), stream))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (r, stream)) in reports.iter().zip(&round2).enumerate() {
+        assert_eq!(r.report.bytes_new, 1 << 20, "r{i}: {:?}", r.report);
+        assert!(restored(dir.path(), &format!("r{i}")) == *stream, "r{i}");
+    }
+    // A second backup of a stream sends nothing new.
+    let again = backup(&server.client(), "again", &streams[3]);
+    assert_eq!(again.report.bytes_new, 0);
+    assert!(restored(dir.path(), "again") == streams[3]);
+    server.shut();
+}
+
+#[test]
+fn a_client_that_disconnects_mid_backup_leaves_no_backup_and_the_server_keeps_serving() {
+    let (dir, server) = setup();
+    let bytes = data(7, 64 << 10);
+    {
+        let c = server.client();
+        let Reply::Begun { session, .. } = c
+            .call(Call::BeginBackup {
+                name: "cut".into(),
+                group: "g".into(),
+            })
+            .unwrap()
+        else {
+            panic!()
+        };
+        let items = vec![Item::New {
+            fingerprint: HASH.fingerprint(&bytes).0,
+            data: bytes.clone(),
+        }];
+        c.call(Call::Append { session, items }).unwrap();
+        // Dropped here: the connection closes without a commit.
+    }
+    let c = server.client();
+    assert!(c.list().unwrap().is_empty());
+    backup(&c, "cut", &bytes);
+    assert!(restored(dir.path(), "cut") == bytes);
+    server.shut();
+}
+
+#[test]
+fn a_second_writer_is_refused_while_the_server_runs_and_the_repository_reopens_after() {
+    let (dir, server) = setup();
+    let e = Repository::open(dir.path().join("repo")).err().unwrap();
+    assert!(matches!(e, RepoError::InUse { .. }), "{e}");
+    assert!(e.to_string().contains("dedup store serve"), "{e}");
+    // A second server on another socket fails the same way.
+    let sock = dir.path().join("s.sock");
+    assert!(sock.exists());
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    server.shut();
+    assert!(!sock.exists(), "the socket is removed at exit");
+    Repository::open(dir.path().join("repo")).unwrap();
+}
+
+#[test]
+fn stopping_the_server_aborts_running_backups_which_leave_nothing() {
+    let (dir, server) = setup();
+    let c = server.client();
+    let Reply::Begun { session, .. } = c
+        .call(Call::BeginBackup {
+            name: "running".into(),
+            group: "g".into(),
+        })
+        .unwrap()
+    else {
+        panic!()
+    };
+    let bytes = data(9, 4096);
+    let items = vec![Item::New {
+        fingerprint: HASH.fingerprint(&bytes).0,
+        data: bytes,
+    }];
+    c.call(Call::Append { session, items }).unwrap();
+    server.shut();
+    let e = c.call(Call::Commit {
+        session,
+        tree: None,
+    });
+    assert!(e.is_err(), "{e:?}");
+    let repo = Repository::open(dir.path().join("repo")).unwrap();
+    assert!(repo.list_backups().unwrap().is_empty());
+}
+
+#[test]
+fn unknown_sessions_oversized_batches_and_gc_get_errors_on_a_live_connection() {
+    let (_dir, server) = setup();
+    let c = server.client();
+    let e = c.call(Call::Lookup {
+        session: 999,
+        fingerprints: vec![[0; 32]],
+    });
+    assert_eq!(e.unwrap_err().kind(), Some(ErrorKind::NoSuchSession));
+    let e = c.call(Call::Commit {
+        session: 999,
+        tree: None,
+    });
+    assert_eq!(e.unwrap_err().kind(), Some(ErrorKind::NoSuchSession));
+    let Reply::Begun { session, .. } = c
+        .call(Call::BeginBackup {
+            name: "b".into(),
+            group: "g".into(),
+        })
+        .unwrap()
+    else {
+        panic!()
+    };
+    let e = c.call(Call::Lookup {
+        session,
+        fingerprints: vec![[0; 32]; MAX_BATCH + 1],
+    });
+    assert_eq!(e.unwrap_err().kind(), Some(ErrorKind::BadRequest));
+    let e = c.call(Call::Append {
+        session,
+        items: vec![Item::Known {
+            fingerprint: [7; 32],
+        }],
+    });
+    let e = e.unwrap_err();
+    assert!(e.to_string().contains("send its bytes"), "{e}");
+    let e = c.gc(Some(2.0)).unwrap_err();
+    assert_eq!(e.kind(), Some(ErrorKind::BadRequest));
+    let e = c
+        .call(Call::BeginBackup {
+            name: "../x".into(),
+            group: "g".into(),
+        })
+        .unwrap_err();
+    assert_eq!(e.kind(), Some(ErrorKind::Repository));
+    // The connection still serves.
+    backup(&c, "fine", &data(3, 10_000));
+    c.delete("fine").unwrap();
+    assert!(c.list().unwrap().is_empty());
+    server.shut();
+}
+
+/// Send raw bytes; the response frames the server sent before it closed.
+fn raw(sock: &Path, bytes: &[u8]) -> Vec<Response> {
+    let mut s = UnixStream::connect(sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = s.write_all(bytes);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    let mut out = Vec::new();
+    let mut rest = &got[..];
+    while rest.len() >= 4 {
+        let len = u32::from_be_bytes(rest[..4].try_into().unwrap()) as usize;
+        let body = &rest[4..4 + len];
+        out.push(postcard::from_bytes(body).expect("the server's frames decode"));
+        rest = &rest[4 + len..];
+    }
+    out
+}
+
+fn frame(req: &Request) -> Vec<u8> {
+    let body = postcard::to_allocvec(req).unwrap();
+    let mut f = (body.len() as u32).to_be_bytes().to_vec();
+    f.extend(body);
+    f
+}
+
+#[test]
+fn garbage_and_oversized_frames_are_answered_with_errors_and_the_server_lives() {
+    let (dir, server) = setup();
+    let sock = dir.path().join("s.sock");
+    let oversized = raw(&sock, &u32::MAX.to_be_bytes());
+    assert_eq!(oversized.len(), 1);
+    let e = oversized[0].reply.clone().unwrap_err();
+    assert_eq!((oversized[0].id, e.kind), (0, ErrorKind::BadRequest));
+    assert!(e.message.contains("over the limit"), "{}", e.message);
+    let garbage = raw(&sock, &[0, 0, 0, 3, 0xff, 0xff, 0xff]);
+    assert_eq!(
+        garbage[0].reply.clone().unwrap_err().kind,
+        ErrorKind::BadRequest
+    );
+    // A good request, then garbage: the first is answered, then the error.
+    let mut bytes = frame(&Request {
+        id: 5,
+        call: Call::List,
+    });
+    bytes.extend([0, 0, 0, 1, 0xee]);
+    let both = raw(&sock, &bytes);
+    assert_eq!(both.len(), 2);
+    assert_eq!(both[0].id, 5);
+    assert!(matches!(both[0].reply, Ok(Reply::Backups(_))));
+    backup(&server.client(), "after", &data(4, 50_000));
+    server.shut();
+}
+
+#[test]
+fn random_bytes_from_the_network_never_kill_the_server() {
+    let (dir, server) = setup();
+    let sock = dir.path().join("s.sock");
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 48,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    // Random bytes, sometimes behind a plausible small length prefix.
+    let input = (any::<bool>(), prop::collection::vec(any::<u8>(), 0..2048));
+    runner
+        .run(&input, |(prefixed, body)| {
+            let mut bytes = Vec::new();
+            if prefixed {
+                bytes.extend((body.len() as u32).to_be_bytes());
+            }
+            bytes.extend(&body);
+            for r in raw(&sock, &bytes) {
+                // Whatever the bytes said, nothing was backed up from them.
+                prop_assert!(!matches!(r.reply, Ok(Reply::Committed(_))));
+            }
+            Ok(())
+        })
+        .unwrap();
+    let bytes = data(5, 200_000);
+    backup(&server.client(), "still", &bytes);
+    assert!(restored(dir.path(), "still") == bytes);
+    server.shut();
+}
+
+#[test]
+fn a_fingerprint_that_does_not_match_its_bytes_cannot_store_wrong_data() {
+    let (dir, server) = setup();
+    let c = server.client();
+    let (x, y) = (data(10, 8192), data(11, 8192));
+    let Reply::Begun { session, .. } = c
+        .call(Call::BeginBackup {
+            name: "liar".into(),
+            group: "g".into(),
+        })
+        .unwrap()
+    else {
+        panic!()
+    };
+    let e = c
+        .call(Call::Append {
+            session,
+            items: vec![Item::New {
+                fingerprint: HASH.fingerprint(&x).0,
+                data: y.clone(),
+            }],
+        })
+        .unwrap_err();
+    assert_eq!(e.kind(), Some(ErrorKind::BadRequest));
+    assert!(e.to_string().contains("backup aborted"), "{e}");
+    // The lying session is gone.
+    let e = c.call(Call::Commit {
+        session,
+        tree: None,
+    });
+    assert_eq!(e.unwrap_err().kind(), Some(ErrorKind::NoSuchSession));
+    // X is not known under its fingerprint, and backs up as itself.
+    let Reply::Begun { session, .. } = c
+        .call(Call::BeginBackup {
+            name: "probe".into(),
+            group: "g".into(),
+        })
+        .unwrap()
+    else {
+        panic!()
+    };
+    let found = c
+        .call(Call::Lookup {
+            session,
+            fingerprints: vec![HASH.fingerprint(&x).0],
+        })
+        .unwrap();
+    assert_eq!(found, Reply::Found(vec![false]));
+    c.call(Call::Abort { session }).unwrap();
+    let honest = [x.clone(), y.clone()].concat();
+    backup(&c, "honest", &honest);
+    assert!(restored(dir.path(), "honest") == honest);
+    assert!(c.list().unwrap().iter().all(|b| b.name == "honest"));
+    server.shut();
+}
+
+#[test]
+fn a_tree_travels_with_the_commit() {
+    let (dir, server) = setup();
+    let c = server.client();
+    let b = c
+        .backup_stream(
+            "t",
+            "g",
+            &data(12, 5000)[..],
+            Some(b"tree bytes".to_vec()),
+            &BackupOptions::default(),
+            &|_| {},
+        )
+        .unwrap();
+    assert!(b.has_tree);
+    let repo = Repository::open_read_only(dir.path().join("repo")).unwrap();
+    assert!(repo.backup("t").unwrap().tree.is_some());
+    server.shut();
+}
+
+#[test]
+fn restores_stream_back_through_the_server_in_chunks() {
+    let (_dir, server) = setup();
+    let c = server.client();
+    let bytes = data(13, (5 << 20) + 123);
+    backup(&c, "big", &bytes);
+    let mut out = Vec::new();
+    assert_eq!(c.restore("big", &mut out).unwrap(), bytes.len() as u64);
+    assert!(out == bytes);
+    let e = c.restore("nosuch", &mut Vec::new()).unwrap_err();
+    assert!(e.to_string().contains("no backup named nosuch"), "{e}");
+    // The connection serves on after a failed restore.
+    assert_eq!(c.list().unwrap().len(), 1);
+    server.shut();
+}
+
+#[test]
+fn a_loopback_tcp_server_serves_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::init(dir.path().join("repo")).unwrap();
+    let at = Endpoint::Tcp("127.0.0.1:0".parse().unwrap());
+    let server = Server::bind(repo, &at, ServerLimits::default()).unwrap();
+    let (at, stop) = (server.endpoint().clone(), server.stop_handle());
+    let t = std::thread::spawn(move || server.run());
+    let c = Client::connect(&at).unwrap();
+    let bytes = data(14, 300_000);
+    backup(&c, "tcp", &bytes);
+    let mut out = Vec::new();
+    c.restore("tcp", &mut out).unwrap();
+    assert!(out == bytes);
+    stop.stop();
+    t.join().unwrap().unwrap();
+    assert!(Client::connect(&at).is_err(), "nothing listens after stop");
+}
+
+#[test]
+fn connections_past_the_limit_are_refused_as_busy() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::init(dir.path().join("repo")).unwrap();
+    let limits = ServerLimits {
+        max_connections: 2,
+        max_sessions_per_connection: 1,
+    };
+    let server = Server::bind(repo, &Endpoint::Unix(dir.path().join("s")), limits).unwrap();
+    let (at, stop) = (server.endpoint().clone(), server.stop_handle());
+    let t = std::thread::spawn(move || server.run());
+    let (a, _b) = (Client::connect(&at).unwrap(), Client::connect(&at).unwrap());
+    let e = Client::connect(&at).err().unwrap();
+    assert!(e.to_string().contains("too many connections"), "{e}");
+    let begin = |name: &str| Call::BeginBackup {
+        name: name.into(),
+        group: "g".into(),
+    };
+    a.call(begin("one")).unwrap();
+    let e = a.call(begin("two")).unwrap_err();
+    assert_eq!(e.kind(), Some(ErrorKind::Busy));
+    stop.stop();
+    t.join().unwrap().unwrap();
+}
+
+#[test]
+fn a_server_whose_socket_file_was_removed_still_stops() {
+    let (dir, server) = setup();
+    std::fs::remove_file(dir.path().join("s.sock")).unwrap();
+    server.shut();
+    Repository::open(dir.path().join("repo")).unwrap();
+}
+
+/// A reader that gives a little, then blocks until told to end.
+struct Slow(std::sync::mpsc::Receiver<()>, u64);
+
+impl Read for Slow {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.1 >= 8 << 20 {
+            let _ = self.0.recv_timeout(Duration::from_millis(20));
+        }
+        let n = buf.len().min(64 << 10);
+        buf[..n].fill(self.1 as u8);
+        self.1 += n as u64;
+        Ok(n)
+    }
+}
+
+#[test]
+fn a_backup_whose_server_stops_fails_promptly_and_leaves_nothing() {
+    let (dir, server) = setup();
+    let c = server.client();
+    let (_tx, rx) = std::sync::mpsc::channel();
+    let stop = server.stop.clone();
+    let stopper = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        stop.stop();
+    });
+    let start = std::time::Instant::now();
+    let e = c
+        .backup_stream(
+            "slow",
+            "g",
+            Slow(rx, 0),
+            None,
+            &BackupOptions::default(),
+            &|_| {},
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("connection"), "{e}");
+    // It does not wait for the slow reader to fill batches nobody takes.
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    stopper.join().unwrap();
+    server.shut();
+    let repo = Repository::open(dir.path().join("repo")).unwrap();
+    assert!(repo.list_backups().unwrap().is_empty());
+}
+
+#[test]
+fn gc_through_the_server_runs_beside_a_backup_and_keeps_what_it_uses() {
+    let (dir, server) = setup();
+    let c = server.client();
+    let (old, kept) = (data(20, 3 << 20), data(21, 1 << 20));
+    backup(&c, "old", &old);
+    backup(&c, "kept", &kept);
+    c.delete("old").unwrap();
+    // A backup running on another connection reuses part of the deleted
+    // backup's data while the collection runs.
+    let other = server.client();
+    let Reply::Begun { session, .. } = other
+        .call(Call::BeginBackup {
+            name: "running".into(),
+            group: "g".into(),
+        })
+        .unwrap()
+    else {
+        panic!()
+    };
+    let reused = &old[..4096];
+    let found = other
+        .call(Call::Lookup {
+            session,
+            fingerprints: vec![HASH.fingerprint(reused).0],
+        })
+        .unwrap();
+    assert_eq!(found, Reply::Found(vec![true]));
+    let r = c.gc(None).unwrap();
+    assert_eq!(r.backups, 1);
+    assert!(r.containers_protected >= 1, "{r:?}");
+    let items = vec![Item::Known {
+        fingerprint: HASH.fingerprint(reused).0,
+    }];
+    other.call(Call::Append { session, items }).unwrap();
+    other
+        .call(Call::Commit {
+            session,
+            tree: None,
+        })
+        .unwrap();
+    assert!(restored(dir.path(), "running") == reused);
+    assert!(restored(dir.path(), "kept") == kept);
+    server.shut();
+}

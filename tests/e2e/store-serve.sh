@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# `dedup store serve` (issue 17, §3.4): one server holds the repository;
+# four `dedup backup --server` processes back up tar streams through it at
+# once (sharing most of their content); every backup restores byte for
+# byte beside the running server; SIGTERM stops it, removes the socket,
+# and the repository reopens to write.
+source "$(dirname "$0")/lib.sh"
+
+R=$WORK/repo
+S=$WORK/serve.sock
+"$DEDUP" store init "$R" --segments fastcdc >/dev/null
+python3 "$(dirname "$0")/make-tree.py" "$WORK/tree" 16 5 >/dev/null
+tar -C "$WORK" --sort=name --mtime=@0 -cf "$WORK/base.tar" tree
+for i in 1 2 3 4; do
+    head -c $((i * 300000)) /dev/urandom >"$WORK/tree/extra"
+    tar -C "$WORK" --sort=name --mtime=@0 -cf "$WORK/t$i.tar" tree
+done
+
+log "serve on a socket"
+"$DEDUP" store serve "$R" --socket "$S" >"$WORK/store.serve.log" 2>&1 &
+pid=$!
+on_exit "kill -TERM $pid; wait $pid"
+for _ in $(seq 200); do
+    grep -q "dedup: serving" "$WORK/store.serve.log" && break
+    kill -0 "$pid" 2>/dev/null || fail "dedup store serve exited early"
+    sleep 0.1
+done
+[ -S "$S" ] || fail "no socket at $S"
+[ "$(stat -c %a "$S")" = 600 ] || fail "socket mode $(stat -c %a "$S")"
+
+log "four tar streams backed up at once through the server"
+for i in 1 2 3 4; do
+    "$DEDUP" backup --server "unix:$S" "t$i" --stdin --json <"$WORK/t$i.tar" >"$WORK/t$i.json" &
+    pids[i]=$!
+done
+for i in 1 2 3 4; do wait "${pids[i]}" || fail "backup t$i"; done
+python3 - "$WORK" <<'PY'
+import json, os, sys
+for i in range(1, 5):
+    r = json.load(open(f"{sys.argv[1]}/t{i}.json"))
+    assert r["bytes_in"] == os.path.getsize(f"{sys.argv[1]}/t{i}.tar"), r
+    print(f"   t{i}: {r['bytes_in']} bytes in, {r['bytes_new']} new, {r['mb_per_sec']:.0f} MB/s")
+PY
+log "a fifth, after them, sends only what is new"
+"$DEDUP" backup --server "unix:$S" base --stdin --json <"$WORK/base.tar" >"$WORK/base.json" || fail "backup base"
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['bytes_new'] < r['bytes_in'] / 20, r" "$WORK/base.json" \
+    || fail "the fifth backup stored its shared content again"
+
+log "restores beside the running server"
+for n in t1 t2 t3 t4 base; do
+    f=$WORK/$n.tar
+    "$DEDUP" restore "$R" "$n" "$WORK/$n.out" >/dev/null || fail "restore $n"
+    cmp "$WORK/$n.out" "$f" || fail "backup $n restored differently"
+done
+"$DEDUP" store remote --server "unix:$S" list | grep -c . | grep -qx 5 || fail "remote list"
+expect_fail "dedup store serve" "$DEDUP" backup "$R" local --stdin </dev/null
+"$DEDUP" store remote --server "unix:$S" delete t1 >/dev/null || fail "remote delete"
+"$DEDUP" store remote --server "unix:$S" gc --json >"$WORK/gc.json" || fail "remote gc"
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['backups'] == 4, r" "$WORK/gc.json" \
+    || fail "remote gc report"
+for n in t2 t3 t4 base; do
+    "$DEDUP" store remote --server "unix:$S" restore "$n" - 2>/dev/null | cmp - "$WORK/$n.tar" \
+        || fail "backup $n after the collection"
+done
+
+log "SIGTERM stops it cleanly"
+kill -TERM "$pid"
+wait "$pid" || fail "dedup store serve exited $?"
+[ -e "$S" ] && fail "the socket is still there"
+grep -q "stopped" "$WORK/store.serve.log" || fail "no stop message"
+echo tail | "$DEDUP" backup "$R" after --stdin >/dev/null || fail "the repository does not reopen"
+"$DEDUP" restore "$R" t3 - 2>/dev/null | cmp - "$WORK/t3.tar" || fail "t3 after the stop"
+"$DEDUP" store check "$R" >/dev/null || fail "store check after the server"
+echo "PASS store-serve"
