@@ -2,27 +2,11 @@
 //! backup from stdin (twice: the second all duplicate), list --json,
 //! restore to a file and to stdout, refusals, delete.
 
-use std::io::Write;
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
+mod support;
 
-fn dedup(args: &[&str], stdin: Option<&[u8]>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dedup"))
-        .args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run dedup");
-    if let Some(data) = stdin {
-        child.stdin.take().unwrap().write_all(data).unwrap();
-    }
-    child.wait_with_output().unwrap()
-}
+use support::dedup;
+
+use std::path::Path;
 
 fn ok(args: &[&str], stdin: Option<&[u8]>) -> Vec<u8> {
     let out = dedup(args, stdin);

@@ -3,26 +3,9 @@
 //! of unchanged groups the second time, and refuses (naming the server)
 //! while another process writes to the repository.
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+mod support;
 
-fn dedup(args: &[&str], stdin: Option<&[u8]>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dedup"))
-        .args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run dedup");
-    if let Some(data) = stdin {
-        child.stdin.take().unwrap().write_all(data).unwrap();
-    }
-    child.wait_with_output().unwrap()
-}
+use support::dedup;
 
 fn ok_json(args: &[&str], stdin: Option<&[u8]>) -> serde_json::Value {
     let out = dedup(args, stdin);

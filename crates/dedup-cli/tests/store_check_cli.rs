@@ -2,27 +2,11 @@
 //! (garbage included), 1 with the damaged object and the backups it costs
 //! named in text and JSON, 2 when there is no repository to check.
 
-use std::fs;
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+mod support;
 
-fn dedup(args: &[&str], stdin: Option<&[u8]>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dedup"))
-        .args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run dedup");
-    if let Some(data) = stdin {
-        child.stdin.take().unwrap().write_all(data).unwrap();
-    }
-    child.wait_with_output().unwrap()
-}
+use support::dedup;
+
+use std::fs;
 
 /// Run `dedup args`, expecting exit code `code`; its stdout.
 fn exits(code: i32, args: &[&str]) -> String {

@@ -148,19 +148,7 @@ impl BackupSession<'_> {
     /// nothing pushed) if it cannot be confirmed: the caller reads the
     /// data instead.
     pub fn reuse(&mut self, r: SegmentRef) -> RepoResult<bool> {
-        if !self.repo.protection().hold(self.id, r.container) {
-            return Ok(false);
-        }
-        let Ok(catalog) = self.repo.catalog(r.container) else {
-            return Ok(false);
-        };
-        let confirmed = catalog.entries().get(r.entry as usize).is_some_and(|e| {
-            !e.is_absent() && e.fingerprint == r.fingerprint && e.location.raw_len == r.len
-        });
-        if confirmed {
-            self.push(r, false);
-        }
-        Ok(confirmed)
+        self.reuse_all(std::slice::from_ref(&r))
     }
 
     /// `reuse` for a whole file's segments: all of them or none (false,

@@ -18,7 +18,7 @@ use super::store::ReportJson;
 #[derive(clap::Args)]
 #[command(
     about = "Back up files and directories, or a stream from standard input, into a repository",
-    after_help = "Files and directories are stored with their metadata (type, mode including setuid/setgid/sticky, owner, times to the nanosecond, symlink targets, hard links, fifos and devices, extended attributes); symlinks are never followed; sockets are skipped with a warning, as are files that vanish or cannot be read. Paths are kept as given, made relative like tar does: /home/me is stored as home/me, so `dedup restore REPO NAME /restore` recreates /restore/home/me. A file that changes while it is read is stored as read.\n\nThe backup becomes visible only once all of it is durable; a backup that fails or is killed leaves no backup behind.\n\nExamples:\n  dedup backup ./repo home-monday /home\n  dedup backup ./repo etc-1 /etc --group etc --json\n  pg_dump db | dedup backup ./repo db-1 --stdin --group db --json\n  tar -cf - /home | dedup backup --server unix:/run/dedup-backup.sock home-monday --stdin"
+    after_help = "Files and directories are stored with their metadata (type, mode including setuid/setgid/sticky, owner, times to the nanosecond, symlink targets, hard links, fifos and devices, extended attributes); symlinks are never followed; sockets are skipped with a warning, as are files that vanish or cannot be read. Paths are kept as given, made relative like tar does: /home/me is stored as home/me, so `dedup restore REPO NAME /restore` recreates /restore/home/me. A file that changes while it is read is stored as read. A file whose size, mtime, ctime and inode are those the newest backup of files in the same group recorded is not read again: its segments are reused (after checking them against their containers).\n\nThe backup becomes visible only once all of it is durable; a backup that fails or is killed leaves no backup behind.\n\nExamples:\n  dedup backup ./repo home-monday /home\n  dedup backup ./repo etc-1 /etc --group etc --json\n  pg_dump db | dedup backup ./repo db-1 --stdin --group db --json\n  tar -cf - /home | dedup backup --server unix:/run/dedup-backup.sock home-monday --stdin"
 )]
 pub struct Args {
     /// Repository directory (see `dedup store init`).
@@ -113,7 +113,6 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     bar.finish_and_clear();
     let r: BackupReport = result?;
     let seconds = start.elapsed().as_secs_f64();
-    let ratio = r.dedup_ratio();
     let report = Report {
         name: name.clone(),
         group: a.group.clone(),
@@ -135,26 +134,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         format_size(r.bytes_new),
         format_size(r.bytes_written),
         r.containers_written,
-        if ratio.is_finite() {
-            format!("{ratio:.2}")
-        } else {
-            "infinite (nothing new)".into()
-        },
+        super::store::ratio_text(&r),
         r.segments_new,
         r.segments_duplicate,
         seconds,
         report.mb_per_sec
     );
     if let Some(i) = report.index {
-        println!(
-            "Index: {} of RAM for {} segments{}, and a {} prefetch cache.",
-            format_size(i.index_ram_bytes),
-            i.index_fingerprints,
-            i.index_ram_per_tib
-                .map(|b| format!(" ({} per TiB stored)", format_size(b as u64)))
-                .unwrap_or_default(),
-            format_size(i.index_cache_bytes)
-        );
+        i.print();
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -62,7 +62,6 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     for w in &warnings {
         eprintln!("warning: {w}");
     }
-    let ratio = r.dedup_ratio();
     let report = Report {
         name: name.clone(),
         group: a.group.clone(),
@@ -93,11 +92,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         format_size(r.bytes_in),
         format_size(r.bytes_new),
         format_size(r.bytes_written),
-        if ratio.is_finite() {
-            format!("{ratio:.2}")
-        } else {
-            "infinite (nothing new)".into()
-        },
+        super::store::ratio_text(&r),
         seconds,
         report.mb_per_sec,
         match report.warnings.len() {
@@ -113,12 +108,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         );
     }
     if let Some(i) = report.index {
-        println!(
-            "Index: {} of RAM for {} segments, and a {} prefetch cache.",
-            format_size(i.index_ram_bytes),
-            i.index_fingerprints,
-            format_size(i.index_cache_bytes)
-        );
+        i.print();
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -360,6 +360,31 @@ impl IndexJson {
     }
 }
 
+impl IndexJson {
+    /// The report's line about the index.
+    pub fn print(&self) {
+        println!(
+            "Index: {} of RAM for {} segments{}, and a {} prefetch cache.",
+            format_size(self.index_ram_bytes),
+            self.index_fingerprints,
+            self.index_ram_per_tib
+                .map(|b| format!(" ({} per TiB stored)", format_size(b as u64)))
+                .unwrap_or_default(),
+            format_size(self.index_cache_bytes)
+        );
+    }
+}
+
+/// A backup's dedup ratio in words.
+pub fn ratio_text(r: &BackupReport) -> String {
+    let ratio = r.dedup_ratio();
+    if ratio.is_finite() {
+        format!("{ratio:.2}")
+    } else {
+        "infinite (nothing new)".into()
+    }
+}
+
 /// A segment's expected size.
 fn segment_bytes(s: Segmenting) -> u32 {
     match s {
