@@ -52,7 +52,8 @@ for n in t1 t2 t3 t4 base; do
     "$DEDUP" restore "$R" "$n" "$WORK/$n.out" >/dev/null || fail "restore $n"
     cmp "$WORK/$n.out" "$f" || fail "backup $n restored differently"
 done
-"$DEDUP" store remote --server "unix:$S" list | grep -c . | grep -qx 5 || fail "remote list"
+"$DEDUP" store remote --server "unix:$S" list >"$WORK/remote-list.txt"
+[ "$(grep -c . "$WORK/remote-list.txt")" = 5 ] || fail "remote list"
 expect_fail "dedup store serve" "$DEDUP" backup "$R" local --stdin </dev/null
 "$DEDUP" store remote --server "unix:$S" delete t1 >/dev/null || fail "remote delete"
 "$DEDUP" store remote --server "unix:$S" gc --json >"$WORK/gc.json" || fail "remote gc"

@@ -7,12 +7,12 @@ use serde::Serialize;
 
 use super::print_json;
 
-const SPACE_NOTE: &str = "its containers stay on disk: space comes back with garbage collection (dedup store gc), which is not built yet";
+const SPACE_NOTE: &str = "its containers stay on disk until a garbage collection (dedup gc REPO) reclaims what no other backup shares";
 
 #[derive(clap::Args)]
 #[command(
-    about = "Delete a backup (its space comes back with gc, which is not built yet)",
-    after_help = "The backup disappears at once; its recipe is removed too. The containers holding its segments stay, since other backups may share them: reclaiming space needs garbage collection (`dedup store gc`), which is not built yet.\n\nExamples:\n  dedup delete ./repo home-monday\n  dedup delete ./repo home-monday --json"
+    about = "Delete a backup (its space comes back with dedup gc REPO)",
+    after_help = "The backup disappears at once; its recipe is removed too. Its tree goes with it. The containers holding its segments stay, since other backups may share them: `dedup gc REPO` then reclaims what no backup needs.\n\nExamples:\n  dedup delete ./repo home-monday\n  dedup delete ./repo home-monday --json"
 )]
 pub struct Args {
     /// Repository directory.

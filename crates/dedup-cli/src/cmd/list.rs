@@ -1,5 +1,6 @@
 //! `dedup list`: the committed backups in a repository.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -55,24 +56,38 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         println!("{}: no backups yet.", a.repo.display());
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
-        "{:<24} {:<12} {:<6} {:<23} {:>11} {:>11} {:>8}",
-        "NAME", "GROUP", "KIND", "TIME", "SIZE", "NEW", "RATIO"
-    );
-    for e in &entries {
-        println!(
+    // A table can be long and is often piped into `head` or `grep -q`:
+    // a reader that stops early ends the listing, not in a panic.
+    let mut out = std::io::stdout().lock();
+    let mut table = || -> std::io::Result<()> {
+        writeln!(
+            out,
             "{:<24} {:<12} {:<6} {:<23} {:>11} {:>11} {:>8}",
-            e.name,
-            e.group,
-            e.kind,
-            utc(e.time),
-            format_size(e.report.counts.bytes_in),
-            format_size(e.report.counts.bytes_new),
-            e.report
-                .dedup_ratio
-                .map(|r| format!("{r:.2}"))
-                .unwrap_or_else(|| "all dup".into())
-        );
+            "NAME", "GROUP", "KIND", "TIME", "SIZE", "NEW", "RATIO"
+        )?;
+        for e in &entries {
+            writeln!(
+                out,
+                "{:<24} {:<12} {:<6} {:<23} {:>11} {:>11} {:>8}",
+                e.name,
+                e.group,
+                e.kind,
+                utc(e.time),
+                format_size(e.report.counts.bytes_in),
+                format_size(e.report.counts.bytes_new),
+                e.report
+                    .dedup_ratio
+                    .map(|r| format!("{r:.2}"))
+                    .unwrap_or_else(|| "all dup".into())
+            )?;
+        }
+        out.flush()
+    };
+    match table() {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
+        other => {
+            other?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
-    Ok(ExitCode::SUCCESS)
 }

@@ -21,7 +21,7 @@ use super::print_json;
 
 #[derive(clap::Args)]
 #[command(
-    about = "Manage a backup repository (in progress): init, stats, check, serve, remote",
+    about = "Manage a backup repository: init, stats, check, serve, remote",
     after_help = "A repository is a directory of containers (compressed segments with catalogs), recipes and backups. serve holds it open for many concurrent backup clients; remote lists, restores, deletes, sums up and collects garbage through a server.\n\nExamples:\n  dedup store init ./repo\n  dedup store init ./repo --segments fastcdc\n  dedup store stats ./repo --json\n  dedup store check ./repo --data\n  dedup store serve ./repo --socket /run/dedup-backup.sock"
 )]
 pub struct Args {
