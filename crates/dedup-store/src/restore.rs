@@ -47,62 +47,78 @@ impl Repository {
     /// container) holding the damaged one, all checked.
     pub fn restore(&self, name: &str, mut out: impl Write) -> RepoResult<u64> {
         let (record, recipe) = self.recipe(name)?;
-        let mut written = 0u64;
         let segments = &recipe.segments;
+        let io = |cause| RepoError::Io {
+            context: format!("writing the restore of backup {name}"),
+            cause,
+        };
+        // One thread: a reader thread ahead of the writer was measured
+        // slower (1.65 s against 1.41 s for 1 GiB from the page cache).
+        let mut written = 0u64;
         let mut i = 0;
         while i < segments.len() {
-            // A run: consecutive entries of one container, read at once.
-            let first = segments[i];
-            let mut n = 1;
-            let mut bytes = u64::from(first.len);
-            while let Some(next) = segments.get(i + n) {
-                if next.container != first.container
-                    || next.entry != first.entry + n as u32
-                    || bytes >= MAX_RUN
-                {
-                    break;
-                }
-                bytes += u64::from(next.len);
-                n += 1;
-            }
-            let run = &segments[i..i + n];
-            let catalog = match self.catalog(first.container) {
-                Err(Error::NotFound { .. }) => {
-                    return Err(RepoError::corrupt(
-                        container_name(first.container),
-                        format!("missing, but backup {name} needs it"),
-                    ))
-                }
-                other => other?,
-            };
-            check_run(&catalog, run, &record.recipe)?;
-            let mut read = catalog.read_run(&*self.store, first.entry as usize, n);
-            if !matches!(&read, Ok(v) if v.iter().all(|d| d.is_ok())) {
-                // A garbage collection may have compacted the container
-                // since its catalog was read (same entries, new offsets):
-                // read the catalog again, once. Nothing of the run has
-                // been written yet.
-                self.catalog_cache().forget(first.container);
-                let fresh = self.catalog(first.container)?;
-                check_run(&fresh, run, &record.recipe)?;
-                read = fresh.read_run(&*self.store, first.entry as usize, n);
-            }
-            for data in read? {
+            let n = run_len(&segments[i..]);
+            for data in self.read_checked(name, &record.recipe, &segments[i..i + n])? {
                 let data = data?;
-                out.write_all(&data).map_err(|cause| RepoError::Io {
-                    context: format!("writing the restore of backup {name}"),
-                    cause,
-                })?;
+                out.write_all(&data).map_err(io)?;
                 written += data.len() as u64;
             }
             i += n;
         }
-        out.flush().map_err(|cause| RepoError::Io {
-            context: format!("writing the restore of backup {name}"),
-            cause,
-        })?;
+        out.flush().map_err(io)?;
         Ok(written)
     }
+
+    /// The segments of `run` (consecutive entries of one container), each
+    /// checked against the recipe and its catalog, read with one ranged
+    /// read. A damaged segment is an `Err` in its place, so the ones before
+    /// it are still written.
+    fn read_checked(&self, name: &str, recipe: &str, run: &[SegmentRef]) -> RepoResult<Run> {
+        let first = run[0];
+        let catalog = match self.catalog(first.container) {
+            Err(Error::NotFound { .. }) => {
+                return Err(RepoError::corrupt(
+                    container_name(first.container),
+                    format!("missing, but backup {name} needs it"),
+                ))
+            }
+            other => other?,
+        };
+        check_run(&catalog, run, recipe)?;
+        let read = catalog.read_run(&*self.store, first.entry as usize, run.len());
+        if matches!(&read, Ok(v) if v.iter().all(|d| d.is_ok())) {
+            return Ok(read?);
+        }
+        // A garbage collection may have compacted the container since its
+        // catalog was read (same entries, new offsets): read the catalog
+        // again, once.
+        self.catalog_cache().forget(first.container);
+        let fresh = self.catalog(first.container)?;
+        check_run(&fresh, run, recipe)?;
+        Ok(fresh.read_run(&*self.store, first.entry as usize, run.len())?)
+    }
+}
+
+/// Segments read for a restore, each checked or the error that refused it.
+type Run = Vec<crate::error::Result<Vec<u8>>>;
+
+/// How many of `segments` (from the first) make one run: consecutive
+/// entries of one container, up to `MAX_RUN` raw bytes.
+fn run_len(segments: &[SegmentRef]) -> usize {
+    let first = segments[0];
+    let mut n = 1;
+    let mut bytes = u64::from(first.len);
+    while let Some(next) = segments.get(n) {
+        if next.container != first.container
+            || first.entry.checked_add(n as u32) != Some(next.entry)
+            || bytes >= MAX_RUN
+        {
+            break;
+        }
+        bytes += u64::from(next.len);
+        n += 1;
+    }
+    n
 }
 
 /// Every reference of `run` names an entry of `catalog` with its
