@@ -3,8 +3,12 @@
 //! fingerprint list in RAM (about 60 bytes a segment); a fixed number of
 //! catalogs keeps a backup's confirmations and a restore's reads cheap
 //! while memory stays independent of the store's size. Catalogs are
-//! immutable, so a cached one is never stale; one of a deleted container
-//! is dropped with `forget`.
+//! immutable but for compaction, which rewrites a container in place
+//! (same id, dead entries removed): GC calls `forget` after compacting or
+//! deleting one, and a reader that read a catalog before that `forget`
+//! must not put it back, or a backup could confirm a removed entry
+//! against it. So every `forget` starts a new epoch, and a catalog read in
+//! an older epoch is not cached (`insert_read`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,6 +23,7 @@ pub(crate) struct CatalogCache {
     capacity: usize,
     tick: u64,
     map: HashMap<u64, (Arc<Catalog>, u64)>,
+    epoch: u64,
 }
 
 impl CatalogCache {
@@ -27,6 +32,7 @@ impl CatalogCache {
             capacity: capacity.max(1),
             tick: 0,
             map: HashMap::new(),
+            epoch: 0,
         }
     }
 
@@ -53,6 +59,21 @@ impl CatalogCache {
 
     pub(crate) fn forget(&mut self, id: u64) {
         self.map.remove(&id);
+        self.epoch += 1;
+    }
+
+    /// The current epoch, to be given to `insert_read` with a catalog read
+    /// after this call.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Cache `catalog`, read after `epoch()` returned `epoch`, unless a
+    /// container was forgotten since (it may be this one's old version).
+    pub(crate) fn insert_read(&mut self, id: u64, catalog: Arc<Catalog>, epoch: u64) {
+        if epoch == self.epoch {
+            self.insert(id, catalog);
+        }
     }
 
     #[allow(dead_code)] // for garbage collection, which lands next
@@ -85,8 +106,14 @@ mod tests {
         cache.insert(3, catalog(3));
         assert!(cache.get(2).is_none(), "2 was the least recently used");
         assert!(cache.get(1).is_some() && cache.get(3).is_some());
+        let before = cache.epoch();
         cache.forget(1);
         assert!(cache.get(1).is_none());
         assert_eq!(cache.len(), 1);
+        // A catalog read before a forget is not cached after it.
+        cache.insert_read(4, catalog(4), before);
+        assert!(cache.get(4).is_none());
+        cache.insert_read(4, catalog(4), cache.epoch());
+        assert!(cache.get(4).is_some());
     }
 }

@@ -42,6 +42,16 @@ fn checkpoints(store: &dyn ObjectStore) -> Vec<(u64, String)> {
     found
 }
 
+/// The highest `covered` of any checkpoint in `store`: container ids below
+/// it were handed out once, so a writable open never hands them out again
+/// (a stale hook into a reused id would cost dedup, and a checkpoint that
+/// covers a reused id would hide the new container from the index).
+pub(crate) fn highest_covered(store: &dyn ObjectStore) -> u64 {
+    checkpoints(store)
+        .first()
+        .map_or(0, |(covered, _)| *covered)
+}
+
 /// A sampled index from the newest checkpoint in `store` that loads.
 pub(crate) fn load(store: Arc<dyn ObjectStore>, config: IndexConfig) -> Option<Opened> {
     for (covered, name) in checkpoints(&*store) {
@@ -83,12 +93,22 @@ impl Repository {
     /// have a lower id than a sealed one, and would be missed. Whether a
     /// checkpoint was saved.
     pub fn save_index(&self) -> RepoResult<bool> {
-        if !self.is_writable() || self.protection().sessions() > 0 {
+        if !self.is_writable() {
             return Ok(false);
         }
-        let covered = self.next_container.load(Ordering::SeqCst);
-        let Some(bytes) = self.index()?.checkpoint() else {
-            return Ok(false);
+        // Under the protection lock, which `begin_backup` takes: no session
+        // can start and take an id between the check and the snapshot.
+        let (covered, bytes) = {
+            let protection = self.protection();
+            if protection.sessions() > 0 {
+                return Ok(false);
+            }
+            let covered = self.next_container.load(Ordering::SeqCst);
+            let Some(bytes) = self.index()?.checkpoint() else {
+                return Ok(false);
+            };
+            drop(protection);
+            (covered, bytes)
         };
         let object = name(covered);
         match self.store.put(&object, &bytes) {

@@ -234,10 +234,11 @@ impl Repository {
         let ids = self.store_container_ids()?;
         let index = self.index.as_mut().expect("writable");
         let index = index.get_mut().unwrap_or_else(|p| p.into_inner());
-        // Ids are never reused, even after GC deleted the newest.
-        let mut next = covered;
+        // Ids are never reused, even after GC deleted the newest: no lower
+        // than any checkpoint says was handed out.
+        let mut next = covered.max(crate::index_checkpoint::highest_covered(&*self.store));
         for id in ids.into_iter().filter(|&id| id >= covered) {
-            next = id + 1;
+            next = next.max(id + 1);
             match Catalog::read(&*self.store, id) {
                 Ok(catalog) => index.insert(id, catalog.entries()),
                 Err(Error::Corrupt { .. }) => self.damaged.push(crate::container_name(id)),
@@ -311,11 +312,22 @@ impl Repository {
     /// Container `id`'s catalog, from the cache or read (without holding
     /// the cache's lock over the read).
     pub(crate) fn catalog(&self, id: u64) -> crate::error::Result<Arc<Catalog>> {
-        if let Some(c) = self.catalog_cache().get(id) {
-            return Ok(c);
-        }
-        let catalog = Arc::new(Catalog::read(&*self.store, id)?);
-        self.catalog_cache().insert(id, catalog.clone());
+        let epoch = {
+            let mut cache = self.catalog_cache();
+            if let Some(c) = cache.get(id) {
+                return Ok(c);
+            }
+            cache.epoch()
+        };
+        let catalog = match Catalog::read(&*self.store, id) {
+            // A compaction replacing the container between the two ranged
+            // reads of a catalog (or between its two names) looks like
+            // damage or absence: read once more before saying so.
+            Err(Error::Corrupt { .. } | Error::NotFound { .. }) => Catalog::read(&*self.store, id)?,
+            other => other?,
+        };
+        let catalog = Arc::new(catalog);
+        self.catalog_cache().insert_read(id, catalog.clone(), epoch);
         Ok(catalog)
     }
 

@@ -8,10 +8,13 @@
 //! protection map). A session that is dropped without `commit` leaves no
 //! backup, only containers for GC.
 //!
-//! The steps are public so a server can run them for a remote client that
-//! cut and hashed the segments itself: `lookup` a fingerprint, `store` the
-//! bytes of the new ones, `push` each segment's reference in stream order.
-//! A local backup uses `append`, which does all three.
+//! The steps are there for a server to run for a remote client that cut
+//! and hashed the segments itself: `lookup` a fingerprint (public), `store`
+//! the bytes of the new ones (public), `push` each segment's reference in
+//! stream order (crate only: a reference pushed without a lookup, store or
+//! reuse would not be protected from GC). A local backup uses `append`,
+//! which does all three; a backup of files also `reuse_all`s unchanged
+//! files' segments.
 
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -41,8 +44,18 @@ pub struct BackupSession<'r> {
     report: BackupReport,
     recipe: Recipe,
     open: Option<Open>,
+    /// What this session stored in containers it already sealed, newest
+    /// generation first: a repeat is found here even when a sampled index
+    /// has no hook for it (a client that sent a segment once names it as
+    /// known later). Two generations of at most `SEALED_GENERATION` keep
+    /// the last that many always (a client remembers fewer).
+    sealed: [HashMap<Fingerprint, (u64, u32)>; 2],
     ended: bool,
 }
+
+/// Fingerprints one generation of `sealed` holds (about 56 MiB at most for
+/// both).
+const SEALED_GENERATION: usize = 1 << 19;
 
 impl Repository {
     /// Start backup `name` in `group`. Refused if the name is taken or the
@@ -68,6 +81,7 @@ impl Repository {
             report: BackupReport::default(),
             recipe: Recipe::default(),
             open: None,
+            sealed: [HashMap::new(), HashMap::new()],
             ended: false,
         })
     }
@@ -95,6 +109,10 @@ impl BackupSession<'_> {
             if let Some(&i) = o.holds.get(fp) {
                 return Ok(Some((o.writer.id(), i)));
             }
+        }
+        // Containers this session wrote are held from birth: no check.
+        if let Some(&at) = self.sealed.iter().find_map(|g| g.get(fp)) {
+            return Ok(Some(at));
         }
         let Some((container, entry)) = self.repo.index()?.lookup(fp) else {
             return Ok(None);
@@ -206,7 +224,7 @@ impl BackupSession<'_> {
 
     /// Add the next segment of the stream to the recipe; `new` if this
     /// backup stored it.
-    pub fn push(&mut self, segment: SegmentRef, new: bool) {
+    pub(crate) fn push(&mut self, segment: SegmentRef, new: bool) {
         let len = u64::from(segment.len);
         self.report.bytes_in += len;
         if new {
@@ -258,6 +276,21 @@ impl BackupSession<'_> {
     /// contents the stream holds) stored as the backup's tree object
     /// before the backup object names it.
     pub fn commit_with_tree(mut self, tree: Option<&[u8]>) -> RepoResult<BackupRecord> {
+        if let Some(bytes) = tree {
+            // A tree from a client is checked as a restore will check it,
+            // so a backup is never committed that cannot be restored.
+            let what = format!("the tree of backup {}", self.name);
+            let decoded = crate::tree::Tree::decode(&what, bytes)?;
+            if decoded.stream_len != self.report.bytes_in {
+                return Err(RepoError::corrupt(
+                    what,
+                    format!(
+                        "it describes {} bytes of contents, the backup read {}",
+                        decoded.stream_len, self.report.bytes_in
+                    ),
+                ));
+            }
+        }
         self.seal()?;
         let repo = self.repo;
         self.recipe.stream_len = self.report.bytes_in;
@@ -329,6 +362,10 @@ impl BackupSession<'_> {
         self.report.bytes_written += bytes.len() as u64;
         let container = Container::parse(&name, bytes)?;
         let catalog = std::sync::Arc::new(container.catalog().clone());
+        if self.sealed[0].len() + open.holds.len() > SEALED_GENERATION {
+            self.sealed[1] = std::mem::take(&mut self.sealed[0]);
+        }
+        self.sealed[0].extend(open.holds.iter().map(|(fp, &i)| (*fp, (id, i))));
         self.repo.index()?.insert(id, catalog.entries());
         self.repo.catalog_cache().insert(id, catalog);
         Ok(())

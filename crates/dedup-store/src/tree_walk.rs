@@ -324,6 +324,13 @@ impl TreeWalk {
         self.push(tree, Kind::File, &meta, Vec::new(), &source);
         let node = self.nodes.len() - 1;
         self.nodes[node].offset = self.offset;
+        if changed_just_now(&meta) {
+            // Changed within a timestamp tick of being read: a write
+            // right after this read could leave mtime and ctime as they
+            // are, so the next backup must read it rather than reuse it
+            // (inode 0 marks it; git calls these "racily clean").
+            self.nodes[node].inode = 0;
+        }
         self.counts.files += 1;
         self.current = Some(Current {
             file,
@@ -395,6 +402,16 @@ impl Read for TreeWalk {
         self.offset += n as u64;
         Ok(n)
     }
+}
+
+/// Whether `meta`'s ctime is within a second of now (or in the future):
+/// far more than a file system's timestamp tick (a jiffy, at most 10 ms).
+fn changed_just_now(meta: &Metadata) -> bool {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(i128::MAX, |d| d.as_nanos() as i128);
+    let ctime = i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec());
+    ctime >= now - 1_000_000_000
 }
 
 /// The tree path of a given path: relative, without `.` components.

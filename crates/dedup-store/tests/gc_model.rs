@@ -25,9 +25,15 @@ fn backup(repo: &Repository, name: &str, group: &str, data: &[u8], tree: bool) -
             return false;
         }
     }
-    let tree_bytes = format!("tree of {name}");
-    s.commit_with_tree(tree.then_some(tree_bytes.as_bytes()))
-        .is_ok()
+    // One file holding the whole stream: a tree a restore would accept.
+    let mut file = dedup_store::tree::Node::new("f", dedup_store::tree::Kind::File);
+    file.size = data.len() as u64;
+    let tree_bytes = dedup_store::tree::Tree {
+        stream_len: data.len() as u64,
+        nodes: vec![file],
+    }
+    .encode();
+    s.commit_with_tree(tree.then_some(&tree_bytes[..])).is_ok()
 }
 
 fn reopen(dir: &Path) -> (Repository, std::sync::Arc<Faulty>) {

@@ -142,20 +142,39 @@ fn two_sessions_racing_for_one_name_commit_once() {
 
 #[test]
 fn a_tree_is_committed_with_its_backup_and_deleted_with_it() {
+    use dedup_store::tree::{Kind, Node, Tree};
     let tmp = tempfile::tempdir().unwrap();
     let repo = Repository::init(tmp.path()).unwrap();
+    let mut file = Node::new("f", Kind::File);
+    file.size = 5000;
+    let tree = Tree {
+        stream_len: 5000,
+        nodes: vec![file],
+    };
+    // A tree that does not decode, or describes other contents, is
+    // refused before anything is committed.
+    for bad in [b"tree bytes".to_vec(), {
+        let mut t = tree.clone();
+        t.stream_len = 4999;
+        t.nodes[0].size = 4999;
+        t.encode()
+    }] {
+        let mut s = repo.begin_backup("files", "g").unwrap();
+        s.append(&random(5000, 3)).unwrap();
+        let e = s.commit_with_tree(Some(&bad)).expect_err("a bad tree");
+        assert!(e.to_string().contains("the tree of backup files"), "{e}");
+    }
+    assert!(repo.list_backups().unwrap().is_empty());
     let mut s = repo.begin_backup("files", "g").unwrap();
     s.append(&random(5000, 3)).unwrap();
-    let record = s.commit_with_tree(Some(b"tree bytes")).unwrap();
-    let tree = record.tree.clone().expect("a tree");
-    assert!(tree.starts_with("trees/files-"), "{tree}");
+    let bytes = tree.encode();
+    let record = s.commit_with_tree(Some(&bytes)).unwrap();
+    let object = record.tree.clone().expect("a tree");
+    assert!(object.starts_with("trees/files-"), "{object}");
     assert_eq!(repo.backup("files").unwrap(), record);
-    assert_eq!(
-        std::fs::read(tmp.path().join(&tree)).unwrap(),
-        b"tree bytes"
-    );
+    assert_eq!(std::fs::read(tmp.path().join(&object)).unwrap(), bytes);
     repo.delete_backup("files").unwrap();
-    assert!(!tmp.path().join(&tree).exists());
+    assert!(!tmp.path().join(&object).exists());
     assert!(!tmp.path().join(&record.recipe).exists());
 }
 
@@ -182,4 +201,34 @@ fn reuse_takes_an_earlier_recipe_s_segments_only_if_their_catalog_confirms_them(
     let mut out = Vec::new();
     repo.restore("child", &mut out).unwrap();
     assert!(out == data);
+}
+
+#[test]
+fn a_session_finds_what_it_sealed_even_without_a_hook() {
+    use dedup_store::index::{IndexConfig, SamplingRate};
+    let tmp = tempfile::tempdir().unwrap();
+    drop(Repository::init_with(tmp.path(), options(Segmenting::DEFAULT)).unwrap());
+    let config = IndexConfig {
+        max_rate: SamplingRate::from_log2_period(7).unwrap(),
+        cache_entries: 0,
+        ..IndexConfig::default()
+    };
+    let repo = Repository::open_sampled(tmp.path(), config).unwrap();
+    let mut s = repo.begin_backup("a", "g").unwrap();
+    let first: Vec<Vec<u8>> = (0..64).map(|i| random(4096, 500 + i)).collect();
+    let mut stored = Vec::new();
+    for b in &first {
+        let (c, e, fp) = s.store(b).unwrap();
+        stored.push((fp, (c, e)));
+    }
+    // Fill more than a container (64 KiB) so the first ones are sealed.
+    for i in 0..64 {
+        s.append(&random(4096, 900 + i)).unwrap();
+    }
+    // At R = 1/128 with no cache most of them have no hook; a server's
+    // client names them as known all the same.
+    for (fp, at) in &stored {
+        assert_eq!(s.lookup(fp).unwrap(), Some(*at));
+    }
+    s.commit().unwrap();
 }

@@ -413,14 +413,31 @@ fn a_fingerprint_that_does_not_match_its_bytes_cannot_store_wrong_data() {
 
 #[test]
 fn a_tree_travels_with_the_commit() {
+    use dedup_store::tree::{Kind, Node, Tree};
     let (dir, server) = setup();
     let c = server.client();
+    let mut file = Node::new("f", Kind::File);
+    file.size = 5000;
+    let tree = Tree {
+        stream_len: 5000,
+        nodes: vec![file],
+    };
+    // A tree that would not restore is refused, and nothing is committed.
+    let refused = c.backup_stream(
+        "t",
+        "g",
+        &data(12, 5000)[..],
+        Some(b"tree bytes".to_vec()),
+        &BackupOptions::default(),
+        &|_| {},
+    );
+    assert!(refused.is_err());
     let b = c
         .backup_stream(
             "t",
             "g",
             &data(12, 5000)[..],
-            Some(b"tree bytes".to_vec()),
+            Some(tree.encode()),
             &BackupOptions::default(),
             &|_| {},
         )

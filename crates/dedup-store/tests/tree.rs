@@ -260,14 +260,26 @@ fn refusals_non_empty_target_stream_backups_overlapping_paths() {
     );
 }
 
-/// Commit a backup of `content` whose tree object is `tree`, as a
-/// damaged or hostile store or client could.
+/// Commit a backup of `content` whose tree object is `tree`, as a damaged
+/// or hostile store could hold it: a commit checks its tree, so a benign
+/// one is committed and the object replaced on disk afterwards.
 fn plant(repo: &Repository, name: &str, content: &[u8], tree: &Tree) {
     let mut s = repo.begin_backup(name, "g").unwrap();
     if !content.is_empty() {
         s.append(content).unwrap();
     }
-    s.commit_with_tree(Some(&tree.encode())).unwrap();
+    let benign = Tree {
+        stream_len: content.len() as u64,
+        nodes: if content.is_empty() {
+            vec![]
+        } else {
+            vec![file("benign", 0, content.len() as u64)]
+        },
+    };
+    let record = s.commit_with_tree(Some(&benign.encode())).unwrap();
+    let object = repo.dir().join(record.tree.expect("a tree"));
+    fs::remove_file(&object).unwrap();
+    fs::write(&object, tree.encode()).unwrap();
 }
 
 fn file(path: &str, offset: u64, size: u64) -> Node {

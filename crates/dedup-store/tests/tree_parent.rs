@@ -52,10 +52,18 @@ fn walk(p: &Path) -> Vec<std::path::PathBuf> {
     out
 }
 
+fn settle() {
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+}
+
 #[test]
 fn unchanged_files_are_reused_unread_and_changed_ones_are_read() {
     let tmp = tempfile::tempdir().unwrap();
     let data = files(tmp.path());
+    // A file changed within a second of being read is read again next
+    // time (a write in the same timestamp tick would go unseen): let the
+    // new files age first.
+    settle();
     let repo = Repository::init(tmp.path().join("repo")).unwrap();
     let first = repo.backup_paths("one", "g", &[&data], |_| {}).unwrap();
     assert_eq!(first.parent, None);
@@ -80,11 +88,26 @@ fn unchanged_files_are_reused_unread_and_changed_ones_are_read() {
     let mut f5 = fs::read(data.join("sub/f5")).unwrap();
     f5.extend_from_slice(b"more");
     fs::write(data.join("sub/f5"), &f5).unwrap();
+    settle();
     let third = repo.backup_paths("three", "g", &[&data], |_| {}).unwrap();
     assert_eq!(third.parent.as_deref(), Some("two"));
     assert_eq!(third.files_unchanged, 19, "{third:?}");
     fs::remove_file(data.join("sub/new")).unwrap();
     fs::write(data.join("sub/new"), random(7000, 1000)).unwrap();
+    settle();
+    let fourth = repo.backup_paths("four", "g", &[&data], |_| {}).unwrap();
+    assert_eq!(
+        fourth.files_unchanged, 21,
+        "all but the rewritten one: {fourth:?}"
+    );
+    // Written just before a backup reads it: the backup after that reads
+    // it again even though nothing changed since, because a write in the
+    // same timestamp tick would have left its mtime and ctime alone.
+    fs::write(data.join("sub/f0"), random(5000, 0)).unwrap();
+    let racy = repo.backup_paths("racy", "g", &[&data], |_| {}).unwrap();
+    assert_eq!(racy.files_unchanged, 21, "{racy:?}");
+    let after = repo.backup_paths("after", "g", &[&data], |_| {}).unwrap();
+    assert_eq!(after.files_unchanged, 21, "f0 is read again: {after:?}");
 
     // Another group has no parent here.
     let other = repo.backup_paths("other", "h", &[&data], |_| {}).unwrap();

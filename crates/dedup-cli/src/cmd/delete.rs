@@ -32,7 +32,15 @@ struct Report<'a> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let repo = super::store::open(&a.repo)?;
+    // Deleting needs no index: the sampled one from its checkpoint reads
+    // no catalog at open.
+    let repo = dedup_store::Repository::open_sampled(
+        &a.repo,
+        dedup_store::index::IndexConfig {
+            cache_entries: 0,
+            ..Default::default()
+        },
+    )?;
     repo.delete_backup(&a.name)?;
     if a.json {
         print_json(&Report {

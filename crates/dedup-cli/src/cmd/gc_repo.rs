@@ -9,6 +9,7 @@ use anyhow::bail;
 use dedup_core::size::format_size;
 use dedup_store::config::CONFIG_OBJECT;
 use dedup_store::gc::DEFAULT_COMPACT_BELOW;
+use dedup_store::index::IndexConfig;
 use dedup_store::{GcOptions, RepoConfig, RepoError, Repository};
 
 use super::gc::Args;
@@ -21,7 +22,16 @@ pub fn is_repository(dir: &Path) -> bool {
 }
 
 pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
-    let repo = match Repository::open(&a.dir) {
+    // The sampled index from its checkpoint: no catalog is read at open,
+    // and the checkpoint is refreshed (hooks into deleted containers gone)
+    // when the collection closes the repository.
+    let repo = match Repository::open_sampled(
+        &a.dir,
+        IndexConfig {
+            cache_entries: 0,
+            ..IndexConfig::default()
+        },
+    ) {
         Err(RepoError::InUse { dir }) => bail!(
             "{}: another process is writing to this repository, so it cannot be collected from here; the server that holds it (dedup store serve) will run garbage collection for it, or wait for that process to finish",
             dir.display()

@@ -103,5 +103,45 @@ fn entry_mismatch(s: &SegmentRef, entries: &[crate::format::Entry]) -> Option<St
             s.entry, e.location.raw_len, s.len
         ));
     }
+    if e.is_absent() {
+        return Some(format!(
+            "catalog entry {} of {c} was removed by garbage collection, but a recipe needs it",
+            s.entry
+        ));
+    }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{Entry, Location};
+    use dedup_core::compress::Compression;
+    use dedup_core::fingerprint::Fingerprint;
+
+    #[test]
+    fn a_reference_to_a_segment_compaction_removed_is_damage() {
+        let fingerprint = Fingerprint([7; 32]);
+        let entry = Entry {
+            fingerprint,
+            location: Location {
+                offset: 32,
+                stored_len: 10,
+                raw_len: 4096,
+                compression: Compression::Lz4,
+                stored_crc: 1,
+            },
+        };
+        let s = SegmentRef {
+            container: 3,
+            entry: 0,
+            len: 4096,
+            fingerprint,
+        };
+        assert_eq!(entry_mismatch(&s, &[entry]), None);
+        let removed = entry.absent_at(32);
+        assert!(removed.is_absent());
+        let why = entry_mismatch(&s, &[removed]).expect("damage");
+        assert!(why.contains("removed by garbage collection"), "{why}");
+    }
 }
