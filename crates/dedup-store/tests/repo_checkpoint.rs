@@ -138,3 +138,36 @@ fn no_checkpoint_is_taken_while_a_backup_runs() {
     drop(Repository::open_read_only(dir).unwrap());
     assert_eq!(checkpoints(dir), before);
 }
+
+#[test]
+fn container_ids_are_never_handed_out_twice_after_a_collection() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    init(dir);
+    {
+        let repo = sampled(dir);
+        repo.backup_stream("a", "g", &random(300_000, 5)[..])
+            .unwrap();
+    }
+    let highest = |dir: &std::path::Path| {
+        std::fs::read_dir(dir.join("containers"))
+            .unwrap()
+            .map(|e| {
+                u64::from_str_radix(&e.unwrap().file_name().into_string().unwrap(), 16).unwrap()
+            })
+            .max()
+    };
+    let before = highest(dir).expect("containers");
+    // Everything is deleted and collected by an exact-index handle, which
+    // leaves the old checkpoint; the next container must not take an old id.
+    {
+        let repo = Repository::open(dir).unwrap();
+        repo.delete_backup("a").unwrap();
+        repo.gc(&dedup_store::GcOptions::default()).unwrap();
+    }
+    assert_eq!(highest(dir), None, "gc left containers");
+    let repo = Repository::open(dir).unwrap();
+    repo.backup_stream("b", "g", &random(100_000, 6)[..])
+        .unwrap();
+    assert!(highest(dir).unwrap() > before);
+}
