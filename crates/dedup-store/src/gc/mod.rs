@@ -68,8 +68,8 @@ impl Default for GcOptions<'_> {
     }
 }
 
-/// What one garbage collection did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+/// What one garbage collection did (also the server's answer to a GC).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GcReport {
     /// Committed backups when the GC began.
     pub backups: u64,

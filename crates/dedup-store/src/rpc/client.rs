@@ -11,8 +11,8 @@ use std::thread::JoinHandle;
 
 use super::frame::{decode, read_frame, write_frame};
 use super::protocol::{
-    Call, Endpoint, ErrorKind, Reply, Request, Response, WireBackup, WireError, WireGcReport,
-    WireStats, MAX_FRAME, PROTOCOL_VERSION,
+    Call, Endpoint, ErrorKind, Reply, Request, Response, WireBackup, WireError, WireStats,
+    MAX_FRAME, PROTOCOL_VERSION,
 };
 use super::stream::Stream;
 use crate::segmenter::Segmenting;
@@ -220,7 +220,7 @@ impl Client {
     }
 
     /// Collect garbage in the server's repository.
-    pub fn gc(&self, compact_below: Option<f64>) -> Result<WireGcReport, ClientError> {
+    pub fn gc(&self, compact_below: Option<f64>) -> Result<crate::gc::GcReport, ClientError> {
         match self.call(Call::Gc { compact_below })? {
             Reply::Collected(r) => Ok(r),
             other => Err(unexpected(&other)),

@@ -296,7 +296,7 @@ impl<'r> Conn<'r> {
             progress: None,
         };
         let report = self.repo.gc(&options).map_err(repo_err)?;
-        Ok(Reply::Collected(report.into()))
+        Ok(Reply::Collected(report))
     }
 
     fn stats(&self) -> Answer {

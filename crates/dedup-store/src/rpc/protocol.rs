@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::backup::BackupReport;
+use crate::gc::GcReport;
 use crate::segmenter::Segmenting;
 
 /// Bumped on any incompatible change; `Hello` refuses a mismatch.
@@ -166,7 +167,7 @@ pub enum Reply {
     Backups(Vec<WireBackup>),
     Deleted,
     Stats(WireStats),
-    Collected(WireGcReport),
+    Collected(GcReport),
 }
 
 /// Why a request failed. `kind` is for programs, `message` for people.
@@ -294,42 +295,4 @@ pub struct WireStats {
     /// Backups running in this server now.
     pub running_backups: u64,
     pub connections: u64,
-}
-
-/// What a garbage collection did (the store's `GcReport`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct WireGcReport {
-    pub backups: u64,
-    pub groups_remarked: u64,
-    pub groups_reused: u64,
-    pub groups_dropped: u64,
-    pub recipes_read: u64,
-    pub containers: u64,
-    pub containers_protected: u64,
-    pub containers_swept: u64,
-    pub containers_compacted: u64,
-    pub catalogs_read: u64,
-    pub bytes_reclaimed: u64,
-    pub orphans_removed: u64,
-    pub seconds: f64,
-}
-
-impl From<crate::gc::GcReport> for WireGcReport {
-    fn from(r: crate::gc::GcReport) -> WireGcReport {
-        WireGcReport {
-            backups: r.backups,
-            groups_remarked: r.groups_remarked,
-            groups_reused: r.groups_reused,
-            groups_dropped: r.groups_dropped,
-            recipes_read: r.recipes_read,
-            containers: r.containers,
-            containers_protected: r.containers_protected,
-            containers_swept: r.containers_swept,
-            containers_compacted: r.containers_compacted,
-            catalogs_read: r.catalogs_read,
-            bytes_reclaimed: r.bytes_reclaimed,
-            orphans_removed: r.orphans_removed,
-            seconds: r.seconds,
-        }
-    }
 }
