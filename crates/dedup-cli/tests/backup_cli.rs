@@ -4,33 +4,9 @@
 
 mod support;
 
-use support::dedup;
+use support::{json, ok, refused};
 
 use std::path::Path;
-
-fn ok(args: &[&str], stdin: Option<&[u8]>) -> Vec<u8> {
-    let out = dedup(args, stdin);
-    assert!(
-        out.status.success(),
-        "dedup {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
-
-fn refused(args: &[&str], says: &str) {
-    let out = dedup(args, None);
-    assert!(!out.status.success(), "dedup {args:?} succeeded");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains(says),
-        "dedup {args:?} said {err:?}, not {says:?}"
-    );
-}
-
-fn json(bytes: &[u8]) -> serde_json::Value {
-    serde_json::from_slice(bytes).expect("JSON")
-}
 
 /// 3 MiB that do not repeat within themselves (a simple LCG).
 fn data() -> Vec<u8> {

@@ -23,17 +23,9 @@ fn dedup(args: &[&str], stdin: &[u8]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("JSON")
 }
 
-/// Deterministic, incompressible-enough bytes.
+/// Deterministic, incompressible bytes.
 fn data(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    dedup_core::testdata::noise(seed, n)
 }
 
 #[test]

@@ -2,55 +2,17 @@
 //! processes at once, `store remote`, restores beside the server, the
 //! refusals a running server causes, and a clean stop on SIGTERM.
 
+mod support;
+
+use support::{json, ok, refused_fed, spawn};
+
 use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
-fn dedup(args: &[&str], stdin: Option<&[u8]>) -> Output {
-    let mut child = spawn(args, stdin.is_some());
-    if let Some(data) = stdin {
-        child.stdin.take().unwrap().write_all(data).unwrap();
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn spawn(args: &[&str], piped_stdin: bool) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_dedup"))
-        .args(args)
-        .stdin(if piped_stdin {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run dedup")
-}
-
-fn ok(args: &[&str], stdin: Option<&[u8]>) -> Vec<u8> {
-    let out = dedup(args, stdin);
-    assert!(
-        out.status.success(),
-        "dedup {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
-
 fn refused(args: &[&str], says: &str) {
-    let out = dedup(args, Some(b""));
-    assert!(!out.status.success(), "dedup {args:?} succeeded");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains(says),
-        "dedup {args:?} said {err:?}, not {says:?}"
-    );
-}
-
-fn json(bytes: &[u8]) -> serde_json::Value {
-    serde_json::from_slice(bytes).expect("JSON")
+    refused_fed(args, Some(b""), says)
 }
 
 fn data(seed: u64, len: usize) -> Vec<u8> {

@@ -118,15 +118,7 @@ pub fn in_target(target: &Path, path: &Path) -> PathBuf {
 
 /// Deterministic bytes that do not repeat within themselves.
 pub fn random(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    dedup_core::testdata::noise(seed, n)
 }
 
 pub fn is_root() -> bool {
