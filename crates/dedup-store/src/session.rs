@@ -117,18 +117,26 @@ impl BackupSession<'_> {
         let Some((container, entry)) = self.repo.index()?.lookup(fp) else {
             return Ok(None);
         };
-        // Protect first, then confirm: once held, GC cannot condemn it.
+        let confirmed = self
+            .held_entry(container, entry)
+            .is_some_and(|e| e.fingerprint == *fp);
+        Ok(confirmed.then_some((container, entry)))
+    }
+
+    /// Catalog entry `entry` of `container`, once the container is
+    /// protected for this session (protect first, then confirm: once held,
+    /// GC cannot condemn it); `None` if it is condemned, unreadable, or has
+    /// no such entry, or compaction removed it.
+    fn held_entry(&self, container: u64, entry: u32) -> Option<crate::format::Entry> {
         if !self.repo.protection().hold(self.id, container) {
-            return Ok(None);
+            return None;
         }
-        let Ok(catalog) = self.repo.catalog(container) else {
-            return Ok(None);
-        };
-        let confirmed = catalog
+        let catalog = self.repo.catalog(container).ok()?;
+        catalog
             .entries()
             .get(entry as usize)
-            .is_some_and(|e| e.fingerprint == *fp && !e.is_absent());
-        Ok(confirmed.then_some((container, entry)))
+            .copied()
+            .filter(|e| !e.is_absent())
     }
 
     /// [`lookup`](Self::lookup), answered as the full reference (with the
@@ -173,15 +181,9 @@ impl BackupSession<'_> {
     /// nothing pushed), so a file is never half reused, half read.
     pub fn reuse_all(&mut self, refs: &[SegmentRef]) -> RepoResult<bool> {
         for r in refs {
-            if !self.repo.protection().hold(self.id, r.container) {
-                return Ok(false);
-            }
-            let Ok(catalog) = self.repo.catalog(r.container) else {
-                return Ok(false);
-            };
-            let confirmed = catalog.entries().get(r.entry as usize).is_some_and(|e| {
-                !e.is_absent() && e.fingerprint == r.fingerprint && e.location.raw_len == r.len
-            });
+            let confirmed = self
+                .held_entry(r.container, r.entry)
+                .is_some_and(|e| e.fingerprint == r.fingerprint && e.location.raw_len == r.len);
             if !confirmed {
                 return Ok(false);
             }
