@@ -9,9 +9,11 @@
 use dedup_core::compress::Compression;
 
 use crate::error::{Error, Result};
+use std::sync::{Arc, Mutex};
+
 use crate::format::{
-    crc, Entry, Header, Trailer, ENTRY_LEN, FORMAT_VERSION, HEADER_LEN, MAX_SEGMENT_LEN,
-    TRAILER_LEN,
+    crc, entry_len, Entry, Header, Location, Trailer, FORMAT_VERSION, HEADER_LEN, MAX_FRAME_LEN,
+    MAX_SEGMENT_LEN, OLDEST_VERSION, TRAILER_LEN,
 };
 use crate::objects::ObjectStore;
 use crate::writer::HASH;
@@ -48,6 +50,8 @@ fn with_fallback<T>(id: u64, mut read: impl FnMut(&str) -> Result<T>) -> Result<
 pub struct Catalog {
     name: String,
     container_id: u64,
+    /// The format version it was read in (entry sizes differ).
+    version: u32,
     entries: Vec<Entry>,
 }
 
@@ -103,55 +107,73 @@ impl Catalog {
                 trailer.catalog_crc
             )));
         }
-        // Segments lie back to back from the header to the catalog, in
-        // catalog order: no gaps, no overlaps, nothing outside.
+        // Frames lie back to back from the header to the catalog, in
+        // catalog order, and each frame's segments back to back in its
+        // decompressed bytes: no gaps, no overlaps, nothing outside.
         let mut next = HEADER_LEN as u64;
+        let mut open: Option<Location> = None;
+        let mut filled = 0u64;
+        let len = entry_len(trailer.version);
         let mut entries = Vec::with_capacity(trailer.segment_count as usize);
-        for (i, raw) in bytes.chunks_exact(ENTRY_LEN).enumerate() {
-            let raw: &[u8; ENTRY_LEN] = raw.try_into().expect("chunks_exact gives ENTRY_LEN");
-            let entry = Entry::decode(raw).map_err(|e| corrupt(format!("segment {i}: {e}")))?;
+        for (i, raw) in bytes.chunks_exact(len).enumerate() {
+            let entry = Entry::decode(raw, trailer.version)
+                .map_err(|e| corrupt(format!("segment {i}: {e}")))?;
             let l = &entry.location;
-            if l.offset != next {
-                return Err(corrupt(format!(
-                    "segment {i} is at offset {}, not {next} where the one before it ends",
-                    l.offset
-                )));
-            }
             if l.raw_len as usize > MAX_SEGMENT_LEN {
                 return Err(corrupt(format!(
                     "segment {i} is {} bytes raw, over the {MAX_SEGMENT_LEN}-byte limit",
                     l.raw_len
                 )));
             }
-            let sizes_agree = match l.compression {
-                _ if entry.is_absent() => true,
-                Compression::None => l.stored_len == l.raw_len,
-                _ => l.stored_len < l.raw_len,
-            };
-            if !sizes_agree {
-                return Err(corrupt(format!(
-                    "segment {i} stores {} bytes for {} raw with compression {}",
-                    l.stored_len, l.raw_len, l.compression
-                )));
+            let continues = !entry.is_absent() && open.is_some_and(|f| f.same_frame(l));
+            if continues {
+                if u64::from(l.frame_at) != filled {
+                    return Err(corrupt(format!(
+                        "segment {i} is at {} in its frame, not {filled} where the one before it ends",
+                        l.frame_at
+                    )));
+                }
+            } else {
+                check_frame_full(i, open, filled).map_err(corrupt)?;
+                if l.offset != next {
+                    return Err(corrupt(format!(
+                        "segment {i}'s frame is at offset {}, not {next} where the one before it ends",
+                        l.offset
+                    )));
+                }
+                check_frame_sizes(i, &entry).map_err(corrupt)?;
+                next += u64::from(l.stored_len); // both < 2^33: no overflow
+                if next > trailer.catalog_offset {
+                    return Err(corrupt(format!(
+                        "segment {i}'s frame ends at {next}, past the catalog at {}",
+                        trailer.catalog_offset
+                    )));
+                }
+                open = (!entry.is_absent()).then_some(*l);
+                filled = 0;
             }
-            next += u64::from(l.stored_len); // both < 2^33: no overflow
-            if next > trailer.catalog_offset {
-                return Err(corrupt(format!(
-                    "segment {i} ends at {next}, past the catalog at {}",
-                    trailer.catalog_offset
-                )));
+            if !entry.is_absent() {
+                filled += u64::from(l.raw_len);
+                if filled > u64::from(l.frame_len) {
+                    return Err(corrupt(format!(
+                        "segment {i} ends at {filled} in its {}-byte frame",
+                        l.frame_len
+                    )));
+                }
             }
             entries.push(entry);
         }
+        check_frame_full(entries.len(), open, filled).map_err(corrupt)?;
         if next != trailer.catalog_offset {
             return Err(corrupt(format!(
-                "the segments end at {next}, not at the catalog at {}",
+                "the frames end at {next}, not at the catalog at {}",
                 trailer.catalog_offset
             )));
         }
         Ok(Catalog {
             name: name.to_string(),
             container_id: trailer.container_id,
+            version: trailer.version,
             entries,
         })
     }
@@ -174,11 +196,11 @@ impl Catalog {
     /// to be exactly the header, the segments, the catalog and the trailer.
     pub fn container_len(&self) -> u64 {
         let stored: u64 = self
-            .entries
-            .iter()
-            .map(|e| u64::from(e.location.stored_len))
+            .frame_starts()
+            .map(|i| u64::from(self.entries[i].location.stored_len))
             .sum();
-        (HEADER_LEN + self.entries.len() * ENTRY_LEN + TRAILER_LEN) as u64 + stored
+        let entry_len = entry_len(self.version) as u64;
+        (HEADER_LEN + TRAILER_LEN) as u64 + self.entries.len() as u64 * entry_len + stored
     }
 
     /// The segments in container order.
@@ -186,19 +208,37 @@ impl Catalog {
         &self.entries
     }
 
-    /// Read segment `i` alone with one ranged read, checked and decompressed.
+    /// The entries that start a frame (absent ones excluded).
+    fn frame_starts(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.entries.len()).filter(|&i| {
+            let e = &self.entries[i];
+            !e.is_absent() && e.location.frame_at == 0 && !self.continues_frame(i)
+        })
+    }
+
+    /// Entry `i` lies in the frame of entry `i - 1`.
+    fn continues_frame(&self, i: usize) -> bool {
+        i > 0 && {
+            let (a, b) = (&self.entries[i - 1], &self.entries[i]);
+            !a.is_absent() && !b.is_absent() && a.location.same_frame(&b.location)
+        }
+    }
+
+    /// Read segment `i` alone: one ranged read of its frame, checked and
+    /// decompressed.
     pub fn read_segment(&self, store: &dyn ObjectStore, i: usize) -> Result<Vec<u8>> {
         let entry = self.entry(i)?;
         self.check_present(i, entry)?;
         let l = &entry.location;
         let stored = store.get_range(&self.name, l.offset, u64::from(l.stored_len))?;
-        decode_segment(&self.name, i, entry, &stored)
+        let frame = decode_frame(i, l, &stored).map_err(|d| Error::corrupt(&self.name, d))?;
+        segment_of(&self.name, i, entry, &frame)
     }
 
-    /// Read segments `first..first + count` with one ranged read when they
-    /// lie back to back (as a container writes them); one read each
-    /// otherwise. Each is checked and decompressed on its own, so a damaged
-    /// one does not cost the ones before it.
+    /// Read segments `first..first + count` with one ranged read of their
+    /// frames (a container writes them back to back), each frame checked
+    /// and decompressed once. Each segment is an `Ok` or `Err` of its own,
+    /// so a damaged frame does not cost the segments before it.
     pub fn read_run(
         &self,
         store: &dyn ObjectStore,
@@ -208,23 +248,33 @@ impl Catalog {
         let end = first.saturating_add(count);
         self.entry(end.saturating_sub(1).max(first))?;
         let run = &self.entries[first..end];
-        let contiguous = run.windows(2).all(|w| {
-            w[0].location.offset + u64::from(w[0].location.stored_len) == w[1].location.offset
-        });
-        if !contiguous || run.is_empty() {
-            return Ok((first..end).map(|i| self.read_segment(store, i)).collect());
-        }
-        let start = run[0].location.offset;
-        let len: u64 = run.iter().map(|e| u64::from(e.location.stored_len)).sum();
-        let bytes = store.get_range(&self.name, start, len)?;
+        let (Some(head), Some(last)) = (run.first(), run.last()) else {
+            return Ok(Vec::new());
+        };
+        let start = head.location.offset;
+        let bytes = store.get_range(&self.name, start, last.location.frame_end() - start)?;
+        let mut frame: Option<(u64, std::result::Result<Vec<u8>, String>)> = None;
         Ok(run
             .iter()
             .enumerate()
             .map(|(k, e)| {
-                self.check_present(first + k, e)?;
-                let at = (e.location.offset - start) as usize;
-                let stored = &bytes[at..at + e.location.stored_len as usize];
-                decode_segment(&self.name, first + k, e, stored)
+                let i = first + k;
+                self.check_present(i, e)?;
+                let l = &e.location;
+                if frame.as_ref().is_some_and(|(at, _)| *at != l.offset) {
+                    frame = None;
+                }
+                let (_, raw) = frame.get_or_insert_with(|| {
+                    let at = (l.offset - start) as usize;
+                    (
+                        l.offset,
+                        decode_frame(i, l, &bytes[at..at + l.stored_len as usize]),
+                    )
+                });
+                match raw {
+                    Ok(raw) => segment_of(&self.name, i, e, raw),
+                    Err(d) => Err(Error::corrupt(&self.name, d.clone())),
+                }
             })
             .collect())
     }
@@ -239,6 +289,15 @@ impl Catalog {
         })?;
         let header = decode_header(&self.name, bytes)?;
         let count = self.entries.len() as u64;
+        if header.version != self.version {
+            return Err(Error::corrupt(
+                &self.name,
+                format!(
+                    "the header says format version {}, the trailer {}",
+                    header.version, self.version
+                ),
+            ));
+        }
         if (header.container_id, u64::from(header.segment_count)) != (self.container_id, count) {
             return Err(Error::corrupt(
                 &self.name,
@@ -282,6 +341,9 @@ impl Catalog {
 pub struct Container {
     bytes: Vec<u8>,
     catalog: Catalog,
+    /// The last frame `segment` decompressed (its offset and bytes): reading
+    /// a container's segments in order decompresses each frame once.
+    last_frame: Mutex<Option<(u64, Arc<Vec<u8>>)>>,
 }
 
 impl Container {
@@ -299,13 +361,10 @@ impl Container {
     /// here rather than found at restore time.
     pub fn parse(name: &str, bytes: Vec<u8>) -> Result<Container> {
         let container = Container::parse_structure(name, bytes)?;
-        for (i, entry) in container.catalog.entries.iter().enumerate() {
-            if entry.is_absent() {
-                continue;
-            }
-            let l = &entry.location;
+        for i in container.catalog.frame_starts() {
+            let l = &container.catalog.entries[i].location;
             let stored = &container.bytes[l.offset as usize..][..l.stored_len as usize];
-            check_stored_crc(name, i, entry, stored)?;
+            check_stored_crc(i, l, stored).map_err(|d| Error::corrupt(name, d))?;
         }
         Ok(container)
     }
@@ -351,7 +410,17 @@ impl Container {
         }
         let start = trailer.catalog_offset as usize;
         let catalog = Catalog::parse(name, &trailer, &bytes[start..start + catalog_len as usize])?;
-        Ok(Container { bytes, catalog })
+        if header.version != trailer.version {
+            return Err(corrupt(format!(
+                "the header says format version {}, the trailer {}",
+                header.version, trailer.version
+            )));
+        }
+        Ok(Container {
+            bytes,
+            catalog,
+            last_frame: Mutex::new(None),
+        })
     }
 
     pub fn catalog(&self) -> &Catalog {
@@ -363,20 +432,25 @@ impl Container {
         self.bytes.len() as u64
     }
 
-    /// Segment `i`'s stored bytes as they are (compressed), unchecked
-    /// beyond what `parse` checked.
-    pub fn stored(&self, i: usize) -> Result<&[u8]> {
-        let l = &self.catalog.entry(i)?.location;
-        Ok(&self.bytes[l.offset as usize..][..l.stored_len as usize])
-    }
-
     /// Segment `i`, decompressed and checked against its fingerprint.
     pub fn segment(&self, i: usize) -> Result<Vec<u8>> {
         let entry = self.catalog.entry(i)?;
         self.catalog.check_present(i, entry)?;
         let l = &entry.location;
-        let stored = &self.bytes[l.offset as usize..][..l.stored_len as usize];
-        decode_segment(&self.catalog.name, i, entry, stored)
+        let name = &self.catalog.name;
+        let mut last = self.last_frame.lock().unwrap_or_else(|p| p.into_inner());
+        let frame = match &*last {
+            Some((at, frame)) if *at == l.offset => Arc::clone(frame),
+            _ => {
+                let stored = &self.bytes[l.offset as usize..][..l.stored_len as usize];
+                let frame =
+                    Arc::new(decode_frame(i, l, stored).map_err(|d| Error::corrupt(name, d))?);
+                *last = Some((l.offset, Arc::clone(&frame)));
+                frame
+            }
+        };
+        drop(last);
+        segment_of(name, i, entry, &frame)
     }
 }
 
@@ -384,9 +458,9 @@ impl Container {
 fn decode_header(name: &str, bytes: &[u8; HEADER_LEN]) -> Result<Header> {
     let corrupt = |detail: String| Error::corrupt(name, detail);
     let header = Header::decode(bytes).map_err(corrupt)?;
-    if header.version != FORMAT_VERSION {
+    if !(OLDEST_VERSION..=FORMAT_VERSION).contains(&header.version) {
         return Err(corrupt(format!(
-            "format version {} in the header; this build reads version {FORMAT_VERSION}",
+            "format version {} in the header; this build reads versions {OLDEST_VERSION} to {FORMAT_VERSION}",
             header.version
         )));
     }
@@ -399,11 +473,11 @@ fn decode_header(name: &str, bytes: &[u8; HEADER_LEN]) -> Result<Header> {
 /// Decode the trailer and refuse versions this build does not read.
 fn decode_trailer(name: &str, bytes: &[u8; TRAILER_LEN]) -> Result<Trailer> {
     let trailer = Trailer::decode(bytes).map_err(|e| Error::corrupt(name, e))?;
-    if trailer.version != FORMAT_VERSION {
+    if !(OLDEST_VERSION..=FORMAT_VERSION).contains(&trailer.version) {
         return Err(Error::corrupt(
             name,
             format!(
-                "format version {} in the trailer; this build reads version {FORMAT_VERSION}",
+                "format version {} in the trailer; this build reads versions {OLDEST_VERSION} to {FORMAT_VERSION}",
                 trailer.version
             ),
         ));
@@ -422,7 +496,7 @@ fn decode_trailer(name: &str, bytes: &[u8; TRAILER_LEN]) -> Result<Trailer> {
 
 /// The catalog length, which must be exactly one entry per segment.
 fn checked_catalog_len(name: &str, trailer: &Trailer) -> Result<u64> {
-    let expected = u64::from(trailer.segment_count) * ENTRY_LEN as u64;
+    let expected = u64::from(trailer.segment_count) * entry_len(trailer.version) as u64;
     if trailer.catalog_len != expected {
         return Err(Error::corrupt(
             name,
@@ -435,39 +509,98 @@ fn checked_catalog_len(name: &str, trailer: &Trailer) -> Result<u64> {
     Ok(expected)
 }
 
-fn check_stored_crc(name: &str, i: usize, entry: &Entry, stored: &[u8]) -> Result<()> {
+/// A frame's stored bytes match the crc32c its entries record.
+fn check_stored_crc(i: usize, l: &Location, stored: &[u8]) -> std::result::Result<(), String> {
     let sum = crc(stored);
-    if sum != entry.location.stored_crc {
-        return Err(Error::corrupt(
-            name,
-            format!(
-                "segment {i}'s checksum {:#010x} does not match its bytes ({sum:#010x})",
-                entry.location.stored_crc
-            ),
+    if sum != l.stored_crc {
+        return Err(format!(
+            "segment {i}'s frame (at offset {}) has checksum {:#010x}, which does not match its bytes ({sum:#010x})",
+            l.offset, l.stored_crc
         ));
     }
     Ok(())
 }
 
-/// Check, decompress and verify one segment's stored bytes.
-fn decode_segment(name: &str, i: usize, entry: &Entry, stored: &[u8]) -> Result<Vec<u8>> {
-    check_stored_crc(name, i, entry, stored)?;
-    let l = &entry.location;
-    let raw = match l.compression {
-        Compression::None => stored.to_vec(),
+/// Check and decompress the frame holding segment `i`, whose stored bytes
+/// are `stored`; the reason in words if it is damaged.
+fn decode_frame(i: usize, l: &Location, stored: &[u8]) -> std::result::Result<Vec<u8>, String> {
+    check_stored_crc(i, l, stored)?;
+    match l.compression {
+        Compression::None => Ok(stored.to_vec()),
         c => {
-            let mut out = vec![0u8; l.raw_len as usize];
-            let what = format!("segment {i} of container {name}");
+            let mut out = vec![0u8; l.frame_len as usize];
+            let what = format!("the frame of segment {i} (at offset {})", l.offset);
             c.decompress(stored, &mut out, &what)
-                .map_err(|e| Error::corrupt(name, e.to_string()))?;
-            out
+                .map_err(|e| e.to_string())?;
+            Ok(out)
         }
-    };
-    if HASH.fingerprint(&raw) != entry.fingerprint {
+    }
+}
+
+/// Segment `i` cut from its decompressed frame and checked against its
+/// fingerprint.
+fn segment_of(name: &str, i: usize, entry: &Entry, frame: &[u8]) -> Result<Vec<u8>> {
+    let l = &entry.location;
+    let at = l.frame_at as usize;
+    let raw = frame.get(at..at + l.raw_len as usize).ok_or_else(|| {
+        Error::corrupt(
+            name,
+            format!("segment {i} lies outside its {}-byte frame", frame.len()),
+        )
+    })?;
+    if HASH.fingerprint(raw) != entry.fingerprint {
         return Err(Error::corrupt(
             name,
             format!("segment {i} does not match its fingerprint"),
         ));
     }
-    Ok(raw)
+    Ok(raw.to_vec())
+}
+
+/// The frame that was open before segment `i` holds exactly the segments
+/// its length promises.
+fn check_frame_full(
+    i: usize,
+    open: Option<Location>,
+    filled: u64,
+) -> std::result::Result<(), String> {
+    match open {
+        Some(f) if u64::from(f.frame_len) != filled => Err(format!(
+            "the frame before segment {i} is {} bytes raw, but its segments fill {filled}",
+            f.frame_len
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A frame's stored and raw sizes agree with its compression and limits
+/// (checked at the segment `i` that starts it).
+fn check_frame_sizes(i: usize, entry: &Entry) -> std::result::Result<(), String> {
+    let l = &entry.location;
+    if entry.is_absent() {
+        return Ok(());
+    }
+    if l.frame_at != 0 {
+        return Err(format!(
+            "segment {i} starts a frame, but at {} in it",
+            l.frame_at
+        ));
+    }
+    if l.frame_len as usize > MAX_FRAME_LEN {
+        return Err(format!(
+            "segment {i}'s frame is {} bytes raw, over the {MAX_FRAME_LEN}-byte limit",
+            l.frame_len
+        ));
+    }
+    let agree = match l.compression {
+        Compression::None => l.stored_len == l.frame_len,
+        _ => l.stored_len < l.frame_len,
+    };
+    if !agree {
+        return Err(format!(
+            "segment {i}'s frame stores {} bytes for {} raw with compression {}",
+            l.stored_len, l.frame_len, l.compression
+        ));
+    }
+    Ok(())
 }

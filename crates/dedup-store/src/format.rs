@@ -12,16 +12,35 @@ use dedup_core::fingerprint::{Fingerprint, FINGERPRINT_BYTES};
 pub const HEADER_MAGIC: [u8; 8] = *b"DDUPCNTR";
 /// The first bytes of the trailer, the container's last `TRAILER_LEN` bytes.
 pub const TRAILER_MAGIC: [u8; 8] = *b"DDUPCTLG";
-/// Bumped on any change to the layout; readers refuse other versions.
-pub const FORMAT_VERSION: u32 = 1;
+/// Bumped on any change to the layout. Version 2 compresses runs of
+/// segments together in frames; version 1 (one segment per frame, 56-byte
+/// entries) is still read. Readers refuse other versions.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest version this build reads.
+pub const OLDEST_VERSION: u32 = 1;
 
 pub const HEADER_LEN: usize = 32;
-pub const ENTRY_LEN: usize = 56;
+/// A version 2 catalog entry.
+pub const ENTRY_LEN: usize = 64;
+/// A version 1 catalog entry: the first 56 bytes of a version 2 one.
+pub const ENTRY_LEN_V1: usize = 56;
 pub const TRAILER_LEN: usize = 48;
+
+/// The catalog entry length of format `version` (one this build reads).
+pub fn entry_len(version: u32) -> usize {
+    if version == 1 {
+        ENTRY_LEN_V1
+    } else {
+        ENTRY_LEN
+    }
+}
 
 /// Largest segment a container takes, raw. Readers refuse larger ones before
 /// allocating, so a forged catalog cannot make them allocate gigabytes.
 pub const MAX_SEGMENT_LEN: usize = 16 << 20;
+/// Largest frame, raw: a frame holds whole segments, so one segment of
+/// `MAX_SEGMENT_LEN` fits. Same reason for the limit.
+pub const MAX_FRAME_LEN: usize = MAX_SEGMENT_LEN;
 
 pub fn crc(bytes: &[u8]) -> u32 {
     crc32c::crc32c(bytes)
@@ -63,24 +82,58 @@ impl Header {
     }
 }
 
-/// Where one segment lies in its container and how to get it back.
+/// Where one segment lies in its container and how to get it back: in a
+/// frame, a run of segments compressed together (a compressor finds far
+/// more to share in 1 MiB than in 4 KiB), at `frame_at` in the frame's
+/// decompressed bytes. Every entry of a frame repeats the frame's fields.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Location {
-    /// From the start of the container.
+    /// Where the frame starts, from the start of the container.
     pub offset: u64,
-    /// Bytes in the container (compressed or not).
+    /// The frame's bytes in the container (compressed or not).
     pub stored_len: u32,
-    /// Bytes once decompressed.
+    /// The segment's bytes once decompressed.
     pub raw_len: u32,
-    /// `None` when compressing did not make it smaller.
+    /// The frame's; `None` when compressing did not make it smaller.
     pub compression: Compression,
-    /// crc32c of the stored bytes: checked before decompressing them.
+    /// crc32c of the frame's stored bytes: checked before decompressing.
     pub stored_crc: u32,
+    /// Where the segment starts in the decompressed frame.
+    pub frame_at: u32,
+    /// The frame's bytes once decompressed: all its segments.
+    pub frame_len: u32,
 }
 
-/// One catalog entry: fingerprint (32), offset (8), stored length (4), raw
-/// length (4), compression code (1, `Compression::code`), 3 zero bytes,
-/// crc32c of the stored bytes (4).
+impl Location {
+    /// Whether `other` lies in the same frame (every frame field equal).
+    pub fn same_frame(&self, other: &Location) -> bool {
+        (
+            self.offset,
+            self.stored_len,
+            self.compression,
+            self.stored_crc,
+            self.frame_len,
+        ) == (
+            other.offset,
+            other.stored_len,
+            other.compression,
+            other.stored_crc,
+            other.frame_len,
+        )
+    }
+
+    /// Where the frame ends in the container.
+    pub fn frame_end(&self) -> u64 {
+        self.offset + u64::from(self.stored_len)
+    }
+}
+
+/// One catalog entry: fingerprint (32), frame offset (8), frame stored
+/// length (4), segment raw length (4), compression code (1,
+/// `Compression::code`), removed flag (1), 2 zero bytes, crc32c of the
+/// frame's stored bytes (4), then (version 2 only) the segment's offset in
+/// the decompressed frame (4) and the frame's raw length (4). A version 1
+/// entry is a frame of one segment: offset 0, frame length the raw length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Entry {
     pub fingerprint: Fingerprint,
@@ -98,10 +151,20 @@ impl Entry {
         b[48] = l.compression.code();
         b[49] = u8::from(self.is_absent());
         b[52..56].copy_from_slice(&l.stored_crc.to_le_bytes());
+        b[56..60].copy_from_slice(&l.frame_at.to_le_bytes());
+        b[60..64].copy_from_slice(&l.frame_len.to_le_bytes());
         b
     }
 
-    pub fn decode(b: &[u8; ENTRY_LEN]) -> Result<Entry, String> {
+    /// Decode an entry of format `version`: `b` is `entry_len(version)` bytes.
+    pub fn decode(b: &[u8], version: u32) -> Result<Entry, String> {
+        if b.len() != entry_len(version) {
+            return Err(format!(
+                "a version {version} entry is {} bytes, not {}",
+                entry_len(version),
+                b.len()
+            ));
+        }
         let compression = Compression::from_code(b[48])
             .ok_or_else(|| format!("unknown compression code {:#04x}", b[48]))?;
         if b[49] > 1 || b[50..52] != [0, 0] {
@@ -109,18 +172,27 @@ impl Entry {
         }
         let mut fp = [0u8; FINGERPRINT_BYTES];
         fp.copy_from_slice(&b[0..32]);
+        let raw_len = u32_at(b, 44);
+        let (frame_at, frame_len) = if version == 1 {
+            (0, if b[49] == 1 { 0 } else { raw_len })
+        } else {
+            (u32_at(b, 56), u32_at(b, 60))
+        };
         let entry = Entry {
             fingerprint: Fingerprint(fp),
             location: Location {
                 offset: u64_at(b, 32),
                 stored_len: u32_at(b, 40),
-                raw_len: u32_at(b, 44),
+                raw_len,
                 compression,
                 stored_crc: u32_at(b, 52),
+                frame_at,
+                frame_len,
             },
         };
+        let l = &entry.location;
         if (b[49] == 1) != entry.is_absent()
-            || (entry.is_absent() && entry.location.stored_crc != 0)
+            || (entry.is_absent() && (l.stored_crc, l.frame_at, l.frame_len) != (0, 0, 0))
         {
             return Err(format!(
                 "the removed flag {} does not match {} stored bytes for {} raw with compression {}",
@@ -153,6 +225,8 @@ impl Entry {
                 raw_len: self.location.raw_len,
                 compression: Compression::None,
                 stored_crc: 0,
+                frame_at: 0,
+                frame_len: 0,
             },
         }
     }

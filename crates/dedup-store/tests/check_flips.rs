@@ -25,8 +25,7 @@ fn entries(bytes: &[u8]) -> Vec<Entry> {
     let t = trailer(bytes);
     let catalog = &bytes[t.catalog_offset as usize..bytes.len() - TRAILER_LEN];
     let each = catalog.chunks_exact(ENTRY_LEN);
-    each.map(|e| Entry::decode(e.try_into().unwrap()).unwrap())
-        .collect()
+    each.map(|e| Entry::decode(e, t.version).unwrap()).collect()
 }
 
 /// Only `object` is named, at least once.
@@ -126,24 +125,35 @@ fn every_flipped_byte_of_a_container_is_found() {
     }
 }
 
-/// Damage a segment's body and recompute its crc, the catalog's and the
-/// trailer's, so only BLAKE3 after decompressing can tell.
+/// Damage a frame's stored bytes and recompute its crc (in every entry of
+/// the frame), the catalog's and the trailer's, so only BLAKE3 after
+/// decompressing can tell.
 #[test]
 fn a_segment_damaged_under_valid_checksums_is_found_by_its_fingerprint() {
     let f = fixture(Segmenting::DEFAULT);
     let (object, good) = mixed_container(&f);
     let t = trailer(&good);
     let cat = t.catalog_offset as usize;
-    for (i, entry) in entries(&good).iter().enumerate() {
-        let l = entry.location;
+    let all = entries(&good);
+    // The last segment of each frame: the frame's last byte is its.
+    let lasts = (0..all.len()).filter(|&i| {
+        all.get(i + 1)
+            .is_none_or(|next| !next.location.same_frame(&all[i].location))
+    });
+    for i in lasts {
+        let l = all[i].location;
         let mut c = good.clone();
         let body = l.offset as usize..(l.offset + u64::from(l.stored_len)) as usize;
-        // The body's last byte: for a compressed segment, a literal (LZ4
+        // The frame's last byte: for a compressed frame, a literal (LZ4
         // ends every block with literals), so it still decompresses.
         c[body.end - 1] ^= 0x20;
         let sum = crc(&c[body]);
-        let at = cat + i * ENTRY_LEN + 52;
-        c[at..at + 4].copy_from_slice(&sum.to_le_bytes());
+        for (k, e) in all.iter().enumerate() {
+            if e.location.same_frame(&l) {
+                let at = cat + k * ENTRY_LEN + 52;
+                c[at..at + 4].copy_from_slice(&sum.to_le_bytes());
+            }
+        }
         let t_at = c.len() - TRAILER_LEN;
         let fixed = Trailer {
             catalog_crc: crc(&c[cat..t_at]),

@@ -4,7 +4,7 @@
 //! checksums are refused by name.
 
 use dedup_core::compress::Compression;
-use dedup_store::format::{crc, Header, Trailer, ENTRY_LEN, HEADER_LEN, TRAILER_LEN};
+use dedup_store::format::{crc, Header, Trailer, ENTRY_LEN, ENTRY_LEN_V1, HEADER_LEN, TRAILER_LEN};
 use dedup_store::{
     container_name, Catalog, Container, ContainerWriter, Error, LocalDir, ObjectStore,
 };
@@ -13,9 +13,10 @@ use rand::{Rng, RngCore, SeedableRng};
 
 const NAME: &str = "containers/00000000000000c5";
 
-/// A small container with a compressed, a stored-raw and an empty segment.
+/// A small container with a compressed, a stored-raw and an empty segment,
+/// each its own frame.
 fn small() -> Vec<u8> {
-    let mut w = ContainerWriter::with_options(0xc5, 1 << 20, Compression::Lz4);
+    let mut w = ContainerWriter::with_options(0xc5, 1 << 20, Compression::Lz4).with_frame_target(0);
     w.add(&b"abcd".repeat(40)).unwrap();
     w.add(&[0x13, 0x37, 0x42, 0x99, 0x01]).unwrap();
     w.add(b"").unwrap();
@@ -149,12 +150,12 @@ fn forged_fields_with_valid_checksums_are_refused_by_name() {
     let mut bad = good.clone();
     bad[..HEADER_LEN].copy_from_slice(
         &Header {
-            version: 2,
+            version: 3,
             ..header
         }
         .encode(),
     );
-    assert!(error_of(bad).contains("format version 2 in the header"));
+    assert!(error_of(bad).contains("format version 3 in the header"));
 
     let mut bad = good.clone();
     bad[..HEADER_LEN].copy_from_slice(&Header { flags: 4, ..header }.encode());
@@ -184,7 +185,7 @@ fn forged_fields_with_valid_checksums_are_refused_by_name() {
     assert!(e.contains("inside the 32-byte header"), "{e}");
 
     let e = error_of(with_trailer(&good, |t| t.catalog_len = u64::MAX));
-    assert!(e.contains("3 segments need 168"), "{e}");
+    assert!(e.contains("3 segments need 192"), "{e}");
 
     // A segment count the size cannot hold (header agreeing, so the
     // trailer's numbers are what is checked).
@@ -208,7 +209,10 @@ fn forged_fields_with_valid_checksums_are_refused_by_name() {
     let sum = crc(&bad[catalog_offset..good.len() - TRAILER_LEN]);
     let bad = with_trailer(&bad, |t| t.catalog_crc = sum);
     let e = error_of(bad);
-    assert!(e.contains("segment 0 is at offset 1000, not 32"), "{e}");
+    assert!(
+        e.contains("segment 0's frame is at offset 1000, not 32"),
+        "{e}"
+    );
 
     // Through the store too: a trailer whose catalog lies past the end.
     let tmp = tempfile::tempdir().unwrap();
@@ -220,4 +224,152 @@ fn forged_fields_with_valid_checksums_are_refused_by_name() {
     store.put("containers/0000000000000001", b"tiny").unwrap();
     let e = Catalog::read(&store, 1).unwrap_err().to_string();
     assert!(e.contains("shorter than a 48-byte trailer"), "{e}");
+}
+
+/// Two frames of three segments each (compressible text, then random
+/// bytes that stay raw), and an empty segment in the second.
+fn framed() -> (Vec<u8>, Vec<Vec<u8>>) {
+    let mut rng = StdRng::seed_from_u64(9);
+    let mut segments: Vec<Vec<u8>> = (0..3)
+        .map(|i| format!("line {i} of some text\n").repeat(20).into_bytes())
+        .collect();
+    let mut w =
+        ContainerWriter::with_options(0xc5, 1 << 20, Compression::Lz4).with_frame_target(1200);
+    for s in &segments {
+        w.add(s).unwrap();
+    }
+    for len in [300, 0, 800] {
+        let mut seg = vec![0u8; len];
+        rng.fill_bytes(&mut seg);
+        w.add(&seg).unwrap();
+        segments.push(seg);
+    }
+    let bytes = w.seal();
+    let c = Container::parse(NAME, bytes.clone()).unwrap();
+    let frames: Vec<_> = c
+        .catalog()
+        .entries()
+        .iter()
+        .map(|e| {
+            (
+                e.location.offset,
+                e.location.frame_at,
+                e.location.compression,
+            )
+        })
+        .collect();
+    let (a, b) = (frames[0].0, frames[3].0);
+    assert_eq!(
+        frames,
+        [
+            (a, 0, Compression::Lz4),
+            (a, 400, Compression::Lz4),
+            (a, 800, Compression::Lz4),
+            (b, 0, Compression::None),
+            (b, 300, Compression::None),
+            (b, 300, Compression::None),
+        ]
+    );
+    (bytes, segments)
+}
+
+#[test]
+fn frames_of_several_segments_read_back_whole_and_in_runs() {
+    let (bytes, segments) = framed();
+    let c = Container::parse(NAME, bytes.clone()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let store = LocalDir::open(tmp.path()).unwrap();
+    store.put(NAME, &bytes).unwrap();
+    let catalog = Catalog::read(&store, 0xc5).unwrap();
+    for (i, s) in segments.iter().enumerate() {
+        assert_eq!(&c.segment(i).unwrap(), s);
+        assert_eq!(&catalog.read_segment(&store, i).unwrap(), s);
+        for n in 1..=segments.len() - i {
+            let run = catalog.read_run(&store, i, n).unwrap();
+            let run: Vec<Vec<u8>> = run.into_iter().map(|r| r.unwrap()).collect();
+            assert_eq!(run, &segments[i..i + n]);
+        }
+    }
+}
+
+#[test]
+fn every_byte_flip_of_a_framed_container_is_refused_and_costs_only_its_frame() {
+    let (good, _) = framed();
+    let catalog_offset = good.len() - TRAILER_LEN - 6 * ENTRY_LEN;
+    let c = Container::parse(NAME, good.clone()).unwrap();
+    let second_frame = c.catalog().entries()[3].location.offset as usize;
+    let tmp = tempfile::tempdir().unwrap();
+    for at in 0..good.len() {
+        let mut bad = good.clone();
+        bad[at] ^= 0x10;
+        assert_refused(bad.clone(), &format!("byte {at}"));
+        if !(HEADER_LEN..catalog_offset).contains(&at) {
+            continue;
+        }
+        // Through the catalog: the damaged frame's segments fail, the
+        // other frame's read, one by one and in one run.
+        let store = LocalDir::open(tmp.path().join(format!("s{at}"))).unwrap();
+        store.put(&container_name(0xc5), &bad).unwrap();
+        let catalog = Catalog::read(&store, 0xc5).unwrap();
+        let damaged = if at < second_frame { 0..3 } else { 3..6 };
+        let run = catalog.read_run(&store, 0, 6).unwrap();
+        for i in 0..6 {
+            let one = catalog.read_segment(&store, i);
+            // An empty segment has nothing to damage, but its frame's
+            // checksum still fails it.
+            assert_eq!(one.is_err(), damaged.contains(&i), "byte {at}, segment {i}");
+            assert_eq!(
+                run[i].is_err(),
+                damaged.contains(&i),
+                "byte {at}, segment {i}"
+            );
+        }
+    }
+}
+
+/// A version 1 container (56-byte entries, a frame per segment) as the
+/// builds before frames wrote it still reads.
+#[test]
+fn a_version_1_container_still_reads() {
+    let good = small();
+    let c = Container::parse(NAME, good.clone()).unwrap();
+    let entries = c.catalog().entries();
+    let catalog_offset = good.len() - TRAILER_LEN - 3 * ENTRY_LEN;
+    let header = Header::decode(good[..HEADER_LEN].try_into().unwrap()).unwrap();
+    let mut v1 = Header {
+        version: 1,
+        ..header
+    }
+    .encode()
+    .to_vec();
+    v1.extend_from_slice(&good[HEADER_LEN..catalog_offset]);
+    let at = v1.len();
+    for e in entries {
+        v1.extend_from_slice(&e.encode()[..ENTRY_LEN_V1]);
+    }
+    let catalog = v1[at..].to_vec();
+    let trailer = Trailer::decode(good[good.len() - TRAILER_LEN..].try_into().unwrap()).unwrap();
+    v1.extend_from_slice(
+        &Trailer {
+            version: 1,
+            catalog_len: catalog.len() as u64,
+            catalog_crc: crc(&catalog),
+            ..trailer
+        }
+        .encode(),
+    );
+    let old = Container::parse(NAME, v1.clone()).unwrap();
+    assert_eq!(old.catalog().entries(), entries);
+    for i in 0..3 {
+        assert_eq!(old.segment(i).unwrap(), c.segment(i).unwrap());
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let store = LocalDir::open(tmp.path()).unwrap();
+    store.put(NAME, &v1).unwrap();
+    let catalog = Catalog::read(&store, 0xc5).unwrap();
+    assert_eq!(catalog.container_len(), v1.len() as u64);
+    assert_eq!(
+        catalog.read_segment(&store, 0).unwrap(),
+        c.segment(0).unwrap()
+    );
 }

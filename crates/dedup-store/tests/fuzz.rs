@@ -3,7 +3,9 @@
 //! make the container parser or the catalog reader panic.
 
 use dedup_core::fingerprint::Fingerprint;
-use dedup_store::format::{crc, Entry, Header, Location, Trailer, FORMAT_VERSION, HEADER_LEN};
+use dedup_store::format::{
+    crc, entry_len, Entry, Header, Location, Trailer, FORMAT_VERSION, HEADER_LEN, OLDEST_VERSION,
+};
 use dedup_store::{container_name, Catalog, Container, ContainerWriter, LocalDir, ObjectStore};
 use proptest::prelude::*;
 
@@ -24,9 +26,11 @@ fn entry() -> impl Strategy<Value = Entry> {
         prop_oneof![0..64u32, any::<u32>()],
         prop::sample::select(vec![0u8, 1, 0x83]),
         any::<u32>(),
+        prop_oneof![Just(0u32), 0..64u32, any::<u32>()],
+        prop_oneof![0..128u32, any::<u32>()],
     )
         .prop_map(
-            |(fp, offset, stored_len, raw_len, code, stored_crc)| Entry {
+            |(fp, offset, stored_len, raw_len, code, stored_crc, frame_at, frame_len)| Entry {
                 fingerprint: Fingerprint(fp),
                 location: Location {
                     offset,
@@ -34,6 +38,8 @@ fn entry() -> impl Strategy<Value = Entry> {
                     raw_len,
                     compression: dedup_core::compress::Compression::from_code(code).unwrap(),
                     stored_crc,
+                    frame_at,
+                    frame_len,
                 },
             },
         )
@@ -47,38 +53,41 @@ fn forged() -> impl Strategy<Value = Vec<u8>> {
         any::<u64>(),
         prop_oneof![Just(None), any::<u64>().prop_map(Some)],
         any::<bool>(),
+        prop::sample::select(vec![OLDEST_VERSION, FORMAT_VERSION]),
     )
-        .prop_map(|(body, entries, id, offset_override, honest_count)| {
-            let count = if honest_count {
-                entries.len() as u32
-            } else {
-                entries.len() as u32 + 1
-            };
-            let mut out = Header {
-                version: FORMAT_VERSION,
-                flags: 0,
-                container_id: id,
-                segment_count: count,
-            }
-            .encode()
-            .to_vec();
-            out.extend_from_slice(&body);
-            let catalog_offset = out.len() as u64;
-            for e in &entries {
-                out.extend_from_slice(&e.encode());
-            }
-            let catalog = &out[catalog_offset as usize..];
-            let trailer = Trailer {
-                version: FORMAT_VERSION,
-                segment_count: count,
-                container_id: id,
-                catalog_offset: offset_override.unwrap_or(catalog_offset),
-                catalog_len: catalog.len() as u64,
-                catalog_crc: crc(catalog),
-            };
-            out.extend_from_slice(&trailer.encode());
-            out
-        })
+        .prop_map(
+            |(body, entries, id, offset_override, honest_count, version)| {
+                let count = if honest_count {
+                    entries.len() as u32
+                } else {
+                    entries.len() as u32 + 1
+                };
+                let mut out = Header {
+                    version,
+                    flags: 0,
+                    container_id: id,
+                    segment_count: count,
+                }
+                .encode()
+                .to_vec();
+                out.extend_from_slice(&body);
+                let catalog_offset = out.len() as u64;
+                for e in &entries {
+                    out.extend_from_slice(&e.encode()[..entry_len(version)]);
+                }
+                let catalog = &out[catalog_offset as usize..];
+                let trailer = Trailer {
+                    version,
+                    segment_count: count,
+                    container_id: id,
+                    catalog_offset: offset_override.unwrap_or(catalog_offset),
+                    catalog_len: catalog.len() as u64,
+                    catalog_crc: crc(catalog),
+                };
+                out.extend_from_slice(&trailer.encode());
+                out
+            },
+        )
 }
 
 proptest! {
@@ -127,6 +136,7 @@ proptest! {
         if let Ok(catalog) = &catalog {
             for i in 0..catalog.entries().len() {
                 let _ = catalog.read_segment(&store, i);
+                let _ = catalog.read_run(&store, i, catalog.entries().len() - i);
             }
         }
         // Whatever the whole-container parse accepts, the catalog reader

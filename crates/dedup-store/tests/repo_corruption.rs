@@ -101,16 +101,25 @@ fn a_damaged_segment_is_caught_by_its_fingerprint() {
     let t_at = c.len() - TRAILER_LEN;
     let trailer = Trailer::decode(c[t_at..].try_into().unwrap()).unwrap();
     let cat = trailer.catalog_offset as usize;
-    let entry = Entry::decode(c[cat + ENTRY_LEN..cat + 2 * ENTRY_LEN].try_into().unwrap()).unwrap();
-    let l = entry.location;
+    let entry_at = |i: usize| {
+        let at = cat + i * ENTRY_LEN;
+        Entry::decode(&c[at..at + ENTRY_LEN], trailer.version).unwrap()
+    };
+    let l = entry_at(1).location;
     assert_eq!(
-        l.stored_len, l.raw_len,
+        l.stored_len, l.frame_len,
         "random data is stored uncompressed"
     );
-    let at = l.offset as usize + 10;
-    c[at] ^= 1;
+    // Segment 1's 10th byte, then the crc of its frame in every entry of it.
+    let frame: Vec<usize> = (0..trailer.segment_count as usize)
+        .filter(|&i| entry_at(i).location.same_frame(&l))
+        .collect();
+    c[l.offset as usize + l.frame_at as usize + 10] ^= 1;
     let stored_crc = crc(&c[l.offset as usize..][..l.stored_len as usize]);
-    c[cat + ENTRY_LEN + 52..cat + ENTRY_LEN + 56].copy_from_slice(&stored_crc.to_le_bytes());
+    for i in frame {
+        let at = cat + i * ENTRY_LEN + 52;
+        c[at..at + 4].copy_from_slice(&stored_crc.to_le_bytes());
+    }
     let catalog_crc = crc(&c[cat..t_at]);
     let fixed = Trailer {
         catalog_crc,

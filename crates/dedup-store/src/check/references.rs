@@ -130,6 +130,8 @@ mod tests {
                 raw_len: 4096,
                 compression: Compression::Lz4,
                 stored_crc: 1,
+                frame_at: 0,
+                frame_len: 4096,
             },
         };
         let s = SegmentRef {

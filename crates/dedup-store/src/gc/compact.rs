@@ -1,7 +1,7 @@
-//! Compaction: a container whose live share (stored bytes of the entries
-//! some group's marks reference, over the stored bytes of all its present
-//! entries) falls below a threshold is rewritten with only its live
-//! segments. Recipes name (container id, entry index), so the new version
+//! Compaction: a container whose live share (raw bytes of the entries
+//! some group's marks reference, over the raw bytes of all its present
+//! entries; stored bytes belong to frames, which segments share) falls
+//! below a threshold is rewritten with only its live segments. Recipes name (container id, entry index), so the new version
 //! keeps the id and every entry number: a dead entry stays in the catalog
 //! as *absent* (fingerprint and raw length, no stored bytes, see
 //! `Entry::is_absent`).
@@ -35,12 +35,15 @@ use std::sync::Arc;
 
 use crate::container::{compacted_name, container_name, Container, COMPACTED_PREFIX};
 use crate::error::Error;
-use crate::format::{crc, Entry, Header, Trailer, FORMAT_VERSION, HEADER_LEN};
+use dedup_core::compress::Compression;
+
+use crate::format::Entry;
 use crate::framed::{frame, unframe, Reader};
 use crate::gc::marks::is_marked;
 use crate::gc::{GcOptions, GcReport};
 use crate::repo::Repository;
 use crate::repo_error::{RepoError, RepoResult};
+use crate::writer::ContainerWriter;
 
 pub const CANDIDATES_PREFIX: &str = "gc/candidates-";
 const MAGIC: [u8; 8] = *b"DDUPCAND";
@@ -156,11 +159,15 @@ impl Repository {
                 Err(e) => return Err(e.into()),
             };
             let (mut all, mut kept) = (0u64, 0u64);
+            // Raw bytes: segments share their frame's stored bytes.
             for (i, e) in catalog.entries().iter().enumerate() {
-                let stored = u64::from(e.location.stored_len);
-                all += stored;
+                if e.is_absent() {
+                    continue;
+                }
+                let raw = u64::from(e.location.raw_len);
+                all += raw;
                 if is_marked(bits, i) {
-                    kept += stored;
+                    kept += raw;
                 }
             }
             if kept == all || kept as f64 >= options.compact_below * all as f64 {
@@ -189,7 +196,7 @@ impl Repository {
             Err(e) => return Err(e.into()),
         };
         let old_len = std::fs::metadata(self.dir.join(container_name(id))).map_or(0, |m| m.len());
-        let (bytes, entries) = compacted(id, &old, bits)?;
+        let (bytes, entries) = compacted(id, &old, bits, self.config.compression)?;
         let tmp = compacted_name(id);
         self.store.put(&tmp, &bytes)?;
         self.delete_if_there(&container_name(id))?;
@@ -207,46 +214,29 @@ impl Repository {
 }
 
 /// Container `id` with only the entries set in `bits` stored: the same
-/// header, numbering and trailer layout, dead entries absent.
-fn compacted(id: u64, old: &Container, bits: &[u8]) -> RepoResult<(Vec<u8>, Vec<Entry>)> {
-    let count = old.catalog().entries().len() as u32;
-    let mut out = vec![0u8; HEADER_LEN];
-    let mut entries = Vec::with_capacity(count as usize);
+/// numbering, dead entries absent, the live segments framed and
+/// compressed again with `compression` (a frame may have lost some).
+fn compacted(
+    id: u64,
+    old: &Container,
+    bits: &[u8],
+    compression: Compression,
+) -> RepoResult<(Vec<u8>, Vec<Entry>)> {
+    let mut writer = ContainerWriter::with_options(id, usize::MAX, compression);
     for (i, e) in old.catalog().entries().iter().enumerate() {
-        let offset = out.len() as u64;
         if is_marked(bits, i) && !e.is_absent() {
-            out.extend_from_slice(old.stored(i)?);
-            let mut kept = *e;
-            kept.location.offset = offset;
-            entries.push(kept);
+            writer.add_hashed(&old.segment(i)?, e.fingerprint)?;
         } else {
-            entries.push(e.absent_at(offset));
+            writer.add_absent(e);
         }
     }
-    let header = Header {
-        version: FORMAT_VERSION,
-        flags: 0,
-        container_id: id,
-        segment_count: count,
-    };
-    out[..HEADER_LEN].copy_from_slice(&header.encode());
-    let catalog_offset = out.len() as u64;
-    for e in &entries {
-        out.extend_from_slice(&e.encode());
-    }
-    let catalog = &out[catalog_offset as usize..];
-    let trailer = Trailer {
-        version: FORMAT_VERSION,
-        segment_count: count,
-        container_id: id,
-        catalog_offset,
-        catalog_len: catalog.len() as u64,
-        catalog_crc: crc(catalog),
-    };
-    out.extend_from_slice(&trailer.encode());
+    let out = writer.seal();
     // Checked as any container is read: a bug here fails the GC, not a
     // later restore.
-    Container::parse(&compacted_name(id), out.clone())?;
+    let entries = Container::parse(&compacted_name(id), out.clone())?
+        .catalog()
+        .entries()
+        .to_vec();
     Ok((out, entries))
 }
 

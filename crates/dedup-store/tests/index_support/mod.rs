@@ -18,6 +18,8 @@ pub fn catalog(fps: &[Fingerprint], segment_len: u32) -> Vec<Entry> {
                 raw_len: segment_len,
                 compression: Compression::None,
                 stored_crc: 0,
+                frame_at: 0,
+                frame_len: segment_len,
             },
         })
         .collect()
