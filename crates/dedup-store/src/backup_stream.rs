@@ -6,9 +6,10 @@
 //! fails or dies part-way leaves no backup, only unreferenced containers
 //! for GC.
 //!
-//! Two stages, as the paper's client pipeline (§3.4) on one machine: a
-//! thread reads, cuts and hashes (BLAKE3 is the dearest step), and this
-//! one looks up, compresses and writes, so the two overlap on two cores.
+//! Stages, as the paper's client pipeline (§3.4) on one machine: a thread
+//! reads and cuts, the thread pool hashes (BLAKE3) and compresses frames,
+//! this thread looks up and fills containers, and a thread per sealed
+//! container writes it, so all of them overlap on the machine's cores.
 
 use std::io::{self, BufReader, Read};
 use std::sync::mpsc;
@@ -22,9 +23,9 @@ use crate::segmenter::{Segmenter, Segmenting};
 use crate::session::BackupSession;
 use crate::writer::HASH;
 
-/// Segments handed from the hashing thread at a time, and batches in
-/// flight: enough to ride out a container write, little enough to bound
-/// RAM (about 8 × 64 × 4 KiB at the default segment size).
+/// Segments hashed as one job, and jobs in flight: enough to keep every
+/// core busy and ride out a container write, little enough to bound RAM
+/// (about 8 × 64 × 4 KiB at the default segment size).
 const BATCH: usize = 64;
 const IN_FLIGHT: usize = 8;
 
@@ -55,42 +56,60 @@ pub(crate) enum StreamError {
     Repo(RepoError),
 }
 
-/// Cut `reader` into segments with `how` and append them all to `session`,
-/// hashing on a second thread.
+/// Cut `reader` into segments with `how` and append them all to `session`.
+/// A thread reads and cuts; each batch of segments is hashed on the thread
+/// pool (cutting and hashing cost about the same, so one thread doing both
+/// was the bottleneck of a backup of duplicate data); this thread takes the
+/// batches in stream order, each once hashed.
 pub(crate) fn append_stream(
     session: &mut BackupSession<'_>,
     how: Segmenting,
     reader: impl Read + Send,
 ) -> Result<(), StreamError> {
     std::thread::scope(|scope| {
-        let (tx, rx) = mpsc::sync_channel::<Batch>(IN_FLIGHT);
+        let (tx, rx) = mpsc::sync_channel::<mpsc::Receiver<Batch>>(IN_FLIGHT);
         scope.spawn(move || {
+            let send = |batch: Batch| {
+                let (done, hashed) = mpsc::sync_channel(1);
+                rayon::spawn(move || {
+                    let _ = done.send(batch.map(|b| {
+                        b.into_iter()
+                            .map(|(s, _): (Vec<u8>, Fingerprint)| {
+                                let fp = HASH.fingerprint(&s);
+                                (s, fp)
+                            })
+                            .collect()
+                    }));
+                });
+                tx.send(hashed).is_ok()
+            };
             let mut batch = Vec::with_capacity(BATCH);
             for segment in Segmenter::new(how, BufReader::with_capacity(1 << 20, reader)) {
                 match segment {
                     Ok(s) => {
-                        let fp = HASH.fingerprint(&s);
-                        batch.push((s, fp));
+                        batch.push((s, Fingerprint([0; 32])));
                         if batch.len() == BATCH
-                            && tx
-                                .send(Ok(std::mem::replace(&mut batch, Vec::with_capacity(BATCH))))
-                                .is_err()
+                            && !send(Ok(std::mem::replace(&mut batch, Vec::with_capacity(BATCH))))
                         {
                             return; // the appender stopped
                         }
                     }
                     Err(e) => {
-                        let _ = tx.send(Err(e));
+                        send(Err(e));
                         return;
                     }
                 }
             }
             if !batch.is_empty() {
-                let _ = tx.send(Ok(batch));
+                send(Ok(batch));
             }
         });
         // Dropping `rx` on an error stops the reader at its next send.
-        for batch in rx {
+        for hashed in rx {
+            // The pool always answers unless hashing panicked (a bug).
+            let batch = hashed
+                .recv()
+                .map_err(|_| StreamError::Read(io::Error::other("a hashing job died")))?;
             for (data, fp) in batch.map_err(StreamError::Read)? {
                 session
                     .append_hashed(&data, fp)

@@ -17,12 +17,13 @@
 //! files' segments.
 
 use std::collections::HashMap;
+use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use dedup_core::fingerprint::Fingerprint;
 
 use crate::backup::{validate_name, BackupRecord, BackupReport, RECIPES_PREFIX, TREES_PREFIX};
-use crate::container::{container_name, Container};
+use crate::container::{container_name, Catalog, Container};
 use crate::error::Error;
 use crate::recipe::{Recipe, SegmentRef};
 use crate::repo::{random_bytes, Repository};
@@ -34,6 +35,16 @@ use crate::writer::{ContainerWriter, HASH};
 struct Open {
     writer: ContainerWriter,
     holds: HashMap<Fingerprint, u32>,
+}
+
+/// A sealed container being put by a thread of its own, so the backup goes
+/// on cutting, hashing and compressing while it is written and synced (a
+/// put waited for on the backup's thread cost about 2 s of a 9 s backup of
+/// 2 GiB). At most one per session; the index and the catalog cache learn
+/// of it only once it is durable, and `commit` waits for it.
+struct Writing {
+    id: u64,
+    done: JoinHandle<Result<(Catalog, u64), Error>>,
 }
 
 pub struct BackupSession<'r> {
@@ -50,6 +61,7 @@ pub struct BackupSession<'r> {
     /// known later). Two generations of at most `SEALED_GENERATION` keep
     /// the last that many always (a client remembers fewer).
     sealed: [HashMap<Fingerprint, (u64, u32)>; 2],
+    writing: Option<Writing>,
     ended: bool,
 }
 
@@ -82,6 +94,7 @@ impl Repository {
             recipe: Recipe::default(),
             open: None,
             sealed: [HashMap::new(), HashMap::new()],
+            writing: None,
             ended: false,
         })
     }
@@ -294,6 +307,7 @@ impl BackupSession<'_> {
             }
         }
         self.seal()?;
+        self.finish_writing()?;
         let repo = self.repo;
         self.recipe.stream_len = self.report.bytes_in;
         let nonce = u64::from_le_bytes(random_bytes()?);
@@ -351,31 +365,64 @@ impl BackupSession<'_> {
         }
     }
 
-    /// Seal and store the open container, if any, then tell the index.
+    /// Seal the open container, if any, and start putting it (after the
+    /// one before it is durable).
     fn seal(&mut self) -> RepoResult<()> {
         let Some(open) = self.open.take() else {
             return Ok(());
         };
+        self.finish_writing()?;
         let id = open.writer.id();
-        let name = container_name(id);
         let bytes = open.writer.seal();
-        self.repo.store.put(&name, &bytes)?;
-        self.report.containers_written += 1;
-        self.report.bytes_written += bytes.len() as u64;
-        let container = Container::parse(&name, bytes)?;
-        let catalog = std::sync::Arc::new(container.catalog().clone());
+        let store = std::sync::Arc::clone(&self.repo.store);
+        let done = std::thread::Builder::new()
+            .name(format!("put container {id:x}"))
+            .spawn(move || {
+                let name = container_name(id);
+                store.put(&name, &bytes)?;
+                let len = bytes.len() as u64;
+                Ok((Container::parse(&name, bytes)?.catalog().clone(), len))
+            })
+            .map_err(|cause| RepoError::Io {
+                context: format!("starting a thread to write container {id:x}"),
+                cause,
+            })?;
+        self.writing = Some(Writing { id, done });
+        // The session itself may reference the container at once: it is
+        // held from birth, and `commit` waits for it to be durable.
         if self.sealed[0].len() + open.holds.len() > SEALED_GENERATION {
             self.sealed[1] = std::mem::take(&mut self.sealed[0]);
         }
         self.sealed[0].extend(open.holds.iter().map(|(fp, &i)| (*fp, (id, i))));
-        self.repo.index()?.insert(id, catalog.entries());
-        self.repo.catalog_cache().insert(id, catalog);
+        Ok(())
+    }
+
+    /// Wait for the container being put, if any, then tell the index and
+    /// the catalog cache.
+    fn finish_writing(&mut self) -> RepoResult<()> {
+        let Some(w) = self.writing.take() else {
+            return Ok(());
+        };
+        let (catalog, len) = w.done.join().map_err(|_| RepoError::Io {
+            context: format!("writing container {:x}", w.id),
+            cause: std::io::Error::other("the writing thread panicked"),
+        })??;
+        self.report.containers_written += 1;
+        self.report.bytes_written += len;
+        let catalog = std::sync::Arc::new(catalog);
+        self.repo.index()?.insert(w.id, catalog.entries());
+        self.repo.catalog_cache().insert(w.id, catalog);
         Ok(())
     }
 }
 
 impl Drop for BackupSession<'_> {
     fn drop(&mut self) {
+        // A put still running ends before the session's containers are
+        // given up, so GC never sees half of one.
+        if let Some(w) = self.writing.take() {
+            let _ = w.done.join();
+        }
         if !self.ended {
             self.repo.protection().abort_session(self.id);
         }

@@ -6,6 +6,9 @@
 //! The writer does not deduplicate: whether a segment is new is the index's
 //! question, asked before `add`.
 
+use std::collections::VecDeque;
+use std::sync::mpsc;
+
 use dedup_core::compress::Compression;
 use dedup_core::fingerprint::{Fingerprint, HashAlgo};
 
@@ -35,6 +38,24 @@ pub fn frame_target(compression: Compression) -> usize {
     }
 }
 
+/// Frames a writer has compressing at once, at most: enough to keep every
+/// core busy while the backup goes on cutting and hashing.
+fn max_in_flight() -> usize {
+    2 * rayon::current_num_threads()
+}
+
+/// A closed frame being compressed on the thread pool.
+struct InFlight {
+    /// Its entries: `entries[first..end]`.
+    first: usize,
+    end: usize,
+    raw_len: usize,
+    done: mpsc::Receiver<Compressed>,
+}
+
+/// A frame's compression and stored bytes.
+type Compressed = (Compression, Vec<u8>);
+
 pub struct ContainerWriter {
     id: u64,
     target: usize,
@@ -42,11 +63,15 @@ pub struct ContainerWriter {
     frame_target: usize,
     /// Header space, then the stored frames back to back.
     body: Vec<u8>,
+    /// Closed frames in order, compressing; appended to `body` as they
+    /// finish, oldest first, so frames stay in catalog order.
+    in_flight: VecDeque<InFlight>,
+    in_flight_raw: usize,
     /// The open frame's raw bytes: the segments of `entries[frame_first..]`.
     frame: Vec<u8>,
     frame_first: usize,
-    /// Entries of the open frame have only `raw_len` and `frame_at` set
-    /// until the frame is closed.
+    /// Entries of frames not yet in `body` have only `raw_len` and
+    /// `frame_at` set.
     entries: Vec<Entry>,
 }
 
@@ -64,6 +89,8 @@ impl ContainerWriter {
             // Several frames to a container, however small it is set.
             frame_target: frame_target(compression).min(target / 4),
             body: vec![0u8; HEADER_LEN],
+            in_flight: VecDeque::new(),
+            in_flight_raw: 0,
             frame: Vec::new(),
             frame_first: 0,
             entries: Vec::new(),
@@ -90,10 +117,14 @@ impl ContainerWriter {
         self.entries.len()
     }
 
-    /// The size the container would have if sealed now, counting the open
-    /// frame uncompressed (at most that).
+    /// The size the container would have if sealed now, counting frames
+    /// not yet compressed raw (at most that).
     pub fn sealed_len(&self) -> usize {
-        self.body.len() + self.frame.len() + self.entries.len() * ENTRY_LEN + TRAILER_LEN
+        self.body.len()
+            + self.in_flight_raw
+            + self.frame.len()
+            + self.entries.len() * ENTRY_LEN
+            + TRAILER_LEN
     }
 
     /// Full: at or past the target. An empty writer is never full, so a
@@ -157,38 +188,76 @@ impl ContainerWriter {
     /// entry numbers, see `Entry::is_absent`).
     pub fn add_absent(&mut self, entry: &Entry) {
         self.close_frame();
+        self.finish_all();
         self.entries.push(entry.absent_at(self.body.len() as u64));
         self.frame_first = self.entries.len();
     }
 
-    /// Compress the open frame into the body and complete its entries.
+    /// Close the open frame: compress it on the thread pool (the dearest
+    /// step of a backup of new data, so it runs beside the hashing).
     fn close_frame(&mut self) {
         if self.frame_first == self.entries.len() {
             return;
         }
-        let compressed = self.compression.compress(&self.frame);
-        let (compression, stored) = match &compressed {
-            Some(c) => (self.compression, c.as_slice()),
-            None => (Compression::None, self.frame.as_slice()),
+        if self.in_flight.len() >= max_in_flight() {
+            self.finish_oldest();
+        }
+        let frame = std::mem::take(&mut self.frame);
+        let (tx, rx) = mpsc::sync_channel(1);
+        let compression = self.compression;
+        let raw_len = frame.len();
+        rayon::spawn(move || {
+            let compressed = match compression.compress(&frame) {
+                Some(c) => (compression, c),
+                None => (Compression::None, frame),
+            };
+            let _ = tx.send(compressed); // the writer may be gone: dropped
+        });
+        self.in_flight.push_back(InFlight {
+            first: self.frame_first,
+            end: self.entries.len(),
+            raw_len,
+            done: rx,
+        });
+        self.in_flight_raw += raw_len;
+        self.frame_first = self.entries.len();
+    }
+
+    /// Wait for the oldest frame in flight and append it to the body.
+    fn finish_oldest(&mut self) {
+        let Some(f) = self.in_flight.pop_front() else {
+            return;
         };
+        // The pool thread sends unless compressing panicked; a panic is a
+        // bug, not bad input, and is passed on.
+        let (compression, stored) = f
+            .done
+            .recv()
+            .expect("a frame's compression finished without an answer (it panicked)");
+        self.in_flight_raw -= f.raw_len;
         let (offset, stored_len, stored_crc) =
-            (self.body.len() as u64, stored.len() as u32, crc(stored));
-        for entry in &mut self.entries[self.frame_first..] {
+            (self.body.len() as u64, stored.len() as u32, crc(&stored));
+        for entry in &mut self.entries[f.first..f.end] {
             let l = &mut entry.location;
             l.offset = offset;
             l.stored_len = stored_len;
             l.compression = compression;
             l.stored_crc = stored_crc;
-            l.frame_len = self.frame.len() as u32;
+            l.frame_len = f.raw_len as u32;
         }
-        self.body.extend_from_slice(stored);
-        self.frame.clear();
-        self.frame_first = self.entries.len();
+        self.body.extend_from_slice(&stored);
+    }
+
+    fn finish_all(&mut self) {
+        while !self.in_flight.is_empty() {
+            self.finish_oldest();
+        }
     }
 
     /// The container's bytes: header, frames, catalog, trailer.
     pub fn seal(mut self) -> Vec<u8> {
         self.close_frame();
+        self.finish_all();
         let count = self.entries.len() as u32;
         let mut out = self.body;
         let header = Header {

@@ -91,6 +91,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if stdin.is_terminal() {
         bail!("--stdin is a terminal; pipe the data in, e.g. tar -cf - DIR | dedup backup {} {name} --stdin", a.repo.display());
     }
+    widen_stdin_pipe();
     let repo = super::store::open_indexed(&a.repo, &a.index)?;
     let bar =
         indicatif::ProgressBar::new_spinner().with_style(indicatif::ProgressStyle::with_template(
@@ -158,7 +159,18 @@ fn remote(server: &Endpoint, a: &Args) -> anyhow::Result<ExitCode> {
     if io::stdin().is_terminal() {
         bail!("--stdin is a terminal; pipe the data in, e.g. tar -cf - DIR | dedup backup --server {server} {name} --stdin");
     }
+    widen_stdin_pipe();
     super::backup_remote::run(server, &name, &a.group, a.json)
+}
+
+/// If standard input is a pipe, ask for a 1 MiB pipe buffer (Linux's
+/// default is 64 KiB): the writer (tar, head) and the backup then trade
+/// turns 16 times less often. Best effort: a pipe that stays small works.
+pub fn widen_stdin_pipe() {
+    // SAFETY: fcntl on fd 0 with an integer argument touches no memory.
+    unsafe {
+        libc::fcntl(0, libc::F_SETPIPE_SZ, 1 << 20);
+    }
 }
 
 /// Decimal megabytes per second (0 for an instant).
