@@ -9,6 +9,7 @@
 use dedup_core::compress::Compression;
 
 use crate::error::{Error, Result};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use crate::format::{
@@ -245,15 +246,52 @@ impl Catalog {
         first: usize,
         count: usize,
     ) -> Result<Vec<Result<Vec<u8>>>> {
+        self.read_run_cached(store, first, count, &FrameCache::new(0))
+    }
+
+    /// `read_run`, taking frames from `cache` when it has them and leaving
+    /// the ones it decompressed there: a restore whose runs break inside a
+    /// frame (a duplicate segment stored elsewhere in between) then
+    /// decompresses the frame once, not once per run.
+    pub fn read_run_cached(
+        &self,
+        store: &dyn ObjectStore,
+        first: usize,
+        count: usize,
+        cache: &FrameCache,
+    ) -> Result<Vec<Result<Vec<u8>>>> {
         let end = first.saturating_add(count);
         self.entry(end.saturating_sub(1).max(first))?;
         let run = &self.entries[first..end];
-        let (Some(head), Some(last)) = (run.first(), run.last()) else {
-            return Ok(Vec::new());
+        let key = |l: &Location| FrameKey {
+            container: self.container_id,
+            offset: l.offset,
+            stored_len: l.stored_len,
+            stored_crc: l.stored_crc,
         };
-        let start = head.location.offset;
-        let bytes = store.get_range(&self.name, start, last.location.frame_end() - start)?;
-        let mut frame: Option<(u64, std::result::Result<Vec<u8>, String>)> = None;
+        // The frames the cache has, taken now (other threads may evict
+        // them meanwhile); one ranged read from the first it lacks to the
+        // last.
+        let mut hits: Vec<(u64, Arc<Vec<u8>>)> = Vec::new();
+        let mut missing: Vec<&Location> = Vec::new();
+        for l in run.iter().filter(|e| !e.is_absent()).map(|e| &e.location) {
+            let seen = |at: u64| hits.iter().any(|(o, _)| *o == at);
+            if seen(l.offset) || missing.last().is_some_and(|m| m.offset == l.offset) {
+                continue;
+            }
+            match cache.get(&key(l)) {
+                Some(f) => hits.push((l.offset, f)),
+                None => missing.push(l),
+            }
+        }
+        let (start, bytes) = match (missing.first(), missing.last()) {
+            (Some(a), Some(b)) => (
+                a.offset,
+                store.get_range(&self.name, a.offset, b.frame_end() - a.offset)?,
+            ),
+            _ => (0, Vec::new()),
+        };
+        let mut frame: Option<(u64, Decoded)> = None;
         Ok(run
             .iter()
             .enumerate()
@@ -265,11 +303,19 @@ impl Catalog {
                     frame = None;
                 }
                 let (_, raw) = frame.get_or_insert_with(|| {
-                    let at = (l.offset - start) as usize;
-                    (
-                        l.offset,
-                        decode_frame(i, l, &bytes[at..at + l.stored_len as usize]),
-                    )
+                    if let Some((_, f)) = hits.iter().find(|(o, _)| *o == l.offset) {
+                        return (l.offset, Ok(Arc::clone(f)));
+                    }
+                    let at = l.offset.saturating_sub(start) as usize;
+                    let decoded = bytes
+                        .get(at..at + l.stored_len as usize)
+                        .ok_or_else(|| format!("segment {i}'s frame was not read"))
+                        .and_then(|stored| decode_frame(i, l, stored))
+                        .map(Arc::new);
+                    if let Ok(f) = &decoded {
+                        cache.put(key(l), Arc::clone(f));
+                    }
+                    (l.offset, decoded)
                 });
                 match raw {
                     Ok(raw) => segment_of(&self.name, i, e, raw),
@@ -334,6 +380,62 @@ impl Catalog {
                 self.entries.len()
             ))
         })
+    }
+}
+
+/// A frame decompressed, or why it could not be.
+type Decoded = std::result::Result<Arc<Vec<u8>>, String>;
+
+/// Which frame: its container and the frame's own fields (a compaction
+/// keeps the id but moves frames; a frame from before it is never taken
+/// for one after, and each segment is checked against its fingerprint
+/// anyway).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct FrameKey {
+    container: u64,
+    offset: u64,
+    stored_len: u32,
+    stored_crc: u32,
+}
+
+/// The last few frames decompressed, newest last; shared by the threads
+/// of one restore.
+pub struct FrameCache {
+    frames: Mutex<VecDeque<(FrameKey, Arc<Vec<u8>>)>>,
+    capacity: usize,
+}
+
+impl FrameCache {
+    /// A cache of up to `capacity` frames (0: none kept).
+    pub fn new(capacity: usize) -> FrameCache {
+        FrameCache {
+            frames: Mutex::new(VecDeque::with_capacity(capacity)),
+            capacity,
+        }
+    }
+
+    fn frames(&self) -> std::sync::MutexGuard<'_, VecDeque<(FrameKey, Arc<Vec<u8>>)>> {
+        self.frames.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn get(&self, key: &FrameKey) -> Option<Arc<Vec<u8>>> {
+        let mut frames = self.frames();
+        let at = frames.iter().position(|(k, _)| k == key)?;
+        let hit = frames.remove(at)?;
+        let frame = Arc::clone(&hit.1);
+        frames.push_back(hit);
+        Some(frame)
+    }
+
+    fn put(&self, key: FrameKey, frame: Arc<Vec<u8>>) {
+        if self.capacity == 0 {
+            return;
+        }
+        let mut frames = self.frames();
+        if frames.len() == self.capacity {
+            frames.pop_front();
+        }
+        frames.push_back((key, frame));
     }
 }
 

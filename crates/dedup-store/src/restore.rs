@@ -7,7 +7,7 @@
 use std::io::Write;
 
 use crate::backup::BackupRecord;
-use crate::container::{container_name, Catalog};
+use crate::container::{container_name, Catalog, FrameCache};
 use crate::error::Error;
 use crate::recipe::{Recipe, SegmentRef};
 use crate::repo::Repository;
@@ -15,6 +15,12 @@ use crate::repo_error::{RepoError, RepoResult};
 
 /// Most raw bytes one ranged read of a restore covers.
 const MAX_RUN: u64 = 4 << 20;
+/// Decompressed frames a restore keeps (at most 16 MiB of 1 MiB frames):
+/// a run broken by a duplicate stored elsewhere resumes in a frame still
+/// here.
+const FRAMES_KEPT: usize = 16;
+/// Runs being read ahead of the one being written (each at most `MAX_RUN`).
+const RUNS_AHEAD: usize = 8;
 
 impl Repository {
     /// Backup `name`'s record and recipe, checked against each other.
@@ -52,19 +58,46 @@ impl Repository {
             context: format!("writing the restore of backup {name}"),
             cause,
         };
-        // One thread: a reader thread ahead of the writer was measured
-        // slower (1.65 s against 1.41 s for 1 GiB from the page cache).
-        let mut written = 0u64;
+        // Runs are read, decompressed and checked on the thread pool, up
+        // to `RUNS_AHEAD` ahead, and written here in order: decompressing
+        // zstd frames is the dearest step, and one thread did it alone.
+        let mut runs = Vec::new();
         let mut i = 0;
         while i < segments.len() {
             let n = run_len(&segments[i..]);
-            for data in self.read_checked(name, &record.recipe, &segments[i..i + n])? {
-                let data = data?;
-                out.write_all(&data).map_err(io)?;
-                written += data.len() as u64;
-            }
+            runs.push(&segments[i..i + n]);
             i += n;
         }
+        let frames = FrameCache::new(FRAMES_KEPT);
+        let mut written = 0u64;
+        rayon::in_place_scope(|scope| -> RepoResult<()> {
+            let mut ahead = std::collections::VecDeque::new();
+            let mut next = runs.iter();
+            loop {
+                while ahead.len() < RUNS_AHEAD {
+                    let Some(run) = next.next() else { break };
+                    let (done, result) = std::sync::mpsc::sync_channel(1);
+                    let (frames, recipe) = (&frames, &record.recipe);
+                    scope.spawn(move |_| {
+                        let _ = done.send(self.read_checked(name, recipe, run, frames));
+                    });
+                    ahead.push_back(result);
+                }
+                let Some(result) = ahead.pop_front() else {
+                    return Ok(());
+                };
+                // A task always answers unless it panicked (a bug).
+                let read = result.recv().map_err(|_| RepoError::Io {
+                    context: format!("reading the restore of backup {name}"),
+                    cause: std::io::Error::other("a reading task died"),
+                })?;
+                for data in read? {
+                    let data = data?;
+                    out.write_all(&data).map_err(io)?;
+                    written += data.len() as u64;
+                }
+            }
+        })?;
         out.flush().map_err(io)?;
         Ok(written)
     }
@@ -73,7 +106,13 @@ impl Repository {
     /// checked against the recipe and its catalog, read with one ranged
     /// read. A damaged segment is an `Err` in its place, so the ones before
     /// it are still written.
-    fn read_checked(&self, name: &str, recipe: &str, run: &[SegmentRef]) -> RepoResult<Run> {
+    fn read_checked(
+        &self,
+        name: &str,
+        recipe: &str,
+        run: &[SegmentRef],
+        frames: &FrameCache,
+    ) -> RepoResult<Run> {
         let first = run[0];
         let catalog = match self.catalog(first.container) {
             Err(Error::NotFound { .. }) => {
@@ -85,7 +124,7 @@ impl Repository {
             other => other?,
         };
         check_run(&catalog, run, recipe)?;
-        let read = catalog.read_run(&*self.store, first.entry as usize, run.len());
+        let read = catalog.read_run_cached(&*self.store, first.entry as usize, run.len(), frames);
         if matches!(&read, Ok(v) if v.iter().all(|d| d.is_ok())) {
             return Ok(read?);
         }
@@ -95,7 +134,7 @@ impl Repository {
         self.catalog_cache().forget(first.container);
         let fresh = self.catalog(first.container)?;
         check_run(&fresh, run, recipe)?;
-        Ok(fresh.read_run(&*self.store, first.entry as usize, run.len())?)
+        Ok(fresh.read_run_cached(&*self.store, first.entry as usize, run.len(), frames)?)
     }
 }
 

@@ -313,13 +313,13 @@ fn every_byte_flip_of_a_framed_container_is_refused_and_costs_only_its_frame() {
         let catalog = Catalog::read(&store, 0xc5).unwrap();
         let damaged = if at < second_frame { 0..3 } else { 3..6 };
         let run = catalog.read_run(&store, 0, 6).unwrap();
-        for i in 0..6 {
+        for (i, in_run) in run.iter().enumerate() {
             let one = catalog.read_segment(&store, i);
             // An empty segment has nothing to damage, but its frame's
             // checksum still fails it.
             assert_eq!(one.is_err(), damaged.contains(&i), "byte {at}, segment {i}");
             assert_eq!(
-                run[i].is_err(),
+                in_run.is_err(),
                 damaged.contains(&i),
                 "byte {at}, segment {i}"
             );
