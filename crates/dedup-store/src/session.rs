@@ -60,7 +60,9 @@ pub struct BackupSession<'r> {
     /// has no hook for it (a client that sent a segment once names it as
     /// known later). Two generations of at most `SEALED_GENERATION` keep
     /// the last that many always (a client remembers fewer).
-    sealed: [HashMap<Fingerprint, (u64, u32)>; 2],
+    /// Each with its container, entry and raw length: a container whose put
+    /// is still running has no catalog to look the length up in.
+    sealed: [HashMap<Fingerprint, (u64, u32, u32)>; 2],
     writing: Option<Writing>,
     ended: bool,
 }
@@ -124,8 +126,8 @@ impl BackupSession<'_> {
             }
         }
         // Containers this session wrote are held from birth: no check.
-        if let Some(&at) = self.sealed.iter().find_map(|g| g.get(fp)) {
-            return Ok(Some(at));
+        if let Some(&(c, e, _)) = self.sealed.iter().find_map(|g| g.get(fp)) {
+            return Ok(Some((c, e)));
         }
         let Some((container, entry)) = self.repo.index()?.lookup(fp) else {
             return Ok(None);
@@ -160,12 +162,14 @@ impl BackupSession<'_> {
         let Some((container, entry)) = self.lookup(fp)? else {
             return Ok(None);
         };
-        let len = match &self.open {
-            Some(o) if o.writer.id() == container => o
+        let sealed = self.sealed.iter().find_map(|g| g.get(fp));
+        let len = match (&self.open, sealed) {
+            (Some(o), _) if o.writer.id() == container => o
                 .writer
                 .entries()
                 .get(entry as usize)
                 .map(|e| e.location.raw_len),
+            (_, Some(&(c, e, len))) if (c, e) == (container, entry) => Some(len),
             _ => self
                 .repo
                 .catalog(container)
@@ -373,6 +377,14 @@ impl BackupSession<'_> {
         };
         self.finish_writing()?;
         let id = open.writer.id();
+        // The session itself may reference the container at once: it is
+        // held from birth, and `commit` waits for it to be durable.
+        if self.sealed[0].len() + open.holds.len() > SEALED_GENERATION {
+            self.sealed[1] = std::mem::take(&mut self.sealed[0]);
+        }
+        let entries = open.writer.entries();
+        let len = |i: u32| entries.get(i as usize).map_or(0, |e| e.location.raw_len);
+        self.sealed[0].extend(open.holds.iter().map(|(fp, &i)| (*fp, (id, i, len(i)))));
         let bytes = open.writer.seal();
         let store = std::sync::Arc::clone(&self.repo.store);
         let done = std::thread::Builder::new()
@@ -388,12 +400,6 @@ impl BackupSession<'_> {
                 cause,
             })?;
         self.writing = Some(Writing { id, done });
-        // The session itself may reference the container at once: it is
-        // held from birth, and `commit` waits for it to be durable.
-        if self.sealed[0].len() + open.holds.len() > SEALED_GENERATION {
-            self.sealed[1] = std::mem::take(&mut self.sealed[0]);
-        }
-        self.sealed[0].extend(open.holds.iter().map(|(fp, &i)| (*fp, (id, i))));
         Ok(())
     }
 
