@@ -72,3 +72,58 @@ fn init_backup_list_restore_delete() {
     assert!(ok(&["restore", r, "two", "-"], None) == data);
     assert!(Path::new(&repo).join("config").exists());
 }
+
+/// A stream restored with --force over an existing file replaces it only
+/// once the whole restore has succeeded: one that fails (a damaged
+/// container) leaves the old file as it was, and no temporary file.
+#[test]
+fn a_failed_restore_over_a_file_leaves_the_file_as_it_was() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    let r = repo.to_str().unwrap();
+    let data = data();
+    ok(&["store", "init", r], None);
+    ok(&["backup", r, "one", "--stdin"], Some(&data));
+    let out = tmp.path().join("out");
+    let old = b"the file that was here".to_vec();
+    std::fs::write(&out, &old).unwrap();
+    let o = out.to_str().unwrap();
+
+    // Damage a byte in the middle of the last container's frames.
+    let mut containers: Vec<_> = std::fs::read_dir(repo.join("containers"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    containers.sort();
+    let victim = containers.last().unwrap().clone();
+    let good = std::fs::read(&victim).unwrap();
+    let mut bad = good.clone();
+    bad[64] ^= 0x55;
+    std::fs::write(&victim, &bad).unwrap();
+
+    refused(&["restore", r, "one", o, "--force"], "as it was");
+    assert_eq!(std::fs::read(&out).unwrap(), old);
+    let fresh = tmp.path().join("fresh");
+    refused(&["restore", r, "one", fresh.to_str().unwrap()], "as it was");
+    assert!(!fresh.exists());
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        left.iter().all(|n| !n.starts_with(".dedup-restore-")),
+        "{left:?}"
+    );
+
+    // Repaired, the same restore replaces the file (private, 0600).
+    std::fs::write(&victim, &good).unwrap();
+    ok(&["restore", r, "one", o, "--force"], None);
+    assert!(std::fs::read(&out).unwrap() == data);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    refused(
+        &["restore", r, "one", tmp.path().to_str().unwrap(), "--force"],
+        "is a directory",
+    );
+}

@@ -3,7 +3,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -15,7 +15,7 @@ use super::backup::mb_per_sec;
 #[derive(clap::Args)]
 #[command(
     about = "Restore a backup of files into a directory, or of a stream to a file or standard output",
-    after_help = "Restoring reads the backup's recipe and the containers it names; every segment is checked against its catalog, and a damaged or missing container, recipe or tree is refused by name.\n\nA backup of files is restored under the directory TARGET (paths as stored: a backup of /home/me restores to TARGET/home/me), with modes, times, symlinks, hard links, and owners when run as root. TARGET must be empty or absent unless --force (what is in the way is then replaced). --include PATH restores only what is at or under PATH (as stored, e.g. home/me/docs) and the directories leading to it. A restore that fails part-way leaves what it made so far.\n\nA backup of a stream is written to the file TARGET, which must not exist unless --force (it is then replaced), or to standard output with `-`; if the restore fails, the partial file is removed.\n\nExamples:\n  dedup restore ./repo home-monday /restore\n  dedup restore ./repo home-monday /restore --include home/me/docs\n  dedup restore ./repo db-1 db.sql\n  dedup restore ./repo db-1 - | psql"
+    after_help = "Restoring reads the backup's recipe and the containers it names; every segment is checked against its catalog, and a damaged or missing container, recipe or tree is refused by name.\n\nA backup of files is restored under the directory TARGET (paths as stored: a backup of /home/me restores to TARGET/home/me), with modes, times, symlinks, hard links, and owners when run as root. TARGET must be empty or absent unless --force (what is in the way is then replaced). --include PATH restores only what is at or under PATH (as stored, e.g. home/me/docs) and the directories leading to it. A restore that fails part-way leaves what it made so far.\n\nA backup of a stream is written to the file TARGET, which must not exist unless --force (it is then replaced: the restore writes a new file beside it and renames it into place, so a restore that fails leaves the old file as it was; a device is written in place), or to standard output with `-`.\n\nExamples:\n  dedup restore ./repo home-monday /restore\n  dedup restore ./repo home-monday /restore --include home/me/docs\n  dedup restore ./repo db-1 db.sql\n  dedup restore ./repo db-1 - | psql"
 )]
 pub struct Args {
     /// Repository directory.
@@ -72,24 +72,37 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
-    let mut opts = OpenOptions::new();
-    opts.write(true);
-    if a.force {
-        opts.create(true).truncate(true);
-    } else {
-        opts.create_new(true);
-    }
-    let file = opts.open(&a.target).map_err(|e| {
-        if e.kind() == io::ErrorKind::AlreadyExists {
-            anyhow::anyhow!(
-                "{} already exists; refusing to overwrite it (use --force to replace it)",
-                a.target.display()
-            )
-        } else {
-            anyhow::anyhow!("creating {}: {e}", a.target.display())
+    let written = match fs::metadata(&a.target) {
+        // A device (a disk to put an image back on): written in place.
+        Ok(m) if !m.is_file() && !m.is_dir() => {
+            if !a.force {
+                bail!(
+                    "{} already exists; refusing to overwrite it (use --force to write the backup onto it)",
+                    a.target.display()
+                );
+            }
+            let file = OpenOptions::new()
+                .write(true)
+                .open(&a.target)
+                .with_context(|| format!("opening {}", a.target.display()))?;
+            write_to(&repo, &a.name, file)
         }
-    })?;
-    match write_to(&repo, &a.name, file) {
+        Ok(m) if m.is_dir() => bail!(
+            "{} is a directory; backup {} is a stream: give a file to restore it into",
+            a.target.display(),
+            a.name
+        ),
+        Ok(_) if !a.force => bail!(
+            "{} already exists; refusing to overwrite it (use --force to replace it)",
+            a.target.display()
+        ),
+        Ok(_) => replace_file(&repo, &a.name, &fs::canonicalize(&a.target)?, true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            replace_file(&repo, &a.name, &a.target, false)
+        }
+        Err(e) => Err(anyhow::anyhow!("looking at {}: {e}", a.target.display())),
+    };
+    match written {
         Ok(n) => {
             let s = start.elapsed().as_secs_f64();
             if a.json {
@@ -112,15 +125,48 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Err(e) => {
-            let _ = fs::remove_file(&a.target);
-            Err(e.context(format!(
-                "restoring backup {} (the partial {} was removed)",
-                a.name,
-                a.target.display()
-            )))
-        }
+        Err(e) => Err(e.context(format!(
+            "restoring backup {} ({} is as it was)",
+            a.name,
+            a.target.display()
+        ))),
     }
+}
+
+/// Restore into a new file beside `target` (0600), synced, then renamed
+/// onto it: a restore that fails leaves `target` as it was (absent, or the
+/// old file when `replace`), never half written.
+fn replace_file(
+    repo: &dedup_store::Repository,
+    name: &str,
+    target: &Path,
+    replace: bool,
+) -> anyhow::Result<u64> {
+    let dir = match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let tmp = tempfile::Builder::new()
+        .prefix(".dedup-restore-")
+        .tempfile_in(dir)
+        .with_context(|| format!("creating a file in {}", dir.display()))?;
+    let n = write_to(repo, name, tmp.as_file().try_clone()?)?;
+    if replace {
+        tmp.persist(target)?;
+    } else {
+        // Someone may have made `target` meanwhile: never replace theirs.
+        tmp.persist_noclobber(target).map_err(|e| {
+            anyhow::anyhow!(
+                "{} appeared during the restore; it was left alone ({})",
+                target.display(),
+                e.error
+            )
+        })?;
+    }
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("syncing directory {}", dir.display()))?;
+    Ok(n)
 }
 
 fn write_to(repo: &dedup_store::Repository, name: &str, file: File) -> anyhow::Result<u64> {
