@@ -1,8 +1,8 @@
 //! The start of dedup's deduplicating backup store (issue 17), after Guo &
 //! Efstathopoulos, "Building a High-performance Deduplication System"
 //! (USENIX ATC 2011), §3.1: segments are stored in large *containers*, each
-//! a run of compressed segments followed by a *catalog* of their
-//! fingerprints and locations, and all container I/O goes through a narrow
+//! a run of frames (consecutive segments compressed together) followed by
+//! a *catalog* of their fingerprints and locations, and all container I/O goes through a narrow
 //! object-store seam so the store can live in a local directory now and on
 //! an S3-like service later.
 //!
