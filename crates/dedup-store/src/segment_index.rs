@@ -65,7 +65,9 @@ pub struct IndexRam {
 #[derive(Default)]
 pub struct ExactIndex {
     map: HashMap<Fingerprint, (u64, u32)>,
-    fingerprints: u64,
+    /// Present (not removed) segments of each live container: what
+    /// `ram().fingerprints` sums, so a collection takes them off again.
+    segments: HashMap<u64, u64>,
 }
 
 impl ExactIndex {
@@ -94,12 +96,13 @@ impl SegmentIndex for ExactIndex {
         IndexRam {
             bytes: self.map.capacity() as u64 * entry,
             cache_bytes: 0,
-            fingerprints: self.fingerprints,
+            fingerprints: self.segments.values().sum(),
         }
     }
 
     fn insert(&mut self, container: u64, entries: &[Entry]) {
-        self.fingerprints += entries.len() as u64;
+        let present = entries.iter().filter(|e| !e.is_absent()).count() as u64;
+        self.segments.insert(container, present);
         // A segment removed by compaction is no hint.
         for (i, e) in entries.iter().enumerate().filter(|(_, e)| !e.is_absent()) {
             // Keep the first copy: garbage from a crashed backup may repeat
@@ -112,10 +115,49 @@ impl SegmentIndex for ExactIndex {
 
     fn forget(&mut self, containers: &HashSet<u64>) {
         self.map.retain(|_, (c, _)| !containers.contains(c));
+        self.segments.retain(|c, _| !containers.contains(c));
     }
 
     fn compacted(&mut self, container: u64, entries: &[Entry]) {
         self.forget(&HashSet::from([container]));
         self.insert(container, entries);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::writer::ContainerWriter;
+
+    fn catalog(segments: &[&[u8]]) -> Vec<Entry> {
+        let mut w = ContainerWriter::new(1);
+        for s in segments {
+            w.add(s).unwrap();
+        }
+        let bytes = w.seal();
+        crate::Container::parse("c", bytes)
+            .unwrap()
+            .catalog()
+            .entries()
+            .to_vec()
+    }
+
+    #[test]
+    fn the_exact_index_counts_only_present_segments_of_live_containers() {
+        let mut index = ExactIndex::new();
+        let entries = catalog(&[b"one", b"two", b"three"]);
+        index.insert(1, &entries);
+        index.insert(2, &entries[..1]);
+        assert_eq!(index.ram().fingerprints, 4);
+        // Compaction removes two of container 1's segments.
+        let mut compacted = entries.clone();
+        compacted[1] = compacted[1].absent_at(0);
+        compacted[2] = compacted[2].absent_at(0);
+        index.compacted(1, &compacted);
+        assert_eq!(index.ram().fingerprints, 2);
+        assert_eq!(index.lookup(&entries[1].fingerprint), None);
+        index.forget(&HashSet::from([1, 2]));
+        assert_eq!(index.ram().fingerprints, 0);
+        assert!(index.is_empty());
     }
 }
