@@ -115,15 +115,51 @@ fn a_failed_restore_over_a_file_leaves_the_file_as_it_was() {
         "{left:?}"
     );
 
-    // Repaired, the same restore replaces the file (private, 0600).
+    // Repaired, the same restore replaces the file, and makes a new one
+    // private (0600).
     std::fs::write(&victim, &good).unwrap();
     ok(&["restore", r, "one", o, "--force"], None);
     assert!(std::fs::read(&out).unwrap() == data);
+    ok(&["restore", r, "one", fresh.to_str().unwrap()], None);
     use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+    let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
     refused(
         &["restore", r, "one", tmp.path().to_str().unwrap(), "--force"],
         "is a directory",
     );
+}
+
+/// `--force` over a file keeps that file's mode (a new file is 0600); a
+/// symlink to nothing is refused before any work.
+#[test]
+fn a_replaced_file_keeps_its_mode_and_a_dangling_symlink_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    let r = repo.to_str().unwrap();
+    let data = data();
+    ok(&["store", "init", r], None);
+    ok(&["backup", r, "one", "--stdin"], Some(&data));
+    let out = tmp.path().join("shared.img");
+    std::fs::write(&out, b"old").unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o640)).unwrap();
+    ok(
+        &["restore", r, "one", out.to_str().unwrap(), "--force"],
+        None,
+    );
+    assert!(std::fs::read(&out).unwrap() == data);
+    let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o640);
+
+    let link = tmp.path().join("link");
+    std::os::unix::fs::symlink(tmp.path().join("nothing"), &link).unwrap();
+    for force in [false, true] {
+        let mut args = vec!["restore", r, "one", link.to_str().unwrap()];
+        if force {
+            args.push("--force");
+        }
+        refused(&args, "symbolic link to a file that does not exist");
+    }
+    assert!(!tmp.path().join("nothing").exists());
 }

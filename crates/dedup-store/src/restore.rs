@@ -50,7 +50,8 @@ impl Repository {
     /// Write backup `name`'s stream to `out`; the number of bytes written.
     /// A missing or damaged recipe or container is refused, naming it;
     /// `out` then holds the segments before the run (at most 4 MiB of one
-    /// container) holding the damaged one, all checked.
+    /// container) holding the damaged one, all checked. It waits for jobs
+    /// on the rayon pool: not for use on a pool thread.
     pub fn restore(&self, name: &str, mut out: impl Write) -> RepoResult<u64> {
         let (record, recipe) = self.recipe(name)?;
         let segments = &recipe.segments;

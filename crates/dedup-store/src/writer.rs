@@ -14,8 +14,8 @@ use dedup_core::fingerprint::{Fingerprint, HashAlgo};
 
 use crate::error::{Error, Result};
 use crate::format::{
-    crc, Entry, Header, Location, Trailer, ENTRY_LEN, FORMAT_VERSION, HEADER_LEN, MAX_SEGMENT_LEN,
-    TRAILER_LEN,
+    crc, Entry, Header, Location, Trailer, ENTRY_LEN, FORMAT_VERSION, HEADER_LEN, MAX_FRAME_LEN,
+    MAX_SEGMENT_LEN, TRAILER_LEN,
 };
 
 /// A container's default target size.
@@ -56,6 +56,9 @@ struct InFlight {
 /// A frame's compression and stored bytes.
 type Compressed = (Compression, Vec<u8>);
 
+/// Adding, sealing and closing frames may wait for frames compressing on
+/// the rayon pool: not for use on a pool thread (its own jobs could then
+/// queue behind it).
 pub struct ContainerWriter {
     id: u64,
     target: usize,
@@ -97,9 +100,10 @@ impl ContainerWriter {
         }
     }
 
-    /// Close frames at `raw` bytes instead (0: a frame per segment).
+    /// Close frames at `raw` bytes instead (0: a frame per segment; at
+    /// most `MAX_FRAME_LEN`, which readers enforce).
     pub fn with_frame_target(mut self, raw: usize) -> ContainerWriter {
-        self.frame_target = raw;
+        self.frame_target = raw.min(MAX_FRAME_LEN);
         self
     }
 

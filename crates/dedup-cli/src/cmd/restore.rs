@@ -15,7 +15,7 @@ use super::backup::mb_per_sec;
 #[derive(clap::Args)]
 #[command(
     about = "Restore a backup of files into a directory, or of a stream to a file or standard output",
-    after_help = "Restoring reads the backup's recipe and the containers it names; every segment is checked against its catalog, and a damaged or missing container, recipe or tree is refused by name.\n\nA backup of files is restored under the directory TARGET (paths as stored: a backup of /home/me restores to TARGET/home/me), with modes, times, symlinks, hard links, and owners when run as root. TARGET must be empty or absent unless --force (what is in the way is then replaced). --include PATH restores only what is at or under PATH (as stored, e.g. home/me/docs) and the directories leading to it. A restore that fails part-way leaves what it made so far.\n\nA backup of a stream is written to the file TARGET, which must not exist unless --force (it is then replaced: the restore writes a new file beside it and renames it into place, so a restore that fails leaves the old file as it was; a device is written in place), or to standard output with `-`.\n\nExamples:\n  dedup restore ./repo home-monday /restore\n  dedup restore ./repo home-monday /restore --include home/me/docs\n  dedup restore ./repo db-1 db.sql\n  dedup restore ./repo db-1 - | psql"
+    after_help = "Restoring reads the backup's recipe and the containers it names; every segment is checked against its catalog, and a damaged or missing container, recipe or tree is refused by name.\n\nA backup of files is restored under the directory TARGET (paths as stored: a backup of /home/me restores to TARGET/home/me), with modes, times, symlinks, hard links, and owners when run as root. TARGET must be empty or absent unless --force (what is in the way is then replaced). --include PATH restores only what is at or under PATH (as stored, e.g. home/me/docs) and the directories leading to it. A restore that fails part-way leaves what it made so far.\n\nA backup of a stream is written to the file TARGET, which must not exist unless --force (it is then replaced, keeping its mode: the restore writes a new file beside it and renames it into place, so a restore that fails leaves the old file as it was; a device is written in place; a new file is made 0600), or to standard output with `-`.\n\nExamples:\n  dedup restore ./repo home-monday /restore\n  dedup restore ./repo home-monday /restore --include home/me/docs\n  dedup restore ./repo db-1 db.sql\n  dedup restore ./repo db-1 - | psql"
 )]
 pub struct Args {
     /// Repository directory.
@@ -96,7 +96,17 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             "{} already exists; refusing to overwrite it (use --force to replace it)",
             a.target.display()
         ),
-        Ok(_) => replace_file(&repo, &a.name, &fs::canonicalize(&a.target)?, true),
+        Ok(_) => {
+            // Through a symlink, the file it names is replaced.
+            let real = fs::canonicalize(&a.target)
+                .with_context(|| format!("resolving {}", a.target.display()))?;
+            replace_file(&repo, &a.name, &real, true)
+        }
+        // A symlink to nothing: refused before any work, not after.
+        Err(e) if e.kind() == io::ErrorKind::NotFound && a.target.is_symlink() => bail!(
+            "{} is a symbolic link to a file that does not exist; give the file's own path",
+            a.target.display()
+        ),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             replace_file(&repo, &a.name, &a.target, false)
         }
@@ -133,9 +143,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Restore into a new file beside `target` (0600), synced, then renamed
-/// onto it: a restore that fails leaves `target` as it was (absent, or the
-/// old file when `replace`), never half written.
+/// Restore into a new file beside `target`, synced, then renamed onto it: a
+/// restore that fails leaves `target` as it was (absent, or the old file
+/// when `replace`), never half written. A new file is private (0600); one
+/// that replaces a file takes that file's mode, and its owner when we may
+/// give it (as root).
 fn replace_file(
     repo: &dedup_store::Repository,
     name: &str,
@@ -150,6 +162,14 @@ fn replace_file(
         .prefix(".dedup-restore-")
         .tempfile_in(dir)
         .with_context(|| format!("creating a file in {}", dir.display()))?;
+    if replace {
+        let old =
+            fs::metadata(target).with_context(|| format!("looking at {}", target.display()))?;
+        tmp.as_file().set_permissions(old.permissions())?;
+        // Only root may give a file away; anyone else keeps it as theirs.
+        use std::os::unix::fs::MetadataExt;
+        let _ = std::os::unix::fs::fchown(tmp.as_file(), Some(old.uid()), Some(old.gid()));
+    }
     let n = write_to(repo, name, tmp.as_file().try_clone()?)?;
     if replace {
         tmp.persist(target)?;
