@@ -80,6 +80,18 @@ fn backup(c: &Client, name: &str, bytes: &[u8]) -> dedup_store::rpc::protocol::W
         .unwrap()
 }
 
+/// Begin backup `name` in group `g`; its session.
+fn begin(c: &Client, name: &str) -> u64 {
+    let begun = c.call(Call::BeginBackup {
+        name: name.into(),
+        group: "g".into(),
+    });
+    match begun.unwrap() {
+        Reply::Begun { session, .. } => session,
+        other => panic!("beginning {name}: {other:?}"),
+    }
+}
+
 fn restored(dir: &Path, name: &str) -> Vec<u8> {
     let repo = Repository::open_read_only(dir.join("repo")).unwrap();
     let mut out = Vec::new();
@@ -149,15 +161,7 @@ fn a_client_that_disconnects_mid_backup_leaves_no_backup_and_the_server_keeps_se
     let bytes = data(7, 64 << 10);
     {
         let c = server.client();
-        let Reply::Begun { session, .. } = c
-            .call(Call::BeginBackup {
-                name: "cut".into(),
-                group: "g".into(),
-            })
-            .unwrap()
-        else {
-            panic!()
-        };
+        let session = begin(&c, "cut");
         let items = vec![Item::New {
             fingerprint: HASH.fingerprint(&bytes).0,
             data: bytes.clone(),
@@ -193,15 +197,7 @@ fn a_second_writer_is_refused_while_the_server_runs_and_the_repository_reopens_a
 fn stopping_the_server_aborts_running_backups_which_leave_nothing() {
     let (dir, server) = setup();
     let c = server.client();
-    let Reply::Begun { session, .. } = c
-        .call(Call::BeginBackup {
-            name: "running".into(),
-            group: "g".into(),
-        })
-        .unwrap()
-    else {
-        panic!()
-    };
+    let session = begin(&c, "running");
     let bytes = data(9, 4096);
     let items = vec![Item::New {
         fingerprint: HASH.fingerprint(&bytes).0,
@@ -232,15 +228,7 @@ fn unknown_sessions_oversized_batches_and_gc_get_errors_on_a_live_connection() {
         tree: None,
     });
     assert_eq!(e.unwrap_err().kind(), Some(ErrorKind::NoSuchSession));
-    let Reply::Begun { session, .. } = c
-        .call(Call::BeginBackup {
-            name: "b".into(),
-            group: "g".into(),
-        })
-        .unwrap()
-    else {
-        panic!()
-    };
+    let session = begin(&c, "b");
     let e = c.call(Call::Lookup {
         session,
         fingerprints: vec![[0; 32]; MAX_BATCH + 1],
@@ -360,15 +348,7 @@ fn a_fingerprint_that_does_not_match_its_bytes_cannot_store_wrong_data() {
     let (dir, server) = setup();
     let c = server.client();
     let (x, y) = (data(10, 8192), data(11, 8192));
-    let Reply::Begun { session, .. } = c
-        .call(Call::BeginBackup {
-            name: "liar".into(),
-            group: "g".into(),
-        })
-        .unwrap()
-    else {
-        panic!()
-    };
+    let session = begin(&c, "liar");
     let e = c
         .call(Call::Append {
             session,
@@ -387,15 +367,7 @@ fn a_fingerprint_that_does_not_match_its_bytes_cannot_store_wrong_data() {
     });
     assert_eq!(e.unwrap_err().kind(), Some(ErrorKind::NoSuchSession));
     // X is not known under its fingerprint, and backs up as itself.
-    let Reply::Begun { session, .. } = c
-        .call(Call::BeginBackup {
-            name: "probe".into(),
-            group: "g".into(),
-        })
-        .unwrap()
-    else {
-        panic!()
-    };
+    let session = begin(&c, "probe");
     let found = c
         .call(Call::Lookup {
             session,
@@ -576,15 +548,7 @@ fn gc_through_the_server_runs_beside_a_backup_and_keeps_what_it_uses() {
     // A backup running on another connection reuses part of the deleted
     // backup's data while the collection runs.
     let other = server.client();
-    let Reply::Begun { session, .. } = other
-        .call(Call::BeginBackup {
-            name: "running".into(),
-            group: "g".into(),
-        })
-        .unwrap()
-    else {
-        panic!()
-    };
+    let session = begin(&other, "running");
     let reused = &old[..4096];
     let found = other
         .call(Call::Lookup {
