@@ -73,17 +73,24 @@ fn init_backup_list_restore_delete() {
     assert!(Path::new(&repo).join("config").exists());
 }
 
-/// A stream restored with --force over an existing file replaces it only
-/// once the whole restore has succeeded: one that fails (a damaged
-/// container) leaves the old file as it was, and no temporary file.
-#[test]
-fn a_failed_restore_over_a_file_leaves_the_file_as_it_was() {
+/// A repository in a temporary directory holding `data()` as backup "one".
+fn repo_with_one() -> (tempfile::TempDir, std::path::PathBuf, Vec<u8>) {
     let tmp = tempfile::tempdir().unwrap();
     let repo = tmp.path().join("repo");
     let r = repo.to_str().unwrap();
     let data = data();
     ok(&["store", "init", r], None);
     ok(&["backup", r, "one", "--stdin"], Some(&data));
+    (tmp, repo, data)
+}
+
+/// A stream restored with --force over an existing file replaces it only
+/// once the whole restore has succeeded: one that fails (a damaged
+/// container) leaves the old file as it was, and no temporary file.
+#[test]
+fn a_failed_restore_over_a_file_leaves_the_file_as_it_was() {
+    let (tmp, repo, data) = repo_with_one();
+    let r = repo.to_str().unwrap();
     let out = tmp.path().join("out");
     let old = b"the file that was here".to_vec();
     std::fs::write(&out, &old).unwrap();
@@ -135,12 +142,8 @@ fn a_failed_restore_over_a_file_leaves_the_file_as_it_was() {
 #[test]
 fn a_replaced_file_keeps_its_mode_and_a_dangling_symlink_is_refused() {
     use std::os::unix::fs::PermissionsExt;
-    let tmp = tempfile::tempdir().unwrap();
-    let repo = tmp.path().join("repo");
+    let (tmp, repo, data) = repo_with_one();
     let r = repo.to_str().unwrap();
-    let data = data();
-    ok(&["store", "init", r], None);
-    ok(&["backup", r, "one", "--stdin"], Some(&data));
     let out = tmp.path().join("shared.img");
     std::fs::write(&out, b"old").unwrap();
     std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o640)).unwrap();
