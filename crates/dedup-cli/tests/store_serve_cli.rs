@@ -4,6 +4,7 @@
 
 mod support;
 
+use dedup_core::testdata::noise;
 use support::{json, ok, refused_fed, spawn};
 
 use std::io::Write;
@@ -13,16 +14,6 @@ use std::time::{Duration, Instant};
 
 fn refused(args: &[&str], says: &str) {
     refused_fed(args, Some(b""), says)
-}
-
-fn data(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-            (x >> 33) as u8
-        })
-        .collect()
 }
 
 /// A server process, killed if the test fails before stopping it.
@@ -59,9 +50,9 @@ fn serve_four_backup_processes_at_once_restore_and_stop_on_sigterm() {
     let server = &mut serving.0;
     wait_for(&sock);
 
-    let shared = data(1, 2 << 20);
+    let shared = noise(1, 2 << 20);
     let streams: Vec<Vec<u8>> = (0..4)
-        .map(|i| [&shared[..], &data(10 + i, 1 << 20)[..]].concat())
+        .map(|i| [&shared[..], &noise(10 + i, 1 << 20)[..]].concat())
         .collect();
     let mut clients: Vec<Child> = (0..4)
         .map(|i| {
@@ -202,7 +193,7 @@ fn sigterm_mid_backup_aborts_it_the_client_fails_and_no_backup_is_left() {
     // Feed it slowly, until it stops taking input.
     let feeder = std::thread::spawn(move || {
         for i in 0..600 {
-            if input.write_all(&data(i, 256 << 10)).is_err() {
+            if input.write_all(&noise(i, 256 << 10)).is_err() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));

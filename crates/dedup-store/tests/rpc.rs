@@ -3,6 +3,7 @@
 //! content, every backup restored byte for byte; disconnects, shutdown, a
 //! second writer, garbage from the network and lying clients.
 
+use dedup_core::testdata::noise;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -64,17 +65,6 @@ fn setup() -> (tempfile::TempDir, Running) {
     (dir, r)
 }
 
-/// `len` bytes that do not repeat within themselves, from `seed`.
-fn data(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-            (x >> 33) as u8
-        })
-        .collect()
-}
-
 fn backup(c: &Client, name: &str, bytes: &[u8]) -> dedup_store::rpc::protocol::WireBackup {
     c.backup_stream(name, "g", bytes, None, &BackupOptions::default(), &|_| {})
         .unwrap()
@@ -102,13 +92,13 @@ fn restored(dir: &Path, name: &str) -> Vec<u8> {
 #[test]
 fn eight_concurrent_clients_with_shared_content_all_commit_and_restore_byte_exact() {
     let (dir, server) = setup();
-    let shared = data(1, 3 << 20);
+    let shared = noise(1, 3 << 20);
     let streams: Vec<Vec<u8>> = (0..8u64)
         .map(|i| {
             let mut s = shared[..(1 << 20) + 4096 * i as usize].to_vec();
-            s.extend(data(100 + i, 1 << 20));
+            s.extend(noise(100 + i, 1 << 20));
             s.extend(&shared[1 << 20..]);
-            s.extend(&data(200 + i, 777)); // a short last segment
+            s.extend(&noise(200 + i, 777)); // a short last segment
             s
         })
         .collect();
@@ -131,7 +121,7 @@ fn eight_concurrent_clients_with_shared_content_all_commit_and_restore_byte_exac
     // learns a container only once it is sealed); streams after them
     // find it: a second round stores only its unique megabyte each.
     let round2: Vec<Vec<u8>> = (0..8u64)
-        .map(|i| [&shared[..], &data(300 + i, 1 << 20)[..]].concat())
+        .map(|i| [&shared[..], &noise(300 + i, 1 << 20)[..]].concat())
         .collect();
     let reports: Vec<_> = std::thread::scope(|s| {
         let handles: Vec<_> = round2
@@ -158,7 +148,7 @@ fn eight_concurrent_clients_with_shared_content_all_commit_and_restore_byte_exac
 #[test]
 fn a_client_that_disconnects_mid_backup_leaves_no_backup_and_the_server_keeps_serving() {
     let (dir, server) = setup();
-    let bytes = data(7, 64 << 10);
+    let bytes = noise(7, 64 << 10);
     {
         let c = server.client();
         let session = begin(&c, "cut");
@@ -198,7 +188,7 @@ fn stopping_the_server_aborts_running_backups_which_leave_nothing() {
     let (dir, server) = setup();
     let c = server.client();
     let session = begin(&c, "running");
-    let bytes = data(9, 4096);
+    let bytes = noise(9, 4096);
     let items = vec![Item::New {
         fingerprint: HASH.fingerprint(&bytes).0,
         data: bytes,
@@ -252,7 +242,7 @@ fn unknown_sessions_oversized_batches_and_gc_get_errors_on_a_live_connection() {
         .unwrap_err();
     assert_eq!(e.kind(), Some(ErrorKind::Repository));
     // The connection still serves.
-    backup(&c, "fine", &data(3, 10_000));
+    backup(&c, "fine", &noise(3, 10_000));
     c.delete("fine").unwrap();
     assert!(c.list().unwrap().is_empty());
     server.shut();
@@ -308,7 +298,7 @@ fn garbage_and_oversized_frames_are_answered_with_errors_and_the_server_lives() 
     assert_eq!(both.len(), 2);
     assert_eq!(both[0].id, 5);
     assert!(matches!(both[0].reply, Ok(Reply::Backups(_))));
-    backup(&server.client(), "after", &data(4, 50_000));
+    backup(&server.client(), "after", &noise(4, 50_000));
     server.shut();
 }
 
@@ -337,7 +327,7 @@ fn random_bytes_from_the_network_never_kill_the_server() {
             Ok(())
         })
         .unwrap();
-    let bytes = data(5, 200_000);
+    let bytes = noise(5, 200_000);
     backup(&server.client(), "still", &bytes);
     assert!(restored(dir.path(), "still") == bytes);
     server.shut();
@@ -347,7 +337,7 @@ fn random_bytes_from_the_network_never_kill_the_server() {
 fn a_fingerprint_that_does_not_match_its_bytes_cannot_store_wrong_data() {
     let (dir, server) = setup();
     let c = server.client();
-    let (x, y) = (data(10, 8192), data(11, 8192));
+    let (x, y) = (noise(10, 8192), noise(11, 8192));
     let session = begin(&c, "liar");
     let e = c
         .call(Call::Append {
@@ -398,7 +388,7 @@ fn a_tree_travels_with_the_commit() {
     let refused = c.backup_stream(
         "t",
         "g",
-        &data(12, 5000)[..],
+        &noise(12, 5000)[..],
         Some(b"tree bytes".to_vec()),
         &BackupOptions::default(),
         &|_| {},
@@ -408,7 +398,7 @@ fn a_tree_travels_with_the_commit() {
         .backup_stream(
             "t",
             "g",
-            &data(12, 5000)[..],
+            &noise(12, 5000)[..],
             Some(tree.encode()),
             &BackupOptions::default(),
             &|_| {},
@@ -424,7 +414,7 @@ fn a_tree_travels_with_the_commit() {
 fn restores_stream_back_through_the_server_in_chunks() {
     let (_dir, server) = setup();
     let c = server.client();
-    let bytes = data(13, (5 << 20) + 123);
+    let bytes = noise(13, (5 << 20) + 123);
     backup(&c, "big", &bytes);
     let mut out = Vec::new();
     assert_eq!(c.restore("big", &mut out).unwrap(), bytes.len() as u64);
@@ -445,7 +435,7 @@ fn a_loopback_tcp_server_serves_the_same() {
     let (at, stop) = (server.endpoint().clone(), server.stop_handle());
     let t = std::thread::spawn(move || server.run());
     let c = Client::connect(&at).unwrap();
-    let bytes = data(14, 300_000);
+    let bytes = noise(14, 300_000);
     backup(&c, "tcp", &bytes);
     let mut out = Vec::new();
     c.restore("tcp", &mut out).unwrap();
@@ -541,7 +531,7 @@ fn a_backup_whose_server_stops_fails_promptly_and_leaves_nothing() {
 fn gc_through_the_server_runs_beside_a_backup_and_keeps_what_it_uses() {
     let (dir, server) = setup();
     let c = server.client();
-    let (old, kept) = (data(20, 3 << 20), data(21, 1 << 20));
+    let (old, kept) = (noise(20, 3 << 20), noise(21, 1 << 20));
     backup(&c, "old", &old);
     backup(&c, "kept", &kept);
     c.delete("old").unwrap();
