@@ -8,7 +8,7 @@ use dedup_core::testdata::noise;
 use support::{json, ok, refused_fed, spawn};
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
@@ -34,21 +34,29 @@ fn wait_for(path: &Path) {
     }
 }
 
-#[test]
-fn serve_four_backup_processes_at_once_restore_and_stop_on_sigterm() {
+/// A new repository in a temporary directory, served on a socket there
+/// (the server is up when this returns).
+fn serve() -> (tempfile::TempDir, PathBuf, PathBuf, Serving) {
     let tmp = tempfile::tempdir().unwrap();
     let repo = tmp.path().join("repo");
     let r = repo.to_str().unwrap();
     let sock = tmp.path().join("s.sock");
-    let server_arg = format!("unix:{}", sock.display());
-    let s = server_arg.as_str();
     ok(&["store", "init", r, "--json"], None);
-    let mut serving = Serving(spawn(
+    let serving = Serving(spawn(
         &["store", "serve", r, "--socket", sock.to_str().unwrap()],
         false,
     ));
-    let server = &mut serving.0;
     wait_for(&sock);
+    (tmp, repo, sock, serving)
+}
+
+#[test]
+fn serve_four_backup_processes_at_once_restore_and_stop_on_sigterm() {
+    let (tmp, repo, sock, mut serving) = serve();
+    let r = repo.to_str().unwrap();
+    let server_arg = format!("unix:{}", sock.display());
+    let s = server_arg.as_str();
+    let server = &mut serving.0;
 
     let shared = noise(1, 2 << 20);
     let streams: Vec<Vec<u8>> = (0..4)
@@ -172,19 +180,11 @@ fn serve_four_backup_processes_at_once_restore_and_stop_on_sigterm() {
 
 #[test]
 fn sigterm_mid_backup_aborts_it_the_client_fails_and_no_backup_is_left() {
-    let tmp = tempfile::tempdir().unwrap();
-    let repo = tmp.path().join("repo");
+    let (_tmp, repo, sock, mut serving) = serve();
     let r = repo.to_str().unwrap();
-    let sock = tmp.path().join("s.sock");
     let server_arg = format!("unix:{}", sock.display());
     let s = server_arg.as_str();
-    ok(&["store", "init", r], None);
-    let mut serving = Serving(spawn(
-        &["store", "serve", r, "--socket", sock.to_str().unwrap()],
-        false,
-    ));
     let server = &mut serving.0;
-    wait_for(&sock);
     let mut client = spawn(
         &["backup", "--server", s, "slow", "--stdin", "--json"],
         true,
