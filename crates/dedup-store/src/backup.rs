@@ -23,8 +23,8 @@ pub const TREES_PREFIX: &str = "trees/";
 /// Longest backup or group name, leaving room for the prefixes and nonce.
 pub const MAX_BACKUP_NAME: usize = 200;
 
-/// What one backup cost and saved.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+/// What one backup cost and saved (also as the server sends it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BackupReport {
     /// Bytes read from the stream.
     pub bytes_in: u64,

@@ -8,7 +8,6 @@ use std::time::Instant;
 
 use dedup_core::size::format_size;
 use dedup_store::rpc::{BackupOptions, Client, Endpoint};
-use dedup_store::BackupReport;
 use serde::Serialize;
 
 use super::backup::mb_per_sec;
@@ -48,7 +47,7 @@ pub fn run(server: &Endpoint, name: &str, group: &str, json: bool) -> anyhow::Re
     );
     bar.finish_and_clear();
     let b = b?;
-    let r = BackupReport::from(b.report);
+    let r = b.report;
     let seconds = start.elapsed().as_secs_f64();
     let report = Report {
         name: b.name,

@@ -79,7 +79,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                         group: b.group,
                         time: b.time,
                         has_tree: b.has_tree,
-                        report: dedup_store::BackupReport::from(b.report).into(),
+                        report: b.report.into(),
                     })
                     .collect();
                 print_json(&v)?;

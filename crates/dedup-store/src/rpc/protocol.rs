@@ -228,49 +228,13 @@ impl WireSegmenting {
     }
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WireReport {
-    pub bytes_in: u64,
-    pub bytes_new: u64,
-    pub bytes_written: u64,
-    pub segments_new: u64,
-    pub segments_duplicate: u64,
-    pub containers_written: u64,
-}
-
-impl From<BackupReport> for WireReport {
-    fn from(r: BackupReport) -> WireReport {
-        WireReport {
-            bytes_in: r.bytes_in,
-            bytes_new: r.bytes_new,
-            bytes_written: r.bytes_written,
-            segments_new: r.segments_new,
-            segments_duplicate: r.segments_duplicate,
-            containers_written: r.containers_written,
-        }
-    }
-}
-
-impl From<WireReport> for BackupReport {
-    fn from(r: WireReport) -> BackupReport {
-        BackupReport {
-            bytes_in: r.bytes_in,
-            bytes_new: r.bytes_new,
-            bytes_written: r.bytes_written,
-            segments_new: r.segments_new,
-            segments_duplicate: r.segments_duplicate,
-            containers_written: r.containers_written,
-        }
-    }
-}
-
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WireBackup {
     pub name: String,
     pub group: String,
     pub time: u64,
     pub has_tree: bool,
-    pub report: WireReport,
+    pub report: BackupReport,
 }
 
 impl From<&crate::BackupRecord> for WireBackup {
@@ -280,7 +244,7 @@ impl From<&crate::BackupRecord> for WireBackup {
             group: r.group.clone(),
             time: r.time,
             has_tree: r.tree.is_some(),
-            report: r.report.into(),
+            report: r.report,
         }
     }
 }
