@@ -299,16 +299,9 @@ impl BackupSession<'_> {
             // A tree from a client is checked as a restore will check it,
             // so a backup is never committed that cannot be restored.
             let what = format!("the tree of backup {}", self.name);
-            let decoded = crate::tree::Tree::decode(&what, bytes)?;
-            if decoded.stream_len != self.report.bytes_in {
-                return Err(RepoError::corrupt(
-                    what,
-                    format!(
-                        "it describes {} bytes of contents, the backup read {}",
-                        decoded.stream_len, self.report.bytes_in
-                    ),
-                ));
-            }
+            crate::tree::Tree::decode(&what, bytes)?
+                .check_stream_len(&self.name, self.report.bytes_in)
+                .map_err(|d| RepoError::corrupt(&what, d))?;
         }
         self.seal()?;
         self.finish_writing()?;

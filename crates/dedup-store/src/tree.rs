@@ -140,6 +140,19 @@ pub struct Tree {
 }
 
 impl Tree {
+    /// The tree of backup `name` holds exactly the `bytes_in` bytes the
+    /// backup read; the damage in words if not. Checked when a tree is
+    /// committed and again when it is restored.
+    pub fn check_stream_len(&self, name: &str, bytes_in: u64) -> Result<(), String> {
+        if self.stream_len != bytes_in {
+            return Err(format!(
+                "its files hold {} bytes, but backup {name} read {bytes_in}",
+                self.stream_len
+            ));
+        }
+        Ok(())
+    }
+
     /// Encode as is: `encode` does not check (so tests can build bad
     /// trees); `decode` does.
     pub fn encode(&self) -> Vec<u8> {

@@ -92,15 +92,8 @@ impl Repository {
             }
             other => Tree::decode(object, &other?)?,
         };
-        if tree.stream_len != record.report.bytes_in {
-            return Err(RepoError::corrupt(
-                object,
-                format!(
-                    "its files hold {} bytes, but backup {name} read {}",
-                    tree.stream_len, record.report.bytes_in
-                ),
-            ));
-        }
+        tree.check_stream_len(name, record.report.bytes_in)
+            .map_err(|d| RepoError::corrupt(object, d))?;
         let included = included(name, &tree, &options.include)?;
         prepare_target(target, options.force)?;
         let mut r = Restorer::new(target, &tree.nodes, included, options.owners);
