@@ -120,22 +120,7 @@ impl BackupSession<'_> {
     /// no answer: storing the segment again costs space, reusing a wrong
     /// one would lose data.
     pub fn lookup(&mut self, fp: &Fingerprint) -> RepoResult<Option<(u64, u32)>> {
-        if let Some(o) = &self.open {
-            if let Some(&i) = o.holds.get(fp) {
-                return Ok(Some((o.writer.id(), i)));
-            }
-        }
-        // Containers this session wrote are held from birth: no check.
-        if let Some(&(c, e, _)) = self.sealed.iter().find_map(|g| g.get(fp)) {
-            return Ok(Some((c, e)));
-        }
-        let Some((container, entry)) = self.repo.index()?.lookup(fp) else {
-            return Ok(None);
-        };
-        let confirmed = self
-            .held_entry(container, entry)
-            .is_some_and(|e| e.fingerprint == *fp);
-        Ok(confirmed.then_some((container, entry)))
+        Ok(self.lookup_ref(fp)?.map(|r| (r.container, r.entry)))
     }
 
     /// Catalog entry `entry` of `container`, once the container is
@@ -155,33 +140,38 @@ impl BackupSession<'_> {
     }
 
     /// [`lookup`](Self::lookup), answered as the full reference (with the
-    /// segment's length from its catalog entry): what a server pushes for a
-    /// segment a remote client names only by fingerprint, so the length in
-    /// the recipe is the store's, never the client's word.
+    /// segment's length from where it was found: this session's own
+    /// containers or the catalog entry): what a server pushes for a segment
+    /// a remote client names only by fingerprint, so the length in the
+    /// recipe is the store's, never the client's word.
     pub fn lookup_ref(&mut self, fp: &Fingerprint) -> RepoResult<Option<SegmentRef>> {
-        let Some((container, entry)) = self.lookup(fp)? else {
-            return Ok(None);
-        };
-        let sealed = self.sealed.iter().find_map(|g| g.get(fp));
-        let len = match (&self.open, sealed) {
-            (Some(o), _) if o.writer.id() == container => o
-                .writer
-                .entries()
-                .get(entry as usize)
-                .map(|e| e.location.raw_len),
-            (_, Some(&(c, e, len))) if (c, e) == (container, entry) => Some(len),
-            _ => self
-                .repo
-                .catalog(container)
-                .ok()
-                .and_then(|c| c.entries().get(entry as usize).map(|e| e.location.raw_len)),
-        };
-        Ok(len.map(|len| SegmentRef {
+        let at = |container, entry, len| SegmentRef {
             container,
             entry,
             len,
             fingerprint: *fp,
-        }))
+        };
+        if let Some(o) = &self.open {
+            if let Some(&i) = o.holds.get(fp) {
+                let len = o
+                    .writer
+                    .entries()
+                    .get(i as usize)
+                    .map(|e| e.location.raw_len);
+                return Ok(len.map(|len| at(o.writer.id(), i, len)));
+            }
+        }
+        // Containers this session wrote are held from birth: no check.
+        if let Some(&(c, e, len)) = self.sealed.iter().find_map(|g| g.get(fp)) {
+            return Ok(Some(at(c, e, len)));
+        }
+        let Some((container, entry)) = self.repo.index()?.lookup(fp) else {
+            return Ok(None);
+        };
+        Ok(self
+            .held_entry(container, entry)
+            .filter(|e| e.fingerprint == *fp)
+            .map(|e| at(container, entry, e.location.raw_len)))
     }
 
     /// Reuse segment `r` from an earlier backup's recipe without reading
