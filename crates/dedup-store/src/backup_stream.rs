@@ -69,12 +69,13 @@ pub(crate) fn append_stream(
     std::thread::scope(|scope| {
         let (tx, rx) = mpsc::sync_channel::<mpsc::Receiver<Batch>>(IN_FLIGHT);
         scope.spawn(move || {
-            let send = |batch: Batch| {
+            // Segments cut, not yet hashed.
+            let send = |batch: io::Result<Vec<Vec<u8>>>| {
                 let (done, hashed) = mpsc::sync_channel(1);
                 rayon::spawn(move || {
                     let _ = done.send(batch.map(|b| {
                         b.into_iter()
-                            .map(|(s, _): (Vec<u8>, Fingerprint)| {
+                            .map(|s| {
                                 let fp = HASH.fingerprint(&s);
                                 (s, fp)
                             })
@@ -87,7 +88,7 @@ pub(crate) fn append_stream(
             for segment in Segmenter::new(how, BufReader::with_capacity(1 << 20, reader)) {
                 match segment {
                     Ok(s) => {
-                        batch.push((s, Fingerprint([0; 32])));
+                        batch.push(s);
                         if batch.len() == BATCH
                             && !send(Ok(std::mem::replace(&mut batch, Vec::with_capacity(BATCH))))
                         {
