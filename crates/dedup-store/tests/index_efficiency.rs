@@ -14,7 +14,7 @@ mod index_support;
 use std::collections::HashMap;
 
 use dedup_core::fingerprint::{Fingerprint, HashAlgo};
-use dedup_store::index::{Index, IndexConfig, SamplingRate, DEFAULT_ENTRY_BYTES};
+use dedup_store::index::{Index, IndexConfig, SamplingRate, HOOK_BYTES};
 use dedup_store::Entry;
 use rand::{Rng, SeedableRng};
 
@@ -55,7 +55,7 @@ fn run(max_hooks: u64, cache_entries: usize, first_changed: bool) -> Run {
         .map(|(c, fps)| (c as u64, catalog(fps)))
         .collect();
     let config = IndexConfig {
-        memory_budget: max_hooks * DEFAULT_ENTRY_BYTES,
+        memory_budget: max_hooks * HOOK_BYTES,
         cache_entries,
         ..IndexConfig::default()
     };

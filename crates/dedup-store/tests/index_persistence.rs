@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use dedup_core::compress::Compression;
 use dedup_core::fingerprint::Fingerprint;
 use dedup_store::index::rebuild::{catalog_loader, container_ids};
-use dedup_store::index::{Index, IndexConfig, DEFAULT_ENTRY_BYTES};
+use dedup_store::index::{Index, IndexConfig, HOOK_BYTES};
 use dedup_store::{container_name, ContainerWriter, Error, LocalDir, ObjectStore};
 use proptest::prelude::*;
 
@@ -17,7 +17,7 @@ const SEGMENTS: usize = 300;
 fn config() -> IndexConfig {
     IndexConfig {
         // 1,000 hooks for 3,600 segments: R drops below 1.
-        memory_budget: 1_000 * DEFAULT_ENTRY_BYTES,
+        memory_budget: 1_000 * HOOK_BYTES,
         cache_entries: 1024,
         ..IndexConfig::default()
     }
@@ -45,11 +45,12 @@ fn populate(store: &LocalDir) -> (Index, Vec<(Fingerprint, u64)>) {
     (live, all)
 }
 
-fn hooks(index: &Index) -> HashMap<Fingerprint, (u64, bool)> {
+/// The hooks, by fingerprint prefix.
+fn hooks(index: &Index) -> HashMap<u64, (u64, bool)> {
     let table = index.hooks();
     table
         .iter()
-        .map(|(f, h)| (*f, (h.container, h.pinned)))
+        .map(|(p, h)| (p, (h.container, h.pinned)))
         .collect()
 }
 
@@ -121,12 +122,13 @@ fn checkpoint_round_trips() {
     );
     // A smaller budget on load halves R to fit.
     let small = IndexConfig {
-        memory_budget: 300 * DEFAULT_ENTRY_BYTES,
+        memory_budget: 300 * HOOK_BYTES,
         ..config()
     };
     let shrunk = Index::from_checkpoint(&bytes, small).unwrap();
     assert!(shrunk.rate().period() > live.rate().period());
     assert!(shrunk.hooks().len() <= 300);
+    assert!(shrunk.hooks().ram_bytes() <= small.memory_budget);
 }
 
 fn refused(bytes: &[u8]) -> String {
@@ -178,37 +180,66 @@ fn header(version: u32, log2: u32, fingerprints: u64, count: u64) -> Vec<u8> {
     b
 }
 
-fn record(fp: u8, container: u64, flags: u8) -> Vec<u8> {
-    let mut r = vec![0u8; 32];
-    r[31] = fp; // prefix 0: sampled at every rate
-    r.extend_from_slice(&container.to_le_bytes());
-    r.push(flags);
-    r
+/// A container's group: its id, its hook count, then the prefixes (the
+/// first is its pinned hook).
+fn group(container: u64, prefixes: &[u64]) -> Vec<u8> {
+    let mut g = container.to_le_bytes().to_vec();
+    g.extend_from_slice(&(prefixes.len() as u32).to_le_bytes());
+    for p in prefixes {
+        g.extend_from_slice(&p.to_le_bytes());
+    }
+    g
+}
+
+fn checkpoint(log2: u32, fingerprints: u64, groups: &[Vec<u8>]) -> Vec<u8> {
+    let hooks: usize = groups.iter().map(|g| (g.len() - 12) / 8).sum();
+    let mut b = header(2, log2, fingerprints, hooks as u64);
+    groups.iter().for_each(|g| b.extend_from_slice(g));
+    seal(b)
 }
 
 #[test]
 fn forged_checkpoints_with_good_checksums_are_refused_by_name() {
-    let good = |records: &[Vec<u8>]| {
-        let mut b = header(1, 3, 100, records.len() as u64);
-        records.iter().for_each(|r| b.extend_from_slice(r));
-        seal(b)
-    };
-    assert!(Index::from_checkpoint(&good(&[record(1, 7, 1), record(2, 7, 0)]), config()).is_ok());
-    assert!(refused(&seal(header(2, 0, 0, 0))).contains("version 2"));
-    assert!(refused(&seal(header(1, 64, 0, 0))).contains("2^64"));
-    assert!(refused(&seal(header(1, 0, 10, 1))).contains("1 hooks need"));
-    assert!(refused(&seal(header(1, 0, 0, u64::MAX))).contains("hooks need"));
-    assert!(refused(&good(&[record(1, 7, 2)])).contains("unknown flags"));
-    assert!(refused(&good(&[record(2, 7, 1), record(1, 8, 1)])).contains("out of order"));
-    assert!(refused(&good(&[record(1, 7, 1), record(2, 7, 1)])).contains("second pinned"));
-    assert!(refused(&good(&[record(1, 7, 0)])).contains("no pinned hook"));
-    let mut unsampled = record(1, 7, 0);
-    unsampled[0] = 1; // prefix 1: not sampled at 1/8
-    assert!(refused(&good(&[record(0, 7, 1), unsampled])).contains("neither pinned nor sampled"));
-    let mut few = header(1, 0, 1, 2);
-    few.extend(record(1, 7, 1));
-    few.extend(record(2, 8, 1));
-    assert!(refused(&seal(few)).contains("only 1 fingerprints"));
+    let good = |groups: &[Vec<u8>]| checkpoint(3, 100, groups);
+    // Prefixes that are multiples of 8 are sampled at 1/8.
+    assert!(
+        Index::from_checkpoint(&good(&[group(7, &[1, 8, 16]), group(9, &[3])]), config()).is_ok()
+    );
+    assert!(refused(&seal(header(1, 0, 0, 0))).contains("version 1"));
+    assert!(refused(&seal(header(2, 64, 0, 0))).contains("2^64"));
+    assert!(refused(&seal(header(2, 0, 10, 1))).contains("groups hold 0"));
+    assert!(refused(&seal(header(2, 0, 0, u64::MAX))).contains("only 0 fingerprints"));
+    assert!(refused(&good(&[group(7, &[1, 16, 8])])).contains("out of order"));
+    assert!(refused(&good(&[group(7, &[1, 8, 8])])).contains("out of order"));
+    assert!(refused(&good(&[group(9, &[1]), group(7, &[2])])).contains("out of order"));
+    assert!(refused(&good(&[group(7, &[1]), group(7, &[2])])).contains("out of order"));
+    assert!(refused(&good(&[group(7, &[])])).contains("no pinned hook"));
+    assert!(refused(&good(&[group(7, &[1, 8]), group(8, &[8])])).contains("repeats a prefix"));
+    assert!(refused(&good(&[group(7, &[1, 9])])).contains("neither pinned nor sampled"));
+    assert!(refused(&good(&[group(1 << 63, &[1])])).contains("highest id"));
+    let mut long = group(7, &[1]);
+    long[8] = 2; // claims two hooks, holds one
+    assert!(refused(&good(&[long])).contains("more than the"));
+    let mut short = header(2, 0, 10, 1);
+    short.extend_from_slice(&[0; 11]);
+    assert!(refused(&seal(short)).contains("too few for a container's group"));
+    assert!(
+        refused(&checkpoint(0, 1, &[group(7, &[1]), group(8, &[2])]))
+            .contains("only 1 fingerprints")
+    );
+}
+
+#[test]
+fn checkpoint_keeps_eight_bytes_a_hook() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LocalDir::open(dir.path()).unwrap();
+    let (live, _) = populate(&store);
+    let hooks = live.hooks().len();
+    let containers = CONTAINERS as usize;
+    assert_eq!(
+        live.checkpoint().len(),
+        32 + containers * 12 + hooks * 8 + 4
+    );
 }
 
 proptest! {
@@ -223,11 +254,19 @@ proptest! {
     fn random_records_with_good_checksums_never_panic(
         log2 in 0u32..70,
         fingerprints in any::<u64>(),
-        records in proptest::collection::vec((any::<u8>(), 0u64..4, 0u8..3), 0..12),
+        groups in proptest::collection::vec(
+            (0u64..4, proptest::collection::vec(0u64..40, 0..5)),
+            0..6,
+        ),
+        claimed in 0u32..8,
     ) {
-        let mut b = header(1, log2, fingerprints, records.len() as u64);
-        for (f, c, flags) in records {
-            b.extend(record(f, c, flags));
+        let mut b = header(2, log2, fingerprints, groups.len() as u64);
+        for (c, prefixes) in groups {
+            let mut g = group(c, &prefixes);
+            if claimed > 5 {
+                g[8..12].copy_from_slice(&claimed.to_le_bytes());
+            }
+            b.extend(g);
         }
         let _ = Index::from_checkpoint(&seal(b), config());
     }

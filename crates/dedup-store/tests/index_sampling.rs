@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 
 use dedup_core::fingerprint::{Fingerprint, HashAlgo};
-use dedup_store::index::{HookTable, Index, IndexConfig, SamplingRate, DEFAULT_ENTRY_BYTES};
+use dedup_store::index::{HookTable, Index, IndexConfig, SamplingRate, HOOK_BYTES};
 
 fn fp(n: u64) -> Fingerprint {
     HashAlgo::Blake3.fingerprint(&n.to_le_bytes())
@@ -22,7 +22,7 @@ fn no_load(_: u64) -> dedup_store::Result<Vec<dedup_store::Entry>> {
 #[test]
 fn full_rate_finds_every_fingerprint() {
     let config = IndexConfig {
-        memory_budget: 64 * 1024 * DEFAULT_ENTRY_BYTES,
+        memory_budget: 64 * 1024 * HOOK_BYTES,
         cache_entries: 0,
         ..IndexConfig::default()
     };
@@ -45,10 +45,11 @@ fn full_rate_finds_every_fingerprint() {
     assert_eq!((c.hook_hits, c.misses), (64 * 1024, 1));
 }
 
-fn hooks_of(table: &HookTable) -> HashMap<Fingerprint, (u64, bool)> {
+/// The hooks, by fingerprint prefix.
+fn hooks_of(table: &HookTable) -> HashMap<u64, (u64, bool)> {
     table
         .iter()
-        .map(|(f, h)| (*f, (h.container, h.pinned)))
+        .map(|(p, h)| (p, (h.container, h.pinned)))
         .collect()
 }
 
@@ -78,14 +79,18 @@ fn progressive_sampling_halves_within_budget_and_drops_exactly_the_unsampled() {
         let dropped: HashSet<_> = before.keys().filter(|f| !after.contains_key(*f)).collect();
         let unsampled: HashSet<_> = before
             .iter()
-            .filter(|(f, (_, pinned))| !pinned && !rate.samples(f))
+            .filter(|(p, (_, pinned))| !pinned && !rate.samples_prefix(**p))
             .map(|(f, _)| f)
             .collect();
         assert_eq!(dropped, unsampled, "container {id}");
         // The new container's hooks: one pinned, the rest sampled at R.
         let new: Vec<_> = after.iter().filter(|(_, (c, _))| *c == id).collect();
         assert_eq!(new.iter().filter(|(_, (_, p))| *p).count(), 1);
-        assert!(new.iter().all(|(f, (_, p))| *p || rate.samples(f)));
+        assert!(new
+            .iter()
+            .all(|(prefix, (_, p))| *p || rate.samples_prefix(**prefix)));
+        // Never past the budget, counted in the slots allocated.
+        assert!(table.ram_bytes() <= max_hooks as u64 * HOOK_BYTES);
     }
     assert!(halvings >= 3, "R only halved {halvings} times");
     let containers: HashSet<u64> = table.iter().map(|(_, h)| h.container).collect();

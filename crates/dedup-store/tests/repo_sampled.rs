@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use dedup_core::fingerprint::Fingerprint;
-use dedup_store::index::{IndexConfig, SamplingRate, DEFAULT_ENTRY_BYTES};
+use dedup_store::index::{IndexConfig, SamplingRate, HOOK_BYTES};
 use dedup_store::{
     Entry, Eviction, Index, LocalDir, ObjectStore, RepoOptions, Repository, SampledIndex,
     SegmentIndex, Segmenting,
@@ -78,7 +78,7 @@ fn bytes(ids: &[u64]) -> Vec<u8> {
 
 fn tiny(period: u64, cache_entries: usize, eviction: Eviction) -> IndexConfig {
     IndexConfig {
-        memory_budget: (BLOCKS as u64 / period) * DEFAULT_ENTRY_BYTES,
+        memory_budget: (BLOCKS as u64 / period) * HOOK_BYTES,
         cache_entries,
         eviction,
         ..IndexConfig::default()
@@ -171,7 +171,7 @@ fn efficiency(period: u64, cache_entries: usize) -> (f64, SamplingRate, Sampling
                 // after the first backup.
                 let need = stored / period as f64 + 10.0;
                 let double = (2 * BLOCKS) as f64 / period as f64;
-                ((need + double) / 2.0) as u64 * DEFAULT_ENTRY_BYTES
+                ((need + double) / 2.0) as u64 * HOOK_BYTES
             }
         },
         cache_entries,

@@ -278,11 +278,12 @@ impl From<BackupReport> for ReportJson {
 /// How a writing command indexes the repository's segments.
 #[derive(clap::Args, Clone, Debug)]
 pub struct IndexArgs {
-    /// RAM for the sampled index's hooks (Guo §3.2). Every fingerprint is
-    /// a hook while they fit; past that the sampling rate halves as the
-    /// store grows (R = 1, 1/2, 1/4, ...), and a hit on a sampled
-    /// fingerprint prefetches its container's catalog.
-    #[arg(long, default_value = "1G", value_parser = super::index_memory_arg)]
+    /// RAM for the sampled index's hooks (Guo §3.2), at most 39 bytes a
+    /// hook. Every fingerprint is a hook while they fit (the first 3.3 GiB
+    /// stored, by default); past that the sampling rate halves as the
+    /// store grows (R = 1, 1/2, 1/4, ...: 1/512 at 1 TiB), and a hit on a
+    /// sampled fingerprint prefetches its container's catalog.
+    #[arg(long, default_value = "32M", value_parser = super::index_memory_arg)]
     pub index_memory: u64,
     /// Fingerprints the prefetch cache holds (0: no prefetch).
     #[arg(long, default_value_t = 1 << 18)]

@@ -6,9 +6,7 @@
 //! refuses is not a disaster, since `Index::rebuild` gets the same hooks
 //! from the catalogs.
 
-use std::collections::HashSet;
-
-use dedup_core::fingerprint::{Fingerprint, FINGERPRINT_BYTES};
+use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
 use crate::format::crc;
@@ -18,33 +16,63 @@ use super::sampling::SamplingRate;
 use super::{Index, IndexConfig};
 
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"DDUPHOOK";
-pub const CHECKPOINT_VERSION: u32 = 1;
+/// Version 2 keeps a hook's 64-bit fingerprint prefix, grouped by
+/// container (version 1 kept 41 bytes a hook; it is refused, and the
+/// index is rebuilt from the catalogs as for any checkpoint refused).
+pub const CHECKPOINT_VERSION: u32 = 2;
 pub const CHECKPOINT_HEADER_LEN: usize = 32;
-pub const HOOK_RECORD_LEN: usize = 41;
-const PINNED: u8 = 1;
+/// A group's container id and hook count.
+pub const GROUP_HEADER_LEN: usize = 12;
+pub const PREFIX_LEN: usize = 8;
+/// Container ids a checkpoint may name: the top bit marks a pinned hook
+/// in RAM.
+const MAX_CONTAINER: u64 = (1 << 63) - 1;
 
 /// What errors call a checkpoint.
 const WHAT: &str = "index checkpoint";
 
 impl Index {
     /// The hooks and R as bytes: header (magic, version, log2 of the
-    /// sampling period, fingerprints stored, hook count), the hooks sorted
-    /// by fingerprint, then crc32c of everything before it.
+    /// sampling period, fingerprints stored, hook count), then a group per
+    /// container in id order (id, hook count, the pinned hook's prefix,
+    /// the other prefixes ascending), then crc32c of everything before it.
     pub fn checkpoint(&self) -> Vec<u8> {
         let hooks = self.hooks();
-        let mut sorted: Vec<_> = hooks.iter().collect();
-        sorted.sort_unstable_by_key(|(fp, _)| **fp);
-        let mut b = Vec::with_capacity(CHECKPOINT_HEADER_LEN + sorted.len() * HOOK_RECORD_LEN + 4);
+        let mut groups: BTreeMap<u64, (Option<u64>, Vec<u64>)> = BTreeMap::new();
+        for (prefix, hook) in hooks.iter() {
+            let g = groups.entry(hook.container).or_default();
+            if hook.pinned {
+                g.0 = Some(prefix);
+            } else {
+                g.1.push(prefix);
+            }
+        }
+        let mut b = Vec::with_capacity(
+            CHECKPOINT_HEADER_LEN + groups.len() * GROUP_HEADER_LEN + hooks.len() * PREFIX_LEN + 4,
+        );
         b.extend_from_slice(&CHECKPOINT_MAGIC);
         b.extend_from_slice(&CHECKPOINT_VERSION.to_le_bytes());
         b.extend_from_slice(&hooks.rate().log2_period().to_le_bytes());
         b.extend_from_slice(&hooks.fingerprints().to_le_bytes());
-        b.extend_from_slice(&(sorted.len() as u64).to_le_bytes());
-        for (fp, hook) in sorted {
-            b.extend_from_slice(&fp.0);
-            b.extend_from_slice(&hook.container.to_le_bytes());
-            b.push(if hook.pinned { PINNED } else { 0 });
+        let count_at = b.len();
+        b.extend_from_slice(&0u64.to_le_bytes());
+        let mut count = 0u64;
+        for (container, (pinned, mut others)) in groups {
+            // The table pins one hook of every container it hooks; a group
+            // without one would be refused, so it is left out (the index
+            // is advice: its hooks cost dedup, never data).
+            let Some(pinned) = pinned else { continue };
+            others.sort_unstable();
+            let n = 1 + others.len();
+            b.extend_from_slice(&container.to_le_bytes());
+            b.extend_from_slice(&(n as u32).to_le_bytes());
+            b.extend_from_slice(&pinned.to_le_bytes());
+            for p in others {
+                b.extend_from_slice(&p.to_le_bytes());
+            }
+            count += n as u64;
         }
+        b[count_at..count_at + 8].copy_from_slice(&count.to_le_bytes());
         let sum = crc(&b);
         b.extend_from_slice(&sum.to_le_bytes());
         b
@@ -83,13 +111,6 @@ impl Index {
             .ok_or_else(|| corrupt(format!("sampling period 2^{log2} is over 2^63")))?;
         let fingerprints = u64_at(body, 16);
         let count = u64_at(body, 24);
-        let records = &body[CHECKPOINT_HEADER_LEN..];
-        if count.checked_mul(HOOK_RECORD_LEN as u64) != Some(records.len() as u64) {
-            return Err(corrupt(format!(
-                "{count} hooks need {HOOK_RECORD_LEN} bytes each, but {} bytes follow the header",
-                records.len()
-            )));
-        }
         if count > fingerprints {
             return Err(corrupt(format!(
                 "{count} hooks for only {fingerprints} fingerprints stored"
@@ -97,42 +118,71 @@ impl Index {
         }
         let mut hooks = HookTable::with_rate(config.max_hooks(), rate);
         hooks.set_fingerprints(fingerprints);
-        let mut containers = HashSet::new();
-        let mut pinned_containers = HashSet::new();
-        let mut previous: Option<Fingerprint> = None;
-        for (i, r) in records.chunks_exact(HOOK_RECORD_LEN).enumerate() {
-            let mut fp = [0u8; FINGERPRINT_BYTES];
-            fp.copy_from_slice(&r[..FINGERPRINT_BYTES]);
-            let fp = Fingerprint(fp);
-            let container = u64_at(r, 32);
-            let pinned = match r[40] {
-                0 => false,
-                PINNED => true,
-                f => return Err(corrupt(format!("hook {i} has unknown flags {f:#04x}"))),
-            };
-            if previous.is_some_and(|p| p >= fp) {
+        let mut rest = &body[CHECKPOINT_HEADER_LEN..];
+        let mut read = 0u64;
+        let mut previous: Option<u64> = None;
+        while !rest.is_empty() {
+            if rest.len() < GROUP_HEADER_LEN {
                 return Err(corrupt(format!(
-                    "hook {i} is out of order or repeated (hooks are sorted by fingerprint)"
+                    "{} bytes after hook {read}, too few for a container's group",
+                    rest.len()
                 )));
             }
-            if !pinned && !rate.samples(&fp) {
+            let container = u64_at(rest, 0);
+            let n = u32_at(rest, 8) as usize;
+            rest = &rest[GROUP_HEADER_LEN..];
+            if container > MAX_CONTAINER {
                 return Err(corrupt(format!(
-                    "hook {i} is neither pinned nor sampled at R = 1/{}",
-                    rate.period()
+                    "container {container:#x} is over the highest id {MAX_CONTAINER:#x}"
                 )));
             }
-            if pinned && !pinned_containers.insert(container) {
+            if previous.is_some_and(|p| p >= container) {
                 return Err(corrupt(format!(
-                    "hook {i} is a second pinned hook of container {container:#x}"
+                    "container {container:#x} is out of order or repeated (groups are sorted by container)"
                 )));
             }
-            containers.insert(container);
-            previous = Some(fp);
-            hooks.restore(fp, Hook { container, pinned });
+            if n == 0 {
+                return Err(corrupt(format!(
+                    "container {container:#x} has no pinned hook"
+                )));
+            }
+            if n.checked_mul(PREFIX_LEN).is_none_or(|len| len > rest.len()) {
+                return Err(corrupt(format!(
+                    "container {container:#x} has {n} hooks, more than the {} bytes left hold",
+                    rest.len()
+                )));
+            }
+            let mut last: Option<u64> = None;
+            for (i, p) in rest[..n * PREFIX_LEN].chunks_exact(PREFIX_LEN).enumerate() {
+                let prefix = u64_at(p, 0);
+                let pinned = i == 0;
+                if !pinned {
+                    if last.is_some_and(|l| l >= prefix) {
+                        return Err(corrupt(format!(
+                            "hook {i} of container {container:#x} is out of order or repeated"
+                        )));
+                    }
+                    if !rate.samples_prefix(prefix) {
+                        return Err(corrupt(format!(
+                            "hook {i} of container {container:#x} is neither pinned nor sampled at R = 1/{}",
+                            rate.period()
+                        )));
+                    }
+                    last = Some(prefix);
+                }
+                if !hooks.restore(prefix, Hook { container, pinned }) {
+                    return Err(corrupt(format!(
+                        "hook {i} of container {container:#x} repeats a prefix hooked before"
+                    )));
+                }
+            }
+            rest = &rest[n * PREFIX_LEN..];
+            read += n as u64;
+            previous = Some(container);
         }
-        if let Some(c) = containers.difference(&pinned_containers).next() {
+        if read != count {
             return Err(corrupt(format!(
-                "container {c:#x} has hooks but no pinned hook"
+                "the header counts {count} hooks, the groups hold {read}"
             )));
         }
         hooks.lower_to(config.max_rate);

@@ -2,17 +2,54 @@
 //! fingerprint → container, held within a memory budget by progressive
 //! sampling (§3.2.2).
 //!
+//! A hook keys on the fingerprint's 64-bit prefix only, and keeps the
+//! container in the other 8 bytes of a 16-byte slot (the top bit marks the
+//! pinned hook): 17 bytes a slot with hashbrown's control byte, where the
+//! whole fingerprint made it 49. A hook is advice that a catalog confirms
+//! (by the whole fingerprint), so two fingerprints sharing a prefix (odds
+//! about n/2^64) cost at most a wasted prefetch, never a wrong answer.
+//!
 //! Each container keeps one *pinned* hook whatever R is (its first
 //! fingerprint not already a hook), the paper's minimum of one hook per
 //! container that seeds catalog prefetch (§3.2.1). Every other hook is a
 //! fingerprint sampled at the current R; halving R drops exactly the
 //! unpinned hooks the new R no longer samples.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use dedup_core::fingerprint::Fingerprint;
 
 use super::sampling::SamplingRate;
+
+/// A hook's slot: an 8-byte key and an 8-byte value, plus hashbrown's
+/// control byte.
+pub const HOOK_SLOT_BYTES: u64 = 17;
+
+/// The value's top bit: the container's pinned hook.
+const PINNED: u64 = 1 << 63;
+
+/// E: the most RAM a hook costs. hashbrown keeps a power-of-two number
+/// of slots, between 7/16 and 7/8 of them full, so a table of n hooks
+/// holds at most 2 · 8/7 · n slots: 38.9 bytes a hook. A budget of M
+/// bytes is held to M/E hooks, so the table's allocation never passes M
+/// (it is half of M to M).
+pub const HOOK_BYTES: u64 = 39;
+
+/// The bytes a table holding up to `capacity` hooks has allocated
+/// (hashbrown's `capacity()` is 7/8 of its slots, or slots - 1 below 8).
+fn table_bytes(capacity: usize) -> u64 {
+    if capacity == 0 {
+        return 0;
+    }
+    let slots = if capacity < 7 {
+        (capacity as u64 + 1).next_power_of_two()
+    } else {
+        (capacity as u64 * 8).div_ceil(7).next_power_of_two()
+    };
+    slots * HOOK_SLOT_BYTES
+}
+
+type Map = HashMap<u64, u64, foldhash::fast::FixedState>;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hook {
@@ -22,7 +59,8 @@ pub struct Hook {
 }
 
 pub struct HookTable {
-    map: HashMap<Fingerprint, Hook>,
+    /// Fingerprint prefix → container, `PINNED` set on the pinned hook.
+    map: Map,
     rate: SamplingRate,
     max_hooks: usize,
     /// Every fingerprint inserted, sampled or not: C/S in Eq. 1.
@@ -37,7 +75,7 @@ impl HookTable {
 
     pub fn with_rate(max_hooks: usize, rate: SamplingRate) -> HookTable {
         HookTable {
-            map: HashMap::new(),
+            map: Map::default(),
             rate,
             max_hooks,
             fingerprints: 0,
@@ -45,11 +83,16 @@ impl HookTable {
     }
 
     pub fn get(&self, fp: &Fingerprint) -> Option<Hook> {
-        self.map.get(fp).copied()
+        self.map.get(&fp.prefix_u64()).map(|&v| hook(v))
     }
 
     pub fn len(&self) -> usize {
         self.map.len()
+    }
+
+    /// The bytes the table has allocated for its slots: the index's RAM.
+    pub fn ram_bytes(&self) -> u64 {
+        table_bytes(self.map.capacity())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -74,40 +117,55 @@ impl HookTable {
         self.map.len() > self.max_hooks
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&Fingerprint, &Hook)> {
-        self.map.iter()
+    /// Every hook, by fingerprint prefix.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, Hook)> + '_ {
+        self.map.iter().map(|(&k, &v)| (k, hook(v)))
     }
 
-    /// Add the hooks of a sealed container, then halve R as often as the
-    /// budget needs. The table may exceed the budget by one container's
-    /// hooks for the duration of this call.
+    /// Add the hooks of a sealed container, halving R first as often as
+    /// the budget needs, so the table never grows past it (its slots are
+    /// allocated by doubling: growing and then halving R would have held
+    /// twice the budget for a moment).
     pub fn insert(&mut self, container: u64, fingerprints: &[Fingerprint]) {
         self.fingerprints += fingerprints.len() as u64;
+        if container & PINNED != 0 {
+            // An id no repository hands out (a foreign object's name):
+            // no hooks, so its segments are stored again, never lost.
+            return;
+        }
         // A fingerprint that is already a hook stays with its first
         // container: the index is advice, either answer is right.
-        let pin = fingerprints.iter().find(|fp| !self.map.contains_key(fp));
-        if let Some(fp) = pin {
-            let hook = Hook {
-                container,
-                pinned: true,
-            };
-            self.map.insert(*fp, hook);
-        }
-        for fp in fingerprints {
-            if self.rate.samples(fp) {
-                self.map.entry(*fp).or_insert(Hook {
-                    container,
-                    pinned: false,
-                });
+        let pin = fingerprints
+            .iter()
+            .map(Fingerprint::prefix_u64)
+            .find(|p| !self.map.contains_key(p));
+        loop {
+            let adding = usize::from(pin.is_some())
+                + fingerprints
+                    .iter()
+                    .map(Fingerprint::prefix_u64)
+                    .filter(|&p| Some(p) != pin && self.rate.samples_prefix(p))
+                    .filter(|p| !self.map.contains_key(p))
+                    .count();
+            if self.map.len() + adding <= self.max_hooks || !self.halve() {
+                break;
             }
         }
-        self.fit_budget();
+        if let Some(p) = pin {
+            self.map.insert(p, container | PINNED);
+        }
+        for p in fingerprints.iter().map(Fingerprint::prefix_u64) {
+            if self.rate.samples_prefix(p) {
+                self.map.entry(p).or_insert(container);
+            }
+        }
     }
 
     /// Drop every hook into `containers` (deleted by garbage collection),
     /// so the fingerprints they held can hook a container that has them.
     pub fn forget(&mut self, containers: &std::collections::HashSet<u64>) {
-        self.map.retain(|_, h| !containers.contains(&h.container));
+        self.map
+            .retain(|_, v| !containers.contains(&hook(*v).container));
     }
 
     /// Container `container` was compacted and now holds only `present`
@@ -115,10 +173,11 @@ impl HookTable {
     /// pin another of its fingerprints if its pinned hook went, so it keeps
     /// the one hook that seeds prefetch (and a checkpoint stays valid).
     pub fn compacted(&mut self, container: u64, present: &[Fingerprint]) {
-        let keep: std::collections::HashSet<&Fingerprint> = present.iter().collect();
+        let keep: HashSet<u64> = present.iter().map(Fingerprint::prefix_u64).collect();
         let mut lost_pin = false;
-        self.map.retain(|fp, h| {
-            let stays = h.container != container || keep.contains(fp);
+        self.map.retain(|p, v| {
+            let h = hook(*v);
+            let stays = h.container != container || keep.contains(p);
             lost_pin |= !stays && h.pinned;
             stays
         });
@@ -126,53 +185,70 @@ impl HookTable {
             return;
         }
         // A fingerprint of this container that is a hook of no other.
-        let pin = present
-            .iter()
-            .find(|fp| self.map.get(fp).is_none_or(|h| h.container == container));
+        let pin = present.iter().map(Fingerprint::prefix_u64).find(|p| {
+            self.map
+                .get(p)
+                .is_none_or(|&v| hook(v).container == container)
+        });
         match pin {
-            Some(fp) => {
-                self.map.insert(
-                    *fp,
-                    Hook {
-                        container,
-                        pinned: true,
-                    },
-                );
+            Some(p) => {
+                self.map.insert(p, container | PINNED);
             }
             // None left to pin: its unpinned hooks would be refused by a
             // checkpoint's loader, so they go too (prefetch then needs a
             // hook of another container; dedup, never data).
-            None => self.map.retain(|_, h| h.container != container),
+            None => self.map.retain(|_, v| hook(*v).container != container),
         }
     }
 
-    /// Restore a hook from a checkpoint (already checked by the caller).
-    pub(super) fn restore(&mut self, fp: Fingerprint, hook: Hook) {
-        self.map.insert(fp, hook);
+    /// Restore a hook from a checkpoint (already checked by the caller);
+    /// false if the prefix is a hook already.
+    pub(super) fn restore(&mut self, prefix: u64, hook: Hook) -> bool {
+        let value = hook.container | if hook.pinned { PINNED } else { 0 };
+        self.map.insert(prefix, value).is_none()
     }
 
     pub(super) fn set_fingerprints(&mut self, fingerprints: u64) {
         self.fingerprints = fingerprints;
     }
 
-    /// Progressive sampling: halve R and drop the hooks it no longer
-    /// samples until the table fits, or only pinned hooks are left.
     /// Sample no more densely than `rate`: drop the unpinned hooks it
     /// does not sample.
     pub(super) fn lower_to(&mut self, rate: SamplingRate) {
         if rate.log2_period() > self.rate.log2_period() {
             self.rate = rate;
-            self.map.retain(|fp, h| h.pinned || rate.samples(fp));
+            self.map
+                .retain(|&p, v| *v & PINNED != 0 || rate.samples_prefix(p));
         }
     }
 
+    /// Progressive sampling: halve R and drop the hooks it no longer
+    /// samples until the table fits, or only pinned hooks are left.
     pub(super) fn fit_budget(&mut self) {
-        while self.map.len() > self.max_hooks && self.map.values().any(|h| !h.pinned) {
-            let Some(rate) = self.rate.halved() else {
-                break;
-            };
-            self.rate = rate;
-            self.map.retain(|fp, h| h.pinned || rate.samples(fp));
+        while self.map.len() > self.max_hooks && self.halve() {}
+    }
+
+    /// Halve R and drop the unpinned hooks it no longer samples; false
+    /// (and nothing done) if only pinned hooks are left or R is at its
+    /// floor. The slots given back are freed: they are the index's RAM.
+    fn halve(&mut self) -> bool {
+        if self.map.values().all(|v| v & PINNED != 0) {
+            return false;
         }
+        let Some(rate) = self.rate.halved() else {
+            return false;
+        };
+        self.rate = rate;
+        self.map
+            .retain(|&p, v| *v & PINNED != 0 || rate.samples_prefix(p));
+        self.map.shrink_to_fit();
+        true
+    }
+}
+
+fn hook(value: u64) -> Hook {
+    Hook {
+        container: value & !PINNED,
+        pinned: value & PINNED != 0,
     }
 }

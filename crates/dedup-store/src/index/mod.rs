@@ -25,20 +25,21 @@ use crate::format::{Entry, Location};
 
 pub use cache::{Eviction, FingerprintCache};
 pub use figures::{Counters, Figures};
-pub use hooks::{Hook, HookTable};
+pub use hooks::{Hook, HookTable, HOOK_BYTES, HOOK_SLOT_BYTES};
 pub use sampling::SamplingRate;
 pub use segment_index::SampledIndex;
 
-/// E's default: a hook in a `HashMap<Fingerprint, Hook>` is 48 bytes plus
-/// a control byte, at hashbrown's 7/8 load factor.
-pub const DEFAULT_ENTRY_BYTES: u64 = 56;
+/// M's default: 860,370 hooks, every fingerprint of the first 3.3 GiB
+/// stored in 4 KiB segments; R = 1/512 at 1 TiB, where the table holds
+/// 524,288 hooks in 17 MiB of slots, and less per TiB beyond (restic 0.14
+/// holds about 300 MiB per TiB of its 1 MiB chunks, and grows with the
+/// store).
+pub const DEFAULT_MEMORY_BUDGET: u64 = 32 << 20;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IndexConfig {
-    /// M: bytes of RAM for hooks.
+    /// M: bytes of RAM for hooks, held to M/E hooks ([`HOOK_BYTES`]).
     pub memory_budget: u64,
-    /// E: bytes one hook costs.
-    pub entry_bytes: u64,
     /// Fingerprint cache size in entries; 0 turns prefetch off.
     pub cache_entries: usize,
     pub eviction: Eviction,
@@ -51,15 +52,14 @@ pub struct IndexConfig {
 }
 
 impl Default for IndexConfig {
-    /// 1 GiB of hooks, a 1 Mi-entry cache, immediate eviction (the paper's
-    /// default), 8 KiB segments.
+    /// [`DEFAULT_MEMORY_BUDGET`] of hooks, a 1 Mi-entry cache, immediate
+    /// eviction (the paper's default), 4 KiB segments.
     fn default() -> IndexConfig {
         IndexConfig {
-            memory_budget: 1 << 30,
-            entry_bytes: DEFAULT_ENTRY_BYTES,
+            memory_budget: DEFAULT_MEMORY_BUDGET,
             cache_entries: 1 << 20,
             eviction: Eviction::Immediate,
-            segment_bytes: 8 << 10,
+            segment_bytes: 4 << 10,
             max_rate: SamplingRate::FULL,
         }
     }
@@ -68,7 +68,7 @@ impl Default for IndexConfig {
 impl IndexConfig {
     /// How many hooks the budget holds: M/E.
     pub fn max_hooks(&self) -> usize {
-        (self.memory_budget / self.entry_bytes.max(1)) as usize
+        (self.memory_budget / HOOK_BYTES) as usize
     }
 }
 
@@ -187,7 +187,7 @@ impl Index {
         Figures {
             rate: self.rate().as_f64(),
             hooks: self.hooks.len(),
-            hook_bytes: self.hooks.len() as u64 * self.config.entry_bytes,
+            hook_bytes: self.hooks.ram_bytes(),
             memory_budget: self.config.memory_budget,
             cache_entries: self.cache.len(),
             cache_capacity: self.cache.capacity(),

@@ -42,7 +42,12 @@ impl SamplingRate {
 
     /// Whether `fp` is sampled at this rate (`prefix mod T == 0`).
     pub fn samples(self, fp: &Fingerprint) -> bool {
-        fp.prefix_u64() & (self.period() - 1) == 0
+        self.samples_prefix(fp.prefix_u64())
+    }
+
+    /// `samples` of a fingerprint by its 64-bit prefix.
+    pub fn samples_prefix(self, prefix: u64) -> bool {
+        prefix & (self.period() - 1) == 0
     }
 
     /// Eq. 1, R = (M/E)/(C/S), with the fingerprints actually stored for
