@@ -65,6 +65,10 @@ pub struct HookTable {
     max_hooks: usize,
     /// Every fingerprint inserted, sampled or not: C/S in Eq. 1.
     fingerprints: u64,
+    /// Pinned hooks in `map`: when they are all it holds, halving R frees
+    /// nothing (known without a scan; past the paper's capacity limit
+    /// every insert would otherwise scan the table).
+    pinned: usize,
 }
 
 impl HookTable {
@@ -79,6 +83,7 @@ impl HookTable {
             rate,
             max_hooks,
             fingerprints: 0,
+            pinned: 0,
         }
     }
 
@@ -153,6 +158,7 @@ impl HookTable {
         }
         if let Some(p) = pin {
             self.map.insert(p, container | PINNED);
+            self.pinned += 1;
         }
         for p in fingerprints.iter().map(Fingerprint::prefix_u64) {
             if self.rate.samples_prefix(p) {
@@ -164,8 +170,14 @@ impl HookTable {
     /// Drop every hook into `containers` (deleted by garbage collection),
     /// so the fingerprints they held can hook a container that has them.
     pub fn forget(&mut self, containers: &std::collections::HashSet<u64>) {
-        self.map
-            .retain(|_, v| !containers.contains(&hook(*v).container));
+        let mut unpinned = 0;
+        self.map.retain(|_, v| {
+            let h = hook(*v);
+            let stays = !containers.contains(&h.container);
+            unpinned += usize::from(!stays && h.pinned);
+            stays
+        });
+        self.pinned -= unpinned;
     }
 
     /// Container `container` was compacted and now holds only `present`
@@ -184,6 +196,7 @@ impl HookTable {
         if !lost_pin {
             return;
         }
+        self.pinned -= 1;
         // A fingerprint of this container that is a hook of no other.
         let pin = present.iter().map(Fingerprint::prefix_u64).find(|p| {
             self.map
@@ -193,6 +206,7 @@ impl HookTable {
         match pin {
             Some(p) => {
                 self.map.insert(p, container | PINNED);
+                self.pinned += 1;
             }
             // None left to pin: its unpinned hooks would be refused by a
             // checkpoint's loader, so they go too (prefetch then needs a
@@ -205,7 +219,11 @@ impl HookTable {
     /// false if the prefix is a hook already.
     pub(super) fn restore(&mut self, prefix: u64, hook: Hook) -> bool {
         let value = hook.container | if hook.pinned { PINNED } else { 0 };
-        self.map.insert(prefix, value).is_none()
+        let new = self.map.insert(prefix, value).is_none();
+        if new && hook.pinned {
+            self.pinned += 1;
+        }
+        new
     }
 
     pub(super) fn set_fingerprints(&mut self, fingerprints: u64) {
@@ -232,7 +250,7 @@ impl HookTable {
     /// (and nothing done) if only pinned hooks are left or R is at its
     /// floor. The slots given back are freed: they are the index's RAM.
     fn halve(&mut self) -> bool {
-        if self.map.values().all(|v| v & PINNED != 0) {
+        if self.map.len() == self.pinned {
             return false;
         }
         let Some(rate) = self.rate.halved() else {
