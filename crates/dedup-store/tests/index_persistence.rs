@@ -88,7 +88,7 @@ fn rebuild_from_catalogs_answers_as_the_live_index() {
         let a = fresh.lookup(f, &load).unwrap();
         let a = a.unwrap_or_else(|| panic!("segment {i} not found"));
         assert_eq!(a.container, *id);
-        assert_eq!(a.entry.map(|(e, _)| e as usize), Some(i % SEGMENTS));
+        assert_eq!(a.entry.map(|e| e as usize), Some(i % SEGMENTS));
     }
     assert_eq!(fresh.counters().prefetches, CONTAINERS);
 }

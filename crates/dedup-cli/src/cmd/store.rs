@@ -285,8 +285,10 @@ pub struct IndexArgs {
     /// sampled fingerprint prefetches its container's catalog.
     #[arg(long, default_value = "32M", value_parser = super::index_memory_arg)]
     pub index_memory: u64,
-    /// Fingerprints the prefetch cache holds (0: no prefetch).
-    #[arg(long, default_value_t = 1 << 18)]
+    /// Fingerprints the prefetch cache holds, 24 bytes each (0: no
+    /// prefetch). The default, 24 MiB, holds the catalogs of about 128
+    /// containers of 4 KiB segments.
+    #[arg(long, default_value_t = 1 << 20)]
     pub index_cache: usize,
     /// Sample at most this densely, whatever the budget allows: 1 (the
     /// budget decides), 1/2, 1/4, ... 1/128 ... (a power of two), to

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 use dedup_core::fingerprint::Fingerprint;
 
-use crate::format::{Entry, Location};
+use crate::format::Entry;
 
 /// Entries per bucket, as the paper's 1 KB buckets hold a few dozen.
 pub const BUCKET_SLOTS: usize = 16;
@@ -31,14 +31,17 @@ pub enum Eviction {
     ContainerLru,
 }
 
-/// One cached catalog entry.
+/// One cached catalog entry: where a fingerprint is, keyed (as a hook is)
+/// by the fingerprint's 64-bit prefix, 24 bytes where the whole entry
+/// took 88. The answer is a hint the catalog confirms by the whole
+/// fingerprint, so a prefix shared by two fingerprints costs a duplicate
+/// stored, never a wrong segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cached {
-    pub fingerprint: Fingerprint,
+    pub prefix: u64,
     pub container: u64,
     /// The entry's index in its container's catalog.
     pub entry: u32,
-    pub location: Location,
 }
 
 struct Loaded {
@@ -104,8 +107,9 @@ impl FingerprintCache {
         if self.buckets.is_empty() {
             return None;
         }
+        let prefix = fp.prefix_u64();
         let q = &self.buckets[self.bucket_of(fp)];
-        q.iter().find(|c| c.fingerprint == *fp).copied()
+        q.iter().find(|c| c.prefix == prefix).copied()
     }
 
     /// Whether a hook hit on `container` can skip the prefetch.
@@ -129,21 +133,20 @@ impl FingerprintCache {
         };
         self.loaded.insert(container, loaded);
         for (i, e) in entries.iter().enumerate().filter(|(_, e)| !e.is_absent()) {
-            self.put(Cached {
-                fingerprint: e.fingerprint,
-                container,
-                entry: i as u32,
-                location: e.location,
-            });
+            let q = self.bucket_of(&e.fingerprint);
+            self.put(
+                q,
+                Cached {
+                    prefix: e.fingerprint.prefix_u64(),
+                    container,
+                    entry: i as u32,
+                },
+            );
         }
     }
 
-    fn put(&mut self, entry: Cached) {
-        let q = self.bucket_of(&entry.fingerprint);
-        if self.buckets[q]
-            .iter()
-            .any(|c| c.fingerprint == entry.fingerprint)
-        {
+    fn put(&mut self, q: usize, entry: Cached) {
+        if self.buckets[q].iter().any(|c| c.prefix == entry.prefix) {
             return;
         }
         if self.buckets[q].len() >= self.slots && !self.make_room(q, entry.container) {

@@ -21,7 +21,7 @@ pub mod segment_index;
 use dedup_core::fingerprint::Fingerprint;
 
 use crate::error::Result;
-use crate::format::{Entry, Location};
+use crate::format::Entry;
 
 pub use cache::{Eviction, FingerprintCache};
 pub use figures::{Counters, Figures};
@@ -76,8 +76,8 @@ impl IndexConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Advice {
     pub container: u64,
-    /// The catalog entry's index and location, when the cache holds them.
-    pub entry: Option<(u32, Location)>,
+    /// The catalog entry's index, when the cache holds it.
+    pub entry: Option<u32>,
 }
 
 pub struct Index {
@@ -154,7 +154,7 @@ impl Index {
             self.counters.cache_hits += 1;
             return Ok(Some(Advice {
                 container: c.container,
-                entry: Some((c.entry, c.location)),
+                entry: Some(c.entry),
             }));
         }
         let Some(hook) = self.hooks.get(fp) else {
@@ -171,7 +171,7 @@ impl Index {
             .cache
             .get(fp)
             .filter(|c| c.container == hook.container)
-            .map(|c| (c.entry, c.location));
+            .map(|c| c.entry);
         Ok(Some(Advice {
             container: hook.container,
             entry,

@@ -109,7 +109,7 @@ impl SegmentIndex for SampledIndex {
             })
             // A catalog that cannot be read costs dedup, not correctness.
             .ok()??;
-        if let Some((entry, _)) = advice.entry {
+        if let Some(entry) = advice.entry {
             return Some((advice.container, entry));
         }
         // A hook without a cached entry: find the entry in the container's
