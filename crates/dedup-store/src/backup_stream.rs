@@ -11,7 +11,7 @@
 //! this thread looks up and fills containers, and a thread per sealed
 //! container writes it, so all of them overlap on the machine's cores.
 
-use std::io::{self, BufReader, Read};
+use std::io::{self, Read};
 use std::sync::mpsc;
 
 use dedup_core::fingerprint::Fingerprint;
@@ -19,17 +19,18 @@ use dedup_core::fingerprint::Fingerprint;
 use crate::backup::BackupReport;
 use crate::repo::Repository;
 use crate::repo_error::{RepoError, RepoResult};
-use crate::segmenter::{Segmenter, Segmenting};
+use crate::segment_blocks::{Block, BlockCutter};
+use crate::segmenter::Segmenting;
 use crate::session::BackupSession;
 use crate::writer::HASH;
 
-/// Segments hashed as one job, and jobs in flight: enough to keep every
-/// core busy and ride out a container write, little enough to bound RAM
-/// (about 8 × 64 × 4 KiB at the default segment size).
-const BATCH: usize = 64;
+/// Bytes read and cut at a time, each block then hashed as one job, and
+/// blocks in flight: enough to keep every core busy and ride out a
+/// container write, little enough to bound RAM (8 MiB).
+const BLOCK: usize = 1 << 20;
 const IN_FLIGHT: usize = 8;
 
-type Batch = io::Result<Vec<(Vec<u8>, Fingerprint)>>;
+type Hashed = io::Result<(Block, Vec<Fingerprint>)>;
 
 impl Repository {
     /// Back up `reader` as backup `name` in `group`.
@@ -57,65 +58,50 @@ pub(crate) enum StreamError {
 }
 
 /// Cut `reader` into segments with `how` and append them all to `session`.
-/// A thread reads and cuts; each batch of segments is hashed on the thread
+/// A thread reads and cuts; each block of segments is hashed on the thread
 /// pool (cutting and hashing cost about the same, so one thread doing both
 /// was the bottleneck of a backup of duplicate data); this thread takes the
-/// batches in stream order, each once hashed.
+/// blocks in stream order, each once hashed.
 pub(crate) fn append_stream(
     session: &mut BackupSession<'_>,
     how: Segmenting,
     reader: impl Read + Send,
 ) -> Result<(), StreamError> {
     std::thread::scope(|scope| {
-        let (tx, rx) = mpsc::sync_channel::<mpsc::Receiver<Batch>>(IN_FLIGHT);
+        let (tx, rx) = mpsc::sync_channel::<mpsc::Receiver<Hashed>>(IN_FLIGHT);
+        let (give_back, spares) = mpsc::channel::<Vec<u8>>();
         scope.spawn(move || {
-            // Segments cut, not yet hashed.
-            let send = |batch: io::Result<Vec<Vec<u8>>>| {
+            let mut cutter = BlockCutter::new(how, reader, BLOCK);
+            loop {
+                while let Ok(spare) = spares.try_recv() {
+                    cutter.give_back(spare);
+                }
+                let Some(block) = cutter.next() else { break };
+                let failed = block.is_err();
                 let (done, hashed) = mpsc::sync_channel(1);
                 rayon::spawn(move || {
-                    let _ = done.send(batch.map(|b| {
-                        b.into_iter()
-                            .map(|s| {
-                                let fp = HASH.fingerprint(&s);
-                                (s, fp)
-                            })
-                            .collect()
+                    let _ = done.send(block.map(|b| {
+                        let fps = b.segments().map(|s| HASH.fingerprint(s)).collect();
+                        (b, fps)
                     }));
                 });
-                tx.send(hashed).is_ok()
-            };
-            let mut batch = Vec::with_capacity(BATCH);
-            for segment in Segmenter::new(how, BufReader::with_capacity(1 << 20, reader)) {
-                match segment {
-                    Ok(s) => {
-                        batch.push(s);
-                        if batch.len() == BATCH
-                            && !send(Ok(std::mem::replace(&mut batch, Vec::with_capacity(BATCH))))
-                        {
-                            return; // the appender stopped
-                        }
-                    }
-                    Err(e) => {
-                        send(Err(e));
-                        return;
-                    }
+                if tx.send(hashed).is_err() || failed {
+                    return; // the appender stopped, or the stream failed
                 }
-            }
-            if !batch.is_empty() {
-                send(Ok(batch));
             }
         });
         // Dropping `rx` on an error stops the reader at its next send.
         for hashed in rx {
             // The pool always answers unless hashing panicked (a bug).
-            let batch = hashed
+            let (block, fps) = hashed
                 .recv()
-                .map_err(|_| StreamError::Read(io::Error::other("a hashing job died")))?;
-            for (data, fp) in batch.map_err(StreamError::Read)? {
-                session
-                    .append_hashed(&data, fp)
-                    .map_err(StreamError::Repo)?;
+                .map_err(|_| StreamError::Read(io::Error::other("a hashing job died")))?
+                .map_err(StreamError::Read)?;
+            for (data, fp) in block.segments().zip(fps) {
+                session.append_hashed(data, fp).map_err(StreamError::Repo)?;
             }
+            // The reader may be gone (it stops after the last block).
+            let _ = give_back.send(block.bytes);
         }
         Ok(())
     })

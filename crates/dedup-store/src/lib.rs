@@ -88,6 +88,7 @@ mod repo_check;
 pub mod repo_error;
 mod restore;
 pub mod rpc;
+pub mod segment_blocks;
 pub mod segment_index;
 pub mod segmenter;
 pub mod session;
