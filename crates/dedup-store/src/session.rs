@@ -17,6 +17,10 @@
 //! files' segments.
 
 use std::collections::HashMap;
+
+/// Maps keyed by fingerprint: already uniform bytes, so a fast hash is
+/// as good as SipHash here, and these are asked once a segment.
+type FpMap<V> = HashMap<Fingerprint, V, foldhash::fast::FixedState>;
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -34,7 +38,7 @@ use crate::writer::{ContainerWriter, HASH};
 /// within it are found here: the index only learns of durable containers).
 struct Open {
     writer: ContainerWriter,
-    holds: HashMap<Fingerprint, u32>,
+    holds: FpMap<u32>,
 }
 
 /// A sealed container being put by a thread of its own, so the backup goes
@@ -62,7 +66,7 @@ pub struct BackupSession<'r> {
     /// the last that many always (a client remembers fewer).
     /// Each with its container, entry and raw length: a container whose put
     /// is still running has no catalog to look the length up in.
-    sealed: [HashMap<Fingerprint, (u64, u32, u32)>; 2],
+    sealed: [FpMap<(u64, u32, u32)>; 2],
     writing: Option<Writing>,
     ended: bool,
 }
@@ -95,7 +99,7 @@ impl Repository {
             report: BackupReport::default(),
             recipe: Recipe::default(),
             open: None,
-            sealed: [HashMap::new(), HashMap::new()],
+            sealed: [FpMap::default(), FpMap::default()],
             writing: None,
             ended: false,
         })
@@ -348,7 +352,7 @@ impl BackupSession<'_> {
         let target = usize::try_from(self.repo.config.container_target).unwrap_or(usize::MAX);
         Open {
             writer: ContainerWriter::with_options(id, target, self.repo.config.compression),
-            holds: HashMap::new(),
+            holds: FpMap::default(),
         }
     }
 

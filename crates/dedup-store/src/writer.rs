@@ -21,6 +21,10 @@ use crate::format::{
 /// A container's default target size.
 pub const DEFAULT_TARGET: usize = 16 << 20;
 
+/// The most a writer reserves for a container's body up front (a larger
+/// target grows as it fills).
+const MAX_PRESIZE: usize = 64 << 20;
+
 /// The one fingerprint the format records (a new algorithm is a new version).
 pub const HASH: HashAlgo = HashAlgo::Blake3;
 
@@ -36,6 +40,12 @@ pub fn frame_target(compression: Compression) -> usize {
         Compression::Lz4 => 128 << 10,
         Compression::Zstd(_) => 1 << 20,
     }
+}
+
+/// A frame's room: its target and a segment of up to 64 KiB past it (a
+/// larger one grows it).
+fn frame_room(frame_target: usize) -> usize {
+    frame_target + (64 << 10)
 }
 
 /// Frames a writer has compressing at once, at most: enough to keep every
@@ -85,13 +95,18 @@ impl ContainerWriter {
     }
 
     pub fn with_options(id: u64, target: usize, compression: Compression) -> ContainerWriter {
+        // Several frames to a container, however small it is set.
+        let frame_target = frame_target(compression).min(target / 4);
+        // Room for a full container (and the frame that fills it), so it
+        // is never copied to grow.
+        let mut body = Vec::with_capacity(target.min(MAX_PRESIZE) + frame_room(frame_target));
+        body.resize(HEADER_LEN, 0);
         ContainerWriter {
             id,
             target,
             compression,
-            // Several frames to a container, however small it is set.
-            frame_target: frame_target(compression).min(target / 4),
-            body: vec![0u8; HEADER_LEN],
+            frame_target,
+            body,
             in_flight: VecDeque::new(),
             in_flight_raw: 0,
             frame: Vec::new(),
@@ -206,7 +221,10 @@ impl ContainerWriter {
         if self.in_flight.len() >= max_in_flight() {
             self.finish_oldest();
         }
-        let frame = std::mem::take(&mut self.frame);
+        // The next frame's room at once: a frame grown by doubling was
+        // copied about once more on its way to a megabyte.
+        let room = frame_room(self.frame_target);
+        let frame = std::mem::replace(&mut self.frame, Vec::with_capacity(room));
         let (tx, rx) = mpsc::sync_channel(1);
         let compression = self.compression;
         let raw_len = frame.len();
