@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 
 use super::client::{unexpected, Client, ClientError, Pending};
 use super::protocol::{Call, Item, Reply, WireBackup, MAX_BATCH, MAX_FRAME};
-use crate::segmenter::{Segmenter, Segmenting};
+use crate::segment_blocks::BlockCutter;
+use crate::segmenter::Segmenting;
 use crate::writer::HASH;
 
 /// Told the stream bytes the server has taken so far, as they grow.
@@ -227,25 +228,29 @@ fn read_batches(
     stop: &AtomicBool,
 ) -> Result<(), String> {
     let (mut batch, mut bytes, mut seq) = (Vec::new(), 0usize, 0u64);
-    for segment in Segmenter::new(segmenting, reader) {
+    let mut cutter = BlockCutter::new(segmenting, reader, 1 << 20);
+    while let Some(block) = cutter.next() {
         if stop.load(Ordering::SeqCst) {
             return Ok(());
         }
-        let segment = segment.map_err(|e| format!("reading the stream: {e}"))?;
-        if !batch.is_empty() && bytes + segment.len() > opts.batch_bytes {
-            if tx.send((seq, std::mem::take(&mut batch))).is_err() {
-                return Ok(());
+        let block = block.map_err(|e| format!("reading the stream: {e}"))?;
+        for segment in block.segments() {
+            if !batch.is_empty() && bytes + segment.len() > opts.batch_bytes {
+                if tx.send((seq, std::mem::take(&mut batch))).is_err() {
+                    return Ok(());
+                }
+                (bytes, seq) = (0, seq + 1);
             }
-            (bytes, seq) = (0, seq + 1);
-        }
-        bytes += segment.len();
-        batch.push(segment);
-        if batch.len() >= opts.batch_segments {
-            if tx.send((seq, std::mem::take(&mut batch))).is_err() {
-                return Ok(());
+            bytes += segment.len();
+            batch.push(segment.to_vec());
+            if batch.len() >= opts.batch_segments {
+                if tx.send((seq, std::mem::take(&mut batch))).is_err() {
+                    return Ok(());
+                }
+                (bytes, seq) = (0, seq + 1);
             }
-            (bytes, seq) = (0, seq + 1);
         }
+        cutter.give_back(block.bytes);
     }
     if !batch.is_empty() {
         let _ = tx.send((seq, batch));
