@@ -1,14 +1,19 @@
 //! Shared by the tree tests: what a directory tree looks like, entry by
 //! entry (type, mode, owner, mtime to the nanosecond, contents, symlink
 //! target, link count) plus which names share an inode, so a restore can
-//! be compared with what was backed up.
+//! be compared with what was backed up; and `build`, a tree with one of
+//! every kind of entry.
 
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ffi::CString;
 use std::fs;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{symlink, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+
+use filetime::{set_symlink_file_times, FileTime};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
@@ -124,4 +129,76 @@ pub fn random(n: usize, seed: u64) -> Vec<u8> {
 pub fn is_root() -> bool {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() == 0 }
+}
+
+pub fn chmod(p: &Path, mode: u32) {
+    fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+pub fn mkfifo(p: &Path) {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o640) }, 0);
+}
+
+/// A tree with one of everything under `root/data`; returns `root/data`.
+pub fn build(root: &Path) -> PathBuf {
+    let d = root.join("data");
+    for dir in ["a/b/c", "empty_dir", "sticky", "readonly", "closed"] {
+        fs::create_dir_all(d.join(dir)).unwrap();
+    }
+    let big = random(3 << 20, 1);
+    fs::write(d.join("big"), &big).unwrap();
+    fs::write(d.join("a/b/copy_of_big"), &big).unwrap();
+    fs::write(d.join("empty"), b"").unwrap();
+    fs::write(d.join("a/small"), b"small\n").unwrap();
+    fs::write(d.join("a/b/c/deep"), random(10_000, 2)).unwrap();
+    fs::write(d.join("readonly/inside"), b"kept").unwrap();
+    for (name, mode) in [
+        ("m0644", 0o644),
+        ("m0755", 0o755),
+        ("m4755", 0o4755),
+        ("m0000", 0),
+    ] {
+        fs::write(d.join(name), name).unwrap();
+        chmod(&d.join(name), mode);
+    }
+    fs::write(d.join("a/hard1"), b"one inode, two names").unwrap();
+    fs::hard_link(d.join("a/hard1"), d.join("hard2")).unwrap();
+    symlink("a/small", d.join("link")).unwrap();
+    symlink("nowhere/at/all", d.join("dangling")).unwrap();
+    symlink("/etc/passwd", d.join("absolute")).unwrap();
+    mkfifo(&d.join("fifo"));
+    let _ = xattr::set(d.join("a/small"), "user.dedup", b"attr value");
+    if is_root() {
+        std::os::unix::fs::chown(d.join("a/small"), Some(1234), Some(5678)).unwrap();
+        std::os::unix::fs::lchown(d.join("link"), Some(4321), Some(8765)).unwrap();
+    }
+    // Times last, directories after their contents, nanoseconds odd.
+    let mut all = Vec::new();
+    collect(&d, &mut all);
+    for (i, p) in all.iter().rev().enumerate() {
+        let t = FileTime::from_unix_time(1_600_000_000 + i as i64 * 1000, 123_456_789 + i as u32);
+        set_symlink_file_times(p, t, t).unwrap();
+    }
+    chmod(&d.join("sticky"), 0o1777);
+    chmod(&d.join("readonly"), 0o555);
+    chmod(&d.join("closed"), 0);
+    // chmod does not change mtime, so the times above stand.
+    d
+}
+
+/// Every path under `p` (itself first), parents before children.
+pub fn collect(p: &Path, out: &mut Vec<PathBuf>) {
+    out.push(p.to_path_buf());
+    if fs::symlink_metadata(p).unwrap().is_dir() {
+        let mut names: Vec<_> = fs::read_dir(p)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        names.sort();
+        for n in names {
+            collect(&n, out);
+        }
+    }
 }
