@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `dedup store serve` (issue 17, §3.4): one server holds the repository;
 # four `dedup backup --server` processes back up tar streams through it at
-# once (sharing most of their content); every backup restores byte for
-# byte beside the running server; SIGTERM stops it, removes the socket,
-# and the repository reopens to write.
+# once (sharing most of their content), and one a directory tree; every
+# backup restores byte for byte beside the running server (the tree with
+# its modes and times); SIGTERM stops it, removes the socket, and the
+# repository reopens to write.
 source "$(dirname "$0")/lib.sh"
 
 R=$WORK/repo
@@ -46,18 +47,28 @@ log "a fifth, after them, sends only what is new"
 python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['bytes_new'] < r['bytes_in'] / 20, r" "$WORK/base.json" \
     || fail "the fifth backup stored its shared content again"
 
+log "a directory tree through the server"
+"$DEDUP" backup --server "unix:$S" files "$WORK/tree" --json >"$WORK/files.json" || fail "backup of files through the server"
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['files'] > 0 and r['bytes_in'] > 0, r" "$WORK/files.json" \
+    || fail "the files backup report"
+
 log "restores beside the running server"
+"$DEDUP" restore "$R" files "$WORK/files.out" >/dev/null || fail "restore files"
+diff -r "$WORK/tree" "$WORK/files.out$WORK/tree" || fail "the tree restored differently"
+listing() { (cd "$1" && find . -printf '%p %y %m %s %T@ %l\n' | sort); }
+diff <(listing "$WORK/tree") <(listing "$WORK/files.out$WORK/tree") \
+    || fail "the tree restored with other modes, sizes, times or targets"
 for n in t1 t2 t3 t4 base; do
     f=$WORK/$n.tar
     "$DEDUP" restore "$R" "$n" "$WORK/$n.out" >/dev/null || fail "restore $n"
     cmp "$WORK/$n.out" "$f" || fail "backup $n restored differently"
 done
 "$DEDUP" store remote --server "unix:$S" list >"$WORK/remote-list.txt"
-[ "$(grep -c . "$WORK/remote-list.txt")" = 5 ] || fail "remote list"
+[ "$(grep -c . "$WORK/remote-list.txt")" = 6 ] || fail "remote list"
 expect_fail "dedup store serve" "$DEDUP" backup "$R" local --stdin </dev/null
 "$DEDUP" store remote --server "unix:$S" delete t1 >/dev/null || fail "remote delete"
 "$DEDUP" store remote --server "unix:$S" gc --json >"$WORK/gc.json" || fail "remote gc"
-python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['backups'] == 4, r" "$WORK/gc.json" \
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['backups'] == 5, r" "$WORK/gc.json" \
     || fail "remote gc report"
 for n in t2 t3 t4 base; do
     "$DEDUP" store remote --server "unix:$S" restore "$n" - 2>/dev/null | cmp - "$WORK/$n.tar" \

@@ -3,6 +3,8 @@
 //! content, every backup restored byte for byte; disconnects, shutdown, a
 //! second writer, garbage from the network and lying clients.
 
+mod tree_support;
+
 use dedup_core::testdata::noise;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -13,7 +15,7 @@ use std::time::Duration;
 use dedup_store::rpc::protocol::{Call, ErrorKind, Item, Reply, Request, Response, MAX_BATCH};
 use dedup_store::rpc::{BackupOptions, Client, Endpoint, Server, ServerLimits, StopHandle};
 use dedup_store::writer::HASH;
-use dedup_store::{RepoError, Repository};
+use dedup_store::{RepoError, Repository, RestoreOptions, TreeWalk};
 use proptest::prelude::*;
 
 struct Running {
@@ -563,4 +565,69 @@ fn gc_through_the_server_runs_beside_a_backup_and_keeps_what_it_uses() {
     assert!(restored(dir.path(), "running") == reused);
     assert!(restored(dir.path(), "kept") == kept);
     server.shut();
+}
+
+#[test]
+fn a_directory_tree_backs_up_through_the_server_and_restores_with_its_metadata() {
+    use tree_support::{assert_same, build, in_target, listing};
+    let (tmp, server) = setup();
+    let data = build(tmp.path());
+    let before = listing(&data);
+    // Past the walk's one-second window for just-changed files, so a later
+    // backup may trust their size, times and inode.
+    std::thread::sleep(Duration::from_millis(1100));
+    let c = server.client();
+    let walk = |paths: &[&Path]| TreeWalk::new(paths).unwrap();
+    let (b, counts, warnings) = c
+        .backup_files(
+            "files",
+            "g",
+            walk(&[&data]),
+            &BackupOptions::default(),
+            &|_| {},
+        )
+        .unwrap();
+    assert!(b.has_tree && warnings.is_empty(), "{warnings:?}");
+    assert_eq!(
+        (counts.files, counts.symlinks, counts.hard_links),
+        (11, 3, 1)
+    );
+    // The copy of a 3 MiB file inside the tree is found, and a second
+    // backup of the same tree sends no new segment.
+    assert!(b.report.bytes_new < b.report.bytes_in - (3 << 20) + (64 << 10));
+    let (again, ..) = c
+        .backup_files(
+            "again",
+            "g",
+            walk(&[&data]),
+            &BackupOptions::default(),
+            &|_| {},
+        )
+        .unwrap();
+    assert_eq!(
+        (again.report.bytes_new, again.report.bytes_in),
+        (0, b.report.bytes_in)
+    );
+    // A path that is not there fails the walk before anything starts.
+    assert!(TreeWalk::new(&[tmp.path().join("nowhere")]).is_err());
+    server.shut();
+    assert_eq!(listing(&data), before, "the backup changed what it read");
+
+    let repo = Repository::open(tmp.path().join("repo")).unwrap();
+    for name in ["files", "again"] {
+        let target = tmp.path().join(format!("restored-{name}"));
+        repo.restore_tree(name, &target, &RestoreOptions::default())
+            .unwrap();
+        assert_same(&before, &listing(&in_target(&target, &data)));
+    }
+    // Files were cut one by one, as a backup made beside the repository
+    // cuts them: a later one reuses every unchanged file without reading it.
+    let local = repo.backup_paths("local", "g", &[&data], |_| {}).unwrap();
+    assert!(local.parent.is_some(), "{local:?}");
+    assert_eq!(
+        local.files_unchanged,
+        counts.files - 1,
+        "all but the empty one"
+    );
+    assert_eq!(local.backup.bytes_new, 0);
 }

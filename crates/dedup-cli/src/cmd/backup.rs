@@ -18,13 +18,13 @@ use super::store::ReportJson;
 #[derive(clap::Args)]
 #[command(
     about = "Back up files and directories, or a stream from standard input, into a repository",
-    after_help = "Files and directories are stored with their metadata (type, mode including setuid/setgid/sticky, owner, times to the nanosecond, symlink targets, hard links, fifos and devices, extended attributes); symlinks are never followed; sockets are skipped with a warning, as are files that vanish or cannot be read. Paths are kept as given, made relative like tar does: /home/me is stored as home/me, so `dedup restore REPO NAME /restore` recreates /restore/home/me. A file that changes while it is read is stored as read. A file whose size, mtime, ctime and inode are those the newest backup of files in the same group recorded is not read again: its segments are reused (after checking them against their containers).\n\nThe backup becomes visible only once all of it is durable; a backup that fails or is killed leaves no backup behind.\n\nExamples:\n  dedup backup ./repo home-monday /home\n  dedup backup ./repo etc-1 /etc --group etc --json\n  pg_dump db | dedup backup ./repo db-1 --stdin --group db --json\n  tar -cf - /home | dedup backup --server unix:/run/dedup-backup.sock home-monday --stdin"
+    after_help = "Files and directories are stored with their metadata (type, mode including setuid/setgid/sticky, owner, times to the nanosecond, symlink targets, hard links, fifos and devices, extended attributes); symlinks are never followed; sockets are skipped with a warning, as are files that vanish or cannot be read. Paths are kept as given, made relative like tar does: /home/me is stored as home/me, so `dedup restore REPO NAME /restore` recreates /restore/home/me. A file that changes while it is read is stored as read. A file whose size, mtime, ctime and inode are those the newest backup of files in the same group recorded is not read again: its segments are reused (after checking them against their containers).\n\nThe backup becomes visible only once all of it is durable; a backup that fails or is killed leaves no backup behind.\n\nExamples:\n  dedup backup ./repo home-monday /home\n  dedup backup ./repo etc-1 /etc --group etc --json\n  pg_dump db | dedup backup ./repo db-1 --stdin --group db --json\n  dedup backup --server unix:/run/dedup-backup.sock home-monday /home\n  tar -cf - /home | dedup backup --server unix:/run/dedup-backup.sock home-tar --stdin"
 )]
 pub struct Args {
     /// Repository directory (see `dedup store init`).
     pub repo: PathBuf,
     /// Name of the new backup (letters, digits, . _ -). With --server the
-    /// first argument is the name: dedup backup --server ADDR NAME --stdin.
+    /// first argument is the name: dedup backup --server ADDR NAME PATH...
     #[arg(required_unless_present = "server")]
     pub name: Option<String>,
     /// Files or directories to back up.
@@ -37,7 +37,9 @@ pub struct Args {
     #[arg(long, default_value = "default")]
     pub group: String,
     /// Back up through a running `dedup store serve` instead of opening
-    /// the repository here: unix:PATH or tcp:HOST:PORT (streams only).
+    /// the repository here: unix:PATH or tcp:HOST:PORT. Files are then
+    /// all read (the server keeps no parent backup to skip unchanged ones
+    /// by), but only segments the repository lacks are sent.
     #[arg(long, value_name = "ADDR", value_parser = Endpoint::parse)]
     pub server: Option<Endpoint>,
     /// Print the report as JSON (and no progress bar).
@@ -147,14 +149,24 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `--server`: the positionals are NAME (parsed as REPO) and no paths.
+/// `--server`: the positionals are NAME (parsed as REPO), then the paths
+/// (the first parsed as NAME).
 fn remote(server: &Endpoint, a: &Args) -> anyhow::Result<ExitCode> {
     let name = a.repo.to_string_lossy().into_owned();
-    if a.name.is_some() || !a.paths.is_empty() {
-        bail!("through a server only a stream backs up: dedup backup --server {server} NAME --stdin (files and directories: back them up where the repository is, or pipe a tar stream in)");
+    let paths: Vec<PathBuf> = a
+        .name
+        .iter()
+        .map(PathBuf::from)
+        .chain(a.paths.iter().cloned())
+        .collect();
+    if !paths.is_empty() {
+        if a.stdin {
+            bail!("give either files and directories or --stdin, not both");
+        }
+        return super::backup_remote::run_files(server, &name, &a.group, &paths, a.json);
     }
     if !a.stdin {
-        bail!("nothing to back up: give --stdin and pipe the data in, e.g. tar -cf - DIR | dedup backup --server {server} {name} --stdin");
+        bail!("nothing to back up: give files or directories (dedup backup --server {server} {name} DIR), or --stdin and pipe the data in");
     }
     if io::stdin().is_terminal() {
         bail!("--stdin is a terminal; pipe the data in, e.g. tar -cf - DIR | dedup backup --server {server} {name} --stdin");

@@ -1,13 +1,15 @@
-//! `dedup backup --server`: back a stream up through `dedup store serve`
-//! with the pipelined client (cut and hashed here, only new segments
-//! sent).
+//! `dedup backup --server`: back a stream, or files and directories, up
+//! through `dedup store serve` with the pipelined client (cut and hashed
+//! here, only new segments sent; a walk's tree goes with the commit).
 
 use std::io::{self, IsTerminal};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use dedup_core::size::format_size;
 use dedup_store::rpc::{BackupOptions, Client, Endpoint};
+use dedup_store::{TreeWalk, WalkCounts};
 use serde::Serialize;
 
 use super::backup::mb_per_sec;
@@ -21,12 +23,19 @@ struct Report {
     server: String,
     #[serde(flatten)]
     report: ReportJson,
+    /// What a backup of files held.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    counts: Option<WalkCounts>,
+    /// Entries a backup of files skipped, one line each.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warnings: Option<Vec<String>>,
     seconds: f64,
     mb_per_sec: f64,
 }
 
-pub fn run(server: &Endpoint, name: &str, group: &str, json: bool) -> anyhow::Result<ExitCode> {
-    let client = Client::connect(server)?;
+/// A spinner counting the bytes the server has taken (hidden for --json
+/// or when stderr is not a terminal).
+fn spinner(name: &str, json: bool) -> anyhow::Result<indicatif::ProgressBar> {
     let bar = indicatif::ProgressBar::new_spinner()
         .with_style(indicatif::ProgressStyle::with_template(
         "{spinner} backing up {msg} through the server: {bytes} sent, {bytes_per_sec}, {elapsed}",
@@ -36,6 +45,13 @@ pub fn run(server: &Endpoint, name: &str, group: &str, json: bool) -> anyhow::Re
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    Ok(bar)
+}
+
+/// Standard input as a stream.
+pub fn run(server: &Endpoint, name: &str, group: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let client = Client::connect(server)?;
+    let bar = spinner(name, json)?;
     let start = Instant::now();
     let b = client.backup_stream(
         name,
@@ -46,7 +62,41 @@ pub fn run(server: &Endpoint, name: &str, group: &str, json: bool) -> anyhow::Re
         &|n| bar.set_position(n),
     );
     bar.finish_and_clear();
-    let b = b?;
+    report(server, b?, None, None, start, json)
+}
+
+/// Files and directories, with their metadata.
+pub fn run_files(
+    server: &Endpoint,
+    name: &str,
+    group: &str,
+    paths: &[PathBuf],
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let walk = TreeWalk::new(paths)?;
+    let client = Client::connect(server)?;
+    let bar = spinner(name, json)?;
+    let start = Instant::now();
+    let result = client.backup_files(name, group, walk, &BackupOptions::default(), &|n| {
+        bar.set_position(n)
+    });
+    bar.finish_and_clear();
+    let (b, counts, warnings) = result?;
+    // Skipped entries are worth saying even with --json: stderr.
+    for w in &warnings {
+        eprintln!("warning: {w}");
+    }
+    report(server, b, Some(counts), Some(warnings), start, json)
+}
+
+fn report(
+    server: &Endpoint,
+    b: dedup_store::rpc::WireBackup,
+    counts: Option<WalkCounts>,
+    warnings: Option<Vec<String>>,
+    start: Instant,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
     let r = b.report;
     let seconds = start.elapsed().as_secs_f64();
     let report = Report {
@@ -54,6 +104,8 @@ pub fn run(server: &Endpoint, name: &str, group: &str, json: bool) -> anyhow::Re
         group: b.group,
         server: server.to_string(),
         report: r.into(),
+        counts,
+        warnings,
         seconds,
         mb_per_sec: mb_per_sec(r.bytes_in, seconds),
     };
@@ -61,8 +113,15 @@ pub fn run(server: &Endpoint, name: &str, group: &str, json: bool) -> anyhow::Re
         print_json(&report)?;
         return Ok(ExitCode::SUCCESS);
     }
+    let files = match &report.counts {
+        Some(c) => format!(
+            "{} files, {} directories, {} symlinks, {} hard links, {} special files; ",
+            c.files, c.dirs, c.symlinks, c.hard_links, c.specials
+        ),
+        None => String::new(),
+    };
     println!(
-        "Backed up {} through {} (group {}): {} in, {} new ({} written), {} segments new, {} duplicate; {:.1} s, {:.1} MB/s.",
+        "Backed up {} through {} (group {}): {files}{} in, {} new ({} written), {} segments new, {} duplicate; {:.1} s, {:.1} MB/s{}.",
         report.name,
         server,
         report.group,
@@ -72,7 +131,11 @@ pub fn run(server: &Endpoint, name: &str, group: &str, json: bool) -> anyhow::Re
         r.segments_new,
         r.segments_duplicate,
         seconds,
-        report.mb_per_sec
+        report.mb_per_sec,
+        match report.warnings.as_ref().map_or(0, Vec::len) {
+            0 => String::new(),
+            n => format!("; {n} skipped (see the warnings above)"),
+        }
     );
     Ok(ExitCode::SUCCESS)
 }

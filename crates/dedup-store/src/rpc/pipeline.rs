@@ -16,6 +16,7 @@ use super::client::{unexpected, Client, ClientError, Pending};
 use super::protocol::{Call, Item, Reply, WireBackup, MAX_BATCH, MAX_FRAME};
 use crate::segment_blocks::BlockCutter;
 use crate::segmenter::Segmenting;
+use crate::tree_walk::{TreeWalk, WalkCounts};
 use crate::writer::HASH;
 
 /// Told the stream bytes the server has taken so far, as they grow.
@@ -51,6 +52,15 @@ type Batch = Vec<Vec<u8>>;
 const MAX_SENT: usize = 1 << 18;
 type Fps = Vec<[u8; 32]>;
 
+/// What a client cuts and sends: one stream, or the files of a walk, each
+/// file cut on its own (as a backup of files made where the repository is
+/// cuts them: segments never span two files, so a later local backup can
+/// reuse an unchanged file's segments).
+pub enum Source<'w, R> {
+    Stream(R),
+    Files(&'w mut TreeWalk),
+}
+
 impl Client {
     /// Back `reader` up as backup `name` in `group`, with `tree` as its
     /// tree object. Nothing is left behind if it fails.
@@ -63,35 +73,65 @@ impl Client {
         opts: &BackupOptions,
         progress: &Progress<'_>,
     ) -> Result<WireBackup, ClientError> {
-        // The tree travels in the commit's one frame.
-        if let Some(t) = tree.as_ref().filter(|t| t.len() > MAX_FRAME - (64 << 10)) {
-            return Err(ClientError::Local(format!(
-                "a tree of {} bytes is over what one commit carries ({} bytes)",
-                t.len(),
-                MAX_FRAME - (64 << 10)
-            )));
-        }
-        let session = match self.call(Call::BeginBackup {
+        let (session, segmenting) = self.begin(name, group)?;
+        let piped = self.pipeline(session, segmenting, Source::Stream(reader), opts, progress);
+        self.end(session, piped, tree)
+    }
+
+    /// Back up the files `walk` finds as backup `name` in `group`: their
+    /// contents go through the pipeline as a stream, file by file, and
+    /// the tree the walk records goes with the commit. Every file is read
+    /// (a server keeps no parent to reuse unchanged files from), but only
+    /// segments the repository lacks are sent. Nothing is left behind if
+    /// it fails. Also returns what the walk counted and skipped.
+    pub fn backup_files(
+        &self,
+        name: &str,
+        group: &str,
+        mut walk: TreeWalk,
+        opts: &BackupOptions,
+        progress: &Progress<'_>,
+    ) -> Result<(WireBackup, WalkCounts, Vec<String>), ClientError> {
+        let (session, segmenting) = self.begin(name, group)?;
+        let source = Source::<std::io::Empty>::Files(&mut walk);
+        let piped = self.pipeline(session, segmenting, source, opts, progress);
+        let (tree, counts, warnings) = walk.finish();
+        let b = self.end(session, piped, Some(tree.encode()))?;
+        Ok((b, counts, warnings))
+    }
+
+    /// Start a backup session: its id and how the repository cuts streams.
+    fn begin(&self, name: &str, group: &str) -> Result<(u64, Segmenting), ClientError> {
+        match self.call(Call::BeginBackup {
             name: name.into(),
             group: group.into(),
         })? {
             Reply::Begun {
                 session,
                 segmenting,
-            } => {
-                let s = segmenting.check().map_err(ClientError::Protocol)?;
-                (session, s)
-            }
-            other => return Err(unexpected(&other)),
-        };
-        let (session, segmenting) = session;
-        let opts = BackupOptions {
-            batch_segments: opts.batch_segments.clamp(1, MAX_BATCH),
-            batch_bytes: opts.batch_bytes.clamp(1, 8 << 20),
-            in_flight: opts.in_flight.max(1),
-            hashers: opts.hashers.max(1),
-        };
-        match self.pipeline(session, segmenting, reader, &opts, progress) {
+            } => Ok((session, segmenting.check().map_err(ClientError::Protocol)?)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Commit the session with `tree` if its stream went through, else
+    /// abort it.
+    fn end(
+        &self,
+        session: u64,
+        piped: Result<(), ClientError>,
+        tree: Option<Vec<u8>>,
+    ) -> Result<WireBackup, ClientError> {
+        // The tree travels in the commit's one frame.
+        let limit = MAX_FRAME - (64 << 10);
+        let piped = piped.and_then(|()| match tree.as_ref().filter(|t| t.len() > limit) {
+            Some(t) => Err(ClientError::Local(format!(
+                "a tree of {} bytes is over what one commit carries ({limit} bytes)",
+                t.len()
+            ))),
+            None => Ok(()),
+        });
+        match piped {
             Ok(()) => match self.call(Call::Commit { session, tree })? {
                 Reply::Committed(b) => Ok(b),
                 other => Err(unexpected(&other)),
@@ -104,14 +144,20 @@ impl Client {
         }
     }
 
-    fn pipeline(
+    fn pipeline<R: Read + Send>(
         &self,
         session: u64,
         segmenting: Segmenting,
-        reader: impl Read + Send,
+        source: Source<'_, R>,
         opts: &BackupOptions,
         progress: &Progress<'_>,
     ) -> Result<(), ClientError> {
+        let opts = &BackupOptions {
+            batch_segments: opts.batch_segments.clamp(1, MAX_BATCH),
+            batch_bytes: opts.batch_bytes.clamp(1, 8 << 20),
+            in_flight: opts.in_flight.max(1),
+            hashers: opts.hashers.max(1),
+        };
         let (raw_tx, raw_rx) = sync_channel::<(u64, Batch)>(opts.hashers * 2);
         // Owned by the hashers: when the last one stops, the reader's next
         // send fails and it stops too (were it held here, a reader blocked
@@ -121,7 +167,7 @@ impl Client {
         let (looked_tx, looked_rx) = sync_channel::<(Batch, Fps, Pending)>(opts.in_flight);
         let stop = AtomicBool::new(false);
         std::thread::scope(|s| {
-            let reading = s.spawn(|| read_batches(segmenting, reader, opts, raw_tx, &stop));
+            let reading = s.spawn(|| read_batches(segmenting, source, opts, raw_tx, &stop));
             for _ in 0..opts.hashers {
                 let (raw_rx, hashed_tx) = (raw_rx.clone(), hashed_tx.clone());
                 s.spawn(move || loop {
@@ -219,41 +265,92 @@ impl Client {
     }
 }
 
-/// Cut the stream into batches of segments, numbered in order.
-fn read_batches(
+/// Cut the source into batches of segments, numbered in order.
+fn read_batches<R: Read>(
     segmenting: Segmenting,
-    reader: impl Read,
+    source: Source<'_, R>,
     opts: &BackupOptions,
     tx: std::sync::mpsc::SyncSender<(u64, Batch)>,
     stop: &AtomicBool,
 ) -> Result<(), String> {
-    let (mut batch, mut bytes, mut seq) = (Vec::new(), 0usize, 0u64);
+    let mut out = Batcher {
+        batch: Vec::new(),
+        bytes: 0,
+        seq: 0,
+        opts,
+        tx,
+    };
+    match source {
+        Source::Stream(reader) => {
+            if !cut_into(segmenting, reader, &mut out, stop)? {
+                return Ok(());
+            }
+        }
+        Source::Files(walk) => {
+            while walk.next_file().map_err(|e| e.to_string())? {
+                if !cut_into(segmenting, &mut *walk, &mut out, stop)? {
+                    return Ok(());
+                }
+            }
+        }
+    }
+    if !out.batch.is_empty() {
+        let _ = out.tx.send((out.seq, out.batch));
+    }
+    Ok(())
+}
+
+/// Batches being filled for the hashers.
+struct Batcher<'o> {
+    batch: Batch,
+    bytes: usize,
+    seq: u64,
+    opts: &'o BackupOptions,
+    tx: std::sync::mpsc::SyncSender<(u64, Batch)>,
+}
+
+impl Batcher<'_> {
+    /// Add a segment; false if nobody takes batches any more.
+    fn push(&mut self, segment: &[u8]) -> bool {
+        if !self.batch.is_empty()
+            && self.bytes + segment.len() > self.opts.batch_bytes
+            && !self.send()
+        {
+            return false;
+        }
+        self.bytes += segment.len();
+        self.batch.push(segment.to_vec());
+        self.batch.len() < self.opts.batch_segments || self.send()
+    }
+
+    fn send(&mut self) -> bool {
+        let batch = std::mem::take(&mut self.batch);
+        let sent = self.tx.send((self.seq, batch)).is_ok();
+        (self.bytes, self.seq) = (0, self.seq + 1);
+        sent
+    }
+}
+
+/// Cut `reader` to its end into `out`; false if stopped (downstream done
+/// or failed).
+fn cut_into(
+    segmenting: Segmenting,
+    reader: impl Read,
+    out: &mut Batcher<'_>,
+    stop: &AtomicBool,
+) -> Result<bool, String> {
     let mut cutter = BlockCutter::new(segmenting, reader, 1 << 20);
     while let Some(block) = cutter.next() {
         if stop.load(Ordering::SeqCst) {
-            return Ok(());
+            return Ok(false);
         }
         let block = block.map_err(|e| format!("reading the stream: {e}"))?;
         for segment in block.segments() {
-            if !batch.is_empty() && bytes + segment.len() > opts.batch_bytes {
-                if tx.send((seq, std::mem::take(&mut batch))).is_err() {
-                    return Ok(());
-                }
-                (bytes, seq) = (0, seq + 1);
-            }
-            bytes += segment.len();
-            batch.push(segment.to_vec());
-            if batch.len() >= opts.batch_segments {
-                if tx.send((seq, std::mem::take(&mut batch))).is_err() {
-                    return Ok(());
-                }
-                (bytes, seq) = (0, seq + 1);
+            if !out.push(segment) {
+                return Ok(false);
             }
         }
         cutter.give_back(block.bytes);
     }
-    if !batch.is_empty() {
-        let _ = tx.send((seq, batch));
-    }
-    Ok(())
+    Ok(true)
 }
