@@ -137,3 +137,37 @@ fn sampling_is_deterministic_and_nested() {
     assert_eq!(SamplingRate::for_budget(1 << 20, 1, 1 << 24).period(), 16);
     assert_eq!(SamplingRate::from_log2_period(64), None);
 }
+
+#[test]
+fn the_filter_in_front_never_hides_a_hook_and_stops_most_misses() {
+    let mut table = HookTable::new(20_000);
+    let mut inserted = 0u64;
+    for id in 0..120u64 {
+        table.insert(id, &container(id, 1024));
+        inserted += 1024;
+        if id % 40 == 39 {
+            // GC: a container deleted, another compacted to half.
+            table.forget(&HashSet::from([id - 3]));
+            let kept: Vec<_> = container(id - 5, 1024).into_iter().step_by(2).collect();
+            table.compacted(id - 5, &kept);
+        }
+        let hooks: Vec<_> = table.iter().collect();
+        for (prefix, h) in &hooks {
+            // Every hook is found through the filter.
+            let mut fp = [0u8; 32];
+            fp[..8].copy_from_slice(&prefix.to_le_bytes());
+            assert_eq!(table.get(&Fingerprint(fp)), Some(*h), "container {id}");
+        }
+    }
+    assert!(table.rate().period() > 1, "R never halved");
+    // Fingerprints never stored: the filter answers nearly all of them.
+    let passed = (0..100_000u64)
+        .map(|n| fp(inserted + 1_000_000 + n))
+        .filter(|f| table.passes_filter(f))
+        .count();
+    assert!(
+        passed < 5_000,
+        "{passed} of 100000 absent fingerprints passed"
+    );
+    assert!(table.ram_bytes() <= 20_000 * HOOK_BYTES);
+}

@@ -9,6 +9,13 @@
 //! (by the whole fingerprint), so two fingerprints sharing a prefix (odds
 //! about n/2^64) cost at most a wasted prefetch, never a wrong answer.
 //!
+//! A Bloom filter sits in front of the table, as in front of the paper's
+//! index dhash (§3.2.3): most lookups of a new segment end there, in a
+//! filter of 1 to 2 bytes a hook (about 2 % false positives), without a
+//! probe of the 17-byte slots. It never forgets a hook the table holds;
+//! hooks removed stay in it until it is rebuilt (when the table outgrows
+//! it, or R halves), which only lets more lookups through to the table.
+//!
 //! Each container keeps one *pinned* hook whatever R is (its first
 //! fingerprint not already a hook), the paper's minimum of one hook per
 //! container that seeds catalog prefetch (§3.2.1). Every other hook is a
@@ -30,10 +37,15 @@ const PINNED: u64 = 1 << 63;
 
 /// E: the most RAM a hook costs. hashbrown keeps a power-of-two number
 /// of slots, between 7/16 and 7/8 of them full, so a table of n hooks
-/// holds at most 2 · 8/7 · n slots: 38.9 bytes a hook. A budget of M
-/// bytes is held to M/E hooks, so the table's allocation never passes M
-/// (it is half of M to M).
-pub const HOOK_BYTES: u64 = 39;
+/// holds at most 2 · 8/7 · n slots: 38.9 bytes a hook; the filter adds
+/// at most 2. A budget of M bytes is held to M/E hooks, so the table and
+/// its filter never pass M (they take half of M to M).
+pub const HOOK_BYTES: u64 = 41;
+
+/// The filter's bits per hook it is sized for; it is sized for twice the
+/// hooks it holds at most (it doubles as the table grows).
+const FILTER_BITS_PER_HOOK: usize = 8;
+const MIN_FILTER_HOOKS: usize = 1024;
 
 /// The bytes a table holding up to `capacity` hooks has allocated
 /// (hashbrown's `capacity()` is 7/8 of its slots, or slots - 1 below 8).
@@ -50,6 +62,14 @@ fn table_bytes(capacity: usize) -> u64 {
 }
 
 type Map = HashMap<u64, u64, foldhash::fast::FixedState>;
+type Filter = fastbloom::BloomFilter<foldhash::fast::FixedState>;
+
+/// An empty filter sized for `hooks` hooks.
+fn filter_for(hooks: usize) -> Filter {
+    fastbloom::BloomFilter::with_num_bits(hooks * FILTER_BITS_PER_HOOK)
+        .hasher(foldhash::fast::FixedState::default())
+        .expected_items(hooks)
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hook {
@@ -69,6 +89,10 @@ pub struct HookTable {
     /// nothing (known without a scan; past the paper's capacity limit
     /// every insert would otherwise scan the table).
     pinned: usize,
+    /// Every prefix in `map`, and perhaps some removed since.
+    filter: Filter,
+    /// The hooks `filter` is sized for.
+    filter_hooks: usize,
 }
 
 impl HookTable {
@@ -84,20 +108,56 @@ impl HookTable {
             max_hooks,
             fingerprints: 0,
             pinned: 0,
+            filter: filter_for(MIN_FILTER_HOOKS),
+            filter_hooks: MIN_FILTER_HOOKS,
         }
     }
 
     pub fn get(&self, fp: &Fingerprint) -> Option<Hook> {
-        self.map.get(&fp.prefix_u64()).map(|&v| hook(v))
+        let prefix = fp.prefix_u64();
+        if !self.filter.contains(&prefix) {
+            return None;
+        }
+        self.map.get(&prefix).map(|&v| hook(v))
+    }
+
+    /// Whether the filter lets `fp` through to the table (for tests and
+    /// figures: a hook always passes).
+    pub fn passes_filter(&self, fp: &Fingerprint) -> bool {
+        self.filter.contains(&fp.prefix_u64())
+    }
+
+    /// Add `prefix` to the map and the filter, growing the filter first
+    /// if the map would outgrow it.
+    fn put(&mut self, prefix: u64, value: u64) -> bool {
+        let new = self.map.insert(prefix, value).is_none();
+        if new {
+            if self.map.len() > self.filter_hooks {
+                self.rebuild_filter();
+            } else {
+                self.filter.insert(&prefix);
+            }
+        }
+        new
+    }
+
+    /// A filter of exactly the hooks held, sized for twice as many.
+    fn rebuild_filter(&mut self) {
+        self.filter_hooks = (2 * self.map.len()).max(MIN_FILTER_HOOKS);
+        self.filter = filter_for(self.filter_hooks);
+        for p in self.map.keys() {
+            self.filter.insert(p);
+        }
     }
 
     pub fn len(&self) -> usize {
         self.map.len()
     }
 
-    /// The bytes the table has allocated for its slots: the index's RAM.
+    /// The bytes the table has allocated for its slots, and its filter:
+    /// the index's RAM.
     pub fn ram_bytes(&self) -> u64 {
-        table_bytes(self.map.capacity())
+        table_bytes(self.map.capacity()) + (self.filter_hooks * FILTER_BITS_PER_HOOK / 8) as u64
     }
 
     pub fn is_empty(&self) -> bool {
@@ -157,12 +217,12 @@ impl HookTable {
             }
         }
         if let Some(p) = pin {
-            self.map.insert(p, container | PINNED);
+            self.put(p, container | PINNED);
             self.pinned += 1;
         }
         for p in fingerprints.iter().map(Fingerprint::prefix_u64) {
-            if self.rate.samples_prefix(p) {
-                self.map.entry(p).or_insert(container);
+            if self.rate.samples_prefix(p) && !self.map.contains_key(&p) {
+                self.put(p, container);
             }
         }
     }
@@ -205,7 +265,7 @@ impl HookTable {
         });
         match pin {
             Some(p) => {
-                self.map.insert(p, container | PINNED);
+                self.put(p, container | PINNED);
                 self.pinned += 1;
             }
             // None left to pin: its unpinned hooks would be refused by a
@@ -219,7 +279,7 @@ impl HookTable {
     /// false if the prefix is a hook already.
     pub(super) fn restore(&mut self, prefix: u64, hook: Hook) -> bool {
         let value = hook.container | if hook.pinned { PINNED } else { 0 };
-        let new = self.map.insert(prefix, value).is_none();
+        let new = self.put(prefix, value);
         if new && hook.pinned {
             self.pinned += 1;
         }
@@ -237,6 +297,7 @@ impl HookTable {
             self.rate = rate;
             self.map
                 .retain(|&p, v| *v & PINNED != 0 || rate.samples_prefix(p));
+            self.rebuild_filter();
         }
     }
 
@@ -260,6 +321,7 @@ impl HookTable {
         self.map
             .retain(|&p, v| *v & PINNED != 0 || rate.samples_prefix(p));
         self.map.shrink_to_fit();
+        self.rebuild_filter();
         true
     }
 }
