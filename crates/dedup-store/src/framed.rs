@@ -3,8 +3,59 @@
 //! bytes before it. The checksum is checked before anything in the body is
 //! trusted, so a flipped byte is refused before a length in it is used.
 
+use std::borrow::Cow;
+use std::io::Read;
+
 use crate::format::crc;
 use crate::repo_error::{RepoError, RepoResult};
+
+/// zstd level for the repository's own objects that grow with a backup
+/// (recipes, trees): small next to the data, and read rarely, so worth a
+/// good ratio. On a backup of 40 tokio releases as files the recipe fell
+/// from 2.3 MB to 175 KB (the same files' fingerprints repeat) and the
+/// tree from 4.1 MB to 365 KB (paths share their prefixes).
+const OBJECT_LEVEL: i32 = 3;
+
+/// Frame `body` compressed: the frame's body is the raw body's length
+/// (u64), then the raw body compressed with zstd.
+pub fn frame_compressed(magic: [u8; 8], version: u32, body: &[u8]) -> Vec<u8> {
+    // zstd in memory fails only on a bad level, and this one is good.
+    let packed = zstd::bulk::compress(body, OBJECT_LEVEL).expect("zstd compresses in memory");
+    let mut b = Vec::with_capacity(8 + packed.len());
+    b.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    b.extend_from_slice(&packed);
+    frame(magic, version, &b)
+}
+
+/// Check the frame of `object`, of version `plain` (its body as is) or
+/// `compressed` (as [`frame_compressed`] makes it), and return its body.
+/// A compressed body is decompressed as it comes, never into room sized
+/// by the length it names, and must come to exactly that length.
+pub fn unframe_compressed<'a>(
+    object: &str,
+    magic: [u8; 8],
+    plain: u32,
+    compressed: u32,
+    bytes: &'a [u8],
+) -> RepoResult<Cow<'a, [u8]>> {
+    let (version, body) = unframe_any(object, magic, plain..=compressed, bytes)?;
+    if version != compressed {
+        return Ok(Cow::Borrowed(body));
+    }
+    let corrupt = |d: String| RepoError::corrupt(object, d);
+    let raw_len = Reader::new(object, body).u64()?;
+    let mut out = Vec::new();
+    zstd::stream::read::Decoder::new(&body[8..])
+        .and_then(|d| d.take(raw_len.saturating_add(1)).read_to_end(&mut out))
+        .map_err(|e| corrupt(format!("its compressed body does not decompress: {e}")))?;
+    if out.len() as u64 != raw_len {
+        return Err(corrupt(format!(
+            "its body decompresses to {} bytes, not the {raw_len} it names",
+            out.len()
+        )));
+    }
+    Ok(Cow::Owned(out))
+}
 
 /// Frame `body` under `magic` and `version`.
 pub fn frame(magic: [u8; 8], version: u32, body: &[u8]) -> Vec<u8> {

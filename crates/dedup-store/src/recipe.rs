@@ -5,17 +5,21 @@
 //! against what was backed up, not only against its container's catalog.
 //!
 //! Object `recipes/<backup>-<nonce>`; body after the frame (magic
-//! `DDUPRCPE`, version 1): stream length (u64), segment count n (u64), then
-//! n × 48 bytes: container id (u64), entry (u32), length (u32),
-//! fingerprint (32).
+//! `DDUPRCPE`): stream length (u64), segment count n (u64), then n × 48
+//! bytes: container id (u64), entry (u32), length (u32), fingerprint (32).
+//! Version 2 (written since 2026-11-25) keeps that body compressed with
+//! zstd (see `framed::frame_compressed`); version 1 kept it as is and is
+//! still read.
 
 use dedup_core::fingerprint::Fingerprint;
 
-use crate::framed::{frame, unframe, Reader};
+use crate::framed::{frame_compressed, unframe_compressed, Reader};
 use crate::repo_error::{RepoError, RepoResult};
 
 const MAGIC: [u8; 8] = *b"DDUPRCPE";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
+/// The version that kept the body uncompressed.
+const PLAIN_VERSION: u32 = 1;
 const REF_LEN: usize = 48;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,13 +47,14 @@ impl Recipe {
             body.extend_from_slice(&s.len.to_le_bytes());
             body.extend_from_slice(&s.fingerprint.0);
         }
-        frame(MAGIC, VERSION, &body)
+        frame_compressed(MAGIC, VERSION, &body)
     }
 
     /// Decode the recipe object `object`, checking that the counts and
     /// lengths agree before allocating for them.
     pub fn decode(object: &str, bytes: &[u8]) -> RepoResult<Recipe> {
-        let body = unframe(object, MAGIC, VERSION, bytes)?;
+        let body = unframe_compressed(object, MAGIC, PLAIN_VERSION, VERSION, bytes)?;
+        let body = &body[..];
         let mut r = Reader::new(object, body);
         let stream_len = r.u64()?;
         let count = r.u64()?;

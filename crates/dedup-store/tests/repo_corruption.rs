@@ -221,3 +221,70 @@ fn restore_errors_are_errors_not_panics() {
         Err(RepoError::BadName { .. })
     ));
 }
+
+/// Recipes and trees keep their bodies compressed (version 2); version 1
+/// objects, kept as is, still read; a compressed body that does not
+/// decompress, or not to the length it names, is refused by name.
+#[test]
+fn compressed_recipes_and_trees_and_plain_ones_from_before() {
+    use dedup_store::recipe::{Recipe, SegmentRef};
+    use dedup_store::tree::Tree;
+    let recipe = Recipe {
+        stream_len: 4096 * 300,
+        segments: (0..300)
+            .map(|i| SegmentRef {
+                container: 7,
+                entry: i % 30,
+                len: 4096,
+                fingerprint: dedup_store::writer::HASH.fingerprint(&(i % 30).to_le_bytes()),
+            })
+            .collect(),
+    };
+    let bytes = recipe.encode();
+    assert!(bytes.len() < 300 * 48 / 4, "{} bytes", bytes.len());
+    assert_eq!(Recipe::decode("r", &bytes).unwrap(), recipe);
+    // The same body, framed as version 1 wrote it.
+    let raw = {
+        let (_, body) = bytes[12..bytes.len() - 4].split_at(8);
+        zstd::decode_all(body).unwrap()
+    };
+    let v1 = frame(*b"DDUPRCPE", 1, &raw);
+    assert_eq!(Recipe::decode("r", &v1).unwrap(), recipe);
+    // Forged version 2 bodies with good checksums.
+    let mut not_zstd = 1200u64.to_le_bytes().to_vec();
+    not_zstd.extend_from_slice(b"not zstd at all");
+    let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 2, &not_zstd)).unwrap_err();
+    assert!(
+        err.to_string().contains("recipes/x") && err.to_string().contains("decompress"),
+        "{err}"
+    );
+    let mut short = (raw.len() as u64 + 1).to_le_bytes().to_vec();
+    short.extend_from_slice(&zstd::encode_all(&raw[..], 3).unwrap());
+    let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 2, &short)).unwrap_err();
+    assert!(err.to_string().contains("not the"), "{err}");
+    let mut long = (raw.len() as u64 - 1).to_le_bytes().to_vec();
+    long.extend_from_slice(&zstd::encode_all(&raw[..], 3).unwrap());
+    assert!(Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 2, &long)).is_err());
+    // A tree: the same, in one line each way.
+    let tree = Tree {
+        stream_len: 0,
+        nodes: Vec::new(),
+    };
+    let t = tree.encode();
+    assert_eq!(Tree::decode("t", &t).unwrap(), tree);
+    let raw = zstd::decode_all(&t[20..t.len() - 4]).unwrap();
+    assert_eq!(
+        Tree::decode("t", &frame(*b"DDUPTREE", 1, &raw)).unwrap(),
+        tree
+    );
+}
+
+/// A frame as the repository writes one: magic, version, body, crc32c.
+fn frame(magic: [u8; 8], version: u32, body: &[u8]) -> Vec<u8> {
+    let mut b = magic.to_vec();
+    b.extend_from_slice(&version.to_le_bytes());
+    b.extend_from_slice(body);
+    let sum = crc32c::crc32c(&b);
+    b.extend_from_slice(&sum.to_le_bytes());
+    b
+}

@@ -5,6 +5,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::framed::frame;
 
 const OBJ: &str = "trees/b-0000000000000001";
 
@@ -139,18 +140,23 @@ fn inconsistent_entries_are_refused() {
     let mut body = Vec::new();
     body.extend_from_slice(&0u64.to_le_bytes());
     body.extend_from_slice(&u64::MAX.to_le_bytes());
-    let e = Tree::decode(OBJ, &frame(MAGIC, VERSION, &body)).unwrap_err();
+    let e = Tree::decode(OBJ, &frame(MAGIC, PLAIN_VERSION, &body)).unwrap_err();
+    assert!(e.to_string().contains("do not fit"), "{e}");
+    let e = Tree::decode(OBJ, &frame_compressed(MAGIC, VERSION, &body)).unwrap_err();
     assert!(e.to_string().contains("do not fit"), "{e}");
     // Another version is refused.
-    let e = Tree::decode(OBJ, &frame(MAGIC, 2, &[0; 16])).unwrap_err();
-    assert!(e.to_string().contains("version 2"), "{e}");
+    let e = Tree::decode(OBJ, &frame(MAGIC, 3, &[0; 16])).unwrap_err();
+    assert!(e.to_string().contains("version 3"), "{e}");
 }
 
 proptest! {
     #[test]
     fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
         let _ = Tree::decode(OBJ, &bytes);
-        // Framed, so the body itself is what is parsed.
+        // Framed, so the body itself is what is parsed: as is, compressed,
+        // and as a compressed body.
+        let _ = Tree::decode(OBJ, &frame(MAGIC, PLAIN_VERSION, &bytes));
+        let _ = Tree::decode(OBJ, &frame_compressed(MAGIC, VERSION, &bytes));
         let _ = Tree::decode(OBJ, &frame(MAGIC, VERSION, &bytes));
     }
 
@@ -161,10 +167,15 @@ proptest! {
         cut in any::<prop::sample::Index>(),
     ) {
         let full = sample().encode();
-        let mut body = full[12..full.len() - 4].to_vec();
-        let i = at.index(body.len());
-        body[i] = value;
-        body.truncate(cut.index(body.len() + 1));
-        let _ = Tree::decode(OBJ, &frame(MAGIC, VERSION, &body));
+        // The compressed body damaged, and the raw body damaged.
+        let packed = full[12..full.len() - 4].to_vec();
+        let raw = zstd::decode_all(&packed[8..]).unwrap();
+        for (version, mut body) in [(VERSION, packed), (PLAIN_VERSION, raw)] {
+            let i = at.index(body.len());
+            body[i] = value;
+            body.truncate(cut.index(body.len() + 1));
+            let _ = Tree::decode(OBJ, &frame(MAGIC, version, &body));
+            let _ = Tree::decode(OBJ, &frame_compressed(MAGIC, VERSION, &body));
+        }
     }
 }
