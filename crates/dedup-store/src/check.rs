@@ -1,12 +1,13 @@
 //! `store check`: verify a repository's objects without writing anything,
 //! and say which backups each damaged object costs.
 //!
-//! One function per object kind, in the order the references run: config,
-//! backup objects (each names a recipe and maybe a tree), trees (files'
-//! metadata), recipes (each names catalog entries of containers),
-//! containers (catalogs, and with `data` every segment), and last the
-//! references between them, which is also where garbage (objects no
-//! committed backup needs) is found. Another kind named by the backup
+//! One function per object kind: config, backup objects (each names a
+//! recipe and maybe a tree), trees (files' metadata), containers (catalogs,
+//! and with `data` every segment), then recipes, each checked as it is read
+//! against the catalog entries it names (catalogs read again, a bounded
+//! number kept: nothing the size of the store is held in RAM but a few
+//! bytes a container), and last the garbage (objects no committed backup
+//! needs). Another kind named by the backup
 //! object is one more function like `trees::check_trees`.
 //!
 //! Every failure to read or decode one object is recorded as that object's
@@ -35,13 +36,14 @@ pub struct CheckOptions {
     pub data: bool,
 }
 
-/// Which kind of object the check is going through.
+/// Which kind of object the check is going through, in the order it
+/// goes through them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CheckPhase {
     Backups,
     Trees,
-    Recipes,
     Containers,
+    Recipes,
 }
 
 /// `done` of `total` objects of the phase's kind checked.
@@ -86,10 +88,20 @@ pub fn check(
         report.affect(p, &all);
     }
     trees::check_trees(store, &tree_names, &backups, &mut report, progress);
-    let recipes = backups::check_recipes(store, &recipe_names, &backups, &mut report, progress);
+    // Containers before recipes: each recipe is then checked against them
+    // as it is read, and none is kept.
     let containers =
         containers::check_containers(store, &container_names, opts, &mut report, progress);
-    references::check_references(&recipes, &containers, &mut report);
+    let mut references = references::References::new(store, &containers);
+    let recipes = backups::check_recipes(
+        store,
+        &recipe_names,
+        &backups,
+        &mut report,
+        progress,
+        |object, recipe, owners, report| references.check(object, recipe, owners, report),
+    );
+    references.finish(&recipes, &mut report);
 
     report.garbage_complete = backups.damaged.is_empty() && recipes.complete;
     // Grouped by object; a container's segments stay in catalog order.

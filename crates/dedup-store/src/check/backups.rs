@@ -56,10 +56,8 @@ pub(super) fn check_backups(
     out
 }
 
-/// The recipes committed backups name, decoded.
+/// What the recipes said beyond their own problems.
 pub(super) struct Recipes {
-    /// Recipe object → the recipe and the backups that name it.
-    pub owned: BTreeMap<String, (Recipe, Vec<String>)>,
     /// Recipes no backup names → the containers each references (none if
     /// it does not decode).
     pub orphans: BTreeMap<String, BTreeSet<u64>>,
@@ -67,15 +65,18 @@ pub(super) struct Recipes {
     pub complete: bool,
 }
 
+/// Check every recipe listed, one at a time; each that committed backups
+/// name is handed to `owned` with their names, then dropped (a recipe is
+/// 48 bytes a segment: all of them at once would not fit a large store).
 pub(super) fn check_recipes(
     store: &dyn ObjectStore,
     objects: &[String],
     backups: &Backups,
     report: &mut CheckReport,
     progress: &dyn Fn(CheckProgress),
+    mut owned: impl FnMut(&str, &Recipe, &[String], &mut CheckReport),
 ) -> Recipes {
     let mut out = Recipes {
-        owned: BTreeMap::new(),
         orphans: BTreeMap::new(),
         complete: true,
     };
@@ -123,8 +124,8 @@ pub(super) fn check_recipes(
                         report.problem_affecting(object, d, [&r.name]);
                     }
                 }
-                let names = records.iter().map(|r| r.name.clone()).collect();
-                out.owned.insert(object.clone(), (recipe, names));
+                let names: Vec<String> = records.iter().map(|r| r.name.clone()).collect();
+                owned(object, &recipe, &names, report);
             }
         }
         tick(progress, CheckPhase::Recipes, done, objects.len());

@@ -5,29 +5,88 @@
 //! garbage.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
-use crate::container::container_name;
-use crate::recipe::SegmentRef;
+use crate::catalog_cache::CatalogCache;
+use crate::container::{container_name, Catalog};
+use crate::objects::ObjectStore;
+use crate::recipe::{Recipe, SegmentRef};
 
 use super::backups::Recipes;
 use super::containers::ContainerState;
-use super::CheckReport;
+use super::{store_detail, CheckReport};
 
-pub(super) fn check_references(
-    recipes: &Recipes,
-    containers: &BTreeMap<u64, ContainerState>,
-    report: &mut CheckReport,
-) {
-    let mut referenced = BTreeSet::new();
-    // One problem per missing container, however many references find it gone.
-    let mut missing: BTreeMap<u64, usize> = BTreeMap::new();
-    for (object, (recipe, owners)) in &recipes.owned {
+/// Catalogs kept while recipes are checked: a recipe references its
+/// containers in runs, so a few dozen serve it without reading one twice.
+const CATALOGS: usize = 64;
+
+/// The references of committed backups' recipes, checked one recipe at a
+/// time against the catalogs (read again, a bounded number kept).
+pub(super) struct References<'a> {
+    store: &'a dyn ObjectStore,
+    containers: &'a BTreeMap<u64, ContainerState>,
+    catalogs: CatalogCache,
+    /// Catalogs that read in the containers phase but not again: the
+    /// problem each got.
+    unreadable: BTreeMap<u64, usize>,
+    referenced: BTreeSet<u64>,
+    /// One problem per missing container, however many references find
+    /// it gone.
+    missing: BTreeMap<u64, usize>,
+}
+
+impl<'a> References<'a> {
+    pub(super) fn new(
+        store: &'a dyn ObjectStore,
+        containers: &'a BTreeMap<u64, ContainerState>,
+    ) -> References<'a> {
+        References {
+            store,
+            containers,
+            catalogs: CatalogCache::new(CATALOGS),
+            unreadable: BTreeMap::new(),
+            referenced: BTreeSet::new(),
+            missing: BTreeMap::new(),
+        }
+    }
+
+    /// The catalog of readable container `id`, or the problem it has now.
+    fn catalog(&mut self, id: u64, report: &mut CheckReport) -> Result<Arc<Catalog>, usize> {
+        if let Some(&p) = self.unreadable.get(&id) {
+            return Err(p);
+        }
+        if let Some(c) = self.catalogs.get(id) {
+            return Ok(c);
+        }
+        match Catalog::read(self.store, id) {
+            Ok(c) => {
+                let c = Arc::new(c);
+                self.catalogs.insert(id, c.clone());
+                Ok(c)
+            }
+            Err(e) => {
+                let d = format!("its catalog read once, then not: {}", store_detail(&e));
+                let p = report.problem(&container_name(id), d);
+                self.unreadable.insert(id, p);
+                Err(p)
+            }
+        }
+    }
+
+    /// Check recipe `object`, which backups `owners` name.
+    pub(super) fn check(
+        &mut self,
+        object: &str,
+        recipe: &Recipe,
+        owners: &[String],
+        report: &mut CheckReport,
+    ) {
         let mut wrong: Vec<String> = Vec::new();
         for (k, s) in recipe.segments.iter().enumerate() {
-            referenced.insert(s.container);
-            match containers.get(&s.container) {
+            self.referenced.insert(s.container);
+            match self.containers.get(&s.container) {
                 None => {
-                    let p = *missing.entry(s.container).or_insert_with(|| {
+                    let p = *self.missing.entry(s.container).or_insert_with(|| {
                         report.problem(
                             &container_name(s.container),
                             "missing, but a backup's recipe references it",
@@ -36,17 +95,23 @@ pub(super) fn check_references(
                     report.affect(p, owners);
                 }
                 Some(ContainerState::Damaged(p)) => report.affect(*p, owners),
-                Some(ContainerState::Readable {
-                    entries,
-                    bad_segments,
-                }) => match entry_mismatch(s, entries) {
-                    Some(why) => wrong.push(format!("reference {k}: {why}")),
-                    None => {
-                        if let Some(&p) = bad_segments.get(&s.entry) {
+                Some(ContainerState::Readable { bad_segments }) => {
+                    let catalog = match self.catalog(s.container, report) {
+                        Ok(c) => c,
+                        Err(p) => {
                             report.affect(p, owners);
+                            continue;
+                        }
+                    };
+                    match entry_mismatch(s, catalog.entries()) {
+                        Some(why) => wrong.push(format!("reference {k}: {why}")),
+                        None => {
+                            if let Some(&p) = bad_segments.get(&s.entry) {
+                                report.affect(p, owners);
+                            }
                         }
                     }
-                },
+                }
             }
         }
         if let Some(first) = wrong.first() {
@@ -59,25 +124,30 @@ pub(super) fn check_references(
             report.problem_affecting(object, format!("{first}{more}"), owners);
         }
     }
-    for &id in containers.keys() {
-        if referenced.contains(&id) {
-            continue;
+
+    /// Name the containers no committed backup's recipe references as
+    /// garbage.
+    pub(super) fn finish(self, recipes: &Recipes, report: &mut CheckReport) {
+        for &id in self.containers.keys() {
+            if self.referenced.contains(&id) {
+                continue;
+            }
+            let by: Vec<&str> = recipes
+                .orphans
+                .iter()
+                .filter(|(_, ids)| ids.contains(&id))
+                .map(|(name, _)| name.as_str())
+                .collect();
+            let reason = if by.is_empty() {
+                "no recipe references it".to_string()
+            } else {
+                format!(
+                    "no backup's recipe references it, only recipes no backup names: {}",
+                    by.join(", ")
+                )
+            };
+            report.garbage(&container_name(id), reason);
         }
-        let by: Vec<&str> = recipes
-            .orphans
-            .iter()
-            .filter(|(_, ids)| ids.contains(&id))
-            .map(|(name, _)| name.as_str())
-            .collect();
-        let reason = if by.is_empty() {
-            "no recipe references it".to_string()
-        } else {
-            format!(
-                "no backup's recipe references it, only recipes no backup names: {}",
-                by.join(", ")
-            )
-        };
-        report.garbage(&container_name(id), reason);
     }
 }
 
