@@ -171,3 +171,37 @@ fn the_filter_in_front_never_hides_a_hook_and_stops_most_misses() {
     );
     assert!(table.ram_bytes() <= 20_000 * HOOK_BYTES);
 }
+
+#[test]
+fn a_table_mostly_of_pinned_hooks_stays_within_its_budget() {
+    // Many containers: their pinned hooks fill most of the budget, so R
+    // halves often and each halving empties many slots (hashbrown's
+    // tombstones once grew such a table to twice its slots: 785,574 hooks
+    // in 35.6 MiB over a 32 MiB budget). Fingerprints are cheap random
+    // bytes here: only their prefixes matter to the table.
+    // 25,000 hooks: 32,768 slots hold up to 28,672, so the budget comes
+    // near a full table, as it did when the fault was seen.
+    let max_hooks = 25_000;
+    let mut table = HookTable::new(max_hooks);
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut batch = Vec::with_capacity(1024);
+    for id in 0..20_000u64 {
+        batch.clear();
+        for _ in 0..1024 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let mut f = [0u8; 32];
+            f[..8].copy_from_slice(&x.to_le_bytes());
+            batch.push(Fingerprint(f));
+        }
+        table.insert(id, &batch);
+        assert!(
+            table.ram_bytes() <= max_hooks as u64 * HOOK_BYTES,
+            "container {id}: {} bytes for {} hooks",
+            table.ram_bytes(),
+            table.len()
+        );
+    }
+    assert!(table.len() >= 20_000, "{} hooks", table.len());
+}

@@ -231,8 +231,8 @@ impl HookTable {
     /// so the fingerprints they held can hook a container that has them.
     pub fn forget(&mut self, containers: &std::collections::HashSet<u64>) {
         let mut unpinned = 0;
-        self.map.retain(|_, v| {
-            let h = hook(*v);
+        self.keep(|_, v| {
+            let h = hook(v);
             let stays = !containers.contains(&h.container);
             unpinned += usize::from(!stays && h.pinned);
             stays
@@ -247,9 +247,9 @@ impl HookTable {
     pub fn compacted(&mut self, container: u64, present: &[Fingerprint]) {
         let keep: HashSet<u64> = present.iter().map(Fingerprint::prefix_u64).collect();
         let mut lost_pin = false;
-        self.map.retain(|p, v| {
-            let h = hook(*v);
-            let stays = h.container != container || keep.contains(p);
+        self.keep(|p, v| {
+            let h = hook(v);
+            let stays = h.container != container || keep.contains(&p);
             lost_pin |= !stays && h.pinned;
             stays
         });
@@ -271,7 +271,7 @@ impl HookTable {
             // None left to pin: its unpinned hooks would be refused by a
             // checkpoint's loader, so they go too (prefetch then needs a
             // hook of another container; dedup, never data).
-            None => self.map.retain(|_, v| hook(*v).container != container),
+            None => self.keep(|_, v| hook(v).container != container),
         }
     }
 
@@ -295,8 +295,7 @@ impl HookTable {
     pub(super) fn lower_to(&mut self, rate: SamplingRate) {
         if rate.log2_period() > self.rate.log2_period() {
             self.rate = rate;
-            self.map
-                .retain(|&p, v| *v & PINNED != 0 || rate.samples_prefix(p));
+            self.keep(|p, v| v & PINNED != 0 || rate.samples_prefix(p));
             self.rebuild_filter();
         }
     }
@@ -318,11 +317,29 @@ impl HookTable {
             return false;
         };
         self.rate = rate;
-        self.map
-            .retain(|&p, v| *v & PINNED != 0 || rate.samples_prefix(p));
-        self.map.shrink_to_fit();
+        self.keep(|p, v| v & PINNED != 0 || rate.samples_prefix(p));
         self.rebuild_filter();
         true
+    }
+}
+
+impl HookTable {
+    /// Keep the hooks `f` keeps, in a table rebuilt to fit them. Not
+    /// `retain`: hashbrown leaves a tombstone in every slot it empties,
+    /// and a table full of them grows to twice its slots at the next
+    /// inserts even with fewer hooks than before (measured: 785,574 hooks
+    /// in 35.6 MiB of slots, over a 32 MiB budget). The kept entries are
+    /// gathered (16 bytes each) before the old table is freed.
+    fn keep(&mut self, mut f: impl FnMut(u64, u64) -> bool) {
+        let kept: Vec<(u64, u64)> = self
+            .map
+            .iter()
+            .map(|(&p, &v)| (p, v))
+            .filter(|&(p, v)| f(p, v))
+            .collect();
+        self.map = Map::default();
+        self.map.reserve(kept.len());
+        self.map.extend(kept);
     }
 }
 
