@@ -16,21 +16,37 @@ use crate::repo_error::{RepoError, RepoResult};
 /// tree from 4.1 MB to 365 KB (paths share their prefixes).
 const OBJECT_LEVEL: i32 = 3;
 
-/// Frame `body` compressed: the frame's body is the raw body's length
-/// (u64), then the raw body compressed with zstd.
-pub fn frame_compressed(magic: [u8; 8], version: u32, body: &[u8]) -> Vec<u8> {
+/// The most a compressed body may expand, so that a forged one (a tree
+/// from a client, say) cannot make its reader decompress without end:
+/// trees and recipes compress 10-15 times. A body that compresses better
+/// is framed plain instead.
+pub const MAX_EXPANSION: u64 = 64;
+
+/// Frame `body` compressed as `version`: the frame's body is the raw
+/// body's length (u64), then the raw body compressed with zstd. A body
+/// that would expand more than `MAX_EXPANSION` times is framed as is, as
+/// `plain_version`.
+pub fn frame_compressed(magic: [u8; 8], plain_version: u32, version: u32, body: &[u8]) -> Vec<u8> {
     // zstd in memory fails only on a bad level, and this one is good.
     let packed = zstd::bulk::compress(body, OBJECT_LEVEL).expect("zstd compresses in memory");
+    if !expansion_allowed(body.len() as u64, packed.len()) {
+        return frame(magic, plain_version, body);
+    }
     let mut b = Vec::with_capacity(8 + packed.len());
     b.extend_from_slice(&(body.len() as u64).to_le_bytes());
     b.extend_from_slice(&packed);
     frame(magic, version, &b)
 }
 
+fn expansion_allowed(raw_len: u64, packed_len: usize) -> bool {
+    raw_len <= (packed_len as u64).saturating_mul(MAX_EXPANSION)
+}
+
 /// Check the frame of `object`, of version `plain` (its body as is) or
 /// `compressed` (as [`frame_compressed`] makes it), and return its body.
-/// A compressed body is decompressed as it comes, never into room sized
-/// by the length it names, and must come to exactly that length.
+/// A compressed body may name at most `MAX_EXPANSION` times its own
+/// length, is decompressed as it comes (never into room sized by the
+/// length it names), and must come to exactly that length.
 pub fn unframe_compressed<'a>(
     object: &str,
     magic: [u8; 8],
@@ -44,6 +60,12 @@ pub fn unframe_compressed<'a>(
     }
     let corrupt = |d: String| RepoError::corrupt(object, d);
     let raw_len = Reader::new(object, body).u64()?;
+    if !expansion_allowed(raw_len, body.len() - 8) {
+        return Err(corrupt(format!(
+            "its compressed body names {raw_len} bytes, over {MAX_EXPANSION} times its {}",
+            body.len() - 8
+        )));
+    }
     let mut out = Vec::new();
     zstd::stream::read::Decoder::new(&body[8..])
         .and_then(|d| d.take(raw_len.saturating_add(1)).read_to_end(&mut out))

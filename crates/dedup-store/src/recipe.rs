@@ -8,8 +8,9 @@
 //! `DDUPRCPE`): stream length (u64), segment count n (u64), then n × 48
 //! bytes: container id (u64), entry (u32), length (u32), fingerprint (32).
 //! Version 2 (written since 2026-11-25) keeps that body compressed with
-//! zstd (see `framed::frame_compressed`); version 1 kept it as is and is
-//! still read.
+//! zstd (see `framed::frame_compressed`); version 1 keeps it as is, and is
+//! still written for a body that would expand more than 64 times (the
+//! recipe of a stream of zeros), and read.
 
 use dedup_core::fingerprint::Fingerprint;
 
@@ -47,7 +48,7 @@ impl Recipe {
             body.extend_from_slice(&s.len.to_le_bytes());
             body.extend_from_slice(&s.fingerprint.0);
         }
-        frame_compressed(MAGIC, VERSION, &body)
+        frame_compressed(MAGIC, PLAIN_VERSION, VERSION, &body)
     }
 
     /// Decode the recipe object `object`, checking that the counts and

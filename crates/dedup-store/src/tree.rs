@@ -3,7 +3,10 @@
 //! the backup's stream that holds its contents (the stream is every
 //! regular file's contents back to back, in the same order).
 //!
-//! Object `trees/<backup>-<nonce>`, framed (magic `DDUPTREE`, version 1).
+//! Object `trees/<backup>-<nonce>`, framed (magic `DDUPTREE`), version 2:
+//! the body below compressed with zstd behind its raw length (see
+//! `framed::frame_compressed`; a body that would expand more than 64
+//! times is written plain, as version 1, which is also still read).
 //! Body: stream length (u64), entry count n (u64), then n entries of
 //!
 //! | Size | Field                                                       |
@@ -184,7 +187,7 @@ impl Tree {
                 b.extend_from_slice(value);
             }
         }
-        frame_compressed(MAGIC, VERSION, &b)
+        frame_compressed(MAGIC, PLAIN_VERSION, VERSION, &b)
     }
 
     /// Decode and check the tree object `object`.

@@ -251,7 +251,7 @@ fn compressed_recipes_and_trees_and_plain_ones_from_before() {
     let v1 = frame(*b"DDUPRCPE", 1, &raw);
     assert_eq!(Recipe::decode("r", &v1).unwrap(), recipe);
     // Forged version 2 bodies with good checksums.
-    let mut not_zstd = 1200u64.to_le_bytes().to_vec();
+    let mut not_zstd = 100u64.to_le_bytes().to_vec();
     not_zstd.extend_from_slice(b"not zstd at all");
     let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 2, &not_zstd)).unwrap_err();
     assert!(
@@ -265,6 +265,24 @@ fn compressed_recipes_and_trees_and_plain_ones_from_before() {
     let mut long = (raw.len() as u64 - 1).to_le_bytes().to_vec();
     long.extend_from_slice(&zstd::encode_all(&raw[..], 3).unwrap());
     assert!(Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 2, &long)).is_err());
+    // A body naming more than 64 times its compressed bytes is refused
+    // before it is decompressed.
+    let mut bomb = (1u64 << 40).to_le_bytes().to_vec();
+    bomb.extend_from_slice(&zstd::encode_all(&raw[..], 3).unwrap());
+    let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 2, &bomb)).unwrap_err();
+    assert!(err.to_string().contains("over 64 times"), "{err}");
+    // A body that would expand more than that (a stream of zeros: every
+    // reference the same) is written plain, as version 1, and reads.
+    let zeros = Recipe {
+        stream_len: 16384 * 100_000,
+        segments: vec![recipe.segments[0]; 100_000]
+            .into_iter()
+            .map(|s| SegmentRef { len: 16384, ..s })
+            .collect(),
+    };
+    let bytes = zeros.encode();
+    assert_eq!(&bytes[8..12], &1u32.to_le_bytes(), "written as version 1");
+    assert_eq!(Recipe::decode("r", &bytes).unwrap(), zeros);
     // A tree: the same, in one line each way.
     let tree = Tree {
         stream_len: 0,

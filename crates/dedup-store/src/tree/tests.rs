@@ -142,7 +142,7 @@ fn inconsistent_entries_are_refused() {
     body.extend_from_slice(&u64::MAX.to_le_bytes());
     let e = Tree::decode(OBJ, &frame(MAGIC, PLAIN_VERSION, &body)).unwrap_err();
     assert!(e.to_string().contains("do not fit"), "{e}");
-    let e = Tree::decode(OBJ, &frame_compressed(MAGIC, VERSION, &body)).unwrap_err();
+    let e = Tree::decode(OBJ, &frame_compressed(MAGIC, PLAIN_VERSION, VERSION, &body)).unwrap_err();
     assert!(e.to_string().contains("do not fit"), "{e}");
     // Another version is refused.
     let e = Tree::decode(OBJ, &frame(MAGIC, 3, &[0; 16])).unwrap_err();
@@ -156,7 +156,7 @@ proptest! {
         // Framed, so the body itself is what is parsed: as is, compressed,
         // and as a compressed body.
         let _ = Tree::decode(OBJ, &frame(MAGIC, PLAIN_VERSION, &bytes));
-        let _ = Tree::decode(OBJ, &frame_compressed(MAGIC, VERSION, &bytes));
+        let _ = Tree::decode(OBJ, &frame_compressed(MAGIC, PLAIN_VERSION, VERSION, &bytes));
         let _ = Tree::decode(OBJ, &frame(MAGIC, VERSION, &bytes));
     }
 
@@ -175,7 +175,7 @@ proptest! {
             body[i] = value;
             body.truncate(cut.index(body.len() + 1));
             let _ = Tree::decode(OBJ, &frame(MAGIC, version, &body));
-            let _ = Tree::decode(OBJ, &frame_compressed(MAGIC, VERSION, &body));
+            let _ = Tree::decode(OBJ, &frame_compressed(MAGIC, PLAIN_VERSION, VERSION, &body));
         }
     }
 }
