@@ -35,7 +35,9 @@ fn checkpoints(store: &dyn ObjectStore) -> Vec<(u64, String)> {
         .filter_map(|n| {
             let hex = n.strip_prefix(INDEX_PREFIX)?;
             let covered = u64::from_str_radix(hex, 16).ok()?;
-            (hex.len() == 16).then_some((covered, n))
+            // Past the highest id a repository hands out: not ours.
+            let ours = covered <= crate::index::hooks::MAX_CONTAINER + 1;
+            (hex.len() == 16 && ours).then_some((covered, n))
         })
         .collect();
     found.sort_unstable_by(|a, b| b.cmp(a));

@@ -238,6 +238,13 @@ impl Repository {
         // than any checkpoint says was handed out.
         let mut next = covered.max(crate::index_checkpoint::highest_covered(&*self.store));
         for id in ids.into_iter().filter(|&id| id >= covered) {
+            if id > crate::index::hooks::MAX_CONTAINER {
+                // An id no repository hands out (a foreign or damaged
+                // name): damaged, and never a reason to hand out ids past
+                // it, which no hook could name.
+                self.damaged.push(crate::container_name(id));
+                continue;
+            }
             next = next.max(id + 1);
             match Catalog::read(&*self.store, id) {
                 Ok(catalog) => index.insert(id, catalog.entries()),

@@ -1,6 +1,7 @@
 //! Repository basics and dedup: init/open, backup and restore round trips,
 //! what a second, changed or shifted backup stores.
 
+use dedup_store::index::IndexConfig;
 use dedup_store::{RepoError, RepoOptions, Repository, Segmenting};
 use rand::{rngs::StdRng, RngCore, SeedableRng};
 
@@ -120,6 +121,36 @@ fn same_stream_twice_stores_nothing_new() {
     assert_eq!(second.bytes_new, 0);
     assert_eq!(second.segments_duplicate, 512);
     assert_eq!(second.containers_written, 0);
+    assert_eq!(restore(&mut repo, "two"), data);
+}
+
+#[test]
+fn a_container_name_past_the_highest_id_is_damage_not_the_next_id() {
+    // A hook cannot name an id with the top bit set: had the next id come
+    // after this name, no later container would have hooks, and dedup
+    // across backups would stop without a word.
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::init_with(tmp.path(), small_containers(Segmenting::DEFAULT)).unwrap();
+    drop(repo);
+    std::fs::create_dir_all(tmp.path().join("containers")).unwrap();
+    std::fs::write(tmp.path().join("containers/8000000000000000"), b"stray").unwrap();
+    let data = random(1 << 20, 7);
+    // The sampled index, as `dedup backup` opens a repository.
+    let open = || Repository::open_sampled(tmp.path(), IndexConfig::default()).unwrap();
+    let repo = open();
+    assert!(repo
+        .damaged_containers()
+        .iter()
+        .any(|c| c.ends_with("8000000000000000")));
+    repo.backup_stream("one", "g", &data[..]).unwrap();
+    drop(repo);
+    let mut repo = open();
+    let second = repo.backup_stream("two", "g", &data[..]).unwrap();
+    assert_eq!(
+        (second.bytes_new, second.containers_written),
+        (0, 0),
+        "{second:?}"
+    );
     assert_eq!(restore(&mut repo, "two"), data);
 }
 

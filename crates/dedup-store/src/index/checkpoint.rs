@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use crate::error::{Error, Result};
 use crate::format::crc;
 
-use super::hooks::{Hook, HookTable};
+use super::hooks::{Hook, HookTable, MAX_CONTAINER};
 use super::sampling::SamplingRate;
 use super::{Index, IndexConfig};
 
@@ -24,9 +24,6 @@ pub const CHECKPOINT_HEADER_LEN: usize = 32;
 /// A group's container id and hook count.
 pub const GROUP_HEADER_LEN: usize = 12;
 pub const PREFIX_LEN: usize = 8;
-/// Container ids a checkpoint may name: the top bit marks a pinned hook
-/// in RAM.
-const MAX_CONTAINER: u64 = (1 << 63) - 1;
 
 /// What errors call a checkpoint.
 const WHAT: &str = "index checkpoint";

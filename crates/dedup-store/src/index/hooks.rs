@@ -35,11 +35,17 @@ pub const HOOK_SLOT_BYTES: u64 = 17;
 /// The value's top bit: the container's pinned hook.
 const PINNED: u64 = 1 << 63;
 
+/// The highest container id a hook can name (the top bit is `PINNED`); a
+/// repository never hands out more.
+pub const MAX_CONTAINER: u64 = PINNED - 1;
+
 /// E: the most RAM a hook costs. hashbrown keeps a power-of-two number
 /// of slots, between 7/16 and 7/8 of them full, so a table of n hooks
 /// holds at most 2 · 8/7 · n slots: 38.9 bytes a hook; the filter adds
 /// at most 2. A budget of M bytes is held to M/E hooks, so the table and
-/// its filter never pass M (they take half of M to M).
+/// its filter stay within M (half of M to M) between inserts; while
+/// hashbrown moves to a larger table, or the filter is rebuilt, old and
+/// new are held together for a moment.
 pub const HOOK_BYTES: u64 = 41;
 
 /// The filter's bits per hook it is sized for; it is sized for twice the
@@ -108,8 +114,8 @@ impl HookTable {
             max_hooks,
             fingerprints: 0,
             pinned: 0,
-            filter: filter_for(MIN_FILTER_HOOKS),
-            filter_hooks: MIN_FILTER_HOOKS,
+            filter: filter_for(MIN_FILTER_HOOKS.min(2 * max_hooks).max(1)),
+            filter_hooks: MIN_FILTER_HOOKS.min(2 * max_hooks).max(1),
         }
     }
 
@@ -141,9 +147,11 @@ impl HookTable {
         new
     }
 
-    /// A filter of exactly the hooks held, sized for twice as many.
+    /// A filter of exactly the hooks held, sized for twice as many (at
+    /// least a kilobyte, unless the budget is smaller).
     fn rebuild_filter(&mut self) {
-        self.filter_hooks = (2 * self.map.len()).max(MIN_FILTER_HOOKS);
+        let least = MIN_FILTER_HOOKS.min(2 * self.max_hooks).max(1);
+        self.filter_hooks = (2 * self.map.len()).max(least);
         self.filter = filter_for(self.filter_hooks);
         for p in self.map.keys() {
             self.filter.insert(p);

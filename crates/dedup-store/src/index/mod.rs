@@ -29,7 +29,7 @@ pub use hooks::{Hook, HookTable, HOOK_BYTES, HOOK_SLOT_BYTES};
 pub use sampling::SamplingRate;
 pub use segment_index::SampledIndex;
 
-/// M's default: 860,370 hooks, every fingerprint of the first 3.3 GiB
+/// M's default: 818,400 hooks, every fingerprint of the first 3.1 GiB
 /// stored in 4 KiB segments; R = 1/512 at 1 TiB, where the table holds
 /// 524,288 hooks in 17 MiB of slots, and less per TiB beyond (restic 0.14
 /// holds about 300 MiB per TiB of its 1 MiB chunks, and grows with the
