@@ -73,6 +73,10 @@ impl Client {
         opts: &BackupOptions,
         progress: &Progress<'_>,
     ) -> Result<WireBackup, ClientError> {
+        // A tree known up front is checked before anything is sent.
+        if let Some(t) = &tree {
+            tree_fits(t)?;
+        }
         let (session, segmenting) = self.begin(name, group)?;
         let piped = self.pipeline(session, segmenting, Source::Stream(reader), opts, progress);
         self.end(session, piped, tree)
@@ -122,15 +126,7 @@ impl Client {
         piped: Result<(), ClientError>,
         tree: Option<Vec<u8>>,
     ) -> Result<WireBackup, ClientError> {
-        // The tree travels in the commit's one frame.
-        let limit = MAX_FRAME - (64 << 10);
-        let piped = piped.and_then(|()| match tree.as_ref().filter(|t| t.len() > limit) {
-            Some(t) => Err(ClientError::Local(format!(
-                "a tree of {} bytes is over what one commit carries ({limit} bytes)",
-                t.len()
-            ))),
-            None => Ok(()),
-        });
+        let piped = piped.and_then(|()| tree.as_deref().map_or(Ok(()), tree_fits));
         match piped {
             Ok(()) => match self.call(Call::Commit { session, tree })? {
                 Reply::Committed(b) => Ok(b),
@@ -263,6 +259,18 @@ impl Client {
         }
         Ok(())
     }
+}
+
+/// The tree travels in the commit's one frame: refused if over it.
+fn tree_fits(tree: &[u8]) -> Result<(), ClientError> {
+    let limit = MAX_FRAME - (64 << 10);
+    if tree.len() > limit {
+        return Err(ClientError::Local(format!(
+            "a tree of {} bytes is over what one commit carries ({limit} bytes)",
+            tree.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Cut the source into batches of segments, numbered in order.

@@ -14,7 +14,9 @@ use crate::gc::GcReport;
 use crate::segmenter::Segmenting;
 
 /// Bumped on any incompatible change; `Hello` refuses a mismatch.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// 2: a commit's tree is a version 2 tree object (its body compressed),
+/// which a server of protocol 1 refuses only at the commit.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Largest segment the server takes: what a container holds.
 pub const MAX_SEGMENT: usize = crate::format::MAX_SEGMENT_LEN;
