@@ -278,8 +278,8 @@ impl From<BackupReport> for ReportJson {
 /// How a writing command indexes the repository's segments.
 #[derive(clap::Args, Clone, Debug)]
 pub struct IndexArgs {
-    /// RAM for the sampled index's hooks (Guo §3.2), at most 39 bytes a
-    /// hook. Every fingerprint is a hook while they fit (the first 3.3 GiB
+    /// RAM for the sampled index's hooks (Guo §3.2), at most 41 bytes a
+    /// hook. Every fingerprint is a hook while they fit (the first 3.1 GiB
     /// stored, by default); past that the sampling rate halves as the
     /// store grows (R = 1, 1/2, 1/4, ...: 1/512 at 1 TiB), and a hit on a
     /// sampled fingerprint prefetches its container's catalog.
