@@ -17,7 +17,8 @@ pub struct Figures {
     /// R, the current sampling rate.
     pub rate: f64,
     pub hooks: usize,
-    /// The hook table's slots: what the budget is held against.
+    /// The hook table's slots and its Bloom filter: what the budget is
+    /// held against.
     pub hook_bytes: u64,
     pub memory_budget: u64,
     pub cache_entries: usize,

@@ -53,6 +53,12 @@ pub const HOOK_BYTES: u64 = 41;
 const FILTER_BITS_PER_HOOK: usize = 8;
 const MIN_FILTER_HOOKS: usize = 1024;
 
+/// The fewest hooks a table of `max_hooks` sizes its filter for: a
+/// kilobyte's worth, unless the budget is smaller.
+fn least_filter_hooks(max_hooks: usize) -> usize {
+    MIN_FILTER_HOOKS.min(2 * max_hooks).max(1)
+}
+
 /// The bytes a table holding up to `capacity` hooks has allocated
 /// (hashbrown's `capacity()` is 7/8 of its slots, or slots - 1 below 8).
 fn table_bytes(capacity: usize) -> u64 {
@@ -91,9 +97,9 @@ pub struct HookTable {
     max_hooks: usize,
     /// Every fingerprint inserted, sampled or not: C/S in Eq. 1.
     fingerprints: u64,
-    /// Pinned hooks in `map`: when they are all it holds, halving R frees
-    /// nothing (known without a scan; past the paper's capacity limit
-    /// every insert would otherwise scan the table).
+    /// Pinned hooks in `map`, kept by `put` and `keep`: when they are all
+    /// it holds, halving R frees nothing (known without a scan; past the
+    /// paper's capacity limit every insert would otherwise scan the table).
     pinned: usize,
     /// Every prefix in `map`, and perhaps some removed since.
     filter: Filter,
@@ -114,8 +120,8 @@ impl HookTable {
             max_hooks,
             fingerprints: 0,
             pinned: 0,
-            filter: filter_for(MIN_FILTER_HOOKS.min(2 * max_hooks).max(1)),
-            filter_hooks: MIN_FILTER_HOOKS.min(2 * max_hooks).max(1),
+            filter: filter_for(least_filter_hooks(max_hooks)),
+            filter_hooks: least_filter_hooks(max_hooks),
         }
     }
 
@@ -134,9 +140,12 @@ impl HookTable {
     }
 
     /// Add `prefix` to the map and the filter, growing the filter first
-    /// if the map would outgrow it.
+    /// if the map would outgrow it; true if the prefix was not a hook.
     fn put(&mut self, prefix: u64, value: u64) -> bool {
-        let new = self.map.insert(prefix, value).is_none();
+        let old = self.map.insert(prefix, value);
+        self.pinned += usize::from(value & PINNED != 0);
+        self.pinned -= usize::from(old.is_some_and(|v| v & PINNED != 0));
+        let new = old.is_none();
         if new {
             if self.map.len() > self.filter_hooks {
                 self.rebuild_filter();
@@ -150,8 +159,7 @@ impl HookTable {
     /// A filter of exactly the hooks held, sized for twice as many (at
     /// least a kilobyte, unless the budget is smaller).
     fn rebuild_filter(&mut self) {
-        let least = MIN_FILTER_HOOKS.min(2 * self.max_hooks).max(1);
-        self.filter_hooks = (2 * self.map.len()).max(least);
+        self.filter_hooks = (2 * self.map.len()).max(least_filter_hooks(self.max_hooks));
         self.filter = filter_for(self.filter_hooks);
         for p in self.map.keys() {
             self.filter.insert(p);
@@ -226,7 +234,6 @@ impl HookTable {
         }
         if let Some(p) = pin {
             self.put(p, container | PINNED);
-            self.pinned += 1;
         }
         for p in fingerprints.iter().map(Fingerprint::prefix_u64) {
             if self.rate.samples_prefix(p) && !self.map.contains_key(&p) {
@@ -238,14 +245,7 @@ impl HookTable {
     /// Drop every hook into `containers` (deleted by garbage collection),
     /// so the fingerprints they held can hook a container that has them.
     pub fn forget(&mut self, containers: &std::collections::HashSet<u64>) {
-        let mut unpinned = 0;
-        self.keep(|_, v| {
-            let h = hook(v);
-            let stays = !containers.contains(&h.container);
-            unpinned += usize::from(!stays && h.pinned);
-            stays
-        });
-        self.pinned -= unpinned;
+        self.keep(|_, v| !containers.contains(&hook(v).container));
     }
 
     /// Container `container` was compacted and now holds only `present`
@@ -264,7 +264,6 @@ impl HookTable {
         if !lost_pin {
             return;
         }
-        self.pinned -= 1;
         // A fingerprint of this container that is a hook of no other.
         let pin = present.iter().map(Fingerprint::prefix_u64).find(|p| {
             self.map
@@ -274,7 +273,6 @@ impl HookTable {
         match pin {
             Some(p) => {
                 self.put(p, container | PINNED);
-                self.pinned += 1;
             }
             // None left to pin: its unpinned hooks would be refused by a
             // checkpoint's loader, so they go too (prefetch then needs a
@@ -287,11 +285,7 @@ impl HookTable {
     /// false if the prefix is a hook already.
     pub(super) fn restore(&mut self, prefix: u64, hook: Hook) -> bool {
         let value = hook.container | if hook.pinned { PINNED } else { 0 };
-        let new = self.put(prefix, value);
-        if new && hook.pinned {
-            self.pinned += 1;
-        }
-        new
+        self.put(prefix, value)
     }
 
     pub(super) fn set_fingerprints(&mut self, fingerprints: u64) {
@@ -302,9 +296,7 @@ impl HookTable {
     /// does not sample.
     pub(super) fn lower_to(&mut self, rate: SamplingRate) {
         if rate.log2_period() > self.rate.log2_period() {
-            self.rate = rate;
-            self.keep(|p, v| v & PINNED != 0 || rate.samples_prefix(p));
-            self.rebuild_filter();
+            self.resample(rate);
         }
     }
 
@@ -324,14 +316,18 @@ impl HookTable {
         let Some(rate) = self.rate.halved() else {
             return false;
         };
+        self.resample(rate);
+        true
+    }
+
+    /// Sample at `rate`, sparser than now: keep the pinned hooks and those
+    /// `rate` samples, with a filter of just them.
+    fn resample(&mut self, rate: SamplingRate) {
         self.rate = rate;
         self.keep(|p, v| v & PINNED != 0 || rate.samples_prefix(p));
         self.rebuild_filter();
-        true
     }
-}
 
-impl HookTable {
     /// Keep the hooks `f` keeps, in a table rebuilt to fit them. Not
     /// `retain`: hashbrown leaves a tombstone in every slot it empties,
     /// and a table full of them grows to twice its slots at the next
@@ -345,6 +341,7 @@ impl HookTable {
             .map(|(&p, &v)| (p, v))
             .filter(|&(p, v)| f(p, v))
             .collect();
+        self.pinned = kept.iter().filter(|(_, v)| v & PINNED != 0).count();
         self.map = Map::default();
         self.map.reserve(kept.len());
         self.map.extend(kept);
