@@ -19,15 +19,14 @@ use dedup_core::fingerprint::Fingerprint;
 use crate::backup::BackupReport;
 use crate::repo::Repository;
 use crate::repo_error::{RepoError, RepoResult};
-use crate::segment_blocks::{Block, BlockCutter};
+use crate::segment_blocks::{Block, BlockCutter, BLOCK};
 use crate::segmenter::Segmenting;
 use crate::session::BackupSession;
 use crate::writer::HASH;
 
-/// Bytes read and cut at a time, each block then hashed as one job, and
-/// blocks in flight: enough to keep every core busy and ride out a
-/// container write, little enough to bound RAM (8 MiB).
-const BLOCK: usize = 1 << 20;
+/// Blocks (each hashed as one job) in flight: enough to keep every core
+/// busy and ride out a container write, little enough to bound RAM
+/// (8 MiB).
 const IN_FLIGHT: usize = 8;
 
 type Hashed = io::Result<(Block, Vec<Fingerprint>)>;

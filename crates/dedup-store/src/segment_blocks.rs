@@ -3,8 +3,10 @@
 //! segment is copied out of it (the backup hashes and stores segments as
 //! slices of the block).
 //!
-//! The cut points are exactly [`Segmenter`](crate::segmenter::Segmenter)'s,
-//! whatever the block size: a FastCDC cut found before the end of the
+//! Every backup cuts through it: a stream here, files one by one, and a
+//! client of the server. The cut points are exactly those of `fastcdc`'s
+//! streaming `StreamCDC` (and of plain fixed-size pieces), whatever the
+//! block size: a FastCDC cut found before the end of the
 //! bytes at hand is the one the whole stream would give (the search from
 //! a segment's start stops at the first match, and more bytes after it do
 //! not change where that is), so only the segment that runs to the
@@ -19,6 +21,9 @@ use std::io::{self, Read};
 use fastcdc::v2020::FastCDC;
 
 use crate::segmenter::Segmenting;
+
+/// The bytes a backup reads and cuts at a time.
+pub const BLOCK: usize = 1 << 20;
 
 /// A block of the stream and where its segments end.
 pub struct Block {

@@ -1,14 +1,7 @@
-//! Cutting a backup stream into segments: fixed 4 KiB by default, as in the
-//! paper (§3.1), or content-defined with FastCDC, whose cut points move with
-//! the content so an insertion only changes the segments around it.
-//!
-//! Both read the stream as it comes (FastCDC through `fastcdc`'s streaming
-//! `StreamCDC`; dedup-analyze's chunker wants whole buffers fed to it and
-//! lives in a crate we should not depend on).
-
-use std::io::{self, Read};
-
-use fastcdc::v2020::StreamCDC;
+//! How a repository cuts backup streams into segments: fixed 4 KiB by
+//! default, as in the paper (§3.1), or content-defined with FastCDC, whose
+//! cut points move with the content so an insertion only changes the
+//! segments around it. The cutting itself is `segment_blocks`'s.
 
 /// How a repository cuts streams; recorded in its config so every backup
 /// of one repository is cut the same way (otherwise they would not dedup).
@@ -52,65 +45,6 @@ impl Segmenting {
                     Err(format!("FastCDC sizes {min}/{avg}/{max} are out of range"))
                 }
             }
-        }
-    }
-}
-
-/// The segments of a stream, in order; the last may be short.
-pub enum Segmenter<R: Read> {
-    Fixed { reader: R, size: usize, done: bool },
-    Cdc(Box<StreamCDC<R>>),
-}
-
-impl<R: Read> Segmenter<R> {
-    pub fn new(how: Segmenting, reader: R) -> Segmenter<R> {
-        match how {
-            Segmenting::Fixed { size } => Segmenter::Fixed {
-                reader,
-                size: size as usize,
-                done: false,
-            },
-            Segmenting::FastCdc { min, avg, max } => {
-                Segmenter::Cdc(Box::new(StreamCDC::new(reader, min, avg, max)))
-            }
-        }
-    }
-}
-
-impl<R: Read> Iterator for Segmenter<R> {
-    type Item = io::Result<Vec<u8>>;
-
-    fn next(&mut self) -> Option<io::Result<Vec<u8>>> {
-        match self {
-            Segmenter::Fixed { reader, size, done } => {
-                if *done {
-                    return None;
-                }
-                let mut buf = vec![0u8; *size];
-                let mut filled = 0;
-                while filled < buf.len() {
-                    match reader.read(&mut buf[filled..]) {
-                        Ok(0) => break,
-                        Ok(n) => filled += n,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => {
-                            *done = true;
-                            return Some(Err(e));
-                        }
-                    }
-                }
-                if filled < buf.len() {
-                    *done = true;
-                }
-                if filled == 0 {
-                    return None;
-                }
-                buf.truncate(filled);
-                Some(Ok(buf))
-            }
-            Segmenter::Cdc(cdc) => cdc
-                .next()
-                .map(|r| r.map(|c| c.data).map_err(io::Error::from)),
         }
     }
 }

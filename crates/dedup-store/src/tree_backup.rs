@@ -1,5 +1,5 @@
 //! Backing up files and directories: the walk's file contents go through
-//! the same session and segmenter as any stream (cut file by file, so
+//! the same session and block cutter as any stream (cut file by file, so
 //! segments never span two files), and the
 //! tree it records becomes the backup's tree object, committed with it.
 //! A remote client can do the same through a server: send the stream's
@@ -11,7 +11,7 @@ use std::path::Path;
 use crate::backup::BackupReport;
 use crate::repo::Repository;
 use crate::repo_error::{RepoError, RepoResult};
-use crate::segmenter::Segmenter;
+use crate::segment_blocks::{BlockCutter, BLOCK};
 use crate::tree_parent::ParentFiles;
 use crate::tree_walk::{TreeWalk, WalkCounts};
 
@@ -95,8 +95,10 @@ impl Repository {
                 inner: &mut walk,
                 progress: &mut progress,
             };
-            for segment in Segmenter::new(self.config.segmenting, reader) {
-                session.append(&segment.map_err(io)?)?;
+            for block in BlockCutter::new(self.config.segmenting, reader, BLOCK) {
+                for segment in block.map_err(io)?.segments() {
+                    session.append(segment)?;
+                }
             }
         }
         let (tree, counts, warnings) = walk.finish();

@@ -1,11 +1,13 @@
-//! The block cutter cuts exactly where the streaming segmenter does,
-//! whatever the block size and however the reader hands out bytes, so a
-//! repository's backups keep deduplicating against those made before it.
+//! The block cutter cuts exactly where `fastcdc`'s streaming `StreamCDC`
+//! does (and fixed-size cutting in plain pieces), whatever the block size
+//! and however the reader hands out bytes, so a repository's backups keep
+//! deduplicating against those made before it, when StreamCDC cut them.
 
 use std::io::{self, Read};
 
 use dedup_store::segment_blocks::BlockCutter;
-use dedup_store::segmenter::{Segmenter, Segmenting};
+use dedup_store::segmenter::Segmenting;
+use fastcdc::v2020::StreamCDC;
 use proptest::prelude::*;
 
 /// A reader that hands out at most `step` bytes a call.
@@ -42,8 +44,14 @@ fn data(seed: u64, len: usize) -> Vec<u8> {
     out
 }
 
+/// The segments as the streaming cutters make them.
 fn streamed(how: Segmenting, bytes: &[u8]) -> Vec<Vec<u8>> {
-    Segmenter::new(how, bytes).map(|s| s.unwrap()).collect()
+    match how {
+        Segmenting::Fixed { size } => bytes.chunks(size as usize).map(<[u8]>::to_vec).collect(),
+        Segmenting::FastCdc { min, avg, max } => StreamCDC::new(bytes, min, avg, max)
+            .map(|c| c.unwrap().data)
+            .collect(),
+    }
 }
 
 fn blocked(how: Segmenting, bytes: &[u8], block: usize, step: usize) -> Vec<Vec<u8>> {

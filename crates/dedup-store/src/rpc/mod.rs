@@ -30,6 +30,6 @@ pub mod client;
 mod pipeline;
 
 pub use client::{Client, ClientError};
-pub use pipeline::{BackupOptions, Progress, Source};
+pub use pipeline::{BackupOptions, Progress};
 pub use protocol::{Endpoint, WireBackup};
 pub use server::{Server, ServerLimits, StopHandle};

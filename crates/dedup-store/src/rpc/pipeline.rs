@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use super::client::{unexpected, Client, ClientError, Pending};
 use super::protocol::{Call, Item, Reply, WireBackup, MAX_BATCH, MAX_FRAME};
-use crate::segment_blocks::BlockCutter;
+use crate::segment_blocks::{BlockCutter, BLOCK};
 use crate::segmenter::Segmenting;
 use crate::tree_walk::{TreeWalk, WalkCounts};
 use crate::writer::HASH;
@@ -56,7 +56,7 @@ type Fps = Vec<[u8; 32]>;
 /// file cut on its own (as a backup of files made where the repository is
 /// cuts them: segments never span two files, so a later local backup can
 /// reuse an unchanged file's segments).
-pub enum Source<'w, R> {
+enum Source<'w, R> {
     Stream(R),
     Files(&'w mut TreeWalk),
 }
@@ -347,7 +347,7 @@ fn cut_into(
     out: &mut Batcher<'_>,
     stop: &AtomicBool,
 ) -> Result<bool, String> {
-    let mut cutter = BlockCutter::new(segmenting, reader, 1 << 20);
+    let mut cutter = BlockCutter::new(segmenting, reader, BLOCK);
     while let Some(block) = cutter.next() {
         if stop.load(Ordering::SeqCst) {
             return Ok(false);
