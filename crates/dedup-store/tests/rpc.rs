@@ -577,16 +577,12 @@ fn a_directory_tree_backs_up_through_the_server_and_restores_with_its_metadata()
     // backup may trust their size, times and inode.
     std::thread::sleep(Duration::from_millis(1100));
     let c = server.client();
-    let walk = |paths: &[&Path]| TreeWalk::new(paths).unwrap();
-    let (b, counts, warnings) = c
-        .backup_files(
-            "files",
-            "g",
-            walk(&[&data]),
-            &BackupOptions::default(),
-            &|_| {},
-        )
-        .unwrap();
+    let backup = |name: &str| {
+        let walk = TreeWalk::new(&[&data]).unwrap();
+        c.backup_files(name, "g", walk, &BackupOptions::default(), &|_| {})
+            .unwrap()
+    };
+    let (b, counts, warnings) = backup("files");
     assert!(b.has_tree && warnings.is_empty(), "{warnings:?}");
     assert_eq!(
         (counts.files, counts.symlinks, counts.hard_links),
@@ -595,15 +591,7 @@ fn a_directory_tree_backs_up_through_the_server_and_restores_with_its_metadata()
     // The copy of a 3 MiB file inside the tree is found, and a second
     // backup of the same tree sends no new segment.
     assert!(b.report.bytes_new < b.report.bytes_in - (3 << 20) + (64 << 10));
-    let (again, ..) = c
-        .backup_files(
-            "again",
-            "g",
-            walk(&[&data]),
-            &BackupOptions::default(),
-            &|_| {},
-        )
-        .unwrap();
+    let (again, ..) = backup("again");
     assert_eq!(
         (again.report.bytes_new, again.report.bytes_in),
         (0, b.report.bytes_in)
