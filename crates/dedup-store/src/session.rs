@@ -17,10 +17,6 @@
 //! files' segments.
 
 use std::collections::HashMap;
-
-/// Maps keyed by fingerprint: already uniform bytes, so a fast hash is
-/// as good as SipHash here, and these are asked once a segment.
-type FpMap<V> = HashMap<Fingerprint, V, foldhash::fast::FixedState>;
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -33,6 +29,10 @@ use crate::recipe::{Recipe, SegmentRef};
 use crate::repo::{random_bytes, Repository};
 use crate::repo_error::{RepoError, RepoResult};
 use crate::writer::{ContainerWriter, HASH};
+
+/// Maps keyed by fingerprint: already uniform bytes, so a fast hash is
+/// as good as SipHash here, and these are asked once a segment.
+type FpMap<V> = HashMap<Fingerprint, V, foldhash::fast::FixedState>;
 
 /// The container being filled, and what it holds so far (segments repeated
 /// within it are found here: the index only learns of durable containers).

@@ -80,25 +80,18 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "Backed up {} into {} (group {}): {} files, {} directories, {} symlinks, {} hard links, {} special files; {} in, {} new ({} written), dedup ratio {}; {:.1} s, {:.1} MB/s{}.",
+        "Backed up {} into {} (group {}): {}{} in, {} new ({} written), dedup ratio {}; {:.1} s, {:.1} MB/s{}.",
         name,
         a.repo.display(),
         a.group,
-        c.files,
-        c.dirs,
-        c.symlinks,
-        c.hard_links,
-        c.specials,
+        counts_text(&c),
         format_size(r.bytes_in),
         format_size(r.bytes_new),
         format_size(r.bytes_written),
         super::store::ratio_text(&r),
         seconds,
         report.mb_per_sec,
-        match report.warnings.len() {
-            0 => String::new(),
-            n => format!("; {n} skipped (see the warnings above)"),
-        }
+        skipped_text(report.warnings.len())
     );
     if let Some(p) = &report.parent {
         println!(
@@ -111,4 +104,20 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         i.print();
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a backup of files held, for its one-line report.
+pub(super) fn counts_text(c: &WalkCounts) -> String {
+    format!(
+        "{} files, {} directories, {} symlinks, {} hard links, {} special files; ",
+        c.files, c.dirs, c.symlinks, c.hard_links, c.specials
+    )
+}
+
+/// The end of the one-line report when `n` entries were skipped.
+pub(super) fn skipped_text(n: usize) -> String {
+    match n {
+        0 => String::new(),
+        n => format!("; {n} skipped (see the warnings above)"),
+    }
 }

@@ -13,6 +13,7 @@ use dedup_store::{TreeWalk, WalkCounts};
 use serde::Serialize;
 
 use super::backup::mb_per_sec;
+use super::backup_files::{counts_text, skipped_text};
 use super::print_json;
 use super::store::ReportJson;
 
@@ -113,13 +114,7 @@ fn report(
         print_json(&report)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let files = match &report.counts {
-        Some(c) => format!(
-            "{} files, {} directories, {} symlinks, {} hard links, {} special files; ",
-            c.files, c.dirs, c.symlinks, c.hard_links, c.specials
-        ),
-        None => String::new(),
-    };
+    let files = report.counts.as_ref().map_or(String::new(), counts_text);
     println!(
         "Backed up {} through {} (group {}): {files}{} in, {} new ({} written), {} segments new, {} duplicate; {:.1} s, {:.1} MB/s{}.",
         report.name,
@@ -132,10 +127,7 @@ fn report(
         r.segments_duplicate,
         seconds,
         report.mb_per_sec,
-        match report.warnings.as_ref().map_or(0, Vec::len) {
-            0 => String::new(),
-            n => format!("; {n} skipped (see the warnings above)"),
-        }
+        skipped_text(report.warnings.as_ref().map_or(0, Vec::len))
     );
     Ok(ExitCode::SUCCESS)
 }
