@@ -43,9 +43,13 @@ pub fn frame_target(compression: Compression) -> usize {
 }
 
 /// A frame's room: its target and a segment of up to 64 KiB past it (a
-/// larger one grows it).
+/// larger one grows it); none for a frame of one segment (no compression),
+/// which takes that segment's size.
 fn frame_room(frame_target: usize) -> usize {
-    frame_target + (64 << 10)
+    match frame_target {
+        0 => 0,
+        t => t + (64 << 10),
+    }
 }
 
 /// Frames a writer has compressing at once, at most: enough to keep every
