@@ -27,15 +27,21 @@ pub const MAX_EXPANSION: u64 = 64;
 /// that would expand more than `MAX_EXPANSION` times is framed as is, as
 /// `plain_version`.
 pub fn frame_compressed(magic: [u8; 8], plain_version: u32, version: u32, body: &[u8]) -> Vec<u8> {
+    frame_zstd(magic, version, body).unwrap_or_else(|| frame(magic, plain_version, body))
+}
+
+/// Frame `body` compressed as `version` (as [`frame_compressed`] does), or
+/// `None` when it would expand more than `MAX_EXPANSION` times.
+pub fn frame_zstd(magic: [u8; 8], version: u32, body: &[u8]) -> Option<Vec<u8>> {
     // zstd in memory fails only on a bad level, and this one is good.
     let packed = zstd::bulk::compress(body, OBJECT_LEVEL).expect("zstd compresses in memory");
     if !expansion_allowed(body.len() as u64, packed.len()) {
-        return frame(magic, plain_version, body);
+        return None;
     }
     let mut b = Vec::with_capacity(8 + packed.len());
     b.extend_from_slice(&(body.len() as u64).to_le_bytes());
     b.extend_from_slice(&packed);
-    frame(magic, version, &b)
+    Some(frame(magic, version, &b))
 }
 
 fn expansion_allowed(raw_len: u64, packed_len: usize) -> bool {
@@ -58,6 +64,13 @@ pub fn unframe_compressed<'a>(
     if version != compressed {
         return Ok(Cow::Borrowed(body));
     }
+    unzstd(object, body).map(Cow::Owned)
+}
+
+/// The raw body of a frame body that [`frame_zstd`] made: at most
+/// `MAX_EXPANSION` times its bytes, decompressed as it comes (never into
+/// room sized by the length it names), and exactly that length.
+pub fn unzstd(object: &str, body: &[u8]) -> RepoResult<Vec<u8>> {
     let corrupt = |d: String| RepoError::corrupt(object, d);
     let raw_len = Reader::new(object, body).u64()?;
     if !expansion_allowed(raw_len, body.len() - 8) {
@@ -76,7 +89,7 @@ pub fn unframe_compressed<'a>(
             out.len()
         )));
     }
-    Ok(Cow::Owned(out))
+    Ok(out)
 }
 
 /// Frame `body` under `magic` and `version`.

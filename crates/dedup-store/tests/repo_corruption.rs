@@ -222,9 +222,11 @@ fn restore_errors_are_errors_not_panics() {
     ));
 }
 
-/// Recipes and trees keep their bodies compressed (version 2); version 1
-/// objects, kept as is, still read; a compressed body that does not
-/// decompress, or not to the length it names, is refused by name.
+/// Recipes keep their references by column, compressed (version 3), and
+/// trees their bodies compressed (version 2); recipes of rows, compressed
+/// (version 2) or plain (version 1), and plain trees still read; a
+/// compressed body that does not decompress, or not to the length it
+/// names, is refused by name.
 #[test]
 fn compressed_recipes_and_trees_and_plain_ones_from_before() {
     use dedup_store::recipe::{Recipe, SegmentRef};
@@ -241,30 +243,53 @@ fn compressed_recipes_and_trees_and_plain_ones_from_before() {
             .collect(),
     };
     let bytes = recipe.encode();
+    assert_eq!(&bytes[8..12], &3u32.to_le_bytes(), "written as version 3");
     assert!(bytes.len() < 300 * 48 / 4, "{} bytes", bytes.len());
     assert_eq!(Recipe::decode("r", &bytes).unwrap(), recipe);
-    // The same body, framed as version 1 wrote it.
-    let raw = {
-        let (_, body) = bytes[12..bytes.len() - 4].split_at(8);
-        zstd::decode_all(body).unwrap()
-    };
+    // The same references as rows, as versions 1 (plain) and 2
+    // (compressed) wrote them.
+    let mut raw = Vec::new();
+    raw.extend_from_slice(&recipe.stream_len.to_le_bytes());
+    raw.extend_from_slice(&(recipe.segments.len() as u64).to_le_bytes());
+    for s in &recipe.segments {
+        raw.extend_from_slice(&s.container.to_le_bytes());
+        raw.extend_from_slice(&s.entry.to_le_bytes());
+        raw.extend_from_slice(&s.len.to_le_bytes());
+        raw.extend_from_slice(&s.fingerprint.0);
+    }
     let v1 = frame(*b"DDUPRCPE", 1, &raw);
     assert_eq!(Recipe::decode("r", &v1).unwrap(), recipe);
-    // Forged version 2 bodies with good checksums.
-    let mut not_zstd = 100u64.to_le_bytes().to_vec();
-    not_zstd.extend_from_slice(b"not zstd at all");
-    let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 2, &not_zstd)).unwrap_err();
-    assert!(
-        err.to_string().contains("recipes/x") && err.to_string().contains("decompress"),
-        "{err}"
+    let mut v2 = (raw.len() as u64).to_le_bytes().to_vec();
+    v2.extend_from_slice(&zstd::encode_all(&raw[..], 3).unwrap());
+    assert_eq!(
+        Recipe::decode("r", &frame(*b"DDUPRCPE", 2, &v2)).unwrap(),
+        recipe
     );
-    let mut short = (raw.len() as u64 + 1).to_le_bytes().to_vec();
-    short.extend_from_slice(&zstd::encode_all(&raw[..], 3).unwrap());
-    let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 2, &short)).unwrap_err();
-    assert!(err.to_string().contains("not the"), "{err}");
-    let mut long = (raw.len() as u64 - 1).to_le_bytes().to_vec();
-    long.extend_from_slice(&zstd::encode_all(&raw[..], 3).unwrap());
-    assert!(Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 2, &long)).is_err());
+    // The columns read as rows are other references: the lengths no
+    // longer add up, and that is refused.
+    let columns = zstd::decode_all(&bytes[20..bytes.len() - 4]).unwrap();
+    let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 1, &columns)).unwrap_err();
+    assert!(err.to_string().contains("add up to"), "{err}");
+    // Forged compressed bodies with good checksums, in both versions.
+    for version in [2u32, 3] {
+        let mut not_zstd = 100u64.to_le_bytes().to_vec();
+        not_zstd.extend_from_slice(b"not zstd at all");
+        let err =
+            Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", version, &not_zstd)).unwrap_err();
+        assert!(
+            err.to_string().contains("recipes/x") && err.to_string().contains("decompress"),
+            "{err}"
+        );
+        let mut short = (raw.len() as u64 + 1).to_le_bytes().to_vec();
+        short.extend_from_slice(&zstd::encode_all(&raw[..], 3).unwrap());
+        let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", version, &short)).unwrap_err();
+        assert!(err.to_string().contains("not the"), "{err}");
+        let mut long = (raw.len() as u64 - 1).to_le_bytes().to_vec();
+        long.extend_from_slice(&zstd::encode_all(&raw[..], 3).unwrap());
+        assert!(Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", version, &long)).is_err());
+    }
+    let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 4, &v2)).unwrap_err();
+    assert!(err.to_string().contains("format version 4"), "{err}");
     // A body naming more than 64 times its compressed bytes is refused
     // before it is decompressed.
     let mut bomb = (1u64 << 40).to_le_bytes().to_vec();
