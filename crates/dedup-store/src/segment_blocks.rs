@@ -76,22 +76,43 @@ impl<R: Read> BlockCutter<R> {
         }
     }
 
-    /// Take back a block's bytes, done with, to read the next into.
+    /// Take back a block's bytes, done with, to read the next into. A
+    /// spare is kept `block` bytes long, initialized, so reading into it
+    /// again zeroes nothing (`read_to_end` on a reader without `read_buf`
+    /// zeroed every megabyte before reading into it: 2 % of a backup).
     pub fn give_back(&mut self, mut bytes: Vec<u8>) {
         if self.spares.len() < MAX_SPARES && bytes.capacity() >= self.block {
-            bytes.clear();
+            bytes.resize(self.block, 0);
             self.spares.push(bytes);
         }
     }
 
-    /// Read until `bytes` holds `block` bytes or the stream ends.
-    fn fill(&mut self, bytes: &mut Vec<u8>) -> io::Result<()> {
-        let want = self.block.saturating_sub(bytes.len()) as u64;
-        let got = (&mut self.reader).take(want).read_to_end(bytes)? as u64;
-        if got < want {
-            self.eof = true;
+    /// A block's room, `block` bytes long, starting with the carried bytes.
+    fn room(&mut self) -> Vec<u8> {
+        let mut bytes = self.spares.pop().unwrap_or_else(|| vec![0; self.block]);
+        let carried = self.carry.len();
+        if bytes.len() < carried {
+            bytes.resize(carried, 0);
         }
-        Ok(())
+        bytes[..carried].copy_from_slice(&self.carry);
+        bytes
+    }
+
+    /// Read after the first `filled` bytes of `bytes` until it is full or
+    /// the stream ends; the bytes filled.
+    fn fill(&mut self, bytes: &mut [u8], mut filled: usize) -> io::Result<usize> {
+        while filled < bytes.len() {
+            match self.reader.read(&mut bytes[filled..]) {
+                Ok(0) => {
+                    self.eof = true;
+                    break;
+                }
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(filled)
     }
 
     fn cut(&self, bytes: &[u8]) -> Vec<usize> {
@@ -126,17 +147,20 @@ impl<R: Read> Iterator for BlockCutter<R> {
             if self.eof && self.carry.is_empty() {
                 return None;
             }
-            let mut bytes = self.spares.pop().unwrap_or_default();
-            bytes.extend_from_slice(&self.carry);
-            bytes.reserve(self.block.saturating_sub(bytes.len()));
+            let mut bytes = self.room();
+            let mut filled = self.carry.len();
             if !self.eof {
-                if let Err(e) = self.fill(&mut bytes) {
-                    // Nothing more is read, or handed on, after an error.
-                    self.eof = true;
-                    self.carry.clear();
-                    return Some(Err(e));
+                match self.fill(&mut bytes, filled) {
+                    Ok(n) => filled = n,
+                    Err(e) => {
+                        // Nothing more is read, or handed on, after an error.
+                        self.eof = true;
+                        self.carry.clear();
+                        return Some(Err(e));
+                    }
                 }
             }
+            bytes.truncate(filled);
             let ends = self.cut(&bytes);
             let used = ends.last().copied().unwrap_or(0);
             self.carry.clear();
