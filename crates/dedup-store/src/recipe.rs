@@ -11,12 +11,12 @@
 //! the body with zstd (see `framed::frame_zstd`): the fingerprints of new
 //! data do not compress, and apart from them zstd has runs of like numbers
 //! to work on. On the recipe of a 512 MiB image it compressed at
-//! 2.5 GB/s, not 157 MB/s as rows did, a pause at the end of every backup
-//! (0.2 s for 2 GiB), and 6 % smaller. Version 2 is the rows of 48 bytes
-//! (container u64, entry u32, length u32, fingerprint 32) compressed;
-//! version 1 the same rows plain, still written for a body that would
-//! expand more than 64 times (the recipe of a stream of zeros). All three
-//! are read.
+//! 2.5 GB/s, not 157 MB/s as rows did (at the end of a 2 GiB backup, when
+//! nothing else runs, the pause fell from 0.22 s to 0.08 s), and 6 %
+//! smaller. Version 2 is the rows of 48 bytes (container u64, entry u32,
+//! length u32, fingerprint 32) compressed; version 1 the same rows plain,
+//! still written for a body that would expand more than 64 times (the
+//! recipe of a stream of zeros). All three are read.
 
 use dedup_core::fingerprint::Fingerprint;
 
