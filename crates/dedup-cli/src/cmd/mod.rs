@@ -27,6 +27,7 @@ mod store_remote;
 mod store_serve;
 pub mod tls;
 pub mod trace;
+mod write_behind;
 
 use std::path::{Path, PathBuf};
 

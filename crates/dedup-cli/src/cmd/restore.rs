@@ -190,9 +190,5 @@ fn replace_file(
 }
 
 fn write_to(repo: &dedup_store::Repository, name: &str, file: File) -> anyhow::Result<u64> {
-    let mut out = BufWriter::with_capacity(1 << 20, file);
-    let n = repo.restore(name, &mut out)?;
-    let file = out.into_inner().map_err(|e| e.into_error())?;
-    file.sync_all()?;
-    Ok(n)
+    super::write_behind::write_synced(file, |out| repo.restore(name, out))
 }

@@ -190,15 +190,7 @@ fn restore(c: &Client, name: &str, target: &Path, force: bool) -> anyhow::Result
             anyhow!("creating {}: {e}", target.display())
         }
     })?;
-    let mut out = BufWriter::with_capacity(1 << 20, file);
-    let done = c
-        .restore(name, &mut out)
-        .map_err(anyhow::Error::from)
-        .and_then(|n| {
-            let file = out.into_inner().map_err(|e| e.into_error())?;
-            file.sync_all()?;
-            Ok(n)
-        });
+    let done = super::write_behind::write_synced(file, |out| c.restore(name, out));
     match done {
         Ok(n) => {
             println!(

@@ -1,0 +1,125 @@
+//! A file writer that asks the kernel to start writing back each window
+//! of bytes as soon as it is written (`sync_file_range`), so the disk
+//! writes while the restore goes on decompressing, and the `fsync` at the
+//! end, which alone makes the restore durable, finds little left to do.
+//! Restoring a 2 GiB stream to a file spent half its time in that final
+//! `fsync` (5.6 s; 2.7 s to standard output).
+//!
+//! The write-back is a hint: if the kernel ignores it or fails, the data is
+//! still written and the final `fsync` still reports any error.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Seek, Write};
+use std::os::fd::AsRawFd;
+
+/// Bytes written before their write-back is started: large enough for the
+/// disk to write in big requests, small enough to start early.
+const WINDOW: u64 = 32 << 20;
+
+pub struct WriteBehind {
+    file: File,
+    /// The file offset the next write goes to.
+    at: u64,
+    /// Where the bytes not yet handed to write-back begin.
+    started: u64,
+}
+
+impl WriteBehind {
+    pub fn new(mut file: File) -> io::Result<WriteBehind> {
+        let at = file.stream_position()?;
+        Ok(WriteBehind {
+            file,
+            at,
+            started: at,
+        })
+    }
+
+    /// Start writing back everything written so far, then give the file
+    /// back (to be synced).
+    pub fn into_inner(mut self) -> File {
+        self.start_writeback();
+        self.file
+    }
+
+    fn start_writeback(&mut self) {
+        let (Ok(offset), Ok(len)) = (
+            libc::off64_t::try_from(self.started),
+            libc::off64_t::try_from(self.at - self.started),
+        ) else {
+            return;
+        };
+        if len == 0 {
+            return;
+        }
+        // SAFETY: sync_file_range reads no memory of ours; a file it cannot
+        // write back (a pipe, a device that refuses) answers an error,
+        // which is ignored: the caller's fsync decides.
+        unsafe {
+            libc::sync_file_range(
+                self.file.as_raw_fd(),
+                offset,
+                len,
+                libc::SYNC_FILE_RANGE_WRITE,
+            );
+        }
+        self.started = self.at;
+    }
+}
+
+/// Have `fill` write a whole restore into `file`, through a 1 MiB buffer
+/// and write-behind, then fsync the file; the bytes `fill` wrote.
+pub fn write_synced<E>(
+    file: File,
+    fill: impl FnOnce(&mut BufWriter<WriteBehind>) -> Result<u64, E>,
+) -> anyhow::Result<u64>
+where
+    anyhow::Error: From<E>,
+{
+    let mut out = BufWriter::with_capacity(1 << 20, WriteBehind::new(file)?);
+    let n = fill(&mut out)?;
+    let file = out.into_inner().map_err(|e| e.into_error())?.into_inner();
+    file.sync_all()?;
+    Ok(n)
+}
+
+impl Write for WriteBehind {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.at += n as u64;
+        if self.at - self.started >= WINDOW {
+            self.start_writeback();
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    #[test]
+    fn writes_every_byte_in_order_from_where_the_file_was() {
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(b"head").unwrap();
+        let mut w = WriteBehind::new(file.try_clone().unwrap()).unwrap();
+        let data: Vec<u8> = (0..(WINDOW as usize * 2 + 12345))
+            .map(|i| (i * 7) as u8)
+            .collect();
+        for piece in data.chunks(1 << 20) {
+            w.write_all(piece).unwrap();
+        }
+        assert_eq!(w.started, WINDOW * 2 + 4, "write-back started per window");
+        let mut file = w.into_inner();
+        file.sync_all().unwrap();
+        let mut back = Vec::new();
+        file.rewind().unwrap();
+        file.read_to_end(&mut back).unwrap();
+        assert_eq!(&back[..4], b"head");
+        assert!(back[4..] == data[..]);
+    }
+}
