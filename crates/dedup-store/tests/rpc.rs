@@ -454,6 +454,7 @@ fn connections_past_the_limit_are_refused_as_busy() {
     let limits = ServerLimits {
         max_connections: 2,
         max_sessions_per_connection: 1,
+        ..ServerLimits::default()
     };
     let server = Server::bind(repo, &Endpoint::Unix(dir.path().join("s")), limits).unwrap();
     let (at, stop) = (server.endpoint().clone(), server.stop_handle());
@@ -468,6 +469,53 @@ fn connections_past_the_limit_are_refused_as_busy() {
     a.call(begin("one")).unwrap();
     let e = a.call(begin("two")).unwrap_err();
     assert_eq!(e.kind(), Some(ErrorKind::Busy));
+    stop.stop();
+    t.join().unwrap().unwrap();
+}
+
+/// A client that begins a backup and then sends nothing is cut off after
+/// the idle timeout: its backup is aborted (nothing committed), its slot
+/// is free, and the server serves others meanwhile.
+#[test]
+fn an_idle_connection_is_closed_and_its_backup_aborted() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::init(dir.path().join("repo")).unwrap();
+    let limits = ServerLimits {
+        max_connections: 1,
+        idle_timeout: Some(Duration::from_millis(300)),
+        ..ServerLimits::default()
+    };
+    let server = Server::bind(repo, &Endpoint::Unix(dir.path().join("s")), limits).unwrap();
+    let (at, stop) = (server.endpoint().clone(), server.stop_handle());
+    let t = std::thread::spawn(move || server.run());
+    let idle = Client::connect(&at).unwrap();
+    idle.call(Call::BeginBackup {
+        name: "stalled".into(),
+        group: "g".into(),
+    })
+    .unwrap();
+    // Within the timeout the one slot is taken.
+    let e = Client::connect(&at).err().unwrap();
+    assert!(e.to_string().contains("too many connections"), "{e}");
+    std::thread::sleep(Duration::from_millis(900));
+    // The idle client's connection is gone, and with it its backup.
+    assert!(
+        idle.call(Call::List).is_err(),
+        "the idle connection was closed"
+    );
+    // Its slot is free once its thread has ended (on a loaded machine,
+    // a little after).
+    let other = (0..100)
+        .find_map(|_| {
+            Client::connect(&at)
+                .map_err(|_| std::thread::sleep(Duration::from_millis(50)))
+                .ok()
+        })
+        .expect("the idle client's slot is freed");
+    let stats = other.stats().unwrap();
+    assert_eq!(stats.running_backups, 0);
+    assert!(other.list().unwrap().is_empty(), "nothing was committed");
+    drop(other);
     stop.stop();
     t.join().unwrap().unwrap();
 }

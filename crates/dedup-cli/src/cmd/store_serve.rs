@@ -6,9 +6,10 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
-use dedup_store::rpc::{Endpoint, Server, ServerLimits};
+use dedup_store::rpc::{Endpoint, Server, ServerLimits, DEFAULT_IDLE_TIMEOUT};
 
 #[derive(clap::Args)]
 #[command(
@@ -32,6 +33,11 @@ pub struct Args {
     /// Most client connections at once.
     #[arg(long, default_value_t = ServerLimits::default().max_connections)]
     pub max_connections: usize,
+    /// Seconds a client may send nothing before its connection is closed
+    /// and its backups aborted (0: never). Frees the slot of a client that
+    /// vanished without closing.
+    #[arg(long, default_value_t = DEFAULT_IDLE_TIMEOUT.as_secs())]
+    pub idle_timeout: u64,
     /// The fingerprint index the server keeps (as `dedup backup`'s).
     #[command(flatten)]
     pub index: super::store::IndexArgs,
@@ -54,6 +60,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let repo = super::store::open_indexed(&a.repo, &a.index)?;
     let limits = ServerLimits {
         max_connections: a.max_connections.max(1),
+        idle_timeout: (a.idle_timeout > 0).then(|| Duration::from_secs(a.idle_timeout)),
         ..ServerLimits::default()
     };
     let server = Server::bind(repo, &at, limits).with_context(|| format!("serving on {at}"))?;

@@ -39,6 +39,10 @@ struct Live<'r> {
 type Answer = Result<Reply, WireError>;
 
 pub(crate) fn serve(repo: &Repository, stream: Stream, shared: &Shared) {
+    // A read or write that times out ends the connection like any error.
+    if stream.set_timeouts(shared.limits.idle_timeout).is_err() {
+        return;
+    }
     let Ok(read_half) = stream.try_clone() else {
         return;
     };

@@ -32,4 +32,4 @@ mod pipeline;
 pub use client::{Client, ClientError};
 pub use pipeline::{BackupOptions, Progress};
 pub use protocol::{Endpoint, WireBackup};
-pub use server::{Server, ServerLimits, StopHandle};
+pub use server::{Server, ServerLimits, StopHandle, DEFAULT_IDLE_TIMEOUT};

@@ -32,13 +32,25 @@ const ACCEPT_POLL: Duration = Duration::from_millis(20);
 pub struct ServerLimits {
     pub max_connections: usize,
     pub max_sessions_per_connection: usize,
+    /// How long a connection may send nothing (or take nothing it was sent)
+    /// before it is closed and its backups aborted; `None`: for ever. A
+    /// client that vanished without closing (a TCP peer that lost power,
+    /// a stopped process) would otherwise hold its connection slot, and
+    /// its backup's containers from the collector, until the server stops.
+    pub idle_timeout: Option<Duration>,
 }
+
+/// The default `idle_timeout`: long enough for a backup whose source
+/// stalls (a dump waiting on a lock), short enough to free a dead peer's
+/// slot the same hour.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 impl Default for ServerLimits {
     fn default() -> ServerLimits {
         ServerLimits {
             max_connections: 64,
             max_sessions_per_connection: 8,
+            idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
         }
     }
 }

@@ -31,6 +31,21 @@ impl Stream {
         }
     }
 
+    /// Fail a read or a write that waits longer than `timeout` (`None`:
+    /// wait for ever), on this stream and every clone of it.
+    pub(crate) fn set_timeouts(&self, timeout: Option<std::time::Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => {
+                s.set_read_timeout(timeout)?;
+                s.set_write_timeout(timeout)
+            }
+            Stream::Tcp(s) => {
+                s.set_read_timeout(timeout)?;
+                s.set_write_timeout(timeout)
+            }
+        }
+    }
+
     /// Close both directions: a thread blocked reading or writing it
     /// returns at once.
     pub(crate) fn shutdown(&self) {
