@@ -116,12 +116,7 @@ impl Recipe {
                 .zip(entries.chunks_exact(4))
                 .zip(lens.chunks_exact(4))
                 .zip(fingerprints.chunks_exact(32))
-                .map(|(((c, e), l), f)| SegmentRef {
-                    container: u64::from_le_bytes(c.try_into().expect("8")),
-                    entry: u32::from_le_bytes(e.try_into().expect("4")),
-                    len: u32::from_le_bytes(l.try_into().expect("4")),
-                    fingerprint: Fingerprint(f.try_into().expect("32")),
-                })
+                .map(|(((c, e), l), f)| reference(c, e, l, f))
                 .collect()
         };
         let total: u64 = segments.iter().map(|s| u64::from(s.len)).sum();
@@ -143,6 +138,12 @@ fn row(b: &[u8]) -> SegmentRef {
     let (container, rest) = b.split_at(8);
     let (entry, rest) = rest.split_at(4);
     let (len, fingerprint) = rest.split_at(4);
+    reference(container, entry, len, fingerprint)
+}
+
+/// A reference from its fields' little-endian bytes (8, 4, 4 and 32, which
+/// the callers' splits guarantee).
+fn reference(container: &[u8], entry: &[u8], len: &[u8], fingerprint: &[u8]) -> SegmentRef {
     SegmentRef {
         container: u64::from_le_bytes(container.try_into().expect("8")),
         entry: u32::from_le_bytes(entry.try_into().expect("4")),

@@ -90,7 +90,7 @@ impl<R: Read> BlockCutter<R> {
     /// Read the next block after the carried bytes: into a spare if there
     /// is one, else into fresh room (a file backed up has a cutter of its
     /// own and no spares: zeroing a megabyte for each small file, to read
-    /// into it, made a backup of 21,448 files a third slower).
+    /// into it, took a backup of 21,448 files from 0.60 s to 1.02 s).
     fn fill(&mut self) -> io::Result<Vec<u8>> {
         let Some(mut bytes) = self.spares.pop() else {
             let mut bytes = Vec::with_capacity(self.block.max(self.carry.len()));

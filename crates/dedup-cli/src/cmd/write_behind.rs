@@ -26,7 +26,8 @@ pub struct WriteBehind {
 
 impl WriteBehind {
     pub fn new(mut file: File) -> io::Result<WriteBehind> {
-        let at = file.stream_position()?;
+        // Only a hint's offset: a file that cannot seek (a fifo) starts at 0.
+        let at = file.stream_position().unwrap_or(0);
         Ok(WriteBehind {
             file,
             at,
@@ -51,8 +52,8 @@ impl WriteBehind {
         if len == 0 {
             return;
         }
-        // SAFETY: sync_file_range reads no memory of ours; a file it cannot
-        // write back (a pipe, a device that refuses) answers an error,
+        // SAFETY: sync_file_range reads no memory of ours. A file it cannot
+        // write back (a fifo, a device that refuses) answers an error,
         // which is ignored: the caller's fsync decides.
         unsafe {
             libc::sync_file_range(

@@ -39,8 +39,12 @@ struct Live<'r> {
 type Answer = Result<Reply, WireError>;
 
 pub(crate) fn serve(repo: &Repository, stream: Stream, shared: &Shared) {
-    // A read or write that times out ends the connection like any error.
-    if stream.set_timeouts(shared.limits.idle_timeout).is_err() {
+    // A read or write that times out ends the connection like any error,
+    // so a peer that vanished without closing frees its slot and its
+    // backups' containers. (A zero timeout, which the socket refuses,
+    // means none.)
+    let idle = shared.limits.idle_timeout.filter(|t| !t.is_zero());
+    if stream.set_timeouts(idle).is_err() {
         return;
     }
     let Ok(read_half) = stream.try_clone() else {

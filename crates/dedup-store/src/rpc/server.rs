@@ -37,6 +37,7 @@ pub struct ServerLimits {
     /// client that vanished without closing (a TCP peer that lost power,
     /// a stopped process) would otherwise hold its connection slot, and
     /// its backup's containers from the collector, until the server stops.
+    /// Zero means none.
     pub idle_timeout: Option<Duration>,
 }
 
