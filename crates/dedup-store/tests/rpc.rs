@@ -612,6 +612,49 @@ fn gc_through_the_server_runs_beside_a_backup_and_keeps_what_it_uses() {
     server.shut();
 }
 
+/// Tree parts: refused for an unknown session, and with a tree in the
+/// commit too; a tree past `MAX_TREE` aborts its backup.
+#[test]
+fn tree_parts_are_bounded_and_exclusive_with_a_commit_tree() {
+    use dedup_store::rpc::protocol::MAX_TREE;
+    let (_dir, server) = setup();
+    let c = server.client();
+    let part = |session: u64, bytes: Vec<u8>| c.call(Call::TreePart { session, bytes });
+    let e = part(99, vec![1]).unwrap_err();
+    assert_eq!(e.kind(), Some(ErrorKind::NoSuchSession));
+    let begin = |name: &str| match c
+        .call(Call::BeginBackup {
+            name: name.into(),
+            group: "g".into(),
+        })
+        .unwrap()
+    {
+        Reply::Begun { session, .. } => session,
+        other => panic!("{other:?}"),
+    };
+    let s = begin("both");
+    assert_eq!(part(s, vec![1, 2]).unwrap(), Reply::TreeTaken { bytes: 2 });
+    let e = c
+        .call(Call::Commit {
+            session: s,
+            tree: Some(vec![3]),
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("one or the other"), "{e}");
+    let s = begin("huge");
+    let sixteen = vec![0u8; 16 << 20];
+    for _ in 0..MAX_TREE / sixteen.len() {
+        part(s, sixteen.clone()).unwrap();
+    }
+    let e = part(s, vec![0]).unwrap_err();
+    assert!(e.to_string().contains("backup aborted"), "{e}");
+    let e = part(s, vec![0]).unwrap_err();
+    assert_eq!(e.kind(), Some(ErrorKind::NoSuchSession), "{e}");
+    assert!(c.list().unwrap().is_empty());
+    drop(c);
+    server.shut();
+}
+
 #[test]
 fn a_directory_tree_backs_up_through_the_server_and_restores_with_its_metadata() {
     use tree_support::{assert_same, build, in_target, listing};
@@ -622,11 +665,11 @@ fn a_directory_tree_backs_up_through_the_server_and_restores_with_its_metadata()
     // backup may trust their size, times and inode.
     std::thread::sleep(Duration::from_millis(1100));
     let c = server.client();
-    let backup = |name: &str| {
+    let backup_with = |name: &str, opts: &BackupOptions| {
         let walk = TreeWalk::new(&[&data]).unwrap();
-        c.backup_files(name, "g", walk, &BackupOptions::default(), &|_| {})
-            .unwrap()
+        c.backup_files(name, "g", walk, opts, &|_| {}).unwrap()
     };
+    let backup = |name: &str| backup_with(name, &BackupOptions::default());
     let (b, counts, warnings) = backup("files");
     assert!(b.has_tree && warnings.is_empty(), "{warnings:?}");
     assert_eq!(
@@ -636,10 +679,26 @@ fn a_directory_tree_backs_up_through_the_server_and_restores_with_its_metadata()
     // The copy of a 3 MiB file inside the tree is found, and a second
     // backup of the same tree sends no new segment.
     assert!(b.report.bytes_new < b.report.bytes_in - (3 << 20) + (64 << 10));
-    let (again, ..) = backup("again");
+    // Its tree goes ahead in parts of 64 bytes, as a tree larger than a
+    // frame does (the restore below checks it arrived whole).
+    let parts = BackupOptions {
+        tree_part: 64,
+        ..BackupOptions::default()
+    };
+    let (again, ..) = backup_with("again", &parts);
     assert_eq!(
         (again.report.bytes_new, again.report.bytes_in),
         (0, b.report.bytes_in)
+    );
+    let tree_len = std::fs::read_dir(tmp.path().join("repo/trees"))
+        .unwrap()
+        .map(|e| e.unwrap())
+        .find(|e| e.file_name().to_string_lossy().starts_with("again-"))
+        .map(|e| e.metadata().unwrap().len())
+        .unwrap();
+    assert!(
+        tree_len > 3 * 64,
+        "a tree of {tree_len} bytes went in parts"
     );
     // A path that is not there fails the walk before anything starts.
     assert!(TreeWalk::new(&[tmp.path().join("nowhere")]).is_err());

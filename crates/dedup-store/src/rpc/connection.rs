@@ -15,7 +15,7 @@ use dedup_core::fingerprint::Fingerprint;
 use super::frame::{decode, read_frame, write_frame};
 use super::protocol::{
     Call, ErrorKind, Item, Reply, Request, Response, WireBackup, WireError, WireStats, MAX_BATCH,
-    MAX_FRAME, MAX_SEGMENT, PROTOCOL_VERSION, RESTORE_CHUNK,
+    MAX_FRAME, MAX_SEGMENT, MAX_TREE, PROTOCOL_VERSION, RESTORE_CHUNK,
 };
 use super::server::Shared;
 use super::stream::Stream;
@@ -34,6 +34,8 @@ struct Live<'r> {
     session: BackupSession<'r>,
     /// Segments a lookup found, by fingerprint, until their append.
     found: HashMap<[u8; 32], SegmentRef>,
+    /// The tree object's bytes sent so far in `TreePart`s.
+    tree: Vec<u8>,
 }
 
 type Answer = Result<Reply, WireError>;
@@ -179,13 +181,23 @@ impl<'r> Conn<'r> {
             } => self.lookup(session, &fingerprints),
             Call::Append { session, items } => self.append(session, items),
             Call::Commit { session, tree } => {
-                let live = self.take(session)?;
+                let mut live = self.take(session)?;
+                let tree = match (tree, std::mem::take(&mut live.tree)) {
+                    (tree, parts) if parts.is_empty() => tree,
+                    (None, parts) => Some(parts),
+                    (Some(_), _) => {
+                        return Err(bad(
+                            "a commit with a tree after tree parts: send one or the other; backup aborted",
+                        ))
+                    }
+                };
                 let record = live
                     .session
                     .commit_with_tree(tree.as_deref())
                     .map_err(repo_err)?;
                 Ok(Reply::Committed(WireBackup::from(&record)))
             }
+            Call::TreePart { session, bytes } => self.tree_part(session, &bytes),
             Call::Abort { session } => self.take(session).map(|_| Reply::Aborted),
             Call::Restore { .. } => Err(bad("a restore is answered by the connection loop")),
             Call::List => {
@@ -224,6 +236,7 @@ impl<'r> Conn<'r> {
             Live {
                 session,
                 found: HashMap::new(),
+                tree: Vec::new(),
             },
         );
         Ok(Reply::Begun {
@@ -286,6 +299,22 @@ impl<'r> Conn<'r> {
         }
         Ok(Reply::Appended {
             bytes_in: live.session.report().bytes_in,
+        })
+    }
+
+    /// Add `bytes` to the session's tree; past `MAX_TREE` the backup is
+    /// aborted (its tree would not be taken).
+    fn tree_part(&mut self, id: u64, bytes: &[u8]) -> Answer {
+        let live = self.sessions.get_mut(&id).ok_or_else(|| no_session(id))?;
+        if live.tree.len() + bytes.len() > MAX_TREE {
+            let e = bad(format!(
+                "a tree of more than {MAX_TREE} bytes; the server takes at most that"
+            ));
+            return Err(self.fail(id, e));
+        }
+        live.tree.extend_from_slice(bytes);
+        Ok(Reply::TreeTaken {
+            bytes: live.tree.len() as u64,
         })
     }
 

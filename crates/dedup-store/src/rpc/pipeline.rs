@@ -13,7 +13,7 @@ use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::{Arc, Mutex};
 
 use super::client::{unexpected, Client, ClientError, Pending};
-use super::protocol::{Call, Item, Reply, WireBackup, MAX_BATCH, MAX_FRAME};
+use super::protocol::{Call, Item, Reply, WireBackup, MAX_BATCH, MAX_FRAME, MAX_TREE};
 use crate::segment_blocks::{BlockCutter, BLOCK};
 use crate::segmenter::Segmenting;
 use crate::tree_walk::{TreeWalk, WalkCounts};
@@ -32,6 +32,9 @@ pub struct BackupOptions {
     pub in_flight: usize,
     /// Hashing threads.
     pub hashers: usize,
+    /// A tree up to this many bytes goes in the commit; a larger one in
+    /// `TreePart`s of this size first (clamped to fit a frame).
+    pub tree_part: usize,
 }
 
 impl Default for BackupOptions {
@@ -42,6 +45,7 @@ impl Default for BackupOptions {
             batch_bytes: 4 << 20,
             in_flight: 4,
             hashers: cores.clamp(1, 8),
+            tree_part: 4 << 20,
         }
     }
 }
@@ -79,7 +83,7 @@ impl Client {
         }
         let (session, segmenting) = self.begin(name, group)?;
         let piped = self.pipeline(session, segmenting, Source::Stream(reader), opts, progress);
-        self.end(session, piped, tree)
+        self.end(session, piped, tree, opts)
     }
 
     /// Back up the files `walk` finds as backup `name` in `group`: their
@@ -100,7 +104,7 @@ impl Client {
         let source = Source::<std::io::Empty>::Files(&mut walk);
         let piped = self.pipeline(session, segmenting, source, opts, progress);
         let (tree, counts, warnings) = walk.finish();
-        let b = self.end(session, piped, Some(tree.encode()))?;
+        let b = self.end(session, piped, Some(tree.encode()), opts)?;
         Ok((b, counts, warnings))
     }
 
@@ -119,16 +123,35 @@ impl Client {
     }
 
     /// Commit the session with `tree` if its stream went through, else
-    /// abort it.
+    /// abort it. A tree larger than `opts.tree_part` goes ahead in parts.
     fn end(
         &self,
         session: u64,
         piped: Result<(), ClientError>,
         tree: Option<Vec<u8>>,
+        opts: &BackupOptions,
     ) -> Result<WireBackup, ClientError> {
-        let piped = piped.and_then(|()| tree.as_deref().map_or(Ok(()), tree_fits));
-        match piped {
-            Ok(()) => match self.call(Call::Commit { session, tree })? {
+        let part = opts.tree_part.clamp(1, MAX_FRAME - (64 << 10));
+        let tree = piped
+            .and_then(|()| tree.as_deref().map_or(Ok(()), tree_fits))
+            .and_then(|()| match tree {
+                Some(t) if t.len() > part => {
+                    for bytes in t.chunks(part) {
+                        let call = Call::TreePart {
+                            session,
+                            bytes: bytes.to_vec(),
+                        };
+                        match self.call(call)? {
+                            Reply::TreeTaken { .. } => {}
+                            other => return Err(unexpected(&other)),
+                        }
+                    }
+                    Ok(None)
+                }
+                small => Ok(small),
+            });
+        match tree {
+            Ok(tree) => match self.call(Call::Commit { session, tree })? {
                 Reply::Committed(b) => Ok(b),
                 other => Err(unexpected(&other)),
             },
@@ -153,6 +176,7 @@ impl Client {
             batch_bytes: opts.batch_bytes.clamp(1, 8 << 20),
             in_flight: opts.in_flight.max(1),
             hashers: opts.hashers.max(1),
+            tree_part: opts.tree_part,
         };
         let (raw_tx, raw_rx) = sync_channel::<(u64, Batch)>(opts.hashers * 2);
         // Owned by the hashers: when the last one stops, the reader's next
@@ -261,12 +285,12 @@ impl Client {
     }
 }
 
-/// The tree travels in the commit's one frame: refused if over it.
+/// The server holds a tree in RAM until the commit, up to `MAX_TREE`:
+/// refused here if over it, before anything is sent for it.
 fn tree_fits(tree: &[u8]) -> Result<(), ClientError> {
-    let limit = MAX_FRAME - (64 << 10);
-    if tree.len() > limit {
+    if tree.len() > MAX_TREE {
         return Err(ClientError::Local(format!(
-            "a tree of {} bytes is over what one commit carries ({limit} bytes)",
+            "a tree of {} bytes is over the {MAX_TREE} bytes a server takes",
             tree.len()
         )));
     }

@@ -16,7 +16,8 @@ use crate::segmenter::Segmenting;
 /// Bumped on any incompatible change; `Hello` refuses a mismatch.
 /// 2: a commit's tree is a version 2 tree object (its body compressed),
 /// which a server of protocol 1 refuses only at the commit.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// 3: `TreePart`, so a tree larger than a frame can be sent.
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Largest segment the server takes: what a container holds.
 pub const MAX_SEGMENT: usize = crate::format::MAX_SEGMENT_LEN;
@@ -27,6 +28,11 @@ pub const MAX_FRAME: usize = MAX_SEGMENT + (1 << 20);
 
 /// Bytes per `Chunk` of a restore.
 pub const RESTORE_CHUNK: usize = 1 << 20;
+
+/// Largest tree object a backup may send in `TreePart`s: the server holds
+/// it in RAM until the commit. About 13 million files at the 20 bytes a
+/// file the 40 tokio releases' tree took.
+pub const MAX_TREE: usize = 256 << 20;
 
 /// Most fingerprints or items in one `Lookup` or `Append`.
 pub const MAX_BATCH: usize = 4096;
@@ -119,6 +125,14 @@ pub enum Call {
     Gc {
         compact_below: Option<f64>,
     },
+    /// The next bytes of the session's tree object, for a tree too large
+    /// for the commit's frame; the commit then carries no tree of its own.
+    /// Answered with `TreeTaken`.
+    TreePart {
+        session: u64,
+        #[serde(with = "serde_bytes")]
+        bytes: Vec<u8>,
+    },
 }
 
 /// One segment of a stream, in order.
@@ -170,6 +184,10 @@ pub enum Reply {
     Deleted,
     Stats(WireStats),
     Collected(GcReport),
+    /// Tree bytes the session holds so far.
+    TreeTaken {
+        bytes: u64,
+    },
 }
 
 /// Why a request failed. `kind` is for programs, `message` for people.
