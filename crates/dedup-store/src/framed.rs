@@ -34,14 +34,19 @@ pub fn frame_compressed(magic: [u8; 8], plain_version: u32, version: u32, body: 
 /// `None` when it would expand more than `MAX_EXPANSION` times.
 pub fn frame_zstd(magic: [u8; 8], version: u32, body: &[u8]) -> Option<Vec<u8>> {
     // zstd in memory fails only on a bad level, and this one is good.
-    let packed = zstd::bulk::compress(body, OBJECT_LEVEL).expect("zstd compresses in memory");
-    if !expansion_allowed(body.len() as u64, packed.len()) {
+    let mut out = zstd::bulk::compress(body, OBJECT_LEVEL).expect("zstd compresses in memory");
+    if !expansion_allowed(body.len() as u64, out.len()) {
         return None;
     }
-    let mut b = Vec::with_capacity(8 + packed.len());
-    b.extend_from_slice(&(body.len() as u64).to_le_bytes());
-    b.extend_from_slice(&packed);
-    Some(frame(magic, version, &b))
+    // The frame is made around the compressed bytes in place, not copied
+    // twice more: a recipe's is several bytes a segment of the backup.
+    let mut head = magic.to_vec();
+    head.extend_from_slice(&version.to_le_bytes());
+    head.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    out.splice(0..0, head);
+    let sum = crc(&out);
+    out.extend_from_slice(&sum.to_le_bytes());
+    Some(out)
 }
 
 fn expansion_allowed(raw_len: u64, packed_len: usize) -> bool {
@@ -71,25 +76,49 @@ pub fn unframe_compressed<'a>(
 /// `MAX_EXPANSION` times its bytes, decompressed as it comes (never into
 /// room sized by the length it names), and exactly that length.
 pub fn unzstd(object: &str, body: &[u8]) -> RepoResult<Vec<u8>> {
-    let corrupt = |d: String| RepoError::corrupt(object, d);
-    let raw_len = Reader::new(object, body).u64()?;
-    if !expansion_allowed(raw_len, body.len() - 8) {
-        return Err(corrupt(format!(
-            "its compressed body names {raw_len} bytes, over {MAX_EXPANSION} times its {}",
-            body.len() - 8
-        )));
-    }
+    let (raw_len, raw) = unzstd_reader(object, body)?;
     let mut out = Vec::new();
-    zstd::stream::read::Decoder::new(&body[8..])
-        .and_then(|d| d.take(raw_len.saturating_add(1)).read_to_end(&mut out))
-        .map_err(|e| corrupt(format!("its compressed body does not decompress: {e}")))?;
+    raw.take(raw_len.saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(|e| undecompressable(object, &e))?;
     if out.len() as u64 != raw_len {
-        return Err(corrupt(format!(
-            "its body decompresses to {} bytes, not the {raw_len} it names",
-            out.len()
-        )));
+        return Err(RepoError::corrupt(
+            object,
+            format!(
+                "its body decompresses to {} bytes, not the {raw_len} it names",
+                out.len()
+            ),
+        ));
     }
     Ok(out)
+}
+
+/// The raw length a frame body that [`frame_zstd`] made names, refused
+/// past `MAX_EXPANSION` times its bytes, and a reader of the raw bytes
+/// for a caller that decodes them as they come (and must then find
+/// exactly that many).
+pub fn unzstd_reader<'a>(object: &str, body: &'a [u8]) -> RepoResult<(u64, impl Read + 'a)> {
+    let raw_len = Reader::new(object, body).u64()?;
+    if !expansion_allowed(raw_len, body.len() - 8) {
+        return Err(RepoError::corrupt(
+            object,
+            format!(
+                "its compressed body names {raw_len} bytes, over {MAX_EXPANSION} times its {}",
+                body.len() - 8
+            ),
+        ));
+    }
+    let decoder =
+        zstd::stream::read::Decoder::new(&body[8..]).map_err(|e| undecompressable(object, &e))?;
+    Ok((raw_len, decoder))
+}
+
+/// The error for a compressed body that does not decompress.
+pub fn undecompressable(object: &str, e: &std::io::Error) -> RepoError {
+    RepoError::corrupt(
+        object,
+        format!("its compressed body does not decompress: {e}"),
+    )
 }
 
 /// Frame `body` under `magic` and `version`.

@@ -306,7 +306,10 @@ impl BackupSession<'_> {
         // Announced before the put: a GC must not take it for an orphan
         // between its put and the backup object's.
         repo.protection().will_write(self.id, &recipe_name);
-        repo.store.put(&recipe_name, &self.recipe.encode())?;
+        repo.store.put(
+            &recipe_name,
+            &std::mem::take(&mut self.recipe).into_encoded(),
+        )?;
         let tree_name = match tree {
             Some(bytes) => {
                 let name = format!("{TREES_PREFIX}{}-{nonce:016x}", self.name);

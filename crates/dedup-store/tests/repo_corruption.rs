@@ -270,8 +270,9 @@ fn compressed_recipes_and_trees_and_plain_ones_from_before() {
     let columns = zstd::decode_all(&bytes[20..bytes.len() - 4]).unwrap();
     let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 1, &columns)).unwrap_err();
     assert!(err.to_string().contains("add up to"), "{err}");
-    // Forged compressed bodies with good checksums, in both versions.
-    for version in [2u32, 3] {
+    // Forged compressed bodies with good checksums, in both versions: not
+    // zstd, or decompressing to one byte fewer or more than they name.
+    for (version, body) in [(2u32, &raw), (3, &columns)] {
         let mut not_zstd = 100u64.to_le_bytes().to_vec();
         not_zstd.extend_from_slice(b"not zstd at all");
         let err =
@@ -280,13 +281,15 @@ fn compressed_recipes_and_trees_and_plain_ones_from_before() {
             err.to_string().contains("recipes/x") && err.to_string().contains("decompress"),
             "{err}"
         );
-        let mut short = (raw.len() as u64 + 1).to_le_bytes().to_vec();
-        short.extend_from_slice(&zstd::encode_all(&raw[..], 3).unwrap());
-        let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", version, &short)).unwrap_err();
-        assert!(err.to_string().contains("not the"), "{err}");
-        let mut long = (raw.len() as u64 - 1).to_le_bytes().to_vec();
-        long.extend_from_slice(&zstd::encode_all(&raw[..], 3).unwrap());
-        assert!(Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", version, &long)).is_err());
+        let named = |raw: &[u8]| {
+            let mut b = (body.len() as u64).to_le_bytes().to_vec();
+            b.extend_from_slice(&zstd::encode_all(raw, 3).unwrap());
+            Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", version, &b)).unwrap_err()
+        };
+        let short = named(&body[..body.len() - 1]);
+        assert!(short.to_string().contains("it names"), "{short}");
+        let long = named(&[&body[..], &[0]].concat());
+        assert!(long.to_string().contains("it names"), "{long}");
     }
     let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 4, &v2)).unwrap_err();
     assert!(err.to_string().contains("format version 4"), "{err}");
