@@ -18,15 +18,23 @@ head -c $((24 << 20)) /dev/urandom >"$WORK/a.bin"
 
 serve "$WORK/host/dev"
 u=$(uri "$WORK/host/dev")
+# Copies that may fail keep one request in flight: nbdcopy drops the
+# connection at its first error, and nbdkit 1.32 can then abort on an
+# assertion (raw_send_socket: sock >= 0) when another request's reply is
+# sent on the closed socket; seen once in a full suite, on cowbtree.
+one_at_a_time=(--connections=1 --requests=1)
 log "writing more than the host has room for fails"
-if nbdcopy --flush "$WORK/a.bin" "$u" 2>"$WORK/copy1.err"; then
+if nbdcopy "${one_at_a_time[@]}" --flush "$WORK/a.bin" "$u" 2>"$WORK/copy1.err"; then
     fail "24 MiB fit in 6 MiB of host space"
 fi
 log "the server is still up; space is freed; the same writes now succeed without a restart"
 rm -f "$WORK/host/ballast"
 ok=
 for _ in $(seq 20); do
-    if nbdcopy --flush "$WORK/a.bin" "$u" 2>"$WORK/copy2.err"; then ok=1; break; fi
+    if nbdcopy "${one_at_a_time[@]}" --flush "$WORK/a.bin" "$u" 2>"$WORK/copy2.err"; then
+        ok=1
+        break
+    fi
     sleep 0.5
 done
 [ -n "$ok" ] || { cat "$WORK/copy2.err" "$WORK/host/dev.serve.log"; fail "writes still fail after space was freed"; }
