@@ -26,13 +26,12 @@ struct Running {
 
 impl Running {
     fn start(dir: &Path) -> Running {
+        Running::with_limits(dir, ServerLimits::default())
+    }
+
+    fn with_limits(dir: &Path, limits: ServerLimits) -> Running {
         let repo = Repository::open(dir.join("repo")).unwrap();
-        let server = Server::bind(
-            repo,
-            &Endpoint::Unix(dir.join("s.sock")),
-            ServerLimits::default(),
-        )
-        .unwrap();
+        let server = Server::bind(repo, &Endpoint::Unix(dir.join("s.sock")), limits).unwrap();
         let (at, stop) = (server.endpoint().clone(), server.stop_handle());
         Running {
             at,
@@ -450,15 +449,14 @@ fn a_loopback_tcp_server_serves_the_same() {
 #[test]
 fn connections_past_the_limit_are_refused_as_busy() {
     let dir = tempfile::tempdir().unwrap();
-    let repo = Repository::init(dir.path().join("repo")).unwrap();
+    Repository::init(dir.path().join("repo")).unwrap();
     let limits = ServerLimits {
         max_connections: 2,
         max_sessions_per_connection: 1,
         ..ServerLimits::default()
     };
-    let server = Server::bind(repo, &Endpoint::Unix(dir.path().join("s")), limits).unwrap();
-    let (at, stop) = (server.endpoint().clone(), server.stop_handle());
-    let t = std::thread::spawn(move || server.run());
+    let server = Running::with_limits(dir.path(), limits);
+    let at = server.at.clone();
     let (a, _b) = (Client::connect(&at).unwrap(), Client::connect(&at).unwrap());
     let e = Client::connect(&at).err().unwrap();
     assert!(e.to_string().contains("too many connections"), "{e}");
@@ -469,8 +467,7 @@ fn connections_past_the_limit_are_refused_as_busy() {
     a.call(begin("one")).unwrap();
     let e = a.call(begin("two")).unwrap_err();
     assert_eq!(e.kind(), Some(ErrorKind::Busy));
-    stop.stop();
-    t.join().unwrap().unwrap();
+    server.shut();
 }
 
 /// A client that begins a backup and then sends nothing is cut off after
@@ -479,21 +476,16 @@ fn connections_past_the_limit_are_refused_as_busy() {
 #[test]
 fn an_idle_connection_is_closed_and_its_backup_aborted() {
     let dir = tempfile::tempdir().unwrap();
-    let repo = Repository::init(dir.path().join("repo")).unwrap();
+    Repository::init(dir.path().join("repo")).unwrap();
     let limits = ServerLimits {
         max_connections: 1,
         idle_timeout: Some(Duration::from_secs(1)),
         ..ServerLimits::default()
     };
-    let server = Server::bind(repo, &Endpoint::Unix(dir.path().join("s")), limits).unwrap();
-    let (at, stop) = (server.endpoint().clone(), server.stop_handle());
-    let t = std::thread::spawn(move || server.run());
+    let server = Running::with_limits(dir.path(), limits);
+    let at = server.at.clone();
     let idle = Client::connect(&at).unwrap();
-    idle.call(Call::BeginBackup {
-        name: "stalled".into(),
-        group: "g".into(),
-    })
-    .unwrap();
+    begin(&idle, "stalled");
     std::thread::sleep(Duration::from_secs(3));
     // The idle client's connection is gone, and with it its backup.
     assert!(
@@ -513,8 +505,7 @@ fn an_idle_connection_is_closed_and_its_backup_aborted() {
     assert_eq!(stats.running_backups, 0);
     assert!(other.list().unwrap().is_empty(), "nothing was committed");
     drop(other);
-    stop.stop();
-    t.join().unwrap().unwrap();
+    server.shut();
 }
 
 #[test]
@@ -622,17 +613,7 @@ fn tree_parts_are_bounded_and_exclusive_with_a_commit_tree() {
     let part = |session: u64, bytes: Vec<u8>| c.call(Call::TreePart { session, bytes });
     let e = part(99, vec![1]).unwrap_err();
     assert_eq!(e.kind(), Some(ErrorKind::NoSuchSession));
-    let begin = |name: &str| match c
-        .call(Call::BeginBackup {
-            name: name.into(),
-            group: "g".into(),
-        })
-        .unwrap()
-    {
-        Reply::Begun { session, .. } => session,
-        other => panic!("{other:?}"),
-    };
-    let s = begin("both");
+    let s = begin(&c, "both");
     assert_eq!(part(s, vec![1, 2]).unwrap(), Reply::TreeTaken { bytes: 2 });
     let e = c
         .call(Call::Commit {
@@ -641,7 +622,7 @@ fn tree_parts_are_bounded_and_exclusive_with_a_commit_tree() {
         })
         .unwrap_err();
     assert!(e.to_string().contains("one or the other"), "{e}");
-    let s = begin("huge");
+    let s = begin(&c, "huge");
     let sixteen = vec![0u8; 16 << 20];
     for _ in 0..MAX_TREE / sixteen.len() {
         part(s, sixteen.clone()).unwrap();
