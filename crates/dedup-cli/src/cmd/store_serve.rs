@@ -60,7 +60,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let repo = super::store::open_indexed(&a.repo, &a.index)?;
     let limits = ServerLimits {
         max_connections: a.max_connections.max(1),
-        idle_timeout: (a.idle_timeout > 0).then(|| Duration::from_secs(a.idle_timeout)),
+        // Zero is none: the server's own reading of it.
+        idle_timeout: Some(Duration::from_secs(a.idle_timeout)),
         ..ServerLimits::default()
     };
     let server = Server::bind(repo, &at, limits).with_context(|| format!("serving on {at}"))?;

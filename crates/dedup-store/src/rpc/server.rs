@@ -33,11 +33,11 @@ pub struct ServerLimits {
     pub max_connections: usize,
     pub max_sessions_per_connection: usize,
     /// How long a connection may send nothing (or take nothing it was sent)
-    /// before it is closed and its backups aborted; `None`: for ever. A
-    /// client that vanished without closing (a TCP peer that lost power,
-    /// a stopped process) would otherwise hold its connection slot, and
-    /// its backup's containers from the collector, until the server stops.
-    /// Zero means none.
+    /// before it is closed and its backups aborted; `None` or zero: for
+    /// ever. A client that vanished without closing (a TCP peer that lost
+    /// power, a stopped process) would otherwise hold its connection slot,
+    /// and its backup's containers from the collector, until the server
+    /// stops.
     pub idle_timeout: Option<Duration>,
 }
 
