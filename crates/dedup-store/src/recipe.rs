@@ -86,9 +86,9 @@ impl Recipe {
     pub fn decode(object: &str, bytes: &[u8]) -> RepoResult<Recipe> {
         let (version, framed) = unframe_any(object, MAGIC, PLAIN_VERSION..=VERSION, bytes)?;
         let (stream_len, segments) = match version {
-            PLAIN_VERSION => rows(object, framed)?,
-            ROWS_VERSION => rows(object, &unzstd(object, framed)?)?,
-            _ => columns(object, framed)?,
+            PLAIN_VERSION => decode_rows(object, framed)?,
+            ROWS_VERSION => decode_rows(object, &unzstd(object, framed)?)?,
+            _ => decode_columns(object, framed)?,
         };
         let total: u64 = segments.iter().map(|s| u64::from(s.len)).sum();
         if total != stream_len {
@@ -141,7 +141,7 @@ fn head(object: &str, head: &[u8; 16], len: u64) -> RepoResult<(u64, usize)> {
 }
 
 /// A raw body of rows (versions 1 and 2).
-fn rows(object: &str, body: &[u8]) -> RepoResult<(u64, Vec<SegmentRef>)> {
+fn decode_rows(object: &str, body: &[u8]) -> RepoResult<(u64, Vec<SegmentRef>)> {
     let Some(first) = body.first_chunk::<16>() else {
         return Err(RepoError::corrupt(
             object,
@@ -157,7 +157,7 @@ fn rows(object: &str, body: &[u8]) -> RepoResult<(u64, Vec<SegmentRef>)> {
 
 /// A compressed body of columns (version 3), decoded as it decompresses,
 /// so the raw body is never held beside the references.
-fn columns(object: &str, framed: &[u8]) -> RepoResult<(u64, Vec<SegmentRef>)> {
+fn decode_columns(object: &str, framed: &[u8]) -> RepoResult<(u64, Vec<SegmentRef>)> {
     let (raw_len, mut raw) = unzstd_reader(object, framed)?;
     let short = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::UnexpectedEof => RepoError::corrupt(
