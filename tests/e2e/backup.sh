@@ -28,7 +28,7 @@ restored() {
 
 log "a FastCDC repository; a tar stream of a tree backed up twice"
 "$DEDUP" store init "$R" --segments fastcdc --json >"$WORK/init.json"
-[ "$(field "$WORK/init.json" segments)" = "FastCDC 1.0 KiB-16.0 KiB avg 4.0 KiB" ] || fail "init segments"
+[ "$(field "$WORK/init.json" segments)" = "FastCDC 2.0 KiB-32.0 KiB avg 8.0 KiB" ] || fail "init segments"
 python3 "$(dirname "$0")/make-tree.py" "$WORK/tree" 24 5 >/dev/null
 tar -C "$WORK" --sort=name --mtime=@0 -cf "$WORK/t1.tar" tree
 backup t1 "$WORK/t1.tar" --group tree

@@ -66,8 +66,9 @@ fn blocked(how: Segmenting, bytes: &[u8], block: usize, step: usize) -> Vec<Vec<
     out
 }
 
-const HOWS: [Segmenting; 3] = [
+const HOWS: [Segmenting; 4] = [
     Segmenting::FASTCDC_4K,
+    Segmenting::FASTCDC_8K,
     Segmenting::FastCdc {
         min: 256,
         avg: 1024,

@@ -38,26 +38,21 @@ pub enum StoreCommand {
     Remote(super::store_remote::Args),
 }
 
-#[derive(Clone, Copy, clap::ValueEnum)]
-pub enum Segments {
-    /// Fixed 4 KiB segments: fast; finds repeats at the same 4 KiB offsets.
-    Fixed,
-    /// FastCDC, 1-16 KiB averaging 4 KiB: also finds data shifted by
-    /// insertions (tar streams, edited files).
-    Fastcdc,
-}
-
 #[derive(clap::Args)]
 #[command(
     about = "Create a backup repository in a directory",
-    after_help = "How streams are cut into segments is fixed at init for the repository's life. The directory must be empty or absent unless --force; it is made owner-only (0700).\n\nExamples:\n  dedup store init ./repo\n  dedup store init ./repo --segments fastcdc --json"
+    after_help = "How streams are cut into segments is fixed at init for the repository's life. The directory must be empty or absent unless --force; it is made owner-only (0700).\n\nExamples:\n  dedup store init ./repo\n  dedup store init ./repo --segments fastcdc --json\n  dedup store init ./repo --segments fastcdc:16K"
 )]
 pub struct InitArgs {
     /// Repository directory (created if absent).
     pub repo: PathBuf,
-    /// How backups are cut into segments.
-    #[arg(long, value_enum, default_value = "fixed")]
-    pub segments: Segments,
+    /// How backups are cut into segments: fixed (4 KiB, the paper's:
+    /// fast, finds repeats at the same 4 KiB offsets, as in disk images),
+    /// fixed:SIZE, fastcdc (content-defined, 2-32 KiB averaging 8 KiB:
+    /// also finds data shifted by insertions, as in tar streams and
+    /// edited files), fastcdc:AVG (AVG/4 to 4 AVG) or fastcdc:AVG:MIN:MAX.
+    #[arg(long, default_value = "fixed", value_parser = Segmenting::parse)]
+    pub segments: Segmenting,
     /// How segments are compressed, in frames of about 1 MiB (zstd) or
     /// 128 KiB (lz4): zstd:LEVEL (1-22; higher is smaller and slower), zstd
     /// (level 3), lz4 or none. On a 2 GiB ext4 image on 2 cores, zstd:1
@@ -110,10 +105,7 @@ fn compression_arg(s: &str) -> Result<Compression, String> {
 }
 
 fn init(a: InitArgs) -> anyhow::Result<ExitCode> {
-    let segmenting = match a.segments {
-        Segments::Fixed => Segmenting::DEFAULT,
-        Segments::Fastcdc => Segmenting::FASTCDC_4K,
-    };
+    let segmenting = a.segments;
     let repo = Repository::init_with(
         &a.repo,
         RepoOptions {
