@@ -4,6 +4,7 @@
 //! still, so it costs less than the I/O it saves. zstd trades CPU for a
 //! better ratio on text-like data.
 
+use std::cell::RefCell;
 use std::fmt;
 
 use crate::error::{Error, Result};
@@ -79,7 +80,7 @@ impl Compression {
         let out = match *self {
             Compression::None => return None,
             Compression::Lz4 => lz4_flex::block::compress(data),
-            Compression::Zstd(level) => zstd::bulk::compress(data, level).ok()?,
+            Compression::Zstd(level) => zstd_compress(data, level)?,
         };
         (out.len() < data.len()).then_some(out)
     }
@@ -107,6 +108,27 @@ impl Compression {
         }
         Ok(())
     }
+}
+
+thread_local! {
+    /// This thread's zstd context and its level: a context costs an
+    /// allocation and table set-up, which `zstd::bulk::compress` paid for
+    /// every frame and chunk.
+    static ZSTD: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
+        const { RefCell::new(None) };
+}
+
+/// `data` compressed at `level` with this thread's context (`None` if zstd
+/// refuses, which it does only for want of memory).
+fn zstd_compress(data: &[u8], level: i32) -> Option<Vec<u8>> {
+    ZSTD.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        if cell.as_ref().is_none_or(|(l, _)| *l != level) {
+            *cell = Some((level, zstd::bulk::Compressor::new(level).ok()?));
+        }
+        let (_, c) = cell.as_mut()?;
+        c.compress(data).ok()
+    })
 }
 
 impl fmt::Display for Compression {
@@ -173,5 +195,28 @@ mod tests {
             assert!(c.decompress(&z[..z.len() / 2], &mut out, "t").is_err());
         }
         assert!(Compression::None.compress(&text).is_none());
+    }
+
+    /// One thread's reused zstd context gives each call the level asked
+    /// for, and what one call left in it never leaks into the next: the
+    /// output is what a fresh context gives.
+    #[test]
+    fn a_reused_zstd_context_follows_the_level_and_keeps_nothing() {
+        let mut data = crate::testdata::noise(7, 1 << 16);
+        data.extend_from_within(..1 << 15);
+        data.extend(b"abcdefgh".iter().cycle().take(1 << 16));
+        for level in [1, 19, 1, 3, 3, 22, 1] {
+            let got = Compression::Zstd(level).compress(&data).unwrap();
+            assert_eq!(
+                got,
+                zstd::bulk::compress(&data, level).unwrap(),
+                "level {level}"
+            );
+            let mut out = vec![0u8; data.len()];
+            Compression::Zstd(level)
+                .decompress(&got, &mut out, "test chunk")
+                .unwrap();
+            assert_eq!(out, data);
+        }
     }
 }
