@@ -75,6 +75,23 @@ for n in t2 t3 t4 base; do
         || fail "backup $n after the collection"
 done
 
+log "a stopped (wedged) server fails its clients after --timeout, then serves again"
+kill -STOP "$pid"
+start=$(date +%s)
+if "$DEDUP" store remote --server "unix:$S" --timeout 1 list >"$WORK/wedged.out" 2>&1; then
+    kill -CONT "$pid"
+    fail "a list through a stopped server succeeded"
+fi
+if head -c 3000000 /dev/urandom | "$DEDUP" backup --server "unix:$S" --timeout 1 wedged --stdin >>"$WORK/wedged.out" 2>&1; then
+    kill -CONT "$pid"
+    fail "a backup through a stopped server succeeded"
+fi
+kill -CONT "$pid"
+[ $(($(date +%s) - start)) -lt 30 ] || fail "the clients took $(($(date +%s) - start)) s to give up"
+[ "$(grep -c "answered nothing\|sent no answer\|took no data" "$WORK/wedged.out")" -ge 2 ] || { cat "$WORK/wedged.out" >&2; fail "no timeout message"; }
+"$DEDUP" store remote --server "unix:$S" list --json >"$WORK/after-wedge.json" || fail "list after the server went on"
+grep -q '"wedged"' "$WORK/after-wedge.json" && fail "the timed-out backup was committed"
+
 log "SIGTERM stops it cleanly"
 kill -TERM "$pid"
 wait "$pid" || fail "dedup store serve exited $?"

@@ -704,3 +704,96 @@ fn a_directory_tree_backs_up_through_the_server_and_restores_with_its_metadata()
     );
     assert_eq!(local.backup.bytes_new, 0);
 }
+
+/// A server that accepts and reads but never answers past its `Hello`
+/// (when `hello` is set): a process stopped or wedged with its socket
+/// open. Its listener and the connections it took live as long as the
+/// returned sender.
+fn silent_server(sock: &Path, hello: bool) -> std::sync::mpsc::Sender<()> {
+    use dedup_store::rpc::protocol::{WireSegmenting, PROTOCOL_VERSION};
+    let listener = std::os::unix::net::UnixListener::bind(sock).unwrap();
+    let (keep, until) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        if hello {
+            let mut len = [0u8; 4];
+            s.read_exact(&mut len).unwrap();
+            let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+            s.read_exact(&mut body).unwrap();
+            let req: Request = postcard::from_bytes(&body).unwrap();
+            let reply = Response {
+                id: req.id,
+                reply: Ok(Reply::Hello {
+                    protocol: PROTOCOL_VERSION,
+                    segmenting: WireSegmenting::Fixed { size: 4096 },
+                }),
+            };
+            let body = postcard::to_allocvec(&reply).unwrap();
+            s.write_all(&(body.len() as u32).to_be_bytes()).unwrap();
+            s.write_all(&body).unwrap();
+        }
+        // Take whatever comes and answer nothing, until the test is done.
+        std::thread::spawn(move || std::io::copy(&mut s, &mut std::io::sink()));
+        let _ = until.recv();
+    });
+    keep
+}
+
+#[test]
+fn a_server_that_never_answers_fails_the_client_after_its_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let timeout = Some(Duration::from_millis(500));
+    let silent = dir.path().join("silent.sock");
+    let _keep = silent_server(&silent, false);
+    let started = std::time::Instant::now();
+    let e = Client::connect_with(&Endpoint::Unix(silent), timeout)
+        .err()
+        .expect("no Hello, no client");
+    assert!(e.to_string().contains("sent no answer in 0.5 s"), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+
+    // Past the Hello: a call, a backup and a restore each give up, and
+    // the connection is closed so nothing else waits on it either.
+    let wedged = dir.path().join("wedged.sock");
+    let _keep = silent_server(&wedged, true);
+    let c = Client::connect_with(&Endpoint::Unix(wedged), timeout).unwrap();
+    let e = c.list().unwrap_err();
+    assert!(e.to_string().contains("sent no answer in 0.5 s"), "{e}");
+    let e = c
+        .backup_stream(
+            "b",
+            "g",
+            &noise(3, 100_000)[..],
+            None,
+            &BackupOptions::default(),
+            &|_| {},
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("connection"), "{e}");
+    let e = c.restore("b", &mut Vec::new()).unwrap_err();
+    assert!(e.to_string().contains("connection"), "{e}");
+}
+
+#[test]
+fn a_restore_through_a_wedged_server_times_out_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let wedged = dir.path().join("wedged.sock");
+    let _keep = silent_server(&wedged, true);
+    let c =
+        Client::connect_with(&Endpoint::Unix(wedged), Some(Duration::from_millis(300))).unwrap();
+    let started = std::time::Instant::now();
+    let e = c.restore("b", &mut Vec::new()).unwrap_err();
+    assert!(e.to_string().contains("sent no answer in 0.3 s"), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+/// `None` and zero both mean no timeout: the client works as usual.
+#[test]
+fn without_a_timeout_a_client_works_as_usual() {
+    let (_dir, server) = setup();
+    let c = Client::connect_with(&server.at, None).unwrap();
+    backup(&c, "b", &noise(4, 200_000));
+    let c = Client::connect_with(&server.at, Some(Duration::ZERO)).unwrap();
+    assert_eq!(c.list().unwrap().len(), 1);
+    server.shut();
+}

@@ -42,6 +42,11 @@ pub struct Args {
     /// by), but only segments the repository lacks are sent.
     #[arg(long, value_name = "ADDR", value_parser = Endpoint::parse)]
     pub server: Option<Endpoint>,
+    /// With --server: give up, and fail the backup, when the server has
+    /// answered nothing, or taken no data, for this many seconds (0:
+    /// wait for ever).
+    #[arg(long, value_name = "SECS", default_value_t = 3600, requires = "server")]
+    pub timeout: u64,
     /// Print the report as JSON (and no progress bar).
     #[arg(long)]
     pub json: bool,
@@ -163,7 +168,7 @@ fn remote(server: &Endpoint, a: &Args) -> anyhow::Result<ExitCode> {
         if a.stdin {
             bail!("give either files and directories or --stdin, not both");
         }
-        return super::backup_remote::run_files(server, &name, &a.group, &paths, a.json);
+        return super::backup_remote::run_files(server, a.timeout, &name, &a.group, &paths, a.json);
     }
     if !a.stdin {
         bail!("nothing to back up: give files or directories (dedup backup --server {server} {name} DIR), or --stdin and pipe the data in");
@@ -172,7 +177,7 @@ fn remote(server: &Endpoint, a: &Args) -> anyhow::Result<ExitCode> {
         bail!("--stdin is a terminal; pipe the data in, e.g. tar -cf - DIR | dedup backup --server {server} {name} --stdin");
     }
     widen_stdin_pipe();
-    super::backup_remote::run(server, &name, &a.group, a.json)
+    super::backup_remote::run(server, a.timeout, &name, &a.group, a.json)
 }
 
 /// If standard input is a pipe, ask for a 1 MiB pipe buffer (Linux's

@@ -5,10 +5,10 @@
 use std::io::{self, IsTerminal};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use dedup_core::size::format_size;
-use dedup_store::rpc::{BackupOptions, Client, Endpoint};
+use dedup_store::rpc::{BackupOptions, Client, ClientError, Endpoint};
 use dedup_store::{TreeWalk, WalkCounts};
 use serde::Serialize;
 
@@ -49,9 +49,21 @@ fn spinner(name: &str, json: bool) -> anyhow::Result<indicatif::ProgressBar> {
     Ok(bar)
 }
 
+/// A client of `server` that gives up after `timeout` seconds without an
+/// answer (`--timeout`; 0: never).
+pub fn connect(server: &Endpoint, timeout: u64) -> Result<Client, ClientError> {
+    Client::connect_with(server, Some(Duration::from_secs(timeout)))
+}
+
 /// Standard input as a stream.
-pub fn run(server: &Endpoint, name: &str, group: &str, json: bool) -> anyhow::Result<ExitCode> {
-    let client = Client::connect(server)?;
+pub fn run(
+    server: &Endpoint,
+    timeout: u64,
+    name: &str,
+    group: &str,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let client = connect(server, timeout)?;
     let bar = spinner(name, json)?;
     let start = Instant::now();
     let b = client.backup_stream(
@@ -69,13 +81,14 @@ pub fn run(server: &Endpoint, name: &str, group: &str, json: bool) -> anyhow::Re
 /// Files and directories, with their metadata.
 pub fn run_files(
     server: &Endpoint,
+    timeout: u64,
     name: &str,
     group: &str,
     paths: &[PathBuf],
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let walk = TreeWalk::new(paths)?;
-    let client = Client::connect(server)?;
+    let client = connect(server, timeout)?;
     let bar = spinner(name, json)?;
     let start = Instant::now();
     let result = client.backup_files(name, group, walk, &BackupOptions::default(), &|n| {

@@ -24,6 +24,10 @@ pub struct Args {
     /// The server: unix:PATH or tcp:HOST:PORT.
     #[arg(long, value_parser = Endpoint::parse)]
     pub server: Endpoint,
+    /// Give up when the server has answered nothing, or taken no data,
+    /// for this many seconds (0: wait for ever).
+    #[arg(long, value_name = "SECS", default_value_t = 3600, global = true)]
+    pub timeout: u64,
     /// Print JSON.
     #[arg(long, global = true)]
     pub json: bool,
@@ -67,7 +71,7 @@ struct Listed {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let c = Client::connect(&a.server)?;
+    let c = super::backup_remote::connect(&a.server, a.timeout)?;
     match a.command {
         RemoteCommand::List => {
             let backups = c.list()?;

@@ -8,6 +8,7 @@ use std::io::{self, BufReader, BufWriter, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use super::frame::{decode, read_frame, write_frame};
 use super::protocol::{
@@ -79,29 +80,79 @@ struct Waiting {
     closed: Option<String>,
 }
 
+/// How long a client waits for an answer, or for the server to take a
+/// request, before it gives up on the connection (`--timeout`): as long
+/// as the server waits for an idle client, so a garbage collection or a
+/// commit that takes long is never cut off, while a server that hangs
+/// without closing (a stopped process, a host gone without TCP noticing)
+/// no longer hangs its clients for ever.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3600);
+
 pub struct Client {
     writer: Mutex<BufWriter<Stream>>,
     waiting: Arc<Mutex<Waiting>>,
     next_id: AtomicU64,
-    closer: Stream,
+    closer: Arc<Stream>,
     reader: Option<JoinHandle<()>>,
     segmenting: Segmenting,
+    timeout: Option<Duration>,
 }
 
 /// An answer still on its way.
-pub struct Pending(mpsc::Receiver<Result<Reply, ClientError>>);
+pub struct Pending {
+    answer: mpsc::Receiver<Result<Reply, ClientError>>,
+    timeout: Option<Duration>,
+    closer: Arc<Stream>,
+}
 
 impl Pending {
+    /// The answer; after the client's timeout with none, the connection
+    /// is closed (failing every other request on it) and this is `Lost`.
     pub fn wait(self) -> Result<Reply, ClientError> {
-        self.0
-            .recv()
-            .unwrap_or_else(|_| Err(ClientError::Lost("no answer".into())))
+        match receive(&self.answer, self.timeout, &self.closer) {
+            Some(answer) => answer,
+            None => Err(ClientError::Lost("no answer".into())),
+        }
     }
 }
 
+/// The next answer on `rx`; `None` once its sender is gone. After
+/// `timeout` with nothing, `closer` is shut and the answer is the error.
+fn receive(
+    rx: &mpsc::Receiver<Answer>,
+    timeout: Option<Duration>,
+    closer: &Stream,
+) -> Option<Answer> {
+    let Some(t) = timeout else {
+        return rx.recv().ok();
+    };
+    match rx.recv_timeout(t) {
+        Ok(answer) => Some(answer),
+        Err(mpsc::RecvTimeoutError::Disconnected) => None,
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            closer.shutdown();
+            Some(Err(timed_out(t, "sent no answer")))
+        }
+    }
+}
+
+fn timed_out(t: Duration, what: &str) -> ClientError {
+    ClientError::Lost(format!(
+        "the server {what} in {} s, so the connection was closed (--timeout sets how long to wait)",
+        t.as_secs_f64()
+    ))
+}
+
 impl Client {
-    /// Connect and agree on the protocol version.
+    /// Connect and agree on the protocol version, with the default timeout.
     pub fn connect(to: &Endpoint) -> Result<Client, ClientError> {
+        Client::connect_with(to, Some(DEFAULT_TIMEOUT))
+    }
+
+    /// Connect; give up on a call whose answer, or on a request the server
+    /// does not take, after `timeout` (`None` or zero: wait for ever).
+    pub fn connect_with(to: &Endpoint, timeout: Option<Duration>) -> Result<Client, ClientError> {
+        let timeout = timeout.filter(|t| !t.is_zero());
         let stream = Stream::connect(to).map_err(|cause| ClientError::Connect {
             to: to.to_string(),
             cause,
@@ -110,8 +161,12 @@ impl Client {
             to: to.to_string(),
             cause,
         };
+        // Only writes time out on the socket (a server that takes no more
+        // requests); answers are waited for in `receive`, so a reader
+        // thread never gives up part-way through a frame.
+        stream.set_write_timeout(timeout).map_err(io_err)?;
         let read_half = stream.try_clone().map_err(io_err)?;
-        let closer = stream.try_clone().map_err(io_err)?;
+        let closer = Arc::new(stream.try_clone().map_err(io_err)?);
         let waiting = Arc::new(Mutex::new(Waiting::default()));
         let w = waiting.clone();
         let reader = std::thread::Builder::new()
@@ -125,6 +180,7 @@ impl Client {
             closer,
             reader: Some(reader),
             segmenting: Segmenting::DEFAULT,
+            timeout,
         };
         match client.call(Call::Hello {
             protocol: PROTOCOL_VERSION,
@@ -146,7 +202,11 @@ impl Client {
     pub fn send(&self, call: Call) -> Result<Pending, ClientError> {
         let (tx, rx) = mpsc::channel();
         self.send_to(call, Slot::One(tx))?;
-        Ok(Pending(rx))
+        Ok(Pending {
+            answer: rx,
+            timeout: self.timeout,
+            closer: self.closer.clone(),
+        })
     }
 
     fn send_to(&self, call: Call, slot: Slot) -> Result<(), ClientError> {
@@ -167,6 +227,17 @@ impl Client {
                 lock(&self.waiting).slots.remove(&id);
                 Err(ClientError::Local(e.to_string()))
             }
+            // The server took nothing for the whole timeout.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                lock(&self.waiting).slots.remove(&id);
+                self.closer.shutdown();
+                Err(timed_out(self.timeout.unwrap_or_default(), "took no data"))
+            }
             // The server closed: the reader thread will fail the request
             // with the reason the server gave, if it gave one (busy).
             Err(_) => Ok(()),
@@ -180,16 +251,16 @@ impl Client {
         self.send_to(Call::Restore { name: name.into() }, Slot::Stream(tx))?;
         let mut n = 0u64;
         loop {
-            match rx.recv() {
-                Ok(Ok(Reply::Chunk(bytes))) => {
+            match receive(&rx, self.timeout, &self.closer) {
+                Some(Ok(Reply::Chunk(bytes))) => {
                     out.write_all(&bytes)
                         .map_err(|e| ClientError::Local(format!("writing the restore: {e}")))?;
                     n += bytes.len() as u64;
                 }
-                Ok(Ok(Reply::Restored { bytes })) if bytes == n => return Ok(n),
-                Ok(Ok(other)) => return Err(unexpected(&other)),
-                Ok(Err(e)) => return Err(e),
-                Err(_) => return Err(ClientError::Lost("the restore was cut off".into())),
+                Some(Ok(Reply::Restored { bytes })) if bytes == n => return Ok(n),
+                Some(Ok(other)) => return Err(unexpected(&other)),
+                Some(Err(e)) => return Err(e),
+                None => return Err(ClientError::Lost("the restore was cut off".into())),
             }
         }
     }

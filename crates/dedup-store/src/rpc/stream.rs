@@ -3,6 +3,7 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::time::Duration;
 
 use super::protocol::Endpoint;
 
@@ -19,6 +20,7 @@ impl Stream {
                 let s = TcpStream::connect(a)?;
                 // Small requests (lookups) must not wait for Nagle.
                 s.set_nodelay(true)?;
+                keep_alive(&s)?;
                 Ok(Stream::Tcp(s))
             }
         }
@@ -33,7 +35,7 @@ impl Stream {
 
     /// Fail a read or a write that waits longer than `timeout` (`None`:
     /// wait for ever), on this stream and every clone of it.
-    pub(crate) fn set_timeouts(&self, timeout: Option<std::time::Duration>) -> io::Result<()> {
+    pub(crate) fn set_timeouts(&self, timeout: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Unix(s) => {
                 s.set_read_timeout(timeout)?;
@@ -43,6 +45,14 @@ impl Stream {
                 s.set_read_timeout(timeout)?;
                 s.set_write_timeout(timeout)
             }
+        }
+    }
+
+    /// Fail a write that waits longer than `timeout` (`None`: for ever).
+    pub(crate) fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_write_timeout(timeout),
+            Stream::Tcp(s) => s.set_write_timeout(timeout),
         }
     }
 
@@ -81,6 +91,23 @@ impl Write for Stream {
     }
 }
 
+/// TCP keepalive probes after a minute of silence, every 10 s, 6 of them:
+/// a peer whose host died or whose network went away is noticed in about
+/// two minutes (the kernel's default waits two hours), and the blocked
+/// read or write on it fails, so a server frees the slot and a client
+/// reports the loss. A peer that is alive but silent is the timeouts' job.
+pub(crate) const KEEPALIVE: (Duration, Duration, u32) =
+    (Duration::from_secs(60), Duration::from_secs(10), 6);
+
+fn keep_alive(s: &TcpStream) -> io::Result<()> {
+    let (time, interval, retries) = KEEPALIVE;
+    let k = socket2::TcpKeepalive::new()
+        .with_time(time)
+        .with_interval(interval)
+        .with_retries(retries);
+    socket2::SockRef::from(s).set_tcp_keepalive(&k)
+}
+
 pub(crate) enum Listener {
     Unix(UnixListener),
     Tcp(TcpListener),
@@ -109,8 +136,36 @@ impl Listener {
                 let (s, _) = l.accept()?;
                 s.set_nonblocking(false)?;
                 s.set_nodelay(true)?;
+                keep_alive(&s)?;
                 Ok(Stream::Tcp(s))
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both ends of a TCP connection probe a silent peer as `KEEPALIVE`
+    /// says; a Unix socket has no such thing and needs none.
+    #[test]
+    fn tcp_connections_keep_alive_on_both_ends() {
+        let listener = Listener::Tcp(TcpListener::bind("127.0.0.1:0").unwrap());
+        let Listener::Tcp(l) = &listener else {
+            unreachable!()
+        };
+        let to = Endpoint::Tcp(l.local_addr().unwrap());
+        let client = Stream::connect(&to).unwrap();
+        let server = listener.accept().unwrap();
+        let (time, interval, retries) = KEEPALIVE;
+        for s in [&client, &server] {
+            let Stream::Tcp(s) = s else { unreachable!() };
+            let r = socket2::SockRef::from(s);
+            assert!(r.keepalive().unwrap());
+            assert_eq!(r.tcp_keepalive_time().unwrap(), time);
+            assert_eq!(r.tcp_keepalive_interval().unwrap(), interval);
+            assert_eq!(r.tcp_keepalive_retries().unwrap(), retries);
         }
     }
 }
