@@ -11,6 +11,9 @@ pub enum Segmenting {
     FastCdc { min: u32, avg: u32, max: u32 },
 }
 
+/// The smallest fixed segment `--segments fixed:SIZE` takes: a disk sector.
+pub const MIN_FIXED: u32 = 512;
+
 impl Segmenting {
     /// Fixed 4 KiB segments: the paper's choice.
     pub const DEFAULT: Segmenting = Segmenting::Fixed { size: 4096 };
@@ -62,7 +65,15 @@ impl Segmenting {
                 ))
             }
         };
-        how.check().map(|()| how)
+        match how {
+            Segmenting::Fixed { size } if size < MIN_FIXED => Err(format!(
+                "fixed segment size {size} is too small: give at least {MIN_FIXED} bytes (every segment costs a catalog entry, an index lookup and a recipe reference)"
+            )),
+            Segmenting::FastCdc { avg, .. } if !avg.is_power_of_two() => Err(format!(
+                "FastCDC average {avg} is not a power of two: FastCDC cuts at the nearest one (give e.g. 8K or 16K)"
+            )),
+            how => how.check().map(|()| how),
+        }
     }
 
     /// Refuse sizes `fastcdc` or a container would not take.
@@ -79,19 +90,24 @@ impl Segmenting {
             }
             Segmenting::Fixed { .. } => Ok(()),
             Segmenting::FastCdc { min, avg, max } => {
-                let ok = (f::MINIMUM_MIN..=f::MINIMUM_MAX).contains(&min)
-                    && (f::AVERAGE_MIN..=f::AVERAGE_MAX).contains(&avg)
-                    && (f::MAXIMUM_MIN..=f::MAXIMUM_MAX).contains(&max)
-                    && min <= avg
-                    && avg <= max;
-                if ok {
-                    Ok(())
-                } else {
-                    Err(format!(
-                        "FastCDC sizes {min}/{avg}/{max} (min/avg/max) are out of range: need min <= avg <= max, min {}-{}, avg {}-{}, max {}-{} bytes",
-                        f::MINIMUM_MIN, f::MINIMUM_MAX, f::AVERAGE_MIN, f::AVERAGE_MAX, f::MAXIMUM_MIN, f::MAXIMUM_MAX
-                    ))
+                let range = |what: &str, v: u32, lo: u32, hi: u32| {
+                    if (lo..=hi).contains(&v) {
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "FastCDC {what} size {v} is out of range: give {lo} to {hi} bytes"
+                        ))
+                    }
+                };
+                range("minimum", min, f::MINIMUM_MIN, f::MINIMUM_MAX)?;
+                range("average", avg, f::AVERAGE_MIN, f::AVERAGE_MAX)?;
+                range("maximum", max, f::MAXIMUM_MIN, f::MAXIMUM_MAX)?;
+                if min > avg || avg > max {
+                    return Err(format!(
+                        "FastCDC sizes avg {avg}, min {min}, max {max} are out of order: need min <= avg <= max"
+                    ));
                 }
+                Ok(())
             }
         }
     }
