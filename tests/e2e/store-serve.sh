@@ -20,7 +20,9 @@ done
 log "serve on a socket"
 "$DEDUP" store serve "$R" --socket "$S" >"$WORK/store.serve.log" 2>&1 &
 pid=$!
-on_exit "kill -TERM $pid; wait $pid"
+# A test that fails while the server is stopped (SIGSTOP) must not leave
+# it stopped: TERM alone would wait for ever.
+on_exit "kill -CONT $pid; kill -TERM $pid; wait $pid"
 for _ in $(seq 200); do
     grep -q "dedup: serving" "$WORK/store.serve.log" && break
     kill -0 "$pid" 2>/dev/null || fail "dedup store serve exited early"
@@ -78,17 +80,17 @@ done
 log "a stopped (wedged) server fails its clients after --timeout, then serves again"
 kill -STOP "$pid"
 start=$(date +%s)
-if "$DEDUP" store remote --server "unix:$S" --timeout 1 list >"$WORK/wedged.out" 2>&1; then
+if timeout 60 "$DEDUP" store remote --server "unix:$S" --timeout 1 list >"$WORK/wedged.out" 2>&1; then
     kill -CONT "$pid"
     fail "a list through a stopped server succeeded"
 fi
-if head -c 3000000 /dev/urandom | "$DEDUP" backup --server "unix:$S" --timeout 1 wedged --stdin >>"$WORK/wedged.out" 2>&1; then
+if head -c 3000000 /dev/urandom | timeout 60 "$DEDUP" backup --server "unix:$S" --timeout 1 wedged --stdin >>"$WORK/wedged.out" 2>&1; then
     kill -CONT "$pid"
     fail "a backup through a stopped server succeeded"
 fi
 kill -CONT "$pid"
 [ $(($(date +%s) - start)) -lt 30 ] || fail "the clients took $(($(date +%s) - start)) s to give up"
-[ "$(grep -c "answered nothing\|sent no answer\|took no data" "$WORK/wedged.out")" -ge 2 ] || { cat "$WORK/wedged.out" >&2; fail "no timeout message"; }
+[ "$(grep -c "sent no answer in 1 s" "$WORK/wedged.out")" -ge 2 ] || { cat "$WORK/wedged.out" >&2; fail "no timeout message"; }
 "$DEDUP" store remote --server "unix:$S" list --json >"$WORK/after-wedge.json" || fail "list after the server went on"
 grep -q '"wedged"' "$WORK/after-wedge.json" && fail "the timed-out backup was committed"
 

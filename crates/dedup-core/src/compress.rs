@@ -113,7 +113,8 @@ impl Compression {
 thread_local! {
     /// This thread's zstd context and its level: a context costs an
     /// allocation and table set-up, which `zstd::bulk::compress` paid for
-    /// every frame and chunk.
+    /// every frame and chunk. It lives as long as its thread: about 1 MiB
+    /// at level 1 for a 1 MiB frame, tens of MiB at levels near 22.
     static ZSTD: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
         const { RefCell::new(None) };
 }

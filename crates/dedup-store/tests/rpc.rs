@@ -705,11 +705,12 @@ fn a_directory_tree_backs_up_through_the_server_and_restores_with_its_metadata()
     assert_eq!(local.backup.bytes_new, 0);
 }
 
-/// A server that accepts and reads but never answers past its `Hello`
-/// (when `hello` is set): a process stopped or wedged with its socket
-/// open. Its listener and the connections it took live as long as the
-/// returned sender.
-fn silent_server(sock: &Path, hello: bool) -> std::sync::mpsc::Sender<()> {
+/// A server that never answers past its `Hello` (when `hello` is set): a
+/// process stopped or wedged with its socket open. It reads what it is
+/// sent when `drain` is set, else nothing, so the client's writes block
+/// once the socket's buffers are full. Its listener and the connection it
+/// took live as long as the returned sender.
+fn silent_server(sock: &Path, hello: bool, drain: bool) -> std::sync::mpsc::Sender<()> {
     use dedup_store::rpc::protocol::{WireSegmenting, PROTOCOL_VERSION};
     let listener = std::os::unix::net::UnixListener::bind(sock).unwrap();
     let (keep, until) = std::sync::mpsc::channel::<()>();
@@ -732,9 +733,15 @@ fn silent_server(sock: &Path, hello: bool) -> std::sync::mpsc::Sender<()> {
             s.write_all(&(body.len() as u32).to_be_bytes()).unwrap();
             s.write_all(&body).unwrap();
         }
-        // Take whatever comes and answer nothing, until the test is done.
-        std::thread::spawn(move || std::io::copy(&mut s, &mut std::io::sink()));
-        let _ = until.recv();
+        // Take whatever comes (or nothing) and answer nothing, until the
+        // test is done.
+        if drain {
+            std::thread::spawn(move || std::io::copy(&mut s, &mut std::io::sink()));
+            let _ = until.recv();
+        } else {
+            let _ = until.recv();
+            drop(s);
+        }
     });
     keep
 }
@@ -744,7 +751,7 @@ fn a_server_that_never_answers_fails_the_client_after_its_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let timeout = Some(Duration::from_millis(500));
     let silent = dir.path().join("silent.sock");
-    let _keep = silent_server(&silent, false);
+    let _keep = silent_server(&silent, false, true);
     let started = std::time::Instant::now();
     let e = Client::connect_with(&Endpoint::Unix(silent), timeout)
         .err()
@@ -752,13 +759,15 @@ fn a_server_that_never_answers_fails_the_client_after_its_timeout() {
     assert!(e.to_string().contains("sent no answer in 0.5 s"), "{e}");
     assert!(started.elapsed() < Duration::from_secs(10));
 
-    // Past the Hello: a call, a backup and a restore each give up, and
-    // the connection is closed so nothing else waits on it either.
+    // Past the Hello: a call gives up, and the connection is closed, so
+    // what comes after it on the same client fails at once, naming why.
     let wedged = dir.path().join("wedged.sock");
-    let _keep = silent_server(&wedged, true);
+    let _keep = silent_server(&wedged, true, true);
     let c = Client::connect_with(&Endpoint::Unix(wedged), timeout).unwrap();
     let e = c.list().unwrap_err();
     assert!(e.to_string().contains("sent no answer in 0.5 s"), "{e}");
+    assert!(e.to_string().contains("may still finish there"), "{e}");
+    let started = std::time::Instant::now();
     let e = c
         .backup_stream(
             "b",
@@ -769,16 +778,42 @@ fn a_server_that_never_answers_fails_the_client_after_its_timeout() {
             &|_| {},
         )
         .unwrap_err();
-    assert!(e.to_string().contains("connection"), "{e}");
+    assert!(e.to_string().contains("sent no answer in 0.5 s"), "{e}");
     let e = c.restore("b", &mut Vec::new()).unwrap_err();
-    assert!(e.to_string().contains("connection"), "{e}");
+    assert!(e.to_string().contains("sent no answer in 0.5 s"), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "later calls waited"
+    );
+}
+
+/// A server that takes no more data: the client's write blocks once the
+/// socket is full, and fails after the timeout instead of for ever.
+#[test]
+fn a_server_that_takes_nothing_fails_a_large_request_after_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = dir.path().join("full.sock");
+    let _keep = silent_server(&full, true, false);
+    let c = Client::connect_with(&Endpoint::Unix(full), Some(Duration::from_millis(500))).unwrap();
+    let started = std::time::Instant::now();
+    let e = c
+        .send(Call::TreePart {
+            session: 1,
+            bytes: vec![7; 8 << 20],
+        })
+        .err()
+        .expect("8 MiB does not fit a socket nobody reads");
+    assert!(e.to_string().contains("took no data in 0.5 s"), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let e = c.list().unwrap_err();
+    assert!(e.to_string().contains("took no data"), "{e}");
 }
 
 #[test]
 fn a_restore_through_a_wedged_server_times_out_too() {
     let dir = tempfile::tempdir().unwrap();
     let wedged = dir.path().join("wedged.sock");
-    let _keep = silent_server(&wedged, true);
+    let _keep = silent_server(&wedged, true, true);
     let c =
         Client::connect_with(&Endpoint::Unix(wedged), Some(Duration::from_millis(300))).unwrap();
     let started = std::time::Instant::now();

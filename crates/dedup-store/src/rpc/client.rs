@@ -82,17 +82,18 @@ struct Waiting {
 
 /// How long a client waits for an answer, or for the server to take a
 /// request, before it gives up on the connection (`--timeout`): as long
-/// as the server waits for an idle client, so a garbage collection or a
-/// commit that takes long is never cut off, while a server that hangs
-/// without closing (a stopped process, a host gone without TCP noticing)
-/// no longer hangs its clients for ever.
+/// as the server waits for an idle client. A server that hangs without
+/// closing (a stopped process, a host gone without TCP noticing) no
+/// longer hangs its clients for ever. The server does not see the client
+/// give up until it next reads or writes, so a commit, delete or garbage
+/// collection that was running may still finish there; the error says so.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3600);
 
 pub struct Client {
     writer: Mutex<BufWriter<Stream>>,
     waiting: Arc<Mutex<Waiting>>,
     next_id: AtomicU64,
-    closer: Arc<Stream>,
+    closer: Arc<Closer>,
     reader: Option<JoinHandle<()>>,
     segmenting: Segmenting,
     timeout: Option<Duration>,
@@ -102,7 +103,26 @@ pub struct Client {
 pub struct Pending {
     answer: mpsc::Receiver<Result<Reply, ClientError>>,
     timeout: Option<Duration>,
-    closer: Arc<Stream>,
+    closer: Arc<Closer>,
+}
+
+/// Closes the connection for a reason that every request still waiting on
+/// it, and every later one, is failed with (the reader thread would
+/// otherwise only see the socket end).
+struct Closer {
+    stream: Stream,
+    waiting: Arc<Mutex<Waiting>>,
+}
+
+impl Closer {
+    fn close(&self, why: &ClientError) {
+        let why = match why {
+            ClientError::Lost(why) => why.clone(),
+            other => other.to_string(),
+        };
+        lock(&self.waiting).closed.get_or_insert(why);
+        self.stream.shutdown();
+    }
 }
 
 impl Pending {
@@ -121,7 +141,7 @@ impl Pending {
 fn receive(
     rx: &mpsc::Receiver<Answer>,
     timeout: Option<Duration>,
-    closer: &Stream,
+    closer: &Closer,
 ) -> Option<Answer> {
     let Some(t) = timeout else {
         return rx.recv().ok();
@@ -130,15 +150,16 @@ fn receive(
         Ok(answer) => Some(answer),
         Err(mpsc::RecvTimeoutError::Disconnected) => None,
         Err(mpsc::RecvTimeoutError::Timeout) => {
-            closer.shutdown();
-            Some(Err(timed_out(t, "sent no answer")))
+            let e = timed_out(t, "sent no answer");
+            closer.close(&e);
+            Some(Err(e))
         }
     }
 }
 
 fn timed_out(t: Duration, what: &str) -> ClientError {
     ClientError::Lost(format!(
-        "the server {what} in {} s, so the connection was closed (--timeout sets how long to wait)",
+        "the server {what} in {} s, so the connection was closed (--timeout sets how long to wait); a commit, delete or gc it was running may still finish there (dedup store remote list shows the backups)",
         t.as_secs_f64()
     ))
 }
@@ -153,7 +174,7 @@ impl Client {
     /// does not take, after `timeout` (`None` or zero: wait for ever).
     pub fn connect_with(to: &Endpoint, timeout: Option<Duration>) -> Result<Client, ClientError> {
         let timeout = timeout.filter(|t| !t.is_zero());
-        let stream = Stream::connect(to).map_err(|cause| ClientError::Connect {
+        let stream = Stream::connect(to, timeout).map_err(|cause| ClientError::Connect {
             to: to.to_string(),
             cause,
         })?;
@@ -166,8 +187,11 @@ impl Client {
         // thread never gives up part-way through a frame.
         stream.set_write_timeout(timeout).map_err(io_err)?;
         let read_half = stream.try_clone().map_err(io_err)?;
-        let closer = Arc::new(stream.try_clone().map_err(io_err)?);
         let waiting = Arc::new(Mutex::new(Waiting::default()));
+        let closer = Arc::new(Closer {
+            stream: stream.try_clone().map_err(io_err)?,
+            waiting: waiting.clone(),
+        });
         let w = waiting.clone();
         let reader = std::thread::Builder::new()
             .name("dedup-rpc-reader".into())
@@ -235,8 +259,9 @@ impl Client {
                 ) =>
             {
                 lock(&self.waiting).slots.remove(&id);
-                self.closer.shutdown();
-                Err(timed_out(self.timeout.unwrap_or_default(), "took no data"))
+                let e = timed_out(self.timeout.unwrap_or_default(), "took no data");
+                self.closer.close(&e);
+                Err(e)
             }
             // The server closed: the reader thread will fail the request
             // with the reason the server gave, if it gave one (busy).
@@ -301,7 +326,7 @@ impl Client {
 
 impl Drop for Client {
     fn drop(&mut self) {
-        self.closer.shutdown();
+        self.closer.stream.shutdown();
         if let Some(r) = self.reader.take() {
             let _ = r.join();
         }
@@ -350,7 +375,8 @@ fn read_responses(stream: Stream, waiting: &Mutex<Waiting>) {
         }
     };
     let mut w = lock(waiting);
-    w.closed = Some(why.clone());
+    // A reason given by whoever closed it (a timeout) comes first.
+    let why = w.closed.get_or_insert(why).clone();
     for (_, slot) in w.slots.drain() {
         slot.fail(Err(ClientError::Lost(why.clone())));
     }

@@ -13,14 +13,19 @@ pub(crate) enum Stream {
 }
 
 impl Stream {
-    pub(crate) fn connect(to: &Endpoint) -> io::Result<Stream> {
+    /// Connect, giving up on a TCP host that does not answer within
+    /// `timeout` (`None`: the kernel's own limit, about two minutes).
+    pub(crate) fn connect(to: &Endpoint, timeout: Option<Duration>) -> io::Result<Stream> {
         match to {
             Endpoint::Unix(p) => UnixStream::connect(p).map(Stream::Unix),
             Endpoint::Tcp(a) => {
-                let s = TcpStream::connect(a)?;
+                let s = match timeout {
+                    Some(t) => TcpStream::connect_timeout(a, t)?,
+                    None => TcpStream::connect(a)?,
+                };
                 // Small requests (lookups) must not wait for Nagle.
                 s.set_nodelay(true)?;
-                keep_alive(&s)?;
+                keep_alive(&s);
                 Ok(Stream::Tcp(s))
             }
         }
@@ -92,20 +97,30 @@ impl Write for Stream {
 }
 
 /// TCP keepalive probes after a minute of silence, every 10 s, 6 of them:
-/// a peer whose host died or whose network went away is noticed in about
-/// two minutes (the kernel's default waits two hours), and the blocked
-/// read or write on it fails, so a server frees the slot and a client
-/// reports the loss. A peer that is alive but silent is the timeouts' job.
+/// an idle peer whose host died or whose network went away is noticed in
+/// about two minutes (the kernel's default waits two hours), and the
+/// blocked read on it fails, so a server frees the slot and a client
+/// reports the loss. Keepalive does not probe while sent data waits for
+/// its acknowledgement; `USER_TIMEOUT` covers that case. A peer that is
+/// alive but silent is the job of the timeouts.
 pub(crate) const KEEPALIVE: (Duration, Duration, u32) =
     (Duration::from_secs(60), Duration::from_secs(10), 6);
 
-fn keep_alive(s: &TcpStream) -> io::Result<()> {
+/// How long data sent may go unacknowledged before the kernel drops the
+/// connection (`TCP_USER_TIMEOUT`), as long as keepalive takes to give up.
+pub(crate) const USER_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Best effort: a socket that refuses the options still serves, as
+/// before they were set, rather than failing the connection.
+fn keep_alive(s: &TcpStream) {
     let (time, interval, retries) = KEEPALIVE;
     let k = socket2::TcpKeepalive::new()
         .with_time(time)
         .with_interval(interval)
         .with_retries(retries);
-    socket2::SockRef::from(s).set_tcp_keepalive(&k)
+    let r = socket2::SockRef::from(s);
+    let _ = r.set_tcp_keepalive(&k);
+    let _ = r.set_tcp_user_timeout(Some(USER_TIMEOUT));
 }
 
 pub(crate) enum Listener {
@@ -136,7 +151,7 @@ impl Listener {
                 let (s, _) = l.accept()?;
                 s.set_nonblocking(false)?;
                 s.set_nodelay(true)?;
-                keep_alive(&s)?;
+                keep_alive(&s);
                 Ok(Stream::Tcp(s))
             }
         }
@@ -148,7 +163,8 @@ mod tests {
     use super::*;
 
     /// Both ends of a TCP connection probe a silent peer as `KEEPALIVE`
-    /// says; a Unix socket has no such thing and needs none.
+    /// says and drop one that acknowledges nothing for `USER_TIMEOUT`; a
+    /// Unix socket has no such thing and needs none.
     #[test]
     fn tcp_connections_keep_alive_on_both_ends() {
         let listener = Listener::Tcp(TcpListener::bind("127.0.0.1:0").unwrap());
@@ -156,7 +172,7 @@ mod tests {
             unreachable!()
         };
         let to = Endpoint::Tcp(l.local_addr().unwrap());
-        let client = Stream::connect(&to).unwrap();
+        let client = Stream::connect(&to, Some(Duration::from_secs(5))).unwrap();
         let server = listener.accept().unwrap();
         let (time, interval, retries) = KEEPALIVE;
         for s in [&client, &server] {
@@ -166,6 +182,7 @@ mod tests {
             assert_eq!(r.tcp_keepalive_time().unwrap(), time);
             assert_eq!(r.tcp_keepalive_interval().unwrap(), interval);
             assert_eq!(r.tcp_keepalive_retries().unwrap(), retries);
+            assert_eq!(r.tcp_user_timeout().unwrap(), Some(USER_TIMEOUT));
         }
     }
 }
