@@ -56,7 +56,10 @@ fn bad_forms_are_refused_with_the_reason() {
         ("fastcdc:8K:1K", "unknown segmenting"),
         ("fastcdc:1K:2K:4K", "out of order: need min <= avg <= max"),
         ("fastcdc:8M", "FastCDC minimum size 2097152 is out of range"),
-        ("fastcdc:8M:1M:16M", "FastCDC average size 8388608 is out of range"),
+        (
+            "fastcdc:8M:1M:16M",
+            "FastCDC average size 8388608 is out of range",
+        ),
         ("fastcdc:128", "FastCDC minimum size 32 is out of range"),
         (
             "fastcdc:8K:1K:32M",
