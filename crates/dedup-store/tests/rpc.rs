@@ -25,10 +25,6 @@ struct Running {
 }
 
 impl Running {
-    fn start(dir: &Path) -> Running {
-        Running::with_limits(dir, ServerLimits::default())
-    }
-
     fn with_limits(dir: &Path, limits: ServerLimits) -> Running {
         let repo = Repository::open(dir.join("repo")).unwrap();
         let server = Server::bind(repo, &Endpoint::Unix(dir.join("s.sock")), limits).unwrap();
@@ -60,9 +56,14 @@ impl Drop for Running {
 }
 
 fn setup() -> (tempfile::TempDir, Running) {
+    setup_with(ServerLimits::default())
+}
+
+/// A new repository served with `limits`.
+fn setup_with(limits: ServerLimits) -> (tempfile::TempDir, Running) {
     let dir = tempfile::tempdir().unwrap();
     Repository::init(dir.path().join("repo")).unwrap();
-    let r = Running::start(dir.path());
+    let r = Running::with_limits(dir.path(), limits);
     (dir, r)
 }
 
@@ -448,14 +449,11 @@ fn a_loopback_tcp_server_serves_the_same() {
 
 #[test]
 fn connections_past_the_limit_are_refused_as_busy() {
-    let dir = tempfile::tempdir().unwrap();
-    Repository::init(dir.path().join("repo")).unwrap();
-    let limits = ServerLimits {
+    let (_dir, server) = setup_with(ServerLimits {
         max_connections: 2,
         max_sessions_per_connection: 1,
         ..ServerLimits::default()
-    };
-    let server = Running::with_limits(dir.path(), limits);
+    });
     let at = server.at.clone();
     let (a, _b) = (Client::connect(&at).unwrap(), Client::connect(&at).unwrap());
     let e = Client::connect(&at).err().unwrap();
@@ -475,14 +473,11 @@ fn connections_past_the_limit_are_refused_as_busy() {
 /// slot is free for another client.
 #[test]
 fn an_idle_connection_is_closed_and_its_backup_aborted() {
-    let dir = tempfile::tempdir().unwrap();
-    Repository::init(dir.path().join("repo")).unwrap();
-    let limits = ServerLimits {
+    let (_dir, server) = setup_with(ServerLimits {
         max_connections: 1,
         idle_timeout: Some(Duration::from_secs(1)),
         ..ServerLimits::default()
-    };
-    let server = Running::with_limits(dir.path(), limits);
+    });
     let at = server.at.clone();
     let idle = Client::connect(&at).unwrap();
     begin(&idle, "stalled");

@@ -91,8 +91,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3600);
 
 pub struct Client {
     writer: Mutex<BufWriter<Stream>>,
-    waiting: Arc<Mutex<Waiting>>,
     next_id: AtomicU64,
+    /// The connection's waiting requests are `closer.waiting`.
     closer: Arc<Closer>,
     reader: Option<JoinHandle<()>>,
     segmenting: Segmenting,
@@ -115,13 +115,12 @@ struct Closer {
 }
 
 impl Closer {
-    fn close(&self, why: &ClientError) {
-        let why = match why {
-            ClientError::Lost(why) => why.clone(),
-            other => other.to_string(),
-        };
-        lock(&self.waiting).closed.get_or_insert(why);
+    /// Close the connection, failing its requests with `why` (unless it
+    /// was closed for another reason first), and give the error.
+    fn close(&self, why: String) -> ClientError {
+        let why = lock(&self.waiting).closed.get_or_insert(why).clone();
         self.stream.shutdown();
+        ClientError::Lost(why)
     }
 }
 
@@ -150,18 +149,16 @@ fn receive(
         Ok(answer) => Some(answer),
         Err(mpsc::RecvTimeoutError::Disconnected) => None,
         Err(mpsc::RecvTimeoutError::Timeout) => {
-            let e = timed_out(t, "sent no answer");
-            closer.close(&e);
-            Some(Err(e))
+            Some(Err(closer.close(timed_out(t, "sent no answer"))))
         }
     }
 }
 
-fn timed_out(t: Duration, what: &str) -> ClientError {
-    ClientError::Lost(format!(
+fn timed_out(t: Duration, what: &str) -> String {
+    format!(
         "the server {what} in {} s, so the connection was closed (--timeout sets how long to wait); a commit, delete or gc it was running may still finish there (dedup store remote list shows the backups)",
         t.as_secs_f64()
-    ))
+    )
 }
 
 impl Client {
@@ -199,7 +196,6 @@ impl Client {
             .map_err(io_err)?;
         let mut client = Client {
             writer: Mutex::new(BufWriter::with_capacity(256 << 10, stream)),
-            waiting,
             next_id: AtomicU64::new(1),
             closer,
             reader: Some(reader),
@@ -236,7 +232,7 @@ impl Client {
     fn send_to(&self, call: Call, slot: Slot) -> Result<(), ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         {
-            let mut w = lock(&self.waiting);
+            let mut w = lock(&self.closer.waiting);
             if let Some(why) = &w.closed {
                 return Err(ClientError::Lost(why.clone()));
             }
@@ -248,7 +244,7 @@ impl Client {
             Ok(()) => Ok(()),
             // Not encodable: the connection is fine, this request is not.
             Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
-                lock(&self.waiting).slots.remove(&id);
+                lock(&self.closer.waiting).slots.remove(&id);
                 Err(ClientError::Local(e.to_string()))
             }
             // The server took nothing for the whole timeout.
@@ -258,10 +254,9 @@ impl Client {
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                 ) =>
             {
-                lock(&self.waiting).slots.remove(&id);
-                let e = timed_out(self.timeout.unwrap_or_default(), "took no data");
-                self.closer.close(&e);
-                Err(e)
+                lock(&self.closer.waiting).slots.remove(&id);
+                let t = self.timeout.unwrap_or_default();
+                Err(self.closer.close(timed_out(t, "took no data")))
             }
             // The server closed: the reader thread will fail the request
             // with the reason the server gave, if it gave one (busy).
