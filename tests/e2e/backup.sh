@@ -2,9 +2,11 @@
 # The backup store from the command line (issue 17): a tar stream of a tree
 # backed up twice (the second all duplicate), then again after a few files
 # change; every backup restores byte for byte; a random 64 MiB stream round
-# trips; a directory tree backed up as files (a copy of /usr/share/doc plus
-# special cases) restores with the same contents, types, modes, owners,
-# times and hard links; --json parses; bad input is refused in plain words.
+# trips, and so does one whose recipe is written in parts (then deleted and
+# collected to the last part); a directory tree backed up as files (a copy
+# of /usr/share/doc plus special cases) restores with the same contents,
+# types, modes, owners, times and hard links; --json parses; bad input is
+# refused in plain words.
 source "$(dirname "$0")/lib.sh"
 
 R=$WORK/repo
@@ -71,6 +73,20 @@ backup rand "$WORK/rand"
 restored rand "$WORK/rand"
 "$DEDUP" backup "$R" empty --stdin </dev/null >"$WORK/empty.txt" || fail "an empty stream"
 restored empty /dev/null
+
+log "a stream whose recipe is written in parts (65,536 segments a part; 512-byte segments)"
+R2=$WORK/repo-parts
+"$DEDUP" store init "$R2" --segments fixed:512 >/dev/null || fail "init fixed:512"
+{ head -c 16M "$WORK/rand"; head -c 48M /dev/zero; tail -c 16M "$WORK/rand"; } >"$WORK/parts"
+"$DEDUP" backup "$R2" parts --stdin <"$WORK/parts" >/dev/null || fail "backup of a recipe in parts"
+parts=$(find "$R2/recipes" -name '*.p[0-9a-f]*' | wc -l)
+[ "$parts" = 3 ] || fail "expected 3 recipe parts (163,840 segments), found $parts"
+"$DEDUP" restore "$R2" parts - 2>/dev/null | cmp - "$WORK/parts" || fail "a recipe in parts restored differently"
+"$DEDUP" store check "$R2" --data >/dev/null || fail "store check of a recipe in parts"
+"$DEDUP" delete "$R2" parts >/dev/null || fail "delete of a recipe in parts"
+"$DEDUP" gc "$R2" >/dev/null || fail "gc after deleting a recipe in parts"
+[ -z "$(ls -A "$R2/recipes")" ] || fail "recipe parts left after delete and gc: $(ls -A "$R2/recipes")"
+rm -f "$WORK/parts"
 
 log "a directory tree as files: /usr/share/doc plus special cases"
 F=$WORK/files

@@ -78,7 +78,11 @@ pub fn check(
     let recipe_names = store.list(RECIPES_PREFIX)?;
     let container_names = store.list(CONTAINERS_PREFIX)?;
     report.counts.backups = backup_names.len() as u64;
-    report.counts.recipes = recipe_names.len() as u64;
+    // A recipe's parts are not recipes of their own.
+    report.counts.recipes = recipe_names
+        .iter()
+        .filter(|o| crate::recipe_parts::part_of(o).is_none())
+        .count() as u64;
     report.counts.trees = tree_names.len() as u64;
 
     let backups = backups::check_backups(store, &backup_names, &mut report, progress);

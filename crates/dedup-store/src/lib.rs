@@ -83,6 +83,7 @@ pub mod name;
 pub mod objects;
 mod protection;
 pub mod recipe;
+pub mod recipe_parts;
 pub mod repo;
 mod repo_check;
 pub mod repo_error;

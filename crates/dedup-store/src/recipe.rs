@@ -25,13 +25,13 @@ use dedup_core::fingerprint::Fingerprint;
 use crate::framed::{frame, frame_zstd, undecompressable, unframe_any, unzstd, unzstd_reader};
 use crate::repo_error::{RepoError, RepoResult};
 
-const MAGIC: [u8; 8] = *b"DDUPRCPE";
+pub(crate) const MAGIC: [u8; 8] = *b"DDUPRCPE";
 /// Columns, compressed.
-const VERSION: u32 = 3;
+pub(crate) const VERSION: u32 = 3;
 /// Rows, compressed.
 const ROWS_VERSION: u32 = 2;
 /// Rows, plain.
-const PLAIN_VERSION: u32 = 1;
+pub(crate) const PLAIN_VERSION: u32 = 1;
 /// A reference's bytes, in either layout.
 const REF_LEN: usize = 48;
 
@@ -85,6 +85,11 @@ impl Recipe {
     /// lengths agree before allocating for them.
     pub fn decode(object: &str, bytes: &[u8]) -> RepoResult<Recipe> {
         let (version, framed) = unframe_any(object, MAGIC, PLAIN_VERSION..=VERSION, bytes)?;
+        Recipe::decode_body(object, version, framed)
+    }
+
+    /// `decode` of a frame already checked: its version (1 to 3) and body.
+    pub(crate) fn decode_body(object: &str, version: u32, framed: &[u8]) -> RepoResult<Recipe> {
         let (stream_len, segments) = match version {
             PLAIN_VERSION => decode_rows(object, framed)?,
             ROWS_VERSION => decode_rows(object, &unzstd(object, framed)?)?,

@@ -17,7 +17,7 @@ use std::fs::{self, File, Permissions};
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use dedup_core::compress::Compression;
@@ -80,6 +80,9 @@ pub struct Repository {
     pub(crate) next_container: AtomicU64,
     pub(crate) protection: Mutex<Protection>,
     damaged: Vec<String>,
+    /// References a backup gathers before writing them as a recipe part
+    /// (`recipe_parts::PART_SEGMENTS`; tests make it small).
+    pub(crate) part_segments: AtomicUsize,
     /// Held by the one process that may write; `None` when read-only.
     _writer: Option<DeviceLock>,
 }
@@ -212,10 +215,19 @@ impl Repository {
             next_container: AtomicU64::new(0),
             protection: Mutex::new(Protection::default()),
             damaged: Vec::new(),
+            part_segments: AtomicUsize::new(crate::recipe_parts::PART_SEGMENTS),
             _writer: writer,
         };
         repo.load_catalogs(covered)?;
         Ok(repo)
+    }
+
+    /// Write backups' recipes in parts of `segments` references from now
+    /// on (at least 1) instead of `recipe_parts::PART_SEGMENTS`: for tests
+    /// that want many parts from little data.
+    #[doc(hidden)]
+    pub fn set_recipe_part_segments(&self, segments: usize) {
+        self.part_segments.store(segments.max(1), Ordering::SeqCst);
     }
 
     /// Give the index the catalog of every container from `covered` up (it
@@ -380,7 +392,14 @@ impl Repository {
         }
         let record = self.backup(name)?;
         self.store.delete(&BackupRecord::object_name(name))?;
-        for object in std::iter::once(&record.recipe).chain(&record.tree) {
+        // The recipe's parts before the recipe, which names them: one that
+        // a crash leaves is an orphan for GC either way.
+        let parts = crate::recipe_parts::parts_to_delete(&*self.store, &record.recipe)?;
+        for object in parts
+            .iter()
+            .chain(std::iter::once(&record.recipe))
+            .chain(&record.tree)
+        {
             match self.store.delete(object) {
                 Ok(()) | Err(Error::NotFound { .. }) => {}
                 Err(e) => return Err(e.into()),

@@ -2,7 +2,9 @@
 //! entries of one container (up to 4 MiB) is read with one ranged read of
 //! exactly their stored bytes, each segment checked (crc32c, then BLAKE3
 //! against its catalog entry, which must carry the recipe's fingerprint)
-//! and written out in order. No index is consulted.
+//! and written out in order. No index is consulted. The recipe is read one
+//! part at a time (`recipe_parts.rs`), so a restore of any size holds at
+//! most one part of it.
 
 use std::io::Write;
 
@@ -10,6 +12,7 @@ use crate::backup::BackupRecord;
 use crate::container::{container_name, Catalog, FrameCache};
 use crate::error::Error;
 use crate::recipe::{Recipe, SegmentRef};
+use crate::recipe_parts::RecipeParts;
 use crate::repo::Repository;
 use crate::repo_error::{RepoError, RepoResult};
 
@@ -23,28 +26,38 @@ const FRAMES_KEPT: usize = 16;
 const RUNS_AHEAD: usize = 8;
 
 impl Repository {
-    /// Backup `name`'s record and recipe, checked against each other.
+    /// Backup `name`'s record and whole recipe (all its parts at once),
+    /// checked against each other.
     pub fn recipe(&self, name: &str) -> RepoResult<(BackupRecord, Recipe)> {
+        let (record, parts) = self.recipe_parts(name)?;
+        let recipe = parts.read_all(&*self.store)?;
+        Ok((record, recipe))
+    }
+
+    /// Backup `name`'s record and its recipe, to read part by part; the
+    /// recipe's length checked against the record's.
+    pub fn recipe_parts(&self, name: &str) -> RepoResult<(BackupRecord, RecipeParts)> {
         let record = self.backup(name)?;
-        let recipe = match self.store.get(&record.recipe) {
-            Err(Error::NotFound { .. }) => {
+        let parts = match RecipeParts::open(&*self.store, &record.recipe) {
+            Err(RepoError::Store(Error::NotFound { .. })) => {
                 return Err(RepoError::corrupt(
                     &record.recipe,
                     format!("missing, but backup {name} needs it"),
                 ))
             }
-            other => Recipe::decode(&record.recipe, &other?)?,
+            other => other?,
         };
-        if recipe.stream_len != record.report.bytes_in {
+        if parts.stream_len() != record.report.bytes_in {
             return Err(RepoError::corrupt(
                 &record.recipe,
                 format!(
                     "{} bytes long, but backup {name} read {}",
-                    recipe.stream_len, record.report.bytes_in
+                    parts.stream_len(),
+                    record.report.bytes_in
                 ),
             ));
         }
-        Ok((record, recipe))
+        Ok((record, parts))
     }
 
     /// Write backup `name`'s stream to `out`; the number of bytes written.
@@ -53,8 +66,30 @@ impl Repository {
     /// container) holding the damaged one, all checked. It waits for jobs
     /// on the rayon pool: not for use on a pool thread.
     pub fn restore(&self, name: &str, mut out: impl Write) -> RepoResult<u64> {
-        let (record, recipe) = self.recipe(name)?;
-        let segments = &recipe.segments;
+        let (_, mut parts) = self.recipe_parts(name)?;
+        let frames = FrameCache::new(FRAMES_KEPT);
+        let mut written = 0u64;
+        while let Some(part) = parts.next_part(&*self.store) {
+            let (object, part) = part?;
+            written += self.restore_part(name, &object, &part.segments, &frames, &mut out)?;
+        }
+        out.flush().map_err(|cause| RepoError::Io {
+            context: format!("writing the restore of backup {name}"),
+            cause,
+        })?;
+        Ok(written)
+    }
+
+    /// Write the segments of one part of backup `name`'s recipe (object
+    /// `recipe`) to `out`; the number of bytes written.
+    fn restore_part(
+        &self,
+        name: &str,
+        recipe: &str,
+        segments: &[SegmentRef],
+        frames: &FrameCache,
+        out: &mut impl Write,
+    ) -> RepoResult<u64> {
         let io = |cause| RepoError::Io {
             context: format!("writing the restore of backup {name}"),
             cause,
@@ -69,7 +104,6 @@ impl Repository {
             runs.push(&segments[i..i + n]);
             i += n;
         }
-        let frames = FrameCache::new(FRAMES_KEPT);
         let mut written = 0u64;
         rayon::in_place_scope(|scope| -> RepoResult<()> {
             let mut ahead = std::collections::VecDeque::new();
@@ -78,7 +112,6 @@ impl Repository {
                 while ahead.len() < RUNS_AHEAD {
                     let Some(run) = next.next() else { break };
                     let (done, result) = std::sync::mpsc::sync_channel(1);
-                    let (frames, recipe) = (&frames, &record.recipe);
                     scope.spawn(move |_| {
                         let _ = done.send(self.read_checked(name, recipe, run, frames));
                     });
@@ -99,7 +132,6 @@ impl Repository {
                 }
             }
         })?;
-        out.flush().map_err(io)?;
         Ok(written)
     }
 

@@ -17,6 +17,7 @@
 //! files' segments.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -26,6 +27,7 @@ use crate::backup::{validate_name, BackupRecord, BackupReport, RECIPES_PREFIX, T
 use crate::container::{container_name, Catalog, Container};
 use crate::error::Error;
 use crate::recipe::{Recipe, SegmentRef};
+use crate::recipe_parts::{part_digest, part_name, PartInfo, RecipeIndex};
 use crate::repo::{random_bytes, Repository};
 use crate::repo_error::{RepoError, RepoResult};
 use crate::writer::{ContainerWriter, HASH};
@@ -57,7 +59,12 @@ pub struct BackupSession<'r> {
     name: String,
     group: String,
     report: BackupReport,
+    /// The references not yet written in a recipe part.
     recipe: Recipe,
+    /// The recipe parts written so far (`recipe_parts.rs`).
+    parts: Vec<PartInfo>,
+    /// Names this backup's recipe and tree objects.
+    nonce: u64,
     open: Option<Open>,
     /// What this session stored in containers it already sealed, newest
     /// generation first: a repeat is found here even when a sampled index
@@ -90,6 +97,7 @@ impl Repository {
             Ok(_) => return Err(RepoError::BackupExists { name: name.into() }),
             Err(e) => return Err(e.into()),
         }
+        let nonce = u64::from_le_bytes(random_bytes()?);
         let id = self.protection().begin_session();
         Ok(BackupSession {
             repo: self,
@@ -98,6 +106,8 @@ impl Repository {
             group: group.into(),
             report: BackupReport::default(),
             recipe: Recipe::default(),
+            parts: Vec::new(),
+            nonce,
             open: None,
             sealed: [FpMap::default(), FpMap::default()],
             writing: None,
@@ -200,7 +210,7 @@ impl BackupSession<'_> {
             }
         }
         for r in refs {
-            self.push(*r, false);
+            self.push(*r, false)?;
         }
         Ok(true)
     }
@@ -236,8 +246,12 @@ impl BackupSession<'_> {
     }
 
     /// Add the next segment of the stream to the recipe; `new` if this
-    /// backup stored it.
-    pub(crate) fn push(&mut self, segment: SegmentRef, new: bool) {
+    /// backup stored it. A full part of the recipe is written first.
+    pub(crate) fn push(&mut self, segment: SegmentRef, new: bool) -> RepoResult<()> {
+        let part = self.repo.part_segments.load(Ordering::Relaxed);
+        if self.recipe.segments.len() >= part {
+            self.write_part()?;
+        }
         let len = u64::from(segment.len);
         self.report.bytes_in += len;
         if new {
@@ -247,6 +261,40 @@ impl BackupSession<'_> {
             self.report.segments_duplicate += 1;
         }
         self.recipe.segments.push(segment);
+        Ok(())
+    }
+
+    /// The name of this backup's recipe object.
+    fn recipe_name(&self) -> String {
+        format!("{RECIPES_PREFIX}{}-{:016x}", self.name, self.nonce)
+    }
+
+    /// Write the references gathered so far as the recipe's next part.
+    fn write_part(&mut self) -> RepoResult<()> {
+        let recipe = self.recipe_name();
+        if self.parts.is_empty() {
+            // Announced before the first part: a GC must not take the
+            // parts for orphans while the backup runs.
+            self.repo.protection().will_write(self.id, &recipe);
+        }
+        let keep = self.recipe.segments.capacity();
+        let segments = std::mem::replace(&mut self.recipe.segments, Vec::with_capacity(keep));
+        let stream_len = segments.iter().map(|s| u64::from(s.len)).sum();
+        let count = segments.len() as u64;
+        let bytes = Recipe {
+            stream_len,
+            segments,
+        }
+        .into_encoded();
+        self.repo
+            .store
+            .put(&part_name(&recipe, self.parts.len()), &bytes)?;
+        self.parts.push(PartInfo {
+            segments: count,
+            bytes: stream_len,
+            digest: part_digest(&bytes),
+        });
+        Ok(())
     }
 
     /// Back up the next segment of the stream: reuse it or store it.
@@ -274,13 +322,13 @@ impl BackupSession<'_> {
                 fingerprint: fp,
             },
             new,
-        );
-        Ok(())
+        )
     }
 
     /// Make the backup of a stream durable and visible: the last
-    /// container, then the recipe, then the backup object, whose `put` is
-    /// the commit point.
+    /// container, then the recipe (its last part, then its index, if it
+    /// grew past one part), then the backup object, whose `put` is the
+    /// commit point.
     pub fn commit(self) -> RepoResult<BackupRecord> {
         self.commit_with_tree(None)
     }
@@ -300,16 +348,26 @@ impl BackupSession<'_> {
         self.seal()?;
         self.finish_writing()?;
         let repo = self.repo;
-        self.recipe.stream_len = self.report.bytes_in;
-        let nonce = u64::from_le_bytes(random_bytes()?);
-        let recipe_name = format!("{RECIPES_PREFIX}{}-{nonce:016x}", self.name);
+        let (nonce, recipe_name) = (self.nonce, self.recipe_name());
         // Announced before the put: a GC must not take it for an orphan
         // between its put and the backup object's.
         repo.protection().will_write(self.id, &recipe_name);
-        repo.store.put(
-            &recipe_name,
-            &std::mem::take(&mut self.recipe).into_encoded(),
-        )?;
+        let recipe = if self.parts.is_empty() {
+            self.recipe.stream_len = self.report.bytes_in;
+            std::mem::take(&mut self.recipe).into_encoded()
+        } else {
+            if !self.recipe.segments.is_empty() {
+                self.write_part()?;
+            }
+            let parts = std::mem::take(&mut self.parts);
+            RecipeIndex {
+                stream_len: self.report.bytes_in,
+                segments: parts.iter().map(|p| p.segments).sum(),
+                parts,
+            }
+            .encode()
+        };
+        repo.store.put(&recipe_name, &recipe)?;
         let tree_name = match tree {
             Some(bytes) => {
                 let name = format!("{TREES_PREFIX}{}-{nonce:016x}", self.name);

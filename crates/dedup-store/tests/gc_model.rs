@@ -36,8 +36,12 @@ fn backup(repo: &Repository, name: &str, group: &str, data: &[u8], tree: bool) -
     s.commit_with_tree(tree.then_some(&tree_bytes[..])).is_ok()
 }
 
+/// Reopen, writing recipes in parts of a few segments, so backups, GC,
+/// crashes and deletes meet recipes of many parts.
 fn reopen(dir: &Path) -> (Repository, std::sync::Arc<Faulty>) {
-    open_faulty(dir)
+    let (repo, store) = open_faulty(dir);
+    repo.set_recipe_part_segments(3);
+    (repo, store)
 }
 
 fn run(seed: u64) -> u64 {
@@ -137,6 +141,7 @@ fn run(seed: u64) -> u64 {
         "deleting every backup frees every byte"
     );
     assert!(objects(dir, "gc/marks/").is_empty());
+    assert!(objects(dir, "recipes/").is_empty(), "recipes or parts left");
     eprintln!("seed {seed}: {gcs} collections ({compacted} containers compacted), {crashed_gcs} crashed; last {r:?}");
     compacted
 }

@@ -97,6 +97,9 @@ fn run(seed: u64, segmenting: Segmenting) {
         ..RepoOptions::default()
     };
     let mut repo = Repository::init_with(tmp.path(), options).unwrap();
+    // Recipes of many parts, and of one (the default is far larger).
+    let part = |rng: &mut StdRng| [1, 2, 7, 1 << 16][rng.random_range(0..4)];
+    repo.set_recipe_part_segments(part(&mut rng));
     let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     let mut gone: Vec<String> = Vec::new();
     let (mut new_bytes, mut in_bytes) = (0u64, 0u64);
@@ -131,6 +134,7 @@ fn run(seed: u64, segmenting: Segmenting) {
             7 => {
                 drop(repo);
                 repo = Repository::open(tmp.path()).unwrap();
+                repo.set_recipe_part_segments(part(&mut rng));
             }
             _ => {
                 if model.contains_key(&name) {

@@ -27,6 +27,8 @@ struct Running {
 impl Running {
     fn with_limits(dir: &Path, limits: ServerLimits) -> Running {
         let repo = Repository::open(dir.join("repo")).unwrap();
+        // Recipes of many parts, each written as its session goes.
+        repo.set_recipe_part_segments(64);
         let server = Server::bind(repo, &Endpoint::Unix(dir.join("s.sock")), limits).unwrap();
         let (at, stop) = (server.endpoint().clone(), server.stop_handle());
         Running {

@@ -1,6 +1,7 @@
 //! Checking the repository's own objects: the config, the backup objects
-//! and the recipes they name. A recipe no backup names is garbage (a backup
-//! that died before its commit point leaves one), not damage.
+//! and the recipes they name, with their parts. A recipe no backup names is
+//! garbage (a backup that died before its commit point leaves one), not
+//! damage.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -8,6 +9,7 @@ use crate::backup::{BackupRecord, RECIPES_PREFIX};
 use crate::config::{RepoConfig, CONFIG_OBJECT};
 use crate::objects::ObjectStore;
 use crate::recipe::Recipe;
+use crate::recipe_parts::{part_name, part_of, read_part, RecipeObject};
 use crate::repo_error::RepoError;
 
 use super::{backup_of, detail, CheckPhase, CheckProgress, CheckReport};
@@ -65,9 +67,11 @@ pub(super) struct Recipes {
     pub complete: bool,
 }
 
-/// Check every recipe listed, one at a time; each that committed backups
-/// name is handed to `owned` with their names, then dropped (a recipe is
-/// 48 bytes a segment: all of them at once would not fit a large store).
+/// Check every recipe listed, one part at a time (a whole recipe is one
+/// part); each part of a recipe that committed backups name is handed to
+/// `owned` with the part's object and their names, then dropped (a recipe
+/// is 48 bytes a segment: all of them at once would not fit a large
+/// store). Parts no index of a named recipe accounts for are garbage.
 pub(super) fn check_recipes(
     store: &dyn ObjectStore,
     objects: &[String],
@@ -84,7 +88,11 @@ pub(super) fn check_recipes(
     for record in &backups.records {
         owners.entry(&record.recipe).or_default().push(record);
     }
-    let listed: BTreeSet<&str> = objects.iter().map(String::as_str).collect();
+    // Parts, and the recipe objects proper.
+    let (parts, recipes): (Vec<&String>, Vec<&String>) =
+        objects.iter().partition(|o| part_of(o).is_some());
+    let mut unaccounted: BTreeSet<&str> = parts.iter().map(|p| p.as_str()).collect();
+    let listed: BTreeSet<&str> = recipes.iter().map(|o| o.as_str()).collect();
     for record in &backups.records {
         if !listed.contains(record.recipe.as_str()) {
             // Named as the missing object, as a missing container is.
@@ -96,39 +104,94 @@ pub(super) fn check_recipes(
             out.complete = false;
         }
     }
-    for (done, object) in objects.iter().enumerate() {
+    let mut done = 0;
+    let mut tick_one = |progress: &dyn Fn(CheckProgress)| {
+        tick(progress, CheckPhase::Recipes, done, objects.len());
+        done += 1;
+    };
+    for object in recipes {
         let decoded = store
             .get(object)
             .map_err(RepoError::from)
-            .and_then(|bytes| Recipe::decode(object, &bytes));
-        match (owners.get(object.as_str()), decoded) {
+            .and_then(|bytes| RecipeObject::decode(object, &bytes));
+        tick_one(progress);
+        let records = match (owners.get(object.as_str()), decoded) {
             (None, decoded) => {
                 let reason = orphan_reason(object, &backups.damaged, decoded.as_ref().err());
                 report.garbage(object, reason);
-                let refs = decoded.map(|r| r.segments.iter().map(|s| s.container).collect());
-                out.orphans.insert(object.clone(), refs.unwrap_or_default());
+                // An index's parts are listed, and counted, on their own.
+                let refs = match decoded {
+                    Ok(RecipeObject::Whole(r)) => r.segments.iter().map(|s| s.container).collect(),
+                    _ => BTreeSet::new(),
+                };
+                out.orphans.insert(object.clone(), refs);
+                continue;
             }
             (Some(records), Err(e)) => {
                 report.problem_affecting(object, detail(&e), records.iter().map(|r| &r.name));
                 out.complete = false;
+                continue;
             }
             (Some(records), Ok(recipe)) => {
                 for r in records {
                     // A restore refuses a recipe of another length than
                     // its backup read.
-                    if recipe.stream_len != r.report.bytes_in {
+                    if recipe.stream_len() != r.report.bytes_in {
                         let d = format!(
                             "{} bytes long, but backup {} read {}",
-                            recipe.stream_len, r.name, r.report.bytes_in
+                            recipe.stream_len(),
+                            r.name,
+                            r.report.bytes_in
                         );
                         report.problem_affecting(object, d, [&r.name]);
                     }
                 }
-                let names: Vec<String> = records.iter().map(|r| r.name.clone()).collect();
-                owned(object, &recipe, &names, report);
+                (records, recipe)
             }
+        };
+        let (records, recipe) = records;
+        let names: Vec<String> = records.iter().map(|r| r.name.clone()).collect();
+        let index = match recipe {
+            RecipeObject::Whole(recipe) => {
+                owned(object, &recipe, &names, report);
+                continue;
+            }
+            RecipeObject::Index(index) => index,
+        };
+        for (k, info) in index.parts.iter().enumerate() {
+            let part = part_name(object, k);
+            unaccounted.remove(part.as_str());
+            match read_part(store, object, k, *info) {
+                Ok((part, recipe)) => owned(&part, &recipe, &names, report),
+                Err(e) => {
+                    report.problem_affecting(&part, detail(&e), &names);
+                    out.complete = false;
+                }
+            }
+            tick_one(progress);
         }
-        tick(progress, CheckPhase::Recipes, done, objects.len());
+    }
+    // Parts of recipes no backup names, and parts past their index's end.
+    for part in unaccounted {
+        let (recipe, k) = part_of(part).expect("partitioned as a part");
+        let reason = if owners.contains_key(recipe) {
+            format!("recipe {recipe} names fewer than {} parts", k + 1)
+        } else {
+            unnamed_reason(RECIPES_PREFIX, part, &backups.damaged)
+        };
+        let decoded = store
+            .get(part)
+            .map_err(RepoError::from)
+            .and_then(|bytes| Recipe::decode(part, &bytes));
+        let reason = match &decoded {
+            Err(e) => format!("{reason}; it does not decode either: {}", detail(e)),
+            Ok(_) => reason,
+        };
+        report.garbage(part, reason);
+        let refs = decoded.map(|r| r.segments.iter().map(|s| s.container).collect());
+        out.orphans
+            .insert(part.to_string(), refs.unwrap_or_default());
+        tick_one(progress);
     }
     out
 }

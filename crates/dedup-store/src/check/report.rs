@@ -37,7 +37,7 @@ pub struct CheckCounts {
     pub bytes_stored: u64,
     /// Backup objects.
     pub backups: u64,
-    /// Recipe objects.
+    /// Recipe objects (a recipe in parts counts once).
     pub recipes: u64,
     /// Tree objects (files' metadata of backups of files).
     pub trees: u64,

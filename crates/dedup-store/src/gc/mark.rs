@@ -10,7 +10,7 @@ use crate::error::Error;
 use crate::gc::compact::Candidates;
 use crate::gc::marks::{Marks, MARKS_PREFIX};
 use crate::gc::{GcOptions, GcReport};
-use crate::recipe::Recipe;
+use crate::recipe_parts::RecipeParts;
 use crate::repo::Repository;
 use crate::repo_error::{RepoError, RepoResult};
 
@@ -67,8 +67,7 @@ impl Repository {
             }
             let mut m = Marks::new(group);
             for (name, recipe) in set {
-                if let Some(r) = self.read_recipe(name, recipe)? {
-                    m.mark(&r);
+                if self.mark_recipe(&mut m, name, recipe)? {
                     m.backups.insert(name.clone(), recipe.clone());
                 }
                 report.recipes_read += 1;
@@ -144,23 +143,43 @@ impl Repository {
         Ok(())
     }
 
-    /// Backup `name`'s recipe, or `None` if the backup was deleted since
-    /// it was listed. A recipe missing under a backup that is still there,
-    /// or a damaged one, stops the GC.
-    fn read_recipe(&self, name: &str, recipe: &str) -> RepoResult<Option<Recipe>> {
-        match self.store.get(recipe) {
-            Ok(bytes) => Ok(Some(Recipe::decode(recipe, &bytes)?)),
-            Err(Error::NotFound { .. }) => match self.backup(name) {
-                Err(RepoError::NoSuchBackup { .. }) => Ok(None),
-                Ok(b) if b.recipe != recipe => Ok(None),
-                Ok(_) => Err(RepoError::corrupt(
+    /// Mark what backup `name`'s recipe references, one part at a time;
+    /// false if the backup was deleted since it was listed. A recipe (or a
+    /// part of one) missing under a backup that is still there, or a
+    /// damaged one, stops the GC.
+    fn mark_recipe(&self, m: &mut Marks, name: &str, recipe: &str) -> RepoResult<bool> {
+        let deleted = || match self.backup(name) {
+            Err(RepoError::NoSuchBackup { .. }) => Ok(true),
+            Ok(b) => Ok(b.recipe != recipe),
+            Err(e) => Err(e),
+        };
+        let stopped = |e: RepoError| match e {
+            RepoError::Corrupt { object, detail } => RepoError::Corrupt {
+                object,
+                detail: format!("{detail}; garbage collection stopped before deleting anything"),
+            },
+            e => e,
+        };
+        let mut parts = match RecipeParts::open(&*self.store, recipe) {
+            Ok(parts) => parts,
+            Err(RepoError::Store(Error::NotFound { .. })) if deleted()? => return Ok(false),
+            Err(RepoError::Store(Error::NotFound { .. })) => {
+                return Err(RepoError::corrupt(
                     recipe,
                     format!("missing, but backup {name} needs it; garbage collection stopped before deleting anything"),
-                )),
-                Err(e) => Err(e),
-            },
-            Err(e) => Err(e.into()),
+                ))
+            }
+            Err(e) => return Err(stopped(e)),
+        };
+        while let Some(part) = parts.next_part(&*self.store) {
+            match part {
+                Ok((_, part)) => m.mark(&part),
+                // A delete removes the parts after the backup object.
+                Err(_) if deleted()? => return Ok(false),
+                Err(e) => return Err(stopped(e)),
+            }
         }
+        Ok(true)
     }
 }
 

@@ -14,10 +14,10 @@
 //!    Protection decides what may go (`sweep.rs`).
 //! 3. *Compaction* of the live containers that may have lost entries and
 //!    are now mostly dead (`compact.rs`).
-//! 4. *Orphans.* Recipes and trees no backup object names (a backup that
-//!    died between its recipe and its commit point, a delete that died
-//!    part-way) are removed, unless a running session is about to commit
-//!    them.
+//! 4. *Orphans.* Recipes (with their parts) and trees no backup object
+//!    names (a backup that died between its recipe and its commit point, a
+//!    delete that died part-way) are removed, unless a running session is
+//!    about to commit them.
 //!
 //! Why it is safe against backups running at the same time: see
 //! `protection.rs`. In short, the backups are listed only after the GC has
@@ -167,7 +167,9 @@ impl Repository {
             .flat_map(|b| std::iter::once(b.recipe.as_str()).chain(b.tree.as_deref()))
             .collect();
         for object in named {
-            if referenced.contains(object.as_str()) || pending.contains(&object) {
+            // A recipe's parts live and die with the recipe.
+            let owner = crate::recipe_parts::recipe_of(&object);
+            if referenced.contains(owner) || pending.contains(owner) {
                 continue;
             }
             if self.delete_if_there(&object)? {

@@ -367,7 +367,7 @@ fn append_one(live: &mut Live<'_>, item: Item) -> Result<(), WireError> {
                     Fingerprint(fingerprint).to_hex(HASH)
                 ))
             })?;
-            live.session.push(r, false);
+            live.session.push(r, false).map_err(repo_err)?;
         }
         Item::New { fingerprint, data } => {
             if data.is_empty() || data.len() > MAX_SEGMENT {
@@ -393,7 +393,7 @@ fn append_one(live: &mut Live<'_>, item: Item) -> Result<(), WireError> {
                 len,
                 fingerprint: fp,
             };
-            live.session.push(r, true);
+            live.session.push(r, true).map_err(repo_err)?;
         }
     }
     Ok(())

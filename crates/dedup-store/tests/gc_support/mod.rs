@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
 use dedup_store::error::{Error, Result};
-use dedup_store::{ObjectStore, Recipe, Repository};
+use dedup_store::recipe_parts::{part_name, RecipeObject};
+use dedup_store::{ObjectStore, Repository};
 use rand::{rngs::StdRng, Rng, RngCore};
 
 pub struct Faulty {
@@ -179,8 +180,7 @@ pub fn check_collected(dir: &Path) {
     let mut containers = BTreeSet::new();
     let mut named = BTreeSet::new();
     for b in &backups {
-        let recipe =
-            Recipe::decode(&b.recipe, &std::fs::read(dir.join(&b.recipe)).unwrap()).unwrap();
+        let (_, recipe) = repo.recipe(&b.name).unwrap();
         containers.extend(
             recipe
                 .segments
@@ -189,6 +189,10 @@ pub fn check_collected(dir: &Path) {
         );
         named.insert(b.recipe.clone());
         named.extend(b.tree.clone());
+        let head = std::fs::read(dir.join(&b.recipe)).unwrap();
+        if let RecipeObject::Index(i) = RecipeObject::decode(&b.recipe, &head).unwrap() {
+            named.extend((0..i.parts.len()).map(|k| part_name(&b.recipe, k)));
+        }
     }
     assert_eq!(objects(dir, "containers/"), containers, "containers left");
     let mut found = objects(dir, "recipes/");
@@ -217,8 +221,7 @@ pub fn check_compacted(dir: &Path) {
     let store = dedup_store::LocalDir::open(dir).unwrap();
     let mut live: BTreeMap<u64, BTreeSet<u32>> = BTreeMap::new();
     for b in repo.list_backups().unwrap() {
-        let recipe =
-            Recipe::decode(&b.recipe, &std::fs::read(dir.join(&b.recipe)).unwrap()).unwrap();
+        let (_, recipe) = repo.recipe(&b.name).unwrap();
         for s in recipe.segments {
             live.entry(s.container).or_default().insert(s.entry);
         }
