@@ -13,7 +13,8 @@
 //! 4 KiB or FastCDC segments ([`Segmenting`]), dedup through the
 //! [`SegmentIndex`] seam (an exact in-RAM [`ExactIndex`] rebuilt from the
 //! catalogs at open; its hints are always checked against a catalog),
-//! recipes that locate every segment so a restore needs no index, and
+//! recipes that locate every segment so a restore needs no index (written
+//! and read in parts, so a stream of any size holds one part in RAM), and
 //! backup objects in groups, written last as each backup's commit point.
 //! `FORMATS.md` gives the bytes.
 //!
@@ -51,8 +52,8 @@
 //! [`Repository::gc`], `gc/`): per-group marks reused while a group is
 //! unchanged, containers no marks reference deleted once the protection
 //! map condemns them, mostly dead containers compacted in place (same id
-//! and entry numbers, dead entries removed), orphan recipes and trees
-//! removed.
+//! and entry numbers, dead entries removed), orphan recipes, recipe parts
+//! and trees removed.
 //!
 //! Backups of files and directories ([`Repository::backup_paths`],
 //! [`Repository::restore_tree`]) are one stream of the files' contents

@@ -23,13 +23,14 @@
 //! reference an entry the marks call dead, and no lookup hands it out
 //! meanwhile) and releases it once the new version is in place.
 //!
-//! The same holds for the recipe and tree a session puts just before its
-//! backup object: announced here first (`will_write`), they are not
-//! orphans to a GC that lists recipes, then takes `pending_objects`, then
-//! lists backups. A recipe listed was put, so announced before the list;
-//! if no longer pending when the GC looks, its session either committed
-//! (and its backup object is in the later listing) or gave up (and the
-//! recipe is an orphan).
+//! The same holds for the recipe and tree a session puts before its backup
+//! object, and for the recipe's parts, which it puts as it goes:
+//! announced here first (`will_write`, the recipe's name standing for its
+//! parts), they are not orphans to a GC that lists recipes, then takes
+//! `pending_objects`, then lists backups. A recipe or part listed was put,
+//! so announced before the list; if no longer pending when the GC looks,
+//! its session either committed (and its backup object is in the later
+//! listing) or gave up (and the recipe and its parts are orphans).
 
 use std::collections::{HashMap, HashSet};
 
@@ -38,9 +39,9 @@ pub(crate) struct Protection {
     next_session: u64,
     /// Containers each running session holds.
     active: HashMap<u64, HashSet<u64>>,
-    /// Recipe and tree objects each running session is about to name from
-    /// its backup object: written just before the commit point, so they
-    /// look orphaned to a GC until then.
+    /// Recipe and tree objects each running session is writing or about to
+    /// write, which its backup object will name (a recipe's name covers
+    /// its parts): they look orphaned to a GC until the commit point.
     pending: HashMap<u64, Vec<String>>,
     /// Containers of sessions that committed while a GC was running.
     committed_during_gc: HashSet<u64>,
@@ -68,8 +69,9 @@ impl Protection {
         true
     }
 
-    /// `session` is about to put `object` (its recipe or tree), which its
-    /// backup object will name: GC must not take it for an orphan.
+    /// `session` is about to put `object` (its recipe, the first of the
+    /// recipe's parts, or its tree), which its backup object will name: GC
+    /// must not take it, or the recipe's parts, for an orphan.
     pub(crate) fn will_write(&mut self, session: u64, object: &str) {
         self.pending
             .entry(session)

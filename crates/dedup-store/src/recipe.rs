@@ -16,7 +16,9 @@
 //! smaller. Version 2 is the rows of 48 bytes (container u64, entry u32,
 //! length u32, fingerprint 32) compressed; version 1 the same rows plain,
 //! still written for a body that would expand more than 64 times (the
-//! recipe of a stream of zeros). All three are read.
+//! recipe of a stream of zeros). All three are read. A recipe too long for
+//! one part is written in parts of this format, named by an index
+//! (version 4, `recipe_parts.rs`).
 
 use std::io::Read;
 

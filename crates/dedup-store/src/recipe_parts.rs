@@ -180,8 +180,9 @@ pub(crate) fn parts_to_delete(store: &dyn ObjectStore, recipe: &str) -> RepoResu
         Err(e) => return Err(e.into()),
     };
     if head.len() == 12 && head[..8] == MAGIC {
-        if u32::from_le_bytes(head[8..].try_into().expect("4")) != INDEX_VERSION {
-            return Ok(Vec::new());
+        let version = u32::from_le_bytes(head[8..].try_into().expect("4"));
+        if (PLAIN_VERSION..=WHOLE_VERSION).contains(&version) {
+            return Ok(Vec::new()); // a whole recipe has no parts
         }
         let index = store
             .get(recipe)
@@ -266,17 +267,11 @@ impl RecipeParts {
             stream_len: self.stream_len(),
             segments: Vec::new(),
         };
-        if let Some(i) = self.index() {
-            out.segments
-                .reserve(usize::try_from(i.segments).unwrap_or(0).min(1 << 24));
-        }
+        // Grown as the parts are read and checked, not sized by the
+        // index's word.
         while let Some(part) = self.next_part(store) {
             let (_, mut part) = part?;
-            if out.segments.is_empty() {
-                out.segments = std::mem::take(&mut part.segments);
-            } else {
-                out.segments.append(&mut part.segments);
-            }
+            out.segments.append(&mut part.segments);
         }
         Ok(out)
     }

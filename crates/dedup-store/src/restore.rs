@@ -70,7 +70,15 @@ impl Repository {
         let frames = FrameCache::new(FRAMES_KEPT);
         let mut written = 0u64;
         while let Some(part) = parts.next_part(&*self.store) {
-            let (object, part) = part?;
+            let (object, part) = match part {
+                Ok(part) => part,
+                // A delete removes the parts after the backup object: a
+                // part gone under a restore may mean the backup went.
+                Err(e) => match self.backup(name) {
+                    Err(gone @ RepoError::NoSuchBackup { .. }) => return Err(gone),
+                    _ => return Err(e),
+                },
+            };
             written += self.restore_part(name, &object, &part.segments, &frames, &mut out)?;
         }
         out.flush().map_err(|cause| RepoError::Io {

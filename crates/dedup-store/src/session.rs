@@ -6,7 +6,7 @@
 //! its own container, so streams never wait for each other's writes; they
 //! meet only in short critical sections (the index, the catalog cache, the
 //! protection map). A session that is dropped without `commit` leaves no
-//! backup, only containers for GC.
+//! backup, only containers and recipe parts for GC.
 //!
 //! The steps are there for a server to run for a remote client that cut
 //! and hashed the segments itself: `lookup` a fingerprint (public), `store`
@@ -61,7 +61,7 @@ pub struct BackupSession<'r> {
     report: BackupReport,
     /// The references not yet written in a recipe part.
     recipe: Recipe,
-    /// The recipe parts written so far (`recipe_parts.rs`).
+    /// The recipe parts written so far (`recipe_parts.rs`), each durable.
     parts: Vec<PartInfo>,
     /// Names this backup's recipe and tree objects.
     nonce: u64,
@@ -277,18 +277,16 @@ impl BackupSession<'_> {
             // parts for orphans while the backup runs.
             self.repo.protection().will_write(self.id, &recipe);
         }
-        let keep = self.recipe.segments.capacity();
-        let segments = std::mem::replace(&mut self.recipe.segments, Vec::with_capacity(keep));
-        let stream_len = segments.iter().map(|s| u64::from(s.len)).sum();
-        let count = segments.len() as u64;
-        let bytes = Recipe {
-            stream_len,
-            segments,
-        }
-        .into_encoded();
+        // The references stay until their part is durable: a failed put
+        // loses none of them, and the part is tried again.
+        self.recipe.stream_len = self.recipe.segments.iter().map(|s| u64::from(s.len)).sum();
+        let stream_len = self.recipe.stream_len;
+        let count = self.recipe.segments.len() as u64;
+        let bytes = self.recipe.encode();
         self.repo
             .store
             .put(&part_name(&recipe, self.parts.len()), &bytes)?;
+        self.recipe.segments.clear();
         self.parts.push(PartInfo {
             segments: count,
             bytes: stream_len,

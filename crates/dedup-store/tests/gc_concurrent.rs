@@ -34,6 +34,9 @@ fn run(seed: u64) -> u64 {
         ..RepoOptions::default()
     };
     let repo = Arc::new(Repository::init_with(tmp.path(), options).unwrap());
+    // Recipes in parts of 3 segments: the backups put parts while the
+    // collections list and remove orphans.
+    repo.set_recipe_part_segments(3);
     let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     let mut compacted = 0;
     for round in 0..4 {

@@ -314,6 +314,66 @@ fn a_crash_at_every_write_of_a_backup_in_parts_leaves_it_whole_or_absent() {
     );
 }
 
+/// A part whose put fails loses no reference: the session tries it again
+/// with the next segment, and the backup restores whole.
+#[test]
+fn a_part_that_failed_to_be_written_is_written_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    drop(init(tmp.path()));
+    let (repo, store) = open_faulty(tmp.path());
+    repo.set_recipe_part_segments(PART);
+    let data = noise(9, 9 * 4096 + 10);
+    let mut s = repo.begin_backup("retried", "g").unwrap();
+    let mut failed = 0;
+    for (i, chunk) in data.chunks(4096).enumerate() {
+        if i == 4 {
+            store.fail_puts_under("recipes/");
+            let e = s.append(chunk).unwrap_err();
+            assert!(e.to_string().contains("recipes/retried-"), "{e}");
+            failed += 1;
+            store.allow_puts();
+        }
+        s.append(chunk).unwrap();
+    }
+    assert_eq!(failed, 1);
+    s.commit().unwrap();
+    assert_eq!(restored(&repo, "retried").unwrap(), data);
+    assert!(check_store(tmp.path()).problems.is_empty());
+}
+
+/// The parts of a recipe that cannot be read are not called garbage a
+/// collection may remove: they may be what repairs it.
+#[test]
+fn parts_of_an_unreadable_recipe_are_not_called_extra() {
+    let tmp = tempfile::tempdir().unwrap();
+    three(tmp.path());
+    let recipe = recipe_object(tmp.path(), "c");
+    let path = tmp.path().join(&recipe);
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[8] = 9; // the version, under a crc that no longer matches
+    fs::write(&path, &bytes).unwrap();
+    let r = check_store(tmp.path());
+    assert!(!r.garbage_complete, "{r:#?}");
+    let parts: Vec<_> = r
+        .garbage
+        .iter()
+        .filter(|g| g.object.starts_with(&recipe))
+        .collect();
+    assert!(!parts.is_empty(), "{r:#?}");
+    for g in parts {
+        assert!(
+            g.reason.contains("cannot be read") && g.reason.contains("repair"),
+            "{g:?}"
+        );
+    }
+    // Delete finds the parts by listing when the index cannot be read.
+    let repo = Repository::open(tmp.path()).unwrap();
+    repo.delete_backup("c").unwrap();
+    assert!(!objects(tmp.path(), "recipes/")
+        .iter()
+        .any(|o| o.starts_with(&recipe)));
+}
+
 fn index_strategy() -> impl Strategy<Value = RecipeIndex> {
     let part =
         (1..100u64, 0..1_000_000u64, any::<[u8; 32]>()).prop_map(|(segments, bytes, digest)| {

@@ -38,6 +38,7 @@ fn concurrent_backups_on_one_handle_all_restore_and_share_segments() {
         let tmp = tempfile::tempdir().unwrap();
         Repository::init_with(tmp.path(), options(segmenting)).unwrap();
         let repo = Arc::new(Repository::open(tmp.path()).unwrap());
+        repo.set_recipe_part_segments(5);
         // Every stream mixes shared blocks with its own (4 KiB-aligned for
         // fixed segments, long enough for FastCDC to find cut points in),
         // so streams dedup against each other's containers while those are

@@ -65,7 +65,7 @@ pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "Collected {}: {} containers deleted and {} compacted ({} reclaimed), {} orphan recipes and trees removed; {} groups marked again ({} recipes read), {} reused, {} dropped; {} backups, {} containers; {:.2} s.",
+        "Collected {}: {} containers deleted and {} compacted ({} reclaimed), {} orphan recipes, recipe parts and trees removed; {} groups marked again ({} recipes read), {} reused, {} dropped; {} backups, {} containers; {:.2} s.",
         a.dir.display(),
         r.containers_swept,
         r.containers_compacted,

@@ -104,6 +104,9 @@ pub(super) fn check_recipes(
             out.complete = false;
         }
     }
+    // Recipes backups name that could not be read: their parts are not
+    // known to be garbage.
+    let mut unreadable: BTreeSet<&str> = BTreeSet::new();
     let mut done = 0;
     let mut tick_one = |progress: &dyn Fn(CheckProgress)| {
         tick(progress, CheckPhase::Recipes, done, objects.len());
@@ -130,6 +133,7 @@ pub(super) fn check_recipes(
             (Some(records), Err(e)) => {
                 report.problem_affecting(object, detail(&e), records.iter().map(|r| &r.name));
                 out.complete = false;
+                unreadable.insert(object);
                 continue;
             }
             (Some(records), Ok(recipe)) => {
@@ -174,7 +178,11 @@ pub(super) fn check_recipes(
     // Parts of recipes no backup names, and parts past their index's end.
     for part in unaccounted {
         let (recipe, k) = part_of(part).expect("partitioned as a part");
-        let reason = if owners.contains_key(recipe) {
+        let reason = if unreadable.contains(recipe)
+            || (owners.contains_key(recipe) && !listed.contains(recipe))
+        {
+            format!("a part of recipe {recipe}, which a backup names but which cannot be read; it may be needed to repair that recipe")
+        } else if owners.contains_key(recipe) {
             format!("recipe {recipe} names fewer than {} parts", k + 1)
         } else {
             unnamed_reason(RECIPES_PREFIX, part, &backups.damaged)

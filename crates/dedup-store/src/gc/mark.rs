@@ -67,7 +67,11 @@ impl Repository {
             }
             let mut m = Marks::new(group);
             for (name, recipe) in set {
-                if self.mark_recipe(&mut m, name, recipe)? {
+                // Marked apart and merged only if the backup is still
+                // there: a delete seen half-way leaves no marks behind.
+                let mut one = Marks::new(group);
+                if self.mark_recipe(&mut one, name, recipe)? {
+                    m.merge(&one);
                     m.backups.insert(name.clone(), recipe.clone());
                 }
                 report.recipes_read += 1;

@@ -47,6 +47,17 @@ impl Marks {
         }
     }
 
+    /// Add `other`'s marked entries to these.
+    pub fn merge(&mut self, other: &Marks) {
+        for (id, bits) in &other.containers {
+            let mine = self.containers.entry(*id).or_default();
+            if mine.len() < bits.len() {
+                mine.resize(bits.len(), 0);
+            }
+            mine.iter_mut().zip(bits).for_each(|(a, b)| *a |= b);
+        }
+    }
+
     /// Mark every segment `recipe` references.
     pub fn mark(&mut self, recipe: &Recipe) {
         for s in &recipe.segments {

@@ -36,7 +36,7 @@ mod mark;
 pub mod marks;
 mod sweep;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Instant;
 
 pub use compact::DEFAULT_COMPACT_BELOW;
@@ -94,7 +94,7 @@ pub struct GcReport {
     pub catalogs_read: u64,
     /// Bytes freed: containers deleted, and what compaction saved.
     pub bytes_reclaimed: u64,
-    /// Recipes and trees no backup names, removed.
+    /// Recipes, recipe parts and trees no backup names, removed.
     pub orphans_removed: u64,
     pub seconds: f64,
 }
@@ -147,16 +147,11 @@ impl Repository {
             .collect();
         self.sweep_containers(&live, options, &mut report)?;
         if let Some(c) = candidates.as_mut() {
-            let mut union: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+            let mut union = Marks::default();
             for m in marks.values() {
-                for (id, bits) in &m.containers {
-                    let u = union.entry(*id).or_default();
-                    if u.len() < bits.len() {
-                        u.resize(bits.len(), 0);
-                    }
-                    u.iter_mut().zip(bits).for_each(|(a, b)| *a |= b);
-                }
+                union.merge(m);
             }
+            let union = union.containers;
             let ids = c.ids.clone();
             let held = self.compact(&ids, &union, options, &mut report)?;
             self.save_candidates(c, &held)?;

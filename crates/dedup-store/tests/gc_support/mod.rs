@@ -43,6 +43,11 @@ impl Faulty {
         *self.fail_puts_under.lock().unwrap() = Some(prefix.to_string());
     }
 
+    /// Let puts under the prefix given to `fail_puts_under` succeed again.
+    pub fn allow_puts(&self) {
+        *self.fail_puts_under.lock().unwrap() = None;
+    }
+
     /// Let `n` more operations succeed, then fail every one.
     pub fn fail_after(&self, n: u64) {
         self.budget
