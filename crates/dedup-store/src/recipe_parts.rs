@@ -228,22 +228,6 @@ impl RecipeParts {
         self.head.stream_len()
     }
 
-    /// How many parts there are (1 for a whole recipe).
-    pub fn count(&self) -> usize {
-        match &self.head {
-            RecipeObject::Whole(_) => 1,
-            RecipeObject::Index(i) => i.parts.len(),
-        }
-    }
-
-    /// The index, if the recipe is in parts.
-    pub fn index(&self) -> Option<&RecipeIndex> {
-        match &self.head {
-            RecipeObject::Whole(_) => None,
-            RecipeObject::Index(i) => Some(i),
-        }
-    }
-
     /// The next part's object name and recipe, checked against the index:
     /// a missing part is corrupt (the index names it), as is one whose
     /// bytes are not those the index recorded.
@@ -294,12 +278,13 @@ pub(crate) fn read_part(
         }
         other => other?,
     };
-    if part_digest(&bytes) != info.digest {
+    let digest = part_digest(&bytes);
+    if digest != info.digest {
         return Err(RepoError::corrupt(
             &name,
             format!(
                 "not the part recipe {recipe} wrote (its BLAKE3 is {}, the recipe's {})",
-                Fingerprint(part_digest(&bytes)).to_hex(HASH),
+                Fingerprint(digest).to_hex(HASH),
                 Fingerprint(info.digest).to_hex(HASH)
             ),
         ));

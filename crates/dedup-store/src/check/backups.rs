@@ -118,7 +118,7 @@ pub(super) fn check_recipes(
             .map_err(RepoError::from)
             .and_then(|bytes| RecipeObject::decode(object, &bytes));
         tick_one(progress);
-        let records = match (owners.get(object.as_str()), decoded) {
+        let (records, recipe) = match (owners.get(object.as_str()), decoded) {
             (None, decoded) => {
                 let reason = orphan_reason(object, &backups.damaged, decoded.as_ref().err());
                 report.garbage(object, reason);
@@ -153,7 +153,6 @@ pub(super) fn check_recipes(
                 (records, recipe)
             }
         };
-        let (records, recipe) = records;
         let names: Vec<String> = records.iter().map(|r| r.name.clone()).collect();
         let index = match recipe {
             RecipeObject::Whole(recipe) => {
