@@ -228,6 +228,12 @@ impl RecipeParts {
         self.head.stream_len()
     }
 
+    /// The recipe object as read: the whole recipe, or the index, to read
+    /// the parts in another order than `next_part`'s.
+    pub(crate) fn into_head(self) -> RecipeObject {
+        self.head
+    }
+
     /// The next part's object name and recipe, checked against the index:
     /// a missing part is corrupt (the index names it), as is one whose
     /// bytes are not those the index recorded.

@@ -75,21 +75,25 @@ impl Repository {
         };
         let mut walk = TreeWalk::new(paths).map_err(io)?;
         let mut session = self.begin_backup(name, group)?;
-        let parent = self.parent_files(group)?;
+        let mut parent = self.parent_files(group)?;
         let (mut files_unchanged, mut bytes_unchanged) = (0, 0);
         // Segmented file by file: an edit shifts no other file's segments.
         while walk.next_file().map_err(io)? {
             let unchanged = walk
                 .current()
                 .and_then(|(n, len)| parent.as_ref()?.unchanged(n, len));
-            if let Some((size, refs)) = unchanged {
-                if session.reuse_all(refs)? {
-                    walk.skip_current(size);
-                    progress(size);
+            if let (Some(file), Some(p)) = (unchanged, parent.as_mut()) {
+                let taken = p.reuse(self, &mut session, file)?;
+                progress(taken);
+                bytes_unchanged += taken;
+                if taken == file.size {
+                    walk.skip_current(taken);
                     files_unchanged += 1;
-                    bytes_unchanged += size;
                     continue;
                 }
+                // Read the rest: it starts where a segment of the parent
+                // did, so it is cut as the parent's was.
+                walk.skip_prefix(taken).map_err(io)?;
             }
             let reader = Progress {
                 inner: &mut walk,

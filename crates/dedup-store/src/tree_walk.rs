@@ -24,7 +24,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::fs::{self, File, Metadata};
-use std::io::{self, Read};
+use std::io::{self, Read, Seek};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
@@ -384,6 +384,25 @@ impl TreeWalk {
             self.nodes[cur.node].size = size;
             self.offset += size;
         }
+    }
+
+    /// Take the current file's first `n` bytes without reading them (the
+    /// parent's segments for them were reused); reads go on after them.
+    pub fn skip_prefix(&mut self, n: u64) -> io::Result<()> {
+        let Some(cur) = &mut self.current else {
+            return Ok(());
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        let to = i64::try_from(n).map_err(io::Error::other)?;
+        cur.file.seek(io::SeekFrom::Current(to)).map_err(|e| {
+            let p = String::from_utf8_lossy(&self.nodes[cur.node].path).into_owned();
+            io::Error::new(e.kind(), format!("skipping into {p}: {e}"))
+        })?;
+        self.nodes[cur.node].size += n;
+        self.offset += n;
+        Ok(())
     }
 }
 

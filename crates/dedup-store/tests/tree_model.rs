@@ -1,7 +1,8 @@
 //! Model-based: random trees changed by random operations (write, append,
 //! remove, remove a directory, symlink, hard link, chmod, set times) and
 //! backed up several times along the way; every backup must restore to
-//! exactly what the tree was when it was taken.
+//! exactly what the tree was when it was taken, with its recipe whole or
+//! in parts of a few segments.
 
 mod tree_support;
 
@@ -139,11 +140,16 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
 
     #[test]
-    fn every_backup_restores_to_its_snapshot(ops in proptest::collection::vec(op(), 1..40)) {
+    fn every_backup_restores_to_its_snapshot(
+        ops in proptest::collection::vec(op(), 1..40),
+        // Recipes in parts of a few segments, or whole.
+        part in prop_oneof![1..8usize, Just(1usize << 16)],
+    ) {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().join("root");
         fs::create_dir(&root).unwrap();
         let repo = Repository::init(tmp.path().join("repo")).unwrap();
+        repo.set_recipe_part_segments(part);
         let mut snapshots = Vec::new();
         for op in ops.iter().chain([&Op::Backup]) {
             if let Op::Backup = op {

@@ -1,14 +1,18 @@
 //! Backups of files reuse the unchanged files of the newest backup of
 //! files in their group without reading them; a file whose size, mtime,
 //! ctime or inode changed is read again, and every backup restores to its
-//! own snapshot, also after the parent is deleted and collected.
+//! own snapshot, also after the parent is deleted and collected. A parent
+//! whose recipe is in parts is read part by part; a part of it that is
+//! missing or damaged only costs reading the files it covers, from the
+//! last segment boundary before it.
 
 mod tree_support;
 
 use std::fs;
 use std::path::Path;
 
-use dedup_store::{GcOptions, Repository, RestoreOptions};
+use dedup_store::recipe_parts::{part_name, RecipeObject};
+use dedup_store::{GcOptions, RepoOptions, Repository, RestoreOptions, Segmenting};
 use filetime::{set_file_mtime, FileTime};
 use tree_support::*;
 
@@ -120,4 +124,82 @@ fn unchanged_files_are_reused_unread_and_changed_ones_are_read() {
     repo.gc(&GcOptions::default()).unwrap();
     fs::remove_dir_all(tmp.path().join("restore-three")).unwrap();
     restored_matches(&repo, "three", &data, tmp.path());
+}
+
+/// Segments a part of a recipe holds in the parts tests.
+const PART: usize = 5;
+
+/// Backup `name`'s recipe object and where each of its parts starts in
+/// its stream (then the stream's end).
+fn part_starts(repo: &Repository, dir: &Path, name: &str) -> (String, Vec<u64>) {
+    let recipe = repo.backup(name).unwrap().recipe;
+    let RecipeObject::Index(index) =
+        RecipeObject::decode(&recipe, &fs::read(dir.join(&recipe)).unwrap()).unwrap()
+    else {
+        panic!("{recipe} is not in parts");
+    };
+    let mut starts = vec![0];
+    for p in &index.parts {
+        starts.push(starts.last().unwrap() + p.bytes);
+    }
+    (recipe, starts)
+}
+
+#[test]
+fn a_parent_in_parts_is_reused_part_by_part_and_a_lost_part_costs_a_read() {
+    for (segmenting, flip) in [(Segmenting::DEFAULT, false), (Segmenting::FASTCDC_4K, true)] {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = files(tmp.path());
+        settle();
+        let dir = tmp.path().join("repo");
+        let options = RepoOptions {
+            segmenting,
+            container_target: 64 << 10,
+            ..RepoOptions::default()
+        };
+        let repo = Repository::init_with(&dir, options).unwrap();
+        repo.set_recipe_part_segments(PART);
+        let one = repo.backup_paths("one", "g", &[&data], |_| {}).unwrap();
+        let two = repo.backup_paths("two", "g", &[&data], |_| {}).unwrap();
+        assert_eq!(two.parent.as_deref(), Some("one"));
+        assert_eq!(two.files_unchanged, 21, "{segmenting:?}: {two:?}");
+        assert_eq!(two.bytes_unchanged, one.backup.bytes_in);
+        assert_eq!(two.backup.bytes_new, 0);
+
+        // "big" (1 MiB) is the first file of the stream: lose a part well
+        // inside it. The parts before it are reused, the rest of "big"
+        // is read and, cut from a boundary of the parent's segments, is
+        // cut as it was: nothing new is stored.
+        let (recipe, starts) = part_starts(&repo, &dir, "two");
+        let k = starts.iter().position(|&s| s > 300 << 10).unwrap();
+        assert!(
+            starts[k + 1] < 1 << 20,
+            "{segmenting:?}: part {k} ends in big"
+        );
+        let part = dir.join(part_name(&recipe, k));
+        if flip {
+            let mut bytes = fs::read(&part).unwrap();
+            let mid = bytes.len() / 2;
+            bytes[mid] ^= 0x10;
+            fs::write(&part, bytes).unwrap();
+        } else {
+            fs::remove_file(&part).unwrap();
+        }
+        let three = repo.backup_paths("three", "g", &[&data], |_| {}).unwrap();
+        assert_eq!(three.parent.as_deref(), Some("two"));
+        assert_eq!(three.files_unchanged, 20, "{segmenting:?}: {three:?}");
+        let read = (1 << 20) - starts[k];
+        assert_eq!(three.bytes_unchanged, one.backup.bytes_in - read);
+        assert_eq!(three.backup.bytes_in, one.backup.bytes_in);
+        assert_eq!(three.backup.bytes_new, 0, "{segmenting:?}: {three:?}");
+        restored_matches(&repo, "three", &data, tmp.path());
+
+        // With "two" gone, "three" is the parent: whole again.
+        repo.delete_backup("two").unwrap();
+        repo.gc(&GcOptions::default()).unwrap();
+        let four = repo.backup_paths("four", "g", &[&data], |_| {}).unwrap();
+        assert_eq!(four.parent.as_deref(), Some("three"));
+        assert_eq!(four.files_unchanged, 21, "{segmenting:?}: {four:?}");
+        restored_matches(&repo, "four", &data, tmp.path());
+    }
 }
