@@ -29,6 +29,9 @@ pub struct TreeBackupReport {
     /// Files unchanged since the parent (same size, mtime, ctime and
     /// inode), whose segments were reused without reading them.
     pub files_unchanged: u64,
+    /// Bytes reused from the parent without reading them: those of the
+    /// unchanged files, and the start of an unchanged file whose parent
+    /// segments could be reused only up to a point (the rest was read).
     pub bytes_unchanged: u64,
 }
 

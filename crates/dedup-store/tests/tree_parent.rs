@@ -12,7 +12,9 @@ use std::fs;
 use std::path::Path;
 
 use dedup_store::recipe_parts::{part_name, RecipeObject};
-use dedup_store::{GcOptions, RepoOptions, Repository, RestoreOptions, Segmenting};
+use dedup_store::{
+    container_name, GcOptions, Recipe, RepoOptions, Repository, RestoreOptions, Segmenting,
+};
 use filetime::{set_file_mtime, FileTime};
 use tree_support::*;
 
@@ -202,4 +204,49 @@ fn a_parent_in_parts_is_reused_part_by_part_and_a_lost_part_costs_a_read() {
         assert_eq!(four.files_unchanged, 21, "{segmenting:?}: {four:?}");
         restored_matches(&repo, "four", &data, tmp.path());
     }
+}
+
+#[test]
+fn a_container_the_parent_names_that_is_gone_costs_a_read_from_its_part() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = files(tmp.path());
+    settle();
+    let dir = tmp.path().join("repo");
+    let options = RepoOptions {
+        container_target: 64 << 10,
+        ..RepoOptions::default()
+    };
+    let repo = Repository::init_with(&dir, options).unwrap();
+    repo.set_recipe_part_segments(PART);
+    let one = repo.backup_paths("one", "g", &[&data], |_| {}).unwrap();
+    let two = repo.backup_paths("two", "g", &[&data], |_| {}).unwrap();
+    assert_eq!(two.files_unchanged, 21);
+
+    // A container holding part of "big" (the first file, 1 MiB) is lost.
+    // The first part of the parent naming it cannot be confirmed: "big"
+    // is reused up to where that part starts and read from there on, and
+    // what the lost container held is stored again.
+    let (recipe, starts) = part_starts(&repo, &dir, "two");
+    let part = |k: usize| {
+        let name = part_name(&recipe, k);
+        Recipe::decode(&name, &fs::read(dir.join(&name)).unwrap()).unwrap()
+    };
+    let k = starts.iter().position(|&s| s > 400 << 10).unwrap();
+    let lost = part(k).segments[0].container;
+    let first = (0..k)
+        .find(|&j| part(j).segments.iter().any(|r| r.container == lost))
+        .unwrap_or(k);
+    fs::remove_file(dir.join(container_name(lost))).unwrap();
+    // Opened again, so no catalog of it is cached.
+    drop(repo);
+    let repo = Repository::open(&dir).unwrap();
+    repo.set_recipe_part_segments(PART);
+    let three = repo.backup_paths("three", "g", &[&data], |_| {}).unwrap();
+    assert_eq!(three.files_unchanged, 20, "{three:?}");
+    assert_eq!(
+        three.bytes_unchanged,
+        one.backup.bytes_in - ((1 << 20) - starts[first])
+    );
+    assert!(three.backup.bytes_new > 0, "{three:?}");
+    restored_matches(&repo, "three", &data, tmp.path());
 }

@@ -95,7 +95,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     );
     if let Some(p) = &report.parent {
         println!(
-            "{} unchanged files ({}) reused from backup {p} without reading them.",
+            "{} unchanged files reused from backup {p}: {} not read.",
             report.files_unchanged,
             format_size(report.bytes_unchanged)
         );
