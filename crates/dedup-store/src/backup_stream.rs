@@ -17,9 +17,10 @@ use std::sync::mpsc;
 use dedup_core::fingerprint::Fingerprint;
 
 use crate::backup::BackupReport;
+use crate::parallel_cut::Stitcher;
 use crate::repo::Repository;
 use crate::repo_error::{RepoError, RepoResult};
-use crate::segment_blocks::{Block, BlockCutter, BLOCK};
+use crate::segment_blocks::{cut_ends, Block, BlockCutter, BLOCK};
 use crate::segmenter::Segmenting;
 use crate::session::BackupSession;
 use crate::writer::HASH;
@@ -66,6 +67,9 @@ pub(crate) fn append_stream(
     how: Segmenting,
     reader: impl Read + Send,
 ) -> Result<(), StreamError> {
+    if let Segmenting::FastCdc { .. } = how {
+        return append_stream_cut_in_parallel(session, how, reader);
+    }
     std::thread::scope(|scope| {
         let (tx, rx) = mpsc::sync_channel::<mpsc::Receiver<Hashed>>(IN_FLIGHT);
         let (give_back, spares) = mpsc::channel::<Vec<u8>>();
@@ -104,4 +108,94 @@ pub(crate) fn append_stream(
         }
         Ok(())
     })
+}
+
+/// A block as read, cut from its own first byte and hashed on the pool:
+/// its bytes, its candidate cuts, their fingerprints, and whether the
+/// stream ends with it.
+type Candidates = io::Result<(Vec<u8>, Vec<usize>, Vec<Fingerprint>, bool)>;
+
+/// `append_stream` for content-defined segments, cut on the thread pool
+/// (`parallel_cut.rs`): a thread only reads blocks; each is cut from its
+/// own first byte and hashed on the pool; this thread stitches them in
+/// order into the segments one thread cutting the stream would make,
+/// hashing only the few it cut again, and appends them.
+fn append_stream_cut_in_parallel(
+    session: &mut BackupSession<'_>,
+    how: Segmenting,
+    mut reader: impl Read + Send,
+) -> Result<(), StreamError> {
+    std::thread::scope(|scope| {
+        let (tx, rx) = mpsc::sync_channel::<mpsc::Receiver<Candidates>>(IN_FLIGHT);
+        let (give_back, spares) = mpsc::channel::<Vec<u8>>();
+        scope.spawn(move || loop {
+            let block = read_block(&mut reader, spares.try_recv().ok());
+            let stop = !matches!(&block, Ok((_, false)));
+            let (done, cut) = mpsc::sync_channel(1);
+            rayon::spawn(move || {
+                let _ = done.send(block.map(|(bytes, last)| {
+                    let ends = cut_ends(how, &bytes, last);
+                    let starts = std::iter::once(0).chain(ends.iter().copied());
+                    let fps = starts
+                        .zip(&ends)
+                        .map(|(s, &e)| HASH.fingerprint(&bytes[s..e]))
+                        .collect();
+                    (bytes, ends, fps, last)
+                }));
+            });
+            if tx.send(cut).is_err() || stop {
+                return; // the appender stopped, the stream ended or failed
+            }
+        });
+        let mut stitcher = Stitcher::new(how);
+        for cut in rx {
+            let (bytes, candidates, fps, last) = cut
+                .recv()
+                .map_err(|_| StreamError::Read(io::Error::other("a cutting job died")))?
+                .map_err(StreamError::Read)?;
+            let s = stitcher.push(bytes, &candidates, last);
+            for segment in s.head.iter().flat_map(Block::segments) {
+                session.append(segment).map_err(StreamError::Repo)?;
+            }
+            if let Some(m) = s.main {
+                let fps =
+                    std::iter::repeat_n(None, m.unhashed).chain(fps[m.next..].iter().map(Some));
+                for (data, fp) in m.block.segments().zip(fps) {
+                    match fp {
+                        Some(fp) => session.append_hashed(data, *fp),
+                        None => session.append(data),
+                    }
+                    .map_err(StreamError::Repo)?;
+                }
+                let _ = give_back.send(m.block.bytes);
+            }
+            if let Some(spare) = s.spare {
+                let _ = give_back.send(spare);
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Read the next block of `BLOCK` bytes (fewer only at the end of the
+/// stream: then `true`), into `spare` if given.
+fn read_block(reader: &mut impl Read, spare: Option<Vec<u8>>) -> io::Result<(Vec<u8>, bool)> {
+    let Some(mut bytes) = spare else {
+        // Fresh room is not zeroed first: only what is read is written.
+        let mut bytes = Vec::with_capacity(BLOCK);
+        let got = reader.take(BLOCK as u64).read_to_end(&mut bytes)?;
+        return Ok((bytes, got < BLOCK));
+    };
+    bytes.resize(BLOCK, 0);
+    let mut filled = 0;
+    while filled < BLOCK {
+        match reader.read(&mut bytes[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    bytes.truncate(filled);
+    Ok((bytes, filled < BLOCK))
 }

@@ -82,6 +82,7 @@ pub mod index_checkpoint;
 pub mod local;
 pub mod name;
 pub mod objects;
+pub mod parallel_cut;
 mod protection;
 pub mod recipe;
 pub mod recipe_parts;

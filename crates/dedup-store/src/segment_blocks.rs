@@ -28,14 +28,17 @@ pub const BLOCK: usize = 1 << 20;
 /// A block of the stream and where its segments end.
 pub struct Block {
     pub bytes: Vec<u8>,
-    /// Ends of the segments, ascending; the last is `bytes.len()`.
+    /// Where the first segment starts (the bytes before it belong to
+    /// segments handed on before).
+    pub start: usize,
+    /// Ends of the segments, ascending, all past `start`.
     pub ends: Vec<usize>,
 }
 
 impl Block {
     /// The segments, in order.
     pub fn segments(&self) -> impl Iterator<Item = &[u8]> + '_ {
-        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        let starts = std::iter::once(self.start).chain(self.ends.iter().copied());
         starts
             .zip(self.ends.iter())
             .map(|(s, &e)| &self.bytes[s..e])
@@ -122,25 +125,32 @@ impl<R: Read> BlockCutter<R> {
     }
 
     fn cut(&self, bytes: &[u8]) -> Vec<usize> {
-        match self.how {
-            Segmenting::Fixed { size } => {
-                let size = size as usize;
-                let mut ends: Vec<usize> = (1..=bytes.len() / size).map(|i| i * size).collect();
-                if self.eof && bytes.len() % size != 0 {
-                    ends.push(bytes.len());
-                }
-                ends
+        cut_ends(self.how, bytes, self.eof)
+    }
+}
+
+/// Where the segments of `bytes` end, cut from its first byte as `how`
+/// says; unless `last` (the stream ends with them), the segment that
+/// runs to their end is left out: more bytes could move its end.
+pub fn cut_ends(how: Segmenting, bytes: &[u8], last: bool) -> Vec<usize> {
+    match how {
+        Segmenting::Fixed { size } => {
+            let size = size as usize;
+            let mut ends: Vec<usize> = (1..=bytes.len() / size).map(|i| i * size).collect();
+            if last && bytes.len() % size != 0 {
+                ends.push(bytes.len());
             }
-            Segmenting::FastCdc { min, avg, max } => {
-                let mut ends: Vec<usize> = FastCDC::new(bytes, min, avg, max)
-                    .map(|c| c.offset + c.length)
-                    .collect();
-                if !self.eof {
-                    // Runs to the end of the bytes at hand: not final.
-                    ends.pop();
-                }
-                ends
+            ends
+        }
+        Segmenting::FastCdc { min, avg, max } => {
+            let mut ends: Vec<usize> = FastCDC::new(bytes, min, avg, max)
+                .map(|c| c.offset + c.length)
+                .collect();
+            if !last {
+                // Runs to the end of the bytes at hand: not final.
+                ends.pop();
             }
+            ends
         }
     }
 }
@@ -172,7 +182,11 @@ impl<R: Read> Iterator for BlockCutter<R> {
             self.carry.extend_from_slice(&bytes[used..]);
             bytes.truncate(used);
             if !ends.is_empty() {
-                return Some(Ok(Block { bytes, ends }));
+                return Some(Ok(Block {
+                    bytes,
+                    start: 0,
+                    ends,
+                }));
             }
             // No whole segment yet (only before the end: a block holds
             // two of the largest): read on.
