@@ -7,7 +7,9 @@
 //! for GC.
 //!
 //! Stages, as the paper's client pipeline (§3.4) on one machine: a thread
-//! reads and cuts, the thread pool hashes (BLAKE3) and compresses frames,
+//! reads and cuts (for FastCDC segments it only reads, and the thread
+//! pool cuts: `parallel_cut.rs`), the thread pool hashes (BLAKE3) and
+//! compresses frames,
 //! this thread looks up and fills containers, and a thread per sealed
 //! container writes it, so all of them overlap on the machine's cores.
 
@@ -58,6 +60,7 @@ pub(crate) enum StreamError {
 }
 
 /// Cut `reader` into segments with `how` and append them all to `session`.
+/// (FastCDC segments are cut on the thread pool instead, below.)
 /// A thread reads and cuts; each block of segments is hashed on the thread
 /// pool (cutting and hashing cost about the same, so one thread doing both
 /// was the bottleneck of a backup of duplicate data); this thread takes the
@@ -125,11 +128,17 @@ fn append_stream_cut_in_parallel(
     how: Segmenting,
     mut reader: impl Read + Send,
 ) -> Result<(), StreamError> {
+    // Two of the largest segments at least, as `BlockCutter` reads, so
+    // most blocks hold candidates for the stitching to meet.
+    let size = match how {
+        Segmenting::FastCdc { max, .. } => BLOCK.max(2 * max as usize),
+        Segmenting::Fixed { size } => BLOCK.max(2 * size as usize),
+    };
     std::thread::scope(|scope| {
         let (tx, rx) = mpsc::sync_channel::<mpsc::Receiver<Candidates>>(IN_FLIGHT);
         let (give_back, spares) = mpsc::channel::<Vec<u8>>();
         scope.spawn(move || loop {
-            let block = read_block(&mut reader, spares.try_recv().ok());
+            let block = read_block(&mut reader, size, spares.try_recv().ok());
             let stop = !matches!(&block, Ok((_, false)));
             let (done, cut) = mpsc::sync_channel(1);
             rayon::spawn(move || {
@@ -158,6 +167,7 @@ fn append_stream_cut_in_parallel(
                 session.append(segment).map_err(StreamError::Repo)?;
             }
             if let Some(m) = s.main {
+                debug_assert_eq!(m.block.ends.len(), m.unhashed + fps.len() - m.next);
                 let fps =
                     std::iter::repeat_n(None, m.unhashed).chain(fps[m.next..].iter().map(Some));
                 for (data, fp) in m.block.segments().zip(fps) {
@@ -177,18 +187,22 @@ fn append_stream_cut_in_parallel(
     })
 }
 
-/// Read the next block of `BLOCK` bytes (fewer only at the end of the
+/// Read the next block of `size` bytes (fewer only at the end of the
 /// stream: then `true`), into `spare` if given.
-fn read_block(reader: &mut impl Read, spare: Option<Vec<u8>>) -> io::Result<(Vec<u8>, bool)> {
+fn read_block(
+    reader: &mut impl Read,
+    size: usize,
+    spare: Option<Vec<u8>>,
+) -> io::Result<(Vec<u8>, bool)> {
     let Some(mut bytes) = spare else {
         // Fresh room is not zeroed first: only what is read is written.
-        let mut bytes = Vec::with_capacity(BLOCK);
-        let got = reader.take(BLOCK as u64).read_to_end(&mut bytes)?;
-        return Ok((bytes, got < BLOCK));
+        let mut bytes = Vec::with_capacity(size);
+        let got = reader.take(size as u64).read_to_end(&mut bytes)?;
+        return Ok((bytes, got < size));
     };
-    bytes.resize(BLOCK, 0);
+    bytes.resize(size, 0);
     let mut filled = 0;
-    while filled < BLOCK {
+    while filled < size {
         match reader.read(&mut bytes[filled..]) {
             Ok(0) => break,
             Ok(n) => filled += n,
@@ -197,5 +211,5 @@ fn read_block(reader: &mut impl Read, spare: Option<Vec<u8>>) -> io::Result<(Vec
         }
     }
     bytes.truncate(filled);
-    Ok((bytes, filled < BLOCK))
+    Ok((bytes, filled < size))
 }

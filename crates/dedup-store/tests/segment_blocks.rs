@@ -237,17 +237,49 @@ proptest! {
     fn any_block_size_cuts_as_the_stream_does(
         seed in any::<u64>(),
         len in 0usize..400_000,
-        // At least twice the largest segment, as the backup's blocks are.
-        block in 8192usize..100_000,
+        // Also blocks smaller than the largest segment.
+        block in 512usize..100_000,
         zeros in prop_oneof![Just(0usize), 1usize..3000],
         how in 0usize..3,
     ) {
         let bytes = data_with_zeros(seed, len, zeros);
         let how = CDC_HOWS[how];
-        let block = match how {
-            Segmenting::FastCdc { max, .. } => block.max(2 * max as usize),
-            Segmenting::Fixed { .. } => block,
-        };
         prop_assert_eq!(stitched(how, &bytes, block), streamed(how, &bytes));
+    }
+}
+
+#[test]
+fn a_backup_cuts_its_stream_on_the_pool_as_one_thread_does() {
+    use dedup_store::{RepoOptions, Repository};
+    let tmp = tempfile::tempdir().unwrap();
+    let options = RepoOptions {
+        segmenting: Segmenting::FASTCDC_4K,
+        container_target: 256 << 10,
+        ..RepoOptions::default()
+    };
+    let repo = Repository::init_with(tmp.path().join("repo"), options).unwrap();
+    // Exactly two blocks (the last read is then empty), a part-block
+    // more, nothing; read a few KiB at a time, so spares are refilled.
+    for (i, len) in [2 << 20, (2 << 20) + 12_345, 0, 100]
+        .into_iter()
+        .enumerate()
+    {
+        let bytes = data_with_zeros(i as u64 + 3, len, 2000);
+        let name = format!("s{i}");
+        let reader = Trickle {
+            data: &bytes,
+            step: 7000,
+        };
+        repo.backup_stream(&name, "g", reader).unwrap();
+        let (_, recipe) = repo.recipe(&name).unwrap();
+        let lens: Vec<usize> = recipe.segments.iter().map(|s| s.len as usize).collect();
+        let want: Vec<usize> = streamed(Segmenting::FASTCDC_4K, &bytes)
+            .iter()
+            .map(Vec::len)
+            .collect();
+        assert_eq!(lens, want, "{len} bytes");
+        let mut out = Vec::new();
+        repo.restore(&name, &mut out).unwrap();
+        assert!(out == bytes, "{len} bytes");
     }
 }
