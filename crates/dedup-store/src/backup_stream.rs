@@ -22,7 +22,7 @@ use crate::backup::BackupReport;
 use crate::parallel_cut::Stitcher;
 use crate::repo::Repository;
 use crate::repo_error::{RepoError, RepoResult};
-use crate::segment_blocks::{cut_ends, Block, BlockCutter, BLOCK};
+use crate::segment_blocks::{cut_ends, read_block, Block, BlockCutter, BLOCK};
 use crate::segmenter::Segmenting;
 use crate::session::BackupSession;
 use crate::writer::HASH;
@@ -87,7 +87,7 @@ pub(crate) fn append_stream(
                 let (done, hashed) = mpsc::sync_channel(1);
                 rayon::spawn(move || {
                     let _ = done.send(block.map(|b| {
-                        let fps = b.segments().map(|s| HASH.fingerprint(s)).collect();
+                        let fps = fingerprints(&b);
                         (b, fps)
                     }));
                 });
@@ -113,10 +113,14 @@ pub(crate) fn append_stream(
     })
 }
 
-/// A block as read, cut from its own first byte and hashed on the pool:
-/// its bytes, its candidate cuts, their fingerprints, and whether the
-/// stream ends with it.
-type Candidates = io::Result<(Vec<u8>, Vec<usize>, Vec<Fingerprint>, bool)>;
+/// Each segment's fingerprint, in order.
+fn fingerprints(block: &Block) -> Vec<Fingerprint> {
+    block.segments().map(|s| HASH.fingerprint(s)).collect()
+}
+
+/// A block as read, cut from its own first byte (its candidate cuts) and
+/// hashed on the pool, and whether the stream ends with it.
+type Candidates = io::Result<(Block, Vec<Fingerprint>, bool)>;
 
 /// `append_stream` for content-defined segments, cut on the thread pool
 /// (`parallel_cut.rs`): a thread only reads blocks; each is cut from its
@@ -138,18 +142,19 @@ fn append_stream_cut_in_parallel(
         let (tx, rx) = mpsc::sync_channel::<mpsc::Receiver<Candidates>>(IN_FLIGHT);
         let (give_back, spares) = mpsc::channel::<Vec<u8>>();
         scope.spawn(move || loop {
-            let block = read_block(&mut reader, size, spares.try_recv().ok());
+            let block = read_block(&mut reader, &[], size, spares.try_recv().ok());
             let stop = !matches!(&block, Ok((_, false)));
             let (done, cut) = mpsc::sync_channel(1);
             rayon::spawn(move || {
                 let _ = done.send(block.map(|(bytes, last)| {
                     let ends = cut_ends(how, &bytes, last);
-                    let starts = std::iter::once(0).chain(ends.iter().copied());
-                    let fps = starts
-                        .zip(&ends)
-                        .map(|(s, &e)| HASH.fingerprint(&bytes[s..e]))
-                        .collect();
-                    (bytes, ends, fps, last)
+                    let block = Block {
+                        bytes,
+                        start: 0,
+                        ends,
+                    };
+                    let fps = fingerprints(&block);
+                    (block, fps, last)
                 }));
             });
             if tx.send(cut).is_err() || stop {
@@ -158,11 +163,11 @@ fn append_stream_cut_in_parallel(
         });
         let mut stitcher = Stitcher::new(how);
         for cut in rx {
-            let (bytes, candidates, fps, last) = cut
+            let (block, fps, last) = cut
                 .recv()
                 .map_err(|_| StreamError::Read(io::Error::other("a cutting job died")))?
                 .map_err(StreamError::Read)?;
-            let s = stitcher.push(bytes, &candidates, last);
+            let s = stitcher.push(block.bytes, &block.ends, last);
             for segment in s.head.iter().flat_map(Block::segments) {
                 session.append(segment).map_err(StreamError::Repo)?;
             }
@@ -185,31 +190,4 @@ fn append_stream_cut_in_parallel(
         }
         Ok(())
     })
-}
-
-/// Read the next block of `size` bytes (fewer only at the end of the
-/// stream: then `true`), into `spare` if given.
-fn read_block(
-    reader: &mut impl Read,
-    size: usize,
-    spare: Option<Vec<u8>>,
-) -> io::Result<(Vec<u8>, bool)> {
-    let Some(mut bytes) = spare else {
-        // Fresh room is not zeroed first: only what is read is written.
-        let mut bytes = Vec::with_capacity(size);
-        let got = reader.take(size as u64).read_to_end(&mut bytes)?;
-        return Ok((bytes, got < size));
-    };
-    bytes.resize(size, 0);
-    let mut filled = 0;
-    while filled < size {
-        match reader.read(&mut bytes[filled..]) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    bytes.truncate(filled);
-    Ok((bytes, filled < size))
 }

@@ -347,10 +347,11 @@ impl BackupSession<'_> {
         self.finish_writing()?;
         let repo = self.repo;
         let (nonce, recipe_name) = (self.nonce, self.recipe_name());
-        // Announced before the put: a GC must not take it for an orphan
-        // between its put and the backup object's.
-        repo.protection().will_write(self.id, &recipe_name);
         let recipe = if self.parts.is_empty() {
+            // Announced before the put: a GC must not take it for an
+            // orphan between its put and the backup object's (a recipe in
+            // parts was announced before its first part).
+            repo.protection().will_write(self.id, &recipe_name);
             self.recipe.stream_len = self.report.bytes_in;
             std::mem::take(&mut self.recipe).into_encoded()
         } else {

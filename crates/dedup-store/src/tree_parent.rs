@@ -58,18 +58,11 @@ impl ParentFiles {
             .as_ref()
             .ok_or_else(|| RepoError::corrupt(&record.recipe, "a stream has no files"))?;
         let tree = Tree::decode(object, &repo.store.get(object)?)?;
-        // A tree that is not of this recipe's stream places its files
+        // A tree that is not of this recipe's stream (whose length
+        // `recipe_parts` checked against the backup's) places its files
         // wrongly: no parent (every file is read).
-        if tree.stream_len != parts.stream_len() {
-            return Err(RepoError::corrupt(
-                object,
-                format!(
-                    "its files add up to {} bytes, its recipe to {}",
-                    tree.stream_len,
-                    parts.stream_len()
-                ),
-            ));
-        }
+        tree.check_stream_len(name, record.report.bytes_in)
+            .map_err(|d| RepoError::corrupt(object, d))?;
         let files = tree
             .nodes
             .into_iter()

@@ -131,6 +131,19 @@ fn unchanged_files_are_reused_unread_and_changed_ones_are_read() {
 /// Segments a part of a recipe holds in the parts tests.
 const PART: usize = 5;
 
+/// A repository at `dir` whose recipes are in parts of `PART` segments,
+/// in small containers.
+fn init_in_parts(dir: &Path, segmenting: Segmenting) -> Repository {
+    let options = RepoOptions {
+        segmenting,
+        container_target: 64 << 10,
+        ..RepoOptions::default()
+    };
+    let repo = Repository::init_with(dir, options).unwrap();
+    repo.set_recipe_part_segments(PART);
+    repo
+}
+
 /// Backup `name`'s recipe object and where each of its parts starts in
 /// its stream (then the stream's end).
 fn part_starts(repo: &Repository, dir: &Path, name: &str) -> (String, Vec<u64>) {
@@ -154,13 +167,7 @@ fn a_parent_in_parts_is_reused_part_by_part_and_a_lost_part_costs_a_read() {
         let data = files(tmp.path());
         settle();
         let dir = tmp.path().join("repo");
-        let options = RepoOptions {
-            segmenting,
-            container_target: 64 << 10,
-            ..RepoOptions::default()
-        };
-        let repo = Repository::init_with(&dir, options).unwrap();
-        repo.set_recipe_part_segments(PART);
+        let repo = init_in_parts(&dir, segmenting);
         let one = repo.backup_paths("one", "g", &[&data], |_| {}).unwrap();
         let two = repo.backup_paths("two", "g", &[&data], |_| {}).unwrap();
         assert_eq!(two.parent.as_deref(), Some("one"));
@@ -212,12 +219,7 @@ fn a_container_the_parent_names_that_is_gone_costs_a_read_from_its_part() {
     let data = files(tmp.path());
     settle();
     let dir = tmp.path().join("repo");
-    let options = RepoOptions {
-        container_target: 64 << 10,
-        ..RepoOptions::default()
-    };
-    let repo = Repository::init_with(&dir, options).unwrap();
-    repo.set_recipe_part_segments(PART);
+    let repo = init_in_parts(&dir, Segmenting::DEFAULT);
     let one = repo.backup_paths("one", "g", &[&data], |_| {}).unwrap();
     let two = repo.backup_paths("two", "g", &[&data], |_| {}).unwrap();
     assert_eq!(two.files_unchanged, 21);
