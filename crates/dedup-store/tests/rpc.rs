@@ -505,6 +505,58 @@ fn an_idle_connection_is_closed_and_its_backup_aborted() {
     server.shut();
 }
 
+/// A writer that takes `pause` over each of its first `slow` writes.
+struct Sluggish {
+    out: Vec<u8>,
+    pause: Duration,
+    slow: usize,
+}
+
+impl Write for Sluggish {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.slow > 0 {
+            self.slow -= 1;
+            std::thread::sleep(self.pause);
+        }
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_client_waiting_on_an_answer_longer_than_the_idle_timeout_is_not_idle() {
+    // The server reads the next request while it answers one; a client
+    // that sends nothing because the server is still answering (here a
+    // restore that waits on a slow client for seconds) must not be cut
+    // off as idle.
+    let (_dir, server) = setup_with(ServerLimits {
+        idle_timeout: Some(Duration::from_secs(1)),
+        ..ServerLimits::default()
+    });
+    let c = server.client();
+    let bytes = noise(21, 24 << 20);
+    backup(&c, "slow", &bytes);
+    let mut out = Sluggish {
+        out: Vec::new(),
+        pause: Duration::from_millis(400),
+        slow: 6,
+    };
+    let started = std::time::Instant::now();
+    assert_eq!(c.restore("slow", &mut out).unwrap(), bytes.len() as u64);
+    assert!(started.elapsed() > Duration::from_secs(2), "the answer took longer than the timeout");
+    assert!(out.out == bytes);
+    // Silent only for a moment since the answer: still connected.
+    assert_eq!(c.list().unwrap().len(), 1);
+    // Then silent for longer than the timeout: closed.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(c.list().is_err(), "the idle connection was closed");
+    server.shut();
+}
+
 #[test]
 fn a_server_whose_socket_file_was_removed_still_stops() {
     let (dir, server) = setup();
