@@ -162,7 +162,11 @@ fn serve_four_backup_processes_at_once_restore_and_stop_on_sigterm() {
         "unix:PATH or tcp:HOST:PORT",
     );
     refused(
-        &["store", "serve", r, "--listen", "0.0.0.0:0"],
+        &["store", "serve", r, "--listen", "127.0.0.1:0"],
+        "--listen needs a key",
+    );
+    refused(
+        &["store", "serve", r, "--listen", "0.0.0.0:0", "--no-auth"],
         "--allow-remote",
     );
 
@@ -221,4 +225,110 @@ fn sigterm_mid_backup_aborts_it_the_client_fails_and_no_backup_is_left() {
     let list = json(&ok(&["list", r, "--json"], None));
     assert_eq!(list.as_array().unwrap().len(), 0, "{list}");
     ok(&["backup", r, "slow", "--stdin"], Some(b"the name is free"));
+}
+
+#[test]
+fn tcp_needs_a_key_and_only_clients_holding_it_get_in() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = |name: &str| tmp.path().join(name).to_str().unwrap().to_string();
+    let (repo, key, other, not_key) = (p("repo"), p("k.psk"), p("other.psk"), p("not.psk"));
+    let r = repo.as_str();
+    ok(&["store", "init", r, "--json"], None);
+    ok(&["tls-psk", &key], None);
+    ok(&["tls-psk", &other], None);
+    std::fs::write(&not_key, "just some words\n").unwrap();
+    refused(
+        &["store", "serve", r, "--listen", "127.0.0.1:0"],
+        "--listen needs a key",
+    );
+    refused(
+        &["store", "serve", r, "--listen", "0.0.0.0:0", "--psk", &key],
+        "--allow-remote",
+    );
+    refused(
+        &[
+            "store",
+            "serve",
+            r,
+            "--listen",
+            "127.0.0.1:0",
+            "--psk",
+            &not_key,
+        ],
+        "is not a PSK file",
+    );
+
+    let mut serving = Serving(spawn(
+        &[
+            "store",
+            "serve",
+            r,
+            "--listen",
+            "127.0.0.1:0",
+            "--psk",
+            &key,
+        ],
+        false,
+    ));
+    // The port it took, from its "serving ... on tcp:ADDR to clients" line.
+    let mut err = std::io::BufReader::new(serving.0.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("dedup: serving") {
+        line.clear();
+        let n = std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+        assert!(n > 0, "the server exited before serving");
+    }
+    assert!(line.contains("to clients holding the key"), "{line}");
+    let at = line
+        .split(" on ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap();
+    assert!(at.starts_with("tcp:127.0.0.1:"), "{line}");
+
+    let data = noise(5, 300_000);
+    let j = json(&ok(
+        &[
+            "backup", "--server", at, "--psk", &key, "k1", "--stdin", "--json",
+        ],
+        Some(&data),
+    ));
+    assert_eq!(j["bytes_in"], data.len() as u64);
+    refused_fed(
+        &["backup", "--server", at, "k2", "--stdin"],
+        Some(&data),
+        "asks for its key",
+    );
+    refused_fed(
+        &["backup", "--server", at, "--psk", &other, "k3", "--stdin"],
+        Some(&data),
+        "does not match",
+    );
+    refused(&["store", "remote", "--server", at, "list"], "--psk FILE");
+    let list = json(&ok(
+        &[
+            "store", "remote", "--server", at, "--psk", &key, "list", "--json",
+        ],
+        None,
+    ));
+    let names: Vec<_> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].clone())
+        .collect();
+    assert_eq!(names, ["k1"], "only the keyed backup went in");
+    let out = p("k1.out");
+    ok(
+        &[
+            "store", "remote", "--server", at, "--psk", &key, "restore", "k1", &out,
+        ],
+        None,
+    );
+    assert!(std::fs::read(&out).unwrap() == data);
+
+    unsafe { libc::kill(serving.0.id() as libc::pid_t, libc::SIGTERM) };
+    assert!(serving.0.wait().unwrap().success());
 }

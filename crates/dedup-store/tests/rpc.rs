@@ -547,7 +547,10 @@ fn a_client_waiting_on_an_answer_longer_than_the_idle_timeout_is_not_idle() {
     };
     let started = std::time::Instant::now();
     assert_eq!(c.restore("slow", &mut out).unwrap(), bytes.len() as u64);
-    assert!(started.elapsed() > Duration::from_secs(2), "the answer took longer than the timeout");
+    assert!(
+        started.elapsed() > Duration::from_secs(2),
+        "the answer took longer than the timeout"
+    );
     assert!(out.out == bytes);
     // Silent only for a moment since the answer: still connected.
     assert_eq!(c.list().unwrap().len(), 1);
@@ -776,6 +779,7 @@ fn silent_server(sock: &Path, hello: bool, drain: bool) -> std::sync::mpsc::Send
                 reply: Ok(Reply::Hello {
                     protocol: PROTOCOL_VERSION,
                     segmenting: WireSegmenting::Fixed { size: 4096 },
+                    challenge: None,
                 }),
             };
             let body = postcard::to_allocvec(&reply).unwrap();

@@ -47,6 +47,11 @@ pub struct Args {
     /// wait for ever).
     #[arg(long, value_name = "SECS", default_value_t = 3600, requires = "server")]
     pub timeout: u64,
+    /// With --server: a copy of the key file the server was started with
+    /// (`dedup store serve --psk FILE`). The client proves it holds the
+    /// key and checks that the server does, before sending anything.
+    #[arg(long, value_name = "FILE", requires = "server")]
+    pub psk: Option<PathBuf>,
     /// Print the report as JSON (and no progress bar).
     #[arg(long)]
     pub json: bool,
@@ -158,6 +163,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 /// (the first parsed as NAME).
 fn remote(server: &Endpoint, a: &Args) -> anyhow::Result<ExitCode> {
     let name = a.repo.to_string_lossy().into_owned();
+    let remote = super::backup_remote::Remote {
+        server,
+        timeout: a.timeout,
+        psk: a.psk.as_deref(),
+    };
     let paths: Vec<PathBuf> = a
         .name
         .iter()
@@ -168,7 +178,7 @@ fn remote(server: &Endpoint, a: &Args) -> anyhow::Result<ExitCode> {
         if a.stdin {
             bail!("give either files and directories or --stdin, not both");
         }
-        return super::backup_remote::run_files(server, a.timeout, &name, &a.group, &paths, a.json);
+        return super::backup_remote::run_files(&remote, &name, &a.group, &paths, a.json);
     }
     if !a.stdin {
         bail!("nothing to back up: give files or directories (dedup backup --server {server} {name} DIR), or --stdin and pipe the data in");
@@ -177,7 +187,7 @@ fn remote(server: &Endpoint, a: &Args) -> anyhow::Result<ExitCode> {
         bail!("--stdin is a terminal; pipe the data in, e.g. tar -cf - DIR | dedup backup --server {server} {name} --stdin");
     }
     widen_stdin_pipe();
-    super::backup_remote::run(server, a.timeout, &name, &a.group, a.json)
+    super::backup_remote::run(&remote, &name, &a.group, a.json)
 }
 
 /// If standard input is a pipe, ask for a 1 MiB pipe buffer (Linux's

@@ -3,12 +3,13 @@
 //! here, only new segments sent; a walk's tree goes with the commit).
 
 use std::io::{self, IsTerminal};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use anyhow::bail;
 use dedup_core::size::format_size;
-use dedup_store::rpc::{BackupOptions, Client, ClientError, Endpoint};
+use dedup_store::rpc::{BackupOptions, Client, Endpoint, Key};
 use dedup_store::{TreeWalk, WalkCounts};
 use serde::Serialize;
 
@@ -49,21 +50,49 @@ fn spinner(name: &str, json: bool) -> anyhow::Result<indicatif::ProgressBar> {
     Ok(bar)
 }
 
-/// A client of `server` that gives up after `timeout` seconds without an
-/// answer (`--timeout`; 0: never).
-pub fn connect(server: &Endpoint, timeout: u64) -> Result<Client, ClientError> {
-    Client::connect_with(server, Some(Duration::from_secs(timeout)))
+/// Where a client command reaches its server, and how.
+pub struct Remote<'a> {
+    pub server: &'a Endpoint,
+    /// Give up after this many seconds without an answer (`--timeout`;
+    /// 0: never).
+    pub timeout: u64,
+    /// The key file (`--psk`) whose key this client and the server prove
+    /// to each other they hold.
+    pub psk: Option<&'a Path>,
+}
+
+/// Fewest bytes of a key file's secret: less is guessable.
+const MIN_SECRET: usize = 16;
+
+/// The key of a PSK file (`--psk`), for a server or a client.
+pub fn key_from_file(path: &Path) -> anyhow::Result<Key> {
+    let secret = super::tls::psk_secret(path)?;
+    if secret.len() < MIN_SECRET {
+        bail!(
+            "the key in {} is {} bytes, too short to keep others out (at least {MIN_SECRET}): make one with `dedup tls-psk FILE`",
+            path.display(),
+            secret.len()
+        );
+    }
+    super::tls::warn_if_shared(path);
+    Ok(Key::derive(&secret))
+}
+
+impl Remote<'_> {
+    pub fn connect(&self) -> anyhow::Result<Client> {
+        let key = self.psk.map(key_from_file).transpose()?;
+        let timeout = Some(Duration::from_secs(self.timeout));
+        Ok(Client::connect_with_key(
+            self.server,
+            timeout,
+            key.as_ref(),
+        )?)
+    }
 }
 
 /// Standard input as a stream.
-pub fn run(
-    server: &Endpoint,
-    timeout: u64,
-    name: &str,
-    group: &str,
-    json: bool,
-) -> anyhow::Result<ExitCode> {
-    let client = connect(server, timeout)?;
+pub fn run(remote: &Remote<'_>, name: &str, group: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let client = remote.connect()?;
     let bar = spinner(name, json)?;
     let start = Instant::now();
     let b = client.backup_stream(
@@ -75,20 +104,19 @@ pub fn run(
         &|n| bar.set_position(n),
     );
     bar.finish_and_clear();
-    report(server, b?, None, None, start, json)
+    report(remote.server, b?, None, None, start, json)
 }
 
 /// Files and directories, with their metadata.
 pub fn run_files(
-    server: &Endpoint,
-    timeout: u64,
+    remote: &Remote<'_>,
     name: &str,
     group: &str,
     paths: &[PathBuf],
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let walk = TreeWalk::new(paths)?;
-    let client = connect(server, timeout)?;
+    let client = remote.connect()?;
     let bar = spinner(name, json)?;
     let start = Instant::now();
     let result = client.backup_files(name, group, walk, &BackupOptions::default(), &|n| {
@@ -100,7 +128,7 @@ pub fn run_files(
     for w in &warnings {
         eprintln!("warning: {w}");
     }
-    report(server, b, Some(counts), Some(warnings), start, json)
+    report(remote.server, b, Some(counts), Some(warnings), start, json)
 }
 
 fn report(

@@ -18,7 +18,7 @@ use super::store::{utc, ReportJson};
 #[derive(clap::Args)]
 #[command(
     about = "List, restore, delete, sum up and collect garbage through a running dedup store serve",
-    after_help = "Examples:\n  dedup store remote --server unix:/run/dedup-backup.sock list\n  dedup store remote --server tcp:127.0.0.1:7070 restore home-monday home.tar\n  dedup store remote --server tcp:127.0.0.1:7070 delete home-monday\n  dedup store remote --server unix:/run/dedup-backup.sock stats --json"
+    after_help = "Examples:\n  dedup store remote --server unix:/run/dedup-backup.sock list\n  dedup store remote --server tcp:127.0.0.1:7070 --psk backup.psk restore home-monday home.tar\n  dedup store remote --server tcp:127.0.0.1:7070 --psk backup.psk delete home-monday\n  dedup store remote --server unix:/run/dedup-backup.sock stats --json"
 )]
 pub struct Args {
     /// The server: unix:PATH or tcp:HOST:PORT.
@@ -28,6 +28,11 @@ pub struct Args {
     /// for this many seconds (0: wait for ever).
     #[arg(long, value_name = "SECS", default_value_t = 3600, global = true)]
     pub timeout: u64,
+    /// A copy of the key file the server was started with (`dedup store
+    /// serve --psk FILE`): the client proves it holds the key and checks
+    /// that the server does, before anything else.
+    #[arg(long, value_name = "FILE", global = true)]
+    pub psk: Option<PathBuf>,
     /// Print JSON.
     #[arg(long, global = true)]
     pub json: bool,
@@ -71,7 +76,12 @@ struct Listed {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let c = super::backup_remote::connect(&a.server, a.timeout)?;
+    let c = super::backup_remote::Remote {
+        server: &a.server,
+        timeout: a.timeout,
+        psk: a.psk.as_deref(),
+    }
+    .connect()?;
     match a.command {
         RemoteCommand::List => {
             let backups = c.list()?;

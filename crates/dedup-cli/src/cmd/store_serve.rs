@@ -14,7 +14,7 @@ use dedup_store::rpc::{Endpoint, Server, ServerLimits, DEFAULT_IDLE_TIMEOUT};
 #[derive(clap::Args)]
 #[command(
     about = "Serve a backup repository to backup clients (dedup backup --server)",
-    after_help = "The server holds the repository open for writing: backups from any number of clients run concurrently through it, and other processes may still list and restore from the directory read-only. Clients cut and hash their streams themselves and send only the segments the repository lacks. SIGINT or SIGTERM stops it: running backups are aborted and leave no backup.\n\nThere is no authentication or TLS yet: a Unix socket is created owner-only (0600), and TCP listens on loopback only unless --allow-remote.\n\nExamples:\n  dedup store serve ./repo --socket /run/dedup-backup.sock\n  tar -cf - DIR | dedup backup --server unix:/run/dedup-backup.sock NAME --stdin\n  dedup store serve ./repo --listen 127.0.0.1:7070"
+    after_help = "The server holds the repository open for writing: backups from any number of clients run concurrently through it, and other processes may still list and restore from the directory read-only. Clients cut and hash their streams themselves and send only the segments the repository lacks. SIGINT or SIGTERM stops it: running backups are aborted and leave no backup.\n\nWho gets in: a Unix socket is created owner-only (0600), so only its owner (and root) can connect. Any local user can connect to a TCP port, even on loopback, so TCP needs a key: make a key file with `dedup tls-psk FILE`, serve with --psk FILE, and give clients a copy (--psk on their side). Each connection proves it holds the key before anything else, and the server proves it back, so a client never sends its data to another process that took the port. The traffic itself is not encrypted (only root can read loopback traffic); TCP listens on loopback only unless --allow-remote.\n\nExamples:\n  dedup store serve ./repo --socket /run/dedup-backup.sock\n  tar -cf - DIR | dedup backup --server unix:/run/dedup-backup.sock NAME --stdin\n  dedup tls-psk backup.psk && dedup store serve ./repo --listen 127.0.0.1:7070 --psk backup.psk\n  dedup backup --server tcp:127.0.0.1:7070 --psk backup.psk NAME /home"
 )]
 pub struct Args {
     /// Repository directory.
@@ -25,9 +25,17 @@ pub struct Args {
     /// TCP address to listen on, e.g. 127.0.0.1:7070.
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    /// Allow --listen on an address that is not loopback (no
-    /// authentication or TLS yet: anyone who reaches it can back up,
-    /// list and delete).
+    /// Serve only clients that prove they hold the key in this file (make
+    /// one with `dedup tls-psk FILE`); needed with --listen.
+    #[arg(long, value_name = "FILE")]
+    pub psk: Option<PathBuf>,
+    /// Serve --listen without a key: every local user (and, with
+    /// --allow-remote, anyone who reaches the address) can then list,
+    /// restore, add and delete backups.
+    #[arg(long, conflicts_with = "psk")]
+    pub no_auth: bool,
+    /// Allow --listen on an address that is not loopback (there is no
+    /// TLS: the data crosses the network unencrypted).
     #[arg(long)]
     pub allow_remote: bool,
     /// Most client connections at once.
@@ -47,16 +55,28 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let at = match (&a.socket, a.listen) {
         (Some(p), _) => Endpoint::Unix(p.clone()),
         (None, Some(addr)) => {
+            if a.psk.is_none() && !a.no_auth {
+                bail!("--listen needs a key: every local user can connect to {addr}, and without one could restore, add and delete backups. Make one with `dedup tls-psk FILE` and give --psk FILE here and to the clients (or --no-auth to serve without, on a machine whose users you trust)");
+            }
             if !addr.ip().is_loopback() {
                 if !a.allow_remote {
-                    bail!("{addr} is not a loopback address: the server has no authentication or TLS yet, so anyone who reaches it could read the repository's backups list, add and delete backups. Give --allow-remote to do it anyway, on a network you trust");
+                    bail!("{addr} is not a loopback address: there is no TLS, so the backups would cross the network unencrypted. Give --allow-remote to do it anyway, on a network you trust");
                 }
-                eprintln!("dedup: warning: listening on {addr} with no authentication and no TLS: anyone who reaches this address can back up, list and delete backups");
+                eprintln!("dedup: warning: listening on {addr} with no TLS: the data crosses the network unencrypted");
+            }
+            if a.no_auth {
+                eprintln!("dedup: warning: serving {addr} with no key: every user who can reach it can list, restore, add and delete backups");
             }
             Endpoint::Tcp(addr)
         }
         (None, None) => bail!("give --socket PATH or --listen ADDR"),
     };
+    // A bad key file is refused before the repository is opened.
+    let key = a
+        .psk
+        .as_deref()
+        .map(super::backup_remote::key_from_file)
+        .transpose()?;
     let repo = super::store::open_indexed(&a.repo, &a.index)?;
     let limits = ServerLimits {
         max_connections: a.max_connections.max(1),
@@ -64,7 +84,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         idle_timeout: Some(Duration::from_secs(a.idle_timeout)),
         ..ServerLimits::default()
     };
-    let server = Server::bind(repo, &at, limits).with_context(|| format!("serving on {at}"))?;
+    let server = Server::bind_with_key(repo, &at, limits, key)
+        .with_context(|| format!("serving on {at}"))?;
     let stop = server.stop_handle();
     let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])
         .context("installing signal handlers")?;
@@ -76,9 +97,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         }
     });
     eprintln!(
-        "dedup: serving {} on {} (stop with Ctrl-C or SIGTERM)",
+        "dedup: serving {} on {}{} (stop with Ctrl-C or SIGTERM)",
         a.repo.display(),
-        server.endpoint()
+        server.endpoint(),
+        match &a.psk {
+            Some(p) => format!(" to clients holding the key in {}", p.display()),
+            None => String::new(),
+        }
     );
     let served = server.run();
     signals_handle.close();

@@ -142,6 +142,17 @@ fn write_psk_file(path: &Path, user: &str, key: &[u8], force: bool) -> anyhow::R
 /// anything else: a wrong file given to `--tls-psk` would otherwise only
 /// show as every client failing its handshake.
 pub fn psk_username(path: &Path) -> anyhow::Result<String> {
+    psk_entry(path).map(|(user, _)| user)
+}
+
+/// The key of a PSK file's first entry, as bytes: the secret `dedup store
+/// serve --psk` and its clients prove they share.
+pub fn psk_secret(path: &Path) -> anyhow::Result<Vec<u8>> {
+    psk_entry(path).map(|(_, key)| key)
+}
+
+/// A PSK file's first entry: its username and its key's bytes.
+fn psk_entry(path: &Path) -> anyhow::Result<(String, Vec<u8>)> {
     let text = fs::read_to_string(path)
         .with_context(|| format!("reading the PSK file {}", path.display()))?;
     let not_psk = || {
@@ -162,7 +173,12 @@ pub fn psk_username(path: &Path) -> anyhow::Result<String> {
     if user.is_empty() || !hex_ok {
         return Err(not_psk());
     }
-    Ok(user.to_string())
+    let key = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
+        .collect::<Result<Vec<u8>, _>>()
+        .map_err(|_| not_psk())?;
+    Ok((user.to_string(), key))
 }
 
 /// Say so when a key file can be read by others: anyone who can read it can
@@ -198,6 +214,7 @@ mod tests {
         assert_eq!(text.lines().count(), 1);
         assert_eq!(fs::metadata(&path).unwrap().mode() & 0o7777, 0o600);
         assert_eq!(psk_username(&path).unwrap(), "alice");
+        assert_eq!(psk_secret(&path).unwrap(), key);
         let leftovers = fs::read_dir(tmp.path()).unwrap().count();
         assert_eq!(leftovers, 1, "no temporary file is left behind");
     }

@@ -10,6 +10,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::auth::Key;
 use super::frame::{decode, read_frame, write_frame};
 use super::protocol::{
     Call, Endpoint, ErrorKind, Reply, Request, Response, WireBackup, WireError, WireStats,
@@ -33,6 +34,9 @@ pub enum ClientError {
     /// The stream to back up could not be read.
     #[error("{0}")]
     Local(String),
+    /// The key was refused, missing, or not proved by the server.
+    #[error("{0}")]
+    Auth(String),
 }
 
 impl ClientError {
@@ -170,6 +174,18 @@ impl Client {
     /// Connect; give up on a call whose answer, or on a request the server
     /// does not take, after `timeout` (`None` or zero: wait for ever).
     pub fn connect_with(to: &Endpoint, timeout: Option<Duration>) -> Result<Client, ClientError> {
+        Client::connect_with_key(to, timeout, None)
+    }
+
+    /// `connect_with`, and with `key`, prove to the server that this
+    /// client holds it and have the server prove the same, before anything
+    /// else is sent: a server without the key (another process on the
+    /// port, or a server started without `--psk`) is refused.
+    pub fn connect_with_key(
+        to: &Endpoint,
+        timeout: Option<Duration>,
+        key: Option<&Key>,
+    ) -> Result<Client, ClientError> {
         let timeout = timeout.filter(|t| !t.is_zero());
         let stream = Stream::connect(to, timeout).map_err(|cause| ClientError::Connect {
             to: to.to_string(),
@@ -202,14 +218,59 @@ impl Client {
             segmenting: Segmenting::DEFAULT,
             timeout,
         };
-        match client.call(Call::Hello {
+        let challenge = match client.call(Call::Hello {
             protocol: PROTOCOL_VERSION,
         })? {
-            Reply::Hello { segmenting, .. } => {
+            Reply::Hello {
+                segmenting,
+                challenge,
+                ..
+            } => {
                 client.segmenting = segmenting.check().map_err(ClientError::Protocol)?;
-                Ok(client)
+                challenge
             }
-            other => Err(unexpected(&other)),
+            other => return Err(unexpected(&other)),
+        };
+        match (key, challenge) {
+            (None, None) => {}
+            (Some(key), Some(challenge)) => client.authenticate(to, key, &challenge)?,
+            (None, Some(_)) => {
+                return Err(ClientError::Auth(format!(
+                    "the server at {to} asks for its key: give --psk FILE, a copy of the key file it was started with"
+                )))
+            }
+            (Some(_), None) => {
+                return Err(ClientError::Auth(format!(
+                    "the server at {to} asks for no key, so it cannot prove it holds yours: nothing was sent to it. \
+                     Start it with --psk FILE, or connect without --psk if it is the server you meant"
+                )))
+            }
+        }
+        Ok(client)
+    }
+
+    /// Answer the server's challenge, then check its proof.
+    fn authenticate(
+        &self,
+        to: &Endpoint,
+        key: &Key,
+        challenge: &[u8; 32],
+    ) -> Result<(), ClientError> {
+        let nonce = crate::repo::random_bytes::<32>()
+            .map_err(|e| ClientError::Local(format!("making a nonce: {e}")))?;
+        let proof = key.client_proof(challenge, &nonce);
+        match self.call(Call::Authenticate { nonce, proof }) {
+            Ok(Reply::Authenticated { proof }) if key.is_server_proof(challenge, &nonce, &proof) => {
+                Ok(())
+            }
+            Ok(Reply::Authenticated { .. }) => Err(ClientError::Auth(format!(
+                "the server at {to} did not prove it holds the key: it is not the server you meant, or its key differs; nothing was sent to it"
+            ))),
+            Ok(other) => Err(unexpected(&other)),
+            Err(ClientError::Server(e)) if e.kind == ErrorKind::Unauthorized => {
+                Err(ClientError::Auth(format!("the server at {to} refused: {}", e.message)))
+            }
+            Err(e) => Err(e),
         }
     }
 

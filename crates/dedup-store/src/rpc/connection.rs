@@ -54,10 +54,21 @@ pub(crate) fn serve(repo: &Repository, stream: Stream, shared: &Shared) {
     };
     let mut reader = BufReader::with_capacity(256 << 10, read_half);
     let mut writer = BufWriter::with_capacity(64 << 10, stream);
+    // Without a key the connection is trusted as it is (a Unix socket is
+    // owner-only); with one, a challenge for it to answer first.
+    let challenge = match &shared.key {
+        None => None,
+        Some(_) => match crate::repo::random_bytes::<32>() {
+            Ok(c) => Some(c),
+            Err(_) => return,
+        },
+    };
     let mut conn = Conn {
         repo,
         shared,
         sessions: HashMap::new(),
+        challenge,
+        authenticated: challenge.is_none(),
     };
     loop {
         let (id, reply) = match read_frame(&mut reader, MAX_FRAME) {
@@ -66,13 +77,28 @@ pub(crate) fn serve(repo: &Repository, stream: Stream, shared: &Shared) {
                 Ok(Request {
                     id,
                     call: Call::Restore { name },
-                }) => {
+                }) if conn.authenticated => {
                     if restore(repo, &name, id, &mut writer).is_err() {
                         break;
                     }
                     continue;
                 }
-                Ok(req) => (req.id, conn.handle(req.call)),
+                // Before the key is proved, only the handshake is
+                // answered; anything else is refused and the connection
+                // closed.
+                Ok(req) if !conn.authenticated && !is_handshake(&req.call) => {
+                    let _ = send(&mut writer, req.id, Err(unauthorized()));
+                    break;
+                }
+                Ok(req) => {
+                    let reply = conn.handle(req.call);
+                    if !conn.authenticated && reply.is_err() {
+                        // A wrong proof: no second guess.
+                        let _ = send(&mut writer, req.id, reply);
+                        break;
+                    }
+                    (req.id, reply)
+                }
                 // The frame was whole but not a request: answer, then close
                 // (a peer that sends garbage gets no second guess).
                 Err(why) => {
@@ -161,6 +187,21 @@ struct Conn<'r> {
     repo: &'r Repository,
     shared: &'r Shared,
     sessions: HashMap<u64, Live<'r>>,
+    /// This connection's challenge, if the server holds a key.
+    challenge: Option<[u8; 32]>,
+    /// Whether the peer may make calls other than the handshake.
+    authenticated: bool,
+}
+
+fn is_handshake(call: &Call) -> bool {
+    matches!(call, Call::Hello { .. } | Call::Authenticate { .. })
+}
+
+fn unauthorized() -> WireError {
+    WireError::new(
+        ErrorKind::Unauthorized,
+        "this server asks for its key: connect with --psk FILE (a copy of the server's key file)",
+    )
 }
 
 impl<'r> Conn<'r> {
@@ -170,7 +211,9 @@ impl<'r> Conn<'r> {
             Call::Hello { protocol } if protocol == PROTOCOL_VERSION => Ok(Reply::Hello {
                 protocol,
                 segmenting,
+                challenge: self.challenge.filter(|_| !self.authenticated),
             }),
+            Call::Authenticate { nonce, proof } => self.authenticate(&nonce, &proof),
             Call::Hello { protocol } => Err(bad(format!(
                 "the client speaks protocol {protocol}, this server {PROTOCOL_VERSION}: use a dedup of the same version"
             ))),
@@ -212,6 +255,28 @@ impl<'r> Conn<'r> {
             Call::Stats => self.stats(),
             Call::Gc { compact_below } => self.gc(compact_below),
         }
+    }
+
+    /// Check the client's proof of the key; answer with the server's.
+    fn authenticate(&mut self, nonce: &[u8; 32], proof: &[u8; 32]) -> Answer {
+        let (Some(key), Some(challenge)) = (&self.shared.key, &self.challenge) else {
+            return Err(bad(
+                "this server holds no key: connect without --psk (or give the server one)",
+            ));
+        };
+        if self.authenticated {
+            return Err(bad("this connection has already authenticated"));
+        }
+        if !key.is_client_proof(challenge, nonce, proof) {
+            return Err(WireError::new(
+                ErrorKind::Unauthorized,
+                "the key does not match the server's: give --psk a copy of the key file the server was started with",
+            ));
+        }
+        self.authenticated = true;
+        Ok(Reply::Authenticated {
+            proof: key.server_proof(challenge, nonce),
+        })
     }
 
     fn begin(&mut self, name: &str, group: &str) -> Answer {

@@ -16,10 +16,15 @@
 //! natural shape; an async runtime (tokio/tarpc) would add a dependency
 //! tree and `spawn_blocking` hops for no gain at these connection counts.
 //!
+//! On a server given a key (`dedup store serve --psk FILE`), a connection
+//! must prove it holds the same key before any other call, and the server
+//! proves it back (`auth.rs`).
+//!
 //! Sessions belong to their connection: a connection that closes, for any
 //! reason, aborts its running backups (they leave no backup). Shutdown
 //! closes every connection the same way, then drops the repository.
 
+pub mod auth;
 mod connection;
 mod frame;
 pub mod protocol;
@@ -29,6 +34,7 @@ mod stream;
 pub mod client;
 mod pipeline;
 
+pub use auth::Key;
 pub use client::{Client, ClientError};
 pub use pipeline::{BackupOptions, Progress};
 pub use protocol::{Endpoint, WireBackup};

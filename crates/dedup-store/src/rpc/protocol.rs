@@ -17,7 +17,9 @@ use crate::segmenter::Segmenting;
 /// 2: a commit's tree is a version 2 tree object (its body compressed),
 /// which a server of protocol 1 refuses only at the commit.
 /// 3: `TreePart`, so a tree larger than a frame can be sent.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// 4: `Hello` answers with a challenge when the server holds a key, and
+/// `Authenticate` answers it (`auth.rs`).
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Largest segment the server takes: what a container holds.
 pub const MAX_SEGMENT: usize = crate::format::MAX_SEGMENT_LEN;
@@ -83,6 +85,13 @@ pub struct Request {
 pub enum Call {
     Hello {
         protocol: u32,
+    },
+    /// The answer to `Hello`'s challenge: a random nonce of the client's
+    /// and its proof of the key over both (`auth.rs`); `Authenticated`.
+    /// A server with a key takes no other call before it.
+    Authenticate {
+        nonce: [u8; 32],
+        proof: [u8; 32],
     },
     /// Start a backup; answered with `Begun`.
     BeginBackup {
@@ -161,6 +170,14 @@ pub enum Reply {
     Hello {
         protocol: u32,
         segmenting: WireSegmenting,
+        /// Fresh for this connection if the server holds a key: the
+        /// client must `Authenticate` before anything else.
+        challenge: Option<[u8; 32]>,
+    },
+    /// The client's proof held; the server's own proof over the same
+    /// challenge and nonce, for the client to check.
+    Authenticated {
+        proof: [u8; 32],
     },
     Begun {
         session: u64,
@@ -211,6 +228,9 @@ pub enum ErrorKind {
     /// Not built in this server yet (kept for clients of later calls).
     NotBuilt,
     ShuttingDown,
+    /// The server holds a key and the client has not proved it holds the
+    /// same one (no `Authenticate`, or a wrong proof).
+    Unauthorized,
 }
 
 impl WireError {

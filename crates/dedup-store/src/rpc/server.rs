@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::auth::Key;
 use super::connection;
 use super::frame::write_frame;
 use super::protocol::{Endpoint, ErrorKind, Response, WireError};
@@ -65,6 +66,8 @@ pub(crate) struct Shared {
     conns: Mutex<HashMap<u64, Stream>>,
     endpoint: Endpoint,
     pub(crate) limits: ServerLimits,
+    /// Clients must prove they hold it before anything else.
+    pub(crate) key: Option<Key>,
 }
 
 impl Shared {
@@ -108,6 +111,17 @@ impl Server {
     /// A Unix socket is created owner-only (0600); a stale socket file
     /// left by a dead server is replaced, a live one refused.
     pub fn bind(repo: Repository, at: &Endpoint, limits: ServerLimits) -> io::Result<Server> {
+        Server::bind_with_key(repo, at, limits, None)
+    }
+
+    /// `bind`, and with `key`, serve only clients that prove they hold the
+    /// same key (and prove to them that this server does).
+    pub fn bind_with_key(
+        repo: Repository,
+        at: &Endpoint,
+        limits: ServerLimits,
+        key: Option<Key>,
+    ) -> io::Result<Server> {
         if !repo.is_writable() {
             return Err(io::Error::other(
                 "the repository must be opened to write to serve it",
@@ -140,6 +154,7 @@ impl Server {
                 conns: Mutex::new(HashMap::new()),
                 endpoint,
                 limits,
+                key,
             }),
             socket,
         })

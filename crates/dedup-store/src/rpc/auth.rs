@@ -1,0 +1,116 @@
+//! Mutual authentication of a connection by a shared key (the pre-shared
+//! key of a `dedup tls-psk` file), so that on TCP, where every local user
+//! can connect to a loopback port, only holders of the key reach the
+//! repository, and a client only sends its data to a server that holds
+//! the same key (not to another user's process that took the port first).
+//!
+//! Challenge and response, never the key itself: the server's `Hello`
+//! answer carries a random challenge; the client answers with a random
+//! nonce of its own and a proof, BLAKE3 keyed by the key over both; the
+//! server checks it and answers with its own proof over both, which the
+//! client checks. Both are fresh per connection, so a recorded proof is
+//! worth nothing on another connection, and a proof from one side can
+//! never be replayed as the other's (each names its side). The traffic
+//! after it is not encrypted: on loopback only root can read it.
+
+/// Bytes of a challenge, a nonce and a proof.
+pub const PROOF_LEN: usize = 32;
+
+/// The key both sides hold, derived from the secret in the key file (so a
+/// secret of any length makes a 256-bit key used for nothing else).
+#[derive(Clone)]
+pub struct Key([u8; 32]);
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Key(..)") // never print the key
+    }
+}
+
+/// Who makes a proof: part of what is hashed.
+#[derive(Clone, Copy)]
+enum Side {
+    Client,
+    Server,
+}
+
+impl Key {
+    /// The key for `secret` (the bytes a PSK file holds in hex).
+    pub fn derive(secret: &[u8]) -> Key {
+        Key(blake3::derive_key(
+            "dedup store server authentication 2026-11 v1",
+            secret,
+        ))
+    }
+
+    fn proof(&self, side: Side, challenge: &[u8; 32], nonce: &[u8; 32]) -> blake3::Hash {
+        let mut h = blake3::Hasher::new_keyed(&self.0);
+        h.update(match side {
+            Side::Client => b"client",
+            Side::Server => b"server",
+        });
+        h.update(challenge);
+        h.update(nonce);
+        h.finalize()
+    }
+
+    /// The client's proof for the server's `challenge` and its own `nonce`.
+    pub fn client_proof(&self, challenge: &[u8; 32], nonce: &[u8; 32]) -> [u8; 32] {
+        *self.proof(Side::Client, challenge, nonce).as_bytes()
+    }
+
+    /// The server's proof, given back once the client's is checked.
+    pub fn server_proof(&self, challenge: &[u8; 32], nonce: &[u8; 32]) -> [u8; 32] {
+        *self.proof(Side::Server, challenge, nonce).as_bytes()
+    }
+
+    /// Whether `proof` is the client's.
+    pub fn is_client_proof(
+        &self,
+        challenge: &[u8; 32],
+        nonce: &[u8; 32],
+        proof: &[u8; 32],
+    ) -> bool {
+        self.holds(Side::Client, challenge, nonce, proof)
+    }
+
+    /// Whether `proof` is the server's.
+    pub fn is_server_proof(
+        &self,
+        challenge: &[u8; 32],
+        nonce: &[u8; 32],
+        proof: &[u8; 32],
+    ) -> bool {
+        self.holds(Side::Server, challenge, nonce, proof)
+    }
+
+    /// `blake3::Hash` compares in constant time: a proof that fails
+    /// tells nothing of how close it came.
+    fn holds(&self, side: Side, challenge: &[u8; 32], nonce: &[u8; 32], proof: &[u8; 32]) -> bool {
+        self.proof(side, challenge, nonce) == blake3::Hash::from_bytes(*proof)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proofs_hold_only_for_the_same_key_challenge_nonce_and_side() {
+        let (k, other) = (Key::derive(b"secret"), Key::derive(b"secreT"));
+        let (c, n) = ([1u8; 32], [2u8; 32]);
+        let p = k.client_proof(&c, &n);
+        assert!(k.is_client_proof(&c, &n, &p));
+        assert!(!other.is_client_proof(&c, &n, &p), "another key");
+        assert!(!k.is_client_proof(&[3u8; 32], &n, &p), "another challenge");
+        assert!(!k.is_client_proof(&c, &[3u8; 32], &p), "another nonce");
+        assert!(
+            !k.is_server_proof(&c, &n, &p),
+            "the client's proof is not the server's"
+        );
+        let s = k.server_proof(&c, &n);
+        assert!(k.is_server_proof(&c, &n, &s));
+        assert_ne!(p, s);
+        assert_eq!(format!("{k:?}"), "Key(..)");
+    }
+}

@@ -1,0 +1,276 @@
+//! A server given a key (`dedup store serve --psk FILE`): only clients
+//! that prove they hold the same key get anything, over TCP and Unix
+//! sockets alike, and a client holding a key sends nothing to a server
+//! that cannot prove it holds the same one (an impostor on the port).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::thread::JoinHandle;
+
+use dedup_core::testdata::noise;
+use dedup_store::rpc::protocol::{
+    Call, ErrorKind, Reply, Request, Response, WireSegmenting, PROTOCOL_VERSION,
+};
+use dedup_store::rpc::{BackupOptions, Client, ClientError, Endpoint, Key, Server, ServerLimits};
+use dedup_store::Repository;
+
+struct Running {
+    at: Endpoint,
+    stop: dedup_store::rpc::StopHandle,
+    thread: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop.stop();
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap().unwrap();
+        }
+    }
+}
+
+/// A new repository served at `at` (a TCP port 0 is resolved) with `key`.
+fn serve(dir: &Path, at: Endpoint, key: Option<Key>) -> Running {
+    let repo = Repository::init(dir.join("repo")).unwrap();
+    let server = Server::bind_with_key(repo, &at, ServerLimits::default(), key).unwrap();
+    let (at, stop) = (server.endpoint().clone(), server.stop_handle());
+    Running {
+        at,
+        stop,
+        thread: Some(std::thread::spawn(move || server.run())),
+    }
+}
+
+fn tcp() -> Endpoint {
+    Endpoint::Tcp("127.0.0.1:0".parse().unwrap())
+}
+
+fn connect(at: &Endpoint, key: Option<&Key>) -> Result<Client, ClientError> {
+    Client::connect_with_key(at, None, key)
+}
+
+/// Why connecting failed (it must).
+fn refused(at: &Endpoint, key: Option<&Key>) -> ClientError {
+    match connect(at, key) {
+        Ok(_) => panic!("connected to {at} with key {key:?}"),
+        Err(e) => e,
+    }
+}
+
+fn backup(c: &Client, name: &str, bytes: &[u8]) {
+    c.backup_stream(name, "g", bytes, None, &BackupOptions::default(), &|_| {})
+        .unwrap();
+}
+
+/// Send one raw request on `s` and read its answer; `None` if the
+/// connection is closed (sending may then fail too).
+fn raw_call(s: &mut TcpStream, id: u64, call: Call) -> Option<Response> {
+    let body = postcard::to_allocvec(&Request { id, call }).unwrap();
+    s.write_all(&(body.len() as u32).to_be_bytes()).ok()?;
+    s.write_all(&body).ok()?;
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).ok()?;
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut body).ok()?;
+    Some(postcard::from_bytes(&body).unwrap())
+}
+
+/// Say `Hello` on `s`; the server's challenge.
+fn challenge(s: &mut TcpStream) -> [u8; 32] {
+    let hello = Call::Hello {
+        protocol: PROTOCOL_VERSION,
+    };
+    match raw_call(s, 1, hello).expect("an answer").reply {
+        Ok(Reply::Hello {
+            challenge: Some(c), ..
+        }) => c,
+        other => panic!("no challenge: {other:?}"),
+    }
+}
+
+#[test]
+fn a_client_with_the_key_backs_up_and_restores_over_tcp_and_unix_sockets() {
+    let key = Key::derive(b"the key");
+    for at in [tcp(), Endpoint::Unix("s.sock".into())] {
+        let dir = tempfile::tempdir().unwrap();
+        let at = match at {
+            Endpoint::Unix(p) => Endpoint::Unix(dir.path().join(p)),
+            tcp => tcp,
+        };
+        let server = serve(dir.path(), at, Some(key.clone()));
+        let c = connect(&server.at, Some(&key)).unwrap();
+        let bytes = noise(1, 700_000);
+        backup(&c, "b", &bytes);
+        let mut out = Vec::new();
+        c.restore("b", &mut out).unwrap();
+        assert!(out == bytes);
+        assert_eq!(c.list().unwrap().len(), 1);
+    }
+}
+
+#[test]
+fn no_key_or_another_key_gets_nothing_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = Key::derive(b"the key");
+    let server = serve(dir.path(), tcp(), Some(key.clone()));
+    backup(
+        &connect(&server.at, Some(&key)).unwrap(),
+        "kept",
+        &noise(2, 100_000),
+    );
+
+    let e = refused(&server.at, None);
+    assert!(matches!(e, ClientError::Auth(_)), "{e}");
+    assert!(e.to_string().contains("--psk"), "{e}");
+    let e = refused(&server.at, Some(&Key::derive(b"the kez")));
+    assert!(matches!(e, ClientError::Auth(_)), "{e}");
+    assert!(e.to_string().contains("does not match"), "{e}");
+
+    // A peer that skips the handshake: every call, a restore included, is
+    // refused as unauthorized and the connection closed.
+    let Endpoint::Tcp(addr) = server.at else {
+        unreachable!()
+    };
+    for call in [
+        Call::List,
+        Call::Restore {
+            name: "kept".into(),
+        },
+        Call::Delete {
+            name: "kept".into(),
+        },
+        Call::BeginBackup {
+            name: "x".into(),
+            group: "g".into(),
+        },
+        Call::Gc {
+            compact_below: None,
+        },
+    ] {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let r = raw_call(&mut s, 7, call).expect("an answer");
+        assert_eq!(r.reply.unwrap_err().kind, ErrorKind::Unauthorized);
+        assert!(
+            raw_call(&mut s, 8, Call::List).is_none(),
+            "closed after refusing"
+        );
+    }
+
+    // A wrong proof after a real challenge: refused, then closed.
+    let mut s = TcpStream::connect(addr).unwrap();
+    let c = challenge(&mut s);
+    let wrong = Key::derive(b"guess");
+    let nonce = [9u8; 32];
+    let call = Call::Authenticate {
+        nonce,
+        proof: wrong.client_proof(&c, &nonce),
+    };
+    let r = raw_call(&mut s, 2, call).unwrap();
+    assert_eq!(r.reply.unwrap_err().kind, ErrorKind::Unauthorized);
+    assert!(
+        raw_call(&mut s, 3, Call::List).is_none(),
+        "closed after a wrong proof"
+    );
+
+    // A proof made for one connection's challenge is worth nothing on
+    // the next (its challenge is new).
+    let mut first = TcpStream::connect(addr).unwrap();
+    let c1 = challenge(&mut first);
+    let proof = key.client_proof(&c1, &nonce);
+    let mut second = TcpStream::connect(addr).unwrap();
+    let c2 = challenge(&mut second);
+    assert_ne!(c1, c2, "challenges are fresh");
+    let r = raw_call(&mut second, 2, Call::Authenticate { nonce, proof }).unwrap();
+    assert_eq!(r.reply.unwrap_err().kind, ErrorKind::Unauthorized);
+    // The first connection, answering its own challenge, gets in.
+    let r = raw_call(&mut first, 2, Call::Authenticate { nonce, proof }).unwrap();
+    let Ok(Reply::Authenticated { proof: theirs }) = r.reply else {
+        panic!("authenticated");
+    };
+    assert!(key.is_server_proof(&c1, &nonce, &theirs));
+    let r = raw_call(&mut first, 3, Call::List).unwrap();
+    assert!(matches!(r.reply, Ok(Reply::Backups(b)) if b.len() == 1));
+
+    drop(server);
+    let repo = Repository::open(dir.path().join("repo")).unwrap();
+    let names: Vec<_> = repo
+        .list_backups()
+        .unwrap()
+        .into_iter()
+        .map(|b| b.name)
+        .collect();
+    assert_eq!(names, ["kept"], "nothing but the keyed backup");
+}
+
+#[test]
+fn a_server_without_a_key_serves_keyless_clients_and_is_refused_by_keyed_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), tcp(), None);
+    backup(
+        &connect(&server.at, None).unwrap(),
+        "open",
+        &noise(3, 50_000),
+    );
+    let e = refused(&server.at, Some(&Key::derive(b"k")));
+    assert!(matches!(e, ClientError::Auth(_)), "{e}");
+    assert!(e.to_string().contains("nothing was sent"), "{e}");
+}
+
+/// A process on the port that is not the server: it answers `Hello`
+/// with `challenge`, and `Authenticate` with `proof`. Returns the port
+/// and a thread that gives back every call it was sent.
+fn impostor(challenge: Option<[u8; 32]>, proof: [u8; 32]) -> (Endpoint, JoinHandle<Vec<Call>>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = Endpoint::Tcp(l.local_addr().unwrap());
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut calls = Vec::new();
+        loop {
+            let mut len = [0u8; 4];
+            if s.read_exact(&mut len).is_err() {
+                return calls;
+            }
+            let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+            s.read_exact(&mut body).unwrap();
+            let req: Request = postcard::from_bytes(&body).unwrap();
+            let reply = match &req.call {
+                Call::Hello { .. } => Reply::Hello {
+                    protocol: PROTOCOL_VERSION,
+                    segmenting: WireSegmenting::Fixed { size: 4096 },
+                    challenge,
+                },
+                Call::Authenticate { .. } => Reply::Authenticated { proof },
+                _ => Reply::Deleted,
+            };
+            calls.push(req.call);
+            let body = postcard::to_allocvec(&Response {
+                id: req.id,
+                reply: Ok(reply),
+            })
+            .unwrap();
+            s.write_all(&(body.len() as u32).to_be_bytes()).unwrap();
+            s.write_all(&body).unwrap();
+        }
+    });
+    (at, t)
+}
+
+#[test]
+fn a_client_with_a_key_sends_nothing_to_a_server_that_cannot_prove_it() {
+    let key = Key::derive(b"the key");
+    // One that asks for no key, and one that answers with a made-up proof.
+    for (challenge, proof) in [(None, [0u8; 32]), (Some([5u8; 32]), [6u8; 32])] {
+        let (at, t) = impostor(challenge, proof);
+        let e = refused(&at, Some(&key));
+        assert!(matches!(e, ClientError::Auth(_)), "{e}");
+        assert!(e.to_string().contains("nothing was sent"), "{e}");
+        let calls = t.join().unwrap();
+        assert!(
+            calls
+                .iter()
+                .all(|c| matches!(c, Call::Hello { .. } | Call::Authenticate { .. })),
+            "only the handshake reached it: {calls:?}"
+        );
+    }
+}
