@@ -270,23 +270,9 @@ fn tcp_needs_a_key_and_only_clients_holding_it_get_in() {
         ],
         false,
     ));
-    // The port it took, from its "serving ... on tcp:ADDR to clients" line.
-    let mut err = std::io::BufReader::new(serving.0.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("dedup: serving") {
-        line.clear();
-        let n = std::io::BufRead::read_line(&mut err, &mut line).unwrap();
-        assert!(n > 0, "the server exited before serving");
-    }
+    let (at, line) = serving_at(&mut serving);
     assert!(line.contains("to clients holding the key"), "{line}");
-    let at = line
-        .split(" on ")
-        .nth(1)
-        .unwrap()
-        .split(' ')
-        .next()
-        .unwrap();
-    assert!(at.starts_with("tcp:127.0.0.1:"), "{line}");
+    let at = at.as_str();
 
     let data = noise(5, 300_000);
     let j = json(&ok(
@@ -298,6 +284,11 @@ fn tcp_needs_a_key_and_only_clients_holding_it_get_in() {
     assert_eq!(j["bytes_in"], data.len() as u64);
     refused_fed(
         &["backup", "--server", at, "k2", "--stdin"],
+        Some(&data),
+        "is TCP: give --psk FILE",
+    );
+    refused_fed(
+        &["backup", "--server", at, "--no-auth", "k2", "--stdin"],
         Some(&data),
         "asks for its key",
     );
@@ -331,4 +322,46 @@ fn tcp_needs_a_key_and_only_clients_holding_it_get_in() {
 
     unsafe { libc::kill(serving.0.id() as libc::pid_t, libc::SIGTERM) };
     assert!(serving.0.wait().unwrap().success());
+
+    // Served with --no-auth, a client must say --no-auth too; one with a
+    // key refuses it (it cannot prove it holds the key).
+    let mut serving = Serving(spawn(
+        &["store", "serve", r, "--listen", "127.0.0.1:0", "--no-auth"],
+        false,
+    ));
+    let (at, _) = serving_at(&mut serving);
+    ok(
+        &["backup", "--server", &at, "--no-auth", "open", "--stdin"],
+        Some(&data),
+    );
+    refused(
+        &["store", "remote", "--server", &at, "--psk", &key, "list"],
+        "asks for no key",
+    );
+    unsafe { libc::kill(serving.0.id() as libc::pid_t, libc::SIGTERM) };
+    assert!(serving.0.wait().unwrap().success());
+}
+
+/// The address a server on TCP took, and its "dedup: serving ... on
+/// tcp:ADDR ..." line.
+fn serving_at(serving: &mut Serving) -> (String, String) {
+    let mut err = std::io::BufReader::new(serving.0.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("dedup: serving") {
+        line.clear();
+        let n = std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+        assert!(n > 0, "the server exited before serving");
+    }
+    // The rest is drained: a server whose stderr is closed would fail
+    // writing its next line.
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    let at = line
+        .split(" on ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap();
+    assert!(at.starts_with("tcp:127.0.0.1:"), "{line}");
+    (at.to_string(), line)
 }

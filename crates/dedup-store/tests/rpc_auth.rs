@@ -63,17 +63,38 @@ fn backup(c: &Client, name: &str, bytes: &[u8]) {
         .unwrap();
 }
 
-/// Send one raw request on `s` and read its answer; `None` if the
-/// connection is closed (sending may then fail too).
-fn raw_call(s: &mut TcpStream, id: u64, call: Call) -> Option<Response> {
+/// A raw connection whose reads fail instead of hanging if the server
+/// neither answers nor closes.
+fn dial(addr: std::net::SocketAddr) -> TcpStream {
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    s
+}
+
+fn frame(id: u64, call: Call) -> Vec<u8> {
     let body = postcard::to_allocvec(&Request { id, call }).unwrap();
-    s.write_all(&(body.len() as u32).to_be_bytes()).ok()?;
-    s.write_all(&body).ok()?;
+    [&(body.len() as u32).to_be_bytes()[..], &body].concat()
+}
+
+/// Read one answer from `s`; `None` if the connection closed.
+fn answer(s: &mut TcpStream) -> Option<Response> {
     let mut len = [0u8; 4];
-    s.read_exact(&mut len).ok()?;
+    match s.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => panic!("no answer and not closed"),
+        Err(_) => return None,
+    }
     let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
     s.read_exact(&mut body).ok()?;
     Some(postcard::from_bytes(&body).unwrap())
+}
+
+/// Send one raw request on `s` and read its answer; `None` if the
+/// connection is closed (sending may then fail too).
+fn raw_call(s: &mut TcpStream, id: u64, call: Call) -> Option<Response> {
+    s.write_all(&frame(id, call)).ok()?;
+    answer(s)
 }
 
 /// Say `Hello` on `s`; the server's challenge.
@@ -148,7 +169,7 @@ fn no_key_or_another_key_gets_nothing_and_changes_nothing() {
             compact_below: None,
         },
     ] {
-        let mut s = TcpStream::connect(addr).unwrap();
+        let mut s = dial(addr);
         let r = raw_call(&mut s, 7, call).expect("an answer");
         assert_eq!(r.reply.unwrap_err().kind, ErrorKind::Unauthorized);
         assert!(
@@ -158,7 +179,7 @@ fn no_key_or_another_key_gets_nothing_and_changes_nothing() {
     }
 
     // A wrong proof after a real challenge: refused, then closed.
-    let mut s = TcpStream::connect(addr).unwrap();
+    let mut s = dial(addr);
     let c = challenge(&mut s);
     let wrong = Key::derive(b"guess");
     let nonce = [9u8; 32];
@@ -175,10 +196,10 @@ fn no_key_or_another_key_gets_nothing_and_changes_nothing() {
 
     // A proof made for one connection's challenge is worth nothing on
     // the next (its challenge is new).
-    let mut first = TcpStream::connect(addr).unwrap();
+    let mut first = dial(addr);
     let c1 = challenge(&mut first);
     let proof = key.client_proof(&c1, &nonce);
-    let mut second = TcpStream::connect(addr).unwrap();
+    let mut second = dial(addr);
     let c2 = challenge(&mut second);
     assert_ne!(c1, c2, "challenges are fresh");
     let r = raw_call(&mut second, 2, Call::Authenticate { nonce, proof }).unwrap();
@@ -201,6 +222,70 @@ fn no_key_or_another_key_gets_nothing_and_changes_nothing() {
         .map(|b| b.name)
         .collect();
     assert_eq!(names, ["kept"], "nothing but the keyed backup");
+}
+
+#[test]
+fn calls_pipelined_behind_the_handshake_or_a_second_hello_or_a_large_frame_get_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = Key::derive(b"the key");
+    let server = serve(dir.path(), tcp(), Some(key.clone()));
+    backup(
+        &connect(&server.at, Some(&key)).unwrap(),
+        "kept",
+        &noise(4, 100_000),
+    );
+    let Endpoint::Tcp(addr) = server.at else {
+        unreachable!()
+    };
+    let hello = || Call::Hello {
+        protocol: PROTOCOL_VERSION,
+    };
+    let delete = || Call::Delete {
+        name: "kept".into(),
+    };
+
+    // Hello, then a delete and a restore before any answer is read: the
+    // hello is answered, the delete refused, and the connection closed.
+    let mut s = dial(addr);
+    let calls = [
+        frame(1, hello()),
+        frame(2, delete()),
+        frame(
+            3,
+            Call::Restore {
+                name: "kept".into(),
+            },
+        ),
+    ];
+    s.write_all(&calls.concat()).unwrap();
+    assert!(matches!(
+        answer(&mut s).unwrap().reply,
+        Ok(Reply::Hello { .. })
+    ));
+    let r = answer(&mut s).unwrap();
+    assert_eq!(
+        (r.id, r.reply.unwrap_err().kind),
+        (2, ErrorKind::Unauthorized)
+    );
+    assert!(answer(&mut s).is_none(), "closed");
+
+    // A second Hello (a fresh challenge to guess against) is refused.
+    let mut s = dial(addr);
+    challenge(&mut s);
+    let r = raw_call(&mut s, 2, hello()).unwrap();
+    assert_eq!(r.reply.unwrap_err().kind, ErrorKind::Unauthorized);
+    assert!(answer(&mut s).is_none(), "closed");
+
+    // A frame larger than any handshake is refused before it is read.
+    let mut s = dial(addr);
+    s.write_all(&(1u32 << 20).to_be_bytes()).unwrap();
+    let r = answer(&mut s).unwrap();
+    assert_eq!(r.reply.unwrap_err().kind, ErrorKind::BadRequest);
+    assert!(answer(&mut s).is_none(), "closed");
+
+    drop(server);
+    let repo = Repository::open(dir.path().join("repo")).unwrap();
+    assert_eq!(repo.list_backups().unwrap().len(), 1, "nothing was deleted");
 }
 
 #[test]

@@ -18,7 +18,7 @@ use super::store::ReportJson;
 #[derive(clap::Args)]
 #[command(
     about = "Back up files and directories, or a stream from standard input, into a repository",
-    after_help = "Files and directories are stored with their metadata (type, mode including setuid/setgid/sticky, owner, times to the nanosecond, symlink targets, hard links, fifos and devices, extended attributes); symlinks are never followed; sockets are skipped with a warning, as are files that vanish or cannot be read. Paths are kept as given, made relative like tar does: /home/me is stored as home/me, so `dedup restore REPO NAME /restore` recreates /restore/home/me. A file that changes while it is read is stored as read. A file whose size, mtime, ctime and inode are those the newest backup of files in the same group recorded is not read again: its segments are reused (after checking them against their containers).\n\nThe backup becomes visible only once all of it is durable; a backup that fails or is killed leaves no backup behind.\n\nExamples:\n  dedup backup ./repo home-monday /home\n  dedup backup ./repo etc-1 /etc --group etc --json\n  pg_dump db | dedup backup ./repo db-1 --stdin --group db --json\n  dedup backup --server unix:/run/dedup-backup.sock home-monday /home\n  tar -cf - /home | dedup backup --server unix:/run/dedup-backup.sock home-tar --stdin"
+    after_help = "Files and directories are stored with their metadata (type, mode including setuid/setgid/sticky, owner, times to the nanosecond, symlink targets, hard links, fifos and devices, extended attributes); symlinks are never followed; sockets are skipped with a warning, as are files that vanish or cannot be read. Paths are kept as given, made relative like tar does: /home/me is stored as home/me, so `dedup restore REPO NAME /restore` recreates /restore/home/me. A file that changes while it is read is stored as read. A file whose size, mtime, ctime and inode are those the newest backup of files in the same group recorded is not read again: its segments are reused (after checking them against their containers).\n\nThe backup becomes visible only once all of it is durable; a backup that fails or is killed leaves no backup behind.\n\nExamples:\n  dedup backup ./repo home-monday /home\n  dedup backup ./repo etc-1 /etc --group etc --json\n  pg_dump db | dedup backup ./repo db-1 --stdin --group db --json\n  dedup backup --server unix:/run/dedup-backup.sock home-monday /home\n  tar -cf - /home | dedup backup --server unix:/run/dedup-backup.sock home-tar --stdin\n  dedup backup --server tcp:127.0.0.1:7070 --psk backup.psk home-monday /home"
 )]
 pub struct Args {
     /// Repository directory (see `dedup store init`).
@@ -52,6 +52,10 @@ pub struct Args {
     /// key and checks that the server does, before sending anything.
     #[arg(long, value_name = "FILE", requires = "server")]
     pub psk: Option<PathBuf>,
+    /// With a tcp: --server: connect without a key (to a server started
+    /// with --no-auth), unable to check it is the server you meant.
+    #[arg(long, requires = "server", conflicts_with = "psk")]
+    pub no_auth: bool,
     /// Print the report as JSON (and no progress bar).
     #[arg(long)]
     pub json: bool,
@@ -167,6 +171,7 @@ fn remote(server: &Endpoint, a: &Args) -> anyhow::Result<ExitCode> {
         server,
         timeout: a.timeout,
         psk: a.psk.as_deref(),
+        no_auth: a.no_auth,
     };
     let paths: Vec<PathBuf> = a
         .name

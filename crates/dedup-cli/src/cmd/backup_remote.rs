@@ -59,6 +59,8 @@ pub struct Remote<'a> {
     /// The key file (`--psk`) whose key this client and the server prove
     /// to each other they hold.
     pub psk: Option<&'a Path>,
+    /// `--no-auth`: connect over TCP without a key.
+    pub no_auth: bool,
 }
 
 /// Fewest bytes of a key file's secret: less is guessable.
@@ -80,6 +82,14 @@ pub fn key_from_file(path: &Path) -> anyhow::Result<Key> {
 
 impl Remote<'_> {
     pub fn connect(&self) -> anyhow::Result<Client> {
+        // Any local user can listen on a TCP port: without the key, the
+        // client cannot tell the server from another process on it.
+        if matches!(self.server, Endpoint::Tcp(_)) && self.psk.is_none() && !self.no_auth {
+            bail!(
+                "{} is TCP: give --psk FILE (a copy of the server's key file), so that the client checks it reaches the server and not another process on the port; --no-auth connects without one, to a server started with --no-auth",
+                self.server
+            );
+        }
         let key = self.psk.map(key_from_file).transpose()?;
         let timeout = Some(Duration::from_secs(self.timeout));
         Ok(Client::connect_with_key(

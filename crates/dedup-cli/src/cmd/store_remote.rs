@@ -33,6 +33,10 @@ pub struct Args {
     /// that the server does, before anything else.
     #[arg(long, value_name = "FILE", global = true)]
     pub psk: Option<PathBuf>,
+    /// With a tcp: --server: connect without a key (to a server started
+    /// with --no-auth), unable to check it is the server you meant.
+    #[arg(long, global = true, conflicts_with = "psk")]
+    pub no_auth: bool,
     /// Print JSON.
     #[arg(long, global = true)]
     pub json: bool,
@@ -80,6 +84,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         server: &a.server,
         timeout: a.timeout,
         psk: a.psk.as_deref(),
+        no_auth: a.no_auth,
     }
     .connect()?;
     match a.command {

@@ -14,7 +14,7 @@ use dedup_store::rpc::{Endpoint, Server, ServerLimits, DEFAULT_IDLE_TIMEOUT};
 #[derive(clap::Args)]
 #[command(
     about = "Serve a backup repository to backup clients (dedup backup --server)",
-    after_help = "The server holds the repository open for writing: backups from any number of clients run concurrently through it, and other processes may still list and restore from the directory read-only. Clients cut and hash their streams themselves and send only the segments the repository lacks. SIGINT or SIGTERM stops it: running backups are aborted and leave no backup.\n\nWho gets in: a Unix socket is created owner-only (0600), so only its owner (and root) can connect. Any local user can connect to a TCP port, even on loopback, so TCP needs a key: make a key file with `dedup tls-psk FILE`, serve with --psk FILE, and give clients a copy (--psk on their side). Each connection proves it holds the key before anything else, and the server proves it back, so a client never sends its data to another process that took the port. The traffic itself is not encrypted (only root can read loopback traffic); TCP listens on loopback only unless --allow-remote.\n\nExamples:\n  dedup store serve ./repo --socket /run/dedup-backup.sock\n  tar -cf - DIR | dedup backup --server unix:/run/dedup-backup.sock NAME --stdin\n  dedup tls-psk backup.psk && dedup store serve ./repo --listen 127.0.0.1:7070 --psk backup.psk\n  dedup backup --server tcp:127.0.0.1:7070 --psk backup.psk NAME /home"
+    after_help = "The server holds the repository open for writing: backups from any number of clients run concurrently through it, and other processes may still list and restore from the directory read-only. Clients cut and hash their streams themselves and send only the segments the repository lacks. SIGINT or SIGTERM stops it: running backups are aborted and leave no backup.\n\nWho gets in: a Unix socket is created owner-only (0600), so only its owner (and root) can connect. Any local user can connect to a TCP port, even on loopback, so TCP needs a key: make a key file with `dedup tls-psk FILE`, serve with --psk FILE, and give clients a copy (--psk on their side; the first USER:HEXKEY line is the key). Each connection proves it holds the key before anything else, and the server proves it back, so a client never sends its data to another process that took the port. The traffic itself is not encrypted (only root can read loopback traffic); TCP listens on loopback only unless --allow-remote.\n\nExamples:\n  dedup store serve ./repo --socket /run/dedup-backup.sock\n  tar -cf - DIR | dedup backup --server unix:/run/dedup-backup.sock NAME --stdin\n  dedup tls-psk backup.psk && dedup store serve ./repo --listen 127.0.0.1:7070 --psk backup.psk\n  dedup backup --server tcp:127.0.0.1:7070 --psk backup.psk NAME /home"
 )]
 pub struct Args {
     /// Repository directory.
@@ -32,11 +32,13 @@ pub struct Args {
     /// Serve --listen without a key: every local user (and, with
     /// --allow-remote, anyone who reaches the address) can then list,
     /// restore, add and delete backups.
-    #[arg(long, conflicts_with = "psk")]
+    #[arg(long, conflicts_with = "psk", requires = "listen")]
     pub no_auth: bool,
-    /// Allow --listen on an address that is not loopback (there is no
-    /// TLS: the data crosses the network unencrypted).
-    #[arg(long)]
+    /// Allow --listen on an address that is not loopback. There is no
+    /// TLS: the data crosses the network unencrypted, and the key proves
+    /// who connected but not that nobody on the path altered or took over
+    /// the connection afterwards.
+    #[arg(long, requires = "listen")]
     pub allow_remote: bool,
     /// Most client connections at once.
     #[arg(long, default_value_t = ServerLimits::default().max_connections)]
@@ -60,9 +62,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             }
             if !addr.ip().is_loopback() {
                 if !a.allow_remote {
-                    bail!("{addr} is not a loopback address: there is no TLS, so the backups would cross the network unencrypted. Give --allow-remote to do it anyway, on a network you trust");
+                    bail!("{addr} is not a loopback address: there is no TLS, so the backups would cross the network unencrypted, and whoever can intercept the traffic could alter or take over a connection after its handshake. Give --allow-remote to do it anyway, on a network you trust");
                 }
-                eprintln!("dedup: warning: listening on {addr} with no TLS: the data crosses the network unencrypted");
+                eprintln!("dedup: warning: listening on {addr} with no TLS: the data crosses the network unencrypted and unprotected after each connection's handshake");
             }
             if a.no_auth {
                 eprintln!("dedup: warning: serving {addr} with no key: every user who can reach it can list, restore, add and delete backups");

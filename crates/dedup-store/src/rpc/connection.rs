@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::io::{self, BufReader, BufWriter, Write};
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use dedup_core::fingerprint::Fingerprint;
 
@@ -46,7 +47,15 @@ pub(crate) fn serve(repo: &Repository, stream: Stream, shared: &Shared) {
     // backups' containers. (A zero timeout, which the socket refuses,
     // means none.)
     let idle = shared.limits.idle_timeout.filter(|t| !t.is_zero());
-    if stream.set_timeouts(idle).is_err() {
+    // A peer that has not proved the key yet gets a short while and small
+    // frames: without the key, nobody holds a slot for long or makes the
+    // server set a large frame aside.
+    let handshake = match (&shared.key, idle) {
+        (None, _) => idle,
+        (Some(_), Some(t)) => Some(t.min(HANDSHAKE_TIMEOUT)),
+        (Some(_), None) => Some(HANDSHAKE_TIMEOUT),
+    };
+    if stream.set_timeouts(handshake).is_err() {
         return;
     }
     let Ok(read_half) = stream.try_clone() else {
@@ -69,9 +78,15 @@ pub(crate) fn serve(repo: &Repository, stream: Stream, shared: &Shared) {
         sessions: HashMap::new(),
         challenge,
         authenticated: challenge.is_none(),
+        greeted: false,
     };
     loop {
-        let (id, reply) = match read_frame(&mut reader, MAX_FRAME) {
+        let limit = if conn.authenticated {
+            MAX_FRAME
+        } else {
+            HANDSHAKE_FRAME
+        };
+        let (id, reply) = match read_frame(&mut reader, limit) {
             Ok(Some(body)) => match decode::<Request>(&body) {
                 // A restore answers with many frames, written as it reads.
                 Ok(Request {
@@ -91,10 +106,15 @@ pub(crate) fn serve(repo: &Repository, stream: Stream, shared: &Shared) {
                     break;
                 }
                 Ok(req) => {
+                    let was = conn.authenticated;
                     let reply = conn.handle(req.call);
                     if !conn.authenticated && reply.is_err() {
                         // A wrong proof: no second guess.
                         let _ = send(&mut writer, req.id, reply);
+                        break;
+                    }
+                    // In: the usual timeouts from now on.
+                    if !was && conn.authenticated && reader.get_ref().set_timeouts(idle).is_err() {
                         break;
                     }
                     (req.id, reply)
@@ -191,7 +211,14 @@ struct Conn<'r> {
     challenge: Option<[u8; 32]>,
     /// Whether the peer may make calls other than the handshake.
     authenticated: bool,
+    /// Whether `Hello` was answered (once only before authenticating).
+    greeted: bool,
 }
+
+/// How long a peer has to prove the key, and the largest frame it may
+/// send before it has (a handshake's frames are under 100 bytes).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const HANDSHAKE_FRAME: usize = 4 << 10;
 
 fn is_handshake(call: &Call) -> bool {
     matches!(call, Call::Hello { .. } | Call::Authenticate { .. })
@@ -208,11 +235,18 @@ impl<'r> Conn<'r> {
     fn handle(&mut self, call: Call) -> Answer {
         let segmenting = self.repo.config().segmenting.into();
         match call {
-            Call::Hello { protocol } if protocol == PROTOCOL_VERSION => Ok(Reply::Hello {
-                protocol,
-                segmenting,
-                challenge: self.challenge.filter(|_| !self.authenticated),
-            }),
+            Call::Hello { .. } if self.greeted && !self.authenticated => Err(WireError::new(
+                ErrorKind::Unauthorized,
+                "a second Hello before authenticating",
+            )),
+            Call::Hello { protocol } if protocol == PROTOCOL_VERSION => {
+                self.greeted = true;
+                Ok(Reply::Hello {
+                    protocol,
+                    segmenting,
+                    challenge: self.challenge.filter(|_| !self.authenticated),
+                })
+            }
             Call::Authenticate { nonce, proof } => self.authenticate(&nonce, &proof),
             Call::Hello { protocol } => Err(bad(format!(
                 "the client speaks protocol {protocol}, this server {PROTOCOL_VERSION}: use a dedup of the same version"
