@@ -19,8 +19,8 @@ const MAX_USERNAME: usize = 64;
 
 #[derive(clap::Args)]
 #[command(
-    about = "Make a TLS pre-shared key (PSK) file for `dedup serve --tls require --tls-psk FILE`",
-    after_help = "Examples:\n  dedup tls-psk ./dev.psk\n  dedup serve ./dev --tls require --tls-psk ./dev.psk\n  nbdinfo 'nbds+unix://dedup@/?socket=./dev/nbd.sock&tls-psk-file=./dev.psk'\n\nThe file holds one line, USERNAME:KEY (32 random bytes from the kernel, in hex), and is created 0600. Whoever holds a copy can read and overwrite the device: hand it to clients over a channel you trust (scp, a secrets store), never by plain e-mail or chat."
+    about = "Make a pre-shared key (PSK) file: for TLS on `dedup serve --tls-psk FILE`, and for `dedup store serve --psk FILE` and its clients",
+    after_help = "Examples:\n  dedup tls-psk ./dev.psk\n  dedup serve ./dev --tls require --tls-psk ./dev.psk\n  nbdinfo 'nbds+unix://dedup@/?socket=./dev/nbd.sock&tls-psk-file=./dev.psk'\n\nThe file holds one line, USERNAME:KEY (32 random bytes from the kernel, in hex), and is created 0600. Whoever holds a copy can read and overwrite the device (or, for a backup server, restore, add and delete its backups): hand it to clients over a channel you trust (scp, a secrets store), never by plain e-mail or chat.\n\nA backup server:\n  dedup tls-psk ./backup.psk\n  dedup store serve ./repo --listen 127.0.0.1:7070 --psk ./backup.psk\n  dedup backup --server tcp:127.0.0.1:7070 --psk ./backup.psk NAME DIR"
 )]
 pub struct Args {
     /// The key file to write (created readable by you alone).
