@@ -10,6 +10,9 @@ const UNITS: &[&str] = &[
     "dedup-attach@.service",
     "dedup-fuse@.service",
     "srv-data.mount",
+    "dedup-store@.service",
+    "dedup-store-gc@.service",
+    "dedup-store-gc@.timer",
 ];
 
 fn unit_dir() -> PathBuf {
@@ -30,11 +33,12 @@ fn settings(text: &str) -> Vec<(&str, &str)> {
         .collect()
 }
 
-/// `dedup SUB --help`: what this build says about SUB, or None if clap
+/// `dedup SUB... --help`: what this build says about SUB, or None if clap
 /// refuses SUB.
-fn help(sub: &str) -> Option<String> {
+fn help(sub: &[&str]) -> Option<String> {
     let out = Command::new(env!("CARGO_BIN_EXE_dedup"))
-        .args([sub, "--help"])
+        .args(sub)
+        .arg("--help")
         .output()
         .expect("running dedup");
     out.status
@@ -59,9 +63,16 @@ fn every_dedup_command_in_the_units_is_a_real_subcommand_and_option() {
             if !words.first().is_some_and(|w| w.ends_with("/dedup")) {
                 continue;
             }
-            let sub = words.get(1).unwrap_or_else(|| panic!("{unit}: {value}"));
-            let text =
-                help(sub).unwrap_or_else(|| panic!("{unit}: `dedup {sub}` is no subcommand"));
+            let first = *words.get(1).unwrap_or_else(|| panic!("{unit}: {value}"));
+            // A command group (`dedup store serve`): the options are its
+            // subcommand's.
+            let sub = match words.get(2) {
+                Some(w) if !w.starts_with('-') && help(&[first, w]).is_some() => vec![first, *w],
+                _ => vec![first],
+            };
+            let text = help(&sub)
+                .unwrap_or_else(|| panic!("{unit}: `dedup {}` is no subcommand", sub.join(" ")));
+            let sub = sub.join(" ");
             for opt in words.iter().filter(|w| w.starts_with("--")) {
                 let name = opt.split('=').next().unwrap_or(opt);
                 assert!(text.contains(name), "{unit}: dedup {sub} has no {name}");
@@ -71,8 +82,15 @@ fn every_dedup_command_in_the_units_is_a_real_subcommand_and_option() {
     }
     assert!(checked > 0, "no unit runs dedup");
     assert!(
-        help("no-such-subcommand").is_none(),
+        help(&["no-such-subcommand"]).is_none(),
         "the check would pass anything"
+    );
+    assert!(
+        !help(&["store"]).unwrap().contains("--max-connections")
+            && help(&["store", "serve"])
+                .unwrap()
+                .contains("--max-connections"),
+        "a group's own help would not show its subcommands' options"
     );
 }
 
@@ -115,4 +133,37 @@ fn the_example_mount_needs_the_attached_device_but_not_the_boot_it() {
     assert!(s.contains(&("After", "dedup-attach@srv-dedup-a.service")));
     let options = s.iter().find(|(k, _)| *k == "Options").expect("Options=").1;
     assert!(options.split(',').any(|o| o == "nofail"));
+}
+
+#[test]
+fn the_backup_server_serves_the_instance_repository_on_a_private_socket_and_gc_goes_through_it() {
+    let text = read("dedup-store@.service");
+    let s = settings(&text);
+    let sock = "/run/dedup-store/%i.sock";
+    assert!(s.contains(&(
+        "ExecStart",
+        "/usr/local/bin/dedup store serve %f --socket /run/dedup-store/%i.sock"
+    )));
+    assert!(s.contains(&("RuntimeDirectory", "dedup-store")));
+    assert!(s.contains(&("RuntimeDirectoryMode", "0700")));
+    assert!(s.contains(&("ReadWritePaths", "%f")));
+    assert!(s.contains(&("KillSignal", "SIGTERM")));
+
+    let text = read("dedup-store-gc@.service");
+    let gc = settings(&text);
+    for key in ["Requires", "After"] {
+        assert!(gc.contains(&(key, "dedup-store@%i.service")), "gc: {key}");
+    }
+    let exec = gc
+        .iter()
+        .find(|(k, _)| *k == "ExecStart")
+        .expect("ExecStart=")
+        .1;
+    assert!(exec.contains(&format!("--server unix:{sock}")), "{exec}");
+    assert!(exec.ends_with(" gc"), "{exec}");
+
+    let text = read("dedup-store-gc@.timer");
+    let timer = settings(&text);
+    assert!(timer.iter().any(|(k, _)| *k == "OnCalendar"));
+    assert!(timer.contains(&("Persistent", "true")));
 }
