@@ -97,6 +97,13 @@ fn raw_call(s: &mut TcpStream, id: u64, call: Call) -> Option<Response> {
     answer(s)
 }
 
+/// `call` on `s` is answered `Unauthorized`, and the connection closed.
+fn refused_then_closed(s: &mut TcpStream, call: Call) {
+    let r = raw_call(s, 7, call).expect("an answer");
+    assert_eq!(r.reply.unwrap_err().kind, ErrorKind::Unauthorized);
+    assert!(answer(s).is_none(), "closed after refusing");
+}
+
 /// Say `Hello` on `s`; the server's challenge.
 fn challenge(s: &mut TcpStream) -> [u8; 32] {
     let hello = Call::Hello {
@@ -169,13 +176,7 @@ fn no_key_or_another_key_gets_nothing_and_changes_nothing() {
             compact_below: None,
         },
     ] {
-        let mut s = dial(addr);
-        let r = raw_call(&mut s, 7, call).expect("an answer");
-        assert_eq!(r.reply.unwrap_err().kind, ErrorKind::Unauthorized);
-        assert!(
-            raw_call(&mut s, 8, Call::List).is_none(),
-            "closed after refusing"
-        );
+        refused_then_closed(&mut dial(addr), call);
     }
 
     // A wrong proof after a real challenge: refused, then closed.
@@ -187,12 +188,7 @@ fn no_key_or_another_key_gets_nothing_and_changes_nothing() {
         nonce,
         proof: wrong.client_proof(&c, &nonce),
     };
-    let r = raw_call(&mut s, 2, call).unwrap();
-    assert_eq!(r.reply.unwrap_err().kind, ErrorKind::Unauthorized);
-    assert!(
-        raw_call(&mut s, 3, Call::List).is_none(),
-        "closed after a wrong proof"
-    );
+    refused_then_closed(&mut s, call);
 
     // A proof made for one connection's challenge is worth nothing on
     // the next (its challenge is new).
@@ -272,9 +268,7 @@ fn calls_pipelined_behind_the_handshake_or_a_second_hello_or_a_large_frame_get_n
     // A second Hello (a fresh challenge to guess against) is refused.
     let mut s = dial(addr);
     challenge(&mut s);
-    let r = raw_call(&mut s, 2, hello()).unwrap();
-    assert_eq!(r.reply.unwrap_err().kind, ErrorKind::Unauthorized);
-    assert!(answer(&mut s).is_none(), "closed");
+    refused_then_closed(&mut s, hello());
 
     // A frame larger than any handshake is refused before it is read.
     let mut s = dial(addr);
