@@ -76,6 +76,7 @@ pub mod container;
 pub mod error;
 pub mod format;
 mod framed;
+pub mod fuzzing;
 pub mod gc;
 pub mod index;
 pub mod index_checkpoint;

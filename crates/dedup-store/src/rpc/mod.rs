@@ -26,7 +26,7 @@
 
 pub mod auth;
 mod connection;
-mod frame;
+pub(crate) mod frame;
 pub mod protocol;
 mod server;
 mod stream;

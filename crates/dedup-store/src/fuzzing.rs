@@ -1,0 +1,59 @@
+//! The entry points of the backup store's fuzz targets
+//! (`fuzz/fuzz_targets/store_objects.rs` and `store_wire.rs`), here so
+//! that a test runs them over many inputs in CI too. Everything a
+//! repository holds is read back as untrusted bytes, and so is every frame
+//! from the network: none of it may panic, or allocate past its bounds.
+
+use crate::gc::Marks;
+use crate::index::{Index, IndexConfig};
+use crate::recipe_parts::RecipeObject;
+use crate::rpc::frame::{decode, read_frame, write_frame};
+use crate::rpc::protocol::{Request, Response, MAX_FRAME};
+use crate::{BackupRecord, Container, Recipe, RepoConfig};
+
+/// Decoders of repository objects, chosen by the first byte.
+pub const OBJECT_KINDS: u8 = 8;
+
+/// Decode `data[1..]` as the kind of object `data[0]` names (modulo
+/// [`OBJECT_KINDS`]); a container that parses has every segment read.
+pub fn objects(data: &[u8]) {
+    let Some((&kind, bytes)) = data.split_first() else {
+        return;
+    };
+    let name = "fuzz";
+    match kind % OBJECT_KINDS {
+        0 => {
+            if let Ok(c) = Container::parse(name, bytes.to_vec()) {
+                for i in 0..=c.catalog().entries().len() {
+                    let _ = c.segment(i);
+                }
+            }
+        }
+        1 => drop(crate::tree::Tree::decode(name, bytes)),
+        2 => drop(Recipe::decode(name, bytes)),
+        3 => drop(RecipeObject::decode(name, bytes)),
+        4 => drop(BackupRecord::decode(name, bytes)),
+        5 => drop(RepoConfig::decode(bytes)),
+        6 => drop(Marks::decode(name, bytes)),
+        _ => drop(Index::from_checkpoint(bytes, IndexConfig::default())),
+    }
+}
+
+/// Read `data` as a connection's frames, each decoded as a request (as a
+/// server reads them) and as a response (as a client does); a request
+/// that decodes must encode and decode again to the same request.
+pub fn wire(data: &[u8]) {
+    let mut rest = data;
+    while let Ok(Some(body)) = read_frame(&mut rest, MAX_FRAME) {
+        if let Ok(req) = decode::<Request>(&body) {
+            let mut again = Vec::new();
+            write_frame(&mut again, &req).expect("a decoded request encodes");
+            let back = read_frame(&mut &again[..], MAX_FRAME)
+                .expect("reading memory")
+                .expect("one frame");
+            let back = decode::<Request>(&back).expect("an encoded request decodes");
+            assert_eq!(format!("{back:?}"), format!("{req:?}"));
+        }
+        let _ = decode::<Response>(&body);
+    }
+}
