@@ -66,13 +66,15 @@ fn every_dedup_command_in_the_units_is_a_real_subcommand_and_option() {
             let first = *words.get(1).unwrap_or_else(|| panic!("{unit}: {value}"));
             // A command group (`dedup store serve`): the options are its
             // subcommand's.
-            let sub = match words.get(2) {
-                Some(w) if !w.starts_with('-') && help(&[first, w]).is_some() => vec![first, *w],
-                _ => vec![first],
-            };
-            let text = help(&sub)
-                .unwrap_or_else(|| panic!("{unit}: `dedup {}` is no subcommand", sub.join(" ")));
-            let sub = sub.join(" ");
+            let group = words
+                .get(2)
+                .filter(|w| !w.starts_with('-'))
+                .and_then(|w| Some((format!("{first} {w}"), help(&[first, w])?)));
+            let (sub, text) = group.unwrap_or_else(|| {
+                let text = help(&[first])
+                    .unwrap_or_else(|| panic!("{unit}: `dedup {first}` is no subcommand"));
+                (first.to_string(), text)
+            });
             for opt in words.iter().filter(|w| w.starts_with("--")) {
                 let name = opt.split('=').next().unwrap_or(opt);
                 assert!(text.contains(name), "{unit}: dedup {sub} has no {name}");

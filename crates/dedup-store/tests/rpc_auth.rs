@@ -137,8 +137,9 @@ fn a_client_with_the_key_backs_up_and_restores_over_tcp_and_unix_sockets() {
     }
 }
 
-#[test]
-fn no_key_or_another_key_gets_nothing_and_changes_nothing() {
+/// A server on TCP holding `the key`, whose repository holds backup
+/// `kept`.
+fn keyed_with_a_backup() -> (tempfile::TempDir, Key, Running) {
     let dir = tempfile::tempdir().unwrap();
     let key = Key::derive(b"the key");
     let server = serve(dir.path(), tcp(), Some(key.clone()));
@@ -147,6 +148,12 @@ fn no_key_or_another_key_gets_nothing_and_changes_nothing() {
         "kept",
         &noise(2, 100_000),
     );
+    (dir, key, server)
+}
+
+#[test]
+fn no_key_or_another_key_gets_nothing_and_changes_nothing() {
+    let (dir, key, server) = keyed_with_a_backup();
 
     let e = refused(&server.at, None);
     assert!(matches!(e, ClientError::Auth(_)), "{e}");
@@ -222,14 +229,7 @@ fn no_key_or_another_key_gets_nothing_and_changes_nothing() {
 
 #[test]
 fn calls_pipelined_behind_the_handshake_or_a_second_hello_or_a_large_frame_get_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let key = Key::derive(b"the key");
-    let server = serve(dir.path(), tcp(), Some(key.clone()));
-    backup(
-        &connect(&server.at, Some(&key)).unwrap(),
-        "kept",
-        &noise(4, 100_000),
-    );
+    let (dir, _key, server) = keyed_with_a_backup();
     let Endpoint::Tcp(addr) = server.at else {
         unreachable!()
     };

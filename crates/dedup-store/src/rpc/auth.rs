@@ -13,9 +13,6 @@
 //! never be replayed as the other's (each names its side). The traffic
 //! after it is not encrypted: on loopback only root can read it.
 
-/// Bytes of a challenge, a nonce and a proof.
-pub const PROOF_LEN: usize = 32;
-
 /// The key both sides hold, derived from the secret in the key file (so a
 /// secret of any length makes a 256-bit key used for nothing else).
 #[derive(Clone)]
