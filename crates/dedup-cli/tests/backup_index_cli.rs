@@ -2,25 +2,11 @@
 //! its index's RAM, leaves a checkpoint that `store stats` reads without
 //! writing, and `--exact-index` and `--index-memory` change the index.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+mod support;
 
+/// `dedup ARGS` fed `stdin`; it must succeed and print JSON.
 fn dedup(args: &[&str], stdin: &[u8]) -> serde_json::Value {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dedup"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run dedup");
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "dedup {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON")
+    support::json(&support::ok(args, Some(stdin)))
 }
 
 /// Deterministic, incompressible bytes.
