@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
+use crate::catalog_bytes;
 use crate::format::{
     crc, entry_len, Entry, Header, Location, Trailer, FORMAT_VERSION, HEADER_LEN, MAX_FRAME_LEN,
     MAX_SEGMENT_LEN, OLDEST_VERSION, TRAILER_LEN,
@@ -53,6 +54,8 @@ pub struct Catalog {
     container_id: u64,
     /// The format version it was read in (entry sizes differ).
     version: u32,
+    /// The catalog's stored bytes.
+    catalog_len: u64,
     entries: Vec<Entry>,
 }
 
@@ -115,8 +118,10 @@ impl Catalog {
         let mut open: Option<Location> = None;
         let mut filled = 0u64;
         let len = entry_len(trailer.version);
+        let rows = catalog_bytes::unpack(trailer.version, trailer.segment_count, bytes)
+            .map_err(corrupt)?;
         let mut entries = Vec::with_capacity(trailer.segment_count as usize);
-        for (i, raw) in bytes.chunks_exact(len).enumerate() {
+        for (i, raw) in rows.chunks_exact(len).enumerate() {
             let entry = Entry::decode(raw, trailer.version)
                 .map_err(|e| corrupt(format!("segment {i}: {e}")))?;
             let l = &entry.location;
@@ -175,6 +180,7 @@ impl Catalog {
             name: name.to_string(),
             container_id: trailer.container_id,
             version: trailer.version,
+            catalog_len: trailer.catalog_len,
             entries,
         })
     }
@@ -200,8 +206,7 @@ impl Catalog {
             .frame_starts()
             .map(|i| u64::from(self.entries[i].location.stored_len))
             .sum();
-        let entry_len = entry_len(self.version) as u64;
-        (HEADER_LEN + TRAILER_LEN) as u64 + self.entries.len() as u64 * entry_len + stored
+        (HEADER_LEN + TRAILER_LEN) as u64 + self.catalog_len + stored
     }
 
     /// The segments in container order.
@@ -596,19 +601,23 @@ fn decode_trailer(name: &str, bytes: &[u8; TRAILER_LEN]) -> Result<Trailer> {
     Ok(trailer)
 }
 
-/// The catalog length, which must be exactly one entry per segment.
+/// The catalog's stored length, which must fit its segments: exactly one
+/// entry each, or when compressed, what such entries can compress to.
 fn checked_catalog_len(name: &str, trailer: &Trailer) -> Result<u64> {
-    let expected = u64::from(trailer.segment_count) * entry_len(trailer.version) as u64;
-    if trailer.catalog_len != expected {
+    let (version, count, len) = (trailer.version, trailer.segment_count, trailer.catalog_len);
+    if !catalog_bytes::fits(version, count, len) {
+        let why = if catalog_bytes::is_compressed(version) {
+            format!("which cannot hold {count} compressed entries")
+        } else {
+            let need = u64::from(count) * entry_len(version) as u64;
+            format!("but {count} segments need {need}")
+        };
         return Err(Error::corrupt(
             name,
-            format!(
-                "the catalog is {} bytes, but {} segments need {expected}",
-                trailer.catalog_len, trailer.segment_count
-            ),
+            format!("the catalog is {len} bytes, {why}"),
         ));
     }
-    Ok(expected)
+    Ok(len)
 }
 
 /// A frame's stored bytes match the crc32c its entries record.

@@ -12,15 +12,16 @@ use dedup_core::fingerprint::{Fingerprint, FINGERPRINT_BYTES};
 pub const HEADER_MAGIC: [u8; 8] = *b"DDUPCNTR";
 /// The first bytes of the trailer, the container's last `TRAILER_LEN` bytes.
 pub const TRAILER_MAGIC: [u8; 8] = *b"DDUPCTLG";
-/// Bumped on any change to the layout. Version 2 compresses runs of
-/// segments together in frames; version 1 (one segment per frame, 56-byte
-/// entries) is still read. Readers refuse other versions.
-pub const FORMAT_VERSION: u32 = 2;
+/// Bumped on any change to the layout. Version 3 compresses the catalog
+/// (`catalog_bytes.rs`); version 2 compresses runs of segments together in
+/// frames; version 1 (one segment per frame, 56-byte entries) is still
+/// read. Readers refuse other versions.
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest version this build reads.
 pub const OLDEST_VERSION: u32 = 1;
 
 pub const HEADER_LEN: usize = 32;
-/// A version 2 catalog entry.
+/// A catalog entry of version 2 and 3 (before version 3 compresses them).
 pub const ENTRY_LEN: usize = 64;
 /// A version 1 catalog entry: the first 56 bytes of a version 2 one.
 pub const ENTRY_LEN_V1: usize = 56;

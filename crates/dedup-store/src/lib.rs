@@ -69,6 +69,7 @@
 
 pub mod backup;
 mod backup_stream;
+pub mod catalog_bytes;
 mod catalog_cache;
 pub mod check;
 pub mod config;

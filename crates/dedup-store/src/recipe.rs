@@ -1,24 +1,28 @@
 //! File recipes (§3.1): a backed-up stream's segments in order, each as
 //! the container and catalog entry that hold it, so a restore reads the
 //! containers directly and needs no index. Each reference also carries the
-//! segment's length and fingerprint, so a restore checks every segment
-//! against what was backed up, not only against its container's catalog.
+//! segment's length and a check of its fingerprint (its first 8 bytes), so
+//! a restore checks that every catalog entry it reads is the segment that
+//! was backed up, not only that the bytes match their own catalog.
 //!
 //! Object `recipes/<backup>-<nonce>`; body after the frame (magic
 //! `DDUPRCPE`): stream length (u64), segment count n (u64), then the n
-//! references. Version 3 (written since 2026-11-25) stores them by column
-//! (n container ids, n entries, n lengths, n fingerprints) and compresses
-//! the body with zstd (see `framed::frame_zstd`): the fingerprints of new
-//! data do not compress, and apart from them zstd has runs of like numbers
-//! to work on. On the recipe of a 512 MiB image it compressed at
-//! 2.5 GB/s, not 157 MB/s as rows did (at the end of a 2 GiB backup, when
-//! nothing else runs, the pause fell from 0.22 s to 0.08 s), and 6 %
-//! smaller. Version 2 is the rows of 48 bytes (container u64, entry u32,
-//! length u32, fingerprint 32) compressed; version 1 the same rows plain,
-//! still written for a body that would expand more than 64 times (the
-//! recipe of a stream of zeros). All three are read. A recipe too long for
-//! one part is written in parts of this format, named by an index
-//! (version 4, `recipe_parts.rs`).
+//! references by column (n container ids, n entries, n lengths, n checks),
+//! compressed with zstd (see `framed::frame_zstd`): apart from the checks
+//! zstd has runs of like numbers to work on. Version 5 (written since
+//! 2026-11-27) keeps 8 bytes of each fingerprint, not 32: the checks do
+//! not compress, and a whole fingerprint made a recipe 32 bytes a segment
+//! (3.2 MB for a GiB of unique data at 8 KiB segments, and as much again
+//! for every unchanged re-backup), where a 64-bit check catches a wrong
+//! entry all the same (the catalog keeps the whole fingerprint, which the
+//! segment's bytes are checked against). Version 6 is version 5's body
+//! plain, written for a body that would expand more than 64 times on
+//! reading (the recipe of a stream of zeros). Still read: version 3, the
+//! same columns with whole fingerprints; version 2, rows of 48 bytes
+//! (container u64, entry u32, length u32, fingerprint 32) compressed;
+//! version 1, those rows plain. A recipe too long for one part is written
+//! in parts of this format, named by an index (version 4,
+//! `recipe_parts.rs`).
 
 use std::io::Read;
 
@@ -28,21 +32,56 @@ use crate::framed::{frame, frame_zstd, undecompressable, unframe_any, unzstd, un
 use crate::repo_error::{RepoError, RepoResult};
 
 pub(crate) const MAGIC: [u8; 8] = *b"DDUPRCPE";
-/// Columns, compressed.
-pub(crate) const VERSION: u32 = 3;
-/// Rows, compressed.
+/// Columns with fingerprint checks, compressed.
+pub(crate) const VERSION: u32 = 5;
+/// Columns with fingerprint checks, plain.
+const PLAIN_VERSION: u32 = 6;
+/// Columns with whole fingerprints, compressed (read only).
+const COLUMNS_VERSION: u32 = 3;
+/// Rows, compressed (read only).
 const ROWS_VERSION: u32 = 2;
-/// Rows, plain.
-pub(crate) const PLAIN_VERSION: u32 = 1;
-/// A reference's bytes, in either layout.
-const REF_LEN: usize = 48;
+/// Rows, plain (read only).
+pub(crate) const ROWS_PLAIN_VERSION: u32 = 1;
+/// The versions of a whole recipe (4 is an index of parts).
+pub(crate) const WHOLE_VERSIONS: [u32; 5] = [1, 2, 3, 5, 6];
+/// The lowest and highest version of any recipe object.
+pub(crate) const VERSIONS: std::ops::RangeInclusive<u32> = ROWS_PLAIN_VERSION..=PLAIN_VERSION;
+/// A reference's bytes in versions 1 to 3.
+const OLD_REF_LEN: usize = 48;
+/// A reference's bytes in versions 5 and 6.
+const REF_LEN: usize = 24;
 
+/// One segment of a stream, where it lies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SegmentRef {
     pub container: u64,
     pub entry: u32,
     pub len: u32,
-    pub fingerprint: Fingerprint,
+    /// The first 8 bytes of the segment's fingerprint, little-endian
+    /// ([`fingerprint_check`]).
+    pub check: u64,
+}
+
+/// What a reference keeps of a fingerprint: its first 8 bytes.
+pub fn fingerprint_check(fp: &Fingerprint) -> u64 {
+    u64::from_le_bytes(fp.0[..8].try_into().expect("8"))
+}
+
+impl SegmentRef {
+    pub fn new(container: u64, entry: u32, len: u32, fp: &Fingerprint) -> SegmentRef {
+        SegmentRef {
+            container,
+            entry,
+            len,
+            check: fingerprint_check(fp),
+        }
+    }
+
+    /// Whether a segment of fingerprint `fp` and `len` bytes is the one
+    /// this reference names.
+    pub fn is(&self, fp: &Fingerprint, len: u32) -> bool {
+        self.check == fingerprint_check(fp) && self.len == len
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -57,7 +96,7 @@ impl Recipe {
     }
 
     /// `encode`, giving up the references before compressing: a backup's
-    /// recipe is 48 bytes a segment in RAM (12 MiB a GiB of 4 KiB
+    /// recipe is 24 bytes a segment in RAM (6 MiB a GiB of 4 KiB
     /// segments), and the body and its compressed copy would otherwise sit
     /// beside it.
     pub fn into_encoded(self) -> Vec<u8> {
@@ -66,7 +105,7 @@ impl Recipe {
         encode_body(body)
     }
 
-    /// The raw body of version 3: stream length, count, then the columns.
+    /// The raw body of version 5: stream length, count, then the columns.
     fn columns(&self) -> Vec<u8> {
         let mut body = Vec::with_capacity(16 + self.segments.len() * REF_LEN);
         body.extend_from_slice(&self.stream_len.to_le_bytes());
@@ -79,23 +118,38 @@ impl Recipe {
         refs.iter()
             .for_each(|s| body.extend_from_slice(&s.len.to_le_bytes()));
         refs.iter()
-            .for_each(|s| body.extend_from_slice(&s.fingerprint.0));
+            .for_each(|s| body.extend_from_slice(&s.check.to_le_bytes()));
         body
     }
 
     /// Decode the recipe object `object`, checking that the counts and
     /// lengths agree before allocating for them.
     pub fn decode(object: &str, bytes: &[u8]) -> RepoResult<Recipe> {
-        let (version, framed) = unframe_any(object, MAGIC, PLAIN_VERSION..=VERSION, bytes)?;
+        let (version, framed) = unframe_any(object, MAGIC, VERSIONS, bytes)?;
         Recipe::decode_body(object, version, framed)
     }
 
-    /// `decode` of a frame already checked: its version (1 to 3) and body.
+    /// `decode` of a frame already checked: its version (one of
+    /// `WHOLE_VERSIONS`) and body.
     pub(crate) fn decode_body(object: &str, version: u32, framed: &[u8]) -> RepoResult<Recipe> {
         let (stream_len, segments) = match version {
-            PLAIN_VERSION => decode_rows(object, framed)?,
+            ROWS_PLAIN_VERSION => decode_rows(object, framed)?,
             ROWS_VERSION => decode_rows(object, &unzstd(object, framed)?)?,
-            _ => decode_columns(object, framed)?,
+            COLUMNS_VERSION => {
+                let (raw_len, raw) = unzstd_reader(object, framed)?;
+                decode_columns(object, raw_len, raw, 32)?
+            }
+            PLAIN_VERSION => decode_columns(object, framed.len() as u64, framed, 8)?,
+            VERSION => {
+                let (raw_len, raw) = unzstd_reader(object, framed)?;
+                decode_columns(object, raw_len, raw, 8)?
+            }
+            _ => {
+                return Err(RepoError::corrupt(
+                    object,
+                    format!("format version {version} is not a whole recipe"),
+                ))
+            }
         };
         let total: u64 = segments.iter().map(|s| u64::from(s.len)).sum();
         if total != stream_len {
@@ -111,34 +165,18 @@ impl Recipe {
     }
 }
 
-/// Frame a version 3 body compressed, or, if it would expand too much on
-/// reading (the recipe of a stream of zeros), its rows plain as version 1.
+/// Frame a version 5 body compressed, or, if it would expand too much on
+/// reading (the recipe of a stream of zeros), plain as version 6.
 fn encode_body(body: Vec<u8>) -> Vec<u8> {
-    if let Some(framed) = frame_zstd(MAGIC, VERSION, &body) {
-        return framed;
-    }
-    let n = (body.len() - 16) / REF_LEN;
-    let (head, columns) = body.split_at(16);
-    let (containers, rest) = columns.split_at(8 * n);
-    let (entries, rest) = rest.split_at(4 * n);
-    let (lens, fingerprints) = rest.split_at(4 * n);
-    let mut rows = Vec::with_capacity(body.len());
-    rows.extend_from_slice(head);
-    for i in 0..n {
-        rows.extend_from_slice(&containers[8 * i..8 * i + 8]);
-        rows.extend_from_slice(&entries[4 * i..4 * i + 4]);
-        rows.extend_from_slice(&lens[4 * i..4 * i + 4]);
-        rows.extend_from_slice(&fingerprints[32 * i..32 * i + 32]);
-    }
-    frame(MAGIC, PLAIN_VERSION, &rows)
+    frame_zstd(MAGIC, VERSION, &body).unwrap_or_else(|| frame(MAGIC, PLAIN_VERSION, &body))
 }
 
 /// The stream length and count of a body `len` bytes long, refused unless
-/// the count's references fill it exactly.
-fn head(object: &str, head: &[u8; 16], len: u64) -> RepoResult<(u64, usize)> {
+/// the count's references, `ref_len` bytes each, fill it exactly.
+fn head(object: &str, head: &[u8; 16], len: u64, ref_len: usize) -> RepoResult<(u64, usize)> {
     let stream_len = u64::from_le_bytes(head[..8].try_into().expect("8"));
     let count = u64::from_le_bytes(head[8..].try_into().expect("8"));
-    if (count as u128) * REF_LEN as u128 + 16 != u128::from(len) {
+    if (count as u128) * ref_len as u128 + 16 != u128::from(len) {
         return Err(RepoError::corrupt(
             object,
             format!("{count} segments do not fit its {len} bytes"),
@@ -155,17 +193,23 @@ fn decode_rows(object: &str, body: &[u8]) -> RepoResult<(u64, Vec<SegmentRef>)> 
             format!("{} bytes, too short for a recipe", body.len()),
         ));
     };
-    let (stream_len, _) = head(object, first, body.len() as u64)?;
+    let (stream_len, _) = head(object, first, body.len() as u64, OLD_REF_LEN)?;
     Ok((
         stream_len,
-        body[16..].chunks_exact(REF_LEN).map(row).collect(),
+        body[16..].chunks_exact(OLD_REF_LEN).map(row).collect(),
     ))
 }
 
-/// A compressed body of columns (version 3), decoded as it decompresses,
-/// so the raw body is never held beside the references.
-fn decode_columns(object: &str, framed: &[u8]) -> RepoResult<(u64, Vec<SegmentRef>)> {
-    let (raw_len, mut raw) = unzstd_reader(object, framed)?;
+/// A body of columns `raw_len` bytes long, read from `raw` (decoded as it
+/// decompresses, so the raw body is never held beside the references),
+/// whose last column holds `fp_width` bytes of each fingerprint: 32
+/// (version 3) or 8 (versions 5 and 6).
+fn decode_columns(
+    object: &str,
+    raw_len: u64,
+    mut raw: impl Read,
+    fp_width: usize,
+) -> RepoResult<(u64, Vec<SegmentRef>)> {
     let short = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::UnexpectedEof => RepoError::corrupt(
             object,
@@ -177,12 +221,12 @@ fn decode_columns(object: &str, framed: &[u8]) -> RepoResult<(u64, Vec<SegmentRe
     raw.read_exact(&mut first).map_err(short)?;
     // The count is bounded by the raw length, which is bounded by the
     // compressed bytes at hand.
-    let (stream_len, n) = head(object, &first, raw_len)?;
+    let (stream_len, n) = head(object, &first, raw_len, 16 + fp_width)?;
     let blank = SegmentRef {
         container: 0,
         entry: 0,
         len: 0,
-        fingerprint: Fingerprint([0; 32]),
+        check: 0,
     };
     let mut segments = vec![blank; n];
     let mut buf = vec![0u8; 64 << 10];
@@ -209,8 +253,9 @@ fn decode_columns(object: &str, framed: &[u8]) -> RepoResult<(u64, Vec<SegmentRe
     column(4, &mut |s, b| {
         s.len = u32::from_le_bytes(b.try_into().expect("4"))
     })?;
-    column(32, &mut |s, b| {
-        s.fingerprint = Fingerprint(b.try_into().expect("32"))
+    // A whole fingerprint (version 3) keeps only its check.
+    column(fp_width, &mut |s, b| {
+        s.check = u64::from_le_bytes(b[..8].try_into().expect("8"))
     })?;
     let mut past = [0u8; 1];
     if raw.read(&mut past).map_err(short)? != 0 {
@@ -237,6 +282,6 @@ fn reference(container: &[u8], entry: &[u8], len: &[u8], fingerprint: &[u8]) -> 
         container: u64::from_le_bytes(container.try_into().expect("8")),
         entry: u32::from_le_bytes(entry.try_into().expect("4")),
         len: u32::from_le_bytes(len.try_into().expect("4")),
-        fingerprint: Fingerprint(fingerprint.try_into().expect("32")),
+        check: u64::from_le_bytes(fingerprint[..8].try_into().expect("8")),
     }
 }

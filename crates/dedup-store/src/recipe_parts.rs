@@ -1,12 +1,12 @@
 //! Recipes in parts, so that a backup or a restore of a stream of any size
 //! holds one part of its recipe in RAM, never the whole (at 8 KiB segments
-//! a whole recipe is 6 MiB a GiB of stream: 6 GiB for a 1 TiB disk image,
+//! a whole recipe is 3 MiB a GiB of stream: 3 GiB for a 1 TiB disk image,
 //! twice that while it was encoded).
 //!
 //! A backup writes its recipe as it goes: every `PART_SEGMENTS` references
 //! become a *part*, object `<recipe>.p<k>` (k from 0, 8 hex digits), which
 //! is a recipe of its slice of the stream in the single-object format
-//! (`recipe.rs`, version 3). At commit the *recipe object* is then an
+//! (`recipe.rs`, version 5). At commit the *recipe object* is then an
 //! *index* (version 4 under the recipe magic) naming how many parts there
 //! are and, for each, its segment count, its stream bytes and the BLAKE3 of
 //! its whole object, so a part that is missing, damaged, out of place or
@@ -26,14 +26,14 @@ use dedup_core::fingerprint::Fingerprint;
 use crate::error::Error;
 use crate::framed::{frame, unframe_any};
 use crate::objects::ObjectStore;
-use crate::recipe::{Recipe, MAGIC, PLAIN_VERSION, VERSION as WHOLE_VERSION};
+use crate::recipe::{Recipe, MAGIC, VERSIONS, WHOLE_VERSIONS};
 use crate::repo_error::{RepoError, RepoResult};
 use crate::writer::HASH;
 
 /// The recipe object as an index of parts.
 pub(crate) const INDEX_VERSION: u32 = 4;
 
-/// References a backup gathers before it writes them as a part: 3 MiB in
+/// References a backup gathers before it writes them as a part: 1.5 MiB in
 /// RAM, 512 MiB of stream at 8 KiB segments. Large enough that a part's
 /// put and fsync cost nothing next to the data (two a GiB), small enough
 /// that a restore or a GC holds little.
@@ -131,11 +131,10 @@ pub enum RecipeObject {
 impl RecipeObject {
     /// Decode recipe object `object`, of any version.
     pub fn decode(object: &str, bytes: &[u8]) -> RepoResult<RecipeObject> {
-        let (version, body) = unframe_any(object, MAGIC, PLAIN_VERSION..=INDEX_VERSION, bytes)?;
+        let (version, body) = unframe_any(object, MAGIC, VERSIONS, bytes)?;
         if version == INDEX_VERSION {
             return RecipeIndex::decode_body(object, body).map(RecipeObject::Index);
         }
-        debug_assert!(version <= WHOLE_VERSION);
         Recipe::decode_body(object, version, body).map(RecipeObject::Whole)
     }
 
@@ -181,7 +180,7 @@ pub(crate) fn parts_to_delete(store: &dyn ObjectStore, recipe: &str) -> RepoResu
     };
     if head.len() == 12 && head[..8] == MAGIC {
         let version = u32::from_le_bytes(head[8..].try_into().expect("4"));
-        if (PLAIN_VERSION..=WHOLE_VERSION).contains(&version) {
+        if WHOLE_VERSIONS.contains(&version) {
             return Ok(Vec::new()); // a whole recipe has no parts
         }
         let index = store

@@ -206,7 +206,7 @@ fn run_len(segments: &[SegmentRef]) -> usize {
 fn check_run(catalog: &Catalog, run: &[SegmentRef], recipe: &str) -> RepoResult<()> {
     for s in run {
         let entry = catalog.entries().get(s.entry as usize).copied();
-        if entry.map(|e| (e.fingerprint, e.location.raw_len)) != Some((s.fingerprint, s.len)) {
+        if !entry.is_some_and(|e| s.is(&e.fingerprint, e.location.raw_len)) {
             return Err(RepoError::corrupt(
                 container_name(s.container),
                 format!(

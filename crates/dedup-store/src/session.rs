@@ -159,12 +159,7 @@ impl BackupSession<'_> {
     /// a remote client names only by fingerprint, so the length in the
     /// recipe is the store's, never the client's word.
     pub fn lookup_ref(&mut self, fp: &Fingerprint) -> RepoResult<Option<SegmentRef>> {
-        let at = |container, entry, len| SegmentRef {
-            container,
-            entry,
-            len,
-            fingerprint: *fp,
-        };
+        let at = |container, entry, len| SegmentRef::new(container, entry, len, fp);
         if let Some(o) = &self.open {
             if let Some(&i) = o.holds.get(fp) {
                 let len = o
@@ -204,7 +199,7 @@ impl BackupSession<'_> {
         for r in refs {
             let confirmed = self
                 .held_entry(r.container, r.entry)
-                .is_some_and(|e| e.fingerprint == r.fingerprint && e.location.raw_len == r.len);
+                .is_some_and(|e| r.is(&e.fingerprint, e.location.raw_len));
             if !confirmed {
                 return Ok(false);
             }
@@ -312,15 +307,7 @@ impl BackupSession<'_> {
                 (c, e, true)
             }
         };
-        self.push(
-            SegmentRef {
-                container,
-                entry,
-                len,
-                fingerprint: fp,
-            },
-            new,
-        )
+        self.push(SegmentRef::new(container, entry, len, &fp), new)
     }
 
     /// Make the backup of a stream durable and visible: the last

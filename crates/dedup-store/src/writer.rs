@@ -12,6 +12,7 @@ use std::sync::mpsc;
 use dedup_core::compress::Compression;
 use dedup_core::fingerprint::{Fingerprint, HashAlgo};
 
+use crate::catalog_bytes;
 use crate::error::{Error, Result};
 use crate::format::{
     crc, Entry, Header, Location, Trailer, ENTRY_LEN, FORMAT_VERSION, HEADER_LEN, MAX_FRAME_LEN,
@@ -294,9 +295,7 @@ impl ContainerWriter {
         };
         out[..HEADER_LEN].copy_from_slice(&header.encode());
         let catalog_offset = out.len() as u64;
-        for entry in &self.entries {
-            out.extend_from_slice(&entry.encode());
-        }
+        out.extend_from_slice(&catalog_bytes::pack(&self.entries, FORMAT_VERSION));
         let catalog = &out[catalog_offset as usize..];
         let trailer = Trailer {
             version: FORMAT_VERSION,

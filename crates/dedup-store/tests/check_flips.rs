@@ -4,29 +4,20 @@
 //! checksums is found by its BLAKE3, and random damage to random objects
 //! never panics and never costs a backup the check did not name.
 
+mod catalog_support;
 mod check_support;
 
 use std::collections::BTreeSet;
 use std::fs;
 use std::time::Instant;
 
+use catalog_support::{entries, trailer, with_entries};
 use check_support::{fixture, Fixture};
 use dedup_core::compress::Compression;
-use dedup_store::format::{crc, Entry, Trailer, ENTRY_LEN, HEADER_LEN, TRAILER_LEN};
+use dedup_store::format::{crc, HEADER_LEN};
 use dedup_store::{CheckReport, Segmenting};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-
-fn trailer(bytes: &[u8]) -> Trailer {
-    Trailer::decode(bytes[bytes.len() - TRAILER_LEN..].try_into().unwrap()).unwrap()
-}
-
-fn entries(bytes: &[u8]) -> Vec<Entry> {
-    let t = trailer(bytes);
-    let catalog = &bytes[t.catalog_offset as usize..bytes.len() - TRAILER_LEN];
-    let each = catalog.chunks_exact(ENTRY_LEN);
-    each.map(|e| Entry::decode(e, t.version).unwrap()).collect()
-}
 
 /// Only `object` is named, at least once.
 fn names_only(report: &CheckReport, object: &str) -> bool {
@@ -132,8 +123,6 @@ fn every_flipped_byte_of_a_container_is_found() {
 fn a_segment_damaged_under_valid_checksums_is_found_by_its_fingerprint() {
     let f = fixture(Segmenting::DEFAULT);
     let (object, good) = mixed_container(&f);
-    let t = trailer(&good);
-    let cat = t.catalog_offset as usize;
     let all = entries(&good);
     // The last segment of each frame: the frame's last byte is its.
     let lasts = (0..all.len()).filter(|&i| {
@@ -148,18 +137,11 @@ fn a_segment_damaged_under_valid_checksums_is_found_by_its_fingerprint() {
         // ends every block with literals), so it still decompresses.
         c[body.end - 1] ^= 0x20;
         let sum = crc(&c[body]);
-        for (k, e) in all.iter().enumerate() {
-            if e.location.same_frame(&l) {
-                let at = cat + k * ENTRY_LEN + 52;
-                c[at..at + 4].copy_from_slice(&sum.to_le_bytes());
+        let c = with_entries(&c, |entries| {
+            for e in entries.iter_mut().filter(|e| e.location.same_frame(&l)) {
+                e.location.stored_crc = sum;
             }
-        }
-        let t_at = c.len() - TRAILER_LEN;
-        let fixed = Trailer {
-            catalog_crc: crc(&c[cat..t_at]),
-            ..t
-        };
-        c[t_at..].copy_from_slice(&fixed.encode());
+        });
         fs::write(f.path(&object), &c).unwrap();
 
         assert!(f.check(false).is_clean(), "only the data can tell");

@@ -3,8 +3,12 @@
 //! panic), as are random flips in a large one, and forged fields with valid
 //! checksums are refused by name.
 
+mod catalog_support;
+
+use catalog_support::{trailer, with_entries};
 use dedup_core::compress::Compression;
-use dedup_store::format::{crc, Header, Trailer, ENTRY_LEN, ENTRY_LEN_V1, HEADER_LEN, TRAILER_LEN};
+use dedup_store::catalog_bytes;
+use dedup_store::format::{crc, Header, Trailer, ENTRY_LEN, HEADER_LEN, TRAILER_LEN};
 use dedup_store::{
     container_name, Catalog, Container, ContainerWriter, Error, LocalDir, ObjectStore,
 };
@@ -103,7 +107,7 @@ fn random_flips_in_a_large_container_are_refused() {
 fn catalog_reads_refuse_damaged_tails_and_segment_reads_damaged_bodies() {
     let good = small();
     let tmp = tempfile::tempdir().unwrap();
-    let catalog_offset = good.len() - TRAILER_LEN - 3 * ENTRY_LEN;
+    let catalog_offset = trailer(&good).catalog_offset as usize;
     for at in 0..good.len() {
         let store = LocalDir::open(tmp.path().join(format!("s{at}"))).unwrap();
         let mut bad = good.clone();
@@ -150,12 +154,12 @@ fn forged_fields_with_valid_checksums_are_refused_by_name() {
     let mut bad = good.clone();
     bad[..HEADER_LEN].copy_from_slice(
         &Header {
-            version: 3,
+            version: 4,
             ..header
         }
         .encode(),
     );
-    assert!(error_of(bad).contains("format version 3 in the header"));
+    assert!(error_of(bad).contains("format version 4 in the header"));
 
     let mut bad = good.clone();
     bad[..HEADER_LEN].copy_from_slice(&Header { flags: 4, ..header }.encode());
@@ -185,7 +189,11 @@ fn forged_fields_with_valid_checksums_are_refused_by_name() {
     assert!(e.contains("inside the 32-byte header"), "{e}");
 
     let e = error_of(with_trailer(&good, |t| t.catalog_len = u64::MAX));
-    assert!(e.contains("3 segments need 192"), "{e}");
+    assert!(e.contains("cannot hold 3 compressed entries"), "{e}");
+    // Fewer stored bytes than segments: a count forged to make a reader
+    // decompress far more than it read.
+    let e = error_of(with_trailer(&good, |t| t.catalog_len = 2));
+    assert!(e.contains("cannot hold 3 compressed entries"), "{e}");
 
     // A segment count the size cannot hold (header agreeing, so the
     // trailer's numbers are what is checked).
@@ -203,11 +211,7 @@ fn forged_fields_with_valid_checksums_are_refused_by_name() {
     assert!(error_of(bad).contains("does not end at the trailer"));
 
     // A catalog entry pointing elsewhere, its catalog checksum recomputed.
-    let catalog_offset = good.len() - TRAILER_LEN - 3 * ENTRY_LEN;
-    let mut bad = good.clone();
-    bad[catalog_offset + 32..catalog_offset + 40].copy_from_slice(&1000u64.to_le_bytes());
-    let sum = crc(&bad[catalog_offset..good.len() - TRAILER_LEN]);
-    let bad = with_trailer(&bad, |t| t.catalog_crc = sum);
+    let bad = with_entries(&good, |e| e[0].location.offset = 1000);
     let e = error_of(bad);
     assert!(
         e.contains("segment 0's frame is at offset 1000, not 32"),
@@ -327,31 +331,30 @@ fn every_byte_flip_of_a_framed_container_is_refused_and_costs_only_its_frame() {
     }
 }
 
-/// A version 1 container (56-byte entries, a frame per segment) as the
-/// builds before frames wrote it still reads.
+/// Containers as earlier builds wrote them still read: version 1
+/// (56-byte entries, a frame per segment) and version 2 (64-byte entries,
+/// the catalog not compressed).
 #[test]
-fn a_version_1_container_still_reads() {
+fn version_1_and_2_containers_still_read() {
+    for version in [1, 2] {
+        an_old_container_reads(version);
+    }
+}
+
+fn an_old_container_reads(version: u32) {
     let good = small();
     let c = Container::parse(NAME, good.clone()).unwrap();
     let entries = c.catalog().entries();
-    let catalog_offset = good.len() - TRAILER_LEN - 3 * ENTRY_LEN;
+    let trailer = trailer(&good);
     let header = Header::decode(good[..HEADER_LEN].try_into().unwrap()).unwrap();
-    let mut v1 = Header {
-        version: 1,
-        ..header
-    }
-    .encode()
-    .to_vec();
-    v1.extend_from_slice(&good[HEADER_LEN..catalog_offset]);
-    let at = v1.len();
-    for e in entries {
-        v1.extend_from_slice(&e.encode()[..ENTRY_LEN_V1]);
-    }
-    let catalog = v1[at..].to_vec();
-    let trailer = Trailer::decode(good[good.len() - TRAILER_LEN..].try_into().unwrap()).unwrap();
+    let mut v1 = Header { version, ..header }.encode().to_vec();
+    v1.extend_from_slice(&good[HEADER_LEN..trailer.catalog_offset as usize]);
+    let catalog = catalog_bytes::pack(entries, version);
+    assert_eq!(catalog.len(), 3 * [56, 64][version as usize - 1]);
+    v1.extend_from_slice(&catalog);
     v1.extend_from_slice(
         &Trailer {
-            version: 1,
+            version,
             catalog_len: catalog.len() as u64,
             catalog_crc: crc(&catalog),
             ..trailer

@@ -191,7 +191,7 @@ fn reuse_takes_an_earlier_recipe_s_segments_only_if_their_catalog_confirms_them(
         assert!(s.reuse(*r).unwrap());
     }
     let mut wrong = recipe.segments[0];
-    wrong.fingerprint.0[0] ^= 1;
+    wrong.check ^= 1;
     assert!(!s.reuse(wrong).unwrap(), "a wrong fingerprint is refused");
     let mut gone = recipe.segments[0];
     gone.container += 1000;

@@ -1,11 +1,13 @@
 //! Damage to a repository's objects is refused naming the object, never a
 //! panic, and an index that lies never corrupts a restore.
 
+mod catalog_support;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use dedup_core::fingerprint::Fingerprint;
-use dedup_store::format::{crc, Trailer, ENTRY_LEN, TRAILER_LEN};
+use dedup_store::format::crc;
 use dedup_store::{Entry, RepoError, RepoOptions, Repository, SegmentIndex, Segmenting};
 use rand::{rngs::StdRng, Rng, RngCore, SeedableRng};
 
@@ -98,34 +100,19 @@ fn a_damaged_segment_is_caught_by_its_fingerprint() {
     let (tmp, data) = setup();
     let file = only_file(&tmp.path().join("containers"));
     let mut c = fs::read(&file).unwrap();
-    let t_at = c.len() - TRAILER_LEN;
-    let trailer = Trailer::decode(c[t_at..].try_into().unwrap()).unwrap();
-    let cat = trailer.catalog_offset as usize;
-    let entry_at = |i: usize| {
-        let at = cat + i * ENTRY_LEN;
-        Entry::decode(&c[at..at + ENTRY_LEN], trailer.version).unwrap()
-    };
-    let l = entry_at(1).location;
+    let l = catalog_support::entries(&c)[1].location;
     assert_eq!(
         l.stored_len, l.frame_len,
         "random data is stored uncompressed"
     );
     // Segment 1's 10th byte, then the crc of its frame in every entry of it.
-    let frame: Vec<usize> = (0..trailer.segment_count as usize)
-        .filter(|&i| entry_at(i).location.same_frame(&l))
-        .collect();
     c[l.offset as usize + l.frame_at as usize + 10] ^= 1;
     let stored_crc = crc(&c[l.offset as usize..][..l.stored_len as usize]);
-    for i in frame {
-        let at = cat + i * ENTRY_LEN + 52;
-        c[at..at + 4].copy_from_slice(&stored_crc.to_le_bytes());
-    }
-    let catalog_crc = crc(&c[cat..t_at]);
-    let fixed = Trailer {
-        catalog_crc,
-        ..trailer
-    };
-    c[t_at..].copy_from_slice(&fixed.encode());
+    let c = catalog_support::with_entries(&c, |entries| {
+        for e in entries.iter_mut().filter(|e| e.location.same_frame(&l)) {
+            e.location.stored_crc = stored_crc;
+        }
+    });
     fs::write(&file, &c).unwrap();
 
     let repo = Repository::open(tmp.path()).unwrap();
@@ -222,57 +209,86 @@ fn restore_errors_are_errors_not_panics() {
     ));
 }
 
-/// Recipes keep their references by column, compressed (version 3), and
-/// trees their bodies compressed (version 2); recipes of rows, compressed
-/// (version 2) or plain (version 1), and plain trees still read; a
-/// compressed body that does not decompress, or not to the length it
+/// Recipes keep their references by column with 8-byte fingerprint checks,
+/// compressed (version 5), and trees their bodies compressed (version 2);
+/// recipes with whole fingerprints, by column (version 3) or by rows,
+/// compressed (version 2) or plain (version 1), and plain trees still read;
+/// a compressed body that does not decompress, or not to the length it
 /// names, is refused by name.
 #[test]
 fn compressed_recipes_and_trees_and_plain_ones_from_before() {
     use dedup_store::recipe::{Recipe, SegmentRef};
     use dedup_store::tree::Tree;
+    let fps: Vec<Fingerprint> = (0..300u32)
+        .map(|i| dedup_store::writer::HASH.fingerprint(&(i % 30).to_le_bytes()))
+        .collect();
     let recipe = Recipe {
         stream_len: 4096 * 300,
         segments: (0..300)
-            .map(|i| SegmentRef {
-                container: 7,
-                entry: i % 30,
-                len: 4096,
-                fingerprint: dedup_store::writer::HASH.fingerprint(&(i % 30).to_le_bytes()),
-            })
+            .map(|i| SegmentRef::new(7, i % 30, 4096, &fps[i as usize]))
             .collect(),
     };
     let bytes = recipe.encode();
-    assert_eq!(&bytes[8..12], &3u32.to_le_bytes(), "written as version 3");
-    assert!(bytes.len() < 300 * 48 / 4, "{} bytes", bytes.len());
+    assert_eq!(&bytes[8..12], &5u32.to_le_bytes(), "written as version 5");
+    assert!(bytes.len() < 300 * 24 / 4, "{} bytes", bytes.len());
     assert_eq!(Recipe::decode("r", &bytes).unwrap(), recipe);
-    // The same references as rows, as versions 1 (plain) and 2
-    // (compressed) wrote them.
-    let mut raw = Vec::new();
-    raw.extend_from_slice(&recipe.stream_len.to_le_bytes());
-    raw.extend_from_slice(&(recipe.segments.len() as u64).to_le_bytes());
-    for s in &recipe.segments {
-        raw.extend_from_slice(&s.container.to_le_bytes());
-        raw.extend_from_slice(&s.entry.to_le_bytes());
-        raw.extend_from_slice(&s.len.to_le_bytes());
-        raw.extend_from_slice(&s.fingerprint.0);
+    // The same references with whole fingerprints, as rows (versions 1,
+    // plain, and 2, compressed) and as columns (version 3, compressed).
+    let head = |raw: &mut Vec<u8>| {
+        raw.extend_from_slice(&recipe.stream_len.to_le_bytes());
+        raw.extend_from_slice(&(recipe.segments.len() as u64).to_le_bytes());
+    };
+    let mut rows = Vec::new();
+    head(&mut rows);
+    for (s, fp) in recipe.segments.iter().zip(&fps) {
+        rows.extend_from_slice(&s.container.to_le_bytes());
+        rows.extend_from_slice(&s.entry.to_le_bytes());
+        rows.extend_from_slice(&s.len.to_le_bytes());
+        rows.extend_from_slice(&fp.0);
     }
-    let v1 = frame(*b"DDUPRCPE", 1, &raw);
-    assert_eq!(Recipe::decode("r", &v1).unwrap(), recipe);
-    let mut v2 = (raw.len() as u64).to_le_bytes().to_vec();
-    v2.extend_from_slice(&zstd::encode_all(&raw[..], 3).unwrap());
-    assert_eq!(
-        Recipe::decode("r", &frame(*b"DDUPRCPE", 2, &v2)).unwrap(),
-        recipe
-    );
-    // The columns read as rows are other references: the lengths no
-    // longer add up, and that is refused.
-    let columns = zstd::decode_all(&bytes[20..bytes.len() - 4]).unwrap();
+    let mut columns = Vec::new();
+    head(&mut columns);
+    let segs = &recipe.segments;
+    segs.iter()
+        .for_each(|s| columns.extend_from_slice(&s.container.to_le_bytes()));
+    segs.iter()
+        .for_each(|s| columns.extend_from_slice(&s.entry.to_le_bytes()));
+    segs.iter()
+        .for_each(|s| columns.extend_from_slice(&s.len.to_le_bytes()));
+    fps.iter().for_each(|fp| columns.extend_from_slice(&fp.0));
+    let packed = |raw: &[u8]| {
+        let mut b = (raw.len() as u64).to_le_bytes().to_vec();
+        b.extend_from_slice(&zstd::encode_all(raw, 3).unwrap());
+        b
+    };
+    for (version, body) in [
+        (1u32, rows.clone()),
+        (2, packed(&rows)),
+        (3, packed(&columns)),
+    ] {
+        let old = frame(*b"DDUPRCPE", version, &body);
+        assert_eq!(
+            Recipe::decode("r", &old).unwrap(),
+            recipe,
+            "version {version}"
+        );
+    }
+    // Columns read as rows are other references: the lengths no longer
+    // add up, and that is refused.
     let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 1, &columns)).unwrap_err();
     assert!(err.to_string().contains("add up to"), "{err}");
-    // Forged compressed bodies with good checksums, in both versions: not
-    // zstd, or decompressing to one byte fewer or more than they name.
-    for (version, body) in [(2u32, &raw), (3, &columns)] {
+    // Version 5's columns read as plain version 6 are a compressed body
+    // taken for references: refused, as is version 3's body as version 5
+    // (a count that does not fit its bytes).
+    let v5 = bytes[12..bytes.len() - 4].to_vec();
+    assert!(Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 6, &v5)).is_err());
+    let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 5, &packed(&columns))).unwrap_err();
+    assert!(err.to_string().contains("do not fit"), "{err}");
+    // Forged compressed bodies with good checksums, in every compressed
+    // version: not zstd, or decompressing to one byte fewer or more than
+    // they name.
+    let v5_raw = zstd::decode_all(&v5[8..]).unwrap();
+    for (version, body) in [(2u32, &rows), (3, &columns), (5, &v5_raw)] {
         let mut not_zstd = 100u64.to_le_bytes().to_vec();
         not_zstd.extend_from_slice(b"not zstd at all");
         let err =
@@ -291,16 +307,20 @@ fn compressed_recipes_and_trees_and_plain_ones_from_before() {
         let long = named(&[&body[..], &[0]].concat());
         assert!(long.to_string().contains("it names"), "{long}");
     }
-    let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 4, &v2)).unwrap_err();
+    let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 4, &packed(&rows))).unwrap_err();
     assert!(err.to_string().contains("format version 4"), "{err}");
+    let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 7, &v5)).unwrap_err();
+    assert!(err.to_string().contains("version 7"), "{err}");
     // A body naming more than 64 times its compressed bytes is refused
     // before it is decompressed.
     let mut bomb = (1u64 << 40).to_le_bytes().to_vec();
-    bomb.extend_from_slice(&zstd::encode_all(&raw[..], 3).unwrap());
-    let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 2, &bomb)).unwrap_err();
-    assert!(err.to_string().contains("over 64 times"), "{err}");
+    bomb.extend_from_slice(&zstd::encode_all(&rows[..], 3).unwrap());
+    for version in [2u32, 3, 5] {
+        let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", version, &bomb)).unwrap_err();
+        assert!(err.to_string().contains("over 64 times"), "{err}");
+    }
     // A body that would expand more than that (a stream of zeros: every
-    // reference the same) is written plain, as version 1, and reads.
+    // reference the same) is written plain, as version 6, and reads.
     let zeros = Recipe {
         stream_len: 16384 * 100_000,
         segments: vec![recipe.segments[0]; 100_000]
@@ -309,7 +329,7 @@ fn compressed_recipes_and_trees_and_plain_ones_from_before() {
             .collect(),
     };
     let bytes = zeros.encode();
-    assert_eq!(&bytes[8..12], &1u32.to_le_bytes(), "written as version 1");
+    assert_eq!(&bytes[8..12], &6u32.to_le_bytes(), "written as version 6");
     assert_eq!(Recipe::decode("r", &bytes).unwrap(), zeros);
     // A tree: the same, in one line each way.
     let tree = Tree {

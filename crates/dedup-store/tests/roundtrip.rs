@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use dedup_core::compress::Compression;
 use dedup_core::fingerprint::{Fingerprint, HashAlgo};
-use dedup_store::format::{ENTRY_LEN, TRAILER_LEN};
+use dedup_store::format::{Trailer, ENTRY_LEN, TRAILER_LEN};
 use dedup_store::{container_name, Catalog, Container, ContainerWriter, LocalDir, ObjectStore};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
@@ -126,8 +126,21 @@ fn segments_survive_containers_in_a_local_dir() {
         let catalog = Catalog::read(&rec, id).unwrap();
         assert_eq!(catalog.container_id(), id);
         let name = container_name(id);
-        let catalog_len = (catalog.entries().len() * ENTRY_LEN) as u64;
-        let catalog_offset = sealed_lens[&id] - catalog_len - TRAILER_LEN as u64;
+        let bytes = dir.get(&name).unwrap();
+        let t = Trailer::decode(bytes[bytes.len() - TRAILER_LEN..].try_into().unwrap()).unwrap();
+        let (catalog_offset, catalog_len) = (t.catalog_offset, t.catalog_len);
+        assert_eq!(
+            catalog_offset + catalog_len + TRAILER_LEN as u64,
+            sealed_lens[&id]
+        );
+        assert_eq!(catalog.container_len(), sealed_lens[&id]);
+        // Compressed: the fingerprints (32 bytes each) and a few bytes of
+        // each location, not 64 bytes an entry.
+        let entries = catalog.entries().len() as u64;
+        assert!(
+            catalog_len < entries * ENTRY_LEN as u64 * 3 / 4,
+            "{catalog_len} bytes for {entries} entries"
+        );
         assert_eq!(
             rec.tails.lock().unwrap().pop(),
             Some((name.clone(), TRAILER_LEN as u64))

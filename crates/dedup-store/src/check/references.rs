@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::catalog_cache::CatalogCache;
 use crate::container::{container_name, Catalog};
 use crate::objects::ObjectStore;
-use crate::recipe::{Recipe, SegmentRef};
+use crate::recipe::{fingerprint_check, Recipe, SegmentRef};
 
 use super::backups::Recipes;
 use super::containers::ContainerState;
@@ -161,7 +161,7 @@ fn entry_mismatch(s: &SegmentRef, entries: &[crate::format::Entry]) -> Option<St
             entries.len()
         ));
     };
-    if e.fingerprint != s.fingerprint {
+    if fingerprint_check(&e.fingerprint) != s.check {
         return Some(format!(
             "catalog entry {} of {c} holds another segment (fingerprints differ)",
             s.entry
@@ -204,12 +204,7 @@ mod tests {
                 frame_len: 4096,
             },
         };
-        let s = SegmentRef {
-            container: 3,
-            entry: 0,
-            len: 4096,
-            fingerprint,
-        };
+        let s = SegmentRef::new(3, 0, 4096, &fingerprint);
         assert_eq!(entry_mismatch(&s, &[entry]), None);
         let removed = entry.absent_at(32);
         assert!(removed.is_absent());

@@ -156,12 +156,7 @@ mod tests {
         let mut m = Marks::new("g-1");
         m.backups
             .insert("a".into(), "recipes/a-0000000000000001".into());
-        let seg = |container, entry| SegmentRef {
-            container,
-            entry,
-            len: 1,
-            fingerprint: Fingerprint([0; 32]),
-        };
+        let seg = |container, entry| SegmentRef::new(container, entry, 1, &Fingerprint([0; 32]));
         m.mark(&Recipe {
             stream_len: 3,
             segments: vec![seg(5, 0), seg(5, 17), seg(2, 3)],

@@ -486,12 +486,7 @@ fn append_one(live: &mut Live<'_>, item: Item) -> Result<(), WireError> {
                 )));
             }
             let len = data.len() as u32;
-            let r = SegmentRef {
-                container,
-                entry,
-                len,
-                fingerprint: fp,
-            };
+            let r = SegmentRef::new(container, entry, len, &fp);
             live.session.push(r, true).map_err(repo_err)?;
         }
     }
