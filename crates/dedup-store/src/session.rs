@@ -47,7 +47,8 @@ struct Open {
 /// on cutting, hashing and compressing while it is written and synced (a
 /// put waited for on the backup's thread cost about 2 s of a 9 s backup of
 /// 2 GiB). At most one per session; the index and the catalog cache learn
-/// of it only once it is durable, and `commit` waits for it.
+/// of it only once it is durable (the session looks every segment), and
+/// `commit` waits for it.
 struct Writing {
     id: u64,
     done: JoinHandle<Result<(Catalog, u64), Error>>,
@@ -159,6 +160,7 @@ impl BackupSession<'_> {
     /// a remote client names only by fingerprint, so the length in the
     /// recipe is the store's, never the client's word.
     pub fn lookup_ref(&mut self, fp: &Fingerprint) -> RepoResult<Option<SegmentRef>> {
+        self.reap_written()?;
         let at = |container, entry, len| SegmentRef::new(container, entry, len, fp);
         if let Some(o) = &self.open {
             if let Some(&i) = o.holds.get(fp) {
@@ -434,6 +436,19 @@ impl BackupSession<'_> {
                 cause,
             })?;
         self.writing = Some(Writing { id, done });
+        Ok(())
+    }
+
+    /// `finish_writing` once the put has ended, without waiting for it.
+    /// Asked every segment: until the index learns of a container, no
+    /// other session can reuse its segments, and waiting for this session's
+    /// next seal (some 45 MiB of stream later, at zstd's ratio on an ext4
+    /// image) meant that concurrent streams shorter than that never saw
+    /// each other's containers.
+    fn reap_written(&mut self) -> RepoResult<()> {
+        if self.writing.as_ref().is_some_and(|w| w.done.is_finished()) {
+            self.finish_writing()?;
+        }
         Ok(())
     }
 

@@ -233,3 +233,42 @@ fn a_session_finds_what_it_sealed_even_without_a_hook() {
     }
     s.commit().unwrap();
 }
+
+/// A container one session sealed reaches the index once its put is
+/// durable, seen by the session's next segment, not at its next seal or
+/// commit: a concurrent backup then reuses its segments (before, streams
+/// shorter than a container never saw each other's).
+#[test]
+fn a_sealed_container_serves_other_sessions_once_durable() {
+    let tmp = tempfile::tempdir().unwrap();
+    Repository::init_with(tmp.path(), options(Segmenting::DEFAULT)).unwrap();
+    let repo = Repository::open(tmp.path()).unwrap();
+    let mut a = repo.begin_backup("a", "g").unwrap();
+    let mut b = repo.begin_backup("b", "g").unwrap();
+    // 80 KiB of random segments fill a 64 KiB container: it seals.
+    let first = random(80 << 10, 1);
+    for s in first.chunks(4096) {
+        a.append(s).unwrap();
+    }
+    let fp = dedup_store::writer::HASH.fingerprint(&first[..4096]);
+    let mut seen = false;
+    for k in 0..500u64 {
+        // `a` goes on, a segment at a time, far from filling its next
+        // container; `b` asks for a's first segment.
+        a.append(&random(4096, 1000 + k)).unwrap();
+        if b.lookup(&fp).unwrap().is_some() {
+            seen = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(seen, "b never saw a's sealed container");
+    b.append(&first[..4096]).unwrap();
+    assert_eq!(b.report().segments_duplicate, 1);
+    let rb = b.commit().unwrap();
+    assert_eq!(rb.report.bytes_new, 0);
+    a.commit().unwrap();
+    let mut out = Vec::new();
+    repo.restore("b", &mut out).unwrap();
+    assert!(out == first[..4096]);
+}
