@@ -32,8 +32,12 @@ impl Drop for Running {
 
 /// A new repository served at `at` (a TCP port 0 is resolved) with `key`.
 fn serve(dir: &Path, at: Endpoint, key: Option<Key>) -> Running {
+    serve_with(dir, at, key, ServerLimits::default())
+}
+
+fn serve_with(dir: &Path, at: Endpoint, key: Option<Key>, limits: ServerLimits) -> Running {
     let repo = Repository::init(dir.join("repo")).unwrap();
-    let server = Server::bind_with_key(repo, &at, ServerLimits::default(), key).unwrap();
+    let server = Server::bind_with_key(repo, &at, limits, key).unwrap();
     let (at, stop) = (server.endpoint().clone(), server.stop_handle());
     Running {
         at,
@@ -352,4 +356,55 @@ fn a_client_with_a_key_sends_nothing_to_a_server_that_cannot_prove_it() {
             "only the handshake reached it: {calls:?}"
         );
     }
+}
+
+/// The handshake has a deadline as a whole, not only a limit on each
+/// silence: a peer that trickles a frame a byte at a time, each byte well
+/// within the limit, is cut off once the deadline passes (here the idle
+/// timeout, 1 s, shorter than the usual 10 s), and a client holding the key
+/// still gets in.
+#[test]
+fn a_handshake_trickled_a_byte_at_a_time_is_cut_off_at_its_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = Key::derive(b"the key");
+    let limits = ServerLimits {
+        idle_timeout: Some(std::time::Duration::from_secs(1)),
+        ..ServerLimits::default()
+    };
+    let server = serve_with(dir.path(), tcp(), Some(key.clone()), limits);
+    let Endpoint::Tcp(addr) = server.at else {
+        unreachable!()
+    };
+    let mut s = dial(addr);
+    let start = std::time::Instant::now();
+    // A frame of 200 bytes (allowed before the handshake), then its body a
+    // byte every 300 ms: it would take a minute to arrive.
+    s.write_all(&200u32.to_be_bytes()).unwrap();
+    let mut cut = None;
+    for _ in 0..30 {
+        if s.write_all(&[0]).is_err() {
+            cut = Some(start.elapsed());
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        // Closed: a read sees the end (or a reset) at once.
+        s.set_nonblocking(true).unwrap();
+        let mut byte = [0u8; 1];
+        let closed = match s.read(&mut byte) {
+            Ok(n) => n == 0,
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        };
+        s.set_nonblocking(false).unwrap();
+        if closed {
+            cut = Some(start.elapsed());
+            break;
+        }
+    }
+    let cut = cut.expect("the trickling peer was never cut off");
+    assert!(
+        cut < std::time::Duration::from_secs(3),
+        "cut off after {cut:?}"
+    );
+    let c = connect(&server.at, Some(&key)).unwrap();
+    assert!(c.list().unwrap().is_empty());
 }

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::io::{self, BufReader, BufWriter, Write};
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dedup_core::fingerprint::Fingerprint;
 
@@ -19,7 +19,7 @@ use super::protocol::{
     MAX_FRAME, MAX_SEGMENT, MAX_TREE, PROTOCOL_VERSION, RESTORE_CHUNK,
 };
 use super::server::Shared;
-use super::stream::Stream;
+use super::stream::{Deadlined, Stream};
 use crate::recipe::SegmentRef;
 use crate::repo::Repository;
 use crate::repo_error::RepoError;
@@ -47,13 +47,18 @@ pub(crate) fn serve(repo: &Repository, stream: Stream, shared: &Shared) {
     // backups' containers. (A zero timeout, which the socket refuses,
     // means none.)
     let idle = shared.limits.idle_timeout.filter(|t| !t.is_zero());
-    // A peer that has not proved the key yet gets a short while and small
-    // frames: without the key, nobody holds a slot for long or makes the
-    // server set a large frame aside.
+    // A peer that has not proved the key yet gets a short while, for the
+    // whole handshake and not only for each read, and small frames:
+    // without the key, nobody holds a slot for long or makes the server
+    // set a large frame aside.
     let handshake = match (&shared.key, idle) {
         (None, _) => idle,
         (Some(_), Some(t)) => Some(t.min(HANDSHAKE_TIMEOUT)),
         (Some(_), None) => Some(HANDSHAKE_TIMEOUT),
+    };
+    let deadline = match (&shared.key, handshake) {
+        (Some(_), Some(t)) => Some(Instant::now() + t),
+        _ => None,
     };
     if stream.set_timeouts(handshake).is_err() {
         return;
@@ -61,7 +66,7 @@ pub(crate) fn serve(repo: &Repository, stream: Stream, shared: &Shared) {
     let Ok(read_half) = stream.try_clone() else {
         return;
     };
-    let mut reader = BufReader::with_capacity(256 << 10, read_half);
+    let mut reader = BufReader::with_capacity(256 << 10, Deadlined::new(read_half, deadline));
     let mut writer = BufWriter::with_capacity(64 << 10, stream);
     // Without a key the connection is trusted as it is (a Unix socket is
     // owner-only); with one, a challenge for it to answer first.
@@ -114,7 +119,7 @@ pub(crate) fn serve(repo: &Repository, stream: Stream, shared: &Shared) {
                         break;
                     }
                     // In: the usual timeouts from now on.
-                    if !was && conn.authenticated && reader.get_ref().set_timeouts(idle).is_err() {
+                    if !was && conn.authenticated && reader.get_mut().lift(idle).is_err() {
                         break;
                     }
                     (req.id, reply)
@@ -215,7 +220,8 @@ struct Conn<'r> {
     greeted: bool,
 }
 
-/// How long a peer has to prove the key, and the largest frame it may
+/// How long a peer has to prove the key, from connecting to its proof
+/// (the idle timeout instead, if shorter), and the largest frame it may
 /// send before it has (a handshake's frames are under 100 bytes).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const HANDSHAKE_FRAME: usize = 4 << 10;

@@ -3,7 +3,7 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::protocol::Endpoint;
 
@@ -50,6 +50,14 @@ impl Stream {
                 s.set_read_timeout(timeout)?;
                 s.set_write_timeout(timeout)
             }
+        }
+    }
+
+    /// Fail a read that waits longer than `timeout` (`None`: for ever).
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_read_timeout(timeout),
+            Stream::Tcp(s) => s.set_read_timeout(timeout),
         }
     }
 
@@ -155,6 +163,44 @@ impl Listener {
                 Ok(Stream::Tcp(s))
             }
         }
+    }
+}
+
+/// A stream whose reads fail once a deadline has passed, however the bytes
+/// trickle in: a read timeout alone bounds each wait, so a peer sending a
+/// byte every few seconds could keep a handshake going for hours. Without
+/// a deadline (`lift`), reads go straight to the stream.
+pub(crate) struct Deadlined {
+    stream: Stream,
+    deadline: Option<Instant>,
+}
+
+impl Deadlined {
+    pub(crate) fn new(stream: Stream, deadline: Option<Instant>) -> Deadlined {
+        Deadlined { stream, deadline }
+    }
+
+    /// No deadline from now on; reads and writes time out after `timeout`
+    /// as `Stream::set_timeouts` says.
+    pub(crate) fn lift(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.deadline = None;
+        self.stream.set_timeouts(timeout)
+    }
+}
+
+impl Read for Deadlined {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(deadline) = self.deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the deadline for this connection passed",
+                ));
+            }
+            self.stream.set_read_timeout(Some(left))?;
+        }
+        self.stream.read(buf)
     }
 }
 
