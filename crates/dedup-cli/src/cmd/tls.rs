@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{anyhow, bail, Context};
+use zeroize::Zeroizing;
 
 /// 256 bits, as GnuTLS's psktool makes by default.
 const KEY_BYTES: usize = 32;
@@ -147,14 +148,17 @@ pub fn psk_username(path: &Path) -> anyhow::Result<String> {
 
 /// The key of a PSK file's first entry, as bytes: the secret `dedup store
 /// serve --psk` and its clients prove they share.
-pub fn psk_secret(path: &Path) -> anyhow::Result<Vec<u8>> {
+pub fn psk_secret(path: &Path) -> anyhow::Result<Zeroizing<Vec<u8>>> {
     psk_entry(path).map(|(_, key)| key)
 }
 
 /// A PSK file's first entry: its username and its key's bytes.
-fn psk_entry(path: &Path) -> anyhow::Result<(String, Vec<u8>)> {
-    let text = fs::read_to_string(path)
-        .with_context(|| format!("reading the PSK file {}", path.display()))?;
+fn psk_entry(path: &Path) -> anyhow::Result<(String, Zeroizing<Vec<u8>>)> {
+    // The file's text and the key's bytes are zeroed when dropped.
+    let text = Zeroizing::new(
+        fs::read_to_string(path)
+            .with_context(|| format!("reading the PSK file {}", path.display()))?,
+    );
     let not_psk = || {
         anyhow!(
             "{} is not a PSK file (lines of USERNAME:HEXKEY): make one with `dedup tls-psk {}`",
@@ -178,7 +182,7 @@ fn psk_entry(path: &Path) -> anyhow::Result<(String, Vec<u8>)> {
         .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
         .collect::<Result<Vec<u8>, _>>()
         .map_err(|_| not_psk())?;
-    Ok((user.to_string(), key))
+    Ok((user.to_string(), Zeroizing::new(key)))
 }
 
 /// Say so when a key file can be read by others: anyone who can read it can
@@ -214,7 +218,7 @@ mod tests {
         assert_eq!(text.lines().count(), 1);
         assert_eq!(fs::metadata(&path).unwrap().mode() & 0o7777, 0o600);
         assert_eq!(psk_username(&path).unwrap(), "alice");
-        assert_eq!(psk_secret(&path).unwrap(), key);
+        assert_eq!(*psk_secret(&path).unwrap(), key);
         let leftovers = fs::read_dir(tmp.path()).unwrap().count();
         assert_eq!(leftovers, 1, "no temporary file is left behind");
     }

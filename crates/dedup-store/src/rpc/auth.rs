@@ -13,10 +13,21 @@
 //! never be replayed as the other's (each names its side). The traffic
 //! after it is not encrypted: on loopback only root can read it.
 
+use zeroize::Zeroize;
+
 /// The key both sides hold, derived from the secret in the key file (so a
-/// secret of any length makes a 256-bit key used for nothing else).
+/// secret of any length makes a 256-bit key used for nothing else). Its
+/// bytes, and the keyed hasher's state after each proof, are overwritten
+/// with zeros once done with, so they do not linger in freed memory (a
+/// core dump, a swapped-out page).
 #[derive(Clone)]
 pub struct Key([u8; 32]);
+
+impl Drop for Key {
+    fn drop(&mut self) {
+        self.0.zeroize();
+    }
+}
 
 impl std::fmt::Debug for Key {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -48,7 +59,9 @@ impl Key {
         });
         h.update(challenge);
         h.update(nonce);
-        h.finalize()
+        let proof = h.finalize();
+        h.zeroize();
+        proof
     }
 
     /// The client's proof for the server's `challenge` and its own `nonce`.
