@@ -226,3 +226,28 @@ fn a_container_under_another_id_is_refused() {
         );
     }
 }
+
+/// A catalog read from `compacted/<id>` (a compaction replacing
+/// `containers/<id>`) still reads its segments once the compaction has put
+/// `containers/<id>` back and deleted `compacted/<id>`.
+#[test]
+fn a_catalog_read_mid_compaction_reads_after_it() {
+    use dedup_store::container::compacted_name;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = LocalDir::open(tmp.path()).unwrap();
+    let mut w = ContainerWriter::new(9);
+    w.add(b"a segment").unwrap();
+    w.add(&[7u8; 5000]).unwrap();
+    let bytes = w.seal();
+    // Steps 1 and 2 of a compaction: the new version under compacted/.
+    dir.put(&compacted_name(9), &bytes).unwrap();
+    let catalog = Catalog::read(&dir, 9).unwrap();
+    assert!(catalog.object_name().starts_with("compacted/"));
+    // Steps 3 and 4.
+    dir.put(&container_name(9), &bytes).unwrap();
+    dir.delete(&compacted_name(9)).unwrap();
+    assert_eq!(catalog.read_segment(&dir, 0).unwrap(), b"a segment");
+    let run = catalog.read_run(&dir, 0, 2).unwrap();
+    assert_eq!(run[1].as_ref().unwrap(), &[7u8; 5000]);
+    catalog.check_header(&dir).unwrap();
+}
