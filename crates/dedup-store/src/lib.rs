@@ -81,6 +81,7 @@ pub mod fuzzing;
 pub mod gc;
 pub mod index;
 pub mod index_checkpoint;
+mod inflight;
 pub mod local;
 pub mod name;
 pub mod objects;

@@ -29,6 +29,7 @@ use crate::config::{RepoConfig, CONFIG_OBJECT};
 use crate::container::Catalog;
 use crate::error::Error;
 use crate::index::{IndexConfig, SampledIndex};
+use crate::inflight::InFlight;
 use crate::local::LocalDir;
 use crate::objects::ObjectStore;
 use crate::protection::Protection;
@@ -79,6 +80,8 @@ pub struct Repository {
     catalogs: Mutex<CatalogCache>,
     pub(crate) next_container: AtomicU64,
     pub(crate) protection: Mutex<Protection>,
+    /// Containers of running backups not yet durable (`inflight.rs`).
+    inflight: Mutex<InFlight>,
     damaged: Vec<String>,
     /// References a backup gathers before writing them as a recipe part
     /// (`recipe_parts::PART_SEGMENTS`; tests make it small).
@@ -214,6 +217,7 @@ impl Repository {
             catalogs: Mutex::new(CatalogCache::new(DEFAULT_CATALOGS)),
             next_container: AtomicU64::new(0),
             protection: Mutex::new(Protection::default()),
+            inflight: Mutex::new(InFlight::default()),
             damaged: Vec::new(),
             part_segments: AtomicUsize::new(crate::recipe_parts::PART_SEGMENTS),
             _writer: writer,
@@ -326,6 +330,10 @@ impl Repository {
 
     pub(crate) fn protection(&self) -> MutexGuard<'_, Protection> {
         self.protection.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn inflight(&self) -> MutexGuard<'_, InFlight> {
+        self.inflight.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Container `id`'s catalog, from the cache or read (without holding

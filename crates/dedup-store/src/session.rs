@@ -18,6 +18,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -26,6 +27,7 @@ use dedup_core::fingerprint::Fingerprint;
 use crate::backup::{validate_name, BackupRecord, BackupReport, RECIPES_PREFIX, TREES_PREFIX};
 use crate::container::{container_name, Catalog, Container};
 use crate::error::Error;
+use crate::inflight::{Pending, Place, State};
 use crate::recipe::{Recipe, SegmentRef};
 use crate::recipe_parts::{part_digest, part_name, PartInfo, RecipeIndex};
 use crate::repo::{random_bytes, Repository};
@@ -37,10 +39,13 @@ use crate::writer::{ContainerWriter, HASH};
 type FpMap<V> = HashMap<Fingerprint, V, foldhash::fast::FixedState>;
 
 /// The container being filled, and what it holds so far (segments repeated
-/// within it are found here: the index only learns of durable containers).
+/// within it are found here: the index only learns of durable containers),
+/// each with its catalog entry and raw length. Its writer is in the
+/// repository's table of containers not yet durable (`inflight.rs`), from
+/// which a session that reuses one of its segments may take it to seal it.
 struct Open {
-    writer: ContainerWriter,
-    holds: FpMap<u32>,
+    pending: Arc<Pending>,
+    holds: FpMap<(u32, u32)>,
 }
 
 /// A sealed container being put by a thread of its own, so the backup goes
@@ -76,6 +81,13 @@ pub struct BackupSession<'r> {
     /// is still running has no catalog to look the length up in.
     sealed: [FpMap<(u64, u32, u32)>; 2],
     writing: Option<Writing>,
+    /// This session's containers that another session claimed and is
+    /// sealing: `commit` waits for them and counts them as written.
+    sealed_by_others: Vec<Arc<Pending>>,
+    /// Other sessions' containers not yet durable that this backup
+    /// references: `commit` makes them durable (sealing one still open)
+    /// before the backup object names them.
+    borrowed: HashMap<u64, Arc<Pending>>,
     ended: bool,
 }
 
@@ -112,6 +124,8 @@ impl Repository {
             open: None,
             sealed: [FpMap::default(), FpMap::default()],
             writing: None,
+            sealed_by_others: Vec::new(),
+            borrowed: HashMap::new(),
             ended: false,
         })
     }
@@ -163,26 +177,35 @@ impl BackupSession<'_> {
         self.reap_written()?;
         let at = |container, entry, len| SegmentRef::new(container, entry, len, fp);
         if let Some(o) = &self.open {
-            if let Some(&i) = o.holds.get(fp) {
-                let len = o
-                    .writer
-                    .entries()
-                    .get(i as usize)
-                    .map(|e| e.location.raw_len);
-                return Ok(len.map(|len| at(o.writer.id(), i, len)));
+            if let Some(&(i, len)) = o.holds.get(fp) {
+                return Ok(Some(at(o.pending.id, i, len)));
             }
         }
         // Containers this session wrote are held from birth: no check.
         if let Some(&(c, e, len)) = self.sealed.iter().find_map(|g| g.get(fp)) {
             return Ok(Some(at(c, e, len)));
         }
-        let Some((container, entry)) = self.repo.index()?.lookup(fp) else {
+        let hint = self.repo.index()?.lookup(fp);
+        if let Some((container, entry)) = hint {
+            let confirmed = self
+                .held_entry(container, entry)
+                .filter(|e| e.fingerprint == *fp);
+            if let Some(e) = confirmed {
+                return Ok(Some(at(container, entry, e.location.raw_len)));
+            }
+        }
+        // Another running backup's container, not durable yet: held for
+        // this session (GC cannot have condemned a container it never
+        // listed), and made durable before this backup commits.
+        let found = self.repo.inflight().find(fp);
+        let Some((p, pending)) = found else {
             return Ok(None);
         };
-        Ok(self
-            .held_entry(container, entry)
-            .filter(|e| e.fingerprint == *fp)
-            .map(|e| at(container, entry, e.location.raw_len)))
+        if !self.repo.protection().hold(self.id, p.container) {
+            return Ok(None);
+        }
+        self.borrowed.entry(p.container).or_insert(pending);
+        Ok(Some(at(p.container, p.entry, p.len)))
     }
 
     /// Reuse segment `r` from an earlier backup's recipe without reading
@@ -225,21 +248,61 @@ impl BackupSession<'_> {
         fp: Fingerprint,
     ) -> RepoResult<(u64, u32, Fingerprint)> {
         if let Some(o) = &self.open {
-            if let Some(&i) = o.holds.get(&fp) {
-                return Ok((o.writer.id(), i, fp));
+            if let Some(&(i, _)) = o.holds.get(&fp) {
+                return Ok((o.pending.id, i, fp));
             }
         }
-        if self.open.is_none() {
-            self.open = Some(self.new_container());
+        let len = data.len() as u32;
+        loop {
+            if self.open.is_none() {
+                self.open = Some(self.new_container());
+            }
+            let o = self.open.as_mut().expect("just opened");
+            let added = match o.pending.writer().as_mut() {
+                Some(w) => {
+                    let (_, i) = w.add_hashed(data, fp)?;
+                    Some((i as u32, w.is_full()))
+                }
+                None => None,
+            };
+            let Some((i, full)) = added else {
+                // Another backup took the container to seal it: carry on
+                // in a new one.
+                self.handed_over();
+                continue;
+            };
+            o.holds.insert(fp, (i, len));
+            let id = o.pending.id;
+            let at = Place {
+                container: id,
+                entry: i,
+                len,
+            };
+            self.repo.inflight().add(fp, at);
+            if full {
+                self.seal()?;
+            }
+            return Ok((id, i, fp));
         }
-        let o = self.open.as_mut().expect("just opened");
-        let (_, i) = o.writer.add_hashed(data, fp)?;
-        o.holds.insert(fp, i as u32);
-        let at = (o.writer.id(), i as u32);
-        if o.writer.is_full() {
-            self.seal()?;
+    }
+
+    /// The open container was claimed by another session, which seals and
+    /// puts it: what it holds is this session's sealed segments now, and
+    /// `commit` waits for the put.
+    fn handed_over(&mut self) {
+        if let Some(o) = self.open.take() {
+            self.remember_sealed(o.pending.id, &o.holds);
+            self.sealed_by_others.push(o.pending);
         }
-        Ok((at.0, at.1, fp))
+    }
+
+    /// Remember what container `id` holds, sealed, for this session's own
+    /// lookups (in generations, see `sealed`).
+    fn remember_sealed(&mut self, id: u64, holds: &FpMap<(u32, u32)>) {
+        if self.sealed[0].len() + holds.len() > SEALED_GENERATION {
+            self.sealed[1] = std::mem::take(&mut self.sealed[0]);
+        }
+        self.sealed[0].extend(holds.iter().map(|(fp, &(i, len))| (*fp, (id, i, len))));
     }
 
     /// Add the next segment of the stream to the recipe; `new` if this
@@ -334,6 +397,7 @@ impl BackupSession<'_> {
         }
         self.seal()?;
         self.finish_writing()?;
+        self.settle_shared()?;
         let repo = self.repo;
         let (nonce, recipe_name) = (self.nonce, self.recipe_name());
         let recipe = if self.parts.is_empty() {
@@ -399,8 +463,9 @@ impl BackupSession<'_> {
         // Held from birth: no committed backup references it yet.
         self.repo.protection().hold(self.id, id);
         let target = usize::try_from(self.repo.config.container_target).unwrap_or(usize::MAX);
+        let writer = ContainerWriter::with_options(id, target, self.repo.config.compression);
         Open {
-            writer: ContainerWriter::with_options(id, target, self.repo.config.compression),
+            pending: self.repo.inflight().open(writer),
             holds: FpMap::default(),
         }
     }
@@ -408,35 +473,70 @@ impl BackupSession<'_> {
     /// Seal the open container, if any, and start putting it (after the
     /// one before it is durable).
     fn seal(&mut self) -> RepoResult<()> {
+        if self.open.is_none() {
+            return Ok(());
+        }
+        // Before the claim: a claimed container must be settled on every
+        // path, or a backup reusing it would wait for ever.
+        self.finish_writing()?;
         let Some(open) = self.open.take() else {
             return Ok(());
         };
-        self.finish_writing()?;
-        let id = open.writer.id();
+        let claimed = self.repo.inflight().claim(&open.pending);
+        if !claimed {
+            self.open = Some(open);
+            self.handed_over();
+            return Ok(());
+        }
+        let id = open.pending.id;
         // The session itself may reference the container at once: it is
         // held from birth, and `commit` waits for it to be durable.
-        if self.sealed[0].len() + open.holds.len() > SEALED_GENERATION {
-            self.sealed[1] = std::mem::take(&mut self.sealed[0]);
-        }
-        let entries = open.writer.entries();
-        let len = |i: u32| entries.get(i as usize).map_or(0, |e| e.location.raw_len);
-        self.sealed[0].extend(open.holds.iter().map(|(fp, &i)| (*fp, (id, i, len(i)))));
-        let bytes = open.writer.seal();
-        let store = std::sync::Arc::clone(&self.repo.store);
+        self.remember_sealed(id, &open.holds);
+        let writer = open.pending.writer().take();
+        let Some(writer) = writer else {
+            let e = writer_gone(id);
+            self.lose(&open.pending, &e);
+            return Err(e);
+        };
+        let bytes = writer.seal();
+        let store = Arc::clone(&self.repo.store);
+        let pending = open.pending;
+        let watch = Arc::clone(&pending);
         let done = std::thread::Builder::new()
             .name(format!("put container {id:x}"))
             .spawn(move || {
-                let name = container_name(id);
-                store.put(&name, &bytes)?;
-                let len = bytes.len() as u64;
-                Ok((Container::parse(&name, bytes)?.catalog().clone(), len))
+                // Settled here, not when the session looks: a backup
+                // waiting to commit with a reference to it must not wait
+                // for this session's next segment.
+                let put = put_container(&*store, id, bytes);
+                pending.settle(match &put {
+                    Ok((_, len)) => State::Durable(*len),
+                    Err(e) => State::Lost(e.to_string()),
+                });
+                put
             })
             .map_err(|cause| RepoError::Io {
                 context: format!("starting a thread to write container {id:x}"),
                 cause,
-            })?;
-        self.writing = Some(Writing { id, done });
-        Ok(())
+            });
+        match done {
+            Ok(done) => {
+                self.writing = Some(Writing { id, done });
+                Ok(())
+            }
+            Err(e) => {
+                self.lose(&watch, &e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Container `p`, claimed by this session, will not be written: settle
+    /// it as lost (a backup reusing it fails instead of waiting) and unlist
+    /// it.
+    fn lose(&self, p: &Pending, e: &RepoError) {
+        p.settle(State::Lost(e.to_string()));
+        self.repo.inflight().forget(p.id);
     }
 
     /// `finish_writing` once the put has ended, without waiting for it.
@@ -464,10 +564,98 @@ impl BackupSession<'_> {
         })??;
         self.report.containers_written += 1;
         self.report.bytes_written += len;
-        let catalog = std::sync::Arc::new(catalog);
-        self.repo.index()?.insert(w.id, catalog.entries());
-        self.repo.catalog_cache().insert(w.id, catalog);
+        tell_index(self.repo, w.id, catalog)
+    }
+
+    /// Before the backup object names them: wait for this session's
+    /// containers that other sessions seal, and make durable every other
+    /// session's container this backup references, sealing and putting
+    /// one still open itself (its owner may be idle for an hour).
+    fn settle_shared(&mut self) -> RepoResult<()> {
+        for p in std::mem::take(&mut self.sealed_by_others) {
+            match p.wait_settled() {
+                State::Durable(len) => {
+                    self.report.containers_written += 1;
+                    self.report.bytes_written += len;
+                }
+                other => return Err(not_durable(p.id, &other)),
+            }
+        }
+        for (_, p) in std::mem::take(&mut self.borrowed) {
+            let claimed = self.repo.inflight().claim(&p);
+            if claimed {
+                seal_claimed(self.repo, &p)?;
+            }
+            match p.wait_settled() {
+                State::Durable(_) => {}
+                other => return Err(not_durable(p.id, &other)),
+            }
+        }
         Ok(())
+    }
+}
+
+/// Put sealed container `id` and read back its catalog (checking what was
+/// put); its length.
+fn put_container(
+    store: &dyn crate::objects::ObjectStore,
+    id: u64,
+    bytes: Vec<u8>,
+) -> Result<(Catalog, u64), Error> {
+    let name = container_name(id);
+    store.put(&name, &bytes)?;
+    let len = bytes.len() as u64;
+    Ok((Container::parse(&name, bytes)?.catalog().clone(), len))
+}
+
+/// Tell the index and the catalog cache of durable container `id`, and
+/// unlist it from the containers not yet durable.
+fn tell_index(repo: &Repository, id: u64, catalog: Catalog) -> RepoResult<()> {
+    let catalog = Arc::new(catalog);
+    repo.index()?.insert(id, catalog.entries());
+    repo.catalog_cache().insert(id, catalog);
+    repo.inflight().forget(id);
+    Ok(())
+}
+
+/// Seal and put container `p`, which the caller claimed while it was open
+/// (another session's, or this one's given up), on this thread; settle it
+/// either way.
+fn seal_claimed(repo: &Repository, p: &Pending) -> RepoResult<()> {
+    let writer = p.writer().take();
+    let put = writer
+        .ok_or_else(|| writer_gone(p.id))
+        .and_then(|w| put_container(&*repo.store, p.id, w.seal()).map_err(RepoError::from));
+    match put {
+        Ok((catalog, len)) => {
+            p.settle(State::Durable(len));
+            tell_index(repo, p.id, catalog)
+        }
+        Err(e) => {
+            p.settle(State::Lost(e.to_string()));
+            repo.inflight().forget(p.id);
+            Err(e)
+        }
+    }
+}
+
+fn writer_gone(id: u64) -> RepoError {
+    RepoError::Io {
+        context: format!("sealing container {id:x}"),
+        cause: std::io::Error::other("its writer is gone: another backup took it"),
+    }
+}
+
+/// The error for a backup whose segments are in container `id`, which did
+/// not become durable.
+fn not_durable(id: u64, state: &State) -> RepoError {
+    let why = match state {
+        State::Lost(why) => why.clone(),
+        other => format!("it ended {other:?}"),
+    };
+    RepoError::Io {
+        context: format!("writing container {id:x}, which holds segments of this backup"),
+        cause: std::io::Error::other(why),
     }
 }
 
@@ -477,6 +665,15 @@ impl Drop for BackupSession<'_> {
         // given up, so GC never sees half of one.
         if let Some(w) = self.writing.take() {
             let _ = w.done.join();
+            self.repo.inflight().forget(w.id);
+        }
+        // The open container is dropped unless another backup references
+        // its segments: then it is written, for that backup.
+        if let Some(o) = self.open.take() {
+            let wanted = self.repo.inflight().abandon(&o.pending);
+            if wanted {
+                let _ = seal_claimed(self.repo, &o.pending);
+            }
         }
         if !self.ended {
             self.repo.protection().abort_session(self.id);
