@@ -21,16 +21,19 @@ fn random(n: usize, seed: u64) -> Vec<u8> {
     v
 }
 
-/// A repository of fixed 4 KiB segments in 64 KiB containers, so 32 KiB
-/// of random data leaves its container open.
-fn repo() -> (tempfile::TempDir, Repository) {
-    let tmp = tempfile::tempdir().unwrap();
-    let options = RepoOptions {
+/// Fixed 4 KiB segments in 64 KiB containers, so 32 KiB of random data
+/// leaves its container open.
+fn options() -> RepoOptions {
+    RepoOptions {
         segmenting: Segmenting::DEFAULT,
         container_target: 64 << 10,
         ..RepoOptions::default()
-    };
-    let repo = Repository::init_with(tmp.path(), options).unwrap();
+    }
+}
+
+fn repo() -> (tempfile::TempDir, Repository) {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::init_with(tmp.path(), options()).unwrap();
     (tmp, repo)
 }
 
@@ -153,13 +156,8 @@ fn two_backups_reusing_each_other_s_open_containers_both_commit() {
 /// committed that references the lost container.
 #[test]
 fn a_lost_container_fails_every_backup_that_needs_it() {
-    let tmp = tempfile::tempdir().unwrap();
-    let options = RepoOptions {
-        segmenting: Segmenting::DEFAULT,
-        container_target: 64 << 10,
-        ..RepoOptions::default()
-    };
-    drop(Repository::init_with(tmp.path(), options).unwrap());
+    let (tmp, repo) = repo();
+    drop(repo);
     let (repo, faulty) = open_faulty(tmp.path());
     let shared = random(32 << 10, 5);
     let mut a = repo.begin_backup("a", "g").unwrap();
