@@ -90,6 +90,22 @@ impl Pending {
     }
 }
 
+/// Settles its container as lost if dropped while the container is still
+/// open or sealing: a put that panics must not leave the backups that
+/// reuse its segments waiting for ever.
+pub(crate) struct SettleGuard<'a>(pub(crate) &'a Pending);
+
+impl Drop for SettleGuard<'_> {
+    fn drop(&mut self) {
+        let p = self.0;
+        let mut s = p.state.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(*s, State::Open | State::Sealing) {
+            *s = State::Lost("its put did not finish (the thread panicked)".into());
+            p.settled.notify_all();
+        }
+    }
+}
+
 struct Listed {
     pending: Arc<Pending>,
     fingerprints: Vec<Fingerprint>,

@@ -27,7 +27,7 @@ use dedup_core::fingerprint::Fingerprint;
 use crate::backup::{validate_name, BackupRecord, BackupReport, RECIPES_PREFIX, TREES_PREFIX};
 use crate::container::{container_name, Catalog, Container};
 use crate::error::Error;
-use crate::inflight::{Pending, Place, State};
+use crate::inflight::{Pending, Place, SettleGuard, State};
 use crate::recipe::{Recipe, SegmentRef};
 use crate::recipe_parts::{part_digest, part_name, PartInfo, RecipeIndex};
 use crate::repo::{random_bytes, Repository};
@@ -197,13 +197,17 @@ impl BackupSession<'_> {
         // Another running backup's container, not durable yet: held for
         // this session (GC cannot have condemned a container it never
         // listed), and made durable before this backup commits.
-        let found = self.repo.inflight().find(fp);
+        // Held under the table's lock: a listed container is held by its
+        // owner, so no collection can have condemned or compacted it.
+        let found = {
+            let mut table = self.repo.inflight();
+            table
+                .find(fp)
+                .filter(|(p, _)| self.repo.protection().hold(self.id, p.container))
+        };
         let Some((p, pending)) = found else {
             return Ok(None);
         };
-        if !self.repo.protection().hold(self.id, p.container) {
-            return Ok(None);
-        }
         self.borrowed.entry(p.container).or_insert(pending);
         Ok(Some(at(p.container, p.entry, p.len)))
     }
@@ -507,7 +511,8 @@ impl BackupSession<'_> {
             .spawn(move || {
                 // Settled here, not when the session looks: a backup
                 // waiting to commit with a reference to it must not wait
-                // for this session's next segment.
+                // for this session's next segment. Lost if this panics.
+                let _guard = SettleGuard(&pending);
                 let put = put_container(&*store, id, bytes);
                 pending.settle(match &put {
                     Ok((_, len)) => State::Durable(*len),
@@ -558,10 +563,18 @@ impl BackupSession<'_> {
         let Some(w) = self.writing.take() else {
             return Ok(());
         };
-        let (catalog, len) = w.done.join().map_err(|_| RepoError::Io {
+        let put = w.done.join().map_err(|_| RepoError::Io {
             context: format!("writing container {:x}", w.id),
             cause: std::io::Error::other("the writing thread panicked"),
-        })??;
+        });
+        let (catalog, len) = match put.and_then(|r| r.map_err(RepoError::from)) {
+            Ok(done) => done,
+            Err(e) => {
+                // Settled lost by the thread (or its guard): unlisted too.
+                self.repo.inflight().forget(w.id);
+                return Err(e);
+            }
+        };
         self.report.containers_written += 1;
         self.report.bytes_written += len;
         tell_index(self.repo, w.id, catalog)
@@ -622,6 +635,7 @@ fn tell_index(repo: &Repository, id: u64, catalog: Catalog) -> RepoResult<()> {
 /// (another session's, or this one's given up), on this thread; settle it
 /// either way.
 fn seal_claimed(repo: &Repository, p: &Pending) -> RepoResult<()> {
+    let _guard = SettleGuard(p);
     let writer = p.writer().take();
     let put = writer
         .ok_or_else(|| writer_gone(p.id))
@@ -664,8 +678,14 @@ impl Drop for BackupSession<'_> {
         // A put still running ends before the session's containers are
         // given up, so GC never sees half of one.
         if let Some(w) = self.writing.take() {
-            let _ = w.done.join();
-            self.repo.inflight().forget(w.id);
+            // Indexed if it was written: another backup may reference it,
+            // and the index checkpoint will say it covers its id.
+            match w.done.join() {
+                Ok(Ok((catalog, _))) => {
+                    let _ = tell_index(self.repo, w.id, catalog);
+                }
+                _ => self.repo.inflight().forget(w.id),
+            }
         }
         // The open container is dropped unless another backup references
         // its segments: then it is written, for that backup.

@@ -43,6 +43,13 @@ fn append(s: &mut dedup_store::BackupSession<'_>, data: &[u8]) {
     }
 }
 
+/// A wait that never ends: the scope around it would wait for the stuck
+/// thread too, so a panic would hang the test instead of failing it.
+fn hung(what: &str) -> ! {
+    eprintln!("{what} waited for ever");
+    std::process::abort()
+}
+
 fn is_clean(repo: &Repository) {
     let r = repo.check(CheckOptions { data: true }, &|_| {}).unwrap();
     assert!(r.is_clean(), "{r:#?}");
@@ -138,7 +145,7 @@ fn two_backups_reusing_each_other_s_open_containers_both_commit() {
             for _ in 0..2 {
                 let r = finished
                     .recv_timeout(Duration::from_secs(30))
-                    .expect("a commit never ended");
+                    .unwrap_or_else(|_| hung("a commit"));
                 r.unwrap();
             }
         });
@@ -248,4 +255,80 @@ fn sharing_backups_commit_or_give_up_at_random_beside_a_collector() {
         drop(repo);
         check_backups(&Repository::open(tmp.path()).unwrap(), &model);
     }
+}
+
+/// Puts that panic (a bug in a store, say).
+struct PanicOnPut {
+    inner: std::sync::Arc<dyn dedup_store::ObjectStore>,
+    on: std::sync::atomic::AtomicBool,
+}
+
+impl dedup_store::ObjectStore for PanicOnPut {
+    fn put(&self, name: &str, bytes: &[u8]) -> dedup_store::Result<()> {
+        if self.on.load(std::sync::atomic::Ordering::SeqCst) && name.starts_with("containers/") {
+            panic!("simulated bug putting {name}");
+        }
+        self.inner.put(name, bytes)
+    }
+    fn get(&self, name: &str) -> dedup_store::Result<Vec<u8>> {
+        self.inner.get(name)
+    }
+    fn get_range(&self, name: &str, offset: u64, len: u64) -> dedup_store::Result<Vec<u8>> {
+        self.inner.get_range(name, offset, len)
+    }
+    fn get_tail(&self, name: &str, len: u64) -> dedup_store::Result<Vec<u8>> {
+        self.inner.get_tail(name, len)
+    }
+    fn list(&self, prefix: &str) -> dedup_store::Result<Vec<String>> {
+        self.inner.list(prefix)
+    }
+    fn delete(&self, name: &str) -> dedup_store::Result<()> {
+        self.inner.delete(name)
+    }
+}
+
+/// The owner's put of a container another backup reuses panics: that
+/// backup's commit fails, it does not wait for ever, and so does the
+/// owner's.
+#[test]
+fn a_put_that_panics_fails_the_backups_that_wait_for_it() {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    let (tmp, repo) = repo();
+    drop(repo);
+    let mut store = None;
+    let repo = Repository::open_wrapped(tmp.path(), |inner| {
+        let s = Arc::new(PanicOnPut {
+            inner,
+            on: false.into(),
+        });
+        store = Some(s.clone());
+        s
+    })
+    .unwrap();
+    let store = store.unwrap();
+    let shared = random(32 << 10, 6);
+    let mut a = repo.begin_backup("a", "g").unwrap();
+    let mut b = repo.begin_backup("b", "g").unwrap();
+    append(&mut a, &shared);
+    append(&mut b, &shared);
+    store.on.store(true, Ordering::SeqCst);
+    // a fills its container: sealed, put on a thread that panics.
+    append(&mut a, &random(48 << 10, 7));
+    let (done, finished) = mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            done.send(b.commit().map(|_| ()).map_err(|e| e.to_string()))
+                .unwrap()
+        });
+        let r = finished
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| hung("b's commit"));
+        let e = r.unwrap_err();
+        assert!(e.contains("panicked"), "{e}");
+    });
+    store.on.store(false, Ordering::SeqCst);
+    let e = a.commit().unwrap_err().to_string();
+    assert!(e.contains("panicked"), "{e}");
+    assert!(repo.list_backups().unwrap().is_empty());
 }
