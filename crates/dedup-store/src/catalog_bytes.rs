@@ -46,16 +46,23 @@ pub fn pack(entries: &[Entry], version: u32) -> Vec<u8> {
     zstd::bulk::compress(&columns, LEVEL).expect("zstd compresses in memory")
 }
 
+/// Stored bytes a compressed catalog takes at least per segment: its
+/// fingerprints are distinct BLAKE3 hashes, which do not compress (32
+/// bytes each), so a real catalog is never below half of that. The bound
+/// keeps a forged count from making a reader decompress and hold 64 bytes
+/// a segment out of a few (at most 4 times the bytes it read, twice).
+pub const MIN_STORED_PER_SEGMENT: u64 = 16;
+
 /// Whether `stored` bytes can hold the catalog of `count` segments in
-/// format `version`: exactly an entry each when plain. When compressed, at
-/// least a byte a segment, so a forged count cannot make a reader
-/// decompress 64 bytes a segment out of a few (real catalogs keep the
-/// incompressible fingerprints: at least 32 bytes a segment), and at most
-/// what zstd can make of the entries.
+/// format `version`: exactly an entry each when plain; when compressed,
+/// `MIN_STORED_PER_SEGMENT` bytes a segment at least and at most what zstd
+/// can make of the entries.
 pub fn fits(version: u32, count: u32, stored: u64) -> bool {
     let raw = u64::from(count) * entry_len(version) as u64;
     if is_compressed(version) {
-        u64::from(count) <= stored && stored <= zstd::zstd_safe::compress_bound(raw as usize) as u64
+        let bound = usize::try_from(raw).map(zstd::zstd_safe::compress_bound);
+        u64::from(count) * MIN_STORED_PER_SEGMENT <= stored
+            && bound.is_ok_and(|b| stored <= b as u64)
     } else {
         stored == raw
     }
@@ -68,7 +75,22 @@ pub fn unpack(version: u32, count: u32, stored: &[u8]) -> Result<Cow<'_, [u8]>, 
         return Ok(Cow::Borrowed(stored));
     }
     let n = count as usize;
-    let raw_len = n * ENTRY_LEN;
+    let raw_len = n
+        .checked_mul(ENTRY_LEN)
+        .ok_or_else(|| format!("{n} catalog entries do not fit in memory"))?;
+    // One zstd frame, exactly the stored bytes: nothing skipped or after it.
+    let frame = zstd::zstd_safe::find_frame_compressed_size(stored).map_err(|e| {
+        format!(
+            "its catalog is not a zstd frame: {}",
+            zstd::zstd_safe::get_error_name(e)
+        )
+    })?;
+    if frame != stored.len() {
+        return Err(format!(
+            "its catalog is a {frame}-byte zstd frame and {} bytes more",
+            stored.len() - frame
+        ));
+    }
     let columns = zstd::bulk::decompress(stored, raw_len)
         .map_err(|e| format!("its catalog does not decompress: {e}"))?;
     if columns.len() != raw_len {

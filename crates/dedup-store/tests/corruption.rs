@@ -210,6 +210,24 @@ fn forged_fields_with_valid_checksums_are_refused_by_name() {
     );
     assert!(error_of(bad).contains("does not end at the trailer"));
 
+    // A compressed catalog with more after its zstd frame (a skippable
+    // frame, which zstd itself would pass over), checksums recomputed.
+    let t = trailer(&good);
+    let mut catalog = good[t.catalog_offset as usize..good.len() - TRAILER_LEN].to_vec();
+    catalog.extend_from_slice(&[0x50, 0x2a, 0x4d, 0x18, 4, 0, 0, 0, 1, 2, 3, 4]);
+    let mut bad = good[..t.catalog_offset as usize].to_vec();
+    bad.extend_from_slice(&catalog);
+    bad.extend_from_slice(
+        &Trailer {
+            catalog_len: catalog.len() as u64,
+            catalog_crc: crc(&catalog),
+            ..t
+        }
+        .encode(),
+    );
+    let e = error_of(bad);
+    assert!(e.contains("zstd frame and 12 bytes more"), "{e}");
+
     // A catalog entry pointing elsewhere, its catalog checksum recomputed.
     let bad = with_entries(&good, |e| e[0].location.offset = 1000);
     let e = error_of(bad);
