@@ -30,9 +30,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use dedup_core::fingerprint::Fingerprint;
 
+use crate::session::FpMap;
 use crate::writer::ContainerWriter;
-
-type FpMap<V> = HashMap<Fingerprint, V, foldhash::fast::FixedState>;
 
 /// Where a segment is: container, catalog entry, raw length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +56,13 @@ pub(crate) enum State {
     Dropped,
 }
 
+impl State {
+    /// Open or sealing: its outcome is still to come.
+    fn unsettled(&self) -> bool {
+        matches!(self, State::Open | State::Sealing)
+    }
+}
+
 /// A container not yet durable.
 pub(crate) struct Pending {
     pub(crate) id: u64,
@@ -78,7 +84,7 @@ impl Pending {
     /// Wait until the container is durable, lost or dropped.
     pub(crate) fn wait_settled(&self) -> State {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        while matches!(*s, State::Open | State::Sealing) {
+        while s.unsettled() {
             s = self.settled.wait(s).unwrap_or_else(|p| p.into_inner());
         }
         s.clone()
@@ -99,7 +105,7 @@ impl Drop for SettleGuard<'_> {
     fn drop(&mut self) {
         let p = self.0;
         let mut s = p.state.lock().unwrap_or_else(|e| e.into_inner());
-        if matches!(*s, State::Open | State::Sealing) {
+        if s.unsettled() {
             *s = State::Lost("its put did not finish (the thread panicked)".into());
             p.settled.notify_all();
         }
@@ -207,11 +213,5 @@ impl InFlight {
                 }
             }
         }
-    }
-
-    /// Containers listed, for tests.
-    #[allow(dead_code)]
-    pub(crate) fn len(&self) -> usize {
-        self.containers.len()
     }
 }

@@ -36,7 +36,7 @@ use crate::writer::{ContainerWriter, HASH};
 
 /// Maps keyed by fingerprint: already uniform bytes, so a fast hash is
 /// as good as SipHash here, and these are asked once a segment.
-type FpMap<V> = HashMap<Fingerprint, V, foldhash::fast::FixedState>;
+pub(crate) type FpMap<V> = HashMap<Fingerprint, V, foldhash::fast::FixedState>;
 
 /// The container being filled, and what it holds so far (segments repeated
 /// within it are found here: the index only learns of durable containers),
@@ -195,10 +195,9 @@ impl BackupSession<'_> {
             }
         }
         // Another running backup's container, not durable yet: held for
-        // this session (GC cannot have condemned a container it never
-        // listed), and made durable before this backup commits.
-        // Held under the table's lock: a listed container is held by its
-        // owner, so no collection can have condemned or compacted it.
+        // this session under the table's lock (a listed container is held
+        // by its owner, so no collection can have condemned or compacted
+        // it), and made durable before this backup commits.
         let found = {
             let mut table = self.repo.inflight();
             table
@@ -477,9 +476,6 @@ impl BackupSession<'_> {
     /// Seal the open container, if any, and start putting it (after the
     /// one before it is durable).
     fn seal(&mut self) -> RepoResult<()> {
-        if self.open.is_none() {
-            return Ok(());
-        }
         // Before the claim: a claimed container must be settled on every
         // path, or a backup reusing it would wait for ever.
         self.finish_writing()?;
@@ -499,7 +495,7 @@ impl BackupSession<'_> {
         let writer = open.pending.writer().take();
         let Some(writer) = writer else {
             let e = writer_gone(id);
-            self.lose(&open.pending, &e);
+            lose(self.repo, &open.pending, &e);
             return Err(e);
         };
         let bytes = writer.seal();
@@ -530,18 +526,10 @@ impl BackupSession<'_> {
                 Ok(())
             }
             Err(e) => {
-                self.lose(&watch, &e);
+                lose(self.repo, &watch, &e);
                 Err(e)
             }
         }
-    }
-
-    /// Container `p`, claimed by this session, will not be written: settle
-    /// it as lost (a backup reusing it fails instead of waiting) and unlist
-    /// it.
-    fn lose(&self, p: &Pending, e: &RepoError) {
-        p.settle(State::Lost(e.to_string()));
-        self.repo.inflight().forget(p.id);
     }
 
     /// `finish_writing` once the put has ended, without waiting for it.
@@ -646,11 +634,17 @@ fn seal_claimed(repo: &Repository, p: &Pending) -> RepoResult<()> {
             tell_index(repo, p.id, catalog)
         }
         Err(e) => {
-            p.settle(State::Lost(e.to_string()));
-            repo.inflight().forget(p.id);
+            lose(repo, p, &e);
             Err(e)
         }
     }
+}
+
+/// Container `p`, claimed by the caller, will not be written: settle it as
+/// lost (a backup reusing it fails instead of waiting) and unlist it.
+fn lose(repo: &Repository, p: &Pending, e: &RepoError) {
+    p.settle(State::Lost(e.to_string()));
+    repo.inflight().forget(p.id);
 }
 
 fn writer_gone(id: u64) -> RepoError {

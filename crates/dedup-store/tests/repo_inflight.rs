@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use dedup_store::{CheckOptions, RepoOptions, Repository, Segmenting};
+use dedup_store::{BackupSession, CheckOptions, RepoOptions, Repository, Segmenting};
 use gc_support::{check_backups, objects, open_faulty};
 use rand::{rngs::StdRng, RngCore, SeedableRng};
 
@@ -37,7 +37,7 @@ fn repo() -> (tempfile::TempDir, Repository) {
     (tmp, repo)
 }
 
-fn append(s: &mut dedup_store::BackupSession<'_>, data: &[u8]) {
+fn append(s: &mut BackupSession<'_>, data: &[u8]) {
     for seg in data.chunks(4096) {
         s.append(seg).unwrap();
     }
@@ -50,6 +50,17 @@ fn hung(what: &str) -> ! {
     std::process::abort()
 }
 
+/// Backups "a" and "b" given the same 32 KiB (random from `seed`), a first:
+/// b's segments are all in a's open container.
+fn sharing(repo: &Repository, seed: u64) -> (BackupSession<'_>, BackupSession<'_>, Vec<u8>) {
+    let shared = random(32 << 10, seed);
+    let mut a = repo.begin_backup("a", "g").unwrap();
+    let mut b = repo.begin_backup("b", "g").unwrap();
+    append(&mut a, &shared);
+    append(&mut b, &shared);
+    (a, b, shared)
+}
+
 fn is_clean(repo: &Repository) {
     let r = repo.check(CheckOptions { data: true }, &|_| {}).unwrap();
     assert!(r.is_clean(), "{r:#?}");
@@ -58,11 +69,7 @@ fn is_clean(repo: &Repository) {
 #[test]
 fn a_backup_reuses_another_s_open_container_and_seals_it_to_commit() {
     let (tmp, repo) = repo();
-    let shared = random(32 << 10, 1);
-    let mut a = repo.begin_backup("a", "g").unwrap();
-    let mut b = repo.begin_backup("b", "g").unwrap();
-    append(&mut a, &shared);
-    append(&mut b, &shared);
+    let (mut a, b, shared) = sharing(&repo, 1);
     assert_eq!(b.report().segments_duplicate, 8, "{:?}", b.report());
     assert!(
         objects(tmp.path(), "containers/").is_empty(),
@@ -89,11 +96,7 @@ fn a_backup_reuses_another_s_open_container_and_seals_it_to_commit() {
 #[test]
 fn a_given_up_container_another_backup_reuses_is_written_for_it() {
     let (tmp, repo) = repo();
-    let shared = random(32 << 10, 3);
-    let mut a = repo.begin_backup("a", "g").unwrap();
-    let mut b = repo.begin_backup("b", "g").unwrap();
-    append(&mut a, &shared);
-    append(&mut b, &shared);
+    let (a, b, shared) = sharing(&repo, 3);
     drop(a);
     assert_eq!(objects(tmp.path(), "containers/").len(), 1, "written for b");
     b.commit().unwrap();
@@ -166,11 +169,7 @@ fn a_lost_container_fails_every_backup_that_needs_it() {
     let (tmp, repo) = repo();
     drop(repo);
     let (repo, faulty) = open_faulty(tmp.path());
-    let shared = random(32 << 10, 5);
-    let mut a = repo.begin_backup("a", "g").unwrap();
-    let mut b = repo.begin_backup("b", "g").unwrap();
-    append(&mut a, &shared);
-    append(&mut b, &shared);
+    let (a, b, shared) = sharing(&repo, 5);
     faulty.fail_puts_under("containers/");
     let e = b.commit().unwrap_err().to_string();
     assert!(e.contains("crashed"), "{e}");
@@ -307,11 +306,7 @@ fn a_put_that_panics_fails_the_backups_that_wait_for_it() {
     })
     .unwrap();
     let store = store.unwrap();
-    let shared = random(32 << 10, 6);
-    let mut a = repo.begin_backup("a", "g").unwrap();
-    let mut b = repo.begin_backup("b", "g").unwrap();
-    append(&mut a, &shared);
-    append(&mut b, &shared);
+    let (mut a, b, _) = sharing(&repo, 6);
     store.on.store(true, Ordering::SeqCst);
     // a fills its container: sealed, put on a thread that panics.
     append(&mut a, &random(48 << 10, 7));
