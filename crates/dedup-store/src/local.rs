@@ -3,19 +3,21 @@
 //! byte ever backed up; see `dedup_core::perms`).
 //!
 //! `put` writes a temporary file (named `.tmp-…`, which no valid object
-//! name can be) in the object's directory, fsyncs it, renames it into place
+//! name can be) in the object's directory (a large object past the page
+//! cache: `direct_write.rs`), fsyncs it, renames it into place
 //! without replacing anything (so a racing `put` of the same name is refused,
 //! not overwritten), then fsyncs the directory so the rename itself is
 //! durable. A crash leaves at most a temporary file behind, which `list` and
 //! `get` never show; `sweep_temporaries` removes them.
 
 use std::fs::{self, DirBuilder, File, Permissions};
-use std::io::{self, ErrorKind, Write};
+use std::io::{self, ErrorKind};
 use std::os::unix::fs::{DirBuilderExt, FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use dedup_core::perms;
 
+use crate::direct_write::{write_new, Bounce};
 use crate::error::{Error, Result};
 use crate::name::validate;
 use crate::objects::ObjectStore;
@@ -25,6 +27,7 @@ pub const TEMP_PREFIX: &str = ".tmp-";
 
 pub struct LocalDir {
     root: PathBuf,
+    bounce: Bounce,
 }
 
 impl LocalDir {
@@ -35,7 +38,10 @@ impl LocalDir {
             perms::create_dir_all(&root)
                 .map_err(|e| Error::io(format!("creating store {}", root.display()), e))?;
         }
-        Ok(LocalDir { root })
+        Ok(LocalDir {
+            root,
+            bounce: Bounce::default(),
+        })
     }
 
     pub fn root(&self) -> &Path {
@@ -110,14 +116,13 @@ impl ObjectStore for LocalDir {
         self.make_dirs(&dir)?;
         let ctx = |what: &str| format!("{what} object {name}");
         // tempfile creates the file 0600 and removes it if we fail below.
-        let mut tmp = tempfile::Builder::new()
+        let tmp = tempfile::Builder::new()
             .prefix(TEMP_PREFIX)
             .tempfile_in(&dir)
             .map_err(|e| Error::io(ctx("creating a temporary file for"), e))?;
         perms::set_file_mode(tmp.as_file())
             .map_err(|e| Error::io(ctx("setting the mode of"), e))?;
-        tmp.write_all(bytes)
-            .map_err(|e| Error::io(ctx("writing"), e))?;
+        write_new(tmp.as_file(), bytes, &self.bounce).map_err(|e| Error::io(ctx("writing"), e))?;
         tmp.as_file()
             .sync_all()
             .map_err(|e| Error::io(ctx("syncing"), e))?;
