@@ -74,7 +74,7 @@ mod catalog_cache;
 pub mod check;
 pub mod config;
 pub mod container;
-mod direct_write;
+pub mod direct_write;
 pub mod error;
 pub mod format;
 mod framed;

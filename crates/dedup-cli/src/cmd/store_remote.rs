@@ -209,7 +209,7 @@ fn restore(c: &Client, name: &str, target: &Path, force: bool) -> anyhow::Result
             anyhow!("creating {}: {e}", target.display())
         }
     })?;
-    let done = super::write_behind::write_synced(file, |out| c.restore(name, out));
+    let done = super::write_behind::write_synced(file, |mut out| c.restore(name, &mut out));
     match done {
         Ok(n) => {
             println!(

@@ -1,4 +1,7 @@
-//! A file writer that asks the kernel to start writing back each window
+//! Writing a restored stream to a file, durably: past the page cache
+//! where it can be, else through it with write-behind.
+//!
+//! The write-behind writer asks the kernel to start writing back each window
 //! of bytes as soon as it is written (`sync_file_range`), so the disk
 //! writes while the restore goes on decompressing, and the `fsync` at the
 //! end, which alone makes the restore durable, finds little left to do.
@@ -10,6 +13,9 @@
 
 use std::fs::File;
 use std::io::{self, BufWriter, Seek, Write};
+use std::os::unix::fs::FileTypeExt;
+
+use dedup_store::direct_write::{self, DirectWriter};
 use std::os::fd::AsRawFd;
 
 /// Bytes written before their write-back is started: large enough for the
@@ -67,15 +73,30 @@ impl WriteBehind {
     }
 }
 
-/// Have `fill` write a whole restore into `file`, through a 1 MiB buffer
-/// and write-behind, then fsync the file; the bytes `fill` wrote.
+/// Have `fill` write a whole restore into `file`, then fsync the file; the
+/// bytes `fill` wrote. A regular file or a block device is written past
+/// the page cache where the file system allows it (`direct_write.rs` in
+/// dedup-store: 2 GiB written and synced at 2.5 GB/s there, against 0.4
+/// GB/s through the cache on the bench VM); anything else, or a file
+/// system that refuses, through a 1 MiB buffer and write-behind.
 pub fn write_synced<E>(
     file: File,
-    fill: impl FnOnce(&mut BufWriter<WriteBehind>) -> Result<u64, E>,
+    fill: impl FnOnce(&mut dyn Write) -> Result<u64, E>,
 ) -> anyhow::Result<u64>
 where
     anyhow::Error: From<E>,
 {
+    let kind = file.metadata()?.file_type();
+    if kind.is_file() || kind.is_block_device() {
+        let start = (&file).stream_position()?;
+        let mut out = DirectWriter::new(&file, start, direct_write::buffer());
+        if out.is_direct() {
+            let n = fill(&mut out)?;
+            out.finish()?;
+            file.sync_all()?;
+            return Ok(n);
+        }
+    }
     let mut out = BufWriter::with_capacity(1 << 20, WriteBehind::new(file)?);
     let n = fill(&mut out)?;
     let file = out.into_inner().map_err(|e| e.into_error())?.into_inner();
