@@ -15,7 +15,9 @@ use std::time::Duration;
 use dedup_store::rpc::protocol::{Call, ErrorKind, Item, Reply, Request, Response, MAX_BATCH};
 use dedup_store::rpc::{BackupOptions, Client, Endpoint, Server, ServerLimits, StopHandle};
 use dedup_store::writer::HASH;
-use dedup_store::{RepoError, Repository, RestoreOptions, TreeWalk};
+use dedup_store::{
+    Container, LocalDir, ObjectStore, RepoError, Repository, RestoreOptions, TreeWalk,
+};
 use proptest::prelude::*;
 
 struct Running {
@@ -375,6 +377,55 @@ fn a_fingerprint_that_does_not_match_its_bytes_cannot_store_wrong_data() {
     assert!(restored(dir.path(), "honest") == honest);
     assert!(c.list().unwrap().iter().all(|b| b.name == "honest"));
     server.shut();
+}
+
+/// A client looks a segment up, then sends its bytes a few batches
+/// later: a concurrent backup that stored the same segment in between
+/// is reused, not stored a second time.
+#[test]
+fn a_segment_another_backup_stored_since_the_lookup_is_not_stored_again() {
+    let (dir, server) = setup();
+    let (a, b) = (server.client(), server.client());
+    let x = noise(12, 8192);
+    let fp = HASH.fingerprint(&x).0;
+    let (sa, sb) = (begin(&a, "a"), begin(&b, "b"));
+    let looked = a.call(Call::Lookup {
+        session: sa,
+        fingerprints: vec![fp],
+    });
+    assert_eq!(looked.unwrap(), Reply::Found(vec![false]));
+    let append = |c: &Client, session| {
+        let items = vec![Item::New {
+            fingerprint: fp,
+            data: x.clone(),
+        }];
+        c.call(Call::Append { session, items }).unwrap();
+    };
+    append(&b, sb);
+    append(&a, sa);
+    let commit = |c: &Client, session| match c.call(Call::Commit {
+        session,
+        tree: None,
+    }) {
+        Ok(Reply::Committed(w)) => w.report,
+        other => panic!("{other:?}"),
+    };
+    // a commits first: it waits for b's container, still open, and
+    // seals it.
+    let (ra, rb) = (commit(&a, sa), commit(&b, sb));
+    assert_eq!((ra.segments_new, ra.segments_duplicate), (0, 1));
+    assert_eq!((rb.segments_new, rb.segments_duplicate), (1, 0));
+    server.shut();
+    assert!(restored(dir.path(), "a") == x && restored(dir.path(), "b") == x);
+    let store = LocalDir::open(dir.path().join("repo")).unwrap();
+    let copies: usize = (store.list("containers/").unwrap().iter())
+        .map(|name| {
+            let c = Container::parse(name, store.get(name).unwrap()).unwrap();
+            let entries = c.catalog().entries();
+            entries.iter().filter(|e| e.fingerprint.0 == fp).count()
+        })
+        .sum();
+    assert_eq!(copies, 1, "one copy of the segment");
 }
 
 #[test]

@@ -481,9 +481,9 @@ fn append_one(live: &mut Live<'_>, item: Item) -> Result<(), WireError> {
                     data.len()
                 )));
             }
-            // Stored under the hash of its bytes, whatever the client said:
-            // a wrong claim costs a little garbage, never wrong data.
-            let (container, entry, fp) = live.session.store(&data).map_err(repo_err)?;
+            // Hashed here, whatever the client said: a wrong claim fails
+            // the append, and never stores bytes under a name not theirs.
+            let fp = HASH.fingerprint(&data);
             if fp.0 != fingerprint {
                 return Err(bad(format!(
                     "its bytes hash to {}, not to the fingerprint {} sent with them",
@@ -491,9 +491,11 @@ fn append_one(live: &mut Live<'_>, item: Item) -> Result<(), WireError> {
                     Fingerprint(fingerprint).to_hex(HASH)
                 )));
             }
-            let len = data.len() as u32;
-            let r = SegmentRef::new(container, entry, len, &fp);
-            live.session.push(r, true).map_err(repo_err)?;
+            // Looked up again, not stored blindly: since the client's
+            // lookup (several batches ago, in its pipeline) a concurrent
+            // backup may have stored the same segment. 16 concurrent
+            // streams stored 1 % more without this.
+            live.session.append_hashed(&data, fp).map_err(repo_err)?;
         }
     }
     Ok(())
