@@ -25,7 +25,7 @@
 //! dropped), so the table holds at most the open and sealing containers
 //! of the running sessions.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use dedup_core::fingerprint::Fingerprint;
@@ -115,8 +115,9 @@ impl Drop for SettleGuard<'_> {
 struct Listed {
     pending: Arc<Pending>,
     fingerprints: Vec<Fingerprint>,
-    /// A session other than its owner references one of its segments.
-    wanted: bool,
+    /// The sessions other than its owner that reference its segments and
+    /// have not given up.
+    wanted_by: HashSet<u64>,
 }
 
 #[derive(Default)]
@@ -140,7 +141,7 @@ impl InFlight {
             Listed {
                 pending: pending.clone(),
                 fingerprints: Vec::new(),
-                wanted: false,
+                wanted_by: HashSet::new(),
             },
         );
         pending
@@ -156,9 +157,10 @@ impl InFlight {
     }
 
     /// Where `fp` is in a listed container. The container is marked
-    /// wanted (sessions ask only after their own containers, so the asker
-    /// is another session), so that its owner will not drop it.
-    pub(crate) fn find(&mut self, fp: &Fingerprint) -> Option<(Place, Arc<Pending>)> {
+    /// wanted by session `asker` (sessions ask only after their own
+    /// containers, so the asker is another session), so that its owner
+    /// will not drop it.
+    pub(crate) fn find(&mut self, fp: &Fingerprint, asker: u64) -> Option<(Place, Arc<Pending>)> {
         let at = *self.by_fp.get(fp)?;
         let listed = self.containers.get_mut(&at.container)?;
         // One whose put failed is no place for a segment (until its owner
@@ -173,7 +175,7 @@ impl InFlight {
         ) {
             return None;
         }
-        listed.wanted = true;
+        listed.wanted_by.insert(asker);
         Some((at, listed.pending.clone()))
     }
 
@@ -193,7 +195,10 @@ impl InFlight {
     /// if another session references it (true: the caller must write it),
     /// else drop it, unlisted, so nobody finds it from now on.
     pub(crate) fn abandon(&mut self, p: &Pending) -> bool {
-        let wanted = self.containers.get(&p.id).is_some_and(|l| l.wanted);
+        let wanted = self
+            .containers
+            .get(&p.id)
+            .is_some_and(|l| !l.wanted_by.is_empty());
         if wanted {
             return self.claim(p);
         }
@@ -202,6 +207,14 @@ impl InFlight {
         }
         self.forget(p.id);
         false
+    }
+
+    /// Session `asker` gives up without committing: it no longer needs
+    /// container `id`, which its owner may then drop if nobody else does.
+    pub(crate) fn unwant(&mut self, asker: u64, id: u64) {
+        if let Some(listed) = self.containers.get_mut(&id) {
+            listed.wanted_by.remove(&asker);
+        }
     }
 
     /// Unlist container `id` (in the index now, dropped, or lost).

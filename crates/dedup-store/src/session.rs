@@ -201,7 +201,7 @@ impl BackupSession<'_> {
         let found = {
             let mut table = self.repo.inflight();
             table
-                .find(fp)
+                .find(fp, self.id)
                 .filter(|(p, _)| self.repo.protection().hold(self.id, p.container))
         };
         let Some((p, pending)) = found else {
@@ -679,6 +679,14 @@ impl Drop for BackupSession<'_> {
                     let _ = tell_index(self.repo, w.id, catalog);
                 }
                 _ => self.repo.inflight().forget(w.id),
+            }
+        }
+        // Containers of other backups this one reused are no longer
+        // needed for it (a commit took them all already).
+        if !self.borrowed.is_empty() {
+            let mut table = self.repo.inflight();
+            for id in std::mem::take(&mut self.borrowed).into_keys() {
+                table.unwant(self.id, id);
             }
         }
         // The open container is dropped unless another backup references

@@ -124,6 +124,19 @@ fn a_given_up_container_nobody_reuses_is_never_written() {
     check_backups(&repo, &BTreeMap::from([("b".to_string(), data)]));
 }
 
+/// b reuses a's open container, then gives up; a gives up too: nobody needs
+/// the container any more, and it is not written.
+#[test]
+fn a_container_whose_only_reuser_gave_up_is_not_written() {
+    let (tmp, repo) = repo();
+    let (a, b, _) = sharing(&repo, 5);
+    assert_eq!(b.report().segments_duplicate, 8, "b reuses a's segments");
+    drop(b);
+    drop(a);
+    assert!(objects(tmp.path(), "containers/").is_empty());
+    is_clean(&repo);
+}
+
 /// Each reuses the other's open container, then both commit at once: each
 /// may seal the other's container, and neither waits for ever.
 #[test]
