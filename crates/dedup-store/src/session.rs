@@ -72,10 +72,11 @@ pub struct BackupSession<'r> {
     /// Names this backup's recipe and tree objects.
     nonce: u64,
     open: Option<Open>,
-    /// What this session stored in containers it already sealed, newest
-    /// generation first: a repeat is found here even when a sampled index
-    /// has no hook for it (a client that sent a segment once names it as
-    /// known later). Two generations of at most `SEALED_GENERATION` keep
+    /// What this session stored in containers it already sealed, and the
+    /// segments a client sent that were found elsewhere (`append_sent`),
+    /// newest generation first: a repeat is found here even when a sampled
+    /// index has no hook for it (a client that sent a segment once names
+    /// it as known later). Two generations of at most `SEALED_GENERATION` keep
     /// the last that many always (a client remembers fewer).
     /// Each with its container, entry and raw length: a container whose put
     /// is still running has no catalog to look the length up in.
@@ -376,6 +377,26 @@ impl BackupSession<'_> {
             }
         };
         self.push(SegmentRef::new(container, entry, len, &fp), new)
+    }
+
+    /// [`append_hashed`](Self::append_hashed) for bytes a remote client
+    /// sent: looked up again first (a concurrent backup may have stored
+    /// the segment since the client's lookup), and one found elsewhere
+    /// (the index, another backup's container) is remembered with this
+    /// session's own. The client names its later repeats `Known` without
+    /// a lookup, and a sampled index need not find them again once that
+    /// other container is durable.
+    pub(crate) fn append_sent(&mut self, data: &[u8], fp: Fingerprint) -> RepoResult<()> {
+        let len = data.len() as u32;
+        let Some((c, e)) = self.lookup(&fp)? else {
+            let (c, e, _) = self.store_hashed(data, fp)?;
+            return self.push(SegmentRef::new(c, e, len, &fp), true);
+        };
+        if self.sealed[0].len() >= SEALED_GENERATION {
+            self.sealed[1] = std::mem::take(&mut self.sealed[0]);
+        }
+        self.sealed[0].insert(fp, (c, e, len));
+        self.push(SegmentRef::new(c, e, len, &fp), false)
     }
 
     /// Make the backup of a stream durable and visible: the last

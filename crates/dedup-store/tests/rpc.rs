@@ -936,3 +936,84 @@ fn without_a_timeout_a_client_works_as_usual() {
     assert_eq!(c.list().unwrap().len(), 1);
     server.shut();
 }
+
+/// A client that sent a segment's bytes names later
+/// repeats of it as `Known` (pipeline.rs, `sent`). If the server reused
+/// the bytes from another backup's container instead of storing them in
+/// this session, a sampled index may no longer find them once that
+/// container has left the in-flight table, and the append fails.
+#[test]
+fn a_segment_sent_once_is_known_later_even_if_reused_from_another_backup() {
+    use dedup_store::index::{IndexConfig, SamplingRate};
+    let dir = tempfile::tempdir().unwrap();
+    Repository::init(dir.path().join("repo")).unwrap();
+    let config = IndexConfig {
+        max_rate: SamplingRate::from_log2_period(16).unwrap(),
+        ..IndexConfig::default()
+    };
+    let repo = Repository::open_sampled(dir.path().join("repo"), config).unwrap();
+    let srv = Server::bind(
+        repo,
+        &Endpoint::Unix(dir.path().join("s.sock")),
+        ServerLimits::default(),
+    )
+    .unwrap();
+    let server = Running {
+        at: srv.endpoint().clone(),
+        stop: srv.stop_handle(),
+        thread: Some(std::thread::spawn(move || srv.run())),
+    };
+    let (a, b) = (server.client(), server.client());
+    let p = noise(30, 8192);
+    let x = noise(31, 8192);
+    let (fpp, fpx) = (HASH.fingerprint(&p), HASH.fingerprint(&x));
+    assert!(!config.max_rate.samples(&fpx), "x is no hook");
+    let (sa, sb) = (begin(&a, "a"), begin(&b, "b"));
+    // a looks x up: not there yet.
+    let looked = a.call(Call::Lookup {
+        session: sa,
+        fingerprints: vec![fpx.0],
+    });
+    assert_eq!(looked.unwrap(), Reply::Found(vec![false]));
+    // b stores p (its container's pinned hook) and x.
+    let items = vec![
+        Item::New {
+            fingerprint: fpp.0,
+            data: p.clone(),
+        },
+        Item::New {
+            fingerprint: fpx.0,
+            data: x.clone(),
+        },
+    ];
+    b.call(Call::Append { session: sb, items }).unwrap();
+    // a sends x's bytes: reused from b's open container, not stored.
+    let items = vec![Item::New {
+        fingerprint: fpx.0,
+        data: x.clone(),
+    }];
+    a.call(Call::Append { session: sa, items }).unwrap();
+    // b commits: its container is durable, in the index, off the table.
+    match b.call(Call::Commit {
+        session: sb,
+        tree: None,
+    }) {
+        Ok(Reply::Committed(_)) => {}
+        other => panic!("{other:?}"),
+    }
+    // x repeats in a's stream: the client sent it, so names it Known.
+    let items = vec![Item::Known { fingerprint: fpx.0 }];
+    let known = a.call(Call::Append { session: sa, items });
+    assert!(matches!(known, Ok(Reply::Appended { .. })), "{known:?}");
+    match a.call(Call::Commit {
+        session: sa,
+        tree: None,
+    }) {
+        Ok(Reply::Committed(_)) => {}
+        other => panic!("{other:?}"),
+    }
+    server.shut();
+    let mut xx = x.clone();
+    xx.extend(&x);
+    assert!(restored(dir.path(), "a") == xx);
+}

@@ -495,7 +495,7 @@ fn append_one(live: &mut Live<'_>, item: Item) -> Result<(), WireError> {
             // lookup (several batches ago, in its pipeline) a concurrent
             // backup may have stored the same segment. 16 concurrent
             // streams stored 1 % more without this.
-            live.session.append_hashed(&data, fp).map_err(repo_err)?;
+            live.session.append_sent(&data, fp).map_err(repo_err)?;
         }
     }
     Ok(())
