@@ -19,6 +19,28 @@ fn data() -> Vec<u8> {
         .collect()
 }
 
+/// A stream larger than the restore's 4 MiB direct-write chunks, with an
+/// unaligned tail: restored to a new file and over an old one (--force),
+/// byte for byte.
+#[test]
+fn a_stream_of_several_chunks_restores_whole_to_a_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = tmp.path().join("repo");
+    let r = r.to_str().unwrap();
+    let mut big = data();
+    big.extend(data().iter().rev());
+    big.extend(&data()[..(3 << 20) - 4095]);
+    ok(&["store", "init", r], None);
+    ok(&["backup", r, "big", "--stdin"], Some(&big));
+    let target = tmp.path().join("big.out");
+    let t = target.to_str().unwrap();
+    ok(&["restore", r, "big", t], None);
+    assert!(std::fs::read(&target).unwrap() == big);
+    std::fs::write(&target, b"old").unwrap();
+    ok(&["restore", r, "big", t, "--force"], None);
+    assert!(std::fs::read(&target).unwrap() == big);
+}
+
 #[test]
 fn init_backup_list_restore_delete() {
     let tmp = tempfile::tempdir().unwrap();

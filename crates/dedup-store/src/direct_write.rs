@@ -137,12 +137,11 @@ impl<'f> DirectWriter<'f> {
     /// Write the gathered bytes (the aligned part directly, the rest
     /// through the cache) and turn direct I/O off; the buffer back.
     pub fn finish(mut self) -> io::Result<Vec<u8>> {
-        let written = self.write_gathered(self.len / ALIGN * ALIGN);
-        let tail = self.end_direct().and_then(|()| {
-            let window = &self.buf[self.window..self.window + self.len];
-            self.file.write_all_at(window, self.at)
-        });
-        written.and(tail)?;
+        // On an error `Drop` still turns direct I/O off.
+        self.write_gathered(self.len / ALIGN * ALIGN)?;
+        self.end_direct()?;
+        let window = &self.buf[self.window..self.window + self.len];
+        self.file.write_all_at(window, self.at)?;
         self.len = 0;
         Ok(std::mem::take(&mut self.buf))
     }
@@ -168,7 +167,7 @@ impl<'f> DirectWriter<'f> {
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.end_direct()?,
+                Err(e) if refused(&e) => self.end_direct()?,
                 Err(e) => return Err(e),
             }
         }
@@ -213,15 +212,21 @@ impl Drop for DirectWriter<'_> {
     }
 }
 
+/// A file system's "no direct I/O here", as opposed to a failed write.
+fn refused(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP))
+}
+
 fn pwrite(file: &File, buf: &[u8], offset: u64) -> io::Result<usize> {
     file.write_at(buf, offset)
 }
 
-/// Turn `O_DIRECT` on; the flags before, or `None` if it cannot be.
+/// Turn `O_DIRECT` on; the flags before, or `None` if it cannot be (or
+/// must not be: a file opened to append ignores the offsets written at).
 fn set_direct(file: &File) -> Option<libc::c_int> {
     // SAFETY: fcntl on a descriptor this `File` owns, with integer flags.
     let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
-    if flags < 0 {
+    if flags < 0 || flags & libc::O_APPEND != 0 {
         return None;
     }
     set_flags(file, flags | libc::O_DIRECT).ok().map(|()| flags)
@@ -320,15 +325,55 @@ mod tests {
             }
             f.write_at(b, at)
         }
-        fn short(f: &File, b: &[u8], at: u64) -> io::Result<usize> {
-            f.write_at(&b[..b.len() / 2 + 1], at)
-        }
         fn in_blocks(f: &File, b: &[u8], at: u64) -> io::Result<usize> {
             f.write_at(&b[..ALIGN.min(b.len())], at)
         }
-        for p in [refuse, refuse_after_a_chunk, short, in_blocks] {
+        for p in [refuse, refuse_after_a_chunk, in_blocks] {
             assert!(written(&bytes, 1 << 20, 0, p).0 == bytes);
         }
+    }
+
+    /// A direct write that really wrote part of its bytes: the rest goes
+    /// through the cache from where it stopped. (The kernel refuses an
+    /// unaligned direct write outright, so the part is written through a
+    /// second, ordinary descriptor of the same file.)
+    #[test]
+    fn a_short_direct_write_is_finished_through_the_cache() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static SHORTS: AtomicUsize = AtomicUsize::new(0);
+        fn short_elsewhere(f: &File, b: &[u8], at: u64) -> io::Result<usize> {
+            let other = std::fs::OpenOptions::new()
+                .write(true)
+                .open(format!("/proc/self/fd/{}", f.as_raw_fd()))?;
+            let k = b.len() / 2 + 1;
+            other.write_all_at(&b[..k], at)?;
+            SHORTS.fetch_add(1, Ordering::SeqCst);
+            Ok(k)
+        }
+        let bytes = pattern(3 * CHUNK + 1234);
+        let (back, direct) = written(&bytes, 1 << 20, 0, short_elsewhere);
+        assert!(back == bytes);
+        if direct {
+            assert_eq!(
+                SHORTS.load(Ordering::SeqCst),
+                1,
+                "one short write, then the cache"
+            );
+        }
+    }
+
+    #[test]
+    fn a_file_opened_to_append_is_never_written_directly() {
+        let tmp = temp();
+        let f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(tmp.path())
+            .unwrap();
+        let mut w = DirectWriter::new(&f, 0, buffer());
+        assert!(!w.is_direct());
+        w.write_all(&pattern(CHUNK + 5)).unwrap();
+        w.finish().unwrap();
+        assert!(std::fs::read(tmp.path()).unwrap() == pattern(CHUNK + 5));
     }
 
     #[test]
@@ -343,5 +388,13 @@ mod tests {
         }
         let e = w.write_all(&pattern(CHUNK)).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+        drop(w);
+        // SAFETY: F_GETFL on a descriptor the test owns.
+        let flags = unsafe { libc::fcntl(tmp.as_file().as_raw_fd(), libc::F_GETFL) };
+        assert_eq!(
+            flags & libc::O_DIRECT,
+            0,
+            "direct I/O is off again after the error"
+        );
     }
 }
