@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use dedup_core::fingerprint::Fingerprint;
 
+use super::found::Found;
 use super::frame::{decode, read_frame, write_frame};
 use super::protocol::{
     Call, ErrorKind, Item, Reply, Request, Response, WireBackup, WireError, WireStats, MAX_BATCH,
@@ -20,21 +21,21 @@ use super::protocol::{
 };
 use super::server::Shared;
 use super::stream::{Deadlined, Stream};
-use crate::recipe::SegmentRef;
 use crate::repo::Repository;
 use crate::repo_error::RepoError;
 use crate::session::BackupSession;
 use crate::writer::HASH;
 
-/// Lookup hits remembered for the appends that follow them; past this
-/// many the memory is dropped (appends then look up again).
+/// Lookup hits remembered for the appends that follow them (`found.rs`):
+/// the newest this many, far more than a client has in flight (at most
+/// 4 batches of 256 by default, `MAX_BATCH` each at most).
 const MAX_PENDING: usize = 1 << 16;
 
 /// A running backup of this connection.
 struct Live<'r> {
     session: BackupSession<'r>,
-    /// Segments a lookup found, by fingerprint, until their append.
-    found: HashMap<[u8; 32], SegmentRef>,
+    /// Segments the latest lookups found, by fingerprint.
+    found: Found,
     /// The tree object's bytes sent so far in `TreePart`s.
     tree: Vec<u8>,
 }
@@ -340,7 +341,7 @@ impl<'r> Conn<'r> {
             id,
             Live {
                 session,
-                found: HashMap::new(),
+                found: Found::new(MAX_PENDING),
                 tree: Vec::new(),
             },
         );
@@ -371,9 +372,6 @@ impl<'r> Conn<'r> {
             )));
         }
         let live = self.sessions.get_mut(&id).ok_or_else(|| no_session(id))?;
-        if live.found.len() + fps.len() > MAX_PENDING {
-            live.found.clear();
-        }
         let mut out = Vec::with_capacity(fps.len());
         for fp in fps {
             match live.session.lookup_ref(&Fingerprint(*fp)) {
@@ -460,7 +458,7 @@ fn append_one(live: &mut Live<'_>, item: Item) -> Result<(), WireError> {
     match item {
         Item::Known { fingerprint } => {
             let found = match live.found.get(&fingerprint) {
-                Some(r) => Some(*r),
+                Some(r) => Some(r),
                 None => live
                     .session
                     .lookup_ref(&Fingerprint(fingerprint))

@@ -26,6 +26,7 @@
 
 pub mod auth;
 mod connection;
+mod found;
 pub(crate) mod frame;
 pub mod protocol;
 mod server;
