@@ -39,7 +39,12 @@ nbdcopy --flush "$WORK/a.bin" "$(uri "$WORK/dev")"
 
 log "a full device refuses new data with ENOSPC and keeps what it has"
 head -c 32M /dev/urandom >"$WORK/big.bin"  # 16M + the 4M overwrite reserve: too much
-expect_fail "No space left on device" nbdcopy "$WORK/big.bin" "$(uri "$WORK/dev")"
+# One request in flight: nbdcopy hangs up at the first error, and
+# nbdkit 1.32 can then abort (raw_send_socket: Assertion `sock >= 0')
+# if another worker thread is still sending a reply on that connection,
+# which happened once in CI. The device's own ENOSPC path is the same
+# for one request or many.
+expect_fail "No space left on device" nbdcopy --connections=1 --requests=1 "$WORK/big.bin" "$(uri "$WORK/dev")"
 [ "$(status "$WORK/dev" nospace_errors)" -ge 1 ] || fail "nospace_errors not counted"
 grep -q "full" "$WORK/dev.serve.log" || fail "no 90% space warning logged"
 rm -f "$WORK/out.bin"
