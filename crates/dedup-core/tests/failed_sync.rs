@@ -1,5 +1,5 @@
-//! A sync of the data device (or of the metadata store) that fails (EIO, a dying disk, a full thin
-//! pool): the kernel may drop the pages it could not write and report the
+//! A sync of the data device, or of the metadata store, that fails (EIO,
+//! a dying disk, a full thin pool): the kernel may drop the pages it could not write and report the
 //! error once, so the next sync succeeds although the bytes are gone
 //! (PostgreSQL's "fsyncgate"). A device that then committed would map
 //! chunks whose bytes are lost, and the FLUSH that did it would say they
@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::{MemDevice, Patterns};
-use dedup_core::blockfile::{BlockFile, MemBlockFile};
+use dedup_core::blockfile::BlockFile;
 use dedup_core::fingerprint::HashAlgo;
 use dedup_core::{Device, Result};
 use parking_lot::Mutex;
@@ -21,16 +21,38 @@ const CS: usize = 4096;
 
 /// A disk with a page cache: writes wait in RAM until a sync; a sync that
 /// fails drops them, as Linux does with pages it could not write back.
-struct PageCache {
-    disk: Arc<MemBlockFile>,
+/// The disk grows like a file as pages are written past its end (the
+/// metadata stores need that).
+struct PageCache<D> {
+    disk: D,
+    /// "data" or "metadata", for `describe`.
+    what: &'static str,
     dirty: Mutex<Vec<(u64, Vec<u8>)>>,
     fail_sync: Arc<AtomicBool>,
 }
 
-impl BlockFile for PageCache {
+impl<D: BlockFile> PageCache<D> {
+    fn new(disk: D, what: &'static str, fail_sync: &Arc<AtomicBool>) -> Self {
+        PageCache {
+            disk,
+            what,
+            dirty: Mutex::new(Vec::new()),
+            fail_sync: fail_sync.clone(),
+        }
+    }
+}
+
+impl<D: BlockFile> BlockFile for PageCache<D> {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.disk.read_at(buf, offset)?;
         let end = offset + buf.len() as u64;
+        let on_disk = self.disk.len()?;
+        if offset < on_disk {
+            let n = (on_disk.min(end) - offset) as usize;
+            self.disk.read_at(&mut buf[..n], offset)?;
+            buf[n..].fill(0);
+        } else {
+            buf.fill(0);
+        }
         for (at, bytes) in self.dirty.lock().iter() {
             let (from, to) = ((*at).max(offset), (at + bytes.len() as u64).min(end));
             if from < to {
@@ -55,13 +77,19 @@ impl BlockFile for PageCache {
         for (at, bytes) in dirty {
             self.disk.write_at(&bytes, at)?;
         }
-        Ok(())
+        self.disk.sync()
     }
     fn len(&self) -> Result<u64> {
-        self.disk.len()
+        let dirty_end = self
+            .dirty
+            .lock()
+            .iter()
+            .map(|(at, b)| at + b.len() as u64)
+            .max();
+        Ok(self.disk.len()?.max(dirty_end.unwrap_or(0)))
     }
     fn describe(&self) -> String {
-        "data (with a page cache)".into()
+        format!("{} (with a page cache)", self.what)
     }
     fn capacity(&self) -> Result<Option<u64>> {
         self.disk.capacity()
@@ -69,11 +97,7 @@ impl BlockFile for PageCache {
 }
 
 fn open(md: &MemDevice, fail_sync: &Arc<AtomicBool>) -> Device {
-    let data = PageCache {
-        disk: md.data.clone(),
-        dirty: Mutex::new(Vec::new()),
-        fail_sync: fail_sync.clone(),
-    };
+    let data = PageCache::new(md.data.clone(), "data", fail_sync);
     md.open_on(Box::new(data), Box::new(md.meta.clone()))
         .unwrap()
 }
@@ -132,74 +156,8 @@ fn after_a_failed_data_sync_no_flush_succeeds_until_a_restart() {
     }
 }
 
-/// The metadata disk behind a page cache of its own that a failed sync
-/// empties, as `PageCache` above does for the data.
-struct MetaCache {
-    disk: Arc<dedup_core::blockfile::sim::SimDisk>,
-    dirty: Mutex<Vec<(u64, Vec<u8>)>>,
-    fail_sync: Arc<AtomicBool>,
-}
-
-impl BlockFile for MetaCache {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        let end = offset + buf.len() as u64;
-        let on_disk = self.disk.len()?;
-        if offset < on_disk {
-            let n = (on_disk.min(end) - offset) as usize;
-            self.disk.read_at(&mut buf[..n], offset)?;
-            buf[n..].fill(0);
-        } else {
-            buf.fill(0);
-        }
-        for (at, bytes) in self.dirty.lock().iter() {
-            let (from, to) = ((*at).max(offset), (at + bytes.len() as u64).min(end));
-            if from < to {
-                buf[(from - offset) as usize..(to - offset) as usize]
-                    .copy_from_slice(&bytes[(from - at) as usize..(to - at) as usize]);
-            }
-        }
-        Ok(())
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        self.dirty.lock().push((offset, buf.to_vec()));
-        Ok(())
-    }
-    fn sync(&self) -> Result<()> {
-        let dirty = std::mem::take(&mut *self.dirty.lock());
-        if self.fail_sync.load(Ordering::SeqCst) {
-            return Err(dedup_core::Error::io(
-                "injected sync failure",
-                std::io::Error::from_raw_os_error(libc::EIO),
-            ));
-        }
-        for (at, bytes) in dirty {
-            self.disk.write_at(&bytes, at)?;
-        }
-        self.disk.sync()
-    }
-    fn len(&self) -> Result<u64> {
-        let dirty_end = self
-            .dirty
-            .lock()
-            .iter()
-            .map(|(at, b)| at + b.len() as u64)
-            .max();
-        Ok(self.disk.len()?.max(dirty_end.unwrap_or(0)))
-    }
-    fn describe(&self) -> String {
-        "metadata (with a page cache)".into()
-    }
-    fn capacity(&self) -> Result<Option<u64>> {
-        self.disk.capacity()
-    }
-}
-
 fn open_meta_failing(md: &MemDevice, fail_sync: &Arc<AtomicBool>) -> Device {
-    let meta = MetaCache {
-        disk: md.meta.clone(),
-        dirty: Mutex::new(Vec::new()),
-        fail_sync: fail_sync.clone(),
-    };
+    let meta = PageCache::new(md.meta.clone(), "metadata", fail_sync);
     md.open_on(Box::new(md.data.clone()), Box::new(meta))
         .unwrap()
 }
