@@ -303,10 +303,17 @@ impl BackupSession<'_> {
     /// Remember what container `id` holds, sealed, for this session's own
     /// lookups (in generations, see `sealed`).
     fn remember_sealed(&mut self, id: u64, holds: &FpMap<(u32, u32)>) {
-        if self.sealed[0].len() + holds.len() > SEALED_GENERATION {
+        self.sealed_room(holds.len())
+            .extend(holds.iter().map(|(fp, &(i, len))| (*fp, (id, i, len))));
+    }
+
+    /// The newest generation of `sealed`, with room for `n` more (the
+    /// older generation dropped, and this one made it, if not).
+    fn sealed_room(&mut self, n: usize) -> &mut FpMap<(u64, u32, u32)> {
+        if self.sealed[0].len() + n > SEALED_GENERATION {
             self.sealed[1] = std::mem::take(&mut self.sealed[0]);
         }
-        self.sealed[0].extend(holds.iter().map(|(fp, &(i, len))| (*fp, (id, i, len))));
+        &mut self.sealed[0]
     }
 
     /// Add the next segment of the stream to the recipe; `new` if this
@@ -392,10 +399,7 @@ impl BackupSession<'_> {
             let (c, e, _) = self.store_hashed(data, fp)?;
             return self.push(SegmentRef::new(c, e, len, &fp), true);
         };
-        if self.sealed[0].len() >= SEALED_GENERATION {
-            self.sealed[1] = std::mem::take(&mut self.sealed[0]);
-        }
-        self.sealed[0].insert(fp, (c, e, len));
+        self.sealed_room(1).insert(fp, (c, e, len));
         self.push(SegmentRef::new(c, e, len, &fp), false)
     }
 
