@@ -31,6 +31,11 @@ impl Running {
         let repo = Repository::open(dir.join("repo")).unwrap();
         // Recipes of many parts, each written as its session goes.
         repo.set_recipe_part_segments(64);
+        Running::serving(repo, dir, limits)
+    }
+
+    /// Serve `repo` on a socket in `dir`.
+    fn serving(repo: Repository, dir: &Path, limits: ServerLimits) -> Running {
         let server = Server::bind(repo, &Endpoint::Unix(dir.join("s.sock")), limits).unwrap();
         let (at, stop) = (server.endpoint().clone(), server.stop_handle());
         Running {
@@ -952,17 +957,7 @@ fn a_segment_sent_once_is_known_later_even_if_reused_from_another_backup() {
         ..IndexConfig::default()
     };
     let repo = Repository::open_sampled(dir.path().join("repo"), config).unwrap();
-    let srv = Server::bind(
-        repo,
-        &Endpoint::Unix(dir.path().join("s.sock")),
-        ServerLimits::default(),
-    )
-    .unwrap();
-    let server = Running {
-        at: srv.endpoint().clone(),
-        stop: srv.stop_handle(),
-        thread: Some(std::thread::spawn(move || srv.run())),
-    };
+    let server = Running::serving(repo, dir.path(), ServerLimits::default());
     let (a, b) = (server.client(), server.client());
     let p = noise(30, 8192);
     let x = noise(31, 8192);
