@@ -53,6 +53,18 @@ log "a directory tree through the server"
 "$DEDUP" backup --server "unix:$S" files "$WORK/tree" --json >"$WORK/files.json" || fail "backup of files through the server"
 python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['files'] > 0 and r['bytes_in'] > 0, r" "$WORK/files.json" \
     || fail "the files backup report"
+# Past the second the tree was made in, so its files count as unchanged.
+sleep 1.1
+"$DEDUP" backup --server "unix:$S" files2 "$WORK/tree" --json >"$WORK/files2.json" || fail "second backup of files"
+"$DEDUP" backup --server "unix:$S" files3 "$WORK/tree" --json >"$WORK/files3.json" || fail "third backup of files"
+python3 - "$WORK/files.json" "$WORK/files3.json" <<'PY' || fail "the third files backup read files it had no need to"
+import json, sys
+first, third = (json.load(open(p)) for p in sys.argv[1:])
+assert third["parent"] == "files2", third
+assert third["files_unchanged"] > 0 and third["bytes_unchanged"] == third["bytes_in"], third
+assert third["bytes_new"] == 0 and third["bytes_in"] == first["bytes_in"], third
+print(f"   files3: {third['files_unchanged']} unchanged files not read, {third['bytes_unchanged']} bytes")
+PY
 
 log "restores beside the running server"
 "$DEDUP" restore "$R" files "$WORK/files.out" >/dev/null || fail "restore files"
@@ -66,11 +78,11 @@ for n in t1 t2 t3 t4 base; do
     cmp "$WORK/$n.out" "$f" || fail "backup $n restored differently"
 done
 "$DEDUP" store remote --server "unix:$S" list >"$WORK/remote-list.txt"
-[ "$(grep -c . "$WORK/remote-list.txt")" = 6 ] || fail "remote list"
+[ "$(grep -c . "$WORK/remote-list.txt")" = 8 ] || fail "remote list"
 expect_fail "dedup store serve" "$DEDUP" backup "$R" local --stdin </dev/null
 "$DEDUP" store remote --server "unix:$S" delete t1 >/dev/null || fail "remote delete"
 "$DEDUP" store remote --server "unix:$S" gc --json >"$WORK/gc.json" || fail "remote gc"
-python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['backups'] == 5, r" "$WORK/gc.json" \
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['backups'] == 7, r" "$WORK/gc.json" \
     || fail "remote gc report"
 for n in t2 t3 t4 base; do
     "$DEDUP" store remote --server "unix:$S" restore "$n" - 2>/dev/null | cmp - "$WORK/$n.tar" \

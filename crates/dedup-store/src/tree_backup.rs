@@ -54,12 +54,19 @@ impl Repository {
     /// is unchanged. A parent that cannot be read is no parent: every
     /// file is then read (never a reason to fail the backup).
     fn parent_files(&self, group: &str) -> RepoResult<Option<ParentFiles>> {
+        let newest = self.newest_files_backup(group)?;
+        Ok(newest.and_then(|name| ParentFiles::load(self, &name).ok()))
+    }
+
+    /// The name of the newest backup of files in `group`: the parent of
+    /// the next one.
+    pub(crate) fn newest_files_backup(&self, group: &str) -> RepoResult<Option<String>> {
         let newest = self
             .list_backups()?
             .into_iter()
             .filter(|b| b.group == group && b.tree.is_some())
             .max_by_key(|b| b.time);
-        Ok(newest.and_then(|b| ParentFiles::load(self, &b.name).ok()))
+        Ok(newest.map(|b| b.name))
     }
 
     /// Back up `paths` (files or directories, see [`TreeWalk`] for how
@@ -86,7 +93,7 @@ impl Repository {
                 .current()
                 .and_then(|(n, len)| parent.as_ref()?.unchanged(n, len));
             if let (Some(file), Some(p)) = (unchanged, parent.as_mut()) {
-                let taken = p.reuse(self, &mut session, file)?;
+                let taken = p.recipe.reuse(self, &mut session, file)?;
                 progress(taken);
                 bytes_unchanged += taken;
                 if taken == file.size {

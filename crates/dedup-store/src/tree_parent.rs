@@ -38,31 +38,19 @@ struct Was {
 
 pub(crate) struct ParentFiles {
     pub(crate) name: String,
-    /// Path → what the parent recorded, for its files with contents.
+    files: ParentIndex,
+    pub(crate) recipe: ParentRecipe,
+}
+
+/// Path → what the parent recorded, for its files with contents: what a
+/// walk asks to know a file unchanged. A client of a server builds it
+/// from the parent's tree the server sends (`rpc/pipeline.rs`).
+pub(crate) struct ParentIndex {
     files: HashMap<Vec<u8>, Was>,
-    recipe: ParentRecipe,
 }
 
-/// An unchanged file's bytes in the parent's stream.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Unchanged {
-    offset: u64,
-    pub(crate) size: u64,
-}
-
-impl ParentFiles {
-    pub(crate) fn load(repo: &Repository, name: &str) -> RepoResult<ParentFiles> {
-        let (record, parts) = repo.recipe_parts(name)?;
-        let object = record
-            .tree
-            .as_ref()
-            .ok_or_else(|| RepoError::corrupt(&record.recipe, "a stream has no files"))?;
-        let tree = Tree::decode(object, &repo.store.get(object)?)?;
-        // A tree that is not of this recipe's stream (whose length
-        // `recipe_parts` checked against the backup's) places its files
-        // wrongly: no parent (every file is read).
-        tree.check_stream_len(name, record.report.bytes_in)
-            .map_err(|d| RepoError::corrupt(object, d))?;
+impl ParentIndex {
+    pub(crate) fn new(tree: Tree) -> ParentIndex {
         let files = tree
             .nodes
             .into_iter()
@@ -78,11 +66,7 @@ impl ParentFiles {
                 (n.path, was)
             })
             .collect();
-        Ok(ParentFiles {
-            name: name.to_string(),
-            files,
-            recipe: ParentRecipe::new(record.recipe, parts.into_head()),
-        })
+        ParentIndex { files }
     }
 
     /// If `now` (a file as the walk just found it) is unchanged since the
@@ -101,47 +85,55 @@ impl ParentFiles {
             size: was.size,
         })
     }
+}
 
-    /// Push the parent's segments of unchanged file `file` into `session`,
-    /// one part's slice at a time, each slice only once all of it is
-    /// confirmed; the bytes taken so. Fewer than the file's size (even 0)
-    /// if a slice could not be confirmed, a part of the parent could not
-    /// be read, or its segments do not end where the file does: the rest
-    /// of the file is then to be read. What was taken always ends on a
-    /// segment boundary of the parent, where a cut of the rest starts as
-    /// the parent's did.
-    pub(crate) fn reuse(
-        &mut self,
+/// An unchanged file's bytes in the parent's stream (or a run of them:
+/// files are cut on their own, so they start and end on segments).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Unchanged {
+    pub(crate) offset: u64,
+    pub(crate) size: u64,
+}
+
+impl ParentFiles {
+    pub(crate) fn load(repo: &Repository, name: &str) -> RepoResult<ParentFiles> {
+        Ok(ParentFiles::load_with_tree(repo, name)?.0)
+    }
+
+    /// `load`, and the parent's tree object as stored (what a server
+    /// sends its client, which decides what is unchanged).
+    pub(crate) fn load_with_tree(
         repo: &Repository,
-        session: &mut BackupSession<'_>,
-        file: Unchanged,
-    ) -> RepoResult<u64> {
-        let end = file.offset + file.size;
-        let mut at = file.offset;
-        while at < end {
-            let Some(part) = self.recipe.part_at(repo, at) else {
-                break;
-            };
-            // The slice must start and end on segment boundaries: it
-            // always ends at the file's end or the part's.
-            let stop = end.min(part.end());
-            let (Ok(first), Ok(last)) = (
-                part.starts.binary_search(&at),
-                part.starts.binary_search(&stop),
-            ) else {
-                break;
-            };
-            if !session.reuse_all(&part.refs[first..last])? {
-                break;
-            }
-            at = stop;
-        }
-        Ok(at - file.offset)
+        name: &str,
+    ) -> RepoResult<(ParentFiles, Vec<u8>)> {
+        let (record, parts) = repo.recipe_parts(name)?;
+        let object = record
+            .tree
+            .as_ref()
+            .ok_or_else(|| RepoError::corrupt(&record.recipe, "a stream has no files"))?;
+        let stored = repo.store.get(object)?;
+        let tree = Tree::decode(object, &stored)?;
+        // A tree that is not of this recipe's stream (whose length
+        // `recipe_parts` checked against the backup's) places its files
+        // wrongly: no parent (every file is read).
+        tree.check_stream_len(name, record.report.bytes_in)
+            .map_err(|d| RepoError::corrupt(object, d))?;
+        let files = ParentFiles {
+            name: name.to_string(),
+            files: ParentIndex::new(tree),
+            recipe: ParentRecipe::new(record.recipe, parts.into_head()),
+        };
+        Ok((files, stored))
+    }
+
+    /// See [`ParentIndex::unchanged`].
+    pub(crate) fn unchanged(&self, now: &Node, len: u64) -> Option<Unchanged> {
+        self.files.unchanged(now, len)
     }
 }
 
 /// The parent's recipe, read a part at a time.
-struct ParentRecipe {
+pub(crate) struct ParentRecipe {
     object: String,
     head: RecipeObject,
     /// Where each part starts in the stream, then the stream's end.
@@ -177,7 +169,44 @@ impl Part {
 }
 
 impl ParentRecipe {
-    fn new(object: String, head: RecipeObject) -> ParentRecipe {
+    /// Push the parent's segments of unchanged file `file` into `session`,
+    /// one part's slice at a time, each slice only once all of it is
+    /// confirmed; the bytes taken so. Fewer than the file's size (even 0)
+    /// if a slice could not be confirmed, a part of the parent could not
+    /// be read, or its segments do not end where the file does: the rest
+    /// of the file is then to be read. What was taken always ends on a
+    /// segment boundary of the parent, where a cut of the rest starts as
+    /// the parent's did.
+    pub(crate) fn reuse(
+        &mut self,
+        repo: &Repository,
+        session: &mut BackupSession<'_>,
+        file: Unchanged,
+    ) -> RepoResult<u64> {
+        let end = file.offset + file.size;
+        let mut at = file.offset;
+        while at < end {
+            let Some(part) = self.part_at(repo, at) else {
+                break;
+            };
+            // The slice must start and end on segment boundaries: it
+            // always ends at the file's end or the part's.
+            let stop = end.min(part.end());
+            let (Ok(first), Ok(last)) = (
+                part.starts.binary_search(&at),
+                part.starts.binary_search(&stop),
+            ) else {
+                break;
+            };
+            if !session.reuse_all(&part.refs[first..last])? {
+                break;
+            }
+            at = stop;
+        }
+        Ok(at - file.offset)
+    }
+
+    pub(crate) fn new(object: String, head: RecipeObject) -> ParentRecipe {
         let mut part_starts = vec![0u64];
         let mut at = 0u64;
         match &head {

@@ -113,8 +113,10 @@ fn request_frames() -> Vec<u8> {
                     fingerprint: [5; 32],
                     data: vec![6; 100],
                 },
+                Item::Parent { offset: 9, len: 10 },
             ],
         },
+        Call::ParentTree { session: 1, at: 11 },
         Call::TreePart {
             session: 1,
             bytes: vec![7; 10],

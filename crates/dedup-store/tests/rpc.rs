@@ -3,78 +3,23 @@
 //! content, every backup restored byte for byte; disconnects, shutdown, a
 //! second writer, garbage from the network and lying clients.
 
+mod rpc_support;
 mod tree_support;
 
 use dedup_core::testdata::noise;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use dedup_store::rpc::protocol::{Call, ErrorKind, Item, Reply, Request, Response, MAX_BATCH};
-use dedup_store::rpc::{BackupOptions, Client, Endpoint, Server, ServerLimits, StopHandle};
+use dedup_store::rpc::{BackupOptions, Client, Endpoint, Server, ServerLimits};
 use dedup_store::writer::HASH;
 use dedup_store::{
     Container, LocalDir, ObjectStore, RepoError, Repository, RestoreOptions, TreeWalk,
 };
 use proptest::prelude::*;
-
-struct Running {
-    at: Endpoint,
-    stop: StopHandle,
-    thread: Option<JoinHandle<std::io::Result<()>>>,
-}
-
-impl Running {
-    fn with_limits(dir: &Path, limits: ServerLimits) -> Running {
-        let repo = Repository::open(dir.join("repo")).unwrap();
-        // Recipes of many parts, each written as its session goes.
-        repo.set_recipe_part_segments(64);
-        Running::serving(repo, dir, limits)
-    }
-
-    /// Serve `repo` on a socket in `dir`.
-    fn serving(repo: Repository, dir: &Path, limits: ServerLimits) -> Running {
-        let server = Server::bind(repo, &Endpoint::Unix(dir.join("s.sock")), limits).unwrap();
-        let (at, stop) = (server.endpoint().clone(), server.stop_handle());
-        Running {
-            at,
-            stop,
-            thread: Some(std::thread::spawn(move || server.run())),
-        }
-    }
-
-    fn client(&self) -> Client {
-        Client::connect(&self.at).unwrap()
-    }
-
-    fn shut(mut self) {
-        self.stop.stop();
-        self.thread.take().unwrap().join().unwrap().unwrap();
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(t) = self.thread.take() {
-            self.stop.stop();
-            let _ = t.join();
-        }
-    }
-}
-
-fn setup() -> (tempfile::TempDir, Running) {
-    setup_with(ServerLimits::default())
-}
-
-/// A new repository served with `limits`.
-fn setup_with(limits: ServerLimits) -> (tempfile::TempDir, Running) {
-    let dir = tempfile::tempdir().unwrap();
-    Repository::init(dir.path().join("repo")).unwrap();
-    let r = Running::with_limits(dir.path(), limits);
-    (dir, r)
-}
+use rpc_support::{setup, setup_with, Running};
 
 fn backup(c: &Client, name: &str, bytes: &[u8]) -> dedup_store::rpc::protocol::WireBackup {
     c.backup_stream(name, "g", bytes, None, &BackupOptions::default(), &|_| {})
@@ -756,7 +701,8 @@ fn a_directory_tree_backs_up_through_the_server_and_restores_with_its_metadata()
     let c = server.client();
     let backup_with = |name: &str, opts: &BackupOptions| {
         let walk = TreeWalk::new(&[&data]).unwrap();
-        c.backup_files(name, "g", walk, opts, &|_| {}).unwrap()
+        let b = c.backup_files(name, "g", walk, opts, &|_| {}).unwrap();
+        (b.backup, b.counts, b.warnings)
     };
     let backup = |name: &str| backup_with(name, &BackupOptions::default());
     let (b, counts, warnings) = backup("files");

@@ -15,22 +15,7 @@ use dedup_store::recipe_parts::{part_name, RecipeObject};
 use dedup_store::{
     container_name, GcOptions, Recipe, RepoOptions, Repository, RestoreOptions, Segmenting,
 };
-use filetime::{set_file_mtime, FileTime};
 use tree_support::*;
-
-fn files(root: &Path) -> std::path::PathBuf {
-    let d = root.join("data");
-    fs::create_dir_all(d.join("sub")).unwrap();
-    for i in 0..20u64 {
-        fs::write(
-            d.join(format!("sub/f{i}")),
-            random(5000 + 3000 * i as usize, i),
-        )
-        .unwrap();
-    }
-    fs::write(d.join("big"), random(1 << 20, 99)).unwrap();
-    d
-}
 
 fn restored_matches(repo: &Repository, name: &str, source: &Path, tmp: &Path) {
     let target = tmp.join(format!("restore-{name}"));
@@ -58,10 +43,6 @@ fn walk(p: &Path) -> Vec<std::path::PathBuf> {
     out
 }
 
-fn settle() {
-    std::thread::sleep(std::time::Duration::from_millis(1100));
-}
-
 #[test]
 fn unchanged_files_are_reused_unread_and_changed_ones_are_read() {
     let tmp = tempfile::tempdir().unwrap();
@@ -81,19 +62,7 @@ fn unchanged_files_are_reused_unread_and_changed_ones_are_read() {
     assert_eq!(second.backup.bytes_new, 0);
     assert_eq!(second.backup.bytes_in, first.backup.bytes_in);
 
-    // Same size and mtime, new contents: only ctime tells, and it must.
-    let f3 = data.join("sub/f3");
-    let mtime = FileTime::from_last_modification_time(&fs::metadata(&f3).unwrap());
-    let mut changed = fs::read(&f3).unwrap();
-    changed[100] ^= 0xff;
-    std::thread::sleep(std::time::Duration::from_millis(20));
-    fs::write(&f3, &changed).unwrap();
-    set_file_mtime(&f3, mtime).unwrap();
-    // A new file, and one grown.
-    fs::write(data.join("sub/new"), random(7000, 1000)).unwrap();
-    let mut f5 = fs::read(data.join("sub/f5")).unwrap();
-    f5.extend_from_slice(b"more");
-    fs::write(data.join("sub/f5"), &f5).unwrap();
+    edit_some(&data);
     settle();
     let third = repo.backup_paths("three", "g", &[&data], |_| {}).unwrap();
     assert_eq!(third.parent.as_deref(), Some("two"));

@@ -37,9 +37,9 @@ pub struct Args {
     #[arg(long, default_value = "default")]
     pub group: String,
     /// Back up through a running `dedup store serve` instead of opening
-    /// the repository here: unix:PATH or tcp:HOST:PORT. Files are then
-    /// all read (the server keeps no parent backup to skip unchanged ones
-    /// by), but only segments the repository lacks are sent.
+    /// the repository here: unix:PATH or tcp:HOST:PORT. Files unchanged
+    /// since the group's last backup of files are not read, as here; of
+    /// the others, only segments the repository lacks are sent.
     #[arg(long, value_name = "ADDR", value_parser = Endpoint::parse)]
     pub server: Option<Endpoint>,
     /// With --server: give up, and fail the backup, when the server has

@@ -31,8 +31,24 @@ struct Report {
     /// Entries a backup of files skipped, one line each.
     #[serde(skip_serializing_if = "Option::is_none")]
     warnings: Option<Vec<String>>,
+    /// What a backup of files reused from its parent without reading.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    parent: Option<ParentJson>,
     seconds: f64,
     mb_per_sec: f64,
+}
+
+/// A backup of files' parent: the one whose unchanged files were not
+/// read (`parent` null if there was none).
+#[derive(Serialize)]
+struct ParentJson {
+    parent: Option<String>,
+    files_unchanged: u64,
+    bytes_unchanged: u64,
+    /// Why the parent could not be reused, when a first try with it
+    /// failed and every file was read instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parent_refused: Option<String>,
 }
 
 /// A spinner counting the bytes the server has taken (hidden for --json
@@ -114,7 +130,7 @@ pub fn run(remote: &Remote<'_>, name: &str, group: &str, json: bool) -> anyhow::
         &|n| bar.set_position(n),
     );
     bar.finish_and_clear();
-    report(remote.server, b?, None, None, start, json)
+    report(remote.server, b?, None, start, json)
 }
 
 /// Files and directories, with their metadata.
@@ -125,32 +141,56 @@ pub fn run_files(
     paths: &[PathBuf],
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let walk = TreeWalk::new(paths)?;
+    // Paths that are not there fail before anything is sent.
+    TreeWalk::new(paths)?;
     let client = remote.connect()?;
     let bar = spinner(name, json)?;
     let start = Instant::now();
-    let result = client.backup_files(name, group, walk, &BackupOptions::default(), &|n| {
+    let result = client.backup_paths(name, group, paths, &BackupOptions::default(), &|n| {
         bar.set_position(n)
     });
     bar.finish_and_clear();
-    let (b, counts, warnings) = result?;
+    let b = result?;
     // Skipped entries are worth saying even with --json: stderr.
-    for w in &warnings {
+    for w in &b.warnings {
         eprintln!("warning: {w}");
     }
-    report(remote.server, b, Some(counts), Some(warnings), start, json)
+    if let Some(why) = &b.parent_refused {
+        eprintln!("warning: the parent backup could not be reused, so every file was read: {why}");
+    }
+    let files = Files {
+        counts: b.counts,
+        warnings: b.warnings,
+        parent: ParentJson {
+            parent: b.parent,
+            files_unchanged: b.files_unchanged,
+            bytes_unchanged: b.bytes_unchanged,
+            parent_refused: b.parent_refused,
+        },
+    };
+    report(remote.server, b.backup, Some(files), start, json)
+}
+
+/// What a backup of files adds to its report.
+struct Files {
+    counts: WalkCounts,
+    warnings: Vec<String>,
+    parent: ParentJson,
 }
 
 fn report(
     server: &Endpoint,
     b: dedup_store::rpc::WireBackup,
-    counts: Option<WalkCounts>,
-    warnings: Option<Vec<String>>,
+    files: Option<Files>,
     start: Instant,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let r = b.report;
     let seconds = start.elapsed().as_secs_f64();
+    let (counts, warnings, parent) = match files {
+        Some(f) => (Some(f.counts), Some(f.warnings), Some(f.parent)),
+        None => (None, None, None),
+    };
     let report = Report {
         name: b.name,
         group: b.group,
@@ -158,6 +198,7 @@ fn report(
         report: r.into(),
         counts,
         warnings,
+        parent,
         seconds,
         mb_per_sec: mb_per_sec(r.bytes_in, seconds),
     };
@@ -180,5 +221,17 @@ fn report(
         report.mb_per_sec,
         skipped_text(report.warnings.as_ref().map_or(0, Vec::len))
     );
+    if let Some(ParentJson {
+        parent: Some(p),
+        files_unchanged,
+        bytes_unchanged,
+        ..
+    }) = &report.parent
+    {
+        println!(
+            "{files_unchanged} unchanged files reused from backup {p}: {} not read.",
+            format_size(*bytes_unchanged)
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -3,8 +3,9 @@
 //! segments are bounded, names are checked by the repository, a segment's
 //! bytes are hashed here whatever fingerprint came with them, and a
 //! segment named only by fingerprint takes its location and length from
-//! the store. A connection that ends, however, drops its sessions, which
-//! aborts their backups.
+//! the store, and a run of the parent's stream takes its segments from the
+//! parent's recipe, each confirmed against its catalog. A connection that
+//! ends, however, drops its sessions, which aborts their backups.
 
 use std::collections::HashMap;
 use std::io::{self, BufReader, BufWriter, Write};
@@ -17,13 +18,14 @@ use super::found::Found;
 use super::frame::{decode, read_frame, write_frame};
 use super::protocol::{
     Call, ErrorKind, Item, Reply, Request, Response, WireBackup, WireError, WireStats, MAX_BATCH,
-    MAX_FRAME, MAX_SEGMENT, MAX_TREE, PROTOCOL_VERSION, RESTORE_CHUNK,
+    MAX_FRAME, MAX_SEGMENT, MAX_TREE, PARENT_TREE_CHUNK, PROTOCOL_VERSION, RESTORE_CHUNK,
 };
 use super::server::Shared;
 use super::stream::{Deadlined, Stream};
 use crate::repo::Repository;
 use crate::repo_error::RepoError;
 use crate::session::BackupSession;
+use crate::tree_parent::{ParentFiles, ParentRecipe, Unchanged};
 use crate::writer::HASH;
 
 /// Lookup hits remembered for the appends that follow them (`found.rs`):
@@ -34,10 +36,25 @@ const MAX_PENDING: usize = 1 << 16;
 /// A running backup of this connection.
 struct Live<'r> {
     session: BackupSession<'r>,
+    group: String,
     /// Segments the latest lookups found, by fingerprint.
     found: Found,
     /// The tree object's bytes sent so far in `TreePart`s.
     tree: Vec<u8>,
+    /// Whether the client asked for the parent (`ParentTree`), and the
+    /// parent then found, if any.
+    parent_asked: bool,
+    parent: Option<Parent>,
+}
+
+/// A session's parent: the tree object its client is sent, and the
+/// recipe its `Item::Parent`s are taken from.
+struct Parent {
+    name: String,
+    /// The tree object as stored; dropped once sent to its end.
+    tree: Vec<u8>,
+    total: u64,
+    recipe: ParentRecipe,
 }
 
 type Answer = Result<Reply, WireError>;
@@ -282,6 +299,7 @@ impl<'r> Conn<'r> {
                 Ok(Reply::Committed(WireBackup::from(&record)))
             }
             Call::TreePart { session, bytes } => self.tree_part(session, &bytes),
+            Call::ParentTree { session, at } => self.parent_tree(session, at),
             Call::Abort { session } => self.take(session).map(|_| Reply::Aborted),
             Call::Restore { .. } => Err(bad("a restore is answered by the connection loop")),
             Call::List => {
@@ -341,8 +359,11 @@ impl<'r> Conn<'r> {
             id,
             Live {
                 session,
+                group: group.to_string(),
                 found: Found::new(MAX_PENDING),
                 tree: Vec::new(),
+                parent_asked: false,
+                parent: None,
             },
         );
         Ok(Reply::Begun {
@@ -393,15 +414,60 @@ impl<'r> Conn<'r> {
                 items.len()
             )));
         }
+        let repo = self.repo;
         let live = self.sessions.get_mut(&id).ok_or_else(|| no_session(id))?;
         for (i, item) in items.into_iter().enumerate() {
-            if let Err(e) = append_one(live, item) {
+            if let Err(e) = append_one(repo, live, item) {
                 let e = WireError::new(e.kind, format!("segment {i} of the append: {}", e.message));
                 return Err(self.fail(id, e));
             }
         }
         Ok(Reply::Appended {
             bytes_in: live.session.report().bytes_in,
+        })
+    }
+
+    /// The session's parent tree from byte `at` on. The parent is picked
+    /// and loaded at the first ask; one that cannot be read is none (the
+    /// client then reads every file), never a failed backup.
+    fn parent_tree(&mut self, id: u64, at: u64) -> Answer {
+        let repo = self.repo;
+        let live = self.sessions.get_mut(&id).ok_or_else(|| no_session(id))?;
+        if !live.parent_asked {
+            live.parent_asked = true;
+            let newest = repo.newest_files_backup(&live.group).map_err(repo_err)?;
+            live.parent = newest
+                .and_then(|name| ParentFiles::load_with_tree(repo, &name).ok())
+                .map(|(files, tree)| Parent {
+                    name: files.name,
+                    total: tree.len() as u64,
+                    tree,
+                    recipe: files.recipe,
+                });
+        }
+        let Some(p) = live.parent.as_mut() else {
+            return Ok(Reply::ParentTree {
+                name: None,
+                total: 0,
+                bytes: Vec::new(),
+            });
+        };
+        if at > p.total || (at < p.total && p.tree.is_empty()) {
+            return Err(bad(format!(
+                "byte {at} of a parent tree of {} bytes, already sent to its end",
+                p.total
+            )));
+        }
+        let start = at as usize; // at most total, a Vec's length
+        let end = p.tree.len().min(start + PARENT_TREE_CHUNK);
+        let bytes = p.tree.get(start..end).unwrap_or_default().to_vec();
+        if end == p.tree.len() {
+            p.tree = Vec::new();
+        }
+        Ok(Reply::ParentTree {
+            name: Some(p.name.clone()),
+            total: p.total,
+            bytes,
         })
     }
 
@@ -454,7 +520,7 @@ impl<'r> Conn<'r> {
     }
 }
 
-fn append_one(live: &mut Live<'_>, item: Item) -> Result<(), WireError> {
+fn append_one(repo: &Repository, live: &mut Live<'_>, item: Item) -> Result<(), WireError> {
     match item {
         Item::Known { fingerprint } => {
             let found = match live.found.get(&fingerprint) {
@@ -494,6 +560,30 @@ fn append_one(live: &mut Live<'_>, item: Item) -> Result<(), WireError> {
             // backup may have stored the same segment. 16 concurrent
             // streams stored 1 % more without this.
             live.session.append_sent(&data, fp).map_err(repo_err)?;
+        }
+        Item::Parent { offset, len } => {
+            let p = live.parent.as_mut().ok_or_else(|| {
+                bad("a parent item in a session without a parent (ask ParentTree; it named none)")
+            })?;
+            let end = offset.checked_add(len).filter(|_| len > 0).ok_or_else(|| {
+                bad(format!(
+                    "parent bytes {offset} + {len}: give a length of 1 or more that ends in range"
+                ))
+            })?;
+            let file = Unchanged { offset, size: len };
+            let taken = p
+                .recipe
+                .reuse(repo, &mut live.session, file)
+                .map_err(repo_err)?;
+            if taken != len {
+                return Err(WireError::new(
+                    ErrorKind::ParentUnusable,
+                    format!(
+                        "bytes {offset}..{end} of the parent backup {}: only the first {taken} could be reused (changed or damaged since its tree was sent); back up again without it",
+                        p.name
+                    ),
+                ));
+            }
         }
     }
     Ok(())

@@ -37,6 +37,6 @@ mod pipeline;
 
 pub use auth::Key;
 pub use client::{Client, ClientError};
-pub use pipeline::{BackupOptions, Progress};
+pub use pipeline::{BackupOptions, FilesBackup, Progress};
 pub use protocol::{Endpoint, WireBackup};
 pub use server::{Server, ServerLimits, StopHandle, DEFAULT_IDLE_TIMEOUT};

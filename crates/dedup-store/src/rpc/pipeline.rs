@@ -4,7 +4,9 @@
 //! is hashed (several batches in flight), and the store stage, as each
 //! lookup's answer arrives, appends the batch in stream order with the
 //! bytes of only the segments the server lacks. Stages are joined by
-//! bounded queues, so memory stays at a few batches per stage.
+//! bounded queues, so memory stays at a few batches per stage. A backup of
+//! files reads no file unchanged since its parent: it sends the run of the
+//! parent's stream that holds it instead.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::io::Read;
@@ -13,9 +15,11 @@ use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::{Arc, Mutex};
 
 use super::client::{unexpected, Client, ClientError, Pending};
-use super::protocol::{Call, Item, Reply, WireBackup, MAX_BATCH, MAX_FRAME, MAX_TREE};
+use super::protocol::{Call, ErrorKind, Item, Reply, WireBackup, MAX_BATCH, MAX_FRAME, MAX_TREE};
 use crate::segment_blocks::{BlockCutter, BLOCK};
 use crate::segmenter::Segmenting;
+use crate::tree::Tree;
+use crate::tree_parent::ParentIndex;
 use crate::tree_walk::{TreeWalk, WalkCounts};
 use crate::writer::HASH;
 
@@ -35,6 +39,10 @@ pub struct BackupOptions {
     /// A tree up to this many bytes goes in the commit; a larger one in
     /// `TreePart`s of this size first (clamped to fit a frame).
     pub tree_part: usize,
+    /// Whether a backup of files reuses its parent's unchanged files
+    /// (the server's newest backup of files in the group) without
+    /// reading them.
+    pub parent: bool,
 }
 
 impl Default for BackupOptions {
@@ -46,11 +54,43 @@ impl Default for BackupOptions {
             in_flight: 4,
             hashers: cores.clamp(1, 8),
             tree_part: 4 << 20,
+            parent: true,
         }
     }
 }
 
-type Batch = Vec<Vec<u8>>;
+/// A batch of the stream, in order: bytes of the parent's stream the
+/// server reuses (a run of unchanged files), then segments.
+#[derive(Default)]
+struct Batch {
+    parent: Option<ParentRun>,
+    segments: Vec<Vec<u8>>,
+}
+
+/// Bytes `offset..offset + len` of the parent's stream.
+#[derive(Clone, Copy, Debug)]
+struct ParentRun {
+    offset: u64,
+    len: u64,
+}
+
+/// What a backup of files through a server did.
+#[derive(Clone, Debug)]
+pub struct FilesBackup {
+    pub backup: WireBackup,
+    pub counts: WalkCounts,
+    /// Entries skipped (vanished, unreadable, sockets), one line each.
+    pub warnings: Vec<String>,
+    /// The backup whose unchanged files were reused, if any.
+    pub parent: Option<String>,
+    /// Files unchanged since the parent (same size, mtime, ctime and
+    /// inode): not read, their segments reused by the server.
+    pub files_unchanged: u64,
+    pub bytes_unchanged: u64,
+    /// Why the parent could not be reused, if a first try with it
+    /// failed and every file was read instead.
+    pub parent_refused: Option<String>,
+}
 
 /// Fingerprints of segments sent, remembered to send repeats as `Known`.
 const MAX_SENT: usize = 1 << 18;
@@ -62,7 +102,14 @@ type Fps = Vec<[u8; 32]>;
 /// reuse an unchanged file's segments).
 enum Source<'w, R> {
     Stream(R),
-    Files(&'w mut TreeWalk),
+    Files(&'w mut TreeWalk, Option<&'w ParentIndex>, &'w mut Reused),
+}
+
+/// Files a walk did not read: their bytes are the parent's.
+#[derive(Default)]
+struct Reused {
+    files: u64,
+    bytes: u64,
 }
 
 impl Client {
@@ -86,12 +133,41 @@ impl Client {
         self.end(session, piped, tree, opts)
     }
 
+    /// Back up the files under `paths` as backup `name` in `group`, as
+    /// [`Client::backup_files`] does with a walk of them. If the parent
+    /// cannot be reused whole (it changed or is damaged since the server
+    /// sent its tree), the backup is made again reading every file.
+    pub fn backup_paths(
+        &self,
+        name: &str,
+        group: &str,
+        paths: &[impl AsRef<std::path::Path>],
+        opts: &BackupOptions,
+        progress: &Progress<'_>,
+    ) -> Result<FilesBackup, ClientError> {
+        let walk = || TreeWalk::new(paths).map_err(|e| ClientError::Local(e.to_string()));
+        match self.backup_files(name, group, walk()?, opts, progress) {
+            Err(ClientError::Server(e)) if e.kind == ErrorKind::ParentUnusable && opts.parent => {
+                let opts = BackupOptions {
+                    parent: false,
+                    ..*opts
+                };
+                let mut b = self.backup_files(name, group, walk()?, &opts, progress)?;
+                b.parent_refused = Some(e.message);
+                Ok(b)
+            }
+            other => other,
+        }
+    }
+
     /// Back up the files `walk` finds as backup `name` in `group`: their
     /// contents go through the pipeline as a stream, file by file, and
-    /// the tree the walk records goes with the commit. Every file is read
-    /// (a server keeps no parent to reuse unchanged files from), but only
-    /// segments the repository lacks are sent. Nothing is left behind if
-    /// it fails. Also returns what the walk counted and skipped.
+    /// the tree the walk records goes with the commit. A file unchanged
+    /// since the parent (`opts.parent`) is not read: the server reuses
+    /// its segments; of the others, only segments the repository lacks
+    /// are sent. Nothing is left behind if it fails, which it does with
+    /// `ParentUnusable` if the parent cannot be reused whole (see
+    /// [`Client::backup_paths`]).
     pub fn backup_files(
         &self,
         name: &str,
@@ -99,13 +175,66 @@ impl Client {
         mut walk: TreeWalk,
         opts: &BackupOptions,
         progress: &Progress<'_>,
-    ) -> Result<(WireBackup, WalkCounts, Vec<String>), ClientError> {
+    ) -> Result<FilesBackup, ClientError> {
         let (session, segmenting) = self.begin(name, group)?;
-        let source = Source::<std::io::Empty>::Files(&mut walk);
+        let parent = match opts.parent {
+            true => self.parent(session),
+            false => Ok(None),
+        };
+        let parent = match parent {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = self.send(Call::Abort { session });
+                return Err(e);
+            }
+        };
+        let mut reused = Reused::default();
+        let index = parent.as_ref().map(|(_, index)| index);
+        let source = Source::<std::io::Empty>::Files(&mut walk, index, &mut reused);
         let piped = self.pipeline(session, segmenting, source, opts, progress);
         let (tree, counts, warnings) = walk.finish();
-        let b = self.end(session, piped, Some(tree.encode()), opts)?;
-        Ok((b, counts, warnings))
+        let backup = self.end(session, piped, Some(tree.encode()), opts)?;
+        Ok(FilesBackup {
+            backup,
+            counts,
+            warnings,
+            parent: parent.map(|(name, _)| name),
+            files_unchanged: reused.files,
+            bytes_unchanged: reused.bytes,
+            parent_refused: None,
+        })
+    }
+
+    /// The session's parent, as the server picked it: its name and what
+    /// its tree says of its files. `None` if there is none.
+    fn parent(&self, session: u64) -> Result<Option<(String, ParentIndex)>, ClientError> {
+        let mut tree = Vec::new();
+        loop {
+            let at = tree.len() as u64;
+            match self.call(Call::ParentTree { session, at })? {
+                Reply::ParentTree { name: None, .. } => return Ok(None),
+                Reply::ParentTree {
+                    name: Some(name),
+                    total,
+                    bytes,
+                } => {
+                    let end = at + bytes.len() as u64;
+                    if total > MAX_TREE as u64 || end > total || (bytes.is_empty() && end < total) {
+                        return Err(ClientError::Protocol(format!(
+                            "parent tree bytes {at}..{end} of {total}"
+                        )));
+                    }
+                    tree.extend_from_slice(&bytes);
+                    if end == total {
+                        let object = format!("the tree of the parent backup {name}");
+                        let tree = Tree::decode(&object, &tree)
+                            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+                        return Ok(Some((name, ParentIndex::new(tree))));
+                    }
+                }
+                other => return Err(unexpected(&other)),
+            }
+        }
     }
 
     /// Start a backup session: its id and how the repository cuts streams.
@@ -177,6 +306,7 @@ impl Client {
             in_flight: opts.in_flight.max(1),
             hashers: opts.hashers.max(1),
             tree_part: opts.tree_part,
+            parent: opts.parent,
         };
         let (raw_tx, raw_rx) = sync_channel::<(u64, Batch)>(opts.hashers * 2);
         // Owned by the hashers: when the last one stops, the reader's next
@@ -184,7 +314,7 @@ impl Client {
         // on a full queue would wait forever after a failure downstream).
         let raw_rx = Arc::new(Mutex::new(raw_rx));
         let (hashed_tx, hashed_rx) = sync_channel::<(u64, Batch, Fps)>(opts.hashers * 2);
-        let (looked_tx, looked_rx) = sync_channel::<(Batch, Fps, Pending)>(opts.in_flight);
+        let (looked_tx, looked_rx) = sync_channel::<(Batch, Fps, Option<Pending>)>(opts.in_flight);
         let stop = AtomicBool::new(false);
         std::thread::scope(|s| {
             let reading = s.spawn(|| read_batches(segmenting, source, opts, raw_tx, &stop));
@@ -193,7 +323,11 @@ impl Client {
                 s.spawn(move || loop {
                     let job = raw_rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
                     let Ok((seq, batch)) = job else { return };
-                    let fps = batch.iter().map(|b| HASH.fingerprint(b).0).collect();
+                    let fps = batch
+                        .segments
+                        .iter()
+                        .map(|b| HASH.fingerprint(b).0)
+                        .collect();
                     if hashed_tx.send((seq, batch, fps)).is_err() {
                         return;
                     }
@@ -207,10 +341,14 @@ impl Client {
                     early.insert(seq, (batch, fps));
                     while let Some((batch, fps)) = early.remove(&next) {
                         next += 1;
-                        let p = self.send(Call::Lookup {
-                            session,
-                            fingerprints: fps.clone(),
-                        })?;
+                        // A batch of only the parent's bytes asks nothing.
+                        let p = match fps.is_empty() {
+                            true => None,
+                            false => Some(self.send(Call::Lookup {
+                                session,
+                                fingerprints: fps.clone(),
+                            })?),
+                        };
                         if looked_tx.send((batch, fps, p)).is_err() {
                             return Ok(());
                         }
@@ -240,7 +378,7 @@ impl Client {
     fn store_stage(
         &self,
         session: u64,
-        looked: Receiver<(Batch, Fps, Pending)>,
+        looked: Receiver<(Batch, Fps, Option<Pending>)>,
         in_flight: usize,
         progress: &Progress<'_>,
     ) -> Result<(), ClientError> {
@@ -256,12 +394,19 @@ impl Client {
             other => Err(unexpected(&other)),
         };
         for (batch, fps, lookup) in looked {
-            let found = match lookup.wait()? {
-                Reply::Found(f) if f.len() == fps.len() => f,
-                other => return Err(unexpected(&other)),
+            let found = match lookup.map(Pending::wait).transpose()? {
+                Some(Reply::Found(f)) if f.len() == fps.len() => f,
+                None => Vec::new(),
+                Some(other) => return Err(unexpected(&other)),
             };
-            let mut items = Vec::with_capacity(batch.len());
-            for ((data, fingerprint), known) in batch.into_iter().zip(fps).zip(found) {
+            let mut items = Vec::with_capacity(batch.segments.len() + 1);
+            if let Some(run) = batch.parent {
+                items.push(Item::Parent {
+                    offset: run.offset,
+                    len: run.len,
+                });
+            }
+            for ((data, fingerprint), known) in batch.segments.into_iter().zip(fps).zip(found) {
                 if known || sent.contains(&fingerprint) {
                     items.push(Item::Known { fingerprint });
                 } else {
@@ -306,7 +451,7 @@ fn read_batches<R: Read>(
     stop: &AtomicBool,
 ) -> Result<(), String> {
     let mut out = Batcher {
-        batch: Vec::new(),
+        batch: Batch::default(),
         bytes: 0,
         seq: 0,
         opts,
@@ -318,15 +463,29 @@ fn read_batches<R: Read>(
                 return Ok(());
             }
         }
-        Source::Files(walk) => {
+        Source::Files(walk, parent, reused) => {
             while walk.next_file().map_err(|e| e.to_string())? {
+                let unchanged = parent.and_then(|p| {
+                    walk.current()
+                        .and_then(|(node, len)| p.unchanged(node, len))
+                });
+                if let Some(file) = unchanged {
+                    // Not read: the server takes the parent's segments.
+                    walk.skip_current(file.size);
+                    reused.files += 1;
+                    reused.bytes += file.size;
+                    if stop.load(Ordering::SeqCst) || !out.push_parent(file.offset, file.size) {
+                        return Ok(());
+                    }
+                    continue;
+                }
                 if !cut_into(segmenting, &mut *walk, &mut out, stop)? {
                     return Ok(());
                 }
             }
         }
     }
-    if !out.batch.is_empty() {
+    if out.batch.parent.is_some() || !out.batch.segments.is_empty() {
         let _ = out.tx.send((out.seq, out.batch));
     }
     Ok(())
@@ -344,15 +503,40 @@ struct Batcher<'o> {
 impl Batcher<'_> {
     /// Add a segment; false if nobody takes batches any more.
     fn push(&mut self, segment: &[u8]) -> bool {
-        if !self.batch.is_empty()
+        if !self.batch.segments.is_empty()
             && self.bytes + segment.len() > self.opts.batch_bytes
             && !self.send()
         {
             return false;
         }
         self.bytes += segment.len();
-        self.batch.push(segment.to_vec());
-        self.batch.len() < self.opts.batch_segments || self.send()
+        self.batch.segments.push(segment.to_vec());
+        self.batch.segments.len() < self.opts.batch_segments || self.send()
+    }
+
+    /// Add the parent's bytes `offset..offset + len`: to the run the
+    /// batch starts with if they follow it (the walk reaches unchanged
+    /// files in the parent's order, so a run of them is one item), else
+    /// to a new batch. False if nobody takes batches any more.
+    fn push_parent(&mut self, offset: u64, len: u64) -> bool {
+        if self.batch.segments.is_empty() {
+            match &mut self.batch.parent {
+                None => {
+                    self.batch.parent = Some(ParentRun { offset, len });
+                    return true;
+                }
+                Some(run) if run.offset.checked_add(run.len) == Some(offset) => {
+                    run.len += len;
+                    return true;
+                }
+                Some(_) => {}
+            }
+        }
+        if !self.send() {
+            return false;
+        }
+        self.batch.parent = Some(ParentRun { offset, len });
+        true
     }
 
     fn send(&mut self) -> bool {

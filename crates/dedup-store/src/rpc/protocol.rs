@@ -19,7 +19,9 @@ use crate::segmenter::Segmenting;
 /// 3: `TreePart`, so a tree larger than a frame can be sent.
 /// 4: `Hello` answers with a challenge when the server holds a key, and
 /// `Authenticate` answers it (`auth.rs`).
-pub const PROTOCOL_VERSION: u32 = 4;
+/// 5: `ParentTree` and `Item::Parent`, so a backup of files through a
+/// server reuses its parent's unchanged files without reading them.
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Largest segment the server takes: what a container holds.
 pub const MAX_SEGMENT: usize = crate::format::MAX_SEGMENT_LEN;
@@ -35,6 +37,9 @@ pub const RESTORE_CHUNK: usize = 1 << 20;
 /// it in RAM until the commit. About 13 million files at the 20 bytes a
 /// file the 40 tokio releases' tree took.
 pub const MAX_TREE: usize = 256 << 20;
+
+/// Bytes of the parent's tree object per `ParentTree` answer.
+pub const PARENT_TREE_CHUNK: usize = 4 << 20;
 
 /// Most fingerprints or items in one `Lookup` or `Append`.
 pub const MAX_BATCH: usize = 4096;
@@ -142,6 +147,15 @@ pub enum Call {
         #[serde(with = "serde_bytes")]
         bytes: Vec<u8>,
     },
+    /// The session's parent (the newest backup of files in its group, as
+    /// a backup beside the repository picks it): its tree object from
+    /// byte `at` on. The server holds the parent's recipe for the
+    /// session's `Item::Parent`s from the first of these on. Answered
+    /// with `ParentTree`.
+    ParentTree {
+        session: u64,
+        at: u64,
+    },
 }
 
 /// One segment of a stream, in order.
@@ -157,6 +171,12 @@ pub enum Item {
         #[serde(with = "serde_bytes")]
         data: Vec<u8>,
     },
+    /// Bytes `offset..offset + len` of the parent's stream (unchanged
+    /// files, which start and end on its segments): the server takes the
+    /// parent's segments for them, each confirmed against its catalog.
+    /// If it cannot take them all, the append fails with
+    /// `ParentUnusable` (the client backs up again, reading every file).
+    Parent { offset: u64, len: u64 },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -205,6 +225,15 @@ pub enum Reply {
     TreeTaken {
         bytes: u64,
     },
+    /// The parent's name (`None`: the session has no parent, or it could
+    /// not be read), its tree object's length, and its bytes from the
+    /// `at` asked for (at most `PARENT_TREE_CHUNK`).
+    ParentTree {
+        name: Option<String>,
+        total: u64,
+        #[serde(with = "serde_bytes")]
+        bytes: Vec<u8>,
+    },
 }
 
 /// Why a request failed. `kind` is for programs, `message` for people.
@@ -231,6 +260,9 @@ pub enum ErrorKind {
     /// The server holds a key and the client has not proved it holds the
     /// same one (no `Authenticate`, or a wrong proof).
     Unauthorized,
+    /// An `Item::Parent` the server could not take whole: the parent
+    /// changed or is damaged. Back up again without it.
+    ParentUnusable,
 }
 
 impl WireError {

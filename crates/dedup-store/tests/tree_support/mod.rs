@@ -1,8 +1,9 @@
 //! Shared by the tree tests: what a directory tree looks like, entry by
 //! entry (type, mode, owner, mtime to the nanosecond, contents, symlink
 //! target, link count) plus which names share an inode, so a restore can
-//! be compared with what was backed up; and `build`, a tree with one of
-//! every kind of entry.
+//! be compared with what was backed up; `build`, a tree with one of
+//! every kind of entry; and, for the parent tests, `files`, plain files to
+//! back up again, `settle` and `edit_some`.
 
 #![allow(dead_code)]
 
@@ -201,4 +202,43 @@ pub fn collect(p: &Path, out: &mut Vec<PathBuf>) {
             collect(&n, out);
         }
     }
+}
+
+/// 20 small files under `root/data/sub` and a large one; `root/data`.
+pub fn files(root: &Path) -> PathBuf {
+    let d = root.join("data");
+    fs::create_dir_all(d.join("sub")).unwrap();
+    for i in 0..20u64 {
+        fs::write(
+            d.join(format!("sub/f{i}")),
+            random(5000 + 3000 * i as usize, i),
+        )
+        .unwrap();
+    }
+    fs::write(d.join("big"), random(1 << 20, 99)).unwrap();
+    d
+}
+
+/// Past the second in which files were last written: a file changed
+/// within a second of a backup's start is read again by the next (a write
+/// in the same timestamp tick would go unseen), so let new files age.
+pub fn settle() {
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+}
+
+/// Change three of `files`' files, each in a way a backup must see: new
+/// contents of `sub/f3` with its size and mtime kept (only ctime tells),
+/// a new `sub/new`, and `sub/f5` grown.
+pub fn edit_some(data: &Path) {
+    let f3 = data.join("sub/f3");
+    let mtime = FileTime::from_last_modification_time(&fs::metadata(&f3).unwrap());
+    let mut changed = fs::read(&f3).unwrap();
+    changed[100] ^= 0xff;
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    fs::write(&f3, &changed).unwrap();
+    filetime::set_file_mtime(&f3, mtime).unwrap();
+    fs::write(data.join("sub/new"), random(7000, 1000)).unwrap();
+    let mut f5 = fs::read(data.join("sub/f5")).unwrap();
+    f5.extend_from_slice(b"more");
+    fs::write(data.join("sub/f5"), &f5).unwrap();
 }

@@ -1,0 +1,66 @@
+//! A server of a new repository on a temporary socket, in this process,
+//! for the RPC tests.
+
+#![allow(dead_code)] // each test file uses some of it
+
+use std::path::Path;
+use std::thread::JoinHandle;
+
+use dedup_store::rpc::{Client, Endpoint, Server, ServerLimits, StopHandle};
+use dedup_store::Repository;
+
+pub struct Running {
+    pub at: Endpoint,
+    pub stop: StopHandle,
+    thread: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl Running {
+    pub fn with_limits(dir: &Path, limits: ServerLimits) -> Running {
+        let repo = Repository::open(dir.join("repo")).unwrap();
+        // Recipes of many parts, each written as its session goes.
+        repo.set_recipe_part_segments(64);
+        Running::serving(repo, dir, limits)
+    }
+
+    /// Serve `repo` on a socket in `dir`.
+    pub fn serving(repo: Repository, dir: &Path, limits: ServerLimits) -> Running {
+        let server = Server::bind(repo, &Endpoint::Unix(dir.join("s.sock")), limits).unwrap();
+        let (at, stop) = (server.endpoint().clone(), server.stop_handle());
+        Running {
+            at,
+            stop,
+            thread: Some(std::thread::spawn(move || server.run())),
+        }
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(&self.at).unwrap()
+    }
+
+    pub fn shut(mut self) {
+        self.stop.stop();
+        self.thread.take().unwrap().join().unwrap().unwrap();
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            self.stop.stop();
+            let _ = t.join();
+        }
+    }
+}
+
+pub fn setup() -> (tempfile::TempDir, Running) {
+    setup_with(ServerLimits::default())
+}
+
+/// A new repository served with `limits`.
+pub fn setup_with(limits: ServerLimits) -> (tempfile::TempDir, Running) {
+    let dir = tempfile::tempdir().unwrap();
+    Repository::init(dir.path().join("repo")).unwrap();
+    let r = Running::with_limits(dir.path(), limits);
+    (dir, r)
+}
