@@ -97,39 +97,58 @@ pub(crate) struct Unchanged {
 
 impl ParentFiles {
     pub(crate) fn load(repo: &Repository, name: &str) -> RepoResult<ParentFiles> {
-        Ok(ParentFiles::load_with_tree(repo, name)?.0)
-    }
-
-    /// `load`, and the parent's tree object as stored (what a server
-    /// sends its client, which decides what is unchanged).
-    pub(crate) fn load_with_tree(
-        repo: &Repository,
-        name: &str,
-    ) -> RepoResult<(ParentFiles, Vec<u8>)> {
-        let (record, parts) = repo.recipe_parts(name)?;
-        let object = record
-            .tree
-            .as_ref()
-            .ok_or_else(|| RepoError::corrupt(&record.recipe, "a stream has no files"))?;
-        let stored = repo.store.get(object)?;
-        let tree = Tree::decode(object, &stored)?;
-        // A tree that is not of this recipe's stream (whose length
-        // `recipe_parts` checked against the backup's) places its files
-        // wrongly: no parent (every file is read).
-        tree.check_stream_len(name, record.report.bytes_in)
-            .map_err(|d| RepoError::corrupt(object, d))?;
-        let files = ParentFiles {
+        let (_, tree, recipe) =
+            read_parent(repo, name, usize::MAX)?.expect("no tree is over usize::MAX bytes");
+        Ok(ParentFiles {
             name: name.to_string(),
             files: ParentIndex::new(tree),
-            recipe: ParentRecipe::new(record.recipe, parts.into_head()),
-        };
-        Ok((files, stored))
+            recipe,
+        })
     }
 
     /// See [`ParentIndex::unchanged`].
     pub(crate) fn unchanged(&self, now: &Node, len: u64) -> Option<Unchanged> {
         self.files.unchanged(now, len)
     }
+}
+
+/// What a server keeps of backup `name` as a parent: its tree object as
+/// stored, to send its client (who decides what is unchanged), and its
+/// recipe, to take runs from. `None` if the tree object is over
+/// `max_tree` bytes.
+pub(crate) fn parent_for_client(
+    repo: &Repository,
+    name: &str,
+    max_tree: usize,
+) -> RepoResult<Option<(Vec<u8>, ParentRecipe)>> {
+    Ok(read_parent(repo, name, max_tree)?.map(|(stored, _, recipe)| (stored, recipe)))
+}
+
+/// Backup `name`'s tree object, as stored and decoded, checked against
+/// its recipe, and the recipe; `None` if the tree object is over
+/// `max_tree` bytes.
+fn read_parent(
+    repo: &Repository,
+    name: &str,
+    max_tree: usize,
+) -> RepoResult<Option<(Vec<u8>, Tree, ParentRecipe)>> {
+    let (record, parts) = repo.recipe_parts(name)?;
+    let object = record
+        .tree
+        .as_ref()
+        .ok_or_else(|| RepoError::corrupt(&record.recipe, "a stream has no files"))?;
+    let stored = repo.store.get(object)?;
+    if stored.len() > max_tree {
+        return Ok(None);
+    }
+    let tree = Tree::decode(object, &stored)?;
+    // A tree that is not of this recipe's stream (whose length
+    // `recipe_parts` checked against the backup's) places its files
+    // wrongly: no parent (every file is read).
+    tree.check_stream_len(name, record.report.bytes_in)
+        .map_err(|d| RepoError::corrupt(object, d))?;
+    let recipe = ParentRecipe::new(record.recipe, parts.into_head());
+    Ok(Some((stored, tree, recipe)))
 }
 
 /// The parent's recipe, read a part at a time.

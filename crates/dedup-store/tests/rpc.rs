@@ -712,12 +712,14 @@ fn a_directory_tree_backs_up_through_the_server_and_restores_with_its_metadata()
         (11, 3, 1)
     );
     // The copy of a 3 MiB file inside the tree is found, and a second
-    // backup of the same tree sends no new segment.
+    // backup of the same tree (reading every file: no parent) sends no
+    // new segment.
     assert!(b.report.bytes_new < b.report.bytes_in - (3 << 20) + (64 << 10));
     // Its tree goes ahead in parts of 64 bytes, as a tree larger than a
     // frame does (the restore below checks it arrived whole).
     let parts = BackupOptions {
         tree_part: 64,
+        parent: false,
         ..BackupOptions::default()
     };
     let (again, ..) = backup_with("again", &parts);

@@ -109,6 +109,11 @@ fn a_parent_that_cannot_be_reused_whole_costs_a_second_try_that_reads_every_file
     let recipe = repo.backup("one").unwrap().recipe;
     drop(repo);
     fs::remove_file(tmp.path().join("repo").join(part_name(&recipe, 1))).unwrap();
+    // Changed files after the run that fails: their lookups reach the
+    // server after it ended the session, and answer "no such session";
+    // the run's own error must still be the one the client sees.
+    edit_some(&data);
+    settle();
 
     let server = Running::with_limits(tmp.path(), Default::default());
     let c = server.client();
@@ -189,9 +194,20 @@ fn parent_requests_that_do_not_fit_are_refused_and_the_server_lives() {
         panic!()
     };
     assert_eq!((name.as_deref(), bytes.len() as u64), (Some("one"), total));
+    // From a later byte, the rest of it.
+    let s2 = begin(&c, "c2");
+    let Reply::ParentTree { bytes: rest, .. } = parent_tree(s2, 5).unwrap() else {
+        panic!()
+    };
+    assert_eq!(rest, bytes[5..]);
     // Sent to its end, the tree is not kept; past its end is refused.
     let again = parent_tree(s, 0).unwrap_err().to_string();
     assert!(again.contains("already sent"), "{again}");
+    assert!(parent_tree(s, total + 1).is_err());
+    let stream_len = match c.call(Call::List).unwrap() {
+        Reply::Backups(b) => b[0].report.bytes_in,
+        other => panic!("{other:?}"),
+    };
     for (offset, len) in [(0, 0), (u64::MAX, 2)] {
         let s = begin(&c, "d");
         parent_tree(s, 0).unwrap();
@@ -205,9 +221,49 @@ fn parent_requests_that_do_not_fit_are_refused_and_the_server_lives() {
         let e = refused(&c, append(s, offset, len));
         assert_eq!(e.kind, ErrorKind::ParentUnusable, "{offset} + {len}: {e:?}");
     }
-    // Every refused session is gone; the server still backs up.
+    // The whole parent once, then again: runs only go forward, so a
+    // client cannot make the server take the parent over and over.
+    let s = begin(&c, "f");
+    parent_tree(s, 0).unwrap();
+    c.call(append(s, 0, stream_len)).unwrap();
+    let e = refused(&c, append(s, 0, stream_len));
+    assert_eq!(e.kind, ErrorKind::ParentUnusable, "{e:?}");
+    // Every refused session is gone: "c" and "c2" run on.
+    let running = |c: &Client| match c.call(Call::Stats).unwrap() {
+        Reply::Stats(s) => s.running_backups,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(running(&c), 2);
+    c.call(Call::Abort { session: s2 }).unwrap();
+    assert_eq!(running(&c), 1);
+    // The server still backs up.
     let two = backup(&c, "two", &data, &BackupOptions::default());
     assert_eq!(two.parent.as_deref(), Some("one"));
     assert_eq!(two.files_unchanged, 21);
     server.shut();
+}
+
+#[test]
+fn paths_given_in_another_order_are_walked_as_before_and_reused() {
+    let (tmp, server) = setup();
+    let (a, b) = (files(&tmp.path().join("a")), files(&tmp.path().join("b")));
+    settle();
+    let c = server.client();
+    let opts = BackupOptions::default();
+    c.backup_paths("ab", "g", &[&a, &b], &opts, &|_| {})
+        .unwrap();
+    // The walk sorts the paths it is given, so the runs of unchanged
+    // files go forward through the parent's stream as the server asks.
+    let ba = c
+        .backup_paths("ba", "g", &[&b, &a], &opts, &|_| {})
+        .unwrap();
+    assert_eq!(
+        (ba.files_unchanged, &ba.parent_refused),
+        (42, &None),
+        "{ba:?}"
+    );
+    assert_eq!(ba.bytes_unchanged, ba.backup.report.bytes_in);
+    server.shut();
+    assert_same(&listing(&a), &restored(tmp.path(), "ba", &a));
+    assert_same(&listing(&b), &restored(tmp.path(), "ba", &b));
 }

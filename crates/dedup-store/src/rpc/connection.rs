@@ -25,7 +25,7 @@ use super::stream::{Deadlined, Stream};
 use crate::repo::Repository;
 use crate::repo_error::RepoError;
 use crate::session::BackupSession;
-use crate::tree_parent::{ParentFiles, ParentRecipe, Unchanged};
+use crate::tree_parent::{parent_for_client, ParentRecipe, Unchanged};
 use crate::writer::HASH;
 
 /// Lookup hits remembered for the appends that follow them (`found.rs`):
@@ -55,6 +55,11 @@ struct Parent {
     tree: Vec<u8>,
     total: u64,
     recipe: ParentRecipe,
+    /// Where the last run taken ended: runs move forward through the
+    /// parent's stream, so a session takes each of its segments once at
+    /// most and reads each recipe part once (a client's walk reaches
+    /// files in the parent's order).
+    next: u64,
 }
 
 type Answer = Result<Reply, WireError>;
@@ -428,22 +433,25 @@ impl<'r> Conn<'r> {
     }
 
     /// The session's parent tree from byte `at` on. The parent is picked
-    /// and loaded at the first ask; one that cannot be read is none (the
-    /// client then reads every file), never a failed backup.
+    /// and loaded at the first ask; one that cannot be read, or whose tree
+    /// is larger than a client takes (`MAX_TREE`), is none: the client
+    /// then reads every file.
     fn parent_tree(&mut self, id: u64, at: u64) -> Answer {
         let repo = self.repo;
         let live = self.sessions.get_mut(&id).ok_or_else(|| no_session(id))?;
         if !live.parent_asked {
             live.parent_asked = true;
             let newest = repo.newest_files_backup(&live.group).map_err(repo_err)?;
-            live.parent = newest
-                .and_then(|name| ParentFiles::load_with_tree(repo, &name).ok())
-                .map(|(files, tree)| Parent {
-                    name: files.name,
+            live.parent = newest.and_then(|name| {
+                let (tree, recipe) = parent_for_client(repo, &name, MAX_TREE).ok()??;
+                Some(Parent {
+                    name,
                     total: tree.len() as u64,
                     tree,
-                    recipe: files.recipe,
-                });
+                    recipe,
+                    next: 0,
+                })
+            });
         }
         let Some(p) = live.parent.as_mut() else {
             return Ok(Reply::ParentTree {
@@ -570,11 +578,21 @@ fn append_one(repo: &Repository, live: &mut Live<'_>, item: Item) -> Result<(), 
                     "parent bytes {offset} + {len}: give a length of 1 or more that ends in range"
                 ))
             })?;
+            if offset < p.next {
+                return Err(WireError::new(
+                    ErrorKind::ParentUnusable,
+                    format!(
+                        "parent bytes {offset}..{end} start before the end of the run before them ({}): runs go forward through the parent's stream; back up again without it",
+                        p.next
+                    ),
+                ));
+            }
             let file = Unchanged { offset, size: len };
             let taken = p
                 .recipe
                 .reuse(repo, &mut live.session, file)
                 .map_err(repo_err)?;
+            p.next = end;
             if taken != len {
                 return Err(WireError::new(
                     ErrorKind::ParentUnusable,

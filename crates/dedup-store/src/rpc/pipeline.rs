@@ -209,31 +209,37 @@ impl Client {
     /// its tree says of its files. `None` if there is none.
     fn parent(&self, session: u64) -> Result<Option<(String, ParentIndex)>, ClientError> {
         let mut tree = Vec::new();
+        // The parent's name and tree length, as the first answer gave them.
+        let mut first: Option<(String, u64)> = None;
         loop {
             let at = tree.len() as u64;
-            match self.call(Call::ParentTree { session, at })? {
-                Reply::ParentTree { name: None, .. } => return Ok(None),
+            let (name, total, bytes) = match self.call(Call::ParentTree { session, at })? {
+                Reply::ParentTree { name: None, .. } if first.is_none() => return Ok(None),
                 Reply::ParentTree {
                     name: Some(name),
                     total,
                     bytes,
-                } => {
-                    let end = at + bytes.len() as u64;
-                    if total > MAX_TREE as u64 || end > total || (bytes.is_empty() && end < total) {
-                        return Err(ClientError::Protocol(format!(
-                            "parent tree bytes {at}..{end} of {total}"
-                        )));
-                    }
-                    tree.extend_from_slice(&bytes);
-                    if end == total {
-                        let object = format!("the tree of the parent backup {name}");
-                        let tree = Tree::decode(&object, &tree)
-                            .map_err(|e| ClientError::Protocol(e.to_string()))?;
-                        return Ok(Some((name, ParentIndex::new(tree))));
-                    }
-                }
+                } => (name, total, bytes),
                 other => return Err(unexpected(&other)),
+            };
+            let end = at + bytes.len() as u64;
+            let same = first
+                .as_ref()
+                .is_none_or(|(n, t)| *n == name && *t == total);
+            if !same || total > MAX_TREE as u64 || end > total || (bytes.is_empty() && end < total)
+            {
+                return Err(ClientError::Protocol(format!(
+                    "parent tree bytes {at}..{end} of {total} of backup {name}"
+                )));
             }
+            tree.extend_from_slice(&bytes);
+            if end == total {
+                let object = format!("the tree of the parent backup {name}");
+                let tree = Tree::decode(&object, &tree)
+                    .map_err(|e| ClientError::Protocol(e.to_string()))?;
+                return Ok(Some((name, ParentIndex::new(tree))));
+            }
+            first = Some((name, total));
         }
     }
 
@@ -301,7 +307,8 @@ impl Client {
         progress: &Progress<'_>,
     ) -> Result<(), ClientError> {
         let opts = &BackupOptions {
-            batch_segments: opts.batch_segments.clamp(1, MAX_BATCH),
+            // One item is left for a run of the parent's stream.
+            batch_segments: opts.batch_segments.clamp(1, MAX_BATCH - 1),
             batch_bytes: opts.batch_bytes.clamp(1, 8 << 20),
             in_flight: opts.in_flight.max(1),
             hashers: opts.hashers.max(1),
@@ -394,10 +401,20 @@ impl Client {
             other => Err(unexpected(&other)),
         };
         for (batch, fps, lookup) in looked {
-            let found = match lookup.map(Pending::wait).transpose()? {
-                Some(Reply::Found(f)) if f.len() == fps.len() => f,
-                None => Vec::new(),
-                Some(other) => return Err(unexpected(&other)),
+            let found = match lookup.map(Pending::wait).transpose() {
+                Ok(Some(Reply::Found(f))) if f.len() == fps.len() => f,
+                Ok(None) => Vec::new(),
+                Ok(Some(other)) => return Err(unexpected(&other)),
+                // An append sent before this lookup may have failed the
+                // session (a parent run the server could not take), which
+                // then answers the lookup "no such session": the append's
+                // error is the cause, and the one a caller acts on.
+                Err(e) => {
+                    for p in acks {
+                        ack(p)?;
+                    }
+                    return Err(e);
+                }
             };
             let mut items = Vec::with_capacity(batch.segments.len() + 1);
             if let Some(run) = batch.parent {
@@ -464,13 +481,21 @@ fn read_batches<R: Read>(
             }
         }
         Source::Files(walk, parent, reused) => {
+            // Runs go forward through the parent's stream (the server
+            // takes no other): a file the parent holds before the last one
+            // reused is read. The walk sorts what it visits, so this is
+            // only for a parent walked in another order.
+            let mut parent_end = 0;
             while walk.next_file().map_err(|e| e.to_string())? {
-                let unchanged = parent.and_then(|p| {
-                    walk.current()
-                        .and_then(|(node, len)| p.unchanged(node, len))
-                });
+                let unchanged = parent
+                    .and_then(|p| {
+                        walk.current()
+                            .and_then(|(node, len)| p.unchanged(node, len))
+                    })
+                    .filter(|file| file.offset >= parent_end);
                 if let Some(file) = unchanged {
                     // Not read: the server takes the parent's segments.
+                    parent_end = file.offset + file.size;
                     walk.skip_current(file.size);
                     reused.files += 1;
                     reused.bytes += file.size;
