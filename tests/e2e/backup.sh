@@ -3,7 +3,9 @@
 # backed up twice (the second all duplicate), then again after a few files
 # change; every backup restores byte for byte; a random 64 MiB stream round
 # trips, and so does one whose recipe is written in parts (then deleted and
-# collected to the last part); a directory tree backed up as files (a copy
+# collected to the last part); a stream restored onto a loop device is
+# written in place, and a device too small for it is refused untouched; a
+# directory tree backed up as files (a copy
 # of /usr/share/doc plus special cases) restores with the same contents,
 # types, modes, owners, times and hard links; --json parses; bad input is
 # refused in plain words.
@@ -73,6 +75,28 @@ backup rand "$WORK/rand"
 restored rand "$WORK/rand"
 "$DEDUP" backup "$R" empty --stdin </dev/null >"$WORK/empty.txt" || fail "an empty stream"
 restored empty /dev/null
+
+log "a stream restored onto a block device (a loop device), written in place"
+# 9 MiB and 4,097 bytes: direct writes, then an unaligned tail.
+head -c $((9 * 1048576 + 4097)) /dev/urandom >"$WORK/img"
+RD=$WORK/repo-dev
+"$DEDUP" store init "$RD" >/dev/null || fail "init $RD"
+"$DEDUP" backup "$RD" img --stdin <"$WORK/img" >/dev/null || fail "backup img"
+truncate -s 16M "$WORK/disk"
+loop=$(losetup -f --show "$WORK/disk")
+on_exit "losetup -d $loop"
+expect_fail "already exists" "$DEDUP" restore "$RD" img "$loop"
+"$DEDUP" restore "$RD" img "$loop" --force >/dev/null || fail "restore onto $loop"
+cmp -n $((9 * 1048576 + 4097)) "$loop" "$WORK/img" || fail "the device holds other bytes than the backup"
+# Past the backup's end the device is as it was (zeros) up to its own end.
+tail_cmp=$(cmp -i $((9 * 1048576 + 4097)) "$loop" /dev/zero 2>&1 || true)
+[[ $tail_cmp == *EOF* ]] || fail "the restore wrote past the backup's end: $tail_cmp"
+# A device smaller than the backup: refused in plain words.
+truncate -s 4M "$WORK/small"
+small=$(losetup -f --show "$WORK/small")
+on_exit "losetup -d $small"
+expect_fail "nothing was written" "$DEDUP" restore "$RD" img "$small" --force
+cmp -n $((4 << 20)) "$small" /dev/zero || fail "a refused restore wrote to $small"
 
 log "a stream whose recipe is written in parts (65,536 segments a part; 512-byte segments)"
 R2=$WORK/repo-parts

@@ -15,7 +15,7 @@ use super::backup::mb_per_sec;
 #[derive(clap::Args)]
 #[command(
     about = "Restore a backup of files into a directory, or of a stream to a file or standard output",
-    after_help = "Restoring reads the backup's recipe and the containers it names; every segment is checked against its catalog, and a damaged or missing container, recipe or tree is refused by name.\n\nA backup of files is restored under the directory TARGET (paths as stored: a backup of /home/me restores to TARGET/home/me), with modes, times, symlinks, hard links, and owners when run as root. TARGET must be empty or absent unless --force (what is in the way is then replaced). --include PATH restores only what is at or under PATH (as stored, e.g. home/me/docs) and the directories leading to it. A restore that fails part-way leaves what it made so far.\n\nA backup of a stream is written to the file TARGET, which must not exist unless --force (it is then replaced, keeping its mode: the restore writes a new file beside it and renames it into place, so a restore that fails leaves the old file as it was; a device is written in place; a new file is made 0600), or to standard output with `-`.\n\nExamples:\n  dedup restore ./repo home-monday /restore\n  dedup restore ./repo home-monday /restore --include home/me/docs\n  dedup restore ./repo db-1 db.sql\n  dedup restore ./repo db-1 - | psql"
+    after_help = "Restoring reads the backup's recipe and the containers it names; every segment is checked against its catalog, and a damaged or missing container, recipe or tree is refused by name.\n\nA backup of files is restored under the directory TARGET (paths as stored: a backup of /home/me restores to TARGET/home/me), with modes, times, symlinks, hard links, and owners when run as root. TARGET must be empty or absent unless --force (what is in the way is then replaced). --include PATH restores only what is at or under PATH (as stored, e.g. home/me/docs) and the directories leading to it. A restore that fails part-way leaves what it made so far.\n\nA backup of a stream is written to the file TARGET, which must not exist unless --force (it is then replaced, keeping its mode: the restore writes a new file beside it and renames it into place, so a restore that fails leaves the old file as it was; a device is written in place, unless it is smaller than the backup, which is refused before anything is written; a new file is made 0600), or to standard output with `-`.\n\nExamples:\n  dedup restore ./repo home-monday /restore\n  dedup restore ./repo home-monday /restore --include home/me/docs\n  dedup restore ./repo db-1 db.sql\n  dedup restore ./repo db-1 - | psql"
 )]
 pub struct Args {
     /// Repository directory.
@@ -72,6 +72,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
+    // A device is written in place: what a failed restore wrote stays.
+    let mut in_place = false;
     let written = match fs::metadata(&a.target) {
         // A device (a disk to put an image back on): written in place.
         Ok(m) if !m.is_file() && !m.is_dir() => {
@@ -81,10 +83,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                     a.target.display()
                 );
             }
-            let file = OpenOptions::new()
+            let mut file = OpenOptions::new()
                 .write(true)
                 .open(&a.target)
                 .with_context(|| format!("opening {}", a.target.display()))?;
+            fits_on_device(&repo, &a.name, &a.target, &mut file)?;
+            in_place = true;
             write_to(&repo, &a.name, file)
         }
         Ok(m) if m.is_dir() => bail!(
@@ -135,12 +139,42 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        Err(e) if in_place => Err(e.context(format!(
+            "restoring backup {} onto {} (it holds what was written before the error)",
+            a.name,
+            a.target.display()
+        ))),
         Err(e) => Err(e.context(format!(
             "restoring backup {} ({} is as it was)",
             a.name,
             a.target.display()
         ))),
     }
+}
+
+/// Refuse, before writing anything, a device smaller than backup `name`'s
+/// stream (a block device's size is where its end is; a character device
+/// has none to tell, and is written as it comes).
+fn fits_on_device(
+    repo: &dedup_store::Repository,
+    name: &str,
+    device: &Path,
+    file: &mut File,
+) -> anyhow::Result<()> {
+    use std::io::{Seek, SeekFrom};
+    let need = repo.backup(name)?.report.bytes_in;
+    let size = file.seek(SeekFrom::End(0)).unwrap_or(0);
+    file.seek(SeekFrom::Start(0))
+        .with_context(|| format!("seeking on {}", device.display()))?;
+    if size > 0 && size < need {
+        bail!(
+            "backup {name} is {} ({need} bytes) and {} holds only {} ({size} bytes); nothing was written: give a device at least as large",
+            format_size(need),
+            device.display(),
+            format_size(size)
+        );
+    }
+    Ok(())
 }
 
 /// Restore into a new file beside `target`, synced, then renamed onto it: a
