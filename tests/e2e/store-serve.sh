@@ -3,8 +3,9 @@
 # four `dedup backup --server` processes back up tar streams through it at
 # once (sharing most of their content), and one a directory tree; every
 # backup restores byte for byte beside the running server (the tree with
-# its modes and times); SIGTERM stops it, removes the socket, and the
-# repository reopens to write.
+# its modes and times; a later backup of it reads no unchanged file) and
+# through it (onto a loop device too); SIGTERM stops it, removes the
+# socket, and the repository reopens to write.
 source "$(dirname "$0")/lib.sh"
 
 R=$WORK/repo
@@ -88,6 +89,17 @@ for n in t2 t3 t4 base; do
     "$DEDUP" store remote --server "unix:$S" restore "$n" - 2>/dev/null | cmp - "$WORK/$n.tar" \
         || fail "backup $n after the collection"
 done
+log "a remote restore onto a loop device; one too small for the backup is left untouched"
+truncate -s 32M "$WORK/disk"
+loop=$(losetup -f --show "$WORK/disk")
+on_exit "losetup -d $loop"
+"$DEDUP" store remote --server "unix:$S" restore t2 "$loop" --force >/dev/null || fail "remote restore onto $loop"
+cmp -n "$(stat -c %s "$WORK/t2.tar")" "$loop" "$WORK/t2.tar" || fail "the device holds other bytes than t2"
+truncate -s 1M "$WORK/small"
+small=$(losetup -f --show "$WORK/small")
+on_exit "losetup -d $small"
+expect_fail "nothing was written" "$DEDUP" store remote --server "unix:$S" restore t2 "$small" --force
+cmp -n $((1 << 20)) "$small" /dev/zero || fail "a refused remote restore wrote to $small"
 
 log "a stopped (wedged) server fails its clients after --timeout, then serves again"
 kill -STOP "$pid"

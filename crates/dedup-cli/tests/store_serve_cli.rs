@@ -126,6 +126,25 @@ fn serve_four_backup_processes_at_once_restore_and_stop_on_sigterm() {
         &["store", "remote", "--server", s, "restore", "nosuch", "-"],
         "no backup named nosuch",
     );
+    // --force replaces a file, whole or not at all: a backup the server
+    // does not have leaves it as it was.
+    let old = tmp.path().join("old.out");
+    std::fs::write(&old, b"old contents").unwrap();
+    let old_s = old.to_str().unwrap();
+    refused(
+        &[
+            "store", "remote", "--server", s, "restore", "nosuch", old_s, "--force",
+        ],
+        "no backup nosuch",
+    );
+    assert_eq!(std::fs::read(&old).unwrap(), b"old contents");
+    ok(
+        &[
+            "store", "remote", "--server", s, "restore", "b3", old_s, "--force",
+        ],
+        None,
+    );
+    assert!(std::fs::read(&old).unwrap() == streams[3]);
     // A later backup of the shared part sends nothing new.
     let again = json(&ok(
         &["backup", "--server", s, "again", "--stdin", "--json"],

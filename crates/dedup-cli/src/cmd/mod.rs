@@ -19,6 +19,7 @@ pub mod nbdkit;
 pub mod replay;
 pub mod restore;
 mod restore_files;
+mod restore_target;
 pub mod serve;
 pub mod status;
 pub mod store;

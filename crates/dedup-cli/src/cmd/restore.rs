@@ -1,9 +1,8 @@
 //! `dedup restore`: a backup of files into a directory (see
 //! `restore_files.rs`), or a backup's stream to a new file or to stdout.
 
-use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -72,157 +71,31 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
-    // A device is written in place: what a failed restore wrote stays.
-    let mut in_place = false;
-    let written = match fs::metadata(&a.target) {
-        // A device (a disk to put an image back on): written in place.
-        Ok(m) if !m.is_file() && !m.is_dir() => {
-            if !a.force {
-                bail!(
-                    "{} already exists; refusing to overwrite it (use --force to write the backup onto it)",
-                    a.target.display()
-                );
-            }
-            let mut file = OpenOptions::new()
-                .write(true)
-                .open(&a.target)
-                .with_context(|| format!("opening {}", a.target.display()))?;
-            fits_on_device(&repo, &a.name, &a.target, &mut file)?;
-            in_place = true;
-            write_to(&repo, &a.name, file)
-        }
-        Ok(m) if m.is_dir() => bail!(
-            "{} is a directory; backup {} is a stream: give a file to restore it into",
-            a.target.display(),
-            a.name
-        ),
-        Ok(_) if !a.force => bail!(
-            "{} already exists; refusing to overwrite it (use --force to replace it)",
-            a.target.display()
-        ),
-        Ok(_) => {
-            // Through a symlink, the file it names is replaced.
-            let real = fs::canonicalize(&a.target)
-                .with_context(|| format!("resolving {}", a.target.display()))?;
-            replace_file(&repo, &a.name, &real, true)
-        }
-        // A symlink to nothing: refused before any work, not after.
-        Err(e) if e.kind() == io::ErrorKind::NotFound && a.target.is_symlink() => bail!(
-            "{} is a symbolic link to a file that does not exist; give the file's own path",
-            a.target.display()
-        ),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            replace_file(&repo, &a.name, &a.target, false)
-        }
-        Err(e) => Err(anyhow::anyhow!("looking at {}: {e}", a.target.display())),
-    };
-    match written {
-        Ok(n) => {
-            let s = start.elapsed().as_secs_f64();
-            if a.json {
-                super::print_json(&serde_json::json!({
-                    "name": a.name,
-                    "target": a.target.display().to_string(),
-                    "bytes": n,
-                    "seconds": s,
-                    "mb_per_sec": mb_per_sec(n, s),
-                }))?;
-                return Ok(ExitCode::SUCCESS);
-            }
-            println!(
-                "Restored {} of backup {} to {} ({:.1} s, {:.1} MB/s).",
-                format_size(n),
-                a.name,
-                a.target.display(),
-                s,
-                mb_per_sec(n, s)
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(e) if in_place => Err(e.context(format!(
-            "restoring backup {} onto {} (it holds what was written before the error)",
-            a.name,
-            a.target.display()
-        ))),
-        Err(e) => Err(e.context(format!(
-            "restoring backup {} ({} is as it was)",
-            a.name,
-            a.target.display()
-        ))),
+    let n = super::restore_target::restore_to(
+        &a.target,
+        a.force,
+        &a.name,
+        Some(record.report.bytes_in),
+        |out| Ok(repo.restore(&a.name, out)?),
+    )?;
+    let s = start.elapsed().as_secs_f64();
+    if a.json {
+        super::print_json(&serde_json::json!({
+            "name": a.name,
+            "target": a.target.display().to_string(),
+            "bytes": n,
+            "seconds": s,
+            "mb_per_sec": mb_per_sec(n, s),
+        }))?;
+        return Ok(ExitCode::SUCCESS);
     }
-}
-
-/// Refuse, before writing anything, a device smaller than backup `name`'s
-/// stream (a block device's size is where its end is; a character device
-/// has none to tell, and is written as it comes).
-fn fits_on_device(
-    repo: &dedup_store::Repository,
-    name: &str,
-    device: &Path,
-    file: &mut File,
-) -> anyhow::Result<()> {
-    use std::io::{Seek, SeekFrom};
-    let need = repo.backup(name)?.report.bytes_in;
-    let size = file.seek(SeekFrom::End(0)).unwrap_or(0);
-    file.seek(SeekFrom::Start(0))
-        .with_context(|| format!("seeking on {}", device.display()))?;
-    if size > 0 && size < need {
-        bail!(
-            "backup {name} is {} ({need} bytes) and {} holds only {} ({size} bytes); nothing was written: give a device at least as large",
-            format_size(need),
-            device.display(),
-            format_size(size)
-        );
-    }
-    Ok(())
-}
-
-/// Restore into a new file beside `target`, synced, then renamed onto it: a
-/// restore that fails leaves `target` as it was (absent, or the old file
-/// when `replace`), never half written. A new file is private (0600); one
-/// that replaces a file takes that file's mode, and its owner when we may
-/// give it (as root).
-fn replace_file(
-    repo: &dedup_store::Repository,
-    name: &str,
-    target: &Path,
-    replace: bool,
-) -> anyhow::Result<u64> {
-    let dir = match target.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let tmp = tempfile::Builder::new()
-        .prefix(".dedup-restore-")
-        .tempfile_in(dir)
-        .with_context(|| format!("creating a file in {}", dir.display()))?;
-    if replace {
-        let old =
-            fs::metadata(target).with_context(|| format!("looking at {}", target.display()))?;
-        tmp.as_file().set_permissions(old.permissions())?;
-        // Only root may give a file away; anyone else keeps it as theirs.
-        use std::os::unix::fs::MetadataExt;
-        let _ = std::os::unix::fs::fchown(tmp.as_file(), Some(old.uid()), Some(old.gid()));
-    }
-    let n = write_to(repo, name, tmp.as_file().try_clone()?)?;
-    if replace {
-        tmp.persist(target)?;
-    } else {
-        // Someone may have made `target` meanwhile: never replace theirs.
-        tmp.persist_noclobber(target).map_err(|e| {
-            anyhow::anyhow!(
-                "{} appeared during the restore; it was left alone ({})",
-                target.display(),
-                e.error
-            )
-        })?;
-    }
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .with_context(|| format!("syncing directory {}", dir.display()))?;
-    Ok(n)
-}
-
-fn write_to(repo: &dedup_store::Repository, name: &str, file: File) -> anyhow::Result<u64> {
-    super::write_behind::write_synced(file, |out| repo.restore(name, out))
+    println!(
+        "Restored {} of backup {} to {} ({:.1} s, {:.1} MB/s).",
+        format_size(n),
+        a.name,
+        a.target.display(),
+        s,
+        mb_per_sec(n, s)
+    );
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,12 +1,11 @@
 //! `dedup store remote`: list, restore, delete, stats and gc through a running
 //! `dedup store serve`, for clients that do not have the directory.
 
-use std::fs::{self, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{anyhow, Context};
+use anyhow::Context;
 
 use dedup_core::size::format_size;
 use dedup_store::rpc::{Client, Endpoint};
@@ -179,8 +178,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Like `dedup restore`: a file TARGET must be new unless `force`, and a
-/// failed restore removes what it wrote.
+/// Like `dedup restore` (`restore_target.rs`): a file TARGET must be new
+/// unless `force`, and a failed restore leaves it as it was; a device is
+/// written in place if it can hold the backup.
 fn restore(c: &Client, name: &str, target: &Path, force: bool) -> anyhow::Result<()> {
     if target.as_os_str() == "-" {
         let mut out = BufWriter::with_capacity(1 << 20, io::stdout().lock());
@@ -192,39 +192,19 @@ fn restore(c: &Client, name: &str, target: &Path, force: bool) -> anyhow::Result
         );
         return Ok(());
     }
-    let mut opts = OpenOptions::new();
-    opts.write(true);
-    if force {
-        opts.create(true).truncate(true);
-    } else {
-        opts.create_new(true);
-    }
-    let file = opts.open(target).map_err(|e| {
-        if e.kind() == io::ErrorKind::AlreadyExists {
-            anyhow!(
-                "{} already exists; refusing to overwrite it (use --force to replace it)",
-                target.display()
-            )
-        } else {
-            anyhow!("creating {}: {e}", target.display())
-        }
+    // Its length, to refuse a device too small for it before writing; a
+    // name the server does not list is refused before TARGET is touched.
+    let need = match c.list()?.into_iter().find(|b| b.name == name) {
+        Some(b) => b.report.bytes_in,
+        None => anyhow::bail!("the server has no backup {name} (see `dedup store remote list`)"),
+    };
+    let n = super::restore_target::restore_to(target, force, name, Some(need), |mut out| {
+        Ok(c.restore(name, &mut out)?)
     })?;
-    let done = super::write_behind::write_synced(file, |mut out| c.restore(name, &mut out));
-    match done {
-        Ok(n) => {
-            println!(
-                "Restored {} of backup {name} to {}.",
-                format_size(n),
-                target.display()
-            );
-            Ok(())
-        }
-        Err(e) => {
-            let _ = fs::remove_file(target);
-            Err(e.context(format!(
-                "restoring backup {name} (the partial {} was removed)",
-                target.display()
-            )))
-        }
-    }
+    println!(
+        "Restored {} of backup {name} to {}.",
+        format_size(n),
+        target.display()
+    );
+    Ok(())
 }
