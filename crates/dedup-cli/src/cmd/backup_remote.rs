@@ -51,12 +51,13 @@ struct ParentJson {
     parent_refused: Option<String>,
 }
 
-/// A spinner counting the bytes the server has taken (hidden for --json
-/// or when stderr is not a terminal).
+/// A spinner counting the stream bytes the server has taken, sent or
+/// reused from the parent (hidden for --json or when stderr is not a
+/// terminal).
 fn spinner(name: &str, json: bool) -> anyhow::Result<indicatif::ProgressBar> {
     let bar = indicatif::ProgressBar::new_spinner()
         .with_style(indicatif::ProgressStyle::with_template(
-        "{spinner} backing up {msg} through the server: {bytes} sent, {bytes_per_sec}, {elapsed}",
+        "{spinner} backing up {msg} through the server: {bytes} taken, {bytes_per_sec}, {elapsed}",
     )?);
     bar.set_message(name.to_string());
     if json || !io::stderr().is_terminal() {
