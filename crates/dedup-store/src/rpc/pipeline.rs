@@ -495,10 +495,10 @@ fn read_batches<R: Read>(
                     .filter(|file| file.offset >= parent_end);
                 if let Some(file) = unchanged {
                     // Not read: the server takes the parent's segments.
-                    parent_end = file.offset + file.size;
+                    parent_end = file.offset.saturating_add(file.size);
                     walk.skip_current(file.size);
                     reused.files += 1;
-                    reused.bytes += file.size;
+                    reused.bytes = reused.bytes.saturating_add(file.size);
                     if stop.load(Ordering::SeqCst) || !out.push_parent(file.offset, file.size) {
                         return Ok(());
                     }
@@ -551,7 +551,7 @@ impl Batcher<'_> {
                     return true;
                 }
                 Some(run) if run.offset.checked_add(run.len) == Some(offset) => {
-                    run.len += len;
+                    run.len = run.len.saturating_add(len);
                     return true;
                 }
                 Some(_) => {}
