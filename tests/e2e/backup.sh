@@ -4,8 +4,8 @@
 # change; every backup restores byte for byte; a random 64 MiB stream round
 # trips, and so does one whose recipe is written in parts (then deleted and
 # collected to the last part); a stream restored onto a loop device is
-# written in place, and a device too small for it is refused untouched; a
-# directory tree backed up as files (a copy
+# written in place, a device too small for it is refused untouched, and a
+# fifo carries it; a directory tree backed up as files (a copy
 # of /usr/share/doc plus special cases) restores with the same contents,
 # types, modes, owners, times and hard links; --json parses; bad input is
 # refused in plain words.
@@ -97,6 +97,13 @@ small=$(losetup -f --show "$WORK/small")
 on_exit "losetup -d $small"
 expect_fail "nothing was written" "$DEDUP" restore "$RD" img "$small" --force
 cmp -n $((4 << 20)) "$small" /dev/zero || fail "a refused restore wrote to $small"
+# A fifo: written as it comes, with nothing to sync (fsync on it is EINVAL).
+mkfifo "$WORK/fifo"
+cat "$WORK/fifo" >"$WORK/fifo.out" &
+reader=$!
+"$DEDUP" restore "$RD" img "$WORK/fifo" --force >/dev/null || fail "restore into a fifo"
+wait "$reader"
+cmp "$WORK/fifo.out" "$WORK/img" || fail "the fifo carried other bytes than the backup"
 
 log "a stream whose recipe is written in parts (65,536 segments a part; 512-byte segments)"
 R2=$WORK/repo-parts

@@ -75,20 +75,25 @@ pub fn restore_to(
     }
 }
 
-/// Refuse, before writing anything, a device smaller than the stream (a
-/// block device's size is where its end is; a character device has none
-/// to tell, and is written as it comes).
+/// Refuse, before writing anything, a block device smaller than the
+/// stream (its size is where its end is). A character device or a fifo
+/// has none to tell, and is written as it comes.
 fn fits_on_device(
     name: &str,
     need: Option<u64>,
     device: &Path,
     file: &mut File,
 ) -> anyhow::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
     let Some(need) = need else { return Ok(()) };
-    let size = file.seek(SeekFrom::End(0)).unwrap_or(0);
-    file.seek(SeekFrom::Start(0))
-        .with_context(|| format!("seeking on {}", device.display()))?;
-    if size > 0 && size < need {
+    if !file.metadata()?.file_type().is_block_device() {
+        return Ok(());
+    }
+    let size = file
+        .seek(SeekFrom::End(0))
+        .and_then(|end| file.seek(SeekFrom::Start(0)).map(|_| end))
+        .with_context(|| format!("finding the size of {}", device.display()))?;
+    if size < need {
         bail!(
             "backup {name} is {} ({need} bytes) and {} holds only {} ({size} bytes); nothing was written: give a device at least as large",
             format_size(need),
