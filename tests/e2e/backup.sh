@@ -4,8 +4,8 @@
 # change; every backup restores byte for byte; a random 64 MiB stream round
 # trips, and so does one whose recipe is written in parts (then deleted and
 # collected to the last part); a stream restored onto a loop device is
-# written in place, a device too small for it is refused untouched, and a
-# fifo carries it; a directory tree backed up as files (a copy
+# written in place, a device too small for it or mounted is refused
+# untouched, and a fifo carries it; a directory tree backed up as files (a copy
 # of /usr/share/doc plus special cases) restores with the same contents,
 # types, modes, owners, times and hard links; --json parses; bad input is
 # refused in plain words.
@@ -97,12 +97,24 @@ small=$(losetup -f --show "$WORK/small")
 on_exit "losetup -d $small"
 expect_fail "nothing was written" "$DEDUP" restore "$RD" img "$small" --force
 cmp -n $((4 << 20)) "$small" /dev/zero || fail "a refused restore wrote to $small"
+# A mounted one: refused (opened exclusively), the file system untouched.
+truncate -s 16M "$WORK/fs.img"
+mkfs.ext4 -q -F "$WORK/fs.img"
+mounted=$(losetup -f --show "$WORK/fs.img")
+on_exit "losetup -d $mounted"
+mkdir -p "$WORK/mnt"
+mount "$mounted" "$WORK/mnt"
+on_exit "umount $WORK/mnt 2>/dev/null"
+expect_fail "mounted" "$DEDUP" restore "$RD" img "$mounted" --force
+umount "$WORK/mnt"
+e2fsck -fn "$mounted" >/dev/null || fail "a refused restore damaged the file system on $mounted"
 # A fifo: written as it comes, with nothing to sync (fsync on it is EINVAL).
 mkfifo "$WORK/fifo"
-cat "$WORK/fifo" >"$WORK/fifo.out" &
+timeout 120 cat "$WORK/fifo" >"$WORK/fifo.out" &
 reader=$!
+on_exit "kill $reader 2>/dev/null"
 "$DEDUP" restore "$RD" img "$WORK/fifo" --force >/dev/null || fail "restore into a fifo"
-wait "$reader"
+wait "$reader" || fail "the fifo's reader failed"
 cmp "$WORK/fifo.out" "$WORK/img" || fail "the fifo carried other bytes than the backup"
 
 log "a stream whose recipe is written in parts (65,536 segments a part; 512-byte segments)"

@@ -39,6 +39,10 @@ fn a_stream_of_several_chunks_restores_whole_to_a_file() {
     std::fs::write(&target, b"old").unwrap();
     ok(&["restore", r, "big", t, "--force"], None);
     assert!(std::fs::read(&target).unwrap() == big);
+    // A character device is written as it comes, with nothing to sync
+    // (fsync on /dev/null answers EINVAL, which failed the restore).
+    refused(&["restore", r, "big", "/dev/null"], "use --force");
+    ok(&["restore", r, "big", "/dev/null", "--force"], None);
 }
 
 #[test]

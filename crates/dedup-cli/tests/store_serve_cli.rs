@@ -135,7 +135,7 @@ fn serve_four_backup_processes_at_once_restore_and_stop_on_sigterm() {
         &[
             "store", "remote", "--server", s, "restore", "nosuch", old_s, "--force",
         ],
-        "no backup nosuch",
+        "no backup named nosuch",
     );
     assert_eq!(std::fs::read(&old).unwrap(), b"old contents");
     ok(

@@ -2,19 +2,22 @@
 //! remote restore` alike: a new file (0600); an existing file only with
 //! `--force`, replaced by a new file written beside it and renamed into
 //! place, so a restore that fails leaves the old one as it was; or a
-//! device, written in place, and refused before anything is written if
-//! it is smaller than the stream.
+//! device, written in place: a block device is opened exclusively (one
+//! that is mounted or in use is refused) and refused before anything is
+//! written if it is smaller than the stream.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
 use anyhow::{bail, Context};
 use dedup_core::size::format_size;
 
 /// Restore backup `name`'s stream into `target` with `fill`, which writes
-/// it and returns its length; `need`, its length if known beforehand.
-/// The bytes restored.
+/// it and returns its length; `need`, its length if known beforehand
+/// (needed for a block device: one smaller is refused, and no more than
+/// that is written to it). The bytes restored.
 pub fn restore_to(
     target: &Path,
     force: bool,
@@ -22,12 +25,6 @@ pub fn restore_to(
     need: Option<u64>,
     fill: impl FnOnce(&mut dyn Write) -> anyhow::Result<u64>,
 ) -> anyhow::Result<u64> {
-    let as_it_was = |e: anyhow::Error| {
-        e.context(format!(
-            "restoring backup {name} ({} is as it was)",
-            target.display()
-        ))
-    };
     match fs::metadata(target) {
         // A device (a disk to put an image back on): written in place.
         Ok(m) if !m.is_file() && !m.is_dir() => {
@@ -37,14 +34,41 @@ pub fn restore_to(
                     target.display()
                 );
             }
-            let mut file = OpenOptions::new()
-                .write(true)
+            let block = m.file_type().is_block_device();
+            let mut open = OpenOptions::new();
+            open.write(true);
+            if block {
+                // A block device that is mounted or held open by another
+                // exclusive user answers EBUSY: never written under them.
+                open.custom_flags(libc::O_EXCL);
+            }
+            let mut file = open
                 .open(target)
-                .with_context(|| format!("opening {}", target.display()))?;
-            fits_on_device(name, need, target, &mut file)?;
-            super::write_behind::write_synced(file, fill).map_err(|e| {
+                .with_context(|| format!("opening {} (mounted, or in use?)", target.display()))?;
+            let cap = match (block, need) {
+                (true, Some(need)) => Some(fits_on_device(name, need, target, &mut file)?),
+                (true, None) => bail!(
+                    "the length of backup {name} is unknown, so it cannot be checked against {}: restore it to a file",
+                    target.display()
+                ),
+                (false, _) => None,
+            };
+            super::write_behind::write_synced(file, |out| match cap {
+                Some(need) => {
+                    let mut capped = Capped { out, left: need };
+                    let n = fill(&mut capped)?;
+                    if n != need {
+                        bail!(
+                            "the backup's stream was {n} bytes, not the {need} it was listed with"
+                        );
+                    }
+                    Ok(n)
+                }
+                None => fill(out),
+            })
+            .map_err(|e| {
                 e.context(format!(
-                    "restoring backup {name} onto {} (it holds what was written before the error)",
+                    "restoring backup {name} onto {} (what was written before the error is on it)",
                     target.display()
                 ))
             })
@@ -61,34 +85,21 @@ pub fn restore_to(
             // Through a symlink, the file it names is replaced.
             let real = fs::canonicalize(target)
                 .with_context(|| format!("resolving {}", target.display()))?;
-            replace_file(&real, true, fill).map_err(as_it_was)
+            replace_file(name, &real, true, fill)
         }
         // A symlink to nothing: refused before any work, not after.
         Err(e) if e.kind() == io::ErrorKind::NotFound && target.is_symlink() => bail!(
             "{} is a symbolic link to a file that does not exist; give the file's own path",
             target.display()
         ),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            replace_file(target, false, fill).map_err(as_it_was)
-        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => replace_file(name, target, false, fill),
         Err(e) => Err(anyhow::anyhow!("looking at {}: {e}", target.display())),
     }
 }
 
 /// Refuse, before writing anything, a block device smaller than the
-/// stream (its size is where its end is). A character device or a fifo
-/// has none to tell, and is written as it comes.
-fn fits_on_device(
-    name: &str,
-    need: Option<u64>,
-    device: &Path,
-    file: &mut File,
-) -> anyhow::Result<()> {
-    use std::os::unix::fs::FileTypeExt;
-    let Some(need) = need else { return Ok(()) };
-    if !file.metadata()?.file_type().is_block_device() {
-        return Ok(());
-    }
+/// stream (its size is where its end is); the stream's length.
+fn fits_on_device(name: &str, need: u64, device: &Path, file: &mut File) -> anyhow::Result<u64> {
     let size = file
         .seek(SeekFrom::End(0))
         .and_then(|end| file.seek(SeekFrom::Start(0)).map(|_| end))
@@ -101,50 +112,153 @@ fn fits_on_device(
             format_size(size)
         );
     }
-    Ok(())
+    Ok(need)
+}
+
+/// A writer that takes at most `left` bytes more: a stream longer than
+/// its backup was listed with (the backup replaced on the server between
+/// the listing and the restore) must not run over the device's checked
+/// size.
+struct Capped<'w> {
+    out: &'w mut dyn Write,
+    left: u64,
+}
+
+impl Write for Capped<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if buf.len() as u64 > self.left {
+            return Err(io::Error::other(
+                "the backup's stream is longer than it was listed with (replaced meanwhile?)",
+            ));
+        }
+        let n = self.out.write(buf)?;
+        self.left -= n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
 }
 
 /// Restore into a new file beside `target`, synced, then renamed onto it: a
 /// restore that fails leaves `target` as it was (absent, or the old file
 /// when `replace`), never half written. A new file is private (0600); one
-/// that replaces a file takes that file's mode, and its owner when we may
-/// give it (as root).
+/// that replaces a file takes that file's owner when we may give it (as
+/// root) and then its mode (set after the owner, which clears set-id bits).
 fn replace_file(
+    name: &str,
     target: &Path,
     replace: bool,
     fill: impl FnOnce(&mut dyn Write) -> anyhow::Result<u64>,
 ) -> anyhow::Result<u64> {
+    let as_it_was = |e: anyhow::Error| {
+        e.context(format!(
+            "restoring backup {name} ({} is as it was)",
+            target.display()
+        ))
+    };
     let dir = match target.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    let tmp = tempfile::Builder::new()
-        .prefix(".dedup-restore-")
-        .tempfile_in(dir)
-        .with_context(|| format!("creating a file in {}", dir.display()))?;
-    if replace {
-        let old =
-            fs::metadata(target).with_context(|| format!("looking at {}", target.display()))?;
-        tmp.as_file().set_permissions(old.permissions())?;
-        // Only root may give a file away; anyone else keeps it as theirs.
-        use std::os::unix::fs::MetadataExt;
-        let _ = std::os::unix::fs::fchown(tmp.as_file(), Some(old.uid()), Some(old.gid()));
-    }
-    let n = super::write_behind::write_synced(tmp.as_file().try_clone()?, fill)?;
-    if replace {
-        tmp.persist(target)?;
-    } else {
-        // Someone may have made `target` meanwhile: never replace theirs.
-        tmp.persist_noclobber(target).map_err(|e| {
-            anyhow::anyhow!(
-                "{} appeared during the restore; it was left alone ({})",
-                target.display(),
-                e.error
-            )
-        })?;
-    }
+    let written = (|| {
+        let tmp = tempfile::Builder::new()
+            .prefix(".dedup-restore-")
+            .tempfile_in(dir)
+            .with_context(|| format!("creating a file in {}", dir.display()))?;
+        let n = super::write_behind::write_synced(tmp.as_file().try_clone()?, fill)?;
+        if replace {
+            let old =
+                fs::metadata(target).with_context(|| format!("looking at {}", target.display()))?;
+            // Only root may give a file away; anyone else keeps it as theirs.
+            use std::os::unix::fs::MetadataExt;
+            let _ = std::os::unix::fs::fchown(tmp.as_file(), Some(old.uid()), Some(old.gid()));
+            tmp.as_file().set_permissions(old.permissions())?;
+            tmp.persist(target)?;
+        } else {
+            persist_new(tmp, target)?;
+        }
+        Ok(n)
+    })()
+    .map_err(as_it_was)?;
+    // Renamed into place: from here on the target is the restore.
     File::open(dir)
         .and_then(|d| d.sync_all())
-        .with_context(|| format!("syncing directory {}", dir.display()))?;
-    Ok(n)
+        .with_context(|| {
+            format!(
+                "backup {name} was restored to {}, but syncing its directory {} failed: the rename may not survive a crash",
+                target.display(),
+                dir.display()
+            )
+        })?;
+    Ok(written)
+}
+
+/// Rename `tmp` to `target`, which was absent: never over a file someone
+/// made meanwhile. A file system without a no-replace rename or hard
+/// links (some FUSE mounts) gets a plain rename once `target` is seen to
+/// be still absent.
+fn persist_new(tmp: tempfile::NamedTempFile, target: &Path) -> anyhow::Result<()> {
+    let appeared = |e: &dyn std::fmt::Display| {
+        anyhow::anyhow!(
+            "{} appeared during the restore; it was left alone ({e})",
+            target.display()
+        )
+    };
+    match tmp.persist_noclobber(target) {
+        Ok(_) => Ok(()),
+        Err(e) if e.error.kind() == io::ErrorKind::AlreadyExists => Err(appeared(&e.error)),
+        Err(e) => {
+            if fs::symlink_metadata(target).is_ok() {
+                return Err(appeared(&e.error));
+            }
+            e.file
+                .persist(target)
+                .map(|_| ())
+                .with_context(|| format!("renaming the restore to {}", target.display()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_capped_writer_takes_its_length_and_refuses_a_byte_more() {
+        let mut sink = Vec::new();
+        let mut capped = Capped {
+            out: &mut sink,
+            left: 10,
+        };
+        capped.write_all(b"0123456789").unwrap();
+        assert!(capped.write_all(b"x").is_err());
+        assert_eq!(sink, b"0123456789");
+    }
+
+    #[test]
+    fn a_restore_into_a_new_file_is_private_and_one_that_fails_leaves_nothing() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("new");
+        let n = restore_to(&t, false, "b", None, |out| {
+            out.write_all(b"stream")?;
+            Ok(6)
+        })
+        .unwrap();
+        assert_eq!((n, fs::read(&t).unwrap()), (6, b"stream".to_vec()));
+        assert_eq!(
+            fs::metadata(&t).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let gone = dir.path().join("gone");
+        let e = restore_to(&gone, false, "b", None, |out| {
+            out.write_all(b"half")?;
+            bail!("the repository failed")
+        })
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("is as it was"), "{e:#}");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "only `new`");
+    }
 }

@@ -1,7 +1,9 @@
 //! `dedup store remote`: list, restore, delete, stats and gc through a running
 //! `dedup store serve`, for clients that do not have the directory.
 
+use std::fs;
 use std::io::{self, BufWriter, Write};
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -58,11 +60,15 @@ pub enum RemoteCommand {
         #[arg(long)]
         compact_below: Option<f64>,
     },
-    /// Restore a backup through the server to a new file or `-` (stdout).
+    /// Restore a backup of a stream through the server to a new file, or
+    /// `-` (stdout); with --force over a file (a new one written beside it
+    /// and renamed into place, so a failed restore leaves it as it was) or
+    /// onto a device (written in place; a block device that is mounted, or
+    /// smaller than the backup, is refused untouched).
     Restore {
         name: String,
         target: PathBuf,
-        /// Replace TARGET if it exists.
+        /// Replace TARGET if it exists, or write onto a device.
         #[arg(long)]
         force: bool,
     },
@@ -180,7 +186,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 
 /// Like `dedup restore` (`restore_target.rs`): a file TARGET must be new
 /// unless `force`, and a failed restore leaves it as it was; a device is
-/// written in place if it can hold the backup.
+/// written in place (a block device only if it can hold the backup).
 fn restore(c: &Client, name: &str, target: &Path, force: bool) -> anyhow::Result<()> {
     if target.as_os_str() == "-" {
         let mut out = BufWriter::with_capacity(1 << 20, io::stdout().lock());
@@ -192,13 +198,20 @@ fn restore(c: &Client, name: &str, target: &Path, force: bool) -> anyhow::Result
         );
         return Ok(());
     }
-    // Its length, to refuse a device too small for it before writing; a
-    // name the server does not list is refused before TARGET is touched.
-    let need = match c.list()?.into_iter().find(|b| b.name == name) {
-        Some(b) => b.report.bytes_in,
-        None => anyhow::bail!("the server has no backup {name} (see `dedup store remote list`)"),
+    // A block device is checked against the backup's length before it is
+    // written; the server's list tells it. (Only then: a damaged record of
+    // another backup fails the whole list, and a file needs no length.)
+    let is_block = fs::metadata(target).is_ok_and(|m| m.file_type().is_block_device());
+    let need = match is_block {
+        true => match c.list()?.into_iter().find(|b| b.name == name) {
+            Some(b) => Some(b.report.bytes_in),
+            None => anyhow::bail!(
+                "the server has no backup named {name} (see `dedup store remote list`)"
+            ),
+        },
+        false => None,
     };
-    let n = super::restore_target::restore_to(target, force, name, Some(need), |mut out| {
+    let n = super::restore_target::restore_to(target, force, name, need, |mut out| {
         Ok(c.restore(name, &mut out)?)
     })?;
     println!(
