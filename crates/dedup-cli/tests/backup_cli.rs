@@ -4,7 +4,7 @@
 
 mod support;
 
-use support::{json, ok, refused};
+use support::{json, ok, refused, spawn};
 
 use std::path::Path;
 
@@ -191,4 +191,46 @@ fn a_replaced_file_keeps_its_mode_and_a_dangling_symlink_is_refused() {
         refused(&args, "symbolic link to a file that does not exist");
     }
     assert!(!tmp.path().join("nothing").exists());
+}
+
+/// SIGTERM mid-restore: the restore stops at its next write and removes
+/// its temporary copy, leaving the target as it was (absent here), or it
+/// had already finished and the target is whole. Never a half-written
+/// target or a stray `.dedup-restore-*` file. A SIGINT ignored when the
+/// restore started (a background job of a script) stays ignored.
+#[test]
+fn a_restore_stopped_by_a_signal_leaves_no_temporary_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = tmp.path().join("repo");
+    let r = r.to_str().unwrap();
+    ok(&["store", "init", r, "--compression", "none"], None);
+    let stream = dedup_core::testdata::noise(7, 256 << 20);
+    ok(&["backup", r, "big", "--stdin"], Some(&stream));
+    for delay_ms in [50, 150, 400] {
+        let target = tmp.path().join("big.out");
+        let t = target.to_str().unwrap();
+        let mut child = spawn(&["restore", r, "big", t], false);
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let status = child.wait().unwrap();
+        let left: Vec<_> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".dedup-restore-"))
+            .collect();
+        assert!(left.is_empty(), "after {delay_ms} ms: {left:?}");
+        if status.success() {
+            assert!(
+                std::fs::read(&target).unwrap() == stream,
+                "after {delay_ms} ms"
+            );
+            std::fs::remove_file(&target).unwrap();
+        } else {
+            assert!(
+                !target.exists(),
+                "after {delay_ms} ms: a failed restore made {t}"
+            );
+        }
+    }
 }

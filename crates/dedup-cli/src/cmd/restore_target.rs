@@ -4,12 +4,16 @@
 //! place, so a restore that fails leaves the old one as it was; or a
 //! device, written in place: a block device is opened exclusively (one
 //! that is mounted or in use is refused) and refused before anything is
-//! written if it is smaller than the stream.
+//! written if it is smaller than the stream. Ctrl-C (or SIGTERM, SIGHUP)
+//! stops a restore at its next write as a failure, so a file's temporary
+//! copy is removed; a second one ends the process at once.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use dedup_core::size::format_size;
@@ -25,6 +29,13 @@ pub fn restore_to(
     need: Option<u64>,
     fill: impl FnOnce(&mut dyn Write) -> anyhow::Result<u64>,
 ) -> anyhow::Result<u64> {
+    let stop = Stop::install()?;
+    let fill = |out: &mut dyn Write| {
+        fill(&mut Interruptible {
+            out,
+            stop: &stop.flag,
+        })
+    };
     match fs::metadata(target) {
         // A device (a disk to put an image back on): written in place.
         Ok(m) if !m.is_file() && !m.is_dir() => {
@@ -113,6 +124,73 @@ fn fits_on_device(name: &str, need: u64, device: &Path, file: &mut File) -> anyh
         );
     }
     Ok(need)
+}
+
+/// Signal handlers that turn the first SIGINT, SIGTERM or SIGHUP into a
+/// flag, and a second into an exit (status 130), for as long as it lives.
+struct Stop {
+    flag: Arc<AtomicBool>,
+    ids: Vec<signal_hook::SigId>,
+}
+
+impl Stop {
+    fn install() -> anyhow::Result<Stop> {
+        let flag = Arc::new(AtomicBool::new(false));
+        let mut ids = Vec::new();
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            // A signal ignored when we started stays ignored: `nohup`, or
+            // a background job of a script (SIGINT), asked for that.
+            if ignored(sig) {
+                continue;
+            }
+            // The exit first: it sees the flag as the signal before set it.
+            ids.push(signal_hook::flag::register_conditional_shutdown(
+                sig,
+                130,
+                Arc::clone(&flag),
+            )?);
+            ids.push(signal_hook::flag::register(sig, Arc::clone(&flag))?);
+        }
+        Ok(Stop { flag, ids })
+    }
+}
+
+/// Whether `sig` is ignored (SIG_IGN) in this process now.
+fn ignored(sig: libc::c_int) -> bool {
+    // SAFETY: a null new action only reads the current one into `old`.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
+    }
+}
+
+impl Drop for Stop {
+    fn drop(&mut self) {
+        for id in self.ids.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
+    }
+}
+
+/// A writer that fails once a stop signal came: the restore unwinds and
+/// what it made is cleaned up as after any other failure.
+struct Interruptible<'w> {
+    out: &'w mut dyn Write,
+    stop: &'w AtomicBool,
+}
+
+impl Write for Interruptible<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.stop.load(Ordering::SeqCst) {
+            // Not ErrorKind::Interrupted, which write_all retries.
+            return Err(io::Error::other("stopped by a signal (Ctrl-C or SIGTERM)"));
+        }
+        self.out.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
 }
 
 /// A writer that takes at most `left` bytes more: a stream longer than
