@@ -137,6 +137,11 @@ impl BackupSession<'_> {
         &self.name
     }
 
+    /// The group the backup belongs to.
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
     /// What the backup has cost so far.
     pub fn report(&self) -> &BackupReport {
         &self.report

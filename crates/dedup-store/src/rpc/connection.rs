@@ -36,7 +36,6 @@ const MAX_PENDING: usize = 1 << 16;
 /// A running backup of this connection.
 struct Live<'r> {
     session: BackupSession<'r>,
-    group: String,
     /// Segments the latest lookups found, by fingerprint.
     found: Found,
     /// The tree object's bytes sent so far in `TreePart`s.
@@ -364,7 +363,6 @@ impl<'r> Conn<'r> {
             id,
             Live {
                 session,
-                group: group.to_string(),
                 found: Found::new(MAX_PENDING),
                 tree: Vec::new(),
                 parent_asked: false,
@@ -441,7 +439,9 @@ impl<'r> Conn<'r> {
         let live = self.sessions.get_mut(&id).ok_or_else(|| no_session(id))?;
         if !live.parent_asked {
             live.parent_asked = true;
-            let newest = repo.newest_files_backup(&live.group).map_err(repo_err)?;
+            let newest = repo
+                .newest_files_backup(live.session.group())
+                .map_err(repo_err)?;
             live.parent = newest.and_then(|name| {
                 let (tree, recipe) = parent_for_client(repo, &name, MAX_TREE).ok()??;
                 Some(Parent {

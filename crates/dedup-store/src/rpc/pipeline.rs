@@ -19,7 +19,7 @@ use super::protocol::{Call, ErrorKind, Item, Reply, WireBackup, MAX_BATCH, MAX_F
 use crate::segment_blocks::{BlockCutter, BLOCK};
 use crate::segmenter::Segmenting;
 use crate::tree::Tree;
-use crate::tree_parent::ParentIndex;
+use crate::tree_parent::{ParentIndex, Unchanged};
 use crate::tree_walk::{TreeWalk, WalkCounts};
 use crate::writer::HASH;
 
@@ -63,15 +63,8 @@ impl Default for BackupOptions {
 /// server reuses (a run of unchanged files), then segments.
 #[derive(Default)]
 struct Batch {
-    parent: Option<ParentRun>,
+    parent: Option<Unchanged>,
     segments: Vec<Vec<u8>>,
-}
-
-/// Bytes `offset..offset + len` of the parent's stream.
-#[derive(Clone, Copy, Debug)]
-struct ParentRun {
-    offset: u64,
-    len: u64,
 }
 
 /// What a backup of files through a server did.
@@ -420,7 +413,7 @@ impl Client {
             if let Some(run) = batch.parent {
                 items.push(Item::Parent {
                     offset: run.offset,
-                    len: run.len,
+                    len: run.size,
                 });
             }
             for ((data, fingerprint), known) in batch.segments.into_iter().zip(fps).zip(found) {
@@ -499,7 +492,7 @@ fn read_batches<R: Read>(
                     walk.skip_current(file.size);
                     reused.files += 1;
                     reused.bytes = reused.bytes.saturating_add(file.size);
-                    if stop.load(Ordering::SeqCst) || !out.push_parent(file.offset, file.size) {
+                    if stop.load(Ordering::SeqCst) || !out.push_parent(file) {
                         return Ok(());
                     }
                     continue;
@@ -539,19 +532,19 @@ impl Batcher<'_> {
         self.batch.segments.len() < self.opts.batch_segments || self.send()
     }
 
-    /// Add the parent's bytes `offset..offset + len`: to the run the
-    /// batch starts with if they follow it (the walk reaches unchanged
+    /// Add an unchanged file's bytes in the parent's stream: to the run
+    /// the batch starts with if they follow it (the walk reaches unchanged
     /// files in the parent's order, so a run of them is one item), else
     /// to a new batch. False if nobody takes batches any more.
-    fn push_parent(&mut self, offset: u64, len: u64) -> bool {
+    fn push_parent(&mut self, file: Unchanged) -> bool {
         if self.batch.segments.is_empty() {
             match &mut self.batch.parent {
                 None => {
-                    self.batch.parent = Some(ParentRun { offset, len });
+                    self.batch.parent = Some(file);
                     return true;
                 }
-                Some(run) if run.offset.checked_add(run.len) == Some(offset) => {
-                    run.len = run.len.saturating_add(len);
+                Some(run) if run.offset.checked_add(run.size) == Some(file.offset) => {
+                    run.size = run.size.saturating_add(file.size);
                     return true;
                 }
                 Some(_) => {}
@@ -560,7 +553,7 @@ impl Batcher<'_> {
         if !self.send() {
             return false;
         }
-        self.batch.parent = Some(ParentRun { offset, len });
+        self.batch.parent = Some(file);
         true
     }
 
