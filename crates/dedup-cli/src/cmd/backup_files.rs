@@ -95,9 +95,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     );
     if let Some(p) = &report.parent {
         println!(
-            "{} unchanged files reused from backup {p}: {} not read.",
-            report.files_unchanged,
-            format_size(report.bytes_unchanged)
+            "{}",
+            reused_text(p, report.files_unchanged, report.bytes_unchanged)
         );
     }
     if let Some(i) = report.index {
@@ -115,6 +114,14 @@ pub(super) fn counts_text(c: &WalkCounts) -> String {
 }
 
 /// The end of the one-line report when `n` entries were skipped.
+/// The line about what a backup of files reused from its parent.
+pub(super) fn reused_text(parent: &str, files: u64, bytes: u64) -> String {
+    format!(
+        "{files} unchanged files reused from backup {parent}: {} not read.",
+        format_size(bytes)
+    )
+}
+
 pub(super) fn skipped_text(n: usize) -> String {
     match n {
         0 => String::new(),

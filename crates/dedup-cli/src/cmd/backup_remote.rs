@@ -14,7 +14,7 @@ use dedup_store::{TreeWalk, WalkCounts};
 use serde::Serialize;
 
 use super::backup::mb_per_sec;
-use super::backup_files::{counts_text, skipped_text};
+use super::backup_files::{counts_text, reused_text, skipped_text};
 use super::print_json;
 use super::store::ReportJson;
 
@@ -229,10 +229,7 @@ fn report(
         ..
     }) = &report.parent
     {
-        println!(
-            "{files_unchanged} unchanged files reused from backup {p}: {} not read.",
-            format_size(*bytes_unchanged)
-        );
+        println!("{}", reused_text(p, *files_unchanged, *bytes_unchanged));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -57,7 +57,10 @@ pub fn restore_to(
                 .open(target)
                 .with_context(|| format!("opening {} (mounted, or in use?)", target.display()))?;
             let cap = match (block, need) {
-                (true, Some(need)) => Some(fits_on_device(name, need, target, &mut file)?),
+                (true, Some(need)) => {
+                    fits_on_device(name, need, target, &mut file)?;
+                    Some(need)
+                }
                 (true, None) => bail!(
                     "the length of backup {name} is unknown, so it cannot be checked against {}: restore it to a file",
                     target.display()
@@ -109,8 +112,8 @@ pub fn restore_to(
 }
 
 /// Refuse, before writing anything, a block device smaller than the
-/// stream (its size is where its end is); the stream's length.
-fn fits_on_device(name: &str, need: u64, device: &Path, file: &mut File) -> anyhow::Result<u64> {
+/// stream (its size is where its end is).
+fn fits_on_device(name: &str, need: u64, device: &Path, file: &mut File) -> anyhow::Result<()> {
     let size = file
         .seek(SeekFrom::End(0))
         .and_then(|end| file.seek(SeekFrom::Start(0)).map(|_| end))
@@ -123,7 +126,7 @@ fn fits_on_device(name: &str, need: u64, device: &Path, file: &mut File) -> anyh
             format_size(size)
         );
     }
-    Ok(need)
+    Ok(())
 }
 
 /// Signal handlers that turn the first SIGINT, SIGTERM or SIGHUP into a
