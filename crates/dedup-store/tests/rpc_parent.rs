@@ -20,6 +20,14 @@ use dedup_store::{CheckOptions, Repository, RestoreOptions};
 use rpc_support::{setup, Running};
 use tree_support::{assert_same, edit_some, files, in_target, listing, settle, Listing};
 
+/// A served repository and `files` beside it, aged past `settle`.
+fn serving_files() -> (tempfile::TempDir, Running, std::path::PathBuf) {
+    let (tmp, server) = setup();
+    let data = files(tmp.path());
+    settle();
+    (tmp, server, data)
+}
+
 fn backup(c: &Client, name: &str, data: &Path, opts: &BackupOptions) -> FilesBackup {
     c.backup_paths(name, "g", &[data], opts, &|_| {}).unwrap()
 }
@@ -36,9 +44,7 @@ fn restored(dir: &Path, name: &str, data: &Path) -> Listing {
 
 #[test]
 fn unchanged_files_are_reused_unread_through_the_server_and_changed_ones_are_read() {
-    let (tmp, server) = setup();
-    let data = files(tmp.path());
-    settle();
+    let (tmp, server, data) = serving_files();
     let c = server.client();
     let opts = BackupOptions::default();
     let one = backup(&c, "one", &data, &opts);
@@ -96,9 +102,7 @@ fn unchanged_files_are_reused_unread_through_the_server_and_changed_ones_are_rea
 
 #[test]
 fn a_parent_that_cannot_be_reused_whole_costs_a_second_try_that_reads_every_file() {
-    let (tmp, server) = setup();
-    let data = files(tmp.path());
-    settle();
+    let (tmp, server, data) = serving_files();
     let c = server.client();
     let opts = BackupOptions::default();
     backup(&c, "one", &data, &opts);
@@ -166,9 +170,7 @@ fn append(session: u64, offset: u64, len: u64) -> Call {
 
 #[test]
 fn parent_requests_that_do_not_fit_are_refused_and_the_server_lives() {
-    let (tmp, server) = setup();
-    let data = files(tmp.path());
-    settle();
+    let (_tmp, server, data) = serving_files();
     let c = server.client();
     // No backup of files yet: no parent, and no parent item.
     let s = begin(&c, "a");
