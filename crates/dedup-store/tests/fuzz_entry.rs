@@ -114,6 +114,7 @@ fn request_frames() -> Vec<u8> {
                     data: vec![6; 100],
                 },
                 Item::Parent { offset: 9, len: 10 },
+                Item::Unhashed { data: vec![9; 50] },
             ],
         },
         Call::ParentTree { session: 1, at: 11 },

@@ -547,12 +547,7 @@ fn append_one(repo: &Repository, live: &mut Live<'_>, item: Item) -> Result<(), 
             live.session.push(r, false).map_err(repo_err)?;
         }
         Item::New { fingerprint, data } => {
-            if data.is_empty() || data.len() > MAX_SEGMENT {
-                return Err(bad(format!(
-                    "a segment of {} bytes; segments are 1 to {MAX_SEGMENT} bytes",
-                    data.len()
-                )));
-            }
+            segment_len_ok(&data)?;
             // Hashed here, whatever the client said: a wrong claim fails
             // the append, and never stores bytes under a name not theirs.
             let fp = HASH.fingerprint(&data);
@@ -567,6 +562,11 @@ fn append_one(repo: &Repository, live: &mut Live<'_>, item: Item) -> Result<(), 
             // lookup (several batches ago, in its pipeline) a concurrent
             // backup may have stored the same segment. 16 concurrent
             // streams stored 1 % more without this.
+            live.session.append_sent(&data, fp).map_err(repo_err)?;
+        }
+        Item::Unhashed { data } => {
+            segment_len_ok(&data)?;
+            let fp = HASH.fingerprint(&data);
             live.session.append_sent(&data, fp).map_err(repo_err)?;
         }
         Item::Parent { offset, len } => {
@@ -603,6 +603,16 @@ fn append_one(repo: &Repository, live: &mut Live<'_>, item: Item) -> Result<(), 
                 ));
             }
         }
+    }
+    Ok(())
+}
+
+fn segment_len_ok(data: &[u8]) -> Result<(), WireError> {
+    if data.is_empty() || data.len() > MAX_SEGMENT {
+        return Err(bad(format!(
+            "a segment of {} bytes; segments are 1 to {MAX_SEGMENT} bytes",
+            data.len()
+        )));
     }
     Ok(())
 }

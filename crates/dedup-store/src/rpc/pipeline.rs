@@ -3,10 +3,12 @@
 //! segments, a lookup stage sends each batch's fingerprints as soon as it
 //! is hashed (several batches in flight), and the store stage, as each
 //! lookup's answer arrives, appends the batch in stream order with the
-//! bytes of only the segments the server lacks. Stages are joined by
-//! bounded queues, so memory stays at a few batches per stage. A backup of
-//! files reads no file unchanged since its parent: it sends the run of the
-//! parent's stream that holds it instead.
+//! bytes of only the segments the server lacks. While lookups find little
+//! (new data), only a sample of each batch is hashed and looked up; the
+//! rest goes unhashed, for the server hashes what it stores anyway.
+//! Stages are joined by bounded queues, so memory stays at a few batches
+//! per stage. A backup of files reads no file unchanged since its parent:
+//! it sends the run of the parent's stream that holds it instead.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::io::Read;
@@ -43,6 +45,14 @@ pub struct BackupOptions {
     /// (the server's newest backup of files in the group) without
     /// reading them.
     pub parent: bool,
+    /// While lookups find less than 1 in `probe_every` of the bytes
+    /// they ask about, only every `probe_every`th segment of a batch is
+    /// hashed and looked up; the others go `Unhashed`, and the server,
+    /// which hashes every segment it stores anyway, finds their repeats
+    /// itself. New data is then hashed once instead of twice, for at most
+    /// that share of repeats sent that need not have been. 1 hashes and
+    /// looks up every segment.
+    pub probe_every: usize,
 }
 
 impl Default for BackupOptions {
@@ -55,6 +65,7 @@ impl Default for BackupOptions {
             hashers: cores.clamp(1, 8),
             tree_part: 4 << 20,
             parent: true,
+            probe_every: 8,
         }
     }
 }
@@ -87,7 +98,9 @@ pub struct FilesBackup {
 
 /// Fingerprints of segments sent, remembered to send repeats as `Known`.
 const MAX_SENT: usize = 1 << 18;
-type Fps = Vec<[u8; 32]>;
+/// A batch's fingerprints, segment by segment; none for a segment not
+/// hashed (see `BackupOptions::probe_every`).
+type Fps = Vec<Option<[u8; 32]>>;
 
 /// What a client cuts and sends: one stream, or the files of a walk, each
 /// file cut on its own (as a backup of files made where the repository is
@@ -307,6 +320,7 @@ impl Client {
             hashers: opts.hashers.max(1),
             tree_part: opts.tree_part,
             parent: opts.parent,
+            probe_every: opts.probe_every.max(1),
         };
         let (raw_tx, raw_rx) = sync_channel::<(u64, Batch)>(opts.hashers * 2);
         // Owned by the hashers: when the last one stops, the reader's next
@@ -316,17 +330,26 @@ impl Client {
         let (hashed_tx, hashed_rx) = sync_channel::<(u64, Batch, Fps)>(opts.hashers * 2);
         let (looked_tx, looked_rx) = sync_channel::<(Batch, Fps, Option<Pending>)>(opts.in_flight);
         let stop = AtomicBool::new(false);
+        // Set by the store stage while lookups find little; read by the
+        // hashers, a few batches ahead of it.
+        let probing = AtomicBool::new(false);
         std::thread::scope(|s| {
             let reading = s.spawn(|| read_batches(segmenting, source, opts, raw_tx, &stop));
             for _ in 0..opts.hashers {
                 let (raw_rx, hashed_tx) = (raw_rx.clone(), hashed_tx.clone());
+                let probing = &probing;
                 s.spawn(move || loop {
                     let job = raw_rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
                     let Ok((seq, batch)) = job else { return };
+                    let every = match probing.load(Ordering::Relaxed) {
+                        true => opts.probe_every,
+                        false => 1,
+                    };
                     let fps = batch
                         .segments
                         .iter()
-                        .map(|b| HASH.fingerprint(b).0)
+                        .enumerate()
+                        .map(|(i, b)| (i % every == 0).then(|| HASH.fingerprint(b).0))
                         .collect();
                     if hashed_tx.send((seq, batch, fps)).is_err() {
                         return;
@@ -341,12 +364,14 @@ impl Client {
                     early.insert(seq, (batch, fps));
                     while let Some((batch, fps)) = early.remove(&next) {
                         next += 1;
-                        // A batch of only the parent's bytes asks nothing.
-                        let p = match fps.is_empty() {
+                        // A batch of only the parent's bytes, or none hashed,
+                        // asks nothing.
+                        let fingerprints: Vec<[u8; 32]> = fps.iter().flatten().copied().collect();
+                        let p = match fingerprints.is_empty() {
                             true => None,
                             false => Some(self.send(Call::Lookup {
                                 session,
-                                fingerprints: fps.clone(),
+                                fingerprints,
                             })?),
                         };
                         if looked_tx.send((batch, fps, p)).is_err() {
@@ -356,7 +381,7 @@ impl Client {
                 }
                 Ok(())
             });
-            let stored = self.store_stage(session, looked_rx, opts.in_flight, progress);
+            let stored = self.store_stage(session, looked_rx, opts, &probing, progress);
             // Done or failed downstream: the reader stops at its next
             // segment instead of filling batches nobody will take.
             stop.store(true, Ordering::SeqCst);
@@ -374,12 +399,14 @@ impl Client {
         })
     }
 
-    /// Append each looked-up batch in order; `in_flight` appends at once.
+    /// Append each looked-up batch in order, `opts.in_flight` appends at
+    /// once, and set `probing` while lookups find little.
     fn store_stage(
         &self,
         session: u64,
         looked: Receiver<(Batch, Fps, Option<Pending>)>,
-        in_flight: usize,
+        opts: &BackupOptions,
+        probing: &AtomicBool,
         progress: &Progress<'_>,
     ) -> Result<(), ClientError> {
         let mut acks: VecDeque<Pending> = VecDeque::new();
@@ -394,8 +421,9 @@ impl Client {
             other => Err(unexpected(&other)),
         };
         for (batch, fps, lookup) in looked {
+            let asked = fps.iter().flatten().count();
             let found = match lookup.map(Pending::wait).transpose() {
-                Ok(Some(Reply::Found(f))) if f.len() == fps.len() => f,
+                Ok(Some(Reply::Found(f))) if f.len() == asked => f,
                 Ok(None) => Vec::new(),
                 Ok(Some(other)) => return Err(unexpected(&other)),
                 // An append sent before this lookup may have failed the
@@ -416,20 +444,31 @@ impl Client {
                     len: run.size,
                 });
             }
-            for ((data, fingerprint), known) in batch.segments.into_iter().zip(fps).zip(found) {
-                if known || sent.contains(&fingerprint) {
+            let mut found = found.into_iter();
+            let mut share = Share::default();
+            for (data, fp) in batch.segments.into_iter().zip(fps) {
+                let Some(fingerprint) = fp else {
+                    items.push(Item::Unhashed { data });
+                    continue;
+                };
+                let known = found.next().unwrap_or(false) || sent.contains(&fingerprint);
+                share.add(data.len(), known);
+                if known {
                     items.push(Item::Known { fingerprint });
                 } else {
                     sent.insert(fingerprint);
                     items.push(Item::New { fingerprint, data });
                 }
             }
+            if let Some(little) = share.under(opts.probe_every) {
+                probing.store(little, Ordering::Relaxed);
+            }
             // About 12 MiB at most; forgetting only costs a lookup miss.
             if sent.len() > MAX_SENT {
                 sent.clear();
             }
             acks.push_back(self.send(Call::Append { session, items })?);
-            while acks.len() > in_flight {
+            while acks.len() > opts.in_flight {
                 ack(acks.pop_front().expect("non-empty"))?;
             }
         }
@@ -437,6 +476,29 @@ impl Client {
             ack(p)?;
         }
         Ok(())
+    }
+}
+
+/// Of a batch's hashed bytes, those the repository has (or the session
+/// sent before).
+#[derive(Default)]
+struct Share {
+    asked: usize,
+    had: usize,
+}
+
+impl Share {
+    fn add(&mut self, len: usize, had: bool) {
+        self.asked += len;
+        if had {
+            self.had += len;
+        }
+    }
+
+    /// Whether under 1 in `every` of the bytes asked about were had;
+    /// none if nothing was asked.
+    fn under(&self, every: usize) -> Option<bool> {
+        (self.asked > 0).then(|| self.had.saturating_mul(every) < self.asked)
     }
 }
 

@@ -21,7 +21,9 @@ use crate::segmenter::Segmenting;
 /// `Authenticate` answers it (`auth.rs`).
 /// 5: `ParentTree` and `Item::Parent`, so a backup of files through a
 /// server reuses its parent's unchanged files without reading them.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// 6: `Item::Unhashed`, so a client need not hash segments it expects
+/// the server lacks.
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Largest segment the server takes: what a container holds.
 pub const MAX_SEGMENT: usize = crate::format::MAX_SEGMENT_LEN;
@@ -177,6 +179,13 @@ pub enum Item {
     /// If it cannot take them all, the append fails with
     /// `ParentUnusable` (the client backs up again, reading every file).
     Parent { offset: u64, len: u64 },
+    /// A segment's bytes the client did not hash (it expects them new):
+    /// the server hashes them, as it hashes every segment it stores, and
+    /// takes the repository's copy if it has one, else stores them.
+    Unhashed {
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
