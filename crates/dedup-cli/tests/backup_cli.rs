@@ -45,6 +45,63 @@ fn a_stream_of_several_chunks_restores_whole_to_a_file() {
     ok(&["restore", r, "big", "/dev/null", "--force"], None);
 }
 
+/// A fifo is written as it is read: a restore waits, saying so, for
+/// something to read it, and stops at one SIGTERM while it waits (a
+/// plain open waited in the kernel, past the first signal); one whose
+/// reader stops early fails with what reached the fifo counted.
+#[test]
+fn a_restore_into_a_fifo_waits_for_a_reader_and_says_how_far_it_got() {
+    use std::io::Read;
+    let tmp = tempfile::tempdir().unwrap();
+    let r = tmp.path().join("repo");
+    let r = r.to_str().unwrap();
+    ok(&["store", "init", r], None);
+    ok(&["backup", r, "big", "--stdin"], Some(&data()));
+    let fifo = tmp.path().join("fifo");
+    let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string; mkfifo touches nothing else.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+    let f = fifo.to_str().unwrap();
+
+    let mut waiting = spawn(&["restore", r, "big", f, "--force"], false);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(waiting.try_wait().unwrap().is_none(), "it waits");
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(waiting.id() as i32, libc::SIGTERM) };
+    let status = waiting.wait().unwrap();
+    let mut err = String::new();
+    waiting
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains("waiting for something to read the fifo"),
+        "{err}"
+    );
+    assert!(err.contains("stopped by a signal while waiting"), "{err}");
+
+    // A reader that takes 100,000 bytes and goes (into a file: a pipe
+    // nobody drains would stop it before it goes), started after the
+    // restore.
+    let restore = spawn(&["restore", r, "big", f, "--force"], false);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let got = tmp.path().join("got");
+    let mut reader = std::process::Command::new("head")
+        .args(["-c", "100000", f])
+        .stdout(std::fs::File::create(&got).unwrap())
+        .spawn()
+        .unwrap();
+    let out = restore.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the whole stream went through head");
+    assert!(err.contains("at most the stream's first"), "{err}");
+    assert!(reader.wait().unwrap().success());
+    assert!(std::fs::read(&got).unwrap()[..] == data()[..100_000]);
+}
+
 #[test]
 fn init_backup_list_restore_delete() {
     let tmp = tempfile::tempdir().unwrap();

@@ -4,10 +4,12 @@
 //! place, so a restore that fails leaves the old one as it was; or a
 //! device, written in place: a block device is opened exclusively (one
 //! that is mounted or in use is refused) and refused before anything is
-//! written if it is smaller than the stream. Ctrl-C (or SIGTERM, SIGHUP)
+//! written if it is smaller than the stream; a fifo once something opens
+//! it to read (the restore says it waits). Ctrl-C (or SIGTERM, SIGHUP)
 //! stops a restore at its next write as a failure, so a file's temporary
 //! copy is removed; a second one ends the process at once.
 
+use std::cell::Cell;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
@@ -30,10 +32,14 @@ pub fn restore_to(
     fill: impl FnOnce(&mut dyn Write) -> anyhow::Result<u64>,
 ) -> anyhow::Result<u64> {
     let stop = Stop::install()?;
+    // Bytes handed to the target's writer, for an error part-way onto a
+    // device: at most these reached it.
+    let taken = Cell::new(0u64);
     let fill = |out: &mut dyn Write| {
         fill(&mut Interruptible {
             out,
             stop: &stop.flag,
+            taken: &taken,
         })
     };
     match fs::metadata(target) {
@@ -45,7 +51,7 @@ pub fn restore_to(
                     target.display()
                 );
             }
-            let block = m.file_type().is_block_device();
+            let (block, fifo) = (m.file_type().is_block_device(), m.file_type().is_fifo());
             let mut open = OpenOptions::new();
             open.write(true);
             if block {
@@ -53,9 +59,12 @@ pub fn restore_to(
                 // exclusive user answers EBUSY: never written under them.
                 open.custom_flags(libc::O_EXCL);
             }
-            let mut file = open
-                .open(target)
-                .with_context(|| format!("opening {} (mounted, or in use?)", target.display()))?;
+            let mut file = match fifo {
+                true => open_fifo(target, &stop.flag)?,
+                false => open.open(target).with_context(|| {
+                    format!("opening {} (mounted, or in use?)", target.display())
+                })?,
+            };
             let cap = match (block, need) {
                 (true, Some(need)) => {
                     fits_on_device(name, need, target, &mut file)?;
@@ -81,9 +90,11 @@ pub fn restore_to(
                 None => fill(out),
             })
             .map_err(|e| {
+                let n = taken.get();
                 e.context(format!(
-                    "restoring backup {name} onto {} (what was written before the error is on it)",
-                    target.display()
+                    "restoring backup {name} onto {}: at most the stream's first {} ({n} bytes) were written to it before the error; past them it is as it was",
+                    target.display(),
+                    format_size(n)
                 ))
             })
         }
@@ -109,6 +120,50 @@ pub fn restore_to(
         Err(e) if e.kind() == io::ErrorKind::NotFound => replace_file(name, target, false, fill),
         Err(e) => Err(anyhow::anyhow!("looking at {}: {e}", target.display())),
     }
+}
+
+/// Open the fifo `path` to write, once something opens it to read. A
+/// plain open would wait as long, but in the kernel, silently, and past
+/// the first Ctrl-C; this one says it waits and stops at `stop`.
+fn open_fifo(path: &Path, stop: &AtomicBool) -> anyhow::Result<File> {
+    let mut said = false;
+    let file = loop {
+        // Without a reader, a non-blocking open fails at once (ENXIO).
+        let opened = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path);
+        match opened {
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+                if stop.load(Ordering::SeqCst) {
+                    bail!(
+                        "stopped by a signal while waiting for a reader of the fifo {}; nothing was written",
+                        path.display()
+                    );
+                }
+                if !said {
+                    eprintln!(
+                        "waiting for something to read the fifo {} (Ctrl-C to stop)",
+                        path.display()
+                    );
+                    said = true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            opened => break opened.with_context(|| format!("opening {}", path.display()))?,
+        }
+    };
+    // Blocking again: a full pipe makes the restore wait for its reader,
+    // not fail.
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    // SAFETY: F_GETFL and F_SETFL on a descriptor we own touch no memory.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+        let e = io::Error::last_os_error();
+        return Err(anyhow::anyhow!("opening the fifo {}: {e}", path.display()));
+    }
+    Ok(file)
 }
 
 /// Refuse, before writing anything, a block device smaller than the
@@ -180,6 +235,8 @@ impl Drop for Stop {
 struct Interruptible<'w> {
     out: &'w mut dyn Write,
     stop: &'w AtomicBool,
+    /// Bytes `out` took so far.
+    taken: &'w Cell<u64>,
 }
 
 impl Write for Interruptible<'_> {
@@ -188,7 +245,9 @@ impl Write for Interruptible<'_> {
             // Not ErrorKind::Interrupted, which write_all retries.
             return Err(io::Error::other("stopped by a signal (Ctrl-C or SIGTERM)"));
         }
-        self.out.write(buf)
+        let n = self.out.write(buf)?;
+        self.taken.set(self.taken.get() + n as u64);
+        Ok(n)
     }
 
     fn flush(&mut self) -> io::Result<()> {

@@ -62,9 +62,11 @@ pub enum RemoteCommand {
     },
     /// Restore a backup of a stream through the server to a new file, or
     /// `-` (stdout); with --force over a file (a new one written beside it
-    /// and renamed into place, so a failed restore leaves it as it was) or
-    /// onto a device (written in place; a block device that is mounted, or
-    /// smaller than the backup, is refused untouched).
+    /// and renamed into place, so a failed restore leaves it as it was; it
+    /// needs room for both, and other hard links, extended attributes and
+    /// ACLs of the old one are not carried over) or onto a device (written
+    /// in place; a block device that is mounted, or smaller than the
+    /// backup, is refused untouched; a fifo once something reads it).
     Restore {
         name: String,
         target: PathBuf,
