@@ -100,7 +100,11 @@ near() {
 expect_fail() {
     local want=$1
     shift
-    local out
-    if out=$("$@" 2>&1); then fail "expected failure: $*"; fi
+    local out rc=0
+    # Bounded: a command that should fail but runs on (a server that
+    # starts after all) fails the test instead of hanging the suite.
+    out=$(timeout 120 "$@" 2>&1) || rc=$?
+    [ "$rc" -ne 0 ] || fail "expected failure: $*"
+    [ "$rc" -ne 124 ] || fail "expected failure, but still running after 120 s: $*"
     echo "$out" | grep -qi -- "$want" || { echo "$out"; fail "message of '$*' lacks '$want'"; }
 }
