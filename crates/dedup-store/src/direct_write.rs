@@ -193,7 +193,13 @@ impl Write for DirectWriter<'_> {
         self.buf[at..at + n].copy_from_slice(&data[..n]);
         self.len += n;
         if self.len == CHUNK {
-            self.write_gathered(CHUNK)?;
+            if let Err(e) = self.write_gathered(CHUNK) {
+                // Not taken: an error says none of `data` was written, so
+                // a caller that tries again must not find it twice. (What
+                // the failed write put on the file is written over then.)
+                self.len -= n;
+                return Err(e);
+            }
         }
         Ok(n)
     }
@@ -360,6 +366,40 @@ mod tests {
                 "one short write, then the cache"
             );
         }
+    }
+
+    /// A write that fails takes none of its bytes: tried again, they are
+    /// in the file once.
+    #[test]
+    fn a_failed_write_tried_again_writes_its_bytes_once() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        static FAILED: AtomicBool = AtomicBool::new(false);
+        fn fail_once(f: &File, b: &[u8], at: u64) -> io::Result<usize> {
+            if !FAILED.swap(true, Ordering::SeqCst) {
+                return Err(io::Error::from_raw_os_error(libc::EIO));
+            }
+            f.write_at(b, at)
+        }
+        let bytes = pattern(2 * CHUNK + 77);
+        let tmp = temp();
+        let mut w = DirectWriter::with_pwrite(tmp.as_file(), 0, buffer(), fail_once);
+        if !w.is_direct() {
+            return; // this file system takes no direct I/O: nothing fails
+        }
+        let mut rest = &bytes[..];
+        let mut errors = 0;
+        while !rest.is_empty() {
+            match w.write(rest) {
+                Ok(n) => rest = &rest[n..],
+                Err(e) => {
+                    assert_eq!(e.raw_os_error(), Some(libc::EIO));
+                    errors += 1;
+                }
+            }
+        }
+        w.finish().unwrap();
+        assert_eq!(errors, 1);
+        assert!(std::fs::read(tmp.path()).unwrap() == bytes);
     }
 
     #[test]
