@@ -97,8 +97,9 @@ pub(crate) struct Unchanged {
 
 impl ParentFiles {
     pub(crate) fn load(repo: &Repository, name: &str) -> RepoResult<ParentFiles> {
-        let (_, tree, recipe) =
-            read_parent(repo, name, usize::MAX)?.expect("no tree is over usize::MAX bytes");
+        // No limit but memory: a local backup reads its parent's tree whole.
+        let (_, tree, recipe) = read_parent(repo, name, usize::MAX)?
+            .ok_or_else(|| RepoError::corrupt(name, "a tree over usize::MAX bytes"))?;
         Ok(ParentFiles {
             name: name.to_string(),
             files: ParentIndex::new(tree),
