@@ -103,7 +103,7 @@ expect_fail() {
     local out rc=0
     # Bounded: a command that should fail but runs on (a server that
     # starts after all) fails the test instead of hanging the suite.
-    out=$(timeout 120 "$@" 2>&1) || rc=$?
+    out=$(timeout -k 10 120 "$@" 2>&1) || rc=$?
     [ "$rc" -ne 0 ] || fail "expected failure: $*"
     [ "$rc" -ne 124 ] || fail "expected failure, but still running after 120 s: $*"
     echo "$out" | grep -qi -- "$want" || { echo "$out"; fail "message of '$*' lacks '$want'"; }

@@ -74,6 +74,8 @@ check_clean "$WORK/dev"
 "$DEDUP" status "$WORK/dev" | grep -q "Dedup ratio" || fail "human status lacks the dedup ratio"
 
 head -c 2M /dev/urandom >"$WORK/late.bin"
+# inram's refusal after a crash (crash-safe backends recover on their
+# own: checked below with the default backend).
 if [ "$BACKEND" = inram ]; then
 log "SIGKILL the server: the next serve refuses, --accept-unclean recovers"
 serve "$WORK/dev"
@@ -98,7 +100,7 @@ PY
 check_clean "$WORK/dev"
 stop "$WORK/dev"
 else
-log "SIGKILL the server: skipped, the $BACKEND backend recovers on its own (below, for the default backend)"
+log "SIGKILL the server: skipped for $BACKEND (this part is inram's refusal after a crash)"
 fi
 
 log "the default backend is crash-safe: after SIGKILL it serves again with no flag"

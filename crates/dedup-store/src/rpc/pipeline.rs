@@ -49,9 +49,10 @@ pub struct BackupOptions {
     /// they ask about, only every `probe_every`th segment of a batch is
     /// hashed and looked up; the others go `Unhashed`, and the server,
     /// which hashes every segment it stores anyway, finds their repeats
-    /// itself. New data is then hashed once instead of twice, for at most
-    /// that share of repeats sent that need not have been. 1 hashes and
-    /// looks up every segment.
+    /// itself. A batch whose probes find that share or more is hashed
+    /// and looked up whole before it goes. New data is then hashed once
+    /// instead of twice, for at most about that share of repeats sent
+    /// that need not have been. 1 hashes and looks up every segment.
     pub probe_every: usize,
 }
 
@@ -345,11 +346,15 @@ impl Client {
                         true => opts.probe_every,
                         false => 1,
                     };
-                    let fps = batch
-                        .segments
-                        .iter()
-                        .enumerate()
-                        .map(|(i, b)| (i % every == 0).then(|| HASH.fingerprint(b).0))
+                    // The probes' place moves from batch to batch, so no
+                    // layout repeating with the batches hides from them;
+                    // a batch has one at least.
+                    let last = batch.segments.len().saturating_sub(1);
+                    let first = (seq % every as u64) as usize;
+                    let first = first.min(last);
+                    let probe = |i: usize| i >= first && (i - first) % every == 0;
+                    let fps = (batch.segments.iter().enumerate())
+                        .map(|(i, b)| probe(i).then(|| HASH.fingerprint(b).0))
                         .collect();
                     if hashed_tx.send((seq, batch, fps)).is_err() {
                         return;
@@ -420,23 +425,64 @@ impl Client {
             }
             other => Err(unexpected(&other)),
         };
-        for (batch, fps, lookup) in looked {
-            let asked = fps.iter().flatten().count();
-            let found = match lookup.map(Pending::wait).transpose() {
-                Ok(Some(Reply::Found(f))) if f.len() == asked => f,
-                Ok(None) => Vec::new(),
-                Ok(Some(other)) => return Err(unexpected(&other)),
-                // An append sent before this lookup may have failed the
-                // session (a parent run the server could not take), which
-                // then answers the lookup "no such session": the append's
-                // error is the cause, and the one a caller acts on.
+        // An append sent before a lookup may have failed the session (a
+        // parent run the server could not take), which then answers the
+        // lookup "no such session": the append's error is the cause, and
+        // the one a caller acts on.
+        let found_or_cause =
+            |acks: &mut VecDeque<Pending>, lookup: Pending, asked: usize| match lookup.wait() {
+                Ok(Reply::Found(f)) if f.len() == asked => Ok(f),
+                Ok(other) => Err(unexpected(&other)),
                 Err(e) => {
-                    for p in acks {
+                    for p in acks.drain(..) {
                         ack(p)?;
                     }
-                    return Err(e);
+                    Err(e)
                 }
             };
+        for (batch, mut fps, lookup) in looked {
+            let asked = fps.iter().flatten().count();
+            let found = match lookup {
+                Some(p) => found_or_cause(&mut acks, p, asked)?,
+                None => Vec::new(),
+            };
+            // Whether the repository (or this session) has each segment;
+            // false for one not hashed.
+            let mut found = found.into_iter();
+            let mut share = Share::default();
+            let mut had: Vec<bool> = (batch.segments.iter().zip(&fps))
+                .map(|(data, fp)| {
+                    let fp = fp.as_ref()?;
+                    let had = found.next().unwrap_or(false) || sent.contains(fp);
+                    share.add(data.len(), had);
+                    Some(had)
+                })
+                .map(|had| had.unwrap_or(false))
+                .collect();
+            if let Some(little) = share.under(opts.probe_every) {
+                probing.store(little, Ordering::Relaxed);
+                // The probes of a batch hashed while probing find the
+                // stream repeating the repository: the rest of the batch
+                // is hashed and looked up here, before it goes, and so is
+                // each batch the hashers took before they saw the switch
+                // (a few dozen: they run that far ahead).
+                let rest: Vec<usize> = (0..fps.len()).filter(|&i| fps[i].is_none()).collect();
+                if !little && !rest.is_empty() {
+                    let fingerprints: Fps = (rest.iter())
+                        .map(|&i| Some(HASH.fingerprint(&batch.segments[i]).0))
+                        .collect();
+                    let call = Call::Lookup {
+                        session,
+                        fingerprints: fingerprints.iter().flatten().copied().collect(),
+                    };
+                    let lookup = self.send(call)?;
+                    let found = found_or_cause(&mut acks, lookup, rest.len())?;
+                    for ((&i, fp), f) in rest.iter().zip(fingerprints).zip(found) {
+                        had[i] = f || fp.is_some_and(|fp| sent.contains(&fp));
+                        fps[i] = fp;
+                    }
+                }
+            }
             let mut items = Vec::with_capacity(batch.segments.len() + 1);
             if let Some(run) = batch.parent {
                 items.push(Item::Parent {
@@ -444,24 +490,18 @@ impl Client {
                     len: run.size,
                 });
             }
-            let mut found = found.into_iter();
-            let mut share = Share::default();
-            for (data, fp) in batch.segments.into_iter().zip(fps) {
+            for ((data, fp), had) in batch.segments.into_iter().zip(fps).zip(had) {
                 let Some(fingerprint) = fp else {
                     items.push(Item::Unhashed { data });
                     continue;
                 };
-                let known = found.next().unwrap_or(false) || sent.contains(&fingerprint);
-                share.add(data.len(), known);
-                if known {
+                // A repeat of a segment sent earlier in this batch too.
+                if had || sent.contains(&fingerprint) {
                     items.push(Item::Known { fingerprint });
                 } else {
                     sent.insert(fingerprint);
                     items.push(Item::New { fingerprint, data });
                 }
-            }
-            if let Some(little) = share.under(opts.probe_every) {
-                probing.store(little, Ordering::Relaxed);
             }
             // About 12 MiB at most; forgetting only costs a lookup miss.
             if sent.len() > MAX_SENT {
