@@ -408,3 +408,40 @@ fn a_handshake_trickled_a_byte_at_a_time_is_cut_off_at_its_deadline() {
     let c = connect(&server.at, Some(&key)).unwrap();
     assert!(c.list().unwrap().is_empty());
 }
+
+/// Peers without the key that hold every slot do not keep out a client
+/// that has it: a new connection closes the oldest that has not proved
+/// the key. Connections that proved it are never closed for room.
+#[test]
+fn peers_without_the_key_holding_every_slot_cannot_keep_a_client_with_it_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = Key::derive(b"the key");
+    let limits = ServerLimits {
+        max_connections: 2,
+        ..ServerLimits::default()
+    };
+    let server = serve_with(dir.path(), tcp(), Some(key.clone()), limits);
+    let Endpoint::Tcp(addr) = server.at else {
+        unreachable!("served on TCP")
+    };
+    // Two peers greeted (so the server has taken them) that go no further.
+    let mut squatters: Vec<TcpStream> = (0..2).map(|_| dial(addr)).collect();
+    for s in &mut squatters {
+        challenge(s);
+    }
+    let first = connect(&server.at, Some(&key)).unwrap();
+    backup(&first, "first", &noise(1, 100_000));
+    // The oldest one was closed for it; the other still waits.
+    assert!(answer(&mut squatters[0]).is_none(), "closed");
+    let second = connect(&server.at, Some(&key)).unwrap();
+    backup(&second, "second", &noise(2, 100_000));
+    assert!(answer(&mut squatters[1]).is_none(), "closed");
+    // Both slots hold clients that proved the key: nobody else gets in,
+    // with the key or without.
+    for k in [Some(&key), None] {
+        let e = refused(&server.at, k);
+        assert!(e.to_string().contains("too many connections"), "{e}");
+    }
+    assert_eq!(first.list().unwrap().len(), 2);
+    assert_eq!(second.list().unwrap().len(), 2);
+}

@@ -40,7 +40,9 @@ pub struct Args {
     /// the connection afterwards.
     #[arg(long, requires = "listen")]
     pub allow_remote: bool,
-    /// Most client connections at once.
+    /// Most client connections at once. With --psk, when all are taken a
+    /// new connection closes the oldest one that has not proved the key
+    /// yet (never one that has).
     #[arg(long, default_value_t = ServerLimits::default().max_connections)]
     pub max_connections: usize,
     /// Seconds a client may send nothing before its connection is closed

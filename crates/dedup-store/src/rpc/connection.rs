@@ -63,7 +63,8 @@ struct Parent {
 
 type Answer = Result<Reply, WireError>;
 
-pub(crate) fn serve(repo: &Repository, stream: Stream, shared: &Shared) {
+/// Serve connection `conn_id` until it ends.
+pub(crate) fn serve(repo: &Repository, stream: Stream, conn_id: u64, shared: &Shared) {
     // A read or write that times out ends the connection like any error,
     // so a peer that vanished without closing frees its slot and its
     // backups' containers. (A zero timeout, which the socket refuses,
@@ -140,9 +141,13 @@ pub(crate) fn serve(repo: &Repository, stream: Stream, shared: &Shared) {
                         let _ = send(&mut writer, req.id, reply);
                         break;
                     }
-                    // In: the usual timeouts from now on.
-                    if !was && conn.authenticated && reader.get_mut().lift(idle).is_err() {
-                        break;
+                    // In: the usual timeouts from now on, and a slot no new
+                    // connection takes.
+                    if !was && conn.authenticated {
+                        shared.proven(conn_id);
+                        if reader.get_mut().lift(idle).is_err() {
+                            break;
+                        }
                     }
                     (req.id, reply)
                 }

@@ -4,7 +4,7 @@
 //! closes every connection (aborting their running backups, which leave no
 //! backup), waits for their threads, then releases the repository.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::io::{self, BufWriter, Write};
 use std::net::TcpListener;
@@ -64,6 +64,9 @@ pub(crate) struct Shared {
     /// Backups running, for `Stats`.
     pub(crate) running: AtomicU64,
     conns: Mutex<HashMap<u64, Stream>>,
+    /// Connections that have yet to prove the key, oldest (lowest id)
+    /// first; empty on a server without one.
+    unproven: Mutex<BTreeSet<u64>>,
     endpoint: Endpoint,
     pub(crate) limits: ServerLimits,
     /// Clients must prove they hold it before anything else.
@@ -73,6 +76,34 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn connections(&self) -> u64 {
         self.conns.lock().unwrap_or_else(|p| p.into_inner()).len() as u64
+    }
+
+    /// Connection `id` proved the key: it keeps its slot from now on.
+    pub(crate) fn proven(&self, id: u64) {
+        self.unproven
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+    }
+
+    /// Close the oldest connection that has not proved the key, to make
+    /// room for a new one; false if every connection has.
+    fn close_oldest_unproven(&self) -> bool {
+        let oldest = self
+            .unproven
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_first();
+        let Some(id) = oldest else { return false };
+        if let Some(s) = self
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+        {
+            s.shutdown();
+        }
+        true
     }
 
     fn close_all(&self) {
@@ -152,6 +183,7 @@ impl Server {
                 next_session: AtomicU64::new(1),
                 running: AtomicU64::new(0),
                 conns: Mutex::new(HashMap::new()),
+                unproven: Mutex::new(BTreeSet::new()),
                 endpoint,
                 limits,
                 key,
@@ -194,12 +226,28 @@ impl Server {
                 break;
             }
             threads.retain(|t| !t.is_finished());
-            if threads.len() >= self.shared.limits.max_connections {
+            // Full: room at the expense of the oldest connection that has
+            // not proved the key (it ends at once; its thread goes soon),
+            // so peers without the key, holding slots for the handshake's
+            // 10 seconds at a time, cannot keep out a client that has it:
+            // they would have to take every slot again within that
+            // client's handshake. Connections that proved it are never
+            // closed for room.
+            if threads.len() >= self.shared.limits.max_connections
+                && !self.shared.close_oldest_unproven()
+            {
                 refuse(stream, "too many connections; try again later");
                 continue;
             }
             next_conn += 1;
             let id = next_conn;
+            if self.shared.key.is_some() {
+                self.shared
+                    .unproven
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(id);
+            }
             match stream.try_clone() {
                 Ok(clone) => {
                     self.shared
@@ -214,7 +262,8 @@ impl Server {
             let spawned = std::thread::Builder::new()
                 .name(format!("dedup-conn-{id}"))
                 .spawn(move || {
-                    connection::serve(&repo, stream, &shared);
+                    connection::serve(&repo, stream, id, &shared);
+                    shared.proven(id);
                     shared
                         .conns
                         .lock()
@@ -224,6 +273,7 @@ impl Server {
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(_) => {
+                    self.shared.proven(id);
                     if let Some(s) = self
                         .shared
                         .conns
