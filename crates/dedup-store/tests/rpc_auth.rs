@@ -7,6 +7,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use dedup_core::testdata::noise;
 use dedup_store::rpc::protocol::{
@@ -428,14 +429,29 @@ fn peers_without_the_key_holding_every_slot_cannot_keep_a_client_with_it_out() {
     let mut squatters: Vec<TcpStream> = (0..2).map(|_| dial(addr)).collect();
     for s in &mut squatters {
         challenge(s);
+        // Well within the server's 10 s for a handshake: closed before
+        // that is closed for room.
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
     }
+    let start = Instant::now();
     let first = connect(&server.at, Some(&key)).unwrap();
     backup(&first, "first", &noise(1, 100_000));
     // The oldest one was closed for it; the other still waits.
-    assert!(answer(&mut squatters[0]).is_none(), "closed");
+    assert!(closed(&mut squatters[0]), "the oldest is closed");
+    squatters[1]
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    assert!(!closed(&mut squatters[1]), "the other still waits");
+    squatters[1]
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
     let second = connect(&server.at, Some(&key)).unwrap();
     backup(&second, "second", &noise(2, 100_000));
-    assert!(answer(&mut squatters[1]).is_none(), "closed");
+    assert!(closed(&mut squatters[1]), "closed for the second");
+    assert!(
+        start.elapsed() < Duration::from_secs(9),
+        "not by its deadline"
+    );
     // Both slots hold clients that proved the key: nobody else gets in,
     // with the key or without.
     for k in [Some(&key), None] {
@@ -444,4 +460,23 @@ fn peers_without_the_key_holding_every_slot_cannot_keep_a_client_with_it_out() {
     }
     assert_eq!(first.list().unwrap().len(), 2);
     assert_eq!(second.list().unwrap().len(), 2);
+}
+
+/// Whether the server closed `s` (end of stream) rather than leaving it
+/// open with nothing to say (a read timeout).
+fn closed(s: &mut TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    match s.read(&mut byte) {
+        Ok(0) => true,
+        Ok(_) => panic!("the server said something unasked"),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            false
+        }
+        Err(_) => true,
+    }
 }

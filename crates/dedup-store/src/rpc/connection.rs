@@ -141,13 +141,13 @@ pub(crate) fn serve(repo: &Repository, stream: Stream, conn_id: u64, shared: &Sh
                         let _ = send(&mut writer, req.id, reply);
                         break;
                     }
-                    // In: the usual timeouts from now on, and a slot no new
-                    // connection takes.
-                    if !was && conn.authenticated {
-                        shared.proven(conn_id);
-                        if reader.get_mut().lift(idle).is_err() {
-                            break;
-                        }
+                    // In: a slot no new connection takes (unless one took it
+                    // first: then out, unanswered), and the usual timeouts.
+                    if !was
+                        && conn.authenticated
+                        && (!shared.proven(conn_id) || reader.get_mut().lift(idle).is_err())
+                    {
+                        break;
                     }
                     (req.id, reply)
                 }

@@ -79,31 +79,32 @@ impl Shared {
     }
 
     /// Connection `id` proved the key: it keeps its slot from now on.
-    pub(crate) fn proven(&self, id: u64) {
+    /// False if it was closed for room first (it must then end without
+    /// answering): the set decides which of the two came first.
+    pub(crate) fn proven(&self, id: u64) -> bool {
         self.unproven
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
+            .remove(&id)
     }
 
     /// Close the oldest connection that has not proved the key, to make
     /// room for a new one; false if every connection has.
     fn close_oldest_unproven(&self) -> bool {
-        let oldest = self
-            .unproven
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop_first();
-        let Some(id) = oldest else { return false };
-        if let Some(s) = self
-            .conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-        {
-            s.shutdown();
+        loop {
+            let oldest = self
+                .unproven
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop_first();
+            let Some(id) = oldest else { return false };
+            let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+            // One that ended meanwhile makes no room: the next, then.
+            if let Some(s) = conns.get(&id) {
+                s.shutdown();
+                return true;
+            }
         }
-        true
     }
 
     fn close_all(&self) {
@@ -233,21 +234,17 @@ impl Server {
             // they would have to take every slot again within that
             // client's handshake. Connections that proved it are never
             // closed for room.
-            if threads.len() >= self.shared.limits.max_connections
-                && !self.shared.close_oldest_unproven()
+            // Closed connections' threads end soon but not at once: twice
+            // the limit in threads at most, however fast peers come.
+            let max = self.shared.limits.max_connections;
+            if threads.len() >= max
+                && (threads.len() >= max.saturating_mul(2) || !self.shared.close_oldest_unproven())
             {
                 refuse(stream, "too many connections; try again later");
                 continue;
             }
             next_conn += 1;
             let id = next_conn;
-            if self.shared.key.is_some() {
-                self.shared
-                    .unproven
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(id);
-            }
             match stream.try_clone() {
                 Ok(clone) => {
                     self.shared
@@ -258,17 +255,20 @@ impl Server {
                 }
                 Err(_) => continue,
             }
+            if self.shared.key.is_some() {
+                self.shared
+                    .unproven
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(id);
+            }
             let (repo, shared) = (self.repo.clone(), self.shared.clone());
             let spawned = std::thread::Builder::new()
                 .name(format!("dedup-conn-{id}"))
                 .spawn(move || {
+                    // Its entries go however it ends (a panic too).
+                    let _forget = Forget(&shared, id);
                     connection::serve(&repo, stream, id, &shared);
-                    shared.proven(id);
-                    shared
-                        .conns
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&id);
                 });
             match spawned {
                 Ok(t) => threads.push(t),
@@ -300,6 +300,21 @@ impl Drop for Server {
         if let Some(path) = &self.socket {
             let _ = fs::remove_file(path);
         }
+    }
+}
+
+/// Removes connection `id` from the server's tables when dropped.
+struct Forget<'s>(&'s Shared, u64);
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        let Forget(shared, id) = self;
+        shared.proven(*id);
+        shared
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
     }
 }
 
