@@ -15,34 +15,13 @@ use std::time::Duration;
 use dedup_store::rpc::protocol::{Call, ErrorKind, Item, Reply, Request, Response, MAX_BATCH};
 use dedup_store::rpc::{BackupOptions, Client, Endpoint, Server, ServerLimits};
 use dedup_store::writer::HASH;
-use dedup_store::{
-    Container, LocalDir, ObjectStore, RepoError, Repository, RestoreOptions, TreeWalk,
-};
+use dedup_store::{RepoError, Repository, RestoreOptions, TreeWalk};
 use proptest::prelude::*;
-use rpc_support::{setup, setup_with, Running};
+use rpc_support::{begin, copies, restored, setup, setup_with, Running};
 
 fn backup(c: &Client, name: &str, bytes: &[u8]) -> dedup_store::rpc::protocol::WireBackup {
     c.backup_stream(name, "g", bytes, None, &BackupOptions::default(), &|_| {})
         .unwrap()
-}
-
-/// Begin backup `name` in group `g`; its session.
-fn begin(c: &Client, name: &str) -> u64 {
-    let begun = c.call(Call::BeginBackup {
-        name: name.into(),
-        group: "g".into(),
-    });
-    match begun.unwrap() {
-        Reply::Begun { session, .. } => session,
-        other => panic!("beginning {name}: {other:?}"),
-    }
-}
-
-fn restored(dir: &Path, name: &str) -> Vec<u8> {
-    let repo = Repository::open_read_only(dir.join("repo")).unwrap();
-    let mut out = Vec::new();
-    repo.restore(name, &mut out).unwrap();
-    out
 }
 
 #[test]
@@ -367,15 +346,7 @@ fn a_segment_another_backup_stored_since_the_lookup_is_not_stored_again() {
     assert_eq!((rb.segments_new, rb.segments_duplicate), (1, 0));
     server.shut();
     assert!(restored(dir.path(), "a") == x && restored(dir.path(), "b") == x);
-    let store = LocalDir::open(dir.path().join("repo")).unwrap();
-    let copies: usize = (store.list("containers/").unwrap().iter())
-        .map(|name| {
-            let c = Container::parse(name, store.get(name).unwrap()).unwrap();
-            let entries = c.catalog().entries();
-            entries.iter().filter(|e| e.fingerprint.0 == fp).count()
-        })
-        .sum();
-    assert_eq!(copies, 1, "one copy of the segment");
+    assert_eq!(copies(dir.path(), fp), 1, "one copy of the segment");
 }
 
 #[test]

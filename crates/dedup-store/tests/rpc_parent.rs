@@ -17,7 +17,7 @@ use dedup_store::recipe_parts::part_name;
 use dedup_store::rpc::protocol::{Call, ErrorKind, Item, Reply, WireError};
 use dedup_store::rpc::{BackupOptions, Client, ClientError, FilesBackup};
 use dedup_store::{CheckOptions, Repository, RestoreOptions};
-use rpc_support::{setup, Running};
+use rpc_support::{begin, setup, Running};
 use tree_support::{assert_same, edit_some, files, in_target, listing, settle, Listing};
 
 /// A served repository and `files` beside it, aged past `settle`.
@@ -141,17 +141,6 @@ fn a_parent_that_cannot_be_reused_whole_costs_a_second_try_that_reads_every_file
     assert_eq!(names.len(), 2, "{names:?}");
     server.shut();
     assert_same(&listing(&data), &restored(tmp.path(), "two", &data));
-}
-
-/// A session of backup `name` in group `g`.
-fn begin(c: &Client, name: &str) -> u64 {
-    match c.call(Call::BeginBackup {
-        name: name.into(),
-        group: "g".into(),
-    }) {
-        Ok(Reply::Begun { session, .. }) => session,
-        other => panic!("{other:?}"),
-    }
 }
 
 fn refused(c: &Client, call: Call) -> WireError {

@@ -16,19 +16,7 @@ use dedup_core::testdata::noise;
 use dedup_store::rpc::protocol::{Call, ErrorKind, Item, Reply, Request, WireBackup};
 use dedup_store::rpc::{BackupOptions, Client, Endpoint};
 use dedup_store::writer::HASH;
-use dedup_store::{Container, LocalDir, ObjectStore, Repository};
-use rpc_support::{setup, Running};
-
-fn begin(c: &Client, name: &str) -> u64 {
-    let call = Call::BeginBackup {
-        name: name.into(),
-        group: "g".into(),
-    };
-    match c.call(call).unwrap() {
-        Reply::Begun { session, .. } => session,
-        other => panic!("beginning {name}: {other:?}"),
-    }
-}
+use rpc_support::{begin, copies, restored, setup, Running};
 
 fn commit(c: &Client, session: u64) -> WireBackup {
     match c.call(Call::Commit {
@@ -38,27 +26,6 @@ fn commit(c: &Client, session: u64) -> WireBackup {
         Ok(Reply::Committed(b)) => b,
         other => panic!("{other:?}"),
     }
-}
-
-fn restored(dir: &Path, name: &str) -> Vec<u8> {
-    let repo = Repository::open_read_only(dir.join("repo")).unwrap();
-    let mut out = Vec::new();
-    repo.restore(name, &mut out).unwrap();
-    out
-}
-
-/// Copies of the segment `data` in the repository's containers.
-fn copies(dir: &Path, data: &[u8]) -> usize {
-    let fp = HASH.fingerprint(data);
-    let store = LocalDir::open(dir.join("repo")).unwrap();
-    let names = store.list("containers/").unwrap();
-    (names.iter())
-        .map(|name| {
-            let c = Container::parse(name, store.get(name).unwrap()).unwrap();
-            let entries = c.catalog().entries();
-            entries.iter().filter(|e| e.fingerprint == fp).count()
-        })
-        .sum()
 }
 
 #[test]
@@ -102,7 +69,8 @@ fn the_server_hashes_unhashed_segments_and_stores_each_once() {
     server.shut();
     assert!(restored(dir.path(), "one") == [&x[..], &y, &x, &y].concat());
     assert!(restored(dir.path(), "two") == [&y[..], &x].concat());
-    assert_eq!((copies(dir.path(), &x), copies(dir.path(), &y)), (1, 1));
+    let copies_of = |d: &[u8]| copies(dir.path(), HASH.fingerprint(d).0);
+    assert_eq!((copies_of(&x), copies_of(&y)), (1, 1));
 }
 
 /// What a client sent, by kind.

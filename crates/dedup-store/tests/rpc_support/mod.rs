@@ -6,8 +6,9 @@
 use std::path::Path;
 use std::thread::JoinHandle;
 
+use dedup_store::rpc::protocol::{Call, Reply};
 use dedup_store::rpc::{Client, Endpoint, Server, ServerLimits, StopHandle};
-use dedup_store::Repository;
+use dedup_store::{Container, LocalDir, ObjectStore, Repository};
 
 pub struct Running {
     pub at: Endpoint,
@@ -63,4 +64,38 @@ pub fn setup_with(limits: ServerLimits) -> (tempfile::TempDir, Running) {
     Repository::init(dir.path().join("repo")).unwrap();
     let r = Running::with_limits(dir.path(), limits);
     (dir, r)
+}
+
+/// Begin backup `name` in group `g`; its session.
+pub fn begin(c: &Client, name: &str) -> u64 {
+    let begun = c.call(Call::BeginBackup {
+        name: name.into(),
+        group: "g".into(),
+    });
+    match begun.unwrap() {
+        Reply::Begun { session, .. } => session,
+        other => panic!("beginning {name}: {other:?}"),
+    }
+}
+
+/// The stream of backup `name` in the repository under `dir`.
+pub fn restored(dir: &Path, name: &str) -> Vec<u8> {
+    let repo = Repository::open_read_only(dir.join("repo")).unwrap();
+    let mut out = Vec::new();
+    repo.restore(name, &mut out).unwrap();
+    out
+}
+
+/// Copies of the segment fingerprinted `fp` in the containers of the
+/// repository under `dir`.
+pub fn copies(dir: &Path, fp: [u8; 32]) -> usize {
+    let store = LocalDir::open(dir.join("repo")).unwrap();
+    let names = store.list("containers/").unwrap();
+    (names.iter())
+        .map(|name| {
+            let c = Container::parse(name, store.get(name).unwrap()).unwrap();
+            let entries = c.catalog().entries();
+            entries.iter().filter(|e| e.fingerprint.0 == fp).count()
+        })
+        .sum()
 }
