@@ -552,10 +552,9 @@ fn append_one(repo: &Repository, live: &mut Live<'_>, item: Item) -> Result<(), 
             live.session.push(r, false).map_err(repo_err)?;
         }
         Item::New { fingerprint, data } => {
-            segment_len_ok(&data)?;
             // Hashed here, whatever the client said: a wrong claim fails
             // the append, and never stores bytes under a name not theirs.
-            let fp = HASH.fingerprint(&data);
+            let fp = hashed(&data)?;
             if fp.0 != fingerprint {
                 return Err(bad(format!(
                     "its bytes hash to {}, not to the fingerprint {} sent with them",
@@ -570,8 +569,7 @@ fn append_one(repo: &Repository, live: &mut Live<'_>, item: Item) -> Result<(), 
             live.session.append_sent(&data, fp).map_err(repo_err)?;
         }
         Item::Unhashed { data } => {
-            segment_len_ok(&data)?;
-            let fp = HASH.fingerprint(&data);
+            let fp = hashed(&data)?;
             live.session.append_sent(&data, fp).map_err(repo_err)?;
         }
         Item::Parent { offset, len } => {
@@ -612,14 +610,16 @@ fn append_one(repo: &Repository, live: &mut Live<'_>, item: Item) -> Result<(), 
     Ok(())
 }
 
-fn segment_len_ok(data: &[u8]) -> Result<(), WireError> {
+/// The fingerprint of a segment's bytes from a client, of a length the
+/// server takes.
+fn hashed(data: &[u8]) -> Result<Fingerprint, WireError> {
     if data.is_empty() || data.len() > MAX_SEGMENT {
         return Err(bad(format!(
             "a segment of {} bytes; segments are 1 to {MAX_SEGMENT} bytes",
             data.len()
         )));
     }
-    Ok(())
+    Ok(HASH.fingerprint(data))
 }
 
 fn no_session(id: u64) -> WireError {

@@ -452,12 +452,11 @@ impl Client {
             let mut share = Share::default();
             let mut had: Vec<bool> = (batch.segments.iter().zip(&fps))
                 .map(|(data, fp)| {
-                    let fp = fp.as_ref()?;
+                    let Some(fp) = fp else { return false };
                     let had = found.next().unwrap_or(false) || sent.contains(fp);
                     share.add(data.len(), had);
-                    Some(had)
+                    had
                 })
-                .map(|had| had.unwrap_or(false))
                 .collect();
             if let Some(little) = share.under(opts.probe_every) {
                 probing.store(little, Ordering::Relaxed);
@@ -468,18 +467,18 @@ impl Client {
                 // (a few dozen: they run that far ahead).
                 let rest: Vec<usize> = (0..fps.len()).filter(|&i| fps[i].is_none()).collect();
                 if !little && !rest.is_empty() {
-                    let fingerprints: Fps = (rest.iter())
-                        .map(|&i| Some(HASH.fingerprint(&batch.segments[i]).0))
+                    let fingerprints: Vec<[u8; 32]> = (rest.iter())
+                        .map(|&i| HASH.fingerprint(&batch.segments[i]).0)
                         .collect();
                     let call = Call::Lookup {
                         session,
-                        fingerprints: fingerprints.iter().flatten().copied().collect(),
+                        fingerprints: fingerprints.clone(),
                     };
                     let lookup = self.send(call)?;
                     let found = found_or_cause(&mut acks, lookup, rest.len())?;
                     for ((&i, fp), f) in rest.iter().zip(fingerprints).zip(found) {
-                        had[i] = f || fp.is_some_and(|fp| sent.contains(&fp));
-                        fps[i] = fp;
+                        had[i] = f || sent.contains(&fp);
+                        fps[i] = Some(fp);
                     }
                 }
             }
