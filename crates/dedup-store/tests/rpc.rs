@@ -477,6 +477,43 @@ fn an_idle_connection_is_closed_and_its_backup_aborted() {
     server.shut();
 }
 
+/// A peer that stops part-way through a frame is idle too: its frames
+/// are read ahead on a thread whose reads wait as long as the peer takes,
+/// and the connection times it out all the same and frees its slot.
+#[test]
+fn a_peer_that_stops_inside_a_frame_is_cut_off_as_idle() {
+    let (_dir, server) = setup_with(ServerLimits {
+        max_connections: 1,
+        idle_timeout: Some(Duration::from_secs(1)),
+        ..ServerLimits::default()
+    });
+    let Endpoint::Unix(path) = server.at.clone() else {
+        unreachable!()
+    };
+    let mut raw = UnixStream::connect(&path).unwrap();
+    raw.write_all(&100u32.to_be_bytes()).unwrap();
+    raw.write_all(&[0u8; 10]).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let started = std::time::Instant::now();
+    let mut rest = Vec::new();
+    let _ = raw.read_to_end(&mut rest);
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(9),
+        "closed after {took:?}"
+    );
+    let other = (0..100)
+        .find_map(|_| {
+            Client::connect(&server.at)
+                .map_err(|_| std::thread::sleep(Duration::from_millis(50)))
+                .ok()
+        })
+        .expect("the stalled peer's slot is freed");
+    assert!(other.list().unwrap().is_empty());
+    drop(other);
+    server.shut();
+}
+
 /// A writer that takes `pause` over each of its first `slow` writes.
 struct Sluggish {
     out: Vec<u8>,

@@ -15,11 +15,12 @@ use std::time::{Duration, Instant};
 use dedup_core::fingerprint::Fingerprint;
 
 use super::found::Found;
-use super::frame::{decode, read_frame, write_frame};
+use super::frame::{decode, write_frame};
 use super::protocol::{
     Call, ErrorKind, Item, Reply, Request, Response, WireBackup, WireError, WireStats, MAX_BATCH,
     MAX_FRAME, MAX_SEGMENT, MAX_TREE, PARENT_TREE_CHUNK, PROTOCOL_VERSION, RESTORE_CHUNK,
 };
+use super::read_ahead::Frames;
 use super::server::Shared;
 use super::stream::{Deadlined, Stream};
 use crate::repo::Repository;
@@ -89,7 +90,7 @@ pub(crate) fn serve(repo: &Repository, stream: Stream, conn_id: u64, shared: &Sh
     let Ok(read_half) = stream.try_clone() else {
         return;
     };
-    let mut reader = BufReader::with_capacity(256 << 10, Deadlined::new(read_half, deadline));
+    let reader = BufReader::with_capacity(256 << 10, Deadlined::new(read_half, deadline));
     let mut writer = BufWriter::with_capacity(64 << 10, stream);
     // Without a key the connection is trusted as it is (a Unix socket is
     // owner-only); with one, a challenge for it to answer first.
@@ -108,67 +109,76 @@ pub(crate) fn serve(repo: &Repository, stream: Stream, conn_id: u64, shared: &Sh
         authenticated: challenge.is_none(),
         greeted: false,
     };
-    loop {
-        let limit = if conn.authenticated {
-            MAX_FRAME
-        } else {
-            HANDSHAKE_FRAME
-        };
-        let (id, reply) = match read_frame(&mut reader, limit) {
-            Ok(Some(body)) => match decode::<Request>(&body) {
-                // A restore answers with many frames, written as it reads.
-                Ok(Request {
-                    id,
-                    call: Call::Restore { name },
-                }) if conn.authenticated => {
-                    if restore(repo, &name, id, &mut writer).is_err() {
-                        break;
-                    }
-                    continue;
-                }
-                // Before the key is proved, only the handshake is
-                // answered; anything else is refused and the connection
-                // closed.
-                Ok(req) if !conn.authenticated && !is_handshake(&req.call) => {
-                    let _ = send(&mut writer, req.id, Err(unauthorized()));
-                    break;
-                }
-                Ok(req) => {
-                    let was = conn.authenticated;
-                    let reply = conn.handle(req.call);
-                    if !conn.authenticated && reply.is_err() {
-                        // A wrong proof: no second guess.
-                        let _ = send(&mut writer, req.id, reply);
-                        break;
-                    }
-                    // In: a slot no new connection takes (unless one took it
-                    // first: then out, unanswered), and the usual timeouts.
-                    if !was
-                        && conn.authenticated
-                        && (!shared.proven(conn_id) || reader.get_mut().lift(idle).is_err())
-                    {
-                        break;
-                    }
-                    (req.id, reply)
-                }
-                // The frame was whole but not a request: answer, then close
-                // (a peer that sends garbage gets no second guess).
-                Err(why) => {
-                    let _ = send(&mut writer, 0, Err(bad(why)));
-                    break;
-                }
-            },
-            Ok(None) => break,
-            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                let _ = send(&mut writer, 0, Err(bad(e.to_string())));
+    std::thread::scope(|scope| {
+        let mut frames = Frames::Inline(reader);
+        loop {
+            // Once the peer is in, its frames are read ahead.
+            if conn.authenticated && !read_ahead(&mut frames, scope, idle) {
                 break;
             }
-            Err(_) => break,
-        };
-        if send(&mut writer, id, reply).is_err() {
-            break;
+            let limit = if conn.authenticated {
+                MAX_FRAME
+            } else {
+                HANDSHAKE_FRAME
+            };
+            let (id, reply) = match frames.next(limit) {
+                Ok(Some(body)) => match decode::<Request>(&body) {
+                    // A restore answers with many frames, written as it reads.
+                    Ok(Request {
+                        id,
+                        call: Call::Restore { name },
+                    }) if conn.authenticated => {
+                        if restore(repo, &name, id, &mut writer).is_err() {
+                            break;
+                        }
+                        continue;
+                    }
+                    // Before the key is proved, only the handshake is
+                    // answered; anything else is refused and the connection
+                    // closed.
+                    Ok(req) if !conn.authenticated && !is_handshake(&req.call) => {
+                        let _ = send(&mut writer, req.id, Err(unauthorized()));
+                        break;
+                    }
+                    Ok(req) => {
+                        let was = conn.authenticated;
+                        let reply = conn.handle(req.call);
+                        if !conn.authenticated && reply.is_err() {
+                            // A wrong proof: no second guess.
+                            let _ = send(&mut writer, req.id, reply);
+                            break;
+                        }
+                        // In: a slot no new connection takes (unless one took it
+                        // first: then out, unanswered), and the usual timeouts.
+                        if !was
+                            && conn.authenticated
+                            && (!shared.proven(conn_id) || !lifted(&mut frames, idle))
+                        {
+                            break;
+                        }
+                        (req.id, reply)
+                    }
+                    // The frame was whole but not a request: answer, then close
+                    // (a peer that sends garbage gets no second guess).
+                    Err(why) => {
+                        let _ = send(&mut writer, 0, Err(bad(why)));
+                        break;
+                    }
+                },
+                Ok(None) => break,
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                    let _ = send(&mut writer, 0, Err(bad(e.to_string())));
+                    break;
+                }
+                Err(_) => break,
+            };
+            if send(&mut writer, id, reply).is_err() {
+                break;
+            }
         }
-    }
+        // Stops the reading thread if it waits on the socket.
+        writer.get_ref().shutdown();
+    });
     // Dropping the sessions aborts them.
     let n = conn.sessions.len() as u64;
     shared.running.fetch_sub(n, Ordering::SeqCst);
@@ -219,6 +229,30 @@ impl<W: Write> Write for Chunks<'_, W> {
 
     fn flush(&mut self) -> io::Result<()> {
         self.emit()
+    }
+}
+
+/// Whether the handshake's deadline is lifted and `idle` set in its place
+/// (on the inline reader: frames are read ahead only once that is done).
+fn lifted(frames: &mut Frames<BufReader<Deadlined>>, idle: Option<Duration>) -> bool {
+    frames
+        .inline()
+        .is_some_and(|r| r.get_mut().lift(idle).is_ok())
+}
+
+/// Read `frames` ahead (if not yet), the peer idle after `idle` without
+/// one; false if the socket refused to wait for ever on reads or no
+/// thread could be started.
+fn read_ahead<'s>(
+    frames: &mut Frames<BufReader<Deadlined>>,
+    scope: &'s std::thread::Scope<'s, '_>,
+    idle: Option<Duration>,
+) -> bool {
+    match frames.inline() {
+        None => true,
+        Some(r) => {
+            r.get_mut().untimed_reads().is_ok() && frames.read_ahead(scope, MAX_FRAME, idle).is_ok()
+        }
     }
 }
 

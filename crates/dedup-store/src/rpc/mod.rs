@@ -29,6 +29,7 @@ mod connection;
 mod found;
 pub(crate) mod frame;
 pub mod protocol;
+mod read_ahead;
 mod server;
 mod stream;
 

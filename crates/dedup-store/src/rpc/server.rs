@@ -235,7 +235,8 @@ impl Server {
             // client's handshake. Connections that proved it are never
             // closed for room.
             // Closed connections' threads end soon but not at once: twice
-            // the limit in threads at most, however fast peers come.
+            // the limit in connections at most, however fast peers come
+            // (each a thread, and one reading its frames ahead once in).
             let max = self.shared.limits.max_connections;
             if threads.len() >= max
                 && (threads.len() >= max.saturating_mul(2) || !self.shared.close_oldest_unproven())

@@ -186,6 +186,14 @@ impl Deadlined {
         self.deadline = None;
         self.stream.set_timeouts(timeout)
     }
+
+    /// No deadline, and reads that wait as long as the peer takes (for a
+    /// reader whose caller times the peer out itself); writes keep their
+    /// timeout.
+    pub(crate) fn untimed_reads(&mut self) -> io::Result<()> {
+        self.deadline = None;
+        self.stream.set_read_timeout(None)
+    }
 }
 
 impl Read for Deadlined {
