@@ -191,12 +191,16 @@ fn new_data_goes_unhashed_and_a_repeat_of_the_repository_is_looked_up_again() {
     assert_eq!(sent.looked_up, sent.new + sent.known, "{sent:?}");
     assert_eq!(first.report.bytes_new, a.len() as u64);
 
-    // B, then A again: A is found by the probes, and every segment of it
-    // is looked up, even in the batches hashed (sparsely) before the
-    // pipeline saw the switch; only the batch where B meets A may send
-    // some of A unhashed.
+    // B, then A again: A is found by the probes, and with completing
+    // asked for (as over TCP), every segment of it is looked up, even in
+    // the batches hashed (sparsely) before the pipeline saw the switch;
+    // only the batch where B meets A may send some of A unhashed.
     let stream = [&b[..], &a].concat();
-    let second = backup(&c, "ba", &stream, &opts);
+    let complete = BackupOptions {
+        complete_probed: Some(true),
+        ..opts
+    };
+    let second = backup(&c, "ba", &stream, &complete);
     let sent = proxy.take();
     assert_eq!(
         second.report.bytes_new,
@@ -211,6 +215,25 @@ fn new_data_goes_unhashed_and_a_repeat_of_the_repository_is_looked_up_again() {
         "none of A went unhashed past its first batch: {sent:?}"
     );
 
+    // Over a Unix socket (the default there), the batches hashed
+    // sparsely before the switch go as they are: some of A crosses
+    // unhashed, the server finds it, and still nothing is stored twice.
+    let b2 = noise(6, 4 << 20);
+    let stream2 = [&b2[..], &a].concat();
+    let third = backup(&c, "b2a", &stream2, &opts);
+    let sent = proxy.take();
+    assert_eq!(
+        third.report.bytes_new,
+        b2.len() as u64,
+        "{:?}",
+        third.report
+    );
+    assert!(
+        sent.unhashed_bytes > b2.len() as u64,
+        "some of A went unhashed: {sent:?}"
+    );
+    assert!(sent.known > 0, "past the switch, A is looked up: {sent:?}");
+
     // Hashing every segment sends none unhashed.
     backup(&c, "all", &noise(5, 1 << 20), &small_batches(1));
     let sent = proxy.take();
@@ -219,6 +242,7 @@ fn new_data_goes_unhashed_and_a_repeat_of_the_repository_is_looked_up_again() {
     server.shut();
     assert!(restored(dir.path(), "a") == a);
     assert!(restored(dir.path(), "ba") == stream);
+    assert!(restored(dir.path(), "b2a") == stream2);
 }
 
 /// Streams of new and repeated regions in random order, backed up with

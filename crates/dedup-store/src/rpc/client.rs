@@ -101,6 +101,7 @@ pub struct Client {
     reader: Option<JoinHandle<()>>,
     segmenting: Segmenting,
     timeout: Option<Duration>,
+    over_tcp: bool,
 }
 
 /// An answer still on its way.
@@ -217,6 +218,7 @@ impl Client {
             reader: Some(reader),
             segmenting: Segmenting::DEFAULT,
             timeout,
+            over_tcp: matches!(to, Endpoint::Tcp(_)),
         };
         let challenge = match client.call(Call::Hello {
             protocol: PROTOCOL_VERSION,
@@ -277,6 +279,11 @@ impl Client {
     /// How the repository cuts streams.
     pub fn segmenting(&self) -> Segmenting {
         self.segmenting
+    }
+
+    /// Whether the connection is TCP (else a Unix socket, on this machine).
+    pub(crate) fn over_tcp(&self) -> bool {
+        self.over_tcp
     }
 
     /// Send `call` without waiting for its answer.
