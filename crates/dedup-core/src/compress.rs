@@ -77,10 +77,16 @@ impl Compression {
     /// The chunk compressed, if that makes it smaller at all (callers
     /// apply their own thresholds). `None` for `Compression::None`.
     pub fn compress(&self, data: &[u8]) -> Option<Vec<u8>> {
+        self.compress_tuned(data, ZstdTuning::default())
+    }
+
+    /// `compress`, with zstd's parameters past the level set as `tuning`
+    /// says (lz4 has none). Any zstd decoder reads the output.
+    pub fn compress_tuned(&self, data: &[u8], tuning: ZstdTuning) -> Option<Vec<u8>> {
         let out = match *self {
             Compression::None => return None,
             Compression::Lz4 => lz4_flex::block::compress(data),
-            Compression::Zstd(level) => zstd_compress(data, level)?,
+            Compression::Zstd(level) => zstd_compress(data, level, tuning)?,
         };
         (out.len() < data.len()).then_some(out)
     }
@@ -110,24 +116,40 @@ impl Compression {
     }
 }
 
+/// zstd parameters a caller that knows its data sets past the level;
+/// `None` leaves zstd's choice for the level and the input's size.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ZstdTuning {
+    /// The shortest match zstd looks for (its `ZSTD_c_minMatch`, 3 to 7).
+    pub min_match: Option<u32>,
+}
+
 thread_local! {
-    /// This thread's zstd context and its level: a context costs an
-    /// allocation and table set-up, which `zstd::bulk::compress` paid for
-    /// every frame and chunk. It lives as long as its thread: about 1 MiB
-    /// at level 1 for a 1 MiB frame, tens of MiB at levels near 22.
-    static ZSTD: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
+    /// This thread's zstd context, its level and tuning: a context costs
+    /// an allocation and table set-up, which `zstd::bulk::compress` paid
+    /// for every frame and chunk. It lives as long as its thread: about
+    /// 1 MiB at level 1 for a 1 MiB frame, tens of MiB at levels near 22.
+    static ZSTD: RefCell<Option<(i32, ZstdTuning, zstd::bulk::Compressor<'static>)>> =
         const { RefCell::new(None) };
 }
 
-/// `data` compressed at `level` with this thread's context (`None` if zstd
-/// refuses, which it does only for want of memory).
-fn zstd_compress(data: &[u8], level: i32) -> Option<Vec<u8>> {
+/// `data` compressed at `level` and `tuning` with this thread's context
+/// (`None` if zstd refuses, which it does only for want of memory).
+fn zstd_compress(data: &[u8], level: i32, tuning: ZstdTuning) -> Option<Vec<u8>> {
     ZSTD.with(|cell| {
         let mut cell = cell.borrow_mut();
-        if cell.as_ref().is_none_or(|(l, _)| *l != level) {
-            *cell = Some((level, zstd::bulk::Compressor::new(level).ok()?));
+        if cell
+            .as_ref()
+            .is_none_or(|(l, t, _)| (*l, *t) != (level, tuning))
+        {
+            let mut c = zstd::bulk::Compressor::new(level).ok()?;
+            if let Some(m) = tuning.min_match {
+                c.set_parameter(zstd::stream::raw::CParameter::MinMatch(m))
+                    .ok()?;
+            }
+            *cell = Some((level, tuning, c));
         }
-        let (_, c) = cell.as_mut()?;
+        let (_, _, c) = cell.as_mut()?;
         c.compress(data).ok()
     })
 }
@@ -219,5 +241,35 @@ mod tests {
                 .unwrap();
             assert_eq!(out, data);
         }
+    }
+
+    /// A tuned context gives what a fresh context with the same
+    /// parameters gives, decodes as any zstd, and a call without the
+    /// tuning after it gets plain output again.
+    #[test]
+    fn a_tuned_zstd_context_sets_its_parameters_and_only_for_its_calls() {
+        let mut data = crate::testdata::noise(8, 1 << 16);
+        data.extend_from_within(..1 << 15);
+        data.extend(b"abcdefgh12345".iter().cycle().take(1 << 16));
+        let six = ZstdTuning { min_match: Some(6) };
+        let fresh = |m: u32| {
+            let mut c = zstd::bulk::Compressor::new(1).unwrap();
+            c.set_parameter(zstd::stream::raw::CParameter::MinMatch(m))
+                .unwrap();
+            c.compress(&data).unwrap()
+        };
+        let plain = zstd::bulk::compress(&data, 1).unwrap();
+        for _ in 0..2 {
+            let tuned = Compression::Zstd(1).compress_tuned(&data, six).unwrap();
+            assert_eq!(tuned, fresh(6));
+            let mut out = vec![0u8; data.len()];
+            Compression::Zstd(1)
+                .decompress(&tuned, &mut out, "test chunk")
+                .unwrap();
+            assert_eq!(out, data);
+            assert_eq!(Compression::Zstd(1).compress(&data).unwrap(), plain);
+        }
+        let lz4 = Compression::Lz4.compress_tuned(&data, six).unwrap();
+        assert_eq!(lz4, Compression::Lz4.compress(&data).unwrap());
     }
 }

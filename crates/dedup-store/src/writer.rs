@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::sync::mpsc;
 
-use dedup_core::compress::Compression;
+use dedup_core::compress::{Compression, ZstdTuning};
 use dedup_core::fingerprint::{Fingerprint, HashAlgo};
 
 use crate::catalog_bytes;
@@ -40,6 +40,18 @@ pub fn frame_target(compression: Compression) -> usize {
         Compression::None => 0,
         Compression::Lz4 => 128 << 10,
         Compression::Zstd(_) => 1 << 20,
+    }
+}
+
+/// zstd's parameters for a frame past its level. At level 1 (the store's
+/// default), zstd looks for matches of 7 bytes and more in a frame this
+/// large; from 6 on, the first GiB of the bench's ext4 image stored 325.2
+/// MB instead of 332.3 (2.1 % less) in 1.47 s instead of 1.45, and 5 stored
+/// 321.4 MB in 1.56 s. Other levels keep zstd's choice (not measured).
+pub fn frame_tuning(compression: Compression) -> ZstdTuning {
+    match compression {
+        Compression::Zstd(1) => ZstdTuning { min_match: Some(6) },
+        _ => ZstdTuning::default(),
     }
 }
 
@@ -234,7 +246,7 @@ impl ContainerWriter {
         let compression = self.compression;
         let raw_len = frame.len();
         rayon::spawn(move || {
-            let compressed = match compression.compress(&frame) {
+            let compressed = match compression.compress_tuned(&frame, frame_tuning(compression)) {
                 Some(c) => (compression, c),
                 None => (Compression::None, frame),
             };
