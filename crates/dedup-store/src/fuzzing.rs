@@ -41,10 +41,13 @@ pub fn objects(data: &[u8]) {
 
 /// Read `data` as a connection's frames, each decoded as a request (as a
 /// server reads them) and as a response (as a client does); a request
-/// that decodes must encode and decode again to the same request.
+/// that decodes must encode and decode again to the same request, and an
+/// append decoded in place must be the one decoded whole.
 pub fn wire(data: &[u8]) {
     let mut rest = data;
     while let Ok(Some(body)) = read_frame(&mut rest, MAX_FRAME) {
+        // The server decodes appends in place: it must agree.
+        assert!(crate::rpc::item_ref::agrees_with_owned(&body));
         if let Ok(req) = decode::<Request>(&body) {
             let mut again = Vec::new();
             write_frame(&mut again, &req).expect("a decoded request encodes");

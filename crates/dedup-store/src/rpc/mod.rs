@@ -28,6 +28,7 @@ pub mod auth;
 mod connection;
 mod found;
 pub(crate) mod frame;
+pub(crate) mod item_ref;
 pub mod protocol;
 mod read_ahead;
 mod server;
