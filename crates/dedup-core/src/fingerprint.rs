@@ -83,6 +83,18 @@ impl HashAlgo {
         }
         Fingerprint(bytes)
     }
+
+    /// `fingerprint` of each chunk, in order: BLAKE3 hashes short chunks
+    /// side by side (`blake3_batch`), several times faster than one by
+    /// one for chunks of a few KiB.
+    pub fn fingerprint_many(self, chunks: &[&[u8]]) -> Vec<Fingerprint> {
+        match self {
+            HashAlgo::Blake3 => (crate::blake3_batch::hash_many(chunks).into_iter())
+                .map(Fingerprint)
+                .collect(),
+            _ => chunks.iter().map(|c| self.fingerprint(c)).collect(),
+        }
+    }
 }
 
 impl fmt::Display for HashAlgo {
@@ -135,6 +147,19 @@ impl fmt::Debug for Fingerprint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fingerprints_of_many_are_each_ones() {
+        let data: Vec<u8> = (0..40_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+        let chunks: Vec<&[u8]> = [0, 1, 1024, 1025, 4096, 8191, 12_345, 32_768]
+            .iter()
+            .map(|&l| &data[..l])
+            .collect();
+        for a in HashAlgo::ALL {
+            let one_by_one: Vec<Fingerprint> = chunks.iter().map(|c| a.fingerprint(c)).collect();
+            assert_eq!(a.fingerprint_many(&chunks), one_by_one, "{a}");
+        }
+    }
 
     #[test]
     fn known_digests() {

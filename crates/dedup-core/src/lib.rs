@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod backends;
+pub mod blake3_batch;
 pub mod blockfile;
 mod codec;
 pub mod compress;
