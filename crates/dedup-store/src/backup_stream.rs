@@ -115,7 +115,7 @@ pub(crate) fn append_stream(
 
 /// Each segment's fingerprint, in order.
 fn fingerprints(block: &Block) -> Vec<Fingerprint> {
-    block.segments().map(|s| HASH.fingerprint(s)).collect()
+    HASH.fingerprint_many(&block.segments().collect::<Vec<_>>())
 }
 
 /// A block as read, cut from its own first byte (its candidate cuts) and

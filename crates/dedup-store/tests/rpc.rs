@@ -308,6 +308,72 @@ fn a_fingerprint_that_does_not_match_its_bytes_cannot_store_wrong_data() {
     server.shut();
 }
 
+/// The server hashes an append's segments all at once: each fingerprint
+/// must still go to its own segment, whatever kinds of items lie between
+/// (short and long segments, repeats sent as fingerprints), and a false
+/// claim late in the append is caught there.
+#[test]
+fn an_appends_segments_are_each_checked_against_their_own_bytes() {
+    let (dir, server) = setup();
+    let c = server.client();
+    let segs: Vec<Vec<u8>> = [100, 8192, 5000, 1024, 31_000, 1]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| noise(40 + i as u64, n))
+        .collect();
+    let fp = |b: &[u8]| HASH.fingerprint(b).0;
+    let items = |lie_at: Option<usize>| -> Vec<Item> {
+        let mut items = Vec::new();
+        for (i, s) in segs.iter().enumerate() {
+            items.push(match (i % 2, lie_at == Some(i)) {
+                (_, true) => Item::New {
+                    fingerprint: fp(&segs[0]),
+                    data: s.clone(),
+                },
+                (0, false) => Item::Unhashed { data: s.clone() },
+                _ => Item::New {
+                    fingerprint: fp(s),
+                    data: s.clone(),
+                },
+            });
+            if i >= 1 {
+                items.push(Item::Known {
+                    fingerprint: fp(&segs[i - 1]),
+                });
+            }
+        }
+        items
+    };
+    let session = begin(&c, "liar");
+    let e = c
+        .call(Call::Append {
+            session,
+            items: items(Some(5)),
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("segment 9 of the append"), "{e}");
+    let session = begin(&c, "mixed");
+    c.call(Call::Append {
+        session,
+        items: items(None),
+    })
+    .unwrap();
+    c.call(Call::Commit {
+        session,
+        tree: None,
+    })
+    .unwrap();
+    let mut want = Vec::new();
+    for (i, s) in segs.iter().enumerate() {
+        want.extend_from_slice(s);
+        if i >= 1 {
+            want.extend_from_slice(&segs[i - 1]);
+        }
+    }
+    assert!(restored(dir.path(), "mixed") == want);
+    server.shut();
+}
+
 /// A client looks a segment up, then sends its bytes a few batches
 /// later: a concurrent backup that stored the same segment in between
 /// is reused, not stored a second time.

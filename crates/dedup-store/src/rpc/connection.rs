@@ -471,8 +471,13 @@ impl<'r> Conn<'r> {
         }
         let repo = self.repo;
         let live = self.sessions.get_mut(&id).ok_or_else(|| no_session(id))?;
+        // Every segment's bytes hashed at once, before any is stored:
+        // BLAKE3 then runs its lanes across segments (`fingerprint_many`).
+        let bytes: Vec<&[u8]> = items.iter().filter_map(ItemRef::data).collect();
+        let mut fps = HASH.fingerprint_many(&bytes).into_iter();
         for (i, item) in items.into_iter().enumerate() {
-            if let Err(e) = append_one(repo, live, item) {
+            let fp = item.data().and_then(|_| fps.next());
+            if let Err(e) = append_one(repo, live, item, fp) {
                 let e = WireError::new(e.kind, format!("segment {i} of the append: {}", e.message));
                 return Err(self.fail(id, e));
             }
@@ -580,7 +585,13 @@ impl<'r> Conn<'r> {
     }
 }
 
-fn append_one(repo: &Repository, live: &mut Live<'_>, item: ItemRef<'_>) -> Result<(), WireError> {
+/// Append `item`; `fp` is the fingerprint of its bytes, if it has any.
+fn append_one(
+    repo: &Repository,
+    live: &mut Live<'_>,
+    item: ItemRef<'_>,
+    fp: Option<Fingerprint>,
+) -> Result<(), WireError> {
     match item {
         ItemRef::Known { fingerprint } => {
             let found = match live.found.get(&fingerprint) {
@@ -601,7 +612,7 @@ fn append_one(repo: &Repository, live: &mut Live<'_>, item: ItemRef<'_>) -> Resu
         ItemRef::New { fingerprint, data } => {
             // Hashed here, whatever the client said: a wrong claim fails
             // the append, and never stores bytes under a name not theirs.
-            let fp = hashed(data)?;
+            let fp = hashed(data, fp)?;
             if fp.0 != fingerprint {
                 return Err(bad(format!(
                     "its bytes hash to {}, not to the fingerprint {} sent with them",
@@ -616,7 +627,7 @@ fn append_one(repo: &Repository, live: &mut Live<'_>, item: ItemRef<'_>) -> Resu
             live.session.append_sent(data, fp).map_err(repo_err)?;
         }
         ItemRef::Unhashed { data } => {
-            let fp = hashed(data)?;
+            let fp = hashed(data, fp)?;
             live.session.append_sent(data, fp).map_err(repo_err)?;
         }
         ItemRef::Parent { offset, len } => {
@@ -658,15 +669,15 @@ fn append_one(repo: &Repository, live: &mut Live<'_>, item: ItemRef<'_>) -> Resu
 }
 
 /// The fingerprint of a segment's bytes from a client, of a length the
-/// server takes.
-fn hashed(data: &[u8]) -> Result<Fingerprint, WireError> {
+/// server takes: `fp` if the caller hashed them already.
+fn hashed(data: &[u8], fp: Option<Fingerprint>) -> Result<Fingerprint, WireError> {
     if data.is_empty() || data.len() > MAX_SEGMENT {
         return Err(bad(format!(
             "a segment of {} bytes; segments are 1 to {MAX_SEGMENT} bytes",
             data.len()
         )));
     }
-    Ok(HASH.fingerprint(data))
+    Ok(fp.unwrap_or_else(|| HASH.fingerprint(data)))
 }
 
 fn no_session(id: u64) -> WireError {

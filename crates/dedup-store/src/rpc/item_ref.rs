@@ -25,6 +25,16 @@ pub(crate) enum ItemRef<'a> {
     },
 }
 
+impl<'a> ItemRef<'a> {
+    /// The segment's bytes, for an item that carries them.
+    pub(crate) fn data(&self) -> Option<&'a [u8]> {
+        match *self {
+            ItemRef::New { data, .. } | ItemRef::Unhashed { data } => Some(data),
+            ItemRef::Known { .. } | ItemRef::Parent { .. } => None,
+        }
+    }
+}
+
 impl<'a> From<&'a Item> for ItemRef<'a> {
     fn from(item: &'a Item) -> ItemRef<'a> {
         match item {

@@ -364,8 +364,13 @@ impl Client {
                     let first = (seq % every as u64) as usize;
                     let first = first.min(last);
                     let probe = |i: usize| i >= first && (i - first) % every == 0;
-                    let fps = (batch.segments.iter().enumerate())
-                        .map(|(i, b)| probe(i).then(|| HASH.fingerprint(b).0))
+                    let probed: Vec<&[u8]> = (batch.segments.iter().enumerate())
+                        .filter(|&(i, _)| probe(i))
+                        .map(|(_, b)| &b[..])
+                        .collect();
+                    let mut hashed = HASH.fingerprint_many(&probed).into_iter();
+                    let fps = (0..batch.segments.len())
+                        .map(|i| probe(i).then(|| hashed.next().map(|f| f.0)).flatten())
                         .collect();
                     if hashed_tx.send((seq, batch, fps)).is_err() {
                         return;
@@ -479,8 +484,11 @@ impl Client {
                 // is worth a wait (`complete_probed`).
                 let rest: Vec<usize> = (0..fps.len()).filter(|&i| fps[i].is_none()).collect();
                 if !little && !rest.is_empty() && opts.complete_probed == Some(true) {
-                    let fingerprints: Vec<[u8; 32]> = (rest.iter())
-                        .map(|&i| HASH.fingerprint(&batch.segments[i]).0)
+                    let rest_bytes: Vec<&[u8]> =
+                        rest.iter().map(|&i| &batch.segments[i][..]).collect();
+                    let fingerprints: Vec<[u8; 32]> = (HASH.fingerprint_many(&rest_bytes))
+                        .into_iter()
+                        .map(|f| f.0)
                         .collect();
                     let call = Call::Lookup {
                         session,
