@@ -20,8 +20,8 @@
 //! (same counter, same flags), the partial last chunks go one by one
 //! through `hazmat` (a subtree at an offset), and the parents of every
 //! message at one level go through one call; a message's last parent is
-//! its root and gets the ROOT flag. A message of one chunk or less is
-//! simply `blake3::hash`.
+//! its root and gets the ROOT flag. A message of one chunk or less, or of
+//! more than `MOST_CHUNKS`, is simply `blake3::hash`.
 //!
 //! `blake3::platform` is public but hidden ("for benchmarks only"), the
 //! one way to reach the crate's SIMD kernels with many inputs. If a
@@ -49,6 +49,13 @@ const ROOT: u8 = 1 << 3;
 
 type Cv = [u8; OUT_LEN];
 
+/// Messages of more chunks than this are hashed alone: one fills the SIMD
+/// lanes with its own chunks, where side by side with few others its
+/// chunks of each index would go a handful at a time (a store of large
+/// fixed segments sends a few to an append). FastCDC's largest segments
+/// (4 times the average, 32 KiB by default) stay in the batch.
+const MOST_CHUNKS: usize = 32;
+
 /// `blake3::hash` of each message, in order.
 pub fn hash_many(messages: &[&[u8]]) -> Vec<[u8; OUT_LEN]> {
     let platform = Platform::detect();
@@ -59,7 +66,7 @@ pub fn hash_many(messages: &[&[u8]]) -> Vec<[u8; OUT_LEN]> {
     let mut cvs: Vec<Cv> = Vec::new();
     let mut most_full = 0;
     for (i, m) in messages.iter().enumerate() {
-        if m.len() <= CHUNK_LEN {
+        if m.len() <= CHUNK_LEN || m.len() > MOST_CHUNKS * CHUNK_LEN {
             out[i] = *blake3::hash(m).as_bytes();
             continue;
         }
@@ -195,6 +202,8 @@ mod tests {
     fn every_length_around_chunk_and_tree_boundaries() {
         let data = bytes(70 << 10, 7);
         let mut lens: Vec<usize> = (0..=2100).collect();
+        // 31-33 straddle MOST_CHUNKS: batched and hashed alone.
+        assert_eq!(MOST_CHUNKS, 32);
         for k in [3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 65] {
             let c = k * CHUNK_LEN;
             lens.extend([c - 65, c - 64, c - 1, c, c + 1, c + 63, c + 64, c + 65]);
