@@ -10,8 +10,11 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use serde::Serialize;
+
 use super::auth::Key;
 use super::frame::{decode, read_frame, write_frame};
+use super::item_ref::{AppendOut, ItemRef};
 use super::protocol::{
     Call, Endpoint, ErrorKind, Reply, Request, Response, WireBackup, WireError, WireStats,
     MAX_FRAME, PROTOCOL_VERSION,
@@ -288,8 +291,25 @@ impl Client {
 
     /// Send `call` without waiting for its answer.
     pub fn send(&self, call: Call) -> Result<Pending, ClientError> {
+        self.send_pending(|id| Request { id, call })
+    }
+
+    /// Send an append of `items` to `session` without waiting for its
+    /// answer: `Call::Append`, encoded from where the segments' bytes are.
+    pub(crate) fn send_append(
+        &self,
+        session: u64,
+        items: &[ItemRef<'_>],
+    ) -> Result<Pending, ClientError> {
+        self.send_pending(|id| AppendOut { id, session, items })
+    }
+
+    fn send_pending<M: Serialize>(
+        &self,
+        message: impl FnOnce(u64) -> M,
+    ) -> Result<Pending, ClientError> {
         let (tx, rx) = mpsc::channel();
-        self.send_to(call, Slot::One(tx))?;
+        self.send_message(message, Slot::One(tx))?;
         Ok(Pending {
             answer: rx,
             timeout: self.timeout,
@@ -298,6 +318,15 @@ impl Client {
     }
 
     fn send_to(&self, call: Call, slot: Slot) -> Result<(), ClientError> {
+        self.send_message(|id| Request { id, call }, slot)
+    }
+
+    /// Send the request `message(id)` makes, its answer to go to `slot`.
+    fn send_message<M: Serialize>(
+        &self,
+        message: impl FnOnce(u64) -> M,
+        slot: Slot,
+    ) -> Result<(), ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         {
             let mut w = lock(&self.closer.waiting);
@@ -307,7 +336,7 @@ impl Client {
             w.slots.insert(id, slot);
         }
         let mut writer = lock(&self.writer);
-        let sent = write_frame(&mut *writer, &Request { id, call }).and_then(|()| writer.flush());
+        let sent = write_frame(&mut *writer, &message(id)).and_then(|()| writer.flush());
         match sent {
             Ok(()) => Ok(()),
             // Not encodable: the connection is fine, this request is not.

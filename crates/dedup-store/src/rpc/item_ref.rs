@@ -1,19 +1,24 @@
 //! An `Append` decoded in place: its segments' bytes are borrowed from the
-//! frame they came in, not copied out into a vector each. The types mirror
-//! `Call::Append` and `Item` on the wire exactly (a test holds them to it).
+//! frame they came in, not copied out into a vector each; and encoded from
+//! where they are, by the client, from the blocks it read. The types mirror
+//! `Call::Append` and `Item` on the wire exactly (tests hold them to it).
 
-use serde::Deserialize;
+use serde::ser::{SerializeStruct, SerializeStructVariant};
+use serde::{Deserialize, Serialize, Serializer};
 
 use super::protocol::Item;
 
 /// An `Item` whose bytes are borrowed. Same variants, in the same order.
-#[derive(Debug, PartialEq, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize, Serialize)]
 pub(crate) enum ItemRef<'a> {
     Known {
         fingerprint: [u8; 32],
     },
     New {
         fingerprint: [u8; 32],
+        // As bytes, as `Item`'s: the same encoding as a sequence of u8
+        // in postcard, but written at once rather than a byte at a time.
+        #[serde(serialize_with = "serde_bytes::serialize")]
         data: &'a [u8],
     },
     Parent {
@@ -21,6 +26,7 @@ pub(crate) enum ItemRef<'a> {
         len: u64,
     },
     Unhashed {
+        #[serde(serialize_with = "serde_bytes::serialize")]
         data: &'a [u8],
     },
 }
@@ -60,6 +66,32 @@ const APPEND: u32 = 4;
 
 /// An append's id, session and items.
 pub(crate) type Append<'a> = (u64, u64, Vec<ItemRef<'a>>);
+
+/// `Request { id, call: Call::Append { session, items } }` with borrowed
+/// items, encoded as that request is.
+pub(crate) struct AppendOut<'i, 'a> {
+    pub(crate) id: u64,
+    pub(crate) session: u64,
+    pub(crate) items: &'i [ItemRef<'a>],
+}
+
+impl Serialize for AppendOut<'_, '_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        struct Call<'o, 'i, 'a>(&'o AppendOut<'i, 'a>);
+        impl Serialize for Call<'_, '_, '_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let mut v = s.serialize_struct_variant("Call", APPEND, "Append", 2)?;
+                v.serialize_field("session", &self.0.session)?;
+                v.serialize_field("items", self.0.items)?;
+                v.end()
+            }
+        }
+        let mut r = s.serialize_struct("Request", 2)?;
+        r.serialize_field("id", &self.id)?;
+        r.serialize_field("call", &Call(self))?;
+        r.end()
+    }
+}
 
 /// Whether the request in `body` is an `Append` (read as far as its call).
 pub(crate) fn is_append(body: &[u8]) -> bool {
@@ -120,6 +152,7 @@ pub(crate) fn agrees_with_owned(body: &[u8]) -> bool {
 mod tests {
     use super::*;
     use crate::rpc::protocol::{Call, Request};
+    use proptest::prelude::*;
 
     fn encoded(call: Call) -> Vec<u8> {
         postcard::to_allocvec(&Request { id: 300, call }).unwrap()
@@ -149,6 +182,17 @@ mod tests {
             items: items.clone(),
         });
         assert!(is_append(&body));
+        let refs: Vec<ItemRef<'_>> = items.iter().map(ItemRef::from).collect();
+        let out = AppendOut {
+            id: 300,
+            session: 1 << 33,
+            items: &refs,
+        };
+        assert_eq!(
+            postcard::to_allocvec(&out).unwrap(),
+            body,
+            "encoded from borrowed bytes"
+        );
         let (id, session, got) = append_in_place(&body).unwrap();
         assert_eq!((id, session), (300, 1 << 33));
         let want: Vec<ItemRef<'_>> = items.iter().map(ItemRef::from).collect();
@@ -197,6 +241,42 @@ mod tests {
                 assert!(agrees_with_owned(&bad), "byte {i} ^ {flip:#x}");
             }
             assert!(agrees_with_owned(&body[..i]), "cut at {i}");
+        }
+    }
+
+    fn item() -> impl Strategy<Value = Item> {
+        // Lengths across postcard's varint steps (128, 16384) and past.
+        let data = prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..200),
+            proptest::collection::vec(any::<u8>(), 16_300..16_500),
+            Just(vec![9u8; 70_000]),
+        ];
+        prop_oneof![
+            any::<[u8; 32]>().prop_map(|fingerprint| Item::Known { fingerprint }),
+            (any::<[u8; 32]>(), data.clone())
+                .prop_map(|(fingerprint, data)| Item::New { fingerprint, data }),
+            (any::<u64>(), any::<u64>()).prop_map(|(offset, len)| Item::Parent { offset, len }),
+            data.prop_map(|data| Item::Unhashed { data }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// The client's append, encoded from borrowed bytes, is byte for
+        /// byte the `Request` the server decodes (ids and sessions of
+        /// every size, items of every kind and length).
+        #[test]
+        fn an_append_out_encodes_as_the_owned_request(
+            id in any::<u64>(),
+            session in any::<u64>(),
+            items in proptest::collection::vec(item(), 0..12),
+        ) {
+            let refs: Vec<ItemRef<'_>> = items.iter().map(ItemRef::from).collect();
+            let out = AppendOut { id, session, items: &refs };
+            let borrowed = postcard::to_allocvec(&out).unwrap();
+            drop(refs);
+            let owned = postcard::to_allocvec(&Request { id, call: Call::Append { session, items } });
+            prop_assert_eq!(borrowed, owned.unwrap());
         }
     }
 }

@@ -25,6 +25,7 @@
 //! closes every connection the same way, then drops the repository.
 
 pub mod auth;
+mod batch;
 mod connection;
 mod found;
 pub(crate) mod frame;

@@ -13,15 +13,16 @@
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 
+use super::batch::{cut_into, Batch, Batcher};
 use super::client::{unexpected, Client, ClientError, Pending};
-use super::protocol::{Call, ErrorKind, Item, Reply, WireBackup, MAX_BATCH, MAX_FRAME, MAX_TREE};
-use crate::segment_blocks::{BlockCutter, BLOCK};
+use super::item_ref::ItemRef;
+use super::protocol::{Call, ErrorKind, Reply, WireBackup, MAX_BATCH, MAX_FRAME, MAX_TREE};
 use crate::segmenter::Segmenting;
 use crate::tree::Tree;
-use crate::tree_parent::{ParentIndex, Unchanged};
+use crate::tree_parent::ParentIndex;
 use crate::tree_walk::{TreeWalk, WalkCounts};
 use crate::writer::HASH;
 
@@ -79,14 +80,6 @@ impl Default for BackupOptions {
             complete_probed: None,
         }
     }
-}
-
-/// A batch of the stream, in order: bytes of the parent's stream the
-/// server reuses (a run of unchanged files), then segments.
-#[derive(Default)]
-struct Batch {
-    parent: Option<Unchanged>,
-    segments: Vec<Vec<u8>>,
 }
 
 /// What a backup of files through a server did.
@@ -341,12 +334,15 @@ impl Client {
         let raw_rx = Arc::new(Mutex::new(raw_rx));
         let (hashed_tx, hashed_rx) = sync_channel::<(u64, Batch, Fps)>(opts.hashers * 2);
         let (looked_tx, looked_rx) = sync_channel::<(Batch, Fps, Option<Pending>)>(opts.in_flight);
+        // Blocks sent, back to the reader to read into again.
+        let (spares_tx, spares_rx) = sync_channel::<Vec<u8>>(8);
         let stop = AtomicBool::new(false);
         // Set by the store stage while lookups find little; read by the
         // hashers, a few batches ahead of it.
         let probing = AtomicBool::new(false);
         std::thread::scope(|s| {
-            let reading = s.spawn(|| read_batches(segmenting, source, opts, raw_tx, &stop));
+            let reading =
+                s.spawn(|| read_batches(segmenting, source, opts, raw_tx, spares_rx, &stop));
             for _ in 0..opts.hashers {
                 let (raw_rx, hashed_tx) = (raw_rx.clone(), hashed_tx.clone());
                 let probing = &probing;
@@ -360,16 +356,16 @@ impl Client {
                     // The probes' place moves from batch to batch, so no
                     // layout repeating with the batches hides from them;
                     // a batch has one at least.
-                    let last = batch.segments.len().saturating_sub(1);
+                    let last = batch.len().saturating_sub(1);
                     let first = (seq % every as u64) as usize;
                     let first = first.min(last);
                     let probe = |i: usize| i >= first && (i - first) % every == 0;
-                    let probed: Vec<&[u8]> = (batch.segments.iter().enumerate())
+                    let probed: Vec<&[u8]> = (batch.segments().enumerate())
                         .filter(|&(i, _)| probe(i))
-                        .map(|(_, b)| &b[..])
+                        .map(|(_, b)| b)
                         .collect();
                     let mut hashed = HASH.fingerprint_many(&probed).into_iter();
-                    let fps = (0..batch.segments.len())
+                    let fps = (0..batch.len())
                         .map(|i| probe(i).then(|| hashed.next().map(|f| f.0)).flatten())
                         .collect();
                     if hashed_tx.send((seq, batch, fps)).is_err() {
@@ -402,7 +398,7 @@ impl Client {
                 }
                 Ok(())
             });
-            let stored = self.store_stage(session, looked_rx, opts, &probing, progress);
+            let stored = self.store_stage(session, looked_rx, opts, &probing, &spares_tx, progress);
             // Done or failed downstream: the reader stops at its next
             // segment instead of filling batches nobody will take.
             stop.store(true, Ordering::SeqCst);
@@ -428,6 +424,7 @@ impl Client {
         looked: Receiver<(Batch, Fps, Option<Pending>)>,
         opts: &BackupOptions,
         probing: &AtomicBool,
+        spares: &SyncSender<Vec<u8>>,
         progress: &Progress<'_>,
     ) -> Result<(), ClientError> {
         let mut acks: VecDeque<Pending> = VecDeque::new();
@@ -466,7 +463,7 @@ impl Client {
             // false for one not hashed.
             let mut found = found.into_iter();
             let mut share = Share::default();
-            let mut had: Vec<bool> = (batch.segments.iter().zip(&fps))
+            let mut had: Vec<bool> = (batch.segments().zip(&fps))
                 .map(|(data, fp)| {
                     let Some(fp) = fp else { return false };
                     let had = found.next().unwrap_or(false) || sent.contains(fp);
@@ -484,8 +481,7 @@ impl Client {
                 // is worth a wait (`complete_probed`).
                 let rest: Vec<usize> = (0..fps.len()).filter(|&i| fps[i].is_none()).collect();
                 if !little && !rest.is_empty() && opts.complete_probed == Some(true) {
-                    let rest_bytes: Vec<&[u8]> =
-                        rest.iter().map(|&i| &batch.segments[i][..]).collect();
+                    let rest_bytes: Vec<&[u8]> = rest.iter().map(|&i| batch.segment(i)).collect();
                     let fingerprints: Vec<[u8; 32]> = (HASH.fingerprint_many(&rest_bytes))
                         .into_iter()
                         .map(|f| f.0)
@@ -502,31 +498,33 @@ impl Client {
                     }
                 }
             }
-            let mut items = Vec::with_capacity(batch.segments.len() + 1);
+            let mut items = Vec::with_capacity(batch.len() + 1);
             if let Some(run) = batch.parent {
-                items.push(Item::Parent {
+                items.push(ItemRef::Parent {
                     offset: run.offset,
                     len: run.size,
                 });
             }
-            for ((data, fp), had) in batch.segments.into_iter().zip(fps).zip(had) {
+            for ((data, fp), had) in batch.segments().zip(fps).zip(had) {
                 let Some(fingerprint) = fp else {
-                    items.push(Item::Unhashed { data });
+                    items.push(ItemRef::Unhashed { data });
                     continue;
                 };
                 // A repeat of a segment sent earlier in this batch too.
                 if had || sent.contains(&fingerprint) {
-                    items.push(Item::Known { fingerprint });
+                    items.push(ItemRef::Known { fingerprint });
                 } else {
                     sent.insert(fingerprint);
-                    items.push(Item::New { fingerprint, data });
+                    items.push(ItemRef::New { fingerprint, data });
                 }
             }
             // About 12 MiB at most; forgetting only costs a lookup miss.
             if sent.len() > MAX_SENT {
                 sent.clear();
             }
-            acks.push_back(self.send(Call::Append { session, items })?);
+            acks.push_back(self.send_append(session, &items)?);
+            drop(items);
+            batch.recycle(spares);
             while acks.len() > opts.in_flight {
                 ack(acks.pop_front().expect("non-empty"))?;
             }
@@ -579,15 +577,10 @@ fn read_batches<R: Read>(
     source: Source<'_, R>,
     opts: &BackupOptions,
     tx: std::sync::mpsc::SyncSender<(u64, Batch)>,
+    spares: Receiver<Vec<u8>>,
     stop: &AtomicBool,
 ) -> Result<(), String> {
-    let mut out = Batcher {
-        batch: Batch::default(),
-        bytes: 0,
-        seq: 0,
-        opts,
-        tx,
-    };
+    let mut out = Batcher::new(opts, tx, spares);
     match source {
         Source::Stream(reader) => {
             if !cut_into(segmenting, reader, &mut out, stop)? {
@@ -624,88 +617,8 @@ fn read_batches<R: Read>(
             }
         }
     }
-    if out.batch.parent.is_some() || !out.batch.segments.is_empty() {
-        let _ = out.tx.send((out.seq, out.batch));
+    if out.batch.parent.is_some() || !out.batch.is_empty() {
+        out.send();
     }
     Ok(())
-}
-
-/// Batches being filled for the hashers.
-struct Batcher<'o> {
-    batch: Batch,
-    bytes: usize,
-    seq: u64,
-    opts: &'o BackupOptions,
-    tx: std::sync::mpsc::SyncSender<(u64, Batch)>,
-}
-
-impl Batcher<'_> {
-    /// Add a segment; false if nobody takes batches any more.
-    fn push(&mut self, segment: &[u8]) -> bool {
-        if !self.batch.segments.is_empty()
-            && self.bytes + segment.len() > self.opts.batch_bytes
-            && !self.send()
-        {
-            return false;
-        }
-        self.bytes += segment.len();
-        self.batch.segments.push(segment.to_vec());
-        self.batch.segments.len() < self.opts.batch_segments || self.send()
-    }
-
-    /// Add an unchanged file's bytes in the parent's stream: to the run
-    /// the batch starts with if they follow it (the walk reaches unchanged
-    /// files in the parent's order, so a run of them is one item), else
-    /// to a new batch. False if nobody takes batches any more.
-    fn push_parent(&mut self, file: Unchanged) -> bool {
-        if self.batch.segments.is_empty() {
-            match &mut self.batch.parent {
-                None => {
-                    self.batch.parent = Some(file);
-                    return true;
-                }
-                Some(run) if run.offset.checked_add(run.size) == Some(file.offset) => {
-                    run.size = run.size.saturating_add(file.size);
-                    return true;
-                }
-                Some(_) => {}
-            }
-        }
-        if !self.send() {
-            return false;
-        }
-        self.batch.parent = Some(file);
-        true
-    }
-
-    fn send(&mut self) -> bool {
-        let batch = std::mem::take(&mut self.batch);
-        let sent = self.tx.send((self.seq, batch)).is_ok();
-        (self.bytes, self.seq) = (0, self.seq + 1);
-        sent
-    }
-}
-
-/// Cut `reader` to its end into `out`; false if stopped (downstream done
-/// or failed).
-fn cut_into(
-    segmenting: Segmenting,
-    reader: impl Read,
-    out: &mut Batcher<'_>,
-    stop: &AtomicBool,
-) -> Result<bool, String> {
-    let mut cutter = BlockCutter::new(segmenting, reader, BLOCK);
-    while let Some(block) = cutter.next() {
-        if stop.load(Ordering::SeqCst) {
-            return Ok(false);
-        }
-        let block = block.map_err(|e| format!("reading the stream: {e}"))?;
-        for segment in block.segments() {
-            if !out.push(segment) {
-                return Ok(false);
-            }
-        }
-        cutter.give_back(block.bytes);
-    }
-    Ok(true)
 }
