@@ -64,11 +64,11 @@ impl Batch {
 
 /// Batches being filled for the hashers.
 pub(crate) struct Batcher<'o> {
-    pub(crate) batch: Batch,
+    batch: Batch,
     bytes: usize,
     seq: u64,
     opts: &'o BackupOptions,
-    pub(crate) tx: SyncSender<(u64, Batch)>,
+    tx: SyncSender<(u64, Batch)>,
     /// Blocks the store stage is done with, to read into again.
     spares: Receiver<Vec<u8>>,
 }
@@ -134,7 +134,14 @@ impl<'o> Batcher<'o> {
         true
     }
 
-    pub(crate) fn send(&mut self) -> bool {
+    /// Send the last batch, if it holds anything.
+    pub(crate) fn finish(mut self) {
+        if self.batch.parent.is_some() || !self.batch.is_empty() {
+            self.send();
+        }
+    }
+
+    fn send(&mut self) -> bool {
         let batch = std::mem::take(&mut self.batch);
         let sent = self.tx.send((self.seq, batch)).is_ok();
         (self.bytes, self.seq) = (0, self.seq + 1);
@@ -214,12 +221,11 @@ mod tests {
         for (segments, bytes) in [(256, 4 << 20), (7, 1 << 20), (1, 1)] {
             let o = opts(segments, bytes);
             let (tx, rx) = sync_channel(1 << 16);
-            let (spares_tx, spares_rx) = sync_channel(8);
+            let (_spares_tx, spares_rx) = sync_channel(8);
             let mut out = Batcher::new(&o, tx, spares_rx);
             let stop = AtomicBool::new(false);
             assert!(cut_into(how, &data[..], &mut out, &stop).unwrap());
-            assert!(out.send());
-            drop(out);
+            out.finish();
             let batches: Vec<(u64, Batch)> = rx.iter().collect();
             let mut joined = Vec::new();
             for (i, (seq, batch)) in batches.iter().enumerate() {
@@ -242,7 +248,6 @@ mod tests {
                 batch.recycle(&back_tx);
             }
             assert_eq!(back_rx.try_iter().count(), blocks.len());
-            drop(spares_tx);
         }
     }
 
@@ -256,8 +261,7 @@ mod tests {
         let stop = AtomicBool::new(false);
         let how = Segmenting::Fixed { size: 4096 };
         assert!(cut_into(how, &[5u8; 10_000][..], &mut out, &stop).unwrap());
-        assert!(out.send());
-        drop(out);
+        out.finish();
         let (_, batch) = rx.recv().unwrap();
         assert_eq!(batch.len(), 3);
         assert!(batch.blocks.iter().all(|b| b.capacity() < 20_000));

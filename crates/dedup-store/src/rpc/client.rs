@@ -317,10 +317,6 @@ impl Client {
         })
     }
 
-    fn send_to(&self, call: Call, slot: Slot) -> Result<(), ClientError> {
-        self.send_message(|id| Request { id, call }, slot)
-    }
-
     /// Send the request `message(id)` makes, its answer to go to `slot`.
     fn send_message<M: Serialize>(
         &self,
@@ -365,7 +361,8 @@ impl Client {
     /// number of bytes.
     pub fn restore(&self, name: &str, out: &mut impl Write) -> Result<u64, ClientError> {
         let (tx, rx) = mpsc::sync_channel(8);
-        self.send_to(Call::Restore { name: name.into() }, Slot::Stream(tx))?;
+        let call = Call::Restore { name: name.into() };
+        self.send_message(|id| Request { id, call }, Slot::Stream(tx))?;
         let mut n = 0u64;
         loop {
             match receive(&rx, self.timeout, &self.closer) {

@@ -617,8 +617,6 @@ fn read_batches<R: Read>(
             }
         }
     }
-    if out.batch.parent.is_some() || !out.batch.is_empty() {
-        out.send();
-    }
+    out.finish();
     Ok(())
 }
