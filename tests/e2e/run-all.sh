@@ -27,6 +27,11 @@ done
 for backend in sparse inram lsm; do
     run "$backend" safety
 done
+# A metadata copy taken while serving, put back after a crash, on the
+# stores that record their commits on the data device.
+for backend in sparse disktable; do
+    run "$backend" live-copy
+done
 # A damaged table block, on the stores whose table blocks check --repair
 # rebuilds.
 for backend in sparse disktable; do

@@ -79,6 +79,24 @@ pub enum Error {
         damaged_slot: bool,
     },
 
+    /// The metadata has the data device's generation but stops at an older
+    /// commit: a copy of the metadata taken while the device was served,
+    /// put back after a crash (`generation.rs`).
+    #[error(
+        "{meta} stops at commit {meta_commit}, but the data device {data} records commit {data_commit} \
+         of the same generation: this metadata is older than its data (a copy taken while the device \
+         was served, put back?). Serving it would return another time's data. Put back the metadata \
+         that belongs with this data device; or, to keep this older metadata, run \
+         `dedup check --repair --data DIR`, which verifies every stored chunk against its fingerprint \
+         and unmaps the blocks whose chunks changed since"
+    )]
+    StaleCommit {
+        meta: PathBuf,
+        data: PathBuf,
+        meta_commit: u64,
+        data_commit: u64,
+    },
+
     /// `create` was pointed at a place that already holds a device.
     #[error("{path} already holds a dedup device; pick another directory or remove it first")]
     Exists { path: PathBuf },
@@ -119,6 +137,7 @@ impl Error {
             | Error::Foreign { .. }
             | Error::Unclean { .. }
             | Error::Stale { .. }
+            | Error::StaleCommit { .. }
             | Error::Remote(_) => libc::EIO,
         }
     }

@@ -12,6 +12,18 @@
 //! refuses to open (`Error::Stale`) rather than serve another time's data.
 //! The slot write itself is not synced: a lost one only lags the check,
 //! and the next data sync (every FLUSH) carries it.
+//!
+//! A generation moves only when the superblock is written (open, close,
+//! repair), so a copy of the metadata taken while the device is served has
+//! the generation of the live file. Each slot therefore also records the
+//! store's **commit** number (journaled stores: the root block's count of
+//! commits, `backends/disktable/tables.rs`), written after every commit is
+//! durable on the metadata device. Within one generation, metadata whose
+//! last commit is below the data's record is a copy from before that
+//! commit, and it is refused like an older generation. The record rides
+//! unsynced, so after a process crash (kill -9) it is exact, and after a
+//! power cut it may lag by the last commit: such a copy is refused once a
+//! second commit followed it.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,18 +45,28 @@ const SLOT_MAGIC: &[u8; 8] = b"DDUPGEN1";
 /// metadata that was not verified.
 pub const REPAIRING: u64 = u64::MAX;
 
-fn encode_slot(uuid: &[u8; 16], generation: u64) -> Vec<u8> {
+/// What the data device last recorded of its metadata, ordered by
+/// generation, then commit (a slot written by an older version has commit
+/// 0, which only weakens the check).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Recorded {
+    pub generation: u64,
+    pub commit: u64,
+}
+
+fn encode_slot(uuid: &[u8; 16], r: Recorded) -> Vec<u8> {
     let mut e = Encoder::with_capacity(SLOT_LEN);
     e.bytes(SLOT_MAGIC)
-        .u64(generation)
+        .u64(r.generation)
         .bytes(uuid)
+        .u64(r.commit)
         .pad_to(SLOT_LEN);
     let mut slot = e.buf;
     seal(&mut slot);
     slot
 }
 
-fn decode_slot(slot: &[u8], uuid: &[u8; 16]) -> Option<u64> {
+fn decode_slot(slot: &[u8], uuid: &[u8; 16]) -> Option<Recorded> {
     if !is_sealed(slot) {
         return None;
     }
@@ -53,20 +75,24 @@ fn decode_slot(slot: &[u8], uuid: &[u8; 16]) -> Option<u64> {
         return None;
     }
     let generation = d.u64().ok()?;
-    (d.array::<16>().ok()? == *uuid).then_some(generation)
+    if d.array::<16>().ok()? != *uuid {
+        return None;
+    }
+    let commit = d.u64().ok()?;
+    Some(Recorded { generation, commit })
 }
 
-/// The newest generation recorded on the data device (0: none yet, a
-/// device made before generations were recorded, or both slots damaged,
-/// which only weakens the check: it can never refuse good metadata).
-pub fn read(file: &dyn BlockFile, uuid: &[u8; 16]) -> Result<u64> {
+/// The newest record on the data device (zero: none yet, a device made
+/// before generations were recorded, or both slots damaged, which only
+/// weakens the check: it can never refuse good metadata).
+pub fn read(file: &dyn BlockFile, uuid: &[u8; 16]) -> Result<Recorded> {
     let mut slots = vec![0u8; 2 * SLOT_LEN];
     file.read_at(&mut slots, SLOTS_AT)?;
     Ok(slots
         .chunks(SLOT_LEN)
         .filter_map(|s| decode_slot(s, uuid))
         .max()
-        .unwrap_or(0))
+        .unwrap_or_default())
 }
 
 /// Where the superblock records each new generation on the data device.
@@ -85,6 +111,8 @@ pub struct Witness {
     held: AtomicBool,
     /// The newest generation written to the metadata device.
     last: AtomicU64,
+    /// The newest commit durable on the metadata device.
+    commit: AtomicU64,
 }
 
 impl std::fmt::Debug for Witness {
@@ -107,15 +135,33 @@ impl Witness {
             data,
             uuid,
             upgraded: AtomicBool::new(false),
-            held: AtomicBool::new(held),
+            held: AtomicBool::new(false),
             last: AtomicU64::new(generation),
+            commit: AtomicU64::new(0),
         };
         if held {
-            w.try_record_slot(REPAIRING, 0)?;
-            w.try_record_slot(REPAIRING, 1)?;
-            w.data.sync()?;
+            w.hold()?;
         }
         Ok(Arc::new(w))
+    }
+
+    /// Older metadata is being kept (found stale by the generation, or by
+    /// the commit once the store has read its own): record `REPAIRING`
+    /// durably in both slots, and nothing else until `release`.
+    pub fn hold(&self) -> Result<()> {
+        self.held.store(true, Ordering::SeqCst);
+        let repairing = Recorded {
+            generation: REPAIRING,
+            commit: 0,
+        };
+        self.try_record_slot(repairing, 0)?;
+        self.try_record_slot(repairing, 1)?;
+        self.data.sync()
+    }
+
+    /// Whether older metadata is being kept (`hold`) and not yet released.
+    pub fn is_held(&self) -> bool {
+        self.held.load(Ordering::SeqCst)
     }
 
     /// The kept metadata is verified: record its newest generation in both
@@ -123,10 +169,17 @@ impl Witness {
     /// sync, making it the device's metadata.
     pub fn release(&self) -> Result<()> {
         self.held.store(false, Ordering::SeqCst);
-        let g = self.last.load(Ordering::SeqCst);
-        self.try_record(g)?;
-        self.try_record_slot(g, 1 - g % 2)?;
+        let r = self.current();
+        self.try_record_slot(r, 0)?;
+        self.try_record_slot(r, 1)?;
         self.data.sync()
+    }
+
+    fn current(&self) -> Recorded {
+        Recorded {
+            generation: self.last.load(Ordering::SeqCst),
+            commit: self.commit.load(Ordering::SeqCst),
+        }
     }
 
     /// Record `generation`, already durable on the metadata device. A
@@ -143,16 +196,40 @@ impl Witness {
         }
     }
 
-    fn try_record(&self, generation: u64) -> Result<()> {
-        self.try_record_slot(generation, generation % 2)
+    /// Record that commit `commit` is durable on the metadata device (its
+    /// number in the store's own count). Written to the slot that does not
+    /// hold the generation's own record, so a torn write leaves that one;
+    /// logged on failure like `record`.
+    pub fn record_commit(&self, commit: u64) {
+        self.commit.store(commit, Ordering::SeqCst);
+        if self.held.load(Ordering::SeqCst) {
+            return;
+        }
+        let r = self.current();
+        if let Err(e) = self.try_record_slot(r, 1 - r.generation % 2) {
+            tracing::warn!("recording metadata commit {commit} on the data device: {e}");
+        }
     }
 
-    fn try_record_slot(&self, generation: u64, slot: u64) -> Result<()> {
+    /// The store's last commit as read at open, before any new one.
+    pub fn set_commit(&self, commit: u64) {
+        self.commit.store(commit, Ordering::SeqCst);
+    }
+
+    fn try_record(&self, generation: u64) -> Result<()> {
+        let r = Recorded {
+            generation,
+            commit: self.commit.load(Ordering::SeqCst),
+        };
+        self.try_record_slot(r, generation % 2)
+    }
+
+    fn try_record_slot(&self, r: Recorded, slot: u64) -> Result<()> {
         if !self.upgraded.load(Ordering::Acquire) {
             upgrade_identity(self.data.as_ref())?;
             self.upgraded.store(true, Ordering::Release);
         }
-        let bytes = encode_slot(&self.uuid, generation);
+        let bytes = encode_slot(&self.uuid, r);
         self.data
             .write_at(&bytes, SLOTS_AT + slot * SLOT_LEN as u64)
     }
@@ -198,6 +275,27 @@ pub fn check(
     })
 }
 
+/// Compare the store's last commit (read at open, after its journal is
+/// replayed) with the data's record: within one generation, metadata that
+/// stops before a commit the data saw is a copy from before it.
+pub fn check_commit(
+    meta_generation: u64,
+    meta_commit: u64,
+    recorded: Recorded,
+    meta: &Path,
+    data: &Path,
+) -> Result<()> {
+    if meta_generation != recorded.generation || meta_commit >= recorded.commit {
+        return Ok(());
+    }
+    Err(Error::StaleCommit {
+        meta: meta.to_path_buf(),
+        data: data.to_path_buf(),
+        meta_commit,
+        data_commit: recorded.commit,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,15 +306,15 @@ mod tests {
         let f = Arc::new(MemBlockFile::new(4096, "data"));
         let uuid = [7; 16];
         let w = Witness::new(f.clone(), uuid, 0, false).unwrap();
-        assert_eq!(read(f.as_ref(), &uuid).unwrap(), 0);
+        assert_eq!(read(f.as_ref(), &uuid).unwrap().generation, 0);
         w.try_record(5).unwrap();
         w.try_record(6).unwrap();
-        assert_eq!(read(f.as_ref(), &uuid).unwrap(), 6);
+        assert_eq!(read(f.as_ref(), &uuid).unwrap().generation, 6);
         // Tear generation 6's slot (slot 0): 5 remains.
         f.write_at(&[0xee; 100], SLOTS_AT + 40).unwrap();
-        assert_eq!(read(f.as_ref(), &uuid).unwrap(), 5);
+        assert_eq!(read(f.as_ref(), &uuid).unwrap().generation, 5);
         // Another device's slots do not count.
-        assert_eq!(read(f.as_ref(), &[8; 16]).unwrap(), 0);
+        assert_eq!(read(f.as_ref(), &[8; 16]).unwrap().generation, 0);
     }
 
     #[test]
@@ -234,7 +332,7 @@ mod tests {
         f.read_at(&mut now, 0).unwrap();
         assert!(is_sealed(&now[..IDENTITY_LEN]));
         assert_eq!(now[..IDENTITY_LEN - 4], old[..IDENTITY_LEN - 4]);
-        assert_eq!(read(f.as_ref(), &[1; 16]).unwrap(), 1);
+        assert_eq!(read(f.as_ref(), &[1; 16]).unwrap().generation, 1);
     }
 
     #[test]
@@ -250,12 +348,12 @@ mod tests {
         let w = Witness::new(f.clone(), uuid, 4, true).unwrap();
         w.record(5);
         w.record(6);
-        let during = read(f.as_ref(), &uuid).unwrap();
+        let during = read(f.as_ref(), &uuid).unwrap().generation;
         assert_eq!(during, REPAIRING);
         let e = check(6, during, false, Path::new("m"), Path::new("d")).unwrap_err();
         assert!(e.to_string().contains("run it again"), "{e}");
         w.release().unwrap();
-        assert_eq!(read(f.as_ref(), &uuid).unwrap(), 6);
+        assert_eq!(read(f.as_ref(), &uuid).unwrap().generation, 6);
         check(6, 6, false, Path::new("m"), Path::new("d")).unwrap();
     }
 

@@ -88,7 +88,7 @@ pub fn grow(dir: &Path, opts: &GrowOptions, progress: &dyn Fn(u64, u64)) -> Resu
         })?;
     let meta = FileBlockFile::open(&paths.meta, true)?;
     let data = FileBlockFile::open(&paths.data, true)?;
-    let sb = Superblock::read(&meta, &paths.meta)?;
+    let mut sb = Superblock::read(&meta, &paths.meta)?;
     sb.check_data(&data, &paths.meta, &paths.data)?;
     if sb.state != DeviceState::Clean {
         return Err(Error::InvalidArgument(format!(

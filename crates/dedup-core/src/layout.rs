@@ -337,7 +337,7 @@ pub fn open(paths: &DevicePaths, opts: &OpenOptions) -> Result<Device> {
 /// opening would, so `serve` says so before starting a server.
 pub fn read_config(paths: &DevicePaths) -> Result<(DeviceConfig, crate::superblock::DeviceState)> {
     let meta = FileBlockFile::open(&paths.meta, false)?;
-    let sb = Superblock::read(&meta, &paths.meta)?;
+    let mut sb = Superblock::read(&meta, &paths.meta)?;
     let data = FileBlockFile::open(&paths.data, false)?;
     sb.check_data(&data, &paths.meta, &paths.data)?;
     Ok((sb.config, sb.state))

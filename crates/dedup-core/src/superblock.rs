@@ -14,7 +14,7 @@ use crate::compress::Compression;
 use crate::config::{validate_chunk_size, DeviceConfig, DATA_OFFSET};
 use crate::error::{Error, Result};
 use crate::fingerprint::HashAlgo;
-use crate::generation::{self, Witness, IDENTITY_LEN};
+use crate::generation::{self, Recorded, Witness, IDENTITY_LEN};
 
 pub const SUPERBLOCK_SIZE: usize = 4096;
 /// Both superblock slots; metadata payloads start after them.
@@ -66,6 +66,12 @@ pub struct Superblock {
     /// Where `write` records each generation on the data device (set by
     /// the engine on a device opened for writing).
     pub witness: Option<Arc<Witness>>,
+    /// What the data device recorded of this metadata, once `check_data`
+    /// read it: the store compares its own last commit once it has read it
+    /// (`generation::check_commit`).
+    pub recorded: Recorded,
+    /// The data device `recorded` was read from, for messages.
+    pub recorded_from: std::path::PathBuf,
 }
 
 impl Superblock {
@@ -77,6 +83,8 @@ impl Superblock {
             backend_area: vec![0; BACKEND_AREA_SIZE],
             damaged_slot: false,
             witness: None,
+            recorded: Recorded::default(),
+            recorded_from: std::path::PathBuf::new(),
         }
     }
 
@@ -186,6 +194,8 @@ impl Superblock {
             backend_area,
             damaged_slot: false,
             witness: None,
+            recorded: Recorded::default(),
+            recorded_from: std::path::PathBuf::new(),
         })
     }
 
@@ -238,15 +248,17 @@ impl Superblock {
     /// this metadata is not older than the generation it last recorded
     /// (`Error::Stale`, `generation.rs`).
     pub fn check_data(
-        &self,
+        &mut self,
         data: &dyn BlockFile,
         meta_path: &Path,
         data_path: &Path,
     ) -> Result<()> {
         let recorded = check_data_header(data, data_path, &self.config)?;
+        self.recorded = recorded;
+        self.recorded_from = data_path.to_path_buf();
         generation::check(
             self.generation,
-            recorded,
+            recorded.generation,
             self.damaged_slot,
             meta_path,
             data_path,
@@ -287,7 +299,11 @@ pub fn encode_data_header(config: &DeviceConfig) -> Vec<u8> {
 
 /// Check that a data device belongs to the device described by `config`;
 /// the generation it last recorded (`generation.rs`).
-pub fn check_data_header(file: &dyn BlockFile, path: &Path, config: &DeviceConfig) -> Result<u64> {
+pub fn check_data_header(
+    file: &dyn BlockFile,
+    path: &Path,
+    config: &DeviceConfig,
+) -> Result<Recorded> {
     let len = file.len()?;
     if len < config.data_device_len() {
         return Err(Error::foreign(

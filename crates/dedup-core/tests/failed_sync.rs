@@ -241,3 +241,60 @@ fn after_a_failed_metadata_sync_a_flush_that_succeeds_is_true() {
         dev.close().unwrap();
     }
 }
+
+/// The journaled stores latch a failed metadata sync as the data path
+/// does: a later sync that succeeds proves nothing about the pages the
+/// kernel dropped, so no FLUSH succeeds until the device is restarted, and
+/// the restart (journal replay) keeps everything flushed before.
+#[test]
+fn after_a_failed_metadata_sync_no_flush_succeeds_until_a_restart() {
+    for variant in ["sparse", "sparse/lz4", "disktable"] {
+        let cfg = common::config(variant, CS as u32, 32, 64, HashAlgo::Blake3, false);
+        let md = MemDevice::format(cfg, &common::params(variant, Default::default()));
+        let p = Patterns::new(6, CS);
+        let fail = Arc::new(AtomicBool::new(false));
+        let dev = open_meta_failing(&md, &fail);
+        dev.write(0, p.chunk(1), false).unwrap();
+        dev.flush().unwrap();
+
+        dev.write(CS as u64, p.chunk(3), false).unwrap();
+        fail.store(true, Ordering::SeqCst);
+        assert!(
+            dev.flush().is_err(),
+            "{variant}: the failed sync reaches FLUSH"
+        );
+        fail.store(false, Ordering::SeqCst);
+        let again = dev.flush();
+        assert!(
+            again.is_err(),
+            "{variant}: a FLUSH succeeded after a failed metadata sync, before a restart"
+        );
+        let e = again.unwrap_err().to_string();
+        assert!(e.contains("serve it again"), "{variant}: {e}");
+        let more = dev.write(2 * CS as u64, p.chunk(5), false);
+        assert!(
+            more.is_err() || dev.flush().is_err(),
+            "{variant}: a later write was flushed"
+        );
+        assert!(
+            dev.close().is_err(),
+            "{variant}: a latched device is not closed cleanly"
+        );
+        drop(dev);
+
+        let dev = md.open().unwrap();
+        let mut got = vec![0u8; 2 * CS];
+        dev.read(0, &mut got).unwrap();
+        assert!(
+            &got[..CS] == p.chunk(1),
+            "{variant}: flushed before the failure, lost"
+        );
+        let second = &got[CS..];
+        assert!(
+            second == p.chunk(3) || second.iter().all(|&b| b == 0),
+            "{variant}: LBN 1 reads neither what was written nor zeros"
+        );
+        common::assert_consistent(&dev);
+        dev.close().unwrap();
+    }
+}

@@ -183,7 +183,9 @@ fn a_device_made_before_generations_opens_and_starts_recording_them() {
     assert_eq!(common::read_all(&dev), written);
     dev.close().unwrap();
     drop(dev);
-    let g = dedup_core::generation::read(md.data.as_ref(), &md.cfg.uuid).unwrap();
+    let g = dedup_core::generation::read(md.data.as_ref(), &md.cfg.uuid)
+        .unwrap()
+        .generation;
     let sb = Superblock::read(md.meta.as_ref(), Path::new("meta")).unwrap();
     assert_eq!(g, sb.generation);
     assert_eq!(common::read_all(&md.open().unwrap()), written);

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use parking_lot::RwLock;
 
+pub mod latch;
 pub mod overlay;
 pub mod sim;
 

@@ -163,7 +163,7 @@ impl Engine {
         let mut pair = registry::open(sb, meta, data, &opts)?;
         pair.rolled_back |= is_stale;
         let engine = Engine::assemble(cfg, pair, &opts, lock)?;
-        if let Some(w) = witness.filter(|_| is_stale) {
+        if let Some(w) = witness.filter(|w| w.is_held()) {
             w.release()?;
         }
         Ok(engine)

@@ -192,9 +192,10 @@ pub fn open(
     meta: Box<dyn BlockFile>,
     opts: &OpenOptions,
 ) -> Result<Opened> {
+    let backend = open_table(superblock, meta, opts)?;
     Ok(Opened {
-        backend: Box::new(open_table(superblock, meta, opts)?),
-        rolled_back: false,
+        rolled_back: backend.t.kept_stale,
+        backend: Box::new(backend),
     })
 }
 
@@ -208,15 +209,7 @@ fn open_table(
     let file: Arc<dyn BlockFile> = Arc::from(meta);
     Journaled::check_len(file.as_ref(), geo.device_len())?;
     let cache_bytes = opts.cache_bytes.unwrap_or(params.cache_bytes);
-    let (mut t, state) = Journaled::open(
-        superblock,
-        file,
-        geo.area(),
-        cache_bytes,
-        opts.writable,
-        opts.for_check,
-        NAME,
-    )?;
+    let (mut t, state) = Journaled::open(superblock, file, geo.area(), cache_bytes, opts, NAME)?;
     let mut lost = Vec::new();
     let (space, hash_entries) = load_space(
         t.file.as_ref(),

@@ -4,6 +4,11 @@
 //! block 0). disktable and sparse lay their tables out differently (their
 //! `Area`) and share this: opening (replay, read the root), commits and the
 //! clean close.
+//!
+//! The root also counts the commits (its last 8 bytes, `COMMIT_AT`): the
+//! number the data device records after each one (`generation.rs`), so a
+//! copy of the metadata taken while serving, put back after a crash, is
+//! refused at open instead of serving another time's data.
 
 use std::sync::Arc;
 
@@ -11,10 +16,20 @@ use super::cache::Cache;
 use super::geometry::{Area, BLOCK, HEADER, ROOT};
 use super::journal::Journal;
 use crate::backends::kv::store::StoreState;
+use crate::blockfile::latch::Latched;
 use crate::blockfile::BlockFile;
 use crate::config::{Lbn, Pbn};
 use crate::error::{Error, Result};
+use crate::generation;
+use crate::options::OpenOptions;
 use crate::superblock::{DeviceState, Superblock};
+
+/// Where the root block keeps the number of the commit that wrote it
+/// (zero in roots written before it was kept: state records are far
+/// shorter than the block).
+const COMMIT_AT: usize = BLOCK - 8;
+/// The longest state record the root holds, before the commit number.
+const MAX_STATE: usize = COMMIT_AT - HEADER - 4;
 
 pub struct Journaled {
     pub cache: Cache,
@@ -25,6 +40,10 @@ pub struct Journaled {
     writable: bool,
     /// "disktable", "sparse": for log lines and errors.
     name: &'static str,
+    /// The metadata was older than the data's record and is kept as
+    /// asked (`accept_stale`): the engine verifies every chunk before the
+    /// device serves (a roll-back).
+    pub kept_stale: bool,
 }
 
 impl Journaled {
@@ -52,27 +71,59 @@ impl Journaled {
         file: Arc<dyn BlockFile>,
         area: Area,
         cache_bytes: u64,
-        writable: bool,
-        salvage: bool,
+        opts: &OpenOptions,
         name: &'static str,
     ) -> Result<(Journaled, StoreState)> {
+        let (writable, salvage) = (opts.writable, opts.for_check);
+        // Every write of the store from here on, tables, journal,
+        // superblock and checkpoint alike, stops after a failed sync.
+        let file: Arc<dyn BlockFile> = Arc::new(Latched::new(file));
         let mut cache = Cache::new(file.clone(), area, cache_bytes);
-        let (journal, replayed) = Journal::recover(file.as_ref(), &area, &mut cache.io)?;
+        let (mut journal, replayed) = Journal::recover(file.as_ref(), &area, &mut cache.io)?;
         if replayed > 0 {
             tracing::info!("{name}: replayed {replayed} journaled blocks after an unclean stop");
         }
         let root = cache.get(ROOT)?;
-        let state = if root.iter().all(|&b| b == 0) {
-            StoreState::default()
+        let (state, commit) = if root.iter().all(|&b| b == 0) {
+            (StoreState::default(), 0)
         } else {
             let what = format!("{name} root block");
             let len = u32::from_le_bytes(root[HEADER..HEADER + 4].try_into().expect("4 bytes"));
             let len = len as usize;
-            if len > BLOCK - HEADER - 4 {
+            if len > MAX_STATE {
                 return Err(Error::corrupt(what, "state record too long"));
             }
-            StoreState::decode(&root[HEADER + 4..HEADER + 4 + len], &what)?
+            let commit = u64::from_le_bytes(root[COMMIT_AT..].try_into().expect("8 bytes"));
+            (
+                StoreState::decode(&root[HEADER + 4..HEADER + 4 + len], &what)?,
+                commit,
+            )
         };
+        // A torn journal header reads as sequence 0: count on from the
+        // root's, so the numbers the data records never go backwards.
+        journal.seq = journal.seq.max(commit);
+        let kept_stale = match generation::check_commit(
+            superblock.generation,
+            commit,
+            superblock.recorded,
+            std::path::Path::new(&file.describe()),
+            &superblock.recorded_from,
+        ) {
+            Ok(()) => false,
+            Err(e) => {
+                match &superblock.witness {
+                    Some(w) if opts.accept_stale && writable => {
+                        tracing::warn!("{e}; keeping the older metadata as asked: verifying every stored chunk");
+                        w.hold()?;
+                        true
+                    }
+                    _ => return Err(e),
+                }
+            }
+        };
+        if let Some(w) = &superblock.witness {
+            w.set_commit(journal.seq);
+        }
         if salvage {
             cache.salvage();
         }
@@ -85,6 +136,7 @@ impl Journaled {
                 superblock,
                 writable,
                 name,
+                kept_stale,
             },
             state,
         ))
@@ -182,19 +234,29 @@ impl Journaled {
     /// journal; returns how many blocks the commit wrote.
     pub fn commit(&mut self, state: &StoreState) -> Result<usize> {
         let state = state.encode();
-        if state.len() > BLOCK - HEADER - 4 {
+        if state.len() > MAX_STATE {
             return Err(Error::InvalidArgument(format!(
                 "the engine's record does not fit the {} root block",
                 self.name
             )));
         }
+        let commit = self.journal.seq + 1;
         let root = self.cache.get_mut(ROOT)?;
         root[HEADER..HEADER + 4].copy_from_slice(&(state.len() as u32).to_le_bytes());
         root[HEADER + 4..HEADER + 4 + state.len()].copy_from_slice(&state);
+        root[COMMIT_AT..].copy_from_slice(&commit.to_le_bytes());
         let blocks = self.cache.sealed_dirty();
         self.journal
             .commit(self.file.as_ref(), &self.area, &blocks, &mut self.cache.io)?;
+        debug_assert_eq!(
+            self.journal.seq, commit,
+            "the journal numbers commits one by one"
+        );
         self.cache.mark_clean();
+        // Durable on the metadata device: the data may now record it.
+        if let Some(w) = &self.superblock.witness {
+            w.record_commit(commit);
+        }
         Ok(blocks.len())
     }
 

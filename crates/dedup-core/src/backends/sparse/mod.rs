@@ -263,9 +263,10 @@ pub fn open(
     meta: Box<dyn BlockFile>,
     opts: &OpenOptions,
 ) -> Result<Opened> {
+    let backend = Sparse::open(superblock, meta, opts)?;
     Ok(Opened {
-        backend: Box::new(Sparse::open(superblock, meta, opts)?),
-        rolled_back: false,
+        rolled_back: backend.t.kept_stale,
+        backend: Box::new(backend),
     })
 }
 
@@ -304,15 +305,8 @@ impl Sparse {
                 opts.index_cache.unwrap_or(0)
             )));
         }
-        let (t, state) = Journaled::open(
-            superblock,
-            file,
-            geo.area(),
-            cache_bytes,
-            opts.writable,
-            opts.for_check,
-            "sparse",
-        )?;
+        let (t, state) =
+            Journaled::open(superblock, file, geo.area(), cache_bytes, opts, "sparse")?;
         let mut s = Sparse {
             geo,
             t,
