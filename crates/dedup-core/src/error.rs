@@ -97,6 +97,15 @@ pub enum Error {
         data_commit: u64,
     },
 
+    /// A stop gave up acknowledged writes it could not apply (write-back).
+    #[error(
+        "{count} acknowledged writes could not be applied and are lost ({why}); the metadata is saved \
+         and consistent, and the blocks they covered read as before them. The device is left marked \
+         as not stopped cleanly: find the cause above (a damaged table block: `dedup check --repair DIR`; \
+         a full or failing disk: fix it), and tell the users of the device that writes were lost"
+    )]
+    WritesLost { count: u64, why: String },
+
     /// `create` was pointed at a place that already holds a device.
     #[error("{path} already holds a dedup device; pick another directory or remove it first")]
     Exists { path: PathBuf },
@@ -138,6 +147,7 @@ impl Error {
             | Error::Unclean { .. }
             | Error::Stale { .. }
             | Error::StaleCommit { .. }
+            | Error::WritesLost { .. }
             | Error::Remote(_) => libc::EIO,
         }
     }

@@ -121,6 +121,12 @@ fn close_with_retries(device: &Device) -> dedup_core::Result<()> {
     loop {
         match device.close() {
             Ok(()) => return Ok(()),
+            // The metadata is saved; the stop only tells what was lost
+            // (and a second close would find the device closed).
+            Err(e @ dedup_core::Error::WritesLost { .. }) => {
+                tracing::error!("{e}");
+                return Err(e);
+            }
             Err(e) if attempt < 5 => {
                 tracing::error!("saving metadata failed (attempt {attempt} of 5), retrying: {e}");
                 std::thread::sleep(std::time::Duration::from_secs(2));

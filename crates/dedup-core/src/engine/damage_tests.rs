@@ -320,6 +320,34 @@ fn cases() -> Vec<(&'static str, Compression, Table)> {
     v
 }
 
+/// A damaged refcount block is refused when the device opens to serve,
+/// not when a write first needs it: with write-back, that write would
+/// already have been acknowledged and could then only be dropped.
+#[test]
+fn a_damaged_refcount_block_is_refused_at_open_before_any_write_is_acknowledged() {
+    for compression in [Compression::None, Compression::Lz4] {
+        let rig = Rig::new("sparse", compression);
+        let dev = rig.open_with(true, false).unwrap();
+        workload(&dev, 3);
+        dev.close().unwrap();
+        drop(dev);
+        let (block, _) = rig.damage(Table::Refcounts, 0, 700);
+        let err = match rig.open_with(true, false) {
+            Err(e) => e,
+            Ok(_) => panic!("{compression}: opened to serve with refcount block {block} damaged"),
+        };
+        let msg = err.to_string();
+        assert!(matches!(err, Error::Corrupt { .. }), "{msg}");
+        assert!(
+            msg.contains("sparse refcount array") && msg.contains(&format!("block {block} ")),
+            "{msg}"
+        );
+        assert!(msg.contains("dedup check --repair"), "{msg}");
+        // Inspection still opens, to report it.
+        drop(rig.open_with(false, true).unwrap());
+    }
+}
+
 #[test]
 fn a_damaged_table_block_is_refused_reported_and_repaired() {
     for (backend, compression, t) in cases() {

@@ -242,7 +242,8 @@ impl Device {
 
     /// Clean shutdown (see `Engine::close`): queued mutations are applied
     /// first; one that keeps failing is retried for `CLOSE_PATIENCE`, then
-    /// given up (logged) so that the metadata is saved.
+    /// given up so that the metadata is saved, and the stop fails with
+    /// `Error::WritesLost`: never a clean stop after dropping a write.
     pub fn close(&self) -> Result<()> {
         match self.write_back.get() {
             None => self.engine.close(),

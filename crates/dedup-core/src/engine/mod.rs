@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::backend::scan_all;
 use crate::blockfile::overlay::Overlay;
@@ -346,17 +346,21 @@ impl Engine {
     /// fails, the device stays open and `close` can be tried again. Dropping
     /// a device without closing it is a crash, as far as its metadata knows.
     pub fn close(&self) -> Result<()> {
-        self.close_after(|| {})
+        self.close_after(|| None)
     }
 
     /// `close`, running `settle` once no request is in flight or can
-    /// start (write-back applies what it holds there).
-    pub(crate) fn close_after(&self, settle: impl FnOnce()) -> Result<()> {
+    /// start (write-back applies what it holds there). What `settle` gave
+    /// up (acknowledged writes it could not apply: how many, why) makes
+    /// the stop fail with `Error::WritesLost` once the metadata is saved,
+    /// and a crash-safe store is left marked open: nothing may call such
+    /// a stop clean, and the next start says it was not.
+    pub(crate) fn close_after(&self, settle: impl FnOnce() -> Option<(u64, String)>) -> Result<()> {
         let mut g = self.gate.write();
         if *g {
             return Ok(());
         }
-        settle();
+        let lost = settle();
         let mut m = self.meta.lock();
         // Everything out and committed, then the store marks itself clean.
         let p = self.placement.as_ref();
@@ -365,6 +369,16 @@ impl Engine {
         let committed = m.store.commit(&record);
         p.after_commit(m.store.as_mut(), committed.is_ok())?;
         committed?;
+        if let Some((count, why)) = lost {
+            if !self.commits {
+                // Saved only at a close: without it the metadata is lost.
+                m.store.close(&record)?;
+            }
+            *g = true;
+            let e = Error::WritesLost { count, why };
+            error!("device stopped, not cleanly: {e}");
+            return Err(e);
+        }
         m.store.close(&record)?;
         *g = true;
         info!("device closed cleanly, metadata saved");

@@ -376,8 +376,14 @@ impl WriteBack {
     /// A clean stop: wait for every queued mutation, retrying a stalled
     /// one for up to `patience`; then give up what is still queued (it
     /// was acknowledged and is lost: logged and counted) so the metadata
-    /// can be saved.
-    pub fn settle_for_close(&self, counters: &Counters, patience: Duration) {
+    /// can be saved. Returns what was given up, if anything: the stop is
+    /// then not clean (`Error::WritesLost`).
+    pub fn settle_for_close(
+        &self,
+        counters: &Counters,
+        patience: Duration,
+    ) -> Option<(u64, String)> {
+        let mut given_up: Option<(u64, String)> = None;
         // Patience counts from when a stall is seen, not from the start of
         // the close: draining a long queue first must not use it up. Stalls
         // that keep clearing and coming back are given three patiences in
@@ -402,6 +408,8 @@ impl WriteBack {
                     patience.as_secs()
                 );
                 Counters::add(&counters.write_back_failures, lost as u64);
+                let total = given_up.as_ref().map_or(0, |(n, _)| *n) + lost as u64;
+                given_up = Some((total, why.clone()));
                 let (mut bytes, mut room) = (0, 0);
                 for q in s.queue.iter().filter(|q| !q.running) {
                     (bytes, room) = (bytes + q.bytes, room + q.room);
@@ -415,6 +423,7 @@ impl WriteBack {
             }
             sh.changed.wait_for(&mut s, Duration::from_millis(100));
         }
+        given_up
     }
 
     /// A request bypassed the queue (it may have taken room `spare`

@@ -100,6 +100,11 @@ impl Geometry {
         1 + self.lbn_blocks
     }
 
+    /// The table blocks of the refcount array.
+    pub fn ref_table_blocks(&self) -> std::ops::Range<u64> {
+        self.first_ref()..self.first_ref() + self.ref_blocks
+    }
+
     fn first_record(&self) -> u64 {
         self.first_ref() + self.ref_blocks
     }

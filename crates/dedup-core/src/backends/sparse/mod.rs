@@ -328,6 +328,13 @@ impl Sparse {
         };
         let odd_refs = s.load_summary(opts.for_check)?;
         let odd_lbns = s.load_lbn_summary(opts.for_check)?;
+        if opts.writable && !opts.for_check {
+            // Every write may allocate or count a chunk in any refcount
+            // block; one that fails its checksum would fail a write that
+            // write-back has already acknowledged. 4 bytes a chunk ever
+            // stored, read in long runs.
+            s.t.verify_blocks(s.geo.ref_table_blocks())?;
+        }
         if opts.for_check {
             s.salvage(odd_refs, odd_lbns)?;
         }
