@@ -6,9 +6,12 @@
 # collected to the last part); a stream restored onto a loop device is
 # written in place, a device too small for it or mounted is refused
 # untouched, and a fifo carries it; a directory tree backed up as files (a copy
-# of /usr/share/doc plus special cases) restores with the same contents,
-# types, modes, owners, times and hard links; --json parses; bad input is
-# refused in plain words.
+# of /usr/share/doc plus special cases, a hard-linked symlink among them)
+# restores with the same contents, types, modes, owners, times and hard
+# links; a flipped byte costs only the file or stream range that needs it,
+# which is named (exit 1), and --include of an intact file succeeds; a
+# stream restored onto a symlink replaces the link; --json parses; bad
+# input is refused in plain words.
 source "$(dirname "$0")/lib.sh"
 
 R=$WORK/repo
@@ -146,6 +149,8 @@ echo none >"$S/mode-0000" && chmod 0000 "$S/mode-0000"
 echo owned >"$S/owned" && chown 1234:5678 "$S/owned"
 echo linked >"$S/hard-1" && ln "$S/hard-1" "$S/deep/hard-2" && ln "$S/hard-1" "$S/hard-3"
 ln -s deep/er/est/big "$S/link"
+# A hard link to a symlink (cp -al and rsnapshot make them).
+ln -s hard-1 "$S/sym-linked" && ln -P "$S/sym-linked" "$S/sym-linked-2"
 ln -s /no/such/target "$S/dangling"
 ln -s nowhere "$S/owned-link" && chown -h 4321:8765 "$S/owned-link"
 mkfifo -m 0620 "$S/fifo"
@@ -181,7 +186,7 @@ python3 - "$WORK/files1.json" "$WORK/files2.json" <<'PY'
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
 assert a["files"] > 1000 and a["dirs"] > 100 and a["symlinks"] >= 3, a
-assert a["hard_links"] == 2 and a["specials"] == 2 and not a["warnings"], a
+assert a["hard_links"] == 3 and a["specials"] == 2 and not a["warnings"], a
 # big-copy is found in the same backup; everything in the second.
 assert a["bytes_new"] < a["bytes_in"] - 2_900_000, a
 assert b["bytes_in"] == a["bytes_in"] and b["bytes_new"] == 0, b
@@ -198,6 +203,12 @@ diff -r --no-dereference "$F" "$WORK/out$F" 2>&1 \
 [ -s "$WORK/diff.out" ] && { cat "$WORK/diff.out"; fail "restored contents differ"; }
 listing "$WORK/out$F" >"$WORK/files.after"
 diff "$WORK/files.before" "$WORK/files.after" || fail "restored metadata differs"
+python3 - "$WORK/out.json" <<'PY' || fail "restore files2 report"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["hard_links"] == 3 and not r["warnings"] and not r["damaged"], r
+PY
+[ -L "$WORK/out$S/sym-linked-2" ] || fail "a hard-linked symlink was not restored as a symlink"
 
 log "files: restore only a part; refusals"
 "$DEDUP" restore "$R" files1 "$WORK/part" --include "${F#/}/special/deep" --json >/dev/null || fail "restore --include"
@@ -212,6 +223,53 @@ expect_fail "into a directory" "$DEDUP" restore "$R" files1 -
 expect_fail "nothing in backup files1" "$DEDUP" restore "$R" files1 "$WORK/none" --include nope
 expect_fail "overlap" "$DEDUP" backup "$R" x "$F" "$S"
 expect_fail "'..'" "$DEDUP" backup "$R" x "$F/../files"
+
+log "damage costs only what needs it: a flipped byte in one file's frame"
+D3=$WORK/d3
+R3=$WORK/r3
+mkdir -p "$D3"
+head -c 3000000 /dev/urandom >"$D3/a"
+head -c 3000000 /dev/urandom >"$D3/b"
+"$DEDUP" store init "$R3" >/dev/null
+"$DEDUP" backup "$R3" f "$D3" >/dev/null || fail "backup f"
+head -c 5000000 /dev/urandom >"$WORK/s.bin"
+"$DEDUP" backup "$R3" s --stdin <"$WORK/s.bin" >/dev/null || fail "backup s"
+# flip FILE OFFSET: xor one byte.
+flip() { python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(int(sys.argv[2])); b = f.read(1)[0]; f.seek(int(sys.argv[2])); f.write(bytes([b ^ 0x55]))' "$1" "$2"; }
+# Random data is stored as is, in 1 MiB frames after the 32-byte header:
+# this byte is in a's second frame, and the stream's in its first.
+flip "$R3/containers/0000000000000000" 1500032
+flip "$R3/containers/0000000000000001" 100000
+rc=0
+"$DEDUP" restore "$R3" f "$WORK/d3out" --json >"$WORK/d3.json" 2>"$WORK/d3.err" || rc=$?
+[ "$rc" -eq 1 ] || { cat "$WORK/d3.err"; fail "a damaged restore exited $rc, not 1"; }
+grep -q "damaged: $WORK/d3out$D3/a: bytes " "$WORK/d3.err" || { cat "$WORK/d3.err"; fail "the damaged file is not named"; }
+cmp "$D3/b" "$WORK/d3out$D3/b" || fail "an intact file was not restored whole"
+python3 - "$WORK/d3.json" <<'PY' || fail "damaged report"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert [d["path"].rsplit("/", 1)[1] for d in r["damaged"]] == ["a"], r
+PY
+"$DEDUP" restore "$R3" f "$WORK/d3b" --include "${D3#/}/b" >/dev/null || fail "--include of an intact file past damage"
+cmp "$D3/b" "$WORK/d3b$D3/b" || fail "--include of an intact file"
+rc=0
+"$DEDUP" restore "$R3" s "$WORK/s.out" 2>"$WORK/s.err" >/dev/null || rc=$?
+[ "$rc" -eq 1 ] || fail "a damaged stream restore exited $rc, not 1"
+grep -q "damaged: bytes 0\.\.1048576 " "$WORK/s.err" || { cat "$WORK/s.err"; fail "the damaged range is not named"; }
+cmp <(tail -c +1048577 "$WORK/s.bin") <(tail -c +1048577 "$WORK/s.out") || fail "the stream past the damage differs"
+[ "$(head -c 1048576 "$WORK/s.out" | tr -d '\0' | wc -c)" -eq 0 ] || fail "the damaged range is not zeros"
+
+log "a stream restored with --force onto a symlink replaces the link, not its target"
+echo "pointed at" >"$WORK/pointed"
+ln -s "$WORK/pointed" "$WORK/s-link"
+expect_fail "a symbolic link" "$DEDUP" restore "$R3" s "$WORK/s-link"
+rc=0
+"$DEDUP" restore "$R3" s "$WORK/s-link" --force >/dev/null 2>&1 || rc=$?
+[ "$rc" -eq 1 ] || fail "restore onto a symlink exited $rc"
+[ -L "$WORK/s-link" ] && fail "the symlink was written through, not replaced"
+[ "$(cat "$WORK/pointed")" = "pointed at" ] || fail "the symlink's target was written"
+cmp "$WORK/s.out" "$WORK/s-link" || fail "the restore onto a symlink differs"
+rm -rf "$R3" "$D3" "$WORK"/d3* "$WORK"/s.* "$WORK/s-link" "$WORK/pointed"
 
 log "list, stats, delete as JSON"
 "$DEDUP" list "$R" --json >"$WORK/list.json"

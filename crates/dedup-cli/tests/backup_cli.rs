@@ -168,8 +168,9 @@ fn repo_with_one() -> (tempfile::TempDir, std::path::PathBuf, Vec<u8>) {
 }
 
 /// A stream restored with --force over an existing file replaces it only
-/// once the whole restore has succeeded: one that fails (a damaged
-/// container) leaves the old file as it was, and no temporary file.
+/// once the whole restore has succeeded: one that fails (its recipe
+/// damaged: nothing of the stream can be found) leaves the old file as it
+/// was, and no temporary file.
 #[test]
 fn a_failed_restore_over_a_file_leaves_the_file_as_it_was() {
     let (tmp, repo, data) = repo_with_one();
@@ -179,16 +180,15 @@ fn a_failed_restore_over_a_file_leaves_the_file_as_it_was() {
     std::fs::write(&out, &old).unwrap();
     let o = out.to_str().unwrap();
 
-    // Damage a byte in the middle of the last container's frames.
-    let mut containers: Vec<_> = std::fs::read_dir(repo.join("containers"))
+    let victim = std::fs::read_dir(repo.join("recipes"))
         .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    containers.sort();
-    let victim = containers.last().unwrap().clone();
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
     let good = std::fs::read(&victim).unwrap();
     let mut bad = good.clone();
-    bad[64] ^= 0x55;
+    bad[20] ^= 0x55;
     std::fs::write(&victim, &bad).unwrap();
 
     refused(&["restore", r, "one", o, "--force"], "as it was");
@@ -221,9 +221,10 @@ fn a_failed_restore_over_a_file_leaves_the_file_as_it_was() {
 }
 
 /// `--force` over a file keeps that file's mode (a new file is 0600); a
-/// symlink to nothing is refused before any work.
+/// symlink, to a file or to nothing, is refused without --force and with
+/// it replaced itself by a new file, never written through.
 #[test]
-fn a_replaced_file_keeps_its_mode_and_a_dangling_symlink_is_refused() {
+fn a_replaced_file_keeps_its_mode_and_a_symlink_is_replaced_never_written_through() {
     use std::os::unix::fs::PermissionsExt;
     let (tmp, repo, data) = repo_with_one();
     let r = repo.to_str().unwrap();
@@ -238,16 +239,74 @@ fn a_replaced_file_keeps_its_mode_and_a_dangling_symlink_is_refused() {
     let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o640);
 
-    let link = tmp.path().join("link");
-    std::os::unix::fs::symlink(tmp.path().join("nothing"), &link).unwrap();
-    for force in [false, true] {
-        let mut args = vec!["restore", r, "one", link.to_str().unwrap()];
-        if force {
-            args.push("--force");
-        }
-        refused(&args, "symbolic link to a file that does not exist");
+    let pointed = tmp.path().join("pointed");
+    std::fs::write(&pointed, b"not to be written").unwrap();
+    for to in [pointed.clone(), tmp.path().join("nothing")] {
+        let link = tmp.path().join("link");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&to, &link).unwrap();
+        let l = link.to_str().unwrap();
+        refused(&["restore", r, "one", l], "a symbolic link");
+        assert!(std::fs::read_link(&link).unwrap() == to);
+        ok(&["restore", r, "one", l, "--force"], None);
+        let m = std::fs::symlink_metadata(&link).unwrap();
+        assert!(m.file_type().is_file(), "the link itself is replaced");
+        assert_eq!(m.permissions().mode() & 0o777, 0o600);
+        assert!(std::fs::read(&link).unwrap() == data);
     }
+    assert_eq!(std::fs::read(&pointed).unwrap(), b"not to be written");
     assert!(!tmp.path().join("nothing").exists());
+}
+
+/// One damaged frame of a stream costs only its byte ranges: the restore
+/// writes every other byte where it belongs, zeros in the damaged ranges,
+/// names them with their offsets (text and JSON), and exits 1; to
+/// standard output the same.
+#[test]
+fn a_damaged_frame_costs_a_stream_only_its_ranges_which_are_named() {
+    let (tmp, repo, data) = repo_with_one();
+    let r = repo.to_str().unwrap();
+    let mut containers: Vec<_> = std::fs::read_dir(repo.join("containers"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    containers.sort();
+    let victim = containers[0].clone();
+    let mut bad = std::fs::read(&victim).unwrap();
+    // In the first frame, which starts after the 32-byte header.
+    bad[40] ^= 0x55;
+    std::fs::write(&victim, &bad).unwrap();
+    let out = tmp.path().join("out");
+    let o = out.to_str().unwrap();
+    let got = support::dedup(&["restore", r, "one", o, "--json"], None);
+    assert_eq!(got.status.code(), Some(1), "{got:?}");
+    let err = String::from_utf8_lossy(&got.stderr);
+    assert!(
+        err.contains("damaged: bytes 0..") && err.contains("containers/0"),
+        "{err}"
+    );
+    let report = support::json(&got.stdout);
+    let damaged = report["damaged"].as_array().unwrap();
+    assert!(!damaged.is_empty(), "{report}");
+    let restored = std::fs::read(&out).unwrap();
+    assert_eq!(restored.len(), data.len());
+    let mut lost = 0;
+    for (i, (&have, &want)) in restored.iter().zip(&data).enumerate() {
+        let i = i as u64;
+        let hit = damaged.iter().any(|d| {
+            let (at, len) = (d["offset"].as_u64().unwrap(), d["len"].as_u64().unwrap());
+            (at..at + len).contains(&i)
+        });
+        assert_eq!(have, if hit { 0 } else { want }, "byte {i}");
+        lost += u64::from(hit);
+    }
+    assert!(
+        lost > 0 && lost < data.len() as u64 / 2,
+        "{lost} bytes lost"
+    );
+    let got = support::dedup(&["restore", r, "one", "-"], None);
+    assert_eq!(got.status.code(), Some(1));
+    assert!(got.stdout == restored);
 }
 
 /// SIGTERM mid-restore: the restore stops at its next write and removes

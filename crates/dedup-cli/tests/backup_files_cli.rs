@@ -177,3 +177,87 @@ fn back_up_a_tree_list_restore_whole_and_in_part() {
     refused(&["backup", r, "x", s, &format!("{s}/sub")], "overlap");
     refused(&["backup", r, "x"], "nothing to back up");
 }
+
+/// One flipped byte in the frames of one file: the restore makes every
+/// other file byte for byte, names the damaged one (stderr and JSON) with
+/// the range it lost, and exits 1, for each backup sharing the frame;
+/// `--include` of an intact file reads no damaged frame and exits 0.
+#[test]
+fn a_damaged_frame_costs_only_its_file_which_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    let r = repo.to_str().unwrap();
+    let src = tmp.path().join("src");
+    fs::create_dir(&src).unwrap();
+    // Random bytes: frames stored as they are, in stream order (a, b).
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut random = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                (x >> 33) as u8
+            })
+            .collect()
+    };
+    let (a, b) = (random(3_000_000), random(3_000_000));
+    fs::write(src.join("a"), &a).unwrap();
+    fs::write(src.join("b"), &b).unwrap();
+    let s = src.to_str().unwrap();
+    ok(&["store", "init", r, "--json"]);
+    ok(&["backup", r, "one", s, "--json"]);
+    ok(&["backup", r, "two", s, "--json"]);
+    let container = fs::read_dir(repo.join("containers"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let mut bytes = fs::read(&container).unwrap();
+    // In a's second frame (1 MiB raw, zstd's target, stored as is).
+    bytes[32 + 1_500_000] ^= 0x55;
+    fs::write(&container, bytes).unwrap();
+
+    let rel = src.strip_prefix("/").unwrap();
+    for name in ["one", "two"] {
+        let target = tmp.path().join(format!("out-{name}"));
+        let t = target.to_str().unwrap();
+        let got = dedup(&["restore", r, name, t, "--json"]);
+        assert_eq!(got.status.code(), Some(1), "{got:?}");
+        let err = String::from_utf8_lossy(&got.stderr);
+        let named = format!("{}: bytes ", target.join(rel).join("a").display());
+        assert!(
+            err.contains(&named) && err.contains("1 file of backup"),
+            "{err}"
+        );
+        let report: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap();
+        let damaged = report["damaged"].as_array().unwrap();
+        assert_eq!(damaged.len(), 1, "{report}");
+        assert!(damaged[0]["path"].as_str().unwrap().ends_with("/a"));
+        let range = &damaged[0]["ranges"][0];
+        let (at, len) = (
+            range["offset"].as_u64().unwrap(),
+            range["len"].as_u64().unwrap(),
+        );
+        assert!(
+            at <= 1_500_000 && 1_500_000 < at + len && len <= 1 << 20,
+            "{range}"
+        );
+        assert!(fs::read(target.join(rel).join("b")).unwrap() == b);
+        let have = fs::read(target.join(rel).join("a")).unwrap();
+        assert_eq!(have.len(), a.len());
+        assert!(have[..at as usize] == a[..at as usize]);
+        assert!(have[(at + len) as usize..] == a[(at + len) as usize..]);
+    }
+    let part = tmp.path().join("part");
+    let inc = format!("{}/b", s.trim_start_matches('/'));
+    ok(&[
+        "restore",
+        r,
+        "one",
+        part.to_str().unwrap(),
+        "--include",
+        &inc,
+        "--json",
+    ]);
+    assert!(fs::read(part.join(rel).join("b")).unwrap() == b);
+}

@@ -249,6 +249,22 @@ impl RecipeParts {
         }
     }
 
+    /// The stream bytes of the part `next_part` gives next, as the index
+    /// (or the whole recipe) says, without reading it: a restore that
+    /// cannot read a part still knows which bytes it loses, and one that
+    /// wants none of them skips it.
+    pub fn next_part_bytes(&self) -> Option<u64> {
+        match &self.head {
+            RecipeObject::Whole(r) => (self.next == 0).then_some(r.stream_len),
+            RecipeObject::Index(i) => i.parts.get(self.next).map(|p| p.bytes),
+        }
+    }
+
+    /// Pass over the next part without reading it.
+    pub fn skip_part(&mut self) {
+        self.next += 1;
+    }
+
     /// All the parts' references in one recipe (for a caller that needs
     /// them at once; it holds the whole recipe).
     pub fn read_all(mut self, store: &dyn ObjectStore) -> RepoResult<Recipe> {

@@ -7,6 +7,7 @@
 //! most one part of it.
 
 use std::io::Write;
+use std::ops::Range;
 
 use crate::backup::BackupRecord;
 use crate::container::{container_name, Catalog, FrameCache};
@@ -64,83 +65,132 @@ impl Repository {
     /// A missing or damaged recipe or container is refused, naming it;
     /// `out` then holds the segments before the run (at most 4 MiB of one
     /// container) holding the damaged one, all checked. It waits for jobs
-    /// on the rayon pool: not for use on a pool thread.
+    /// on the rayon pool: not for use on a pool thread. (`restore_salvage`
+    /// goes on past damage instead.)
     pub fn restore(&self, name: &str, mut out: impl Write) -> RepoResult<u64> {
-        let (_, mut parts) = self.recipe_parts(name)?;
-        let frames = FrameCache::new(FRAMES_KEPT);
+        let (_, parts) = self.recipe_parts(name)?;
         let mut written = 0u64;
-        while let Some(part) = parts.next_part(&*self.store) {
-            let (object, part) = match part {
-                Ok(part) => part,
+        self.restore_pieces(name, parts, None, &mut |piece| match piece {
+            Piece::Data(data) => {
+                written += data.len() as u64;
+                out.write_all(data).map_err(|cause| writing(name, cause))
+            }
+            Piece::Damaged(_, e) => Err(e),
+            // Nothing is skipped when every byte is wanted.
+            Piece::Skipped(_) => Ok(()),
+        })?;
+        out.flush().map_err(|cause| writing(name, cause))?;
+        Ok(written)
+    }
+
+    /// Hand backup `name`'s stream, read from `parts`, to `sink` piece by
+    /// piece in stream order: the bytes read and checked, the bytes not
+    /// `wanted` (never read: neither their recipe part nor their frames),
+    /// and the bytes that could not be restored with why (a part of the
+    /// recipe, a catalog or a frame missing or damaged). Damage costs only
+    /// the bytes that need it and the restore goes on past it, unless
+    /// `sink` refuses it. An error of the sink ends the restore with it;
+    /// so does the backup going away under it.
+    pub(crate) fn restore_pieces(
+        &self,
+        name: &str,
+        mut parts: RecipeParts,
+        wanted: Option<&Wanted>,
+        sink: &mut dyn FnMut(Piece) -> RepoResult<()>,
+    ) -> RepoResult<()> {
+        let frames = FrameCache::new(FRAMES_KEPT);
+        let mut at = 0u64;
+        while let Some(len) = parts.next_part_bytes() {
+            let range = at..at + len;
+            at += len;
+            if wanted.is_some_and(|w| !w.overlaps(&range)) {
+                parts.skip_part();
+                sink(Piece::Skipped(len))?;
+                continue;
+            }
+            let Some(part) = parts.next_part(&*self.store) else {
+                break;
+            };
+            match part {
+                Ok((object, part)) => {
+                    let job = Part {
+                        name,
+                        recipe: &object,
+                        segments: &part.segments,
+                        at: range.start,
+                    };
+                    self.restore_part(job, wanted, &frames, sink)?;
+                }
                 // A delete removes the parts after the backup object: a
                 // part gone under a restore may mean the backup went.
                 Err(e) => match self.backup(name) {
                     Err(gone @ RepoError::NoSuchBackup { .. }) => return Err(gone),
-                    _ => return Err(e),
+                    _ => sink(Piece::Damaged(len, e))?,
                 },
-            };
-            written += self.restore_part(name, &object, &part.segments, &frames, &mut out)?;
+            }
         }
-        out.flush().map_err(|cause| RepoError::Io {
-            context: format!("writing the restore of backup {name}"),
-            cause,
-        })?;
-        Ok(written)
+        Ok(())
     }
 
-    /// Write the segments of one part of backup `name`'s recipe (object
-    /// `recipe`) to `out`; the number of bytes written.
+    /// Hand the segments of one part of a recipe to `sink` (see
+    /// `restore_pieces`).
     fn restore_part(
         &self,
-        name: &str,
-        recipe: &str,
-        segments: &[SegmentRef],
+        part: Part,
+        wanted: Option<&Wanted>,
         frames: &FrameCache,
-        out: &mut impl Write,
-    ) -> RepoResult<u64> {
-        let io = |cause| RepoError::Io {
-            context: format!("writing the restore of backup {name}"),
-            cause,
-        };
+        sink: &mut dyn FnMut(Piece) -> RepoResult<()>,
+    ) -> RepoResult<()> {
+        let Part { name, recipe, .. } = part;
+        let jobs = jobs(&part, wanted);
         // Runs are read, decompressed and checked on the thread pool, up
-        // to `RUNS_AHEAD` ahead, and written here in order: decompressing
+        // to `RUNS_AHEAD` ahead, and handed on here in order: decompressing
         // zstd frames is the dearest step, and one thread did it alone.
-        let mut runs = Vec::new();
-        let mut i = 0;
-        while i < segments.len() {
-            let n = run_len(&segments[i..]);
-            runs.push(&segments[i..i + n]);
-            i += n;
-        }
-        let mut written = 0u64;
         rayon::in_place_scope(|scope| -> RepoResult<()> {
             let mut ahead = std::collections::VecDeque::new();
-            let mut next = runs.iter();
+            let mut next = jobs.iter();
             loop {
                 while ahead.len() < RUNS_AHEAD {
-                    let Some(run) = next.next() else { break };
+                    let Some(job) = next.next() else { break };
+                    let run = match job {
+                        Job::Skip(n) => {
+                            ahead.push_back(Ahead::Skip(*n));
+                            continue;
+                        }
+                        Job::Read(run) => *run,
+                    };
                     let (done, result) = std::sync::mpsc::sync_channel(1);
                     scope.spawn(move |_| {
                         let _ = done.send(self.read_checked(name, recipe, run, frames));
                     });
-                    ahead.push_back(result);
+                    ahead.push_back(Ahead::Read(run, result));
                 }
-                let Some(result) = ahead.pop_front() else {
-                    return Ok(());
+                let (run, result) = match ahead.pop_front() {
+                    None => return Ok(()),
+                    Some(Ahead::Skip(n)) => {
+                        sink(Piece::Skipped(n))?;
+                        continue;
+                    }
+                    Some(Ahead::Read(run, result)) => (run, result),
                 };
                 // A task always answers unless it panicked (a bug).
                 let read = result.recv().map_err(|_| RepoError::Io {
                     context: format!("reading the restore of backup {name}"),
                     cause: std::io::Error::other("a reading task died"),
                 })?;
-                for data in read? {
-                    let data = data?;
-                    out.write_all(&data).map_err(io)?;
-                    written += data.len() as u64;
+                match read {
+                    Ok(read) => {
+                        for (s, data) in run.iter().zip(read) {
+                            match data {
+                                Ok(data) => sink(Piece::Data(&data))?,
+                                Err(e) => sink(Piece::Damaged(s.len.into(), e.into()))?,
+                            }
+                        }
+                    }
+                    Err(e) => sink(Piece::Damaged(bytes_of(run), e))?,
                 }
             }
-        })?;
-        Ok(written)
+        })
     }
 
     /// The segments of `run` (consecutive entries of one container), each
@@ -181,6 +231,108 @@ impl Repository {
 
 /// Segments read for a restore, each checked or the error that refused it.
 type Run = Vec<crate::error::Result<Vec<u8>>>;
+
+/// What a restore hands on, in stream order.
+pub(crate) enum Piece<'a> {
+    /// The stream's next bytes, checked.
+    Data(&'a [u8]),
+    /// The next bytes, not wanted, so not read.
+    Skipped(u64),
+    /// The next bytes could not be restored, and why.
+    Damaged(u64, RepoError),
+}
+
+/// The ranges of a backup's stream a restore needs (the files asked
+/// for), in stream order and apart.
+#[derive(Debug, Default)]
+pub(crate) struct Wanted(Vec<Range<u64>>);
+
+impl Wanted {
+    /// Add `range`, which lies after every range added before.
+    pub fn push(&mut self, range: Range<u64>) {
+        match self.0.last_mut() {
+            Some(last) if last.end >= range.start => last.end = last.end.max(range.end),
+            _ if range.is_empty() => {}
+            _ => self.0.push(range),
+        }
+    }
+
+    /// Whether any wanted byte lies in `range`.
+    pub fn overlaps(&self, range: &Range<u64>) -> bool {
+        let i = self.0.partition_point(|w| w.end <= range.start);
+        self.0.get(i).is_some_and(|w| w.start < range.end)
+    }
+}
+
+/// One part of a backup's recipe to restore: its segments from stream
+/// offset `at`.
+struct Part<'a> {
+    name: &'a str,
+    recipe: &'a str,
+    segments: &'a [SegmentRef],
+    at: u64,
+}
+
+/// A step of a part's restore: bytes to skip, or a run to read.
+enum Job<'a> {
+    Skip(u64),
+    Read(&'a [SegmentRef]),
+}
+
+/// A job under way: a skip, or a run being read.
+enum Ahead<'a> {
+    Skip(u64),
+    Read(&'a [SegmentRef], std::sync::mpsc::Receiver<RepoResult<Run>>),
+}
+
+/// The jobs of `part`: its wanted segments (all, without `wanted`) in
+/// runs, the others as skips between them.
+fn jobs<'a>(part: &Part<'a>, wanted: Option<&Wanted>) -> Vec<Job<'a>> {
+    let segments = part.segments;
+    let mut at = part.at;
+    let want =
+        |at: u64, s: &SegmentRef| wanted.is_none_or(|w| w.overlaps(&(at..at + u64::from(s.len))));
+    let mut jobs = Vec::new();
+    let mut i = 0;
+    while i < segments.len() {
+        if !want(at, &segments[i]) {
+            let n = u64::from(segments[i].len);
+            match jobs.last_mut() {
+                Some(Job::Skip(skip)) => *skip += n,
+                _ => jobs.push(Job::Skip(n)),
+            }
+            at += n;
+            i += 1;
+            continue;
+        }
+        let mut n = run_len(&segments[i..]);
+        let mut end = at;
+        for (k, s) in segments[i..i + n].iter().enumerate() {
+            if !want(end, s) {
+                n = k;
+                break;
+            }
+            end += u64::from(s.len);
+        }
+        jobs.push(Job::Read(&segments[i..i + n]));
+        at = end;
+        i += n;
+    }
+    jobs
+}
+
+/// The raw bytes of `run`.
+fn bytes_of(run: &[SegmentRef]) -> u64 {
+    run.iter().map(|s| u64::from(s.len)).sum()
+}
+
+/// The error for a restore's writer failing.
+pub(crate) fn writing(name: &str, cause: std::io::Error) -> RepoError {
+    RepoError::Io {
+        context: format!("writing the restore of backup {name}"),
+        cause,
+    }
+}
 
 /// How many of `segments` (from the first) make one run: consecutive
 /// entries of one container, up to `MAX_RUN` raw bytes.

@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufWriter, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -29,6 +29,8 @@ use std::path::{Path, PathBuf};
 use crate::error::Error;
 use crate::repo::Repository;
 use crate::repo_error::{RepoError, RepoResult};
+use crate::restore::{Piece, Wanted};
+use crate::restore_salvage::{note, DamagedRange};
 use crate::tree::{Kind, Node, Time, Tree};
 use crate::tree_walk::{tree_path, WalkCounts};
 
@@ -61,11 +63,27 @@ impl Default for RestoreOptions {
 pub struct RestoreReport {
     #[serde(flatten)]
     pub counts: WalkCounts,
-    /// Bytes written into files.
+    /// Bytes written into files (damaged ranges not counted).
     pub bytes: u64,
     /// What could not be restored as it was (a device as non-root, an
     /// xattr the file system refused), one line each.
     pub warnings: Vec<String>,
+    /// The files whose contents could not all be restored (a recipe part,
+    /// catalog or frame they need is missing or damaged), in tree order,
+    /// hard links to them included. Each is made with what could be
+    /// restored and holes (zeros) where the damage is, with its owner and
+    /// mode but not its times, so a tool that compares size and mtime
+    /// still sees it differ from the original.
+    pub damaged: Vec<DamagedEntry>,
+}
+
+/// A file restored with damage.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DamagedEntry {
+    /// Where it was restored.
+    pub path: String,
+    /// The ranges of its contents that are holes, and why.
+    pub ranges: Vec<DamagedRange>,
 }
 
 impl Repository {
@@ -83,25 +101,41 @@ impl Repository {
                 detail: "is a stream, not files: restore it to a file".into(),
             });
         };
+        // The tree is the one list of the backup's entries: without it
+        // none can be found, or named.
+        let lost = |detail: String| {
+            RepoError::corrupt(
+                object,
+                format!("{detail}; it lists every file and directory of backup {name}, so nothing of that backup can be restored (restore another backup of them)"),
+            )
+        };
         let tree = match self.store.get(object) {
-            Err(Error::NotFound { .. }) => {
-                return Err(RepoError::corrupt(
-                    object,
-                    format!("missing, but backup {name} needs it"),
-                ))
-            }
-            other => Tree::decode(object, &other?)?,
+            Err(Error::NotFound { .. }) => return Err(lost("missing".into())),
+            other => Tree::decode(object, &other?).map_err(|e| match e {
+                RepoError::Corrupt { detail, .. } => lost(detail),
+                e => e,
+            })?,
         };
         tree.check_stream_len(name, record.report.bytes_in)
-            .map_err(|d| RepoError::corrupt(object, d))?;
+            .map_err(lost)?;
         let included = included(name, &tree, &options.include)?;
         prepare_target(target, options.force)?;
         let mut r = Restorer::new(target, &tree.nodes, included, options.owners);
-        self.restore(name, &mut r)?;
-        r.finish().map_err(|cause| RepoError::Io {
+        let io = |cause| RepoError::Io {
             context: format!("restoring backup {name} into {}", target.display()),
             cause,
-        })
+        };
+        let wanted = r.wanted();
+        match self.recipe_parts(name) {
+            Ok((_, parts)) => self.restore_pieces(name, parts, wanted.as_ref(), &mut |piece| {
+                r.take(piece).map_err(io)
+            })?,
+            Err(gone @ RepoError::NoSuchBackup { .. }) => return Err(gone),
+            // The recipe lost: every file's contents are, but the tree
+            // still makes the rest and names each file.
+            Err(e) => r.take(Piece::Damaged(tree.stream_len, e)).map_err(io)?,
+        }
+        r.finish().map_err(io)
     }
 }
 
@@ -163,11 +197,12 @@ fn prepare_target(target: &Path, force: bool) -> RepoResult<()> {
 }
 
 /// The file being written: where to (`None`: not included, its bytes are
-/// skipped) and how many bytes it still needs.
+/// skipped), how many bytes it still needs, and its damaged ranges.
 struct Current {
     node: usize,
     out: Option<BufWriter<File>>,
     left: u64,
+    damage: Vec<DamagedRange>,
 }
 
 /// A `Write` that takes the backup's stream and makes the tree.
@@ -184,6 +219,8 @@ struct Restorer<'t> {
     /// Tree path of each entry made, for hard links to name.
     made: HashMap<&'t [u8], PathBuf>,
     dirs: Vec<usize>,
+    /// The damaged files' ranges by tree path, for their hard links.
+    damaged: HashMap<&'t [u8], Vec<DamagedRange>>,
     report: RestoreReport,
 }
 
@@ -213,8 +250,60 @@ impl<'t> Restorer<'t> {
             owners,
             made: HashMap::new(),
             dirs: Vec::new(),
+            damaged: HashMap::new(),
             report: RestoreReport::default(),
         }
+    }
+
+    /// The ranges of the stream this restore writes (`None`: all): the
+    /// files included and the ones standing in for them.
+    fn wanted(&self) -> Option<Wanted> {
+        if self.included.iter().all(|&i| i) {
+            return None;
+        }
+        let mut wanted = Wanted::default();
+        for (i, n) in self.nodes.iter().enumerate() {
+            if n.kind == Kind::File && (self.included[i] || self.stand_in.contains_key(&i)) {
+                wanted.push(n.offset..n.offset + n.size);
+            }
+        }
+        Some(wanted)
+    }
+
+    /// Take the next piece of the stream.
+    fn take(&mut self, piece: Piece) -> io::Result<()> {
+        match piece {
+            Piece::Data(data) => self.write_all(data),
+            // A file asked for is always wanted: its bytes never skipped.
+            Piece::Skipped(len) => self.pass(len, None),
+            Piece::Damaged(len, e) => self.pass(len, Some(e.to_string())),
+        }
+    }
+
+    /// Pass over `len` bytes of the stream that are not here: the files
+    /// they belong to get holes there, named as damaged for `why`.
+    fn pass(&mut self, mut len: u64, why: Option<String>) -> io::Result<()> {
+        while len > 0 {
+            if self.current.is_none() && !self.next_file()? {
+                return Err(longer_stream());
+            }
+            let nodes = self.nodes;
+            let cur = self.current.as_mut().expect("a file");
+            let n = len.min(cur.left);
+            if let Some(out) = &mut cur.out {
+                let at = nodes[cur.node].size - cur.left;
+                // A hole: the file is made its full length at its end.
+                out.seek(SeekFrom::Current(n as i64))?;
+                let why = why.clone().unwrap_or_else(|| "not read".into());
+                note(&mut cur.damage, at, n, why);
+            }
+            cur.left -= n;
+            len -= n;
+            if cur.left == 0 {
+                self.end_file()?;
+            }
+        }
+        Ok(())
     }
 
     fn full(&self, tree_path: &[u8]) -> PathBuf {
@@ -235,6 +324,7 @@ impl<'t> Restorer<'t> {
                     node: i,
                     out,
                     left: n.size,
+                    damage: Vec::new(),
                 });
                 if n.size == 0 {
                     self.end_file()?;
@@ -274,19 +364,34 @@ impl<'t> Restorer<'t> {
         Ok(Some(BufWriter::with_capacity(256 << 10, file)))
     }
 
-    /// Close the current file and set its metadata.
+    /// Close the current file and set its metadata (a damaged one's
+    /// times are left as the restore made them).
     fn end_file(&mut self) -> io::Result<()> {
         let cur = self.current.take().expect("a file");
         if let Some(out) = cur.out {
-            let path = &self.made[self.nodes[cur.node].path.as_slice()];
+            let nodes = self.nodes;
+            let n = &nodes[cur.node];
+            let path = self.made[n.path.as_slice()].clone();
             // Closed unsynced: one syncfs at the end is far cheaper than a
             // sync per file.
-            out.into_inner().map_err(|e| at(e.into_error(), path))?;
-            let path = path.clone();
-            let nodes = self.nodes;
-            self.set_meta(&nodes[cur.node], &path)?;
+            let file = out.into_inner().map_err(|e| at(e.into_error(), &path))?;
+            let intact = cur.damage.is_empty();
+            if !intact {
+                // A hole at the end is not made by seeking past it.
+                file.set_len(n.size).map_err(|e| at(e, &path))?;
+                self.name_damaged(&path, cur.damage.clone());
+                self.damaged.insert(&n.path, cur.damage);
+            }
+            self.set_meta(n, &path, intact)?;
         }
         Ok(())
+    }
+
+    fn name_damaged(&mut self, path: &Path, ranges: Vec<DamagedRange>) {
+        self.report.damaged.push(DamagedEntry {
+            path: path.display().to_string(),
+            ranges,
+        });
     }
 
     /// Make entry `i`, which has no contents.
@@ -304,53 +409,77 @@ impl<'t> Restorer<'t> {
                 self.report.counts.dirs += 1;
             }
             Kind::File => unreachable!("files are made by open_file"),
-            Kind::Symlink => {
-                clear(&path)?;
-                std::os::unix::fs::symlink(OsStr::from_bytes(&n.target), &path)
-                    .map_err(|e| at(e, &path))?;
-                self.set_meta(n, &path)?;
-                self.report.counts.symlinks += 1;
+            Kind::HardLink => self.link(n, path)?,
+            Kind::Symlink | Kind::Fifo | Kind::CharDev | Kind::BlockDev => {
+                self.make_other(n, path)?
             }
-            Kind::HardLink => {
-                let first = self.made.get(n.target.as_slice()).cloned();
-                match first {
-                    // This link is the stand-in: it already has the inode.
-                    Some(p) if p == path => {}
-                    Some(p) => {
-                        clear(&path)?;
-                        fs::hard_link(&p, &path).map_err(|e| at(e, &path))?;
-                    }
+        }
+        Ok(())
+    }
+
+    /// Make symlink or special file `n` at `path` (its own, or that of a
+    /// hard link to it standing in for it).
+    fn make_other(&mut self, n: &'t Node, path: PathBuf) -> io::Result<()> {
+        clear(&path)?;
+        if n.kind == Kind::Symlink {
+            std::os::unix::fs::symlink(OsStr::from_bytes(&n.target), &path)
+                .map_err(|e| at(e, &path))?;
+            self.report.counts.symlinks += 1;
+        } else {
+            let (kind, rdev) = match n.kind {
+                Kind::Fifo => (libc::S_IFIFO, 0),
+                Kind::CharDev => (libc::S_IFCHR, n.rdev),
+                _ => (libc::S_IFBLK, n.rdev),
+            };
+            let c = cstr(&path)?;
+            // SAFETY: c is a NUL-terminated path.
+            if unsafe { libc::mknod(c.as_ptr(), kind | 0o600, rdev as libc::dev_t) } != 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::PermissionDenied {
+                    self.warn(&path, "a device needs root to be made, skipped");
+                    return Ok(());
+                }
+                return Err(at(e, &path));
+            }
+            self.report.counts.specials += 1;
+        }
+        // Hard links to it (a `cp -al` tree links symlinks too) link here.
+        self.made.insert(&n.path, path.clone());
+        self.set_meta(n, &path, true)
+    }
+
+    /// Make hard link `n` at `path` to the entry it names, made before;
+    /// if that entry was left out by `include`, a symlink or special file
+    /// is made here in its stead (a file's stand-in got the contents).
+    fn link(&mut self, n: &'t Node, path: PathBuf) -> io::Result<()> {
+        let first = self.made.get(n.target.as_slice()).cloned();
+        match first {
+            // This link is the stand-in: it already has the inode.
+            Some(p) if p == path => {}
+            Some(p) => {
+                clear(&path)?;
+                hard_link_no_follow(&p, &path)?;
+                if let Some(ranges) = self.damaged.get(n.target.as_slice()).cloned() {
+                    self.name_damaged(&path, ranges);
+                }
+            }
+            None => {
+                let nodes = self.nodes;
+                let stand_in = nodes.iter().enumerate().find(|(i, m)| {
+                    m.path == n.target && !self.included[*i] && m.kind != Kind::File
+                });
+                match stand_in {
+                    Some((_, m)) => return self.make_other(m, path),
                     None => {
                         // Not made: a device this restore could not make.
                         self.warn(&path, "hard link to an entry not restored, skipped");
                         return Ok(());
                     }
                 }
-                self.made.insert(&n.path, path);
-                self.report.counts.hard_links += 1;
-            }
-            Kind::Fifo | Kind::CharDev | Kind::BlockDev => {
-                clear(&path)?;
-                let (kind, rdev) = match n.kind {
-                    Kind::Fifo => (libc::S_IFIFO, 0),
-                    Kind::CharDev => (libc::S_IFCHR, n.rdev),
-                    _ => (libc::S_IFBLK, n.rdev),
-                };
-                let c = cstr(&path)?;
-                // SAFETY: c is a NUL-terminated path.
-                if unsafe { libc::mknod(c.as_ptr(), kind | 0o600, rdev as libc::dev_t) } != 0 {
-                    let e = io::Error::last_os_error();
-                    if e.kind() == io::ErrorKind::PermissionDenied {
-                        self.warn(&path, "a device needs root to be made, skipped");
-                        return Ok(());
-                    }
-                    return Err(at(e, &path));
-                }
-                self.made.insert(&n.path, path.clone());
-                self.set_meta(n, &path)?;
-                self.report.counts.specials += 1;
             }
         }
+        self.made.insert(&n.path, path);
+        self.report.counts.hard_links += 1;
         Ok(())
     }
 
@@ -368,7 +497,9 @@ impl<'t> Restorer<'t> {
 
     /// Owner, xattrs, mode, then times: chown clears setuid bits and
     /// capabilities, and times must come after every other change.
-    fn set_meta(&mut self, n: &Node, path: &Path) -> io::Result<()> {
+    /// A damaged file keeps the times the restore gave it (`times`
+    /// false).
+    fn set_meta(&mut self, n: &Node, path: &Path, times: bool) -> io::Result<()> {
         let c = cstr(path)?;
         if self.owners {
             // SAFETY: c is a NUL-terminated path; lchown does not follow.
@@ -385,6 +516,9 @@ impl<'t> Restorer<'t> {
         if n.kind != Kind::Symlink {
             fs::set_permissions(path, fs::Permissions::from_mode(n.mode))
                 .map_err(|e| at(e, path))?;
+        }
+        if !times {
+            return Ok(());
         }
         let ts = [timespec(n.atime), timespec(n.mtime)];
         // SAFETY: c is a NUL-terminated path and ts two timespecs.
@@ -414,7 +548,7 @@ impl<'t> Restorer<'t> {
         for &i in self.dirs.clone().iter().rev() {
             let nodes = self.nodes;
             let path = self.full(&nodes[i].path);
-            self.set_meta(&nodes[i], &path)?;
+            self.set_meta(&nodes[i], &path, true)?;
         }
         let dir = File::open(&self.target).map_err(|e| at(e, &self.target))?;
         // SAFETY: a valid open descriptor.
@@ -437,10 +571,7 @@ impl Write for Restorer<'_> {
             return Ok(0);
         }
         if self.current.is_none() && !self.next_file()? {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "the backup's stream is longer than its files",
-            ));
+            return Err(longer_stream());
         }
         let cur = self.current.as_mut().expect("a file");
         let n = buf
@@ -460,6 +591,34 @@ impl Write for Restorer<'_> {
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
+}
+
+fn longer_stream() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        "the backup's stream is longer than its files",
+    )
+}
+
+/// Hard-link `link` to `existing` without following `existing` if it is
+/// a symlink (linkat without AT_SYMLINK_FOLLOW): the link is to the
+/// symlink itself, as `cp -al` made it.
+fn hard_link_no_follow(existing: &Path, link: &Path) -> io::Result<()> {
+    let (from, to) = (cstr(existing)?, cstr(link)?);
+    // SAFETY: two NUL-terminated paths; flags 0 follows nothing.
+    let rc = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(at(io::Error::last_os_error(), link));
+    }
+    Ok(())
 }
 
 /// Make directory `path`, or keep the real directory already there;

@@ -350,3 +350,51 @@ fn without_owners_everything_but_the_owners_is_restored() {
     assert!(restored.entries.values().all(|e| e.uid == uid));
     assert_same(&me(listing(&data)), &me(restored));
 }
+
+/// `ln -s f sl; ln -P sl sl2` (as `cp -al` and rsnapshot make): the two
+/// names of the symlink restore as two names of one symlink, never as a
+/// link to what it points at, alone (`include`) too.
+#[test]
+fn a_hard_linked_symlink_restores_as_a_hard_link_to_the_symlink() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    fs::create_dir(&data).unwrap();
+    fs::write(data.join("f"), b"pointed at").unwrap();
+    symlink("f", data.join("sl")).unwrap();
+    // linkat without AT_SYMLINK_FOLLOW: a second name of the symlink.
+    fs::hard_link(data.join("sl"), data.join("sl2")).unwrap();
+    let m = fs::symlink_metadata(data.join("sl2")).unwrap();
+    assert!(m.file_type().is_symlink() && m.nlink() == 2, "{m:?}");
+    let repo = repo(tmp.path());
+    let r = repo.backup_paths("b", "g", &[&data], |_| {}).unwrap();
+    assert_eq!((r.counts.symlinks, r.counts.hard_links), (1, 1));
+
+    let target = tmp.path().join("out");
+    let rr = repo
+        .restore_tree("b", &target, &RestoreOptions::default())
+        .unwrap();
+    assert!(rr.warnings.is_empty(), "{:?}", rr.warnings);
+    assert_eq!((rr.counts.symlinks, rr.counts.hard_links), (1, 1));
+    let out = in_target(&target, &data);
+    let (a, b) = (
+        fs::symlink_metadata(out.join("sl")).unwrap(),
+        fs::symlink_metadata(out.join("sl2")).unwrap(),
+    );
+    assert!(a.file_type().is_symlink() && b.file_type().is_symlink());
+    assert_eq!((a.ino(), a.nlink()), (b.ino(), 2));
+    assert_eq!(fs::read_link(out.join("sl2")).unwrap(), Path::new("f"));
+    assert_eq!(fs::metadata(out.join("f")).unwrap().nlink(), 1);
+
+    // The second name alone: the symlink is made in its place.
+    let part = tmp.path().join("part");
+    let options = RestoreOptions {
+        include: vec![data.join("sl2")],
+        ..RestoreOptions::default()
+    };
+    let rr = repo.restore_tree("b", &part, &options).unwrap();
+    assert!(rr.warnings.is_empty(), "{:?}", rr.warnings);
+    let sl2 = in_target(&part, &data).join("sl2");
+    assert_eq!(fs::read_link(&sl2).unwrap(), Path::new("f"));
+    assert!(!in_target(&part, &data).join("sl").exists());
+}

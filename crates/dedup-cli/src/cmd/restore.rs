@@ -8,13 +8,14 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use dedup_core::size::format_size;
+use dedup_store::DamagedRange;
 
 use super::backup::mb_per_sec;
 
 #[derive(clap::Args)]
 #[command(
     about = "Restore a backup of files into a directory, or of a stream to a file or standard output",
-    after_help = "Restoring reads the backup's recipe and the containers it names; every segment is checked against its catalog, and a damaged or missing container, recipe or tree is refused by name.\n\nA backup of files is restored under the directory TARGET (paths as stored: a backup of /home/me restores to TARGET/home/me), with modes, times, symlinks, hard links, and owners when run as root. TARGET must be empty or absent unless --force (what is in the way is then replaced). --include PATH restores only what is at or under PATH (as stored, e.g. home/me/docs) and the directories leading to it. A restore that fails part-way leaves what it made so far.\n\nA backup of a stream is written to the file TARGET, which must not exist unless --force (it is then replaced, keeping its mode, and its owner when run as root: the restore writes a new file beside it and renames it into place, so a restore that fails leaves the old file as it was; the file system needs room for both until the rename, and the new file is a new inode: other hard links to the old one keep the old bytes, and extended attributes and ACLs are not carried over; a device is written in place, a fifo once something opens it to read; a block device that is mounted or in use, or smaller than the backup, is refused before anything is written; a new file is made 0600), or to standard output with `-`. Ctrl-C or SIGTERM stops a stream restore at its next write: a file target is left as it was, with no temporary copy behind; a second one ends it at once.\n\nExamples:\n  dedup restore ./repo home-monday /restore\n  dedup restore ./repo home-monday /restore --include home/me/docs\n  dedup restore ./repo db-1 db.sql\n  dedup restore ./repo db-1 - | psql"
+    after_help = "Restoring reads the backup's recipe and the containers it names; every segment is checked against its catalog. Damage costs only what needs it: a restore goes on past a damaged or missing container, catalog or recipe part, writes everything intact, names on stderr (and in --json, as \"damaged\") each file or byte range it could not restore (left as a hole, or zeros in a stream), and exits with status 1. A damaged backup object, recipe (of a stream) or tree is refused by name (status 2): nothing of that backup can be found without it. --include reads only what the paths asked for need.\n\nA backup of files is restored under the directory TARGET (paths as stored: a backup of /home/me restores to TARGET/home/me), with modes, times, symlinks, hard links, and owners when run as root. TARGET must be empty or absent unless --force (what is in the way is then replaced). --include PATH restores only what is at or under PATH (as stored, e.g. home/me/docs) and the directories leading to it. A restore that fails part-way leaves what it made so far.\n\nA backup of a stream is written to the file TARGET, which must not exist unless --force (it is then replaced, keeping its mode, and its owner when run as root: the restore writes a new file beside it and renames it into place, so a restore that fails leaves the old file as it was; the file system needs room for both until the rename, and the new file is a new inode: other hard links to the old one keep the old bytes, and extended attributes and ACLs are not carried over; a device is written in place, a fifo once something opens it to read; a block device that is mounted or in use, or smaller than the backup, is refused before anything is written; a new file is made 0600; a symbolic link is replaced itself with --force, as a new file, never written through, unless it names a device, which is then written), or to standard output with `-`. Ctrl-C or SIGTERM stops a stream restore at its next write: a file target is left as it was, with no temporary copy behind; a second one ends it at once.\n\nExamples:\n  dedup restore ./repo home-monday /restore\n  dedup restore ./repo home-monday /restore --include home/me/docs\n  dedup restore ./repo db-1 db.sql\n  dedup restore ./repo db-1 - | psql"
 )]
 pub struct Args {
     /// Repository directory.
@@ -56,12 +57,15 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         bail!("--json and `-` would both write to standard output: give a file");
     }
     let start = Instant::now();
+    // Past damage: what is intact is written, each damaged range as zeros
+    // (what follows keeps its offset) and named; the exit status is 1.
+    let mut damaged = Vec::new();
     if a.target.as_os_str() == "-" {
         let stdout = io::stdout();
         let mut out = BufWriter::with_capacity(1 << 20, stdout.lock());
-        let n = repo.restore(&a.name, &mut out)?;
+        let salvage = repo.restore_salvage(&a.name, &mut out)?;
         out.flush().context("writing to standard output")?;
-        let s = start.elapsed().as_secs_f64();
+        let (n, s) = (salvage.bytes, start.elapsed().as_secs_f64());
         eprintln!(
             "Restored {} of backup {} to standard output ({:.1} s, {:.1} MB/s).",
             format_size(n),
@@ -69,16 +73,21 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             s,
             mb_per_sec(n, s)
         );
-        return Ok(ExitCode::SUCCESS);
+        return Ok(name_damage(&a, &salvage.damaged));
     }
     let n = super::restore_target::restore_to(
         &a.target,
         a.force,
         &a.name,
         Some(record.report.bytes_in),
-        |out| Ok(repo.restore(&a.name, out)?),
+        |out| {
+            let salvage = repo.restore_salvage(&a.name, out)?;
+            damaged = salvage.damaged;
+            Ok(salvage.bytes)
+        },
     )?;
     let s = start.elapsed().as_secs_f64();
+    let code = name_damage(&a, &damaged);
     if a.json {
         super::print_json(&serde_json::json!({
             "name": a.name,
@@ -86,8 +95,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             "bytes": n,
             "seconds": s,
             "mb_per_sec": mb_per_sec(n, s),
+            "damaged": damaged,
         }))?;
-        return Ok(ExitCode::SUCCESS);
+        return Ok(code);
     }
     println!(
         "Restored {} of backup {} to {} ({:.1} s, {:.1} MB/s).",
@@ -97,5 +107,31 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         s,
         mb_per_sec(n, s)
     );
-    Ok(ExitCode::SUCCESS)
+    Ok(code)
+}
+
+/// Name each damaged range of a stream's restore on stderr; the exit
+/// status: 1 if there is any.
+fn name_damage(a: &Args, damaged: &[DamagedRange]) -> ExitCode {
+    for d in damaged {
+        eprintln!(
+            "dedup: damaged: bytes {}..{} ({}) of backup {} not restored (written as zeros): {}",
+            d.offset,
+            d.offset + d.len,
+            format_size(d.len),
+            a.name,
+            d.error
+        );
+    }
+    if damaged.is_empty() {
+        return ExitCode::SUCCESS;
+    }
+    let lost: u64 = damaged.iter().map(|d| d.len).sum();
+    eprintln!(
+        "dedup: {} of backup {} could not be restored (the ranges named above, zeros in their place); the rest was. `dedup store check {}` says what is damaged.",
+        format_size(lost),
+        a.name,
+        a.repo.display()
+    );
+    ExitCode::from(1)
 }

@@ -34,6 +34,18 @@ pub fn run(repo: &Repository, a: &Args) -> anyhow::Result<ExitCode> {
     for w in &r.warnings {
         eprintln!("warning: {w}");
     }
+    for d in &r.damaged {
+        for x in &d.ranges {
+            eprintln!(
+                "dedup: damaged: {}: bytes {}..{} not restored (left a hole): {}",
+                d.path,
+                x.offset,
+                x.offset + x.len,
+                x.error
+            );
+        }
+    }
+    let damaged = r.damaged.len();
     let report = Report {
         name: a.name.clone(),
         target: a.target.display().to_string(),
@@ -41,9 +53,21 @@ pub fn run(repo: &Repository, a: &Args) -> anyhow::Result<ExitCode> {
         report: r,
         seconds,
     };
+    let code = match damaged {
+        0 => ExitCode::SUCCESS,
+        n => {
+            eprintln!(
+                "dedup: {n} {} of backup {} could not be restored whole (named above; restored with holes where the damage is, and without their times); everything else was restored. `dedup store check {}` says what is damaged.",
+                if n == 1 { "file" } else { "files" },
+                a.name,
+                a.repo.display()
+            );
+            ExitCode::from(1)
+        }
+    };
     if a.json {
         print_json(&report)?;
-        return Ok(ExitCode::SUCCESS);
+        return Ok(code);
     }
     let c = &report.report.counts;
     println!(
@@ -59,5 +83,5 @@ pub fn run(repo: &Repository, a: &Args) -> anyhow::Result<ExitCode> {
         seconds,
         report.mb_per_sec
     );
-    Ok(ExitCode::SUCCESS)
+    Ok(code)
 }

@@ -42,8 +42,10 @@ pub fn restore_to(
             taken: &taken,
         })
     };
+    let link = fs::symlink_metadata(target).is_ok_and(|m| m.file_type().is_symlink());
     match fs::metadata(target) {
-        // A device (a disk to put an image back on): written in place.
+        // A device (a disk to put an image back on): written in place,
+        // also through a symlink (disks are named by /dev/disk/by-id/*).
         Ok(m) if !m.is_file() && !m.is_dir() => {
             if !force {
                 bail!(
@@ -98,6 +100,14 @@ pub fn restore_to(
                 ))
             })
         }
+        // Any other symlink (to a file, a directory, nothing) is replaced
+        // itself, never written through: what it points at, perhaps
+        // outside where the restore was asked to write, is left alone.
+        _ if link && !force => bail!(
+            "{} already exists (a symbolic link); refusing to replace it (use --force to replace the link itself with the restored file; what it points at is left alone)",
+            target.display()
+        ),
+        _ if link => replace_file(name, target, Old::Link, fill),
         Ok(m) if m.is_dir() => bail!(
             "{} is a directory; backup {name} is a stream: give a file to restore it into",
             target.display()
@@ -106,18 +116,8 @@ pub fn restore_to(
             "{} already exists; refusing to overwrite it (use --force to replace it)",
             target.display()
         ),
-        Ok(_) => {
-            // Through a symlink, the file it names is replaced.
-            let real = fs::canonicalize(target)
-                .with_context(|| format!("resolving {}", target.display()))?;
-            replace_file(name, &real, true, fill)
-        }
-        // A symlink to nothing: refused before any work, not after.
-        Err(e) if e.kind() == io::ErrorKind::NotFound && target.is_symlink() => bail!(
-            "{} is a symbolic link to a file that does not exist; give the file's own path",
-            target.display()
-        ),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => replace_file(name, target, false, fill),
+        Ok(_) => replace_file(name, target, Old::File, fill),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => replace_file(name, target, Old::None, fill),
         Err(e) => Err(anyhow::anyhow!("looking at {}: {e}", target.display())),
     }
 }
@@ -281,15 +281,25 @@ impl Write for Capped<'_> {
     }
 }
 
+/// What is at a stream restore's target before it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Old {
+    None,
+    File,
+    /// A symlink: replaced itself, as a new file.
+    Link,
+}
+
 /// Restore into a new file beside `target`, synced, then renamed onto it: a
 /// restore that fails leaves `target` as it was (absent, or the old file
-/// when `replace`), never half written. A new file is private (0600); one
-/// that replaces a file takes that file's owner when we may give it (as
-/// root) and then its mode (set after the owner, which clears set-id bits).
+/// or symlink), never half written. A new file is private (0600), as is
+/// one that replaces a symlink; one that replaces a file takes that file's
+/// owner when we may give it (as root) and then its mode (set after the
+/// owner, which clears set-id bits).
 fn replace_file(
     name: &str,
     target: &Path,
-    replace: bool,
+    old: Old,
     fill: impl FnOnce(&mut dyn Write) -> anyhow::Result<u64>,
 ) -> anyhow::Result<u64> {
     let as_it_was = |e: anyhow::Error| {
@@ -308,7 +318,10 @@ fn replace_file(
             .tempfile_in(dir)
             .with_context(|| format!("creating a file in {}", dir.display()))?;
         let n = super::write_behind::write_synced(tmp.as_file().try_clone()?, fill)?;
-        if replace {
+        if old == Old::Link {
+            // rename(2) replaces the link, not what it points at.
+            tmp.persist(target)?;
+        } else if old == Old::File {
             let old =
                 fs::metadata(target).with_context(|| format!("looking at {}", target.display()))?;
             // Only root may give a file away; anyone else keeps it as theirs.
