@@ -99,14 +99,15 @@ fn absolute(path: &Path) -> Result<PathBuf> {
 
 /// Files this `create` (or a `grow`: its staging copy) made, removed again
 /// if it fails half-way; and the locks `create` holds on existing files it
-/// lays the device out on.
+/// lays the device out on, and the block devices it holds open
+/// exclusively (nothing mounts them meanwhile).
 #[derive(Default)]
-pub(crate) struct Undo(Vec<PathBuf>, Vec<DeviceLock>);
+pub(crate) struct Undo(Vec<PathBuf>, Vec<DeviceLock>, Vec<fs::File>);
 
 impl Undo {
     /// Remove `path` if dropped before `disarm`.
     pub(crate) fn removing(path: PathBuf) -> Undo {
-        Undo(vec![path], Vec::new())
+        Undo(vec![path], Vec::new(), Vec::new())
     }
 
     pub(crate) fn disarm(mut self) {
@@ -154,6 +155,9 @@ fn prepare(
             )),
             e => e,
         })?);
+        // Mounted, stacked on, or backing a loop device in use: never
+        // overwritten, --force or not (mkfs refuses these too).
+        undo.2.extend(crate::guard::not_in_use(&path)?);
         let f = FileBlockFile::open(&path, true)?;
         if !force {
             if let Some(held) = crate::guard::contents(&f)? {
