@@ -12,7 +12,8 @@
 # - `serve --record DIR/meta` does not truncate the metadata;
 # - a serve that fails to start (port in use, or no control socket once
 #   the device is open) leaves the device clean;
-# - status and check write nothing (an lsm device stays openable);
+# - status and check write nothing (an lsm device stays openable), and a
+#   user who may not read the device is told so, not to create one;
 # - a server whose log cannot be written (stderr on a full disk) serves on;
 # - Ctrl-C with a filesystem mounted says what it waits for, and a second
 #   Ctrl-C saves the metadata and stops (it used to hang silently);
@@ -155,6 +156,9 @@ for round in new used; do
     nbdcopy --flush "$WORK/a.bin" "$(uri "$WORK/ro")"
     stop "$WORK/ro"
 done
+
+log "status as a user who may not read the device says so, naming the file"
+expect_fail "permission denied looking up $WORK/ro/meta" setpriv --reuid=65534 --regid=65534 --clear-groups "$DEDUP" status "$WORK/ro"
 
 log "a server whose log cannot be written serves on and stops cleanly"
 # nbdkit itself, with the plugin, so that only the server's stderr is full.

@@ -32,12 +32,24 @@ impl DevicePaths {
     /// The paths inside a device directory, which must hold a device.
     pub fn from_dir(dir: &Path) -> Result<DevicePaths> {
         let meta = dir.join(META_NAME);
-        if fs::symlink_metadata(&meta).is_err() {
-            return Err(Error::InvalidArgument(format!(
-                "{} is not a dedup device directory (it has no {META_NAME}); create one with `dedup create {} --size 10G`",
-                dir.display(),
-                dir.display()
-            )));
+        match fs::symlink_metadata(&meta) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::InvalidArgument(format!(
+                    "{} is not a dedup device directory (it has no {META_NAME}); create one with `dedup create {} --size 10G`",
+                    dir.display(),
+                    dir.display()
+                )))
+            }
+            // Not "no device here": the device may well be there, and
+            // creating one would be the wrong advice.
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(Error::InvalidArgument(format!(
+                    "permission denied looking up {}: the device directory is not yours to read; run as its owner (or root)",
+                    meta.display()
+                )))
+            }
+            Err(e) => return Err(Error::io(format!("looking up {}", meta.display()), e)),
         }
         Ok(DevicePaths {
             data: dir.join(DATA_NAME),
