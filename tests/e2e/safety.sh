@@ -5,12 +5,15 @@
 #   both generations; `check --repair --data` keeps it, verified;
 # - one flipped byte in the newest superblock slot is damage, not an
 #   unclean stop to roll back silently;
-# - create never overwrites a served device (even with --force), one file
-#   for both halves, or a file holding data (without --force);
+# - create never overwrites a served device or a mounted one, or the file
+#   behind a mounted loop device (even with --force), one file for both
+#   halves (also by way of a loop device reading it), or a file holding
+#   data (without --force);
 # - `serve --record DIR/meta` does not truncate the metadata;
 # - a serve that fails to start (port in use, or no control socket once
 #   the device is open) leaves the device clean;
-# - status and check write nothing (an lsm device stays openable);
+# - status and check write nothing (an lsm device stays openable), and a
+#   user who may not read the device is told so, not to create one;
 # - a server whose log cannot be written (stderr on a full disk) serves on;
 # - Ctrl-C with a filesystem mounted says what it waits for, and a second
 #   Ctrl-C saves the metadata and stops (it used to hang silently);
@@ -90,6 +93,32 @@ cp "$WORK/a.bin" "$WORK/victim.img"
 expect_fail "--force" "$DEDUP" create "$WORK/z4" --size 64M --data "$WORK/victim.img"
 cmp "$WORK/a.bin" "$WORK/victim.img" || fail "create wrote over a file holding data"
 
+log "create --force never writes over a mounted filesystem, nor one file twice through a loop device"
+truncate -s 64M "$WORK/fs.img"
+mkfs.ext4 -q -F "$WORK/fs.img"
+fsloop=$(losetup -f --show "$WORK/fs.img")
+on_exit "losetup -d $fsloop"
+mkdir "$WORK/fsmnt"
+mount "$fsloop" "$WORK/fsmnt"
+on_exit "umount -l $WORK/fsmnt"
+echo kept >"$WORK/fsmnt/file"
+sync
+expect_fail "mounted at $WORK/fsmnt" "$DEDUP" create "$WORK/m1" --size 32M --data "$fsloop" --force
+expect_fail "mounted at $WORK/fsmnt" "$DEDUP" create "$WORK/m2" --size 32M --meta "$fsloop" --force
+expect_fail "backs the loop device $fsloop" "$DEDUP" create "$WORK/m3" --size 32M --data "$WORK/fs.img" --force
+umount "$WORK/fsmnt"
+e2fsck -fn "$fsloop" >/dev/null 2>&1 || fail "create --force damaged the mounted ext4"
+mount "$fsloop" "$WORK/fsmnt"
+[ "$(cat "$WORK/fsmnt/file")" = kept ] || fail "the mounted filesystem lost its file"
+umount "$WORK/fsmnt"
+truncate -s 64M "$WORK/x2.img"
+xloop=$(losetup -f --show "$WORK/x2.img")
+on_exit "losetup -d $xloop"
+expect_fail "same file" "$DEDUP" create "$WORK/m4" --size 16M --data "$WORK/x2.img" --meta "$xloop"
+expect_fail "same file" "$DEDUP" create "$WORK/m5" --size 16M --data "$xloop" --meta "$WORK/x2.img"
+[ ! -e "$WORK/m4/meta" ] && [ ! -e "$WORK/m5/meta" ] || fail "a refused create left files behind"
+losetup -d "$fsloop" "$xloop"
+
 log "serve --record never truncates the device's own files"
 before=$(md5sum <"$WORK/st/meta")
 expect_fail "never overwrites" "$DEDUP" serve "$WORK/st" --record "$WORK/st/meta"
@@ -127,6 +156,9 @@ for round in new used; do
     nbdcopy --flush "$WORK/a.bin" "$(uri "$WORK/ro")"
     stop "$WORK/ro"
 done
+
+log "status as a user who may not read the device says so, naming the file"
+expect_fail "permission denied looking up $WORK/ro/meta" setpriv --reuid=65534 --regid=65534 --clear-groups "$DEDUP" status "$WORK/ro"
 
 log "a server whose log cannot be written serves on and stops cleanly"
 # nbdkit itself, with the plugin, so that only the server's stderr is full.

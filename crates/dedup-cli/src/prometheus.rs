@@ -5,9 +5,11 @@
 //!
 //! Counters are the figures that only grow (requests, bytes, chunks; some
 //! only since the server started, which Prometheus treats as a counter
-//! reset); everything that can go down is a gauge. Ratios are plain
-//! fractions (`_ratio`, 0.5 not 50), sizes are bytes (`_bytes`), as the
-//! Prometheus naming conventions ask.
+//! reset); everything that can go down is a gauge. Shares are plain
+//! fractions from 0 to 1 (`_ratio`, 0.5 not 50), as the Prometheus naming
+//! conventions ask; what dedup and compression multiply (3 logical bytes
+//! per byte stored) is no share and ends `_factor`; sizes are bytes
+//! (`_bytes`).
 
 use std::fmt::Write;
 
@@ -220,22 +222,22 @@ pub fn render(device: &str, served: bool, s: &Stats) -> String {
         );
     }
     f.gauge(
-        "space_ratio",
+        "space_factor",
         "Mapped logical bytes per physical data byte in use: dedup and compression together.",
         Value::Float(s.space_ratio),
     );
     f.gauge(
-        "dedup_ratio",
+        "dedup_factor",
         "Mapped non-zero chunks per stored chunk (storage dedup ratio).",
         Value::Float(s.dedup_ratio),
     );
     f.gauge(
-        "io_dedup_ratio",
+        "io_dedup_factor",
         "Bytes clients wrote per byte written to the data device.",
         Value::Float(s.io_dedup_ratio),
     );
     f.gauge(
-        "compression_ratio",
+        "compression_factor",
         "Bytes of the stored chunks per physical data byte holding them.",
         Value::Float(s.compression_ratio),
     );
@@ -396,7 +398,7 @@ fn hash_index(f: &mut Families, s: &Stats) {
     );
     f.gauge(
         "hash_index_missed_duplicates_estimate",
-        "Duplicates sampling likely missed since the server started (Guo's Eq. 2 estimate).",
+        "Duplicates sampling missed since the server started, estimated from the hit share of sampled fingerprints.",
         i(ix.missed_estimate),
     );
     f.gauge(

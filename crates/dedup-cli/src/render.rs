@@ -93,7 +93,7 @@ pub fn status(r: &StatusReport) -> String {
     if let Some(ix) = &s.hash_index {
         let _ = writeln!(
             o,
-            "  Index in RAM     {} of {} budget, {} fingerprints, keeps 1 in {}{}; {} prefetched; lookups since start: {} hits, {} by prefetch, {} misses, {} stale; about {} duplicates missed by sampling (Eq. 2 estimate)",
+            "  Index in RAM     {} of {} budget, {} fingerprints, keeps 1 in {}{}; {} prefetched; lookups since start: {} hits, {} by prefetch, {} misses, {} stale; about {} duplicates missed by sampling (estimated from the {} lookups of sampled fingerprints)",
             format_size(ix.bytes),
             format_size(ix.budget_bytes),
             ix.entries,
@@ -108,7 +108,8 @@ pub fn status(r: &StatusReport) -> String {
             ix.prefetch_hits,
             ix.misses,
             ix.stale,
-            ix.missed_estimate
+            ix.missed_estimate,
+            ix.sampled_lookups
         );
     }
     let _ = writeln!(

@@ -131,10 +131,19 @@ pub struct IndexFigures {
     pub misses: u64,
     /// Candidates that failed confirmation against the chunk's record.
     pub stale: u64,
-    /// Duplicates the sampling likely missed since open, estimated from
-    /// those found and Guo's Eq. 2 (0 while every fingerprint is kept).
+    /// Duplicates the sampling missed since open: `duplicates_seen` less
+    /// those found. Holds for data in any order (0 while every fingerprint
+    /// is kept).
     #[serde(default)]
     pub missed_estimate: u64,
+    /// Lookups of fingerprints in the sample at the time (the table holds
+    /// every one, so their answer is the truth), and the duplicates among
+    /// all lookups they stand for: each hit counts the sampling period
+    /// then (a sampled fingerprint stands for that many).
+    #[serde(default)]
+    pub sampled_lookups: u64,
+    #[serde(default)]
+    pub duplicates_seen: u64,
     /// The index was loaded from the checkpoint of the last clean stop
     /// (else rebuilt from the chunk records at open).
     #[serde(default)]

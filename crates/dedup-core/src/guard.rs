@@ -1,10 +1,16 @@
 //! What `create` must not overwrite without `--force`: a file or block
 //! device that already holds something (another dedup device, a
 //! filesystem, a partition table, any data), and, never, even with
-//! `--force`: a device being served, or one path given as both halves.
+//! `--force`: a device being served, one mounted or otherwise in use
+//! (`in_use.rs`), or one file given as both halves (by two names, or once
+//! through a loop device that reads it).
 
-use std::os::unix::fs::MetadataExt;
+mod in_use;
+
+use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
+
+pub use in_use::{identity, not_in_use, Identity};
 
 use crate::blockfile::{BlockFile, FileBlockFile};
 use crate::error::{Error, Result};
@@ -54,17 +60,27 @@ pub fn contents(f: &FileBlockFile) -> Result<Option<String>> {
     }))
 }
 
-/// Refuse one path given for both data and metadata (the same file by
-/// another name counts too).
+/// Refuse one file given for both data and metadata: by another name, or
+/// through a loop device that reads it (`--data x.img --meta /dev/loop0`
+/// with loop0 on x.img; writing one half would overwrite the other).
 pub fn distinct(data: &Path, meta: &Path) -> Result<()> {
-    let same = match (std::fs::metadata(data), std::fs::metadata(meta)) {
-        (Ok(d), Ok(m)) => d.dev() == m.dev() && d.ino() == m.ino(),
+    let same = match (identity(data), identity(meta)) {
+        (Some(d), Some(m)) => d == m,
         _ => std::path::absolute(data).ok() == std::path::absolute(meta).ok(),
     };
     if same {
+        let is_loop = |p: &Path| {
+            std::fs::metadata(p).is_ok_and(|m| m.file_type().is_block_device())
+                && matches!(identity(p), Some(Identity::File { .. }))
+        };
+        let how = match [data, meta].into_iter().find(|p| is_loop(p)) {
+            Some(l) => format!(", {} being a loop device that reads it", l.display()),
+            None => String::new(),
+        };
         return Err(Error::InvalidArgument(format!(
-            "--data and --meta name the same file ({}): a device needs two, one for chunks and one for metadata",
-            data.display()
+            "--data {} and --meta {} are the same file{how}: a device needs two, one for chunks and one for metadata",
+            data.display(),
+            meta.display()
         )));
     }
     Ok(())

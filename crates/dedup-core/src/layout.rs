@@ -32,12 +32,24 @@ impl DevicePaths {
     /// The paths inside a device directory, which must hold a device.
     pub fn from_dir(dir: &Path) -> Result<DevicePaths> {
         let meta = dir.join(META_NAME);
-        if fs::symlink_metadata(&meta).is_err() {
-            return Err(Error::InvalidArgument(format!(
-                "{} is not a dedup device directory (it has no {META_NAME}); create one with `dedup create {} --size 10G`",
-                dir.display(),
-                dir.display()
-            )));
+        match fs::symlink_metadata(&meta) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::InvalidArgument(format!(
+                    "{} is not a dedup device directory (it has no {META_NAME}); create one with `dedup create {} --size 10G`",
+                    dir.display(),
+                    dir.display()
+                )))
+            }
+            // Not "no device here": the device may well be there, and
+            // creating one would be the wrong advice.
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(Error::InvalidArgument(format!(
+                    "permission denied looking up {}: the device directory is not yours to read; run as its owner (or root)",
+                    meta.display()
+                )))
+            }
+            Err(e) => return Err(Error::io(format!("looking up {}", meta.display()), e)),
         }
         Ok(DevicePaths {
             data: dir.join(DATA_NAME),
@@ -99,14 +111,15 @@ fn absolute(path: &Path) -> Result<PathBuf> {
 
 /// Files this `create` (or a `grow`: its staging copy) made, removed again
 /// if it fails half-way; and the locks `create` holds on existing files it
-/// lays the device out on.
+/// lays the device out on, and the block devices it holds open
+/// exclusively (nothing mounts them meanwhile).
 #[derive(Default)]
-pub(crate) struct Undo(Vec<PathBuf>, Vec<DeviceLock>);
+pub(crate) struct Undo(Vec<PathBuf>, Vec<DeviceLock>, Vec<fs::File>);
 
 impl Undo {
     /// Remove `path` if dropped before `disarm`.
     pub(crate) fn removing(path: PathBuf) -> Undo {
-        Undo(vec![path], Vec::new())
+        Undo(vec![path], Vec::new(), Vec::new())
     }
 
     pub(crate) fn disarm(mut self) {
@@ -154,6 +167,9 @@ fn prepare(
             )),
             e => e,
         })?);
+        // Mounted, stacked on, or backing a loop device in use: never
+        // overwritten, --force or not (mkfs refuses these too).
+        undo.2.extend(crate::guard::not_in_use(&path)?);
         let f = FileBlockFile::open(&path, true)?;
         if !force {
             if let Some(held) = crate::guard::contents(&f)? {

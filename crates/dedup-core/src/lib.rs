@@ -20,7 +20,7 @@ pub mod fingerprint;
 pub mod fuzzing;
 pub mod generation;
 pub mod grow;
-mod guard;
+pub mod guard;
 pub mod layout;
 pub mod lock;
 pub mod options;

@@ -474,3 +474,30 @@ fn inspecting_a_device_writes_nothing_on_any_backend() {
         }
     }
 }
+
+#[test]
+fn a_directory_that_cannot_be_looked_into_is_named_not_called_empty() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A file where the directory should be: looking inside fails with
+    // ENOTDIR, which is not "no device here".
+    let file = tmp.path().join("plain");
+    std::fs::write(&file, b"x").unwrap();
+    let err = DevicePaths::from_dir(&file).unwrap_err().to_string();
+    assert!(!err.contains("create one"), "{err}");
+    assert!(
+        err.contains(&file.join("meta").display().to_string()),
+        "{err}"
+    );
+    // Unreadable to its caller (only testable as a non-root user).
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tmp.path().join("dev");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("meta"), b"").unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o000)).unwrap();
+        let err = DevicePaths::from_dir(&dir).unwrap_err().to_string();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(err.contains("permission denied"), "{err}");
+    }
+}

@@ -80,6 +80,43 @@ fn nbd_error(e: dedup_core::Error) -> Error {
     Error::new(e.errno(), e.to_string())
 }
 
+/// An open that failed for lack of room on the host filesystem, in plain
+/// words: where, how much is free, and what to do. (Recovery and the first
+/// commit write metadata blocks; a commit journals at most the metadata
+/// cache's dirty blocks, then writes them in place: twice the cache.)
+fn full_host_advice(e: dedup_core::Error, meta: &std::path::Path) -> dedup_core::Error {
+    let dedup_core::Error::Io { cause, .. } = &e else {
+        return e;
+    };
+    if cause.raw_os_error() != Some(libc::ENOSPC) {
+        return e;
+    }
+    let dir = std::fs::canonicalize(meta)
+        .ok()
+        .and_then(|m| m.parent().map(|p| p.to_path_buf()))
+        .unwrap_or_else(|| meta.to_path_buf());
+    let free = free_bytes(&dir)
+        .map(|b| format!(" ({} free)", dedup_core::size::format_size(b)))
+        .unwrap_or_default();
+    dedup_core::Error::InvalidArgument(format!(
+        "the filesystem holding {}{free} is full: opening the device writes metadata there. \
+         Free up to twice the metadata cache (--cache; 64M unless set at create, so 128 MB) \
+         and run again; nothing was lost ({e})",
+        dir.display()
+    ))
+}
+
+/// Bytes an unprivileged writer may still use on the filesystem of `dir`.
+fn free_bytes(dir: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs fills the zeroed struct from a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    (unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0)
+        .then(|| st.f_bavail as u64 * st.f_frsize as u64)
+}
+
 /// Run one request. A panic (a bug) fails that request with EIO instead of
 /// unwinding into nbdkit, which would abort the server and, for INRAM, lose
 /// every mapping made since the last clean stop.
@@ -133,8 +170,14 @@ fn close_with_retries(device: &Device) -> dedup_core::Result<()> {
                 attempt += 1;
             }
             Err(e) => {
+                let backend = &device.config().backend;
+                let next = if dedup_core::registry::crash_safe(backend) {
+                    format!("the {backend} store recovers from its journal at the next serve, which needs room on that filesystem too (no --accept-unclean needed)")
+                } else {
+                    format!("the {backend} store then needs `dedup serve --accept-unclean`, which rolls back to its last clean stop")
+                };
                 tracing::error!(
-                    "saving metadata failed; the device will need --accept-unclean: {e}"
+                    "saving metadata failed: {e}. Free space on the filesystem holding the metadata if it is full; {next}"
                 );
                 return Err(e);
             }
@@ -335,7 +378,10 @@ impl Server for DedupPlugin {
                 })?)),
                 None => None,
             };
-            let device = Arc::new(layout::open(&paths, &opts).map_err(nbd_error)?);
+            let device = Arc::new(
+                layout::open(&paths, &opts)
+                    .map_err(|e| nbd_error(full_host_advice(e, &paths.meta)))?,
+            );
             let limit = s.write_back_bytes.unwrap_or(DEFAULT_WRITE_BACK);
             device.start_write_back(limit, WRITE_BACK_FROM);
             device.start_index_warm();

@@ -15,7 +15,7 @@ use super::{print_json, size_arg};
 #[derive(clap::Args)]
 #[command(
     about = "Create a new deduplicated device in a directory",
-    after_help = "Examples:\n  dedup create ./dev --size 10G\n  dedup create ./dev --size 10G --physical-size 2G --compression zstd:3\n  dedup create ./dev --size 1T --physical-size 200G --hash sha256 --verify\n  dedup create ./dev --size 100G --data /dev/sdb --meta /dev/nvme0n1p3\n\nWhat it costs (sparse, the default): metadata grows by about 45 bytes per stored chunk (about 11 GiB per TiB of unique data in 4K chunks) and costs nothing for space never written; a journal as large as the largest commit comes on top. RAM: --cache plus up to --index-memory (about 4 bytes per fingerprint, 1 GB per TB of unique data; past that the index samples and finds fewer duplicates, about 97% at 1/32 of a full index) plus 4 bytes per 4 MiB of data space. create prints the figures for the device it makes."
+    after_help = "Examples:\n  dedup create ./dev --size 10G\n  dedup create ./dev --size 10G --physical-size 2G --compression zstd:3\n  dedup create ./dev --size 1T --physical-size 200G --hash sha256 --verify\n  dedup create ./dev --size 100G --data /dev/sdb --meta /dev/nvme0n1p3\n\nWhat it costs (sparse, the default): metadata grows by about 45 bytes per stored chunk (about 11 GiB per TiB of unique data in 4K chunks) and costs nothing for space never written; a journal as large as the largest commit comes on top. RAM: --cache plus up to --index-memory (about 4 bytes per fingerprint, 1 GB per TB of unique data; past that the index samples and finds fewer duplicates: about 97% at 1/32 of a full index when copies come in the order first written, far fewer for data in another order, e.g. half at 1/16 for shuffled copies; `dedup status` says how many it missed) plus 4 bytes per 4 MiB of data space. create prints the figures for the device it makes."
 )]
 pub struct Args {
     /// Directory for the device (created 0700 if missing; must not hold a
@@ -142,7 +142,7 @@ pub fn print_sizing(s: &dedup_core::backends::sparse::Sizing) {
         format_size(s.metadata_bytes_per_tib)
     );
     println!(
-        "RAM: a {} metadata cache, up to {} for the hash index and {} of summaries. The index keeps every fingerprint of the first {} of unique data; beyond that it samples, and finds about {:.0}% of duplicates at 1/8 of the memory a full index would need, {:.0}% at 1/32 (Guo's Eq. 2; raise --index-memory to keep more).",
+        "RAM: a {} metadata cache, up to {} for the hash index and {} of summaries. The index keeps every fingerprint of the first {} of unique data; beyond that it samples. Data copied in the order first written still finds about {:.0}% of duplicates at 1/8 of the memory a full index would need, {:.0}% at 1/32 (Guo's Eq. 2); data in another order finds far fewer (shuffled copies: about half at 1/16). `dedup status` counts what it missed; raise --index-memory to keep more.",
         format_size(s.ram_cache_bytes),
         format_size(s.ram_index_bytes),
         format_size(s.ram_summary_bytes),

@@ -57,8 +57,10 @@ pub fn restore_to(
             let mut open = OpenOptions::new();
             open.write(true);
             if block {
-                // A block device that is mounted or held open by another
-                // exclusive user answers EBUSY: never written under them.
+                // Mounted, stacked on, or held by another exclusive user:
+                // refused by name (`guard`, as `dedup create` does); the
+                // exclusive open below (EBUSY) keeps it so while writing.
+                drop(dedup_core::guard::not_in_use(target)?);
                 open.custom_flags(libc::O_EXCL);
             }
             let mut file = match fifo {

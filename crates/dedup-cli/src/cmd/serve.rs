@@ -206,7 +206,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         }
         Ok((_, DeviceState::Open)) => {
             eprintln_safe(&format!(
-                "dedup: warning: nbdkit exited ({status}) without a clean shutdown; the next serve needs --accept-unclean"
+                "dedup: error: the metadata was not saved at stop (nbdkit exited {status}; its log above says why). {}",
+                unsaved_advice(&cfg.backend, &dir)
             ));
             false
         }
@@ -217,12 +218,32 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             false
         }
     };
-    // Ended by a second Ctrl-C after the metadata was saved: a clean stop.
-    Ok(if status.success() || clean {
+    // Success is a saved device: nbdkit exits 0 when its unload failed to
+    // save, and ends by SIGKILL after a second Ctrl-C that saved.
+    Ok(if clean {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(EXIT_FAILURE)
     })
+}
+
+/// What to do about a stop that did not save, for the device's store: a
+/// crash-safe one recovers by its journal (no --accept-unclean: that is
+/// for stores saved only at a clean stop).
+fn unsaved_advice(backend: &str, dir: &Path) -> String {
+    if dedup_core::registry::crash_safe(backend) {
+        format!(
+            "The {backend} store recovers from its journal when served again, losing nothing acknowledged; \
+             if the filesystem holding {} is full, free space on it first.",
+            dir.display()
+        )
+    } else {
+        format!(
+            "The {backend} store keeps only its last clean stop: free space on the filesystem holding {} if it is full, \
+             then serve it again with --accept-unclean to roll back to that stop.",
+            dir.display()
+        )
+    }
 }
 
 /// How to attach the device, for the ways it is served.
@@ -335,4 +356,21 @@ fn stop_on_signals(signals: &mut signal_hook::iterator::Signals, pid: libc::pid_
 fn eprintln_safe(msg: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "{msg}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stop_that_did_not_save_advises_what_fits_the_store() {
+        let dir = Path::new("/srv/dev");
+        let sparse = unsaved_advice("sparse", dir);
+        assert!(!sparse.contains("--accept-unclean"), "{sparse}");
+        assert!(
+            sparse.contains("journal") && sparse.contains("/srv/dev"),
+            "{sparse}"
+        );
+        assert!(unsaved_advice("inram", dir).contains("--accept-unclean"));
+    }
 }

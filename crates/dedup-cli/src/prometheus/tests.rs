@@ -244,7 +244,7 @@ fn figures_are_in_base_units_and_counters_carry_their_values() {
     assert_eq!(value_of(&samples, "dedup_write_requests_total"), 7.0);
     assert_eq!(value_of(&samples, "dedup_nospace_errors_total"), 2.0);
     assert_eq!(value_of(&samples, "dedup_metadata_io_syncs_total"), 3.0);
-    assert_eq!(value_of(&samples, "dedup_space_ratio"), 3.0);
+    assert_eq!(value_of(&samples, "dedup_space_factor"), 3.0);
 }
 
 #[test]
@@ -268,4 +268,22 @@ fn values_prometheus_cannot_read_as_rust_prints_them_are_spelled_its_way() {
     assert_eq!(value(Value::Float(f64::NEG_INFINITY)), "-Inf");
     assert_eq!(value(Value::Float(f64::NAN)), "NaN");
     assert_eq!(value(Value::Float(1.5)), "1.5");
+}
+
+#[test]
+fn every_ratio_is_a_share_from_zero_to_one_and_multipliers_are_factors() {
+    // The README's convention: `_ratio` is a fraction. The dedup and
+    // compression figures here are 3 and 2.5: they must not be named so.
+    let text = render("/srv/dedup/a", true, &stats());
+    let (samples, _) = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    for s in samples.iter().filter(|s| s.name.ends_with("_ratio")) {
+        assert!(
+            (0.0..=1.0).contains(&s.value),
+            "{} is {}, not a share from 0 to 1",
+            s.name,
+            s.value
+        );
+    }
+    assert_eq!(value_of(&samples, "dedup_dedup_factor"), 3.0);
+    assert_eq!(value_of(&samples, "dedup_io_dedup_factor"), 2.5);
 }

@@ -197,6 +197,18 @@ impl SampledIndex {
         key & ((1u64 << self.shift) - 1) == 0
     }
 
+    /// Count a lookup of `key` that the sample covers (the table holds
+    /// every sampled key, so its outcome is the truth about `key`): the
+    /// evidence `missed_estimate` scales up.
+    pub fn note_lookup(&mut self, key: u64, found: bool) {
+        if self.sampled(key) {
+            // Sampled with probability 1/period: a hit stands for period
+            // duplicates (Horvitz-Thompson), so rate changes do not bias it.
+            self.stats.sampled_lookups += 1;
+            self.stats.duplicates_seen += (found as u64) << self.shift;
+        }
+    }
+
     /// A prefetched fingerprint's PBN, to be confirmed by the caller.
     pub fn cached(&self, key: u64) -> Option<Pbn> {
         self.cached.get(&key).copied()

@@ -337,3 +337,35 @@ fn the_index_is_rebuilt_in_steps_and_never_checkpointed_partial() {
     assert!(!s.index.stats.from_checkpoint);
     assert!(finds_all(&mut s, 5000));
 }
+
+#[test]
+fn missed_duplicates_are_estimated_for_shuffled_copies_too() {
+    // A sampled index, then a copy of everything stored in shuffled order
+    // (a stride through the chunks: no neighbour follows a hit), mixed
+    // with new data: prefetch finds little, and the estimate must say so.
+    let n = 200_000u64;
+    let mut s = mem_store(&cfg(2 * n, 2 * n), SMALL);
+    for i in 0..n {
+        let pbn = s.alloc_pbn().unwrap().unwrap();
+        s.hash_index_insert(&fp(i), pbn).unwrap();
+    }
+    assert!(s.index.stats.sampling_period >= 8, "{:?}", s.index.stats);
+    let mut missed = 0u64;
+    for k in 0..n {
+        let i = k * 7919 % n;
+        missed += s.hash_index_lookup(&fp(i)).unwrap().is_none() as u64;
+        if k % 4 == 0 {
+            assert_eq!(s.hash_index_lookup(&fp(10 * n + k)).unwrap(), None);
+        }
+    }
+    let est = missed_estimate(&s.index.stats);
+    assert!(
+        missed > n / 2,
+        "shuffled copies should defeat prefetch: {missed}"
+    );
+    assert!(
+        est.abs_diff(missed) * 10 <= missed,
+        "estimated {est} missed duplicates, {missed} were; {:?}",
+        s.index.stats
+    );
+}
