@@ -317,4 +317,46 @@ expect_fail "not a dedup repository" "$DEDUP" list "$WORK/tree"
 expect_fail "not empty" "$DEDUP" store init "$WORK/tree"
 "$DEDUP" list "$R" >"$WORK/list.txt"
 grep -q "^p " "$WORK/list.txt" && fail "a refused backup was listed"
+
+# --- store objects (issue items 7, 10, 12c): kept apart from the
+# restore checks above.
+log "a damaged backup object: the others are listed, it is named and deleted, gc keeps what it may need"
+D=$WORK/damaged
+# flip FILE: change one byte of FILE in place.
+flip() { python3 -c "import sys; b=bytearray(open(sys.argv[1],'rb').read()); b[40]^=1; open(sys.argv[1],'wb').write(b)" "$1"; }
+"$DEDUP" store init "$D" >/dev/null
+echo a | "$DEDUP" backup "$D" a --stdin >/dev/null || fail "backup a"
+echo b | "$DEDUP" backup "$D" b --stdin >/dev/null || fail "backup b"
+cp "$D/backups/a" "$WORK/a.good"
+flip "$D/backups/a"
+rc=0
+"$DEDUP" list "$D" >"$WORK/dlist.txt" 2>"$WORK/dlist.err" || rc=$?
+[ "$rc" -eq 1 ] || fail "list beside a damaged backup exited $rc"
+grep -q "^b " "$WORK/dlist.txt" || fail "b is not listed beside damaged a"
+grep -q "backup a cannot be listed" "$WORK/dlist.err" || fail "damaged a is not named"
+"$DEDUP" list "$D" --json >"$WORK/dlist.json" 2>/dev/null || true
+python3 -c "import json,sys; assert [e['name'] for e in json.load(open(sys.argv[1]))] == ['b']" "$WORK/dlist.json" \
+    || fail "list --json beside a damaged backup"
+"$DEDUP" delete "$D" b >/dev/null || fail "delete b"
+"$DEDUP" gc "$D" >"$WORK/dgc.txt" || fail "gc beside a damaged backup"
+grep -q "damaged" "$WORK/dgc.txt" || fail "gc does not say what the damaged backup made it keep"
+cp "$WORK/a.good" "$D/backups/a"
+[ "$("$DEDUP" restore "$D" a -)" = a ] || fail "a, repaired after the gc, does not restore"
+flip "$D/backups/a"
+"$DEDUP" delete "$D" a >/dev/null || fail "delete a damaged backup"
+"$DEDUP" list "$D" >/dev/null || fail "list after deleting the damaged backup"
+"$DEDUP" gc "$D" --json >"$WORK/dgc.json" || fail "gc after deleting the damaged backup"
+[ "$(field "$WORK/dgc.json" orphans_removed)" -ge 1 ] || fail "a's recipe was not collected"
+"$DEDUP" store check "$D" >/dev/null || fail "store check after the damaged backup went"
+
+log "a killed writer's temporary files go at the next backup"
+head -c 1M /dev/urandom >"$D/containers/.tmp-killed"
+echo c | "$DEDUP" backup "$D" c --stdin >/dev/null || fail "backup c"
+[ -e "$D/containers/.tmp-killed" ] && fail "a killed writer's temporary file is still there"
+
+log "gc of a repository whose config is damaged names the config"
+cp "$D/config" "$WORK/config.good"
+flip "$D/config"
+expect_fail "config object .* is damaged" "$DEDUP" gc "$D"
+cp "$WORK/config.good" "$D/config"
 echo "PASS backup"

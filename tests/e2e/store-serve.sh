@@ -118,6 +118,38 @@ kill -CONT "$pid"
 "$DEDUP" store remote --server "unix:$S" list --json >"$WORK/after-wedge.json" || fail "list after the server went on"
 grep -q '"wedged"' "$WORK/after-wedge.json" && fail "the timed-out backup was committed"
 
+log "through the server: a damaged backup object is named and the others listed; gc takes a percent"
+echo d | "$DEDUP" backup --server "unix:$S" dmg --stdin >/dev/null || fail "backup dmg"
+python3 -c "import sys; b=bytearray(open(sys.argv[1],'rb').read()); b[40]^=1; open(sys.argv[1],'wb').write(b)" "$R/backups/dmg"
+rc=0
+"$DEDUP" store remote --server "unix:$S" list >"$WORK/rlist.txt" 2>"$WORK/rlist.err" || rc=$?
+[ "$rc" -eq 1 ] || fail "remote list beside a damaged backup exited $rc"
+grep -q "^t2 " "$WORK/rlist.txt" || fail "t2 is not listed beside damaged dmg"
+grep -q "backup dmg cannot be listed" "$WORK/rlist.err" || fail "damaged dmg is not named"
+expect_fail "ambiguous" "$DEDUP" store remote --server "unix:$S" gc --compact-below 0.5
+"$DEDUP" store remote --server "unix:$S" gc --compact-below 50 >"$WORK/rgc.txt" || fail "remote gc beside a damaged backup"
+grep -q "damaged" "$WORK/rgc.txt" || fail "remote gc does not say what the damaged backup made it keep"
+"$DEDUP" store remote --server "unix:$S" delete dmg >/dev/null || fail "remote delete of a damaged backup"
+"$DEDUP" store remote --server "unix:$S" list >/dev/null || fail "remote list after the delete"
+
+log "64 Unix-socket peers that never say Hello do not lock a client out"
+python3 - "$S" <<'PY' &
+import socket, sys, time
+peers = []
+for _ in range(64):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(sys.argv[1])
+    peers.append(s)
+time.sleep(20)
+PY
+squat=$!
+sleep 1
+start=$(date +%s)
+timeout 30 "$DEDUP" store remote --server "unix:$S" list >/dev/null || fail "a client was locked out by silent peers"
+[ $(($(date +%s) - start)) -lt 15 ] || fail "the client waited $(($(date +%s) - start)) s"
+kill "$squat" 2>/dev/null || true
+wait "$squat" 2>/dev/null || true
+
 log "SIGTERM stops it cleanly"
 kill -TERM "$pid"
 wait "$pid" || fail "dedup store serve exited $?"

@@ -98,3 +98,92 @@ fn gc_of_a_repository_reclaims_a_deleted_backup() {
     );
     drop(writer);
 }
+
+/// A repository whose config is damaged is still named a repository, and
+/// the config as what is damaged (not "not a dedup device directory").
+#[test]
+fn gc_of_a_repository_with_a_damaged_config_names_the_config() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    let r = repo.to_str().unwrap();
+    ok_json(&["store", "init", r, "--json"], None);
+    let mut config = std::fs::read(repo.join("config")).unwrap();
+    config[20] ^= 1;
+    std::fs::write(repo.join("config"), config).unwrap();
+    support::refused(&["gc", r], "config object");
+    let out = dedup(&["gc", r], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is damaged") && !err.contains("device"),
+        "{err}"
+    );
+}
+
+/// `dedup list` beside a damaged backup object: the others listed (in
+/// JSON too), the damaged one named on stderr, exit status 1.
+#[test]
+fn list_names_a_damaged_backup_and_lists_the_others() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    let r = repo.to_str().unwrap();
+    ok_json(&["store", "init", r, "--json"], None);
+    for name in ["a", "b"] {
+        support::ok(&["backup", r, name, "--stdin"], Some(name.as_bytes()));
+    }
+    let mut object = std::fs::read(repo.join("backups/a")).unwrap();
+    object[40] ^= 1;
+    std::fs::write(repo.join("backups/a"), object).unwrap();
+    for json in [false, true] {
+        let args: &[&str] = if json {
+            &["list", r, "--json"]
+        } else {
+            &["list", r]
+        };
+        let out = dedup(args, None);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("backup a cannot be listed"), "{err}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        if json {
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(v.as_array().unwrap().len(), 1, "{text}");
+            assert_eq!(v[0]["name"], "b");
+        } else {
+            assert!(text.lines().any(|l| l.starts_with("b ")), "{text}");
+        }
+    }
+}
+
+/// `store remote gc --compact-below` takes a percent, as `dedup gc` does;
+/// a bare number above 0 and at most 1 (a fraction before) is refused as
+/// ambiguous, before anything connects.
+#[test]
+fn store_remote_gc_takes_a_percent_and_refuses_an_ambiguous_fraction() {
+    let gc = |below: &str| {
+        let server = "unix:/nonexistent/dedup.sock";
+        dedup(
+            &[
+                "store",
+                "remote",
+                "--server",
+                server,
+                "gc",
+                "--compact-below",
+                below,
+            ],
+            None,
+        )
+    };
+    let out = gc("0.5");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("ambiguous") && err.contains("50"),
+        "{err}"
+    );
+    for below in ["50", "0", "0.5%", "100"] {
+        let out = gc(below);
+        let err = String::from_utf8_lossy(&out.stderr);
+        // Taken: it gets as far as connecting.
+        assert!(!err.contains("compact-below"), "{below}: {err}");
+    }
+}

@@ -8,7 +8,8 @@
 //! without replacing anything (so a racing `put` of the same name is refused,
 //! not overwritten), then fsyncs the directory so the rename itself is
 //! durable. A crash leaves at most a temporary file behind, which `list` and
-//! `get` never show; `sweep_temporaries` removes them.
+//! `get` never show; `sweep_temporaries` removes them (a repository calls
+//! it when it is opened to write, under the writer's lock).
 
 use std::fs::{self, DirBuilder, File, Permissions};
 use std::io::{self, ErrorKind};
@@ -49,7 +50,9 @@ impl LocalDir {
     }
 
     /// Remove the temporary files crashed `put`s left behind; how many.
-    /// Only safe while no `put` is running on this directory.
+    /// Only safe while no `put` is running on this directory: a
+    /// repository calls it only from the process that has just taken the
+    /// writer's lock, which every process that puts holds.
     pub fn sweep_temporaries(&self) -> Result<usize> {
         let mut removed = 0;
         let mut dirs = vec![self.root.clone()];
@@ -60,9 +63,14 @@ impl LocalDir {
                 if is_dir {
                     dirs.push(path);
                 } else if file_name.starts_with(TEMP_PREFIX) {
-                    fs::remove_file(&path)
-                        .map_err(|e| Error::io(format!("removing {}", path.display()), e))?;
-                    removed += 1;
+                    match fs::remove_file(&path) {
+                        Ok(()) => removed += 1,
+                        Err(e) if e.kind() == ErrorKind::NotFound => {}
+                        Err(e) => {
+                            let d = format!("removing the temporary file {} a killed writer left (remove it by hand)", path.display());
+                            return Err(Error::io(d, e));
+                        }
+                    }
                 }
             }
         }

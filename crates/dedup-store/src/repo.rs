@@ -205,6 +205,11 @@ impl Repository {
                         cause: std::io::Error::other(other.to_string()),
                     },
                 })?;
+                // Holding the writer's lock, before this process puts
+                // anything: only the lock's holder puts, so every
+                // temporary file is a dead writer's (a killed backup or
+                // server), never a live one's.
+                LocalDir::open(&dir)?.sweep_temporaries()?;
                 let opened = make(store.clone());
                 (Some(Mutex::new(opened.index)), opened.covered, Some(lock))
             }
@@ -393,12 +398,22 @@ impl Repository {
 
     /// Remove a backup: its backup object first (after which it is gone),
     /// then its recipe and tree. Its containers stay until a garbage
-    /// collection ([`Repository::gc`]).
+    /// collection ([`Repository::gc`]). A damaged backup object is removed
+    /// alone: the recipe and tree it named cannot be known from it, and
+    /// the next collection removes them as orphans.
     pub fn delete_backup(&self, name: &str) -> RepoResult<()> {
         if !self.is_writable() {
             return Err(RepoError::ReadOnly);
         }
-        let record = self.backup(name)?;
+        let record = match self.backup(name) {
+            Err(RepoError::Corrupt { .. } | RepoError::Store(Error::Corrupt { .. })) => {
+                return match self.store.delete(&BackupRecord::object_name(name)) {
+                    Ok(()) | Err(Error::NotFound { .. }) => Ok(()),
+                    Err(e) => Err(e.into()),
+                };
+            }
+            other => other?,
+        };
         self.store.delete(&BackupRecord::object_name(name))?;
         // The recipe's parts before the recipe, which names them: one that
         // a crash leaves is an orphan for GC either way.

@@ -46,6 +46,11 @@ pub trait SegmentIndex: Send {
     /// the old hints: one to a removed entry is refused by the catalog
     /// check, so it costs dedup only.
     fn compacted(&mut self, _container: u64, _entries: &[Entry]) {}
+
+    /// Garbage collection removed `n` stored fingerprints (containers
+    /// deleted, entries compacted away): lower the count the index reports
+    /// and checkpoints. The default counts nothing.
+    fn forget_fingerprints(&mut self, _n: u64) {}
 }
 
 /// What an index costs in RAM, and for how much stored data.

@@ -335,3 +335,35 @@ fn a_backup_of_files_needs_its_tree_and_an_unnamed_tree_is_garbage() {
     assert!(r.is_clean(), "{r:#?}");
     assert!(r.garbage.iter().any(|g| g.object == tree), "{r:#?}");
 }
+
+/// A tree whose files add up to another length than the stream its
+/// backup read (a restore refuses it) is damage of that backup, though it
+/// decodes and its recipe is right.
+#[test]
+fn a_tree_whose_stream_length_is_not_its_backups_bytes_is_damage() {
+    let f = fixture(Segmenting::DEFAULT);
+    let file = |size| {
+        let mut file = dedup_store::tree::Node::new(&b"f"[..], dedup_store::tree::Kind::File);
+        file.size = size;
+        dedup_store::Tree {
+            stream_len: size,
+            nodes: vec![file],
+        }
+    };
+    let tree = {
+        let repo = Repository::open(f.dir()).unwrap();
+        let mut s = repo.begin_backup("files", "g").unwrap();
+        s.append(&random(5000, 9)).unwrap();
+        let record = s.commit_with_tree(Some(&file(5000).encode())).unwrap();
+        record.tree.expect("a tree")
+    };
+    fs::write(f.path(&tree), file(4000).encode()).unwrap();
+    let r = f.check(false);
+    assert_eq!(
+        about(&r, &tree),
+        [format!(
+            "{tree}: its files hold 4000 bytes, but backup files read 5000"
+        )]
+    );
+    assert_eq!(r.affected_backups(), BTreeSet::from(["files"]));
+}

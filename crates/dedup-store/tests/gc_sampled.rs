@@ -57,3 +57,38 @@ fn sampled_index_after_sweep_and_compaction() {
     check_backups(&repo, &model);
     check_collected(tmp.path());
 }
+
+/// The count of fingerprints stored that the index reports and saves in
+/// its checkpoint goes down by what a collection deletes or compacts
+/// away: after deleting every backup and collecting, it is 0, and a
+/// reopen from the checkpoint says so too.
+#[test]
+fn the_index_checkpoints_fingerprint_count_falls_with_what_gc_deletes() {
+    let tmp = tempfile::tempdir().unwrap();
+    Repository::init(tmp.path()).unwrap();
+    drop(Repository::open(tmp.path()).unwrap());
+    let fingerprints = |repo: &Repository| repo.index_ram().unwrap().fingerprints;
+    let repo = Repository::open_sampled(tmp.path(), IndexConfig::default()).unwrap();
+    let big = data(1, 1 << 20);
+    let b = repo.backup_stream("big", "g", &big[..]).unwrap();
+    let mut part = big[..100 << 12].to_vec();
+    part.extend_from_slice(&data(2, 64 << 10));
+    let p = repo.backup_stream("part", "h", &part[..]).unwrap();
+    let stored = b.segments_new + p.segments_new;
+    assert_eq!(fingerprints(&repo), stored);
+    // big's segments that part does not share are compacted away.
+    repo.delete_backup("big").unwrap();
+    repo.gc(&GcOptions::default()).unwrap();
+    let left = fingerprints(&repo);
+    assert!(
+        left < stored && left >= p.segments_new,
+        "{left} of {stored}"
+    );
+    repo.delete_backup("part").unwrap();
+    let r = repo.gc(&GcOptions::default()).unwrap();
+    assert!(r.containers_swept > 0, "{r:?}");
+    assert_eq!(fingerprints(&repo), 0);
+    drop(repo);
+    let repo = Repository::open_sampled(tmp.path(), IndexConfig::default()).unwrap();
+    assert_eq!(fingerprints(&repo), 0);
+}

@@ -24,7 +24,7 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// Repositories only: rewrite containers whose live share of stored
-    /// bytes is below PERCENT (default 50; 0 never compacts).
+    /// bytes is below PERCENT (default 50; 0 never compacts; `%` allowed).
     #[arg(long, value_name = "PERCENT", value_parser = percent)]
     pub compact_below: Option<f64>,
 }
@@ -34,6 +34,22 @@ fn percent(s: &str) -> Result<f64, String> {
         Ok(p) if (0.0..=100.0).contains(&p) => Ok(p),
         _ => Err(format!("{s:?} is not a percentage from 0 to 100")),
     }
+}
+
+/// A percent as `percent` takes it, for `store remote gc --compact-below`,
+/// which took a fraction before: a bare number above 0 and at most 1
+/// could mean either (0.5: half, or half a percent), so it is refused;
+/// with a `%` it is a percent.
+pub fn percent_not_fraction(s: &str) -> Result<f64, String> {
+    let p = percent(s)?;
+    if !s.ends_with('%') && p > 0.0 && p <= 1.0 {
+        return Err(format!(
+            "{s} is ambiguous: --compact-below takes a percent (as `dedup gc` does), no longer a fraction; write {} for {}, or {s}% for {s} percent",
+            p * 100.0,
+            s
+        ));
+    }
+    Ok(p)
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {

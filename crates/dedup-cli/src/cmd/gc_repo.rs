@@ -10,15 +10,34 @@ use dedup_core::size::format_size;
 use dedup_store::config::CONFIG_OBJECT;
 use dedup_store::gc::DEFAULT_COMPACT_BELOW;
 use dedup_store::index::IndexConfig;
-use dedup_store::{GcOptions, RepoConfig, RepoError, Repository};
+use dedup_store::{GcOptions, GcReport, RepoError, Repository};
 
 use super::gc::Args;
 use super::print_json;
 
-/// Whether `dir` holds a backup repository: a `config` object that
-/// decodes as one (a device directory has no such file).
+/// Whether `dir` holds a backup repository: a `config` object (a device
+/// directory has no such file). One that does not decode is still the
+/// repository's: opening it names the damaged config.
 pub fn is_repository(dir: &Path) -> bool {
-    std::fs::read(dir.join(CONFIG_OBJECT)).is_ok_and(|b| RepoConfig::decode(&b).is_ok())
+    dir.join(CONFIG_OBJECT).is_file()
+}
+
+/// What a damaged backup object made a collection keep, in words.
+pub fn damaged_note(r: &GcReport) -> Option<String> {
+    if r.backups_damaged == 0 {
+        return None;
+    }
+    let mut note = format!(
+        "{} backup objects are damaged (`dedup list` names them): what they may reference was kept, {} recipes, recipe parts and trees no readable backup names among it",
+        r.backups_damaged, r.orphans_kept
+    );
+    if r.sweep_withheld {
+        note.push_str("; one of those recipes cannot be read either, so no container was deleted or compacted");
+    }
+    note.push_str(
+        ". Delete the damaged backups (dedup delete) for the next collection to reclaim it.",
+    );
+    Some(note)
 }
 
 pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
@@ -32,6 +51,13 @@ pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
             ..IndexConfig::default()
         },
     ) {
+        // It has a config, so it is a repository whose config is damaged.
+        Err(RepoError::NotARepository { dir, detail }) => bail!(
+            "{}: this backup repository's config object ({}) is damaged: {detail}. Nothing in the repository can be read or collected without it; `dedup store check {}` says what else is wrong",
+            dir.display(),
+            dir.join(CONFIG_OBJECT).display(),
+            dir.display()
+        ),
         Err(RepoError::InUse { dir }) => bail!(
             "{}: another process is writing to this repository, so it cannot be collected from here; the server that holds it (dedup store serve) will run garbage collection for it, or wait for that process to finish",
             dir.display()
@@ -79,6 +105,9 @@ pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
         r.containers,
         r.seconds
     );
+    if let Some(note) = damaged_note(&r) {
+        println!("{note}");
+    }
     if r.containers_protected > 0 {
         println!(
             "{} unreferenced containers were kept because a running backup uses them; the next collection takes them if they are still unreferenced.",

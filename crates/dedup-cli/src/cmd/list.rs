@@ -13,7 +13,7 @@ use super::store::{utc, ReportJson};
 #[derive(clap::Args)]
 #[command(
     about = "List the backups in a repository",
-    after_help = "Only committed backups are listed: one that failed or was killed part-way never appears.\n\nExamples:\n  dedup list ./repo\n  dedup list ./repo --json"
+    after_help = "Only committed backups are listed: one that failed or was killed part-way never appears. A backup whose backup object is damaged is named on stderr (the others are still listed) and the exit status is 1.\n\nExamples:\n  dedup list ./repo\n  dedup list ./repo --json"
 )]
 pub struct Args {
     /// Repository directory.
@@ -37,8 +37,10 @@ struct Entry {
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let repo = super::store::open_read_only(&a.repo)?;
-    let entries: Vec<Entry> = repo
-        .list_backups()?
+    let listing = repo.list_backups_all()?;
+    let status = damaged(&a.repo, &listing.damaged);
+    let entries: Vec<Entry> = listing
+        .backups
         .into_iter()
         .map(|b| Entry {
             name: b.name,
@@ -50,11 +52,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         .collect();
     if a.json {
         print_json(&entries)?;
-        return Ok(ExitCode::SUCCESS);
+        return Ok(status);
     }
-    if entries.is_empty() {
+    if entries.is_empty() && status == ExitCode::SUCCESS {
         println!("{}: no backups yet.", a.repo.display());
-        return Ok(ExitCode::SUCCESS);
+        return Ok(status);
     }
     // A table can be long and is often piped into `head` or `grep -q`:
     // a reader that stops early ends the listing, not in a panic.
@@ -84,10 +86,30 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         out.flush()
     };
     match table() {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(status),
         other => {
             other?;
-            Ok(ExitCode::SUCCESS)
+            Ok(status)
         }
+    }
+}
+
+/// Name each damaged backup on stderr, with what to do; exit status 1 if
+/// there is one.
+fn damaged(repo: &std::path::Path, damaged: &[dedup_store::DamagedBackup]) -> ExitCode {
+    for d in damaged {
+        eprintln!(
+            "dedup list: backup {} cannot be listed: {}. `dedup store check {}` says what else it costs; `dedup delete {} {}` removes it (until then gc keeps what it may reference).",
+            d.name,
+            d.detail,
+            repo.display(),
+            repo.display(),
+            d.name
+        );
+    }
+    if damaged.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     }
 }

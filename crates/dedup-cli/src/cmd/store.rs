@@ -170,7 +170,14 @@ struct StatsIndex {
 fn stats(a: StatsArgs) -> anyhow::Result<ExitCode> {
     // Read-only: stats works beside a process that writes, and writes nothing.
     let repo = Repository::open_read_only(&a.repo)?;
-    let backups = repo.list_backups()?;
+    let listing = repo.list_backups_all()?;
+    for d in &listing.damaged {
+        eprintln!(
+            "dedup store stats: backup {} is left out: {}",
+            d.name, d.detail
+        );
+    }
+    let backups = listing.backups;
     let store = LocalDir::open(&a.repo)?;
     let containers = store.list(CONTAINERS_PREFIX)?;
     let mut bytes_stored = 0;

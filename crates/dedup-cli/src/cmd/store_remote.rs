@@ -56,8 +56,9 @@ pub enum RemoteCommand {
     /// Collect garbage in the server's repository, beside running backups.
     Gc {
         /// Compact a container whose live share of stored bytes is below
-        /// this fraction (0 never compacts); the server's default if not given.
-        #[arg(long)]
+        /// PERCENT (0 never compacts), as `dedup gc --compact-below`; the
+        /// server's default (50) if not given.
+        #[arg(long, value_name = "PERCENT", value_parser = super::gc::percent_not_fraction)]
         compact_below: Option<f64>,
     },
     /// Restore a backup of a stream through the server to a new file, or
@@ -94,9 +95,19 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         no_auth: a.no_auth,
     }
     .connect()?;
+    let mut status = ExitCode::SUCCESS;
     match a.command {
         RemoteCommand::List => {
-            let backups = c.list()?;
+            let (backups, damaged) = c.list_all()?;
+            for d in &damaged {
+                eprintln!(
+                    "dedup store remote list: backup {} cannot be listed: {}. `dedup store remote delete {}` removes it.",
+                    d.name, d.detail, d.name
+                );
+            }
+            if !damaged.is_empty() {
+                status = ExitCode::from(1);
+            }
             if a.json {
                 let v: Vec<Listed> = backups
                     .into_iter()
@@ -153,7 +164,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             }
         }
         RemoteCommand::Gc { compact_below } => {
-            let r = c.gc(compact_below)?;
+            let r = c.gc(compact_below.map(|p| p / 100.0))?;
             if a.json {
                 print_json(&serde_json::json!({
                     "backups": r.backups,
@@ -163,6 +174,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                     "containers_compacted": r.containers_compacted,
                     "bytes_reclaimed": r.bytes_reclaimed,
                     "orphans_removed": r.orphans_removed,
+                    "backups_damaged": r.backups_damaged,
+                    "orphans_kept": r.orphans_kept,
+                    "sweep_withheld": r.sweep_withheld,
                     "seconds": r.seconds,
                 }))?;
             } else {
@@ -175,6 +189,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                     format_size(r.bytes_reclaimed),
                     r.seconds
                 );
+                if let Some(note) = super::gc_repo::damaged_note(&r) {
+                    println!("{note}");
+                }
             }
         }
         RemoteCommand::Restore {
@@ -183,7 +200,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             force,
         } => restore(&c, &name, &target, force)?,
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(status)
 }
 
 /// Like `dedup restore` (`restore_target.rs`): a file TARGET must be new

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::container::{container_name, Catalog, Container};
+use crate::container::{compacted_name, container_name, Catalog, Container};
 use crate::error::Error;
 use crate::objects::ObjectStore;
 use crate::repo::CONTAINERS_PREFIX;
@@ -86,7 +86,15 @@ fn check_catalog(store: &dyn ObjectStore, id: u64, report: &mut CheckReport) -> 
 
 fn check_data(store: &dyn ObjectStore, id: u64, report: &mut CheckReport) -> ContainerState {
     let name = container_name(id);
-    let bytes = match store.get(&name) {
+    // The compacted version, if a crash left only that (as restores do).
+    let read = match store.get(&name) {
+        Err(Error::NotFound { .. }) => store.get(&compacted_name(id)).map_err(|e| match e {
+            Error::NotFound { .. } => Error::NotFound { name: name.clone() },
+            e => e,
+        }),
+        other => other,
+    };
+    let bytes = match read {
         Ok(bytes) => bytes,
         Err(e) => return ContainerState::Damaged(report.problem(&name, store_detail(&e))),
     };

@@ -28,9 +28,10 @@
 //! it is released. Which containers to look at: those the old marks of
 //! changed groups referenced (only they can have lost entries), saved in
 //! `gc/candidates-<gen>` before the new marks are written, so a GC that
-//! dies before compacting leaves them for the next one.
+//! dies before compacting leaves them for the next one; they stay there
+//! until compacted (`candidates.rs`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::container::{compacted_name, container_name, Container, COMPACTED_PREFIX};
@@ -38,27 +39,16 @@ use crate::error::Error;
 use dedup_core::compress::Compression;
 
 use crate::format::Entry;
-use crate::framed::{frame, unframe, Reader};
+use crate::gc::candidates::{CandidateIds, SHARE_SCALE};
 use crate::gc::marks::is_marked;
 use crate::gc::{GcOptions, GcReport};
 use crate::repo::Repository;
 use crate::repo_error::{RepoError, RepoResult};
 use crate::writer::ContainerWriter;
 
-pub const CANDIDATES_PREFIX: &str = "gc/candidates-";
-const MAGIC: [u8; 8] = *b"DDUPCAND";
-const VERSION: u32 = 1;
-
 /// The default threshold: compact a container once less than half of it
 /// is live.
 pub const DEFAULT_COMPACT_BELOW: f64 = 0.5;
-
-/// Saved compaction candidates: ids and the objects that held them.
-pub(super) struct Candidates {
-    pub ids: BTreeSet<u64>,
-    pub objects: Vec<String>,
-    next_generation: u64,
-}
 
 impl Repository {
     /// Finish the compactions a crash interrupted (see the module doc).
@@ -86,71 +76,31 @@ impl Repository {
         Ok(())
     }
 
-    pub(super) fn load_candidates(&self) -> RepoResult<Candidates> {
-        let mut c = Candidates {
-            ids: BTreeSet::new(),
-            objects: Vec::new(),
-            next_generation: 0,
-        };
-        for object in self.store.list(CANDIDATES_PREFIX)? {
-            let generation = object
-                .strip_prefix(CANDIDATES_PREFIX)
-                .and_then(|h| u64::from_str_radix(h, 16).ok());
-            if let Some(g) = generation {
-                c.next_generation = c.next_generation.max(g + 1);
-            }
-            // Damaged: only a missed compaction, never a lost segment.
-            if let Ok(ids) = self
-                .store
-                .get(&object)
-                .map_err(RepoError::from)
-                .and_then(|b| decode_candidates(&object, &b))
-            {
-                c.ids.extend(ids);
-            }
-            c.objects.push(object);
-        }
-        Ok(c)
-    }
-
-    /// Replace the saved candidates with `ids` (put new, delete old).
-    pub(super) fn save_candidates(
-        &self,
-        c: &mut Candidates,
-        ids: &BTreeSet<u64>,
-    ) -> RepoResult<()> {
-        let old = std::mem::take(&mut c.objects);
-        if !ids.is_empty() {
-            let object = format!("{CANDIDATES_PREFIX}{:016x}", c.next_generation);
-            self.store.put(&object, &encode_candidates(ids))?;
-            c.next_generation += 1;
-            c.objects.push(object);
-        }
-        for object in old {
-            self.delete_if_there(&object)?;
-        }
-        c.ids = ids.clone();
-        Ok(())
-    }
-
-    /// Compact the candidates that are live and mostly dead; the ones a
-    /// running backup held are returned, to be tried next time.
+    /// Compact the candidates that are live and mostly dead. Returns the
+    /// candidates left for a later collection: those a running backup
+    /// held (share unknown), and those not below this threshold (with the
+    /// share found; one found before and not below it is not read again).
     pub(super) fn compact(
         &self,
-        candidates: &BTreeSet<u64>,
+        candidates: &CandidateIds,
         live: &BTreeMap<u64, Vec<u8>>,
         options: &GcOptions,
         report: &mut GcReport,
-    ) -> RepoResult<BTreeSet<u64>> {
-        let mut held = BTreeSet::new();
+    ) -> RepoResult<CandidateIds> {
+        let mut left = CandidateIds::new();
         let total = candidates.len() as u64;
-        for (n, &id) in candidates.iter().enumerate() {
+        for (n, (&id, &share)) in candidates.iter().enumerate() {
             if let Some(p) = options.progress {
                 p("compact", n as u64 + 1, total);
             }
             let Some(bits) = live.get(&id) else {
                 continue; // swept, or never live
             };
+            // Rounded down: a share at or above the threshold is surely so.
+            if share.is_some_and(|s| f64::from(s) >= options.compact_below * SHARE_SCALE as f64) {
+                left.insert(id, share);
+                continue;
+            }
             // The catalog says whether it is worth reading the container.
             report.catalogs_read += 1;
             let catalog = match self.catalog(id) {
@@ -170,11 +120,15 @@ impl Repository {
                     kept += raw;
                 }
             }
-            if kept == all || kept as f64 >= options.compact_below * all as f64 {
+            if kept == all {
+                continue; // nothing dead: no longer a candidate
+            }
+            if kept as f64 >= options.compact_below * all as f64 {
+                left.insert(id, Some((kept * SHARE_SCALE / all) as u16));
                 continue;
             }
             if self.protection().condemn([id]).is_empty() {
-                held.insert(id);
+                left.insert(id, None);
                 continue;
             }
             let result = self.replace(id, bits, report);
@@ -184,7 +138,7 @@ impl Repository {
             self.protection().release(id);
             result?;
         }
-        Ok(held)
+        Ok(left)
     }
 
     /// Steps 1 to 4 for container `id`, keeping the entries set in `bits`.
@@ -204,7 +158,12 @@ impl Repository {
         self.delete_if_there(&tmp)?;
         report.containers_compacted += 1;
         report.bytes_reclaimed += old_len.saturating_sub(bytes.len() as u64);
-        self.index()?.compacted(id, &entries);
+        let present = |e: &[Entry]| e.iter().filter(|e| !e.is_absent()).count() as u64;
+        let removed = present(old.catalog().entries()).saturating_sub(present(&entries));
+        let mut index = self.index()?;
+        index.compacted(id, &entries);
+        index.forget_fingerprints(removed);
+        drop(index);
         let catalog = Container::parse(&container_name(id), bytes)?
             .catalog()
             .clone();
@@ -238,28 +197,4 @@ fn compacted(
         .entries()
         .to_vec();
     Ok((out, entries))
-}
-
-fn encode_candidates(ids: &BTreeSet<u64>) -> Vec<u8> {
-    let mut body = Vec::with_capacity(8 + 8 * ids.len());
-    body.extend_from_slice(&(ids.len() as u64).to_le_bytes());
-    for id in ids {
-        body.extend_from_slice(&id.to_le_bytes());
-    }
-    frame(MAGIC, VERSION, &body)
-}
-
-fn decode_candidates(object: &str, bytes: &[u8]) -> RepoResult<Vec<u64>> {
-    let body = unframe(object, MAGIC, VERSION, bytes)?;
-    let mut r = Reader::new(object, body);
-    let n = r.u64()?;
-    if n.checked_mul(8) != Some(body.len() as u64 - 8) {
-        return Err(RepoError::corrupt(
-            object,
-            "count does not match its length",
-        ));
-    }
-    let ids = (0..n).map(|_| r.u64()).collect::<RepoResult<Vec<_>>>()?;
-    r.finish()?;
-    Ok(ids)
 }

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::backup::BackupRecord;
 use crate::error::Error;
-use crate::gc::compact::Candidates;
+use crate::gc::candidates::Candidates;
 use crate::gc::marks::{Marks, MARKS_PREFIX};
 use crate::gc::{GcOptions, GcReport};
 use crate::recipe_parts::RecipeParts;
@@ -25,7 +25,7 @@ impl Repository {
     pub(super) fn mark(
         &self,
         backups: &[BackupRecord],
-        candidates: Option<&mut Candidates>,
+        c: &mut Candidates,
         options: &GcOptions,
         report: &mut GcReport,
     ) -> RepoResult<BTreeMap<String, Marks>> {
@@ -87,7 +87,7 @@ impl Repository {
         // those no old marks reference (written since; a backup that used
         // them may already be deleted). Saved before any marks change, so
         // a GC that dies before compacting leaves them for the next.
-        if let Some(c) = candidates {
+        {
             let dropped: Vec<Marks> = saved
                 .values()
                 .filter_map(|v| self.newest_marks(v))
@@ -96,13 +96,26 @@ impl Repository {
             let known: BTreeSet<u64> = old_marks()
                 .flat_map(|m| m.containers.keys().copied())
                 .collect();
+            // Added with no share: its marks changed, so it is looked at
+            // again whatever share an earlier look found.
             let mut ids = c.ids.clone();
+            let mut add = |id: &u64| {
+                ids.insert(*id, None);
+            };
             for g in &remarked {
-                ids.extend(old[g].1.iter().flat_map(|m| m.containers.keys()));
-                ids.extend(out[*g].containers.keys().filter(|id| !known.contains(id)));
+                old[g]
+                    .1
+                    .iter()
+                    .flat_map(|m| m.containers.keys())
+                    .for_each(&mut add);
+                out[*g]
+                    .containers
+                    .keys()
+                    .filter(|id| !known.contains(id))
+                    .for_each(&mut add);
             }
             for m in &dropped {
-                ids.extend(m.containers.keys());
+                m.containers.keys().for_each(&mut add);
             }
             if ids != c.ids {
                 self.save_candidates(c, &ids)?;

@@ -25,15 +25,21 @@
 //! GC ends), and a container is deleted only once condemned, which no
 //! session holding it allows and after which no lookup hands it out.
 //!
+//! A damaged backup object does not stop the collection: its recipe and
+//! tree are unknown, so every recipe and tree no readable backup names is
+//! kept and what those recipes reference stays live (`suspects.rs`).
+//!
 //! Why it is restartable: marks are derived data, written put-new-then-
 //! delete-old before anything is deleted; every deletion is repeatable and
 //! a missing object is not an error. A GC that dies at any point leaves
 //! every committed backup restorable, and the next GC finds what is left
 //! by listing.
 
+mod candidates;
 mod compact;
 mod mark;
 pub mod marks;
+mod suspects;
 mod sweep;
 
 use std::collections::BTreeSet;
@@ -42,7 +48,7 @@ use std::time::Instant;
 pub use compact::DEFAULT_COMPACT_BELOW;
 pub use marks::{Marks, MARKS_PREFIX};
 
-use crate::backup::{BackupRecord, BACKUPS_PREFIX, RECIPES_PREFIX, TREES_PREFIX};
+use crate::backup::{BackupRecord, RECIPES_PREFIX, TREES_PREFIX};
 use crate::error::Error;
 use crate::repo::Repository;
 use crate::repo_error::{RepoError, RepoResult};
@@ -96,6 +102,15 @@ pub struct GcReport {
     pub bytes_reclaimed: u64,
     /// Recipes, recipe parts and trees no backup names, removed.
     pub orphans_removed: u64,
+    /// Backup objects that did not read or decode: what they reference
+    /// is unknown, so what may be theirs was kept.
+    pub backups_damaged: u64,
+    /// Recipes, recipe parts and trees no readable backup names, kept
+    /// because a damaged backup may own them (their segments stay live).
+    pub orphans_kept: u64,
+    /// No container was deleted or compacted: a damaged backup's recipe
+    /// may be one that could not be read either.
+    pub sweep_withheld: bool,
     pub seconds: f64,
 }
 
@@ -111,8 +126,9 @@ impl Drop for Running<'_> {
 impl Repository {
     /// Collect garbage while backups may run on other threads. One GC at
     /// a time: a second is refused with [`RepoError::GcRunning`]. A damaged
-    /// backup or recipe stops the GC before anything is deleted (what it
-    /// references cannot be known).
+    /// recipe of a readable backup stops the GC before anything is deleted
+    /// (what it references cannot be known); a damaged backup object does
+    /// not (what may be its is kept, see `suspects.rs`).
     pub fn gc(&self, options: &GcOptions) -> RepoResult<GcReport> {
         if !self.is_writable() {
             return Err(RepoError::ReadOnly);
@@ -124,11 +140,9 @@ impl Repository {
         let _running = Running(self);
         let mut report = GcReport::default();
         self.finish_compactions()?;
-        let mut candidates = if options.compact_below > 0.0 {
-            Some(self.load_candidates()?)
-        } else {
-            None
-        };
+        // Loaded and kept up to date even when nothing is compacted, so
+        // a later collection compacts what this one left.
+        let mut candidates = self.load_candidates()?;
 
         // Recipes and trees first, then what sessions are about to commit,
         // then the backups: an object listed here either belongs to a
@@ -137,37 +151,53 @@ impl Repository {
         let mut named = self.store.list(RECIPES_PREFIX)?;
         named.extend(self.store.list(TREES_PREFIX)?);
         let pending = self.protection().pending_objects();
-        let backups = self.committed_backups()?;
+        let (backups, damaged) = self.committed_backups()?;
         report.backups = backups.len() as u64;
-
-        let marks = self.mark(&backups, candidates.as_mut(), options, &mut report)?;
-        let live: BTreeSet<u64> = marks
-            .values()
-            .flat_map(|m| m.containers.keys().copied())
-            .collect();
-        self.sweep_containers(&live, options, &mut report)?;
-        if let Some(c) = candidates.as_mut() {
-            let mut union = Marks::default();
-            for m in marks.values() {
-                union.merge(m);
-            }
-            let union = union.containers;
-            let ids = c.ids.clone();
-            let held = self.compact(&ids, &union, options, &mut report)?;
-            self.save_candidates(c, &held)?;
-        }
+        report.backups_damaged = damaged as u64;
 
         let referenced: BTreeSet<&str> = backups
             .iter()
             .flat_map(|b| std::iter::once(b.recipe.as_str()).chain(b.tree.as_deref()))
             .collect();
-        for object in named {
-            // A recipe's parts live and die with the recipe.
-            let owner = crate::recipe_parts::recipe_of(&object);
-            if referenced.contains(owner) || pending.contains(owner) {
+        // Recipes (a recipe's parts live and die with it) and trees no
+        // readable backup names, and no session is about to commit.
+        let unnamed: Vec<&str> = named
+            .iter()
+            .map(String::as_str)
+            .filter(|o| {
+                let owner = crate::recipe_parts::recipe_of(o);
+                !referenced.contains(owner) && !pending.contains(owner)
+            })
+            .collect();
+        // With a damaged backup object, any of them may be its.
+        let suspects = (damaged > 0).then(|| self.mark_suspects(&unnamed));
+
+        let marks = self.mark(&backups, &mut candidates, options, &mut report)?;
+        let mut union = Marks::default();
+        for m in marks.values().chain(suspects.as_ref().map(|s| &s.marks)) {
+            union.merge(m);
+        }
+        let union = union.containers;
+        if suspects.as_ref().is_some_and(|s| s.unknown) {
+            report.sweep_withheld = true;
+        } else {
+            let live: BTreeSet<u64> = union.keys().copied().collect();
+            self.sweep_containers(&live, options, &mut report)?;
+            if options.compact_below > 0.0 {
+                let ids = candidates.ids.clone();
+                let left = self.compact(&ids, &union, options, &mut report)?;
+                if left != candidates.ids {
+                    self.save_candidates(&mut candidates, &left)?;
+                }
+            }
+        }
+
+        for object in unnamed {
+            if suspects.is_some() {
+                report.orphans_kept += 1;
                 continue;
             }
-            if self.delete_if_there(&object)? {
+            if self.delete_if_there(object)? {
                 report.orphans_removed += 1;
             }
         }
@@ -175,16 +205,11 @@ impl Repository {
         Ok(report)
     }
 
-    /// The committed backups; one deleted while listing is left out.
-    fn committed_backups(&self) -> RepoResult<Vec<BackupRecord>> {
-        let mut out = Vec::new();
-        for object in self.store.list(BACKUPS_PREFIX)? {
-            match self.store.get(&object) {
-                Err(Error::NotFound { .. }) => continue,
-                other => out.push(BackupRecord::decode(&object, &other?)?),
-            }
-        }
-        Ok(out)
+    /// The committed backups that read, and how many backup objects did
+    /// not; one deleted while listing is left out.
+    fn committed_backups(&self) -> RepoResult<(Vec<BackupRecord>, usize)> {
+        let listing = self.list_backups_all()?;
+        Ok((listing.backups, listing.damaged.len()))
     }
 
     /// Delete `object`; false if it was already gone.

@@ -3,7 +3,8 @@
 //!
 //! Order per container, each step repeatable: condemn (under the
 //! protection lock: from then on no lookup hands it out, and a session
-//! holding it keeps it), forget its catalog and its index hints, delete.
+//! holding it keeps it), forget its catalog and its index hints (and its
+//! fingerprints from the index's count), delete.
 //! A GC that dies after condemning leaves the container for the next GC,
 //! which lists it again; `condemn` returns it again.
 
@@ -26,6 +27,13 @@ impl Repository {
         let candidates: Vec<u64> = all.into_iter().filter(|id| !live.contains(id)).collect();
         let condemned = self.protection().condemn(candidates.iter().copied());
         report.containers_protected = (candidates.len() - condemned.len()) as u64;
+        // The fingerprints they store, for the index's count (each
+        // catalog from the cache, or read: only the deleted ones are).
+        let fingerprints: u64 = condemned
+            .iter()
+            .filter_map(|&id| self.catalog(id).ok())
+            .map(|c| c.entries().iter().filter(|e| !e.is_absent()).count() as u64)
+            .sum();
         {
             let mut cache = self.catalog_cache();
             for &id in &condemned {
@@ -33,7 +41,11 @@ impl Repository {
             }
         }
         let gone: HashSet<u64> = condemned.iter().copied().collect();
-        self.index()?.forget(&gone);
+        {
+            let mut index = self.index()?;
+            index.forget(&gone);
+            index.forget_fingerprints(fingerprints);
+        }
         let total = condemned.len() as u64;
         for (i, &id) in condemned.iter().enumerate() {
             let name = container_name(id);

@@ -288,7 +288,7 @@ impl HookTable {
         self.put(prefix, value)
     }
 
-    pub(super) fn set_fingerprints(&mut self, fingerprints: u64) {
+    pub(crate) fn set_fingerprints(&mut self, fingerprints: u64) {
         self.fingerprints = fingerprints;
     }
 

@@ -134,6 +134,13 @@ impl Index {
         }
     }
 
+    /// Garbage collection removed `n` stored fingerprints: the count of
+    /// fingerprints stored (C/S, reported and checkpointed) goes down.
+    pub fn forget_fingerprints(&mut self, n: u64) {
+        let left = self.hooks.fingerprints().saturating_sub(n);
+        self.hooks.set_fingerprints(left);
+    }
+
     /// Garbage collection compacted `container`, which now holds `present`:
     /// forget hooks on what it lost, and its cached entries (reloaded on
     /// the next hook hit).

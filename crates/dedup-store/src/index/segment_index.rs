@@ -141,6 +141,10 @@ impl SegmentIndex for SampledIndex {
         self.index.forget(containers);
     }
 
+    fn forget_fingerprints(&mut self, n: u64) {
+        self.index.forget_fingerprints(n);
+    }
+
     fn compacted(&mut self, container: u64, entries: &[Entry]) {
         let present: Vec<Fingerprint> = entries
             .iter()

@@ -383,9 +383,18 @@ impl Client {
         self.send(call)?.wait()
     }
 
+    /// The backups that read (`list_all` also names the damaged ones).
     pub fn list(&self) -> Result<Vec<WireBackup>, ClientError> {
+        self.list_all().map(|(backups, _)| backups)
+    }
+
+    /// The backups that read, and those whose backup objects do not.
+    pub fn list_all(
+        &self,
+    ) -> Result<(Vec<WireBackup>, Vec<crate::repo_listing::DamagedBackup>), ClientError> {
         match self.call(Call::List)? {
-            Reply::Backups(b) => Ok(b),
+            Reply::Backups(backups) => Ok((backups, Vec::new())),
+            Reply::Listing { backups, damaged } => Ok((backups, damaged)),
             other => Err(unexpected(&other)),
         }
     }

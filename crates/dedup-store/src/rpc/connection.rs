@@ -72,19 +72,16 @@ pub(crate) fn serve(repo: &Repository, stream: Stream, conn_id: u64, shared: &Sh
     // backups' containers. (A zero timeout, which the socket refuses,
     // means none.)
     let idle = shared.limits.idle_timeout.filter(|t| !t.is_zero());
-    // A peer that has not proved the key yet gets a short while, for the
-    // whole handshake and not only for each read, and small frames:
-    // without the key, nobody holds a slot for long or makes the server
-    // set a large frame aside.
-    let handshake = match (&shared.key, idle) {
-        (None, _) => idle,
-        (Some(_), Some(t)) => Some(t.min(HANDSHAKE_TIMEOUT)),
-        (Some(_), None) => Some(HANDSHAKE_TIMEOUT),
-    };
-    let deadline = match (&shared.key, handshake) {
-        (Some(_), Some(t)) => Some(Instant::now() + t),
-        _ => None,
-    };
+    // A peer that is not in yet gets a short while, for the whole
+    // handshake and not only for each read: on TCP or a Unix socket
+    // alike, nobody holds a slot for long without one. With a key, it is
+    // in once it proves the key, and its frames are small until then (no
+    // large frame set aside for a stranger); without one, once a whole
+    // frame arrives (a Unix socket is owner-only: its peers are trusted,
+    // but one that says nothing must not hold a slot for the idle hour).
+    let keyless = shared.key.is_none();
+    let handshake = Some(idle.map_or(HANDSHAKE_TIMEOUT, |t| t.min(HANDSHAKE_TIMEOUT)));
+    let deadline = handshake.map(|t| Instant::now() + t);
     if stream.set_timeouts(handshake).is_err() {
         return;
     }
@@ -107,7 +104,7 @@ pub(crate) fn serve(repo: &Repository, stream: Stream, conn_id: u64, shared: &Sh
         shared,
         sessions: HashMap::new(),
         challenge,
-        authenticated: challenge.is_none(),
+        authenticated: false,
         greeted: false,
     };
     std::thread::scope(|scope| {
@@ -117,12 +114,21 @@ pub(crate) fn serve(repo: &Repository, stream: Stream, conn_id: u64, shared: &Sh
             if conn.authenticated && !read_ahead(&mut frames, scope, idle) {
                 break;
             }
-            let limit = if conn.authenticated {
+            let limit = if conn.authenticated || keyless {
                 MAX_FRAME
             } else {
                 HANDSHAKE_FRAME
             };
-            let (id, reply) = match frames.next(limit) {
+            let next = frames.next(limit);
+            if keyless && !conn.authenticated && matches!(next, Ok(Some(_))) {
+                // In: a slot no new connection takes (unless one took it
+                // first: then out), and the usual timeouts.
+                conn.authenticated = true;
+                if !shared.proven(conn_id) || !lifted(&mut frames, idle) {
+                    break;
+                }
+            }
+            let (id, reply) = match next {
                 // An append, the bulk of a backup, is decoded in place.
                 Ok(Some(body)) if conn.authenticated && is_append(&body) => {
                     match append_in_place(&body) {
@@ -286,7 +292,8 @@ struct Conn<'r> {
     sessions: HashMap<u64, Live<'r>>,
     /// This connection's challenge, if the server holds a key.
     challenge: Option<[u8; 32]>,
-    /// Whether the peer may make calls other than the handshake.
+    /// Whether the peer may make calls other than the handshake: it
+    /// proved the key, or, without a key, sent a whole frame.
     authenticated: bool,
     /// Whether `Hello` was answered (once only before authenticating).
     greeted: bool,
@@ -358,9 +365,17 @@ impl<'r> Conn<'r> {
             Call::ParentTree { session, at } => self.parent_tree(session, at),
             Call::Abort { session } => self.take(session).map(|_| Reply::Aborted),
             Call::Restore { .. } => Err(bad("a restore is answered by the connection loop")),
+            // A damaged backup object is named, the others still listed.
             Call::List => {
-                let backups = self.repo.list_backups().map_err(repo_err)?;
-                Ok(Reply::Backups(backups.iter().map(WireBackup::from).collect()))
+                let listing = self.repo.list_backups_all().map_err(repo_err)?;
+                let backups = listing.backups.iter().map(WireBackup::from).collect();
+                Ok(match listing.damaged.is_empty() {
+                    true => Reply::Backups(backups),
+                    false => Reply::Listing {
+                        backups,
+                        damaged: listing.damaged,
+                    },
+                })
             }
             Call::Delete { name } => self
                 .repo
@@ -571,7 +586,8 @@ impl<'r> Conn<'r> {
     }
 
     fn stats(&self) -> Answer {
-        let backups = self.repo.list_backups().map_err(repo_err)?;
+        // The backups that read (`List` names the damaged ones).
+        let backups = self.repo.list_backups_all().map_err(repo_err)?.backups;
         let containers = self.repo.store_container_ids().map_err(repo_err)?;
         Ok(Reply::Stats(WireStats {
             segmenting: self.repo.config().segmenting.into(),

@@ -23,7 +23,10 @@ use crate::segmenter::Segmenting;
 /// server reuses its parent's unchanged files without reading them.
 /// 6: `Item::Unhashed`, so a client need not hash segments it expects
 /// the server lacks.
-pub const PROTOCOL_VERSION: u32 = 6;
+/// 7: `List` is answered `Listing` when a backup object does not read
+/// (the backups that do, and those named), and a GC's report says what a
+/// damaged backup made it keep.
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Largest segment the server takes: what a container holds.
 pub const MAX_SEGMENT: usize = crate::format::MAX_SEGMENT_LEN;
@@ -242,6 +245,12 @@ pub enum Reply {
         total: u64,
         #[serde(with = "serde_bytes")]
         bytes: Vec<u8>,
+    },
+    /// The answer to `List` when some backup objects do not read: the
+    /// backups that do, and those named, with why (`Backups` otherwise).
+    Listing {
+        backups: Vec<WireBackup>,
+        damaged: Vec<crate::repo_listing::DamagedBackup>,
     },
 }
 

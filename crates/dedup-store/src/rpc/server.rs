@@ -256,13 +256,13 @@ impl Server {
                 }
                 Err(_) => continue,
             }
-            if self.shared.key.is_some() {
-                self.shared
-                    .unproven
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(id);
-            }
+            // Until its handshake is done (the key proved, or without a
+            // key its Hello answered), on either transport.
+            self.shared
+                .unproven
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id);
             let (repo, shared) = (self.repo.clone(), self.shared.clone());
             let spawned = std::thread::Builder::new()
                 .name(format!("dedup-conn-{id}"))
