@@ -59,10 +59,12 @@ impl Repository {
     }
 
     /// The name of the newest backup of files in `group`: the parent of
-    /// the next one.
+    /// the next one. A damaged backup object is passed over (it cannot be
+    /// a parent, and must not stop the next backup; `list` names it).
     pub(crate) fn newest_files_backup(&self, group: &str) -> RepoResult<Option<String>> {
         let newest = self
-            .list_backups()?
+            .list_backups_all()?
+            .backups
             .into_iter()
             .filter(|b| b.group == group && b.tree.is_some())
             .max_by_key(|b| b.time);

@@ -118,3 +118,32 @@ fn gc_deletes_no_container_when_a_damaged_backups_recipe_may_be_unreadable() {
     assert_eq!(objects(&dir, "containers/"), containers);
     assert!(objects(&dir, "recipes/").contains(&recipe));
 }
+
+/// A damaged backup object does not hold the next files backup hostage:
+/// the parent is the newest readable backup of the group (a damaged one
+/// cannot serve as a parent anyway), and the backup restores exact.
+#[test]
+fn a_files_backup_goes_on_beside_a_damaged_backup_object() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("r");
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("f"), noise(3, 100_000)).unwrap();
+    let repo = Repository::init(&dir).unwrap();
+    repo.backup_paths("one", "g", &[&data], |_| {}).unwrap();
+    drop(repo);
+    let mut bytes = std::fs::read(dir.join("backups/one")).unwrap();
+    bytes[40] ^= 1;
+    std::fs::write(dir.join("backups/one"), bytes).unwrap();
+    let repo = Repository::open(&dir).unwrap();
+    repo.backup_paths("two", "g", &[&data], |_| {})
+        .expect("a damaged backup object must not stop the next backup");
+    let names: Vec<String> = repo
+        .list_backups_all()
+        .unwrap()
+        .backups
+        .into_iter()
+        .map(|b| b.name)
+        .collect();
+    assert_eq!(names, ["two"]);
+}
