@@ -15,25 +15,13 @@ use std::sync::Arc;
 
 use common::{MemDevice, ModelDisk, Patterns};
 use dedup_core::backends::{BackendParams, OpenOptions};
-use dedup_core::blockfile::sim::SimDisk;
+use dedup_core::blockfile::sim::{splitmix, SimDisk};
 use dedup_core::blockfile::{BlockFile, MemBlockFile};
 use dedup_core::fingerprint::HashAlgo;
 use dedup_core::{Device, Error};
 
 const CS: usize = 4096;
 const CHUNKS: u64 = 64;
-
-/// splitmix64: repeatable from a seed.
-fn rng(seed: u64) -> impl FnMut() -> u64 {
-    let mut s = seed;
-    move || {
-        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
 
 struct Copy {
     meta: Vec<u8>,
@@ -85,9 +73,7 @@ fn open_keeping(
     )
 }
 
-/// One random life of a served device, then every copy put back.
-fn run(variant: &str, seed: u64) {
-    let mut next = rng(seed);
+fn format(variant: &str) -> MemDevice {
     let cfg = common::config(
         variant,
         CS as u32,
@@ -96,7 +82,13 @@ fn run(variant: &str, seed: u64) {
         HashAlgo::Blake3,
         false,
     );
-    let md = MemDevice::format(cfg, &common::params(variant, BackendParams::default()));
+    MemDevice::format(cfg, &common::params(variant, BackendParams::default()))
+}
+
+/// One random life of a served device, then every copy put back.
+fn run(variant: &str, seed: u64) {
+    let mut next = splitmix(seed);
+    let md = format(variant);
     let p = Patterns::new(9, CS);
     let mut model = ModelDisk::new(CHUNKS as usize * CS, CS);
     let mut expected = Expected {
@@ -207,15 +199,7 @@ fn a_metadata_copy_taken_while_serving_is_never_served_after_a_crash() {
 #[test]
 fn the_metadata_that_belongs_with_the_data_always_opens() {
     for variant in ["sparse", "disktable"] {
-        let cfg = common::config(
-            variant,
-            CS as u32,
-            CHUNKS,
-            CHUNKS * 2,
-            HashAlgo::Blake3,
-            false,
-        );
-        let md = MemDevice::format(cfg, &common::params(variant, BackendParams::default()));
+        let md = format(variant);
         let p = Patterns::new(5, CS);
         for round in 0..6u64 {
             let dev = md.open().unwrap();

@@ -80,6 +80,19 @@ impl PowerSwitch {
     }
 }
 
+/// splitmix64: good bits even from tiny seeds; the repeatable random
+/// numbers crash tests choose with.
+pub fn splitmix(seed: u64) -> impl FnMut() -> u64 {
+    let mut s = seed;
+    move || {
+        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
 struct Pending {
     offset: u64,
     data: Vec<u8>,
@@ -253,16 +266,8 @@ impl BlockFile for SimDisk {
 mod tests {
     use super::*;
 
-    /// splitmix64: good bits even from tiny seeds.
     fn rng(seed: u64) -> impl FnMut() -> u64 {
-        let mut s = seed;
-        move || {
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
+        splitmix(seed)
     }
 
     #[test]
