@@ -228,8 +228,13 @@ pub fn render(device: &str, served: bool, s: &Stats) -> String {
     );
     f.gauge(
         "dedup_factor",
-        "Mapped non-zero chunks per stored chunk (storage dedup ratio).",
+        "Mapped non-zero chunks per stored chunk (storage dedup ratio), chunks awaiting gc counted as stored.",
         Value::Float(s.dedup_ratio),
+    );
+    f.gauge(
+        "live_dedup_factor",
+        "Mapped non-zero chunks per stored chunk still mapped (chunks awaiting gc left out).",
+        Value::Float(s.live_dedup_ratio),
     );
     f.gauge(
         "io_dedup_factor",
@@ -245,6 +250,11 @@ pub fn render(device: &str, served: bool, s: &Stats) -> String {
         "stored_chunks",
         "Chunks on the data device holding data (reference count > 0).",
         Value::Int(s.chunks_stored),
+    );
+    f.gauge(
+        "awaiting_gc_chunks",
+        "Stored chunks held by the hash index alone (overwritten or trimmed data) until a gc frees them.",
+        Value::Int(s.chunks_awaiting_gc),
     );
     f.gauge(
         "mapped_chunks",

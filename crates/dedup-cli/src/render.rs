@@ -29,8 +29,13 @@ pub fn status(r: &StatusReport) -> String {
     );
     let _ = writeln!(
         o,
-        "  Dedup ratio      {:.2}   (mapped chunks per stored chunk; I/O dedup ratio {:.2})",
-        s.dedup_ratio, s.io_dedup_ratio
+        "  Dedup ratio      {:.2}   (mapped chunks per stored chunk, {} awaiting gc counted as stored; I/O dedup ratio {:.2})",
+        s.dedup_ratio, s.chunks_awaiting_gc, s.io_dedup_ratio
+    );
+    let _ = writeln!(
+        o,
+        "  Live dedup ratio {:.2}   (mapped chunks per stored chunk still mapped: the dedup ratio once `dedup gc` has run)",
+        s.live_dedup_ratio
     );
     let _ = writeln!(
         o,

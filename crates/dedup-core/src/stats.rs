@@ -121,6 +121,11 @@ pub struct Stats {
     /// LBNs mapped to a stored chunk (all-zero chunks are never mapped).
     pub chunks_mapped: u64,
     pub hash_index_entries: u64,
+    /// Of `chunks_stored`, those held by the hash index alone (reference
+    /// count 1, no LBN maps them: overwritten or trimmed data) until a
+    /// collection (`dedup gc`, or the device when it fills) frees them.
+    #[serde(default)]
+    pub chunks_awaiting_gc: u64,
     /// Data space beyond the logical size, up to the reserve `dedup create`
     /// adds: while it is there, overwrites of a full device always fit. 0
     /// on a thin-provisioned device (logical size over physical), whose
@@ -142,8 +147,14 @@ pub struct Stats {
     pub physical_used_percent: f64,
     pub logical_bytes_mapped: u64,
     pub metadata_bytes: u64,
-    /// Mapped non-zero chunks per stored chunk (storage dedup ratio).
+    /// Mapped non-zero chunks per stored chunk (storage dedup ratio),
+    /// chunks awaiting collection counted as stored: what the data device
+    /// holds now.
     pub dedup_ratio: f64,
+    /// Mapped non-zero chunks per live stored chunk (those awaiting
+    /// collection left out): what dedup gives once `dedup gc` has run.
+    #[serde(default)]
+    pub live_dedup_ratio: f64,
     /// Bytes clients wrote per byte written to the data device (I/O dedup ratio).
     pub io_dedup_ratio: f64,
     pub metadata_io: MetaIoStats,

@@ -144,6 +144,8 @@ fn stats() -> Stats {
         metadata_bytes: 8192,
         data_allocated_bytes: Some(12288),
         dedup_ratio: 3.0,
+        live_dedup_ratio: 4.0,
+        chunks_awaiting_gc: 1,
         io_dedup_ratio: 2.5,
         metadata_io: MetaIoStats {
             syncs: 3,
@@ -285,5 +287,7 @@ fn every_ratio_is_a_share_from_zero_to_one_and_multipliers_are_factors() {
         );
     }
     assert_eq!(value_of(&samples, "dedup_dedup_factor"), 3.0);
+    assert_eq!(value_of(&samples, "dedup_live_dedup_factor"), 4.0);
+    assert_eq!(value_of(&samples, "dedup_awaiting_gc_chunks"), 1.0);
     assert_eq!(value_of(&samples, "dedup_io_dedup_factor"), 2.5);
 }

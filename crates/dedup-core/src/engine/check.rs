@@ -185,10 +185,14 @@ impl Engine {
             })?;
             report.refcounts_set += group.len() as u64;
         }
-        self.meta.lock().totals = Totals {
-            lbns_mapped: fixes.lbns_mapped,
-            hash_entries: fixes.hash_entries,
-        };
+        {
+            let mut m = self.meta.lock();
+            m.totals = Totals {
+                lbns_mapped: fixes.lbns_mapped,
+                hash_entries: fixes.hash_entries,
+            };
+            m.count_awaiting_gc()?;
+        }
         self.commit()?;
         Ok((before, report))
     }

@@ -1,9 +1,10 @@
 //! What the metadata mutex guards: the store, and the totals the engine
-//! keeps in its private record (mapped LBNs, hash index entries). Every
+//! keeps in its private record (mapped LBNs, hash index entries, chunks
+//! awaiting collection). Every
 //! change that moves a total, frees a chunk or remaps an LBN goes through
 //! here, so the totals stay exact and the placement hears of it.
 
-use crate::backend::MetadataBackend;
+use crate::backend::{MetadataBackend, ScanCursor};
 use crate::config::{Lbn, Pbn};
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;
@@ -13,6 +14,11 @@ use crate::record::{Record, Totals};
 pub(crate) struct Meta {
     pub(crate) store: Box<dyn MetadataBackend>,
     pub(crate) totals: Totals,
+    /// Chunks held by the hash index alone (Dmdedup §2.4: +1 from the
+    /// index, +1 per LBN, so a count of 1 on an indexed chunk): garbage
+    /// until a collection frees it or a duplicate write takes it again.
+    /// Moved where counts cross 1 (`release`, `pin`, `unindex`).
+    pub(crate) awaiting_gc: u64,
 }
 
 impl Meta {
@@ -48,19 +54,36 @@ impl Meta {
 
     /// Remove the index entry `fp -> pbn`; returns whether it was there.
     pub(crate) fn unindex(&mut self, fp: &Fingerprint, pbn: Pbn) -> Result<bool> {
+        let held_by_index_alone = self.store.refcount_get(pbn)? == 1;
         let removed = self.store.hash_index_delete(fp, pbn)?;
         if removed {
             self.totals.hash_entries = self.totals.hash_entries.saturating_sub(1);
+            if held_by_index_alone {
+                self.awaiting_gc = self.awaiting_gc.saturating_sub(1);
+            }
         }
         Ok(removed)
     }
 
-    /// Drop one reference; returns the new count. At 0 the placement may
-    /// reuse the chunk's space after the next commit.
+    /// Take a reference on a chunk the hash index found (a duplicate):
+    /// one held by the index alone is garbage no longer.
+    pub(crate) fn pin(&mut self, pbn: Pbn) -> Result<u32> {
+        let n = self.store.refcount_inc(pbn)?;
+        if n == 2 {
+            self.awaiting_gc = self.awaiting_gc.saturating_sub(1);
+        }
+        Ok(n)
+    }
+
+    /// Drop one reference; returns the new count. At 1 the chunk is held
+    /// by the hash index alone (garbage); at 0 the placement may reuse
+    /// its space after the next commit.
     pub(crate) fn release(&mut self, p: &dyn Placement, pbn: Pbn) -> Result<u32> {
         let n = self.store.refcount_dec(pbn)?;
-        if n == 0 {
-            p.freed(pbn);
+        match n {
+            0 => p.freed(pbn),
+            1 => self.awaiting_gc += 1,
+            _ => {}
         }
         Ok(n)
     }
@@ -79,10 +102,28 @@ impl Meta {
         Ok(())
     }
 
+    /// Count the chunks held by the hash index alone (count 1) anew, a
+    /// page of the index at a time: at open after an older record or a
+    /// placement's recovery, and after a repair.
+    pub(crate) fn count_awaiting_gc(&mut self) -> Result<()> {
+        let (mut n, mut page) = (0, Vec::new());
+        let mut cursor = Some(ScanCursor::start());
+        while let Some(c) = cursor.take() {
+            page.clear();
+            cursor = self.store.hash_index_scan(&c, 4096, &mut page)?;
+            for &(_, pbn) in &page {
+                n += (self.store.refcount_get(pbn)? == 1) as u64;
+            }
+        }
+        self.awaiting_gc = n;
+        Ok(())
+    }
+
     /// The record to commit with the store now.
     pub(crate) fn record(&self, counters: Vec<u64>, p: &dyn Placement) -> Vec<u64> {
         Record {
             totals: Some(self.totals),
+            awaiting_gc: Some(self.awaiting_gc),
             counters,
             placement: p.record(),
         }

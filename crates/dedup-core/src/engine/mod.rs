@@ -185,6 +185,7 @@ impl Engine {
             meta: Mutex::new(Meta {
                 store: pair.store,
                 totals: known.unwrap_or_default(),
+                awaiting_gc: pair.record.awaiting_gc.unwrap_or(0),
             }),
             placement: pair.placement,
             gate: RwLock::new(false),
@@ -212,6 +213,11 @@ impl Engine {
                 t.hash_entries = t.hash_entries.saturating_add_signed(indexed);
             }
             _ => {}
+        }
+        if pair.record.awaiting_gc.is_none() || pair.recovered.is_some() {
+            // An older record, or a placement's recovery moved counts:
+            // count once (a scan of the index); commits keep it after.
+            device.meta.get_mut().count_awaiting_gc()?;
         }
         if pair.recovered.is_some() && device.writable {
             // Make the recovered state the committed one before serving.
@@ -386,11 +392,12 @@ impl Engine {
     }
 
     pub fn stats(&self) -> Stats {
-        let (usage, totals, blocks, placed) = {
+        let (usage, totals, awaiting_gc, blocks, placed) = {
             let m = self.meta.lock();
             (
                 m.store.usage(),
                 m.totals,
+                m.awaiting_gc,
                 self.space(&m),
                 self.placement.stats(),
             )
@@ -411,6 +418,7 @@ impl Engine {
             chunks_stored: usage.pbns_used,
             chunks_mapped: totals.lbns_mapped,
             hash_index_entries: totals.hash_entries,
+            chunks_awaiting_gc: awaiting_gc,
             hash_index: usage.index,
             overwrite_reserve_bytes: physical.saturating_sub(self.cfg.logical_size).min(
                 chunking::overwrite_reserve_chunks(self.cfg.chunk_size)
@@ -423,6 +431,10 @@ impl Engine {
             logical_bytes_mapped: mapped,
             metadata_bytes: usage.metadata_bytes + placed.metadata_bytes,
             dedup_ratio: ratio(totals.lbns_mapped, usage.pbns_used),
+            live_dedup_ratio: ratio(
+                totals.lbns_mapped,
+                usage.pbns_used.saturating_sub(awaiting_gc),
+            ),
             io_dedup_ratio: ratio(counters.bytes_written, counters.data_bytes_written),
             compression: self.cfg.compression.to_string(),
             data_blocks_used: blocks.used,

@@ -311,7 +311,7 @@ impl Engine {
             }
             c.plan = match m.store.hash_index_lookup(&fp)? {
                 Some(pbn) => {
-                    m.store.refcount_inc(pbn)?;
+                    m.pin(pbn)?;
                     Plan::Hit(pbn)
                 }
                 None => {
