@@ -451,11 +451,16 @@ fn a_failed_data_write_changes_no_metadata() {
     assert_consistent(&dev);
 }
 
+/// A save refused for space (the host's filesystem full under the
+/// metadata file) can be retried once space is back. A failing disk (EIO)
+/// is not retried: the metadata stops taking writes until a restart
+/// (`failed_sync.rs`).
 #[test]
 fn a_failed_close_keeps_the_device_open_so_close_can_be_retried() {
     use std::sync::atomic::Ordering;
     let (md, p) = setup();
-    let meta = common::FaultyBlockFile::new(md.meta.clone());
+    let mut meta = common::FaultyBlockFile::new(md.meta.clone());
+    meta.errno = libc::ENOSPC;
     let fail = meta.fail_writes.clone();
     let dev = md
         .open_on(Box::new(md.data.clone()), Box::new(meta))
