@@ -4,7 +4,8 @@
 # once (sharing most of their content), and one a directory tree; every
 # backup restores byte for byte beside the running server (the tree with
 # its modes and times; a later backup of it reads no unchanged file) and
-# through it (onto a loop device too); SIGTERM stops it, removes the
+# through it (onto a loop device too), and past a damaged frame as a
+# restore beside the repository does; SIGTERM stops it, removes the
 # socket, and the repository reopens to write.
 source "$(dirname "$0")/lib.sh"
 
@@ -18,18 +19,56 @@ for i in 1 2 3 4; do
     tar -C "$WORK" --sort=name --mtime=@0 -cf "$WORK/t$i.tar" tree
 done
 
+# store_serve REPO SOCKET LOG: start `dedup store serve` (its pid in $pid) and
+# wait until it serves.
+store_serve() {
+    "$DEDUP" store serve "$1" --socket "$2" >"$3" 2>&1 &
+    pid=$!
+    # A test that fails while the server is stopped (SIGSTOP) must not
+    # leave it stopped: TERM alone would wait for ever.
+    on_exit "kill -CONT $pid; kill -TERM $pid; wait $pid"
+    for _ in $(seq 200); do
+        grep -qs "dedup: serving" "$3" && break
+        kill -0 "$pid" 2>/dev/null || fail "dedup store serve exited early"
+        sleep 0.1
+    done
+    [ -S "$2" ] || fail "no socket at $2"
+}
+
+log "through a server, a restore goes on past a damaged frame and names it"
+R2=$WORK/repo2
+S2=$WORK/serve2.sock
+"$DEDUP" store init "$R2" >/dev/null
+head -c 5000000 /dev/urandom >"$WORK/s.bin"
+"$DEDUP" backup "$R2" s --stdin <"$WORK/s.bin" >/dev/null || fail "backup s"
+# Random data is stored as is, in 1 MiB frames after the 32-byte header:
+# this byte is in the stream's first frame.
+python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(100000); b = f.read(1)[0]; f.seek(100000); f.write(bytes([b ^ 0x55]))' "$R2/containers/0000000000000000"
+store_serve "$R2" "$S2" "$WORK/store2.serve.log"
+rc=0
+"$DEDUP" store remote --server "unix:$S2" --json restore s "$WORK/s.out" >"$WORK/s.json" 2>"$WORK/s.err" || rc=$?
+[ "$rc" -eq 1 ] || { cat "$WORK/s.err"; fail "a damaged remote restore exited $rc, not 1"; }
+grep -q "damaged: bytes 0\.\.1048576 " "$WORK/s.err" || { cat "$WORK/s.err"; fail "the damaged range is not named"; }
+cmp <(tail -c +1048577 "$WORK/s.bin") <(tail -c +1048577 "$WORK/s.out") || fail "the stream past the damage differs"
+[ "$(head -c 1048576 "$WORK/s.out" | tr -d '\0' | wc -c)" -eq 0 ] || fail "the damaged range is not zeros"
+python3 - "$WORK/s.json" <<'PY' || fail "the damaged range in --json"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["bytes"] == 5000000, r
+assert [(d["offset"], d["len"]) for d in r["damaged"]] == [(0, 1048576)], r
+assert "containers/0000000000000000" in r["damaged"][0]["error"], r
+PY
+rc=0
+"$DEDUP" store remote --server "unix:$S2" restore s - >"$WORK/s.stdout" 2>"$WORK/s.err" || rc=$?
+[ "$rc" -eq 1 ] || { cat "$WORK/s.err"; fail "a damaged remote restore to stdout exited $rc, not 1"; }
+cmp "$WORK/s.stdout" "$WORK/s.out" || fail "the remote restore to stdout differs"
+grep -q "damaged: bytes 0\.\.1048576 " "$WORK/s.err" || { cat "$WORK/s.err"; fail "the damaged range is not named on stdout's restore"; }
+kill -TERM "$pid"
+wait "$pid" || fail "the second server exited $?"
+rm -rf "$R2" "$WORK"/s.*
+
 log "serve on a socket"
-"$DEDUP" store serve "$R" --socket "$S" >"$WORK/store.serve.log" 2>&1 &
-pid=$!
-# A test that fails while the server is stopped (SIGSTOP) must not leave
-# it stopped: TERM alone would wait for ever.
-on_exit "kill -CONT $pid; kill -TERM $pid; wait $pid"
-for _ in $(seq 200); do
-    grep -q "dedup: serving" "$WORK/store.serve.log" && break
-    kill -0 "$pid" 2>/dev/null || fail "dedup store serve exited early"
-    sleep 0.1
-done
-[ -S "$S" ] || fail "no socket at $S"
+store_serve "$R" "$S" "$WORK/store.serve.log"
 [ "$(stat -c %a "$S")" = 600 ] || fail "socket mode $(stat -c %a "$S")"
 
 log "four tar streams backed up at once through the server"

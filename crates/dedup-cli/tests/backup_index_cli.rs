@@ -97,3 +97,31 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// Issue 35, 12f: at a few MiB stored every fingerprint is a hook, so
+/// now's RAM scaled to a TiB (GiB per TiB) is a full index that sampling
+/// will never keep. The report says what the index will hold at 1 TiB
+/// under its budget instead: 17.8 MiB at the default 32 MiB (the
+/// index_scale figure of docs/store-bench.md).
+#[test]
+fn a_backup_reports_what_its_index_will_hold_at_one_tib_not_now_scaled_up() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    let r = repo.to_str().unwrap();
+    dedup(&["store", "init", r, "--json"], b"");
+    let text = support::ok(&["backup", r, "a", "--stdin"], Some(&data(2 << 20, 7)));
+    let text = String::from_utf8(text).unwrap();
+    assert!(
+        text.contains("17.8 MiB at 1 TiB stored") && !text.contains("GiB per TiB"),
+        "{text}"
+    );
+    let json = dedup(&["backup", r, "b", "--stdin", "--json"], &data(2 << 20, 8));
+    let at = json["index_ram_at_1_tib"].as_u64().unwrap() as f64 / (1u64 << 20) as f64;
+    assert!((at - 17.8).abs() < 0.05, "{json}");
+    // An exact index grows with the store: no figure at 1 TiB.
+    let exact = dedup(
+        &["backup", r, "c", "--stdin", "--json", "--exact-index"],
+        &data(1 << 20, 9),
+    );
+    assert!(exact["index_ram_at_1_tib"].is_null(), "{exact}");
+}

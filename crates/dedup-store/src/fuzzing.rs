@@ -40,23 +40,34 @@ pub fn objects(data: &[u8]) {
 }
 
 /// Read `data` as a connection's frames, each decoded as a request (as a
-/// server reads them) and as a response (as a client does); a request
-/// that decodes must encode and decode again to the same request, and an
-/// append decoded in place must be the one decoded whole.
+/// server reads them) and as a response (as a client does, a restore's
+/// `Chunk`s and `Damaged` ranges among them); a request or response that
+/// decodes must encode and decode again to the same one, and an append
+/// decoded in place must be the one decoded whole.
 pub fn wire(data: &[u8]) {
     let mut rest = data;
     while let Ok(Some(body)) = read_frame(&mut rest, MAX_FRAME) {
         // The server decodes appends in place: it must agree.
         assert!(crate::rpc::item_ref::agrees_with_owned(&body));
         if let Ok(req) = decode::<Request>(&body) {
-            let mut again = Vec::new();
-            write_frame(&mut again, &req).expect("a decoded request encodes");
-            let back = read_frame(&mut &again[..], MAX_FRAME)
-                .expect("reading memory")
-                .expect("one frame");
-            let back = decode::<Request>(&back).expect("an encoded request decodes");
-            assert_eq!(format!("{back:?}"), format!("{req:?}"));
+            round_trips(&req);
         }
-        let _ = decode::<Response>(&body);
+        if let Ok(resp) = decode::<Response>(&body) {
+            round_trips(&resp);
+        }
     }
+}
+
+/// `m` encodes, and decodes again to itself.
+fn round_trips<M>(m: &M)
+where
+    M: serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut again = Vec::new();
+    write_frame(&mut again, m).expect("a decoded message encodes");
+    let back = read_frame(&mut &again[..], MAX_FRAME)
+        .expect("reading memory")
+        .expect("one frame");
+    let back = decode::<M>(&back).expect("an encoded message decodes");
+    assert_eq!(format!("{back:?}"), format!("{m:?}"));
 }

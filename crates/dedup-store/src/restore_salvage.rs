@@ -47,12 +47,7 @@ impl Repository {
                     data.len() as u64
                 }
                 Piece::Damaged(len, e) => {
-                    let mut left = len;
-                    while left > 0 {
-                        let n = left.min(ZEROS.len() as u64) as usize;
-                        out.write_all(&ZEROS[..n]).map_err(|e| writing(name, e))?;
-                        left -= n as u64;
-                    }
+                    write_zeros(&mut out, len).map_err(|e| writing(name, e))?;
                     note(&mut s.damaged, s.bytes, len, e.to_string());
                     len
                 }
@@ -65,6 +60,17 @@ impl Repository {
         out.flush().map_err(|e| writing(name, e))?;
         Ok(s)
     }
+}
+
+/// Write `len` zeros, in place of damaged bytes, to `out`.
+pub(crate) fn write_zeros(out: &mut impl Write, len: u64) -> std::io::Result<()> {
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(ZEROS.len() as u64) as usize;
+        out.write_all(&ZEROS[..n])?;
+        left -= n as u64;
+    }
+    Ok(())
 }
 
 /// Add `len` damaged bytes at `offset` to `list`, as one range with the

@@ -63,6 +63,9 @@ pub struct IndexRam {
     pub cache_bytes: u64,
     /// Fingerprints inserted (stored segments), sampled or not.
     pub fingerprints: u64,
+    /// The sampled index's budget for `bytes`; `None` for an exact index
+    /// (it grows with the store).
+    pub budget: Option<u64>,
 }
 
 /// Every fingerprint in RAM: exact, and fine for repositories whose
@@ -102,6 +105,7 @@ impl SegmentIndex for ExactIndex {
             bytes: self.map.capacity() as u64 * entry,
             cache_bytes: 0,
             fingerprints: self.segments.values().sum(),
+            budget: None,
         }
     }
 

@@ -2,13 +2,13 @@
 //! `fuzz/fuzz_targets/store_*.rs`) over inputs a CI run can afford: every
 //! object of a real repository (containers, recipes whole and in parts,
 //! a tree, backups, marks, the config, an index checkpoint) given to every
-//! decoder, whole, cut short and with bytes flipped; real request frames
-//! mutated; and arbitrary bytes.
+//! decoder, whole, cut short and with bytes flipped; real request and
+//! response frames (a restore's among them) mutated; and arbitrary bytes.
 
 use dedup_core::testdata::noise;
 use dedup_store::fuzzing::{objects, wire, OBJECT_KINDS};
 use dedup_store::index::IndexConfig;
-use dedup_store::rpc::protocol::{Call, Item, Request};
+use dedup_store::rpc::protocol::{Call, ErrorKind, Item, Reply, Request, Response, WireError};
 use dedup_store::{GcOptions, LocalDir, ObjectStore, Repository};
 use proptest::prelude::*;
 
@@ -133,13 +133,35 @@ fn request_frames() -> Vec<u8> {
     ];
     let mut out = Vec::new();
     for (id, call) in calls.into_iter().enumerate() {
-        let body = postcard::to_allocvec(&Request {
-            id: id as u64,
-            call,
-        })
-        .unwrap();
-        out.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        out.extend_from_slice(&body);
+        let id = id as u64;
+        frame(&mut out, &Request { id, call });
+    }
+    out
+}
+
+fn frame(out: &mut Vec<u8>, message: &impl serde::Serialize) {
+    let body = postcard::to_allocvec(message).unwrap();
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(&body);
+}
+
+/// A restore's answers as a client reads them: chunks, a damaged range
+/// between them, the end; and a refusal.
+fn response_frames() -> Vec<u8> {
+    let replies = [
+        Ok(Reply::Chunk(vec![1; 40])),
+        Ok(Reply::Damaged {
+            offset: 40,
+            len: 4096,
+            error: "corrupt container containers/0000000000000001".into(),
+        }),
+        Ok(Reply::Chunk(vec![2; 30])),
+        Ok(Reply::Restored { bytes: 4166 }),
+        Err(WireError::new(ErrorKind::Repository, "no backup named b")),
+    ];
+    let mut out = Vec::new();
+    for reply in replies {
+        frame(&mut out, &Response { id: 7, reply });
     }
     out
 }
@@ -149,12 +171,20 @@ fn real_request_frames_round_trip() {
     wire(&request_frames());
 }
 
+#[test]
+fn real_restore_response_frames_round_trip() {
+    wire(&response_frames());
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
     #[test]
-    fn mutated_request_frames_never_panic(flips in prop::collection::vec((any::<usize>(), any::<u8>()), 1..8), cut in any::<usize>()) {
-        let mut frames = request_frames();
+    fn mutated_request_frames_never_panic(flips in prop::collection::vec((any::<usize>(), any::<u8>()), 1..8), cut in any::<usize>(), responses in any::<bool>()) {
+        let mut frames = match responses {
+            true => response_frames(),
+            false => request_frames(),
+        };
         for (at, x) in flips {
             let i = at % frames.len();
             frames[i] ^= x;

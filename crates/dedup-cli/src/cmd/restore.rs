@@ -73,7 +73,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             s,
             mb_per_sec(n, s)
         );
-        return Ok(name_damage(&a, &salvage.damaged));
+        return Ok(name_damage(&a.name, &salvage.damaged, &check_hint(&a)));
     }
     let n = super::restore_target::restore_to(
         &a.target,
@@ -87,7 +87,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         },
     )?;
     let s = start.elapsed().as_secs_f64();
-    let code = name_damage(&a, &damaged);
+    let code = name_damage(&a.name, &damaged, &check_hint(&a));
     if a.json {
         super::print_json(&serde_json::json!({
             "name": a.name,
@@ -110,16 +110,23 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     Ok(code)
 }
 
-/// Name each damaged range of a stream's restore on stderr; the exit
-/// status: 1 if there is any.
-fn name_damage(a: &Args, damaged: &[DamagedRange]) -> ExitCode {
+/// What to run to learn what is damaged in `a`'s repository.
+fn check_hint(a: &Args) -> String {
+    format!("`dedup store check {}`", a.repo.display())
+}
+
+/// Name each damaged range of backup `name`'s restored stream on stderr
+/// (`check` says what to run to learn more); the exit status: 1 if there
+/// is any. The same for a restore beside the repository and one through
+/// a server.
+pub(super) fn name_damage(name: &str, damaged: &[DamagedRange], check: &str) -> ExitCode {
     for d in damaged {
         eprintln!(
             "dedup: damaged: bytes {}..{} ({}) of backup {} not restored (written as zeros): {}",
             d.offset,
             d.offset + d.len,
             format_size(d.len),
-            a.name,
+            name,
             d.error
         );
     }
@@ -128,10 +135,10 @@ fn name_damage(a: &Args, damaged: &[DamagedRange]) -> ExitCode {
     }
     let lost: u64 = damaged.iter().map(|d| d.len).sum();
     eprintln!(
-        "dedup: {} of backup {} could not be restored (the ranges named above, zeros in their place); the rest was. `dedup store check {}` says what is damaged.",
+        "dedup: {} of backup {} could not be restored (the ranges named above, zeros in their place); the rest was. {} says what is damaged.",
         format_size(lost),
-        a.name,
-        a.repo.display()
+        name,
+        check
     );
     ExitCode::from(1)
 }

@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use dedup_core::compress::Compression;
 use dedup_core::size::format_size;
+use dedup_store::index::projection::hook_bytes_at;
 use dedup_store::index::{IndexConfig, SamplingRate};
 use dedup_store::repo::CONTAINERS_PREFIX;
 use dedup_store::{
@@ -346,37 +347,58 @@ pub struct IndexJson {
     /// RAM of the fixed-size prefetch cache.
     pub index_cache_bytes: u64,
     pub index_fingerprints: u64,
-    /// Null before anything is stored.
+    /// RAM now over the bytes stored now, per TiB; null before anything
+    /// is stored. Not what 1 TiB will cost a sampled index: see
+    /// `index_ram_at_1_tib`.
     pub index_ram_per_tib: Option<f64>,
+    /// What a sampled index will hold at 1 TiB stored, by its sampling
+    /// rule within its budget (null for an exact index, which grows with
+    /// the store).
+    pub index_ram_at_1_tib: Option<u64>,
 }
 
 impl IndexJson {
-    /// `segment_bytes`: the repository's average segment size.
     pub fn of(repo: &Repository) -> Option<IndexJson> {
         let ram = repo.index_ram()?;
-        let stored = ram.fingerprints as f64 * f64::from(segment_bytes(repo.config().segmenting));
+        let config = repo.config();
+        let segment = u64::from(segment_bytes(config.segmenting));
+        let stored = ram.fingerprints as f64 * segment as f64;
         Some(IndexJson {
             index_ram_bytes: ram.bytes,
             index_cache_bytes: ram.cache_bytes,
             index_fingerprints: ram.fingerprints,
             index_ram_per_tib: (stored > 0.0)
                 .then(|| ram.bytes as f64 * (1u64 << 40) as f64 / stored),
+            index_ram_at_1_tib: ram
+                .budget
+                .map(|budget| hook_bytes_at(1 << 40, budget, segment, config.container_target)),
         })
     }
-}
 
-impl IndexJson {
-    /// The report's line about the index.
-    pub fn print(&self) {
-        println!(
+    /// The report's line about the index: what it holds now, and for a
+    /// sampled index what it will hold at 1 TiB (not now's RAM scaled up:
+    /// below a few GiB every fingerprint is a hook, which sampling will
+    /// not keep).
+    pub fn text(&self) -> String {
+        let later = match (self.index_ram_at_1_tib, self.index_ram_per_tib) {
+            (Some(b), _) => format!(
+                " (sampled within its budget: {} at 1 TiB stored)",
+                format_size(b)
+            ),
+            (None, Some(b)) => format!(" ({} per TiB stored)", format_size(b as u64)),
+            (None, None) => String::new(),
+        };
+        format!(
             "Index: {} of RAM for {} segments{}, and a {} prefetch cache.",
             format_size(self.index_ram_bytes),
             self.index_fingerprints,
-            self.index_ram_per_tib
-                .map(|b| format!(" ({} per TiB stored)", format_size(b as u64)))
-                .unwrap_or_default(),
+            later,
             format_size(self.index_cache_bytes)
-        );
+        )
+    }
+
+    pub fn print(&self) {
+        println!("{}", self.text());
     }
 }
 

@@ -68,6 +68,9 @@ pub enum RemoteCommand {
     /// ACLs of the old one are not carried over) or onto a device (written
     /// in place; a block device that is mounted, or smaller than the
     /// backup, is refused untouched; a fifo once something reads it).
+    /// Past damage in the server's repository it goes on as `dedup
+    /// restore` does: what is intact is written, each damaged range as
+    /// zeros, named on stderr (and in --json, as "damaged"), exit status 1.
     Restore {
         name: String,
         target: PathBuf,
@@ -198,24 +201,37 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             name,
             target,
             force,
-        } => restore(&c, &name, &target, force)?,
+        } => status = restore(&c, &name, &target, force, a.json)?,
     }
     Ok(status)
 }
 
 /// Like `dedup restore` (`restore_target.rs`): a file TARGET must be new
 /// unless `force`, and a failed restore leaves it as it was; a device is
-/// written in place (a block device only if it can hold the backup).
-fn restore(c: &Client, name: &str, target: &Path, force: bool) -> anyhow::Result<()> {
+/// written in place (a block device only if it can hold the backup). Past
+/// damage too: the server sends what is intact and names each damaged
+/// range, written here as zeros; the exit status is then 1.
+fn restore(
+    c: &Client,
+    name: &str,
+    target: &Path,
+    force: bool,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    // The server's repository is not here to check: say where it is.
+    let check = "`dedup store check` of the server's repository";
     if target.as_os_str() == "-" {
+        if json {
+            anyhow::bail!("--json and `-` would both write to standard output: give a file");
+        }
         let mut out = BufWriter::with_capacity(1 << 20, io::stdout().lock());
-        let n = c.restore(name, &mut out)?;
+        let s = c.restore(name, &mut out)?;
         out.flush().context("writing to standard output")?;
         eprintln!(
             "Restored {} of backup {name} to standard output.",
-            format_size(n)
+            format_size(s.bytes)
         );
-        return Ok(());
+        return Ok(super::restore::name_damage(name, &s.damaged, check));
     }
     // A block device is checked against the backup's length before it is
     // written; the server's list tells it. (Only then: a damaged record of
@@ -230,13 +246,26 @@ fn restore(c: &Client, name: &str, target: &Path, force: bool) -> anyhow::Result
         },
         false => None,
     };
+    let mut damaged = Vec::new();
     let n = super::restore_target::restore_to(target, force, name, need, |mut out| {
-        Ok(c.restore(name, &mut out)?)
+        let s = c.restore(name, &mut out)?;
+        damaged = s.damaged;
+        Ok(s.bytes)
     })?;
+    let code = super::restore::name_damage(name, &damaged, check);
+    if json {
+        print_json(&serde_json::json!({
+            "name": name,
+            "target": target.display().to_string(),
+            "bytes": n,
+            "damaged": damaged,
+        }))?;
+        return Ok(code);
+    }
     println!(
         "Restored {} of backup {name} to {}.",
         format_size(n),
         target.display()
     );
-    Ok(())
+    Ok(code)
 }

@@ -50,7 +50,7 @@ pub const HOOK_BYTES: u64 = 41;
 
 /// The filter's bits per hook it is sized for; it is sized for twice the
 /// hooks it holds at most (it doubles as the table grows).
-const FILTER_BITS_PER_HOOK: usize = 8;
+pub(super) const FILTER_BITS_PER_HOOK: usize = 8;
 const MIN_FILTER_HOOKS: usize = 1024;
 
 /// The fewest hooks a table of `max_hooks` sizes its filter for: a
@@ -61,7 +61,7 @@ fn least_filter_hooks(max_hooks: usize) -> usize {
 
 /// The bytes a table holding up to `capacity` hooks has allocated
 /// (hashbrown's `capacity()` is 7/8 of its slots, or slots - 1 below 8).
-fn table_bytes(capacity: usize) -> u64 {
+pub(super) fn table_bytes(capacity: usize) -> u64 {
     if capacity == 0 {
         return 0;
     }

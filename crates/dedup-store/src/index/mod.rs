@@ -14,6 +14,7 @@ pub mod cache;
 pub mod checkpoint;
 pub mod figures;
 pub mod hooks;
+pub mod projection;
 pub mod rebuild;
 pub mod sampling;
 pub mod segment_index;

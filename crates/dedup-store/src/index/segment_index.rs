@@ -160,6 +160,7 @@ impl SegmentIndex for SampledIndex {
             bytes: f.hook_bytes,
             cache_bytes: f.cache_bytes,
             fingerprints: f.fingerprints,
+            budget: Some(f.memory_budget),
         }
     }
 }

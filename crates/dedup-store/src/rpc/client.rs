@@ -20,6 +20,7 @@ use super::protocol::{
     MAX_FRAME, PROTOCOL_VERSION,
 };
 use super::stream::Stream;
+use crate::restore_salvage::{note, write_zeros, Salvage};
 use crate::segmenter::Segmenting;
 
 #[derive(Debug, thiserror::Error)]
@@ -357,21 +358,35 @@ impl Client {
         }
     }
 
-    /// Write backup `name`'s stream to `out` as the server reads it; the
-    /// number of bytes.
-    pub fn restore(&self, name: &str, out: &mut impl Write) -> Result<u64, ClientError> {
+    /// Write backup `name`'s stream to `out` as the server reads it, past
+    /// damage as a restore beside the repository goes: zeros in place of
+    /// each range the server names as damaged. What was written, and the
+    /// damaged ranges.
+    pub fn restore(&self, name: &str, out: &mut impl Write) -> Result<Salvage, ClientError> {
         let (tx, rx) = mpsc::sync_channel(8);
         let call = Call::Restore { name: name.into() };
         self.send_message(|id| Request { id, call }, Slot::Stream(tx))?;
-        let mut n = 0u64;
+        let mut s = Salvage::default();
+        let writing = |e: io::Error| ClientError::Local(format!("writing the restore: {e}"));
         loop {
             match receive(&rx, self.timeout, &self.closer) {
                 Some(Ok(Reply::Chunk(bytes))) => {
-                    out.write_all(&bytes)
-                        .map_err(|e| ClientError::Local(format!("writing the restore: {e}")))?;
-                    n += bytes.len() as u64;
+                    out.write_all(&bytes).map_err(writing)?;
+                    s.bytes += bytes.len() as u64;
                 }
-                Some(Ok(Reply::Restored { bytes })) if bytes == n => return Ok(n),
+                Some(Ok(Reply::Damaged { offset, len, error })) => {
+                    let end = offset.checked_add(len);
+                    if offset != s.bytes || end.is_none() {
+                        return Err(ClientError::Protocol(format!(
+                            "a damaged range of {len} bytes at byte {offset} of a restore that had sent {} bytes",
+                            s.bytes
+                        )));
+                    }
+                    write_zeros(out, len).map_err(writing)?;
+                    note(&mut s.damaged, offset, len, error);
+                    s.bytes += len;
+                }
+                Some(Ok(Reply::Restored { bytes })) if bytes == s.bytes => return Ok(s),
                 Some(Ok(other)) => return Err(unexpected(&other)),
                 Some(Err(e)) => return Err(e),
                 None => return Err(ClientError::Lost("the restore was cut off".into())),
@@ -455,7 +470,8 @@ fn read_responses(stream: Stream, waiting: &Mutex<Waiting>) {
             Ok(r) => r,
             Err(e) => break e,
         };
-        let chunk = matches!(resp.reply, Ok(Reply::Chunk(_)));
+        // A restore's stream goes on after these.
+        let chunk = matches!(resp.reply, Ok(Reply::Chunk(_) | Reply::Damaged { .. }));
         let slot = {
             let mut w = lock(waiting);
             if chunk {

@@ -19,9 +19,10 @@ use super::frame::{decode, write_frame};
 use super::item_ref::{append_in_place, is_append, ItemRef};
 use super::protocol::{
     Call, ErrorKind, Reply, Request, Response, WireBackup, WireError, WireStats, MAX_BATCH,
-    MAX_FRAME, MAX_SEGMENT, MAX_TREE, PARENT_TREE_CHUNK, PROTOCOL_VERSION, RESTORE_CHUNK,
+    MAX_FRAME, MAX_SEGMENT, MAX_TREE, PARENT_TREE_CHUNK, PROTOCOL_VERSION,
 };
 use super::read_ahead::Frames;
+use super::serve_restore;
 use super::server::Shared;
 use super::stream::{Deadlined, Stream};
 use crate::repo::Repository;
@@ -145,7 +146,7 @@ pub(crate) fn serve(repo: &Repository, stream: Stream, conn_id: u64, shared: &Sh
                         id,
                         call: Call::Restore { name },
                     }) if conn.authenticated => {
-                        if restore(repo, &name, id, &mut writer).is_err() {
+                        if serve_restore::restore(repo, &name, id, &mut writer).is_err() {
                             break;
                         }
                         continue;
@@ -201,54 +202,6 @@ pub(crate) fn serve(repo: &Repository, stream: Stream, conn_id: u64, shared: &Sh
     shared.running.fetch_sub(n, Ordering::SeqCst);
 }
 
-/// Send backup `name` as `Chunk`s, then `Restored` or the error that
-/// stopped it; an error only if the connection failed.
-fn restore(repo: &Repository, name: &str, id: u64, w: &mut impl Write) -> io::Result<()> {
-    let mut out = Chunks {
-        w: &mut *w,
-        id,
-        buf: Vec::with_capacity(RESTORE_CHUNK),
-    };
-    let done = repo.restore(name, &mut out);
-    let reply = match done {
-        Ok(bytes) => Ok(Reply::Restored { bytes }),
-        Err(e) => Err(repo_err(e)),
-    };
-    send(w, id, reply)
-}
-
-/// A `Write` that sends what it is given as `Chunk` responses.
-struct Chunks<'w, W: Write> {
-    w: &'w mut W,
-    id: u64,
-    buf: Vec<u8>,
-}
-
-impl<W: Write> Chunks<'_, W> {
-    fn emit(&mut self) -> io::Result<()> {
-        if self.buf.is_empty() {
-            return Ok(());
-        }
-        let chunk = std::mem::replace(&mut self.buf, Vec::with_capacity(RESTORE_CHUNK));
-        send(&mut *self.w, self.id, Ok(Reply::Chunk(chunk)))
-    }
-}
-
-impl<W: Write> Write for Chunks<'_, W> {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        let n = data.len().min(RESTORE_CHUNK - self.buf.len());
-        self.buf.extend_from_slice(&data[..n]);
-        if self.buf.len() == RESTORE_CHUNK {
-            self.emit()?;
-        }
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.emit()
-    }
-}
-
 /// Whether the handshake's deadline is lifted and `idle` set in its place
 /// (on the inline reader: frames are read ahead only once that is done).
 fn lifted(frames: &mut Frames<BufReader<Deadlined>>, idle: Option<Duration>) -> bool {
@@ -273,7 +226,7 @@ fn read_ahead<'s>(
     }
 }
 
-fn send(w: &mut impl Write, id: u64, reply: Answer) -> io::Result<()> {
+pub(super) fn send(w: &mut impl Write, id: u64, reply: Answer) -> io::Result<()> {
     write_frame(w, &Response { id, reply })?;
     w.flush()
 }
@@ -282,7 +235,7 @@ fn bad(message: impl Into<String>) -> WireError {
     WireError::new(ErrorKind::BadRequest, message)
 }
 
-fn repo_err(e: RepoError) -> WireError {
+pub(super) fn repo_err(e: RepoError) -> WireError {
     WireError::new(ErrorKind::Repository, e.to_string())
 }
 

@@ -32,6 +32,7 @@ pub(crate) mod frame;
 pub(crate) mod item_ref;
 pub mod protocol;
 mod read_ahead;
+mod serve_restore;
 mod server;
 mod stream;
 

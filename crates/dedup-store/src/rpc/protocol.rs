@@ -26,7 +26,9 @@ use crate::segmenter::Segmenting;
 /// 7: `List` is answered `Listing` when a backup object does not read
 /// (the backups that do, and those named), and a GC's report says what a
 /// damaged backup made it keep.
-pub const PROTOCOL_VERSION: u32 = 7;
+/// 8: `Damaged` among a restore's `Chunk`s: a restore goes on past
+/// damage, each damaged range named (and written as zeros by the client).
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// Largest segment the server takes: what a container holds.
 pub const MAX_SEGMENT: usize = crate::format::MAX_SEGMENT_LEN;
@@ -129,7 +131,8 @@ pub enum Call {
     Abort {
         session: u64,
     },
-    /// Stream backup `name` back: `Chunk`s in order, then `Restored`.
+    /// Stream backup `name` back: `Chunk`s in order, a `Damaged` in place
+    /// of each range that could not be restored, then `Restored`.
     Restore {
         name: String,
     },
@@ -225,7 +228,8 @@ pub enum Reply {
     Aborted,
     /// The next bytes of a restore (at most [`RESTORE_CHUNK`]).
     Chunk(#[serde(with = "serde_bytes")] Vec<u8>),
-    /// A restore is complete: this many bytes were sent.
+    /// A restore is complete: this many bytes were sent (the damaged
+    /// ranges counted).
     Restored {
         bytes: u64,
     },
@@ -251,6 +255,15 @@ pub enum Reply {
     Listing {
         backups: Vec<WireBackup>,
         damaged: Vec<crate::repo_listing::DamagedBackup>,
+    },
+    /// Among a restore's `Chunk`s: the next `len` bytes of the stream,
+    /// from `offset` (the bytes sent so far), could not be restored, and
+    /// why. The client writes zeros in their place, so what follows keeps
+    /// its offset, as a restore beside the repository does.
+    Damaged {
+        offset: u64,
+        len: u64,
+        error: String,
     },
 }
 
