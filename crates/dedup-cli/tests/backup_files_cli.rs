@@ -261,3 +261,37 @@ fn a_damaged_frame_costs_only_its_file_which_is_named() {
     ]);
     assert!(fs::read(part.join(rel).join("b")).unwrap() == b);
 }
+
+/// The report names what the walk found on its first line and the sizes
+/// on the next, whole: a line of 200 columns used to wrap in a terminal
+/// just before "; 4.1 GiB in" (issue 35, item 12).
+#[test]
+fn the_report_puts_the_counts_and_the_sizes_on_lines_of_their_own() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (repo, data) = (tmp.path().join("r"), tmp.path().join("d"));
+    fs::create_dir(&data).unwrap();
+    fs::write(data.join("f"), vec![7u8; 100_000]).unwrap();
+    let (repo_s, data_s) = (repo.to_str().unwrap(), data.to_str().unwrap());
+    let out = dedup(&["store", "init", repo_s]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = dedup(&["backup", repo_s, "one", data_s]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with("Backed up one into") && lines[0].ends_with("0 special files."),
+        "{text}"
+    );
+    assert!(
+        lines[1].contains(" in, ") && !lines[1].starts_with(';') && lines[1].len() < 120,
+        "{text}"
+    );
+}

@@ -106,9 +106,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 }
 
 /// What a backup of files held, for its one-line report.
+/// What the walk found, as the report's first line: the sizes follow on
+/// a line of their own, so a terminal never wraps the report mid-phrase.
 pub(super) fn counts_text(c: &WalkCounts) -> String {
     format!(
-        "{} files, {} directories, {} symlinks, {} hard links, {} special files; ",
+        "{} files, {} directories, {} symlinks, {} hard links, {} special files.\n",
         c.files, c.dirs, c.symlinks, c.hard_links, c.specials
     )
 }
