@@ -263,6 +263,13 @@ pub trait MetadataBackend: Send {
     /// Clean shutdown: persist everything with `private` and mark the
     /// metadata clean. No other method is called afterwards.
     fn close(&mut self, private: &[u64]) -> Result<()>;
+    /// The host filesystem under the metadata is full and a commit that
+    /// must not fail for it (a close, one that frees space) did: give back
+    /// the room the store reserved for this (journaled stores: see
+    /// `disktable/tables.rs`). Returns the bytes given back; 0: none held.
+    fn release_reserve(&mut self) -> Result<u64> {
+        Ok(0)
+    }
     /// The engine's record as of the last commit or close (empty when new).
     /// Read once, at open.
     fn private_data(&self) -> &[u64];

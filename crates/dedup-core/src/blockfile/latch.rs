@@ -110,6 +110,11 @@ impl BlockFile for Latched {
         self.refuse()?;
         self.inner.punch(offset, len)
     }
+
+    fn preallocate(&self, offset: u64, len: u64) -> Result<()> {
+        self.refuse()?;
+        self.inner.preallocate(offset, len)
+    }
 }
 
 #[cfg(test)]

@@ -44,6 +44,49 @@ impl Engine {
         Ok(())
     }
 
+    /// A commit that must not fail for a full host filesystem (a close,
+    /// one that gives space back): on ENOSPC the store gives back the room
+    /// it reserved for this (`release_reserve`), and it is tried again.
+    pub(super) fn commit_or_release(&self, m: &mut super::Meta) -> Result<()> {
+        match self.commit_locked(m) {
+            Err(e) if e.errno() == libc::ENOSPC && m.store.release_reserve()? > 0 => {
+                self.commit_locked(m)
+            }
+            r => r,
+        }
+    }
+
+    /// Commit what a TRIM freed, using the store's reserve if the host is
+    /// full: while writes stall for space, this is how the device gives
+    /// space back through itself. A trim leaves its chunks held by the
+    /// hash index alone (count 1) until a collection, so one runs first:
+    /// without it the commit frees almost nothing.
+    pub(crate) fn commit_freed(&self) -> Result<()> {
+        {
+            let _one_at_a_time = self.gc_lock.lock();
+            self.collect_some()?;
+        }
+        let _quiet = self.commits.then(|| self.commit_gate.write());
+        let mut m = self.meta.lock();
+        self.commit_or_release(&mut m)
+    }
+
+    /// Collect up to `RECLAIM_CHUNKS` chunks of garbage, unless the last
+    /// collection found nothing and no chunk became garbage since. The
+    /// caller holds `gc_lock`.
+    fn collect_some(&self) -> Result<()> {
+        let releases = self.releases.load(Ordering::Relaxed);
+        if self.fruitless_gc_at.load(Ordering::Relaxed) != releases {
+            let (_, reclaimed) = self.collect(Some(RECLAIM_CHUNKS))?;
+            Counters::add(&self.counters.gc_runs, 1);
+            Counters::add(&self.counters.gc_reclaimed, reclaimed);
+            if reclaimed == 0 {
+                self.fruitless_gc_at.store(releases, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
     /// After a batch: commit if the backend asked (transaction length
     /// reached, cache mostly dirty).
     pub(super) fn commit_if_wanted(&self, wanted: bool) -> Result<()> {
@@ -61,15 +104,7 @@ impl Engine {
     /// nothing is not repeated until some chunk has become garbage since.
     pub(super) fn reclaim_for_space(&self) -> Result<bool> {
         let _one_at_a_time = self.gc_lock.lock();
-        let releases = self.releases.load(Ordering::Relaxed);
-        if self.fruitless_gc_at.load(Ordering::Relaxed) != releases {
-            let (_, reclaimed) = self.collect(Some(RECLAIM_CHUNKS))?;
-            Counters::add(&self.counters.gc_runs, 1);
-            Counters::add(&self.counters.gc_reclaimed, reclaimed);
-            if reclaimed == 0 {
-                self.fruitless_gc_at.store(releases, Ordering::Relaxed);
-            }
-        }
+        self.collect_some()?;
         // Chunks freed here or earlier (by an online GC, an undone write)
         // wait in quarantine for a commit: give them one.
         // Fragments freed by the collection may leave packed blocks half

@@ -201,6 +201,13 @@ impl Device {
                 }
             }
         }
+        if what != Mutation::Write && wb.stalled() {
+            // Writes wait for space (the host's filesystem is full): what
+            // this trim freed is given back now, through the store's
+            // reserve if need be, not at a FLUSH that fails until the
+            // stall clears. The commit makes it durable (FUA too).
+            return e.commit_freed();
+        }
         if fua {
             self.flush_entered(wb)?;
         }

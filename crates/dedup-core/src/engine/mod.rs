@@ -88,6 +88,9 @@ pub(crate) struct Engine {
     /// `releases` when an inline collection last found nothing to free.
     fruitless_gc_at: AtomicU64,
     recovery: Option<RecoveryReport>,
+    /// Where the data file is (its directory), for errors that say what
+    /// to free when the host filesystem fills.
+    pub(crate) host_dir: String,
     _lock: Option<DeviceLock>,
 }
 
@@ -162,7 +165,13 @@ impl Engine {
         sb.witness = witness.clone();
         let mut pair = registry::open(sb, meta, data, &opts)?;
         pair.rolled_back |= is_stale;
-        let engine = Engine::assemble(cfg, pair, &opts, lock)?;
+        let mut engine = Engine::assemble(cfg, pair, &opts, lock)?;
+        if let Some(dir) = std::fs::canonicalize(&data_name)
+            .ok()
+            .and_then(|p| p.parent().map(|d| d.display().to_string()))
+        {
+            engine.host_dir = dir;
+        }
         if let Some(w) = witness.filter(|w| w.is_held()) {
             w.release()?;
         }
@@ -201,6 +210,7 @@ impl Engine {
             releases: AtomicU64::new(0),
             fruitless_gc_at: AtomicU64::new(u64::MAX),
             recovery: None,
+            host_dir: "the data file".to_string(),
             _lock: lock,
         };
         match (known, pair.recovered) {
@@ -372,7 +382,12 @@ impl Engine {
         let p = self.placement.as_ref();
         p.before_commit(m.store.as_mut(), true)?;
         let record = m.record(self.counters.to_vec(), p);
-        let committed = m.store.commit(&record);
+        let committed = match m.store.commit(&record) {
+            Err(e) if e.errno() == libc::ENOSPC && m.store.release_reserve()? > 0 => {
+                m.store.commit(&record)
+            }
+            r => r,
+        };
         p.after_commit(m.store.as_mut(), committed.is_ok())?;
         committed?;
         if let Some((count, why)) = lost {

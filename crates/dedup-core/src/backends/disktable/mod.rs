@@ -617,6 +617,10 @@ impl MetadataBackend for DiskTable {
         Ok(())
     }
 
+    fn release_reserve(&mut self) -> Result<u64> {
+        self.t.release_reserve()
+    }
+
     fn private_data(&self) -> &[u64] {
         &self.private
     }

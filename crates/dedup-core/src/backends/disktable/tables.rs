@@ -5,6 +5,21 @@
 //! `Area`) and share this: opening (replay, read the root), commits and the
 //! clean close.
 //!
+//! **Room for a save on a full host filesystem.** A writable store on a
+//! regular file allocates, at open, the journal blocks a commit of the
+//! whole buffer cache uses (`reserve_blocks`: 1 header block, 1 descriptor
+//! block per 511 blocks, and one block per cached block: about the cache
+//! size, 64 MiB + 132 KiB at the default `--cache 64M`). The journal is
+//! written at the same offsets every commit, so once allocated it never
+//! needs free space, and a commit of up to the cache's dirty blocks can
+//! always be journaled. What a full filesystem can still refuse are table
+//! blocks written for the first time (a sparse file's holes) and sparse's
+//! index checkpoint: for those, a close or a commit that frees space
+//! (a TRIM while writes stall, a collection) calls `release_reserve`,
+//! which punches the journal blocks the next commit does not need,
+//! giving them back to the filesystem, and retries. The next open
+//! allocates them again where there is room.
+//!
 //! The root also counts the commits (its last 8 bytes, `COMMIT_AT`): the
 //! number the data device records after each one (`generation.rs`), so a
 //! copy of the metadata taken while serving, put back after a crash, is
@@ -14,7 +29,7 @@ use std::sync::Arc;
 
 use super::cache::Cache;
 use super::geometry::{Area, BLOCK, HEADER, ROOT};
-use super::journal::Journal;
+use super::journal::{journal_len, Journal};
 use crate::backends::kv::store::StoreState;
 use crate::blockfile::latch::Latched;
 use crate::blockfile::BlockFile;
@@ -44,6 +59,9 @@ pub struct Journaled {
     /// asked (`accept_stale`): the engine verifies every chunk before the
     /// device serves (a roll-back).
     pub kept_stale: bool,
+    /// The journal blocks allocated at open (`reserve_blocks`), until a
+    /// full host filesystem makes `release_reserve` give most back.
+    reserved: u64,
 }
 
 impl Journaled {
@@ -127,19 +145,76 @@ impl Journaled {
         if salvage {
             cache.salvage();
         }
-        Ok((
-            Journaled {
-                cache,
-                journal,
-                area,
-                file,
-                superblock,
-                writable,
-                name,
-                kept_stale,
-            },
-            state,
-        ))
+        let mut t = Journaled {
+            cache,
+            journal,
+            area,
+            file,
+            superblock,
+            writable,
+            name,
+            kept_stale,
+            reserved: 0,
+        };
+        if writable && !salvage {
+            t.make_reserve()?;
+        }
+        Ok((t, state))
+    }
+
+    /// Journal blocks a commit of the whole cache occupies, at most the
+    /// journal.
+    pub fn reserve_blocks(&self) -> u64 {
+        journal_len(self.cache.capacity_blocks() as u64).min(self.area.journal_blocks)
+    }
+
+    /// Allocate the journal blocks a commit of the whole cache needs (a
+    /// regular file only: a block device's blocks are all there). A full
+    /// filesystem is told, not refused: the device serves, with less room
+    /// for a stop while it stays full.
+    fn make_reserve(&mut self) -> Result<()> {
+        if self.file.capacity()?.is_some() {
+            return Ok(());
+        }
+        let blocks = self.reserve_blocks();
+        match self
+            .file
+            .preallocate(self.area.journal_start, blocks * BLOCK as u64)
+        {
+            Ok(()) => self.reserved = blocks,
+            Err(e) if e.errno() == libc::ENOSPC => tracing::warn!(
+                "{}: no room to reserve {} KiB for the metadata journal ({e}); a stop while the host filesystem stays full may fail to save",
+                self.name,
+                blocks * BLOCK as u64 / 1024
+            ),
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+
+    /// The host filesystem is full while the metadata must be saved (a
+    /// close, a commit that frees space): give back the reserved journal
+    /// blocks the next commit does not need (its dirty blocks and the
+    /// root), so the table blocks and checkpoint it writes find room.
+    /// Returns the bytes given back (0: nothing left to give).
+    pub fn release_reserve(&mut self) -> Result<u64> {
+        let keep = journal_len(self.cache.dirty_count() as u64 + 1);
+        if self.reserved <= keep {
+            return Ok(0);
+        }
+        let (from, blocks) = (keep, self.reserved - keep);
+        self.file.punch(
+            self.area.journal_start + from * BLOCK as u64,
+            blocks * BLOCK as u64,
+        )?;
+        self.reserved = keep;
+        let bytes = blocks * BLOCK as u64;
+        tracing::warn!(
+            "{}: the host filesystem is full: gave back {} KiB of the metadata journal's reserve to save the metadata (reserved again at the next start)",
+            self.name,
+            bytes / 1024
+        );
+        Ok(bytes)
     }
 
     /// Check the checksum of every table block in `blocks` that was ever
@@ -306,7 +381,14 @@ impl Journaled {
         if !self.writable {
             return Ok(());
         }
-        self.commit(state)?;
+        match self.commit(state) {
+            Err(e) if e.errno() == libc::ENOSPC && self.release_reserve()? > 0 => {
+                self.commit(state)?;
+            }
+            r => {
+                r?;
+            }
+        }
         self.journal.clear(self.file.as_ref(), &self.area)?;
         self.superblock.state = DeviceState::Clean;
         self.superblock.write(self.file.as_ref())?;

@@ -938,9 +938,27 @@ impl MetadataBackend for Sparse {
         // A partial index is not saved: the next open would take it for
         // whole. Without a checkpoint it rebuilds again.
         if writable && self.warm_from.is_none() {
-            self.save_checkpoint()?;
+            // The store is saved and clean: a full host filesystem costs
+            // the checkpoint at most (its header is written last, so a
+            // partial one is never loaded; the next open rebuilds).
+            let saved = match self.save_checkpoint() {
+                Err(e) if e.errno() == libc::ENOSPC && self.t.release_reserve()? > 0 => {
+                    self.save_checkpoint()
+                }
+                r => r,
+            };
+            match saved {
+                Err(e) if e.errno() == libc::ENOSPC => tracing::warn!(
+                    "sparse: the index checkpoint was not saved ({e}); the metadata is, and the next start rebuilds the index from the chunk records"
+                ),
+                r => r?,
+            }
         }
         Ok(())
+    }
+
+    fn release_reserve(&mut self) -> Result<u64> {
+        self.t.release_reserve()
     }
 
     fn private_data(&self) -> &[u64] {
