@@ -19,7 +19,8 @@ fn backups_report_the_index_and_stats_reads_its_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
     let repo = tmp.path().join("repo");
     let r = repo.to_str().unwrap();
-    dedup(&["store", "init", r, "--json"], b"");
+    // Fixed 4 KiB segments: 512 of them in 2 MiB.
+    dedup(&["store", "init", r, "--segments", "fixed", "--json"], b"");
     let stream = data(2 << 20, 1);
     let first = dedup(&["backup", r, "a", "--stdin", "--json"], &stream);
     assert_eq!(first["index_fingerprints"], 512, "{first}");

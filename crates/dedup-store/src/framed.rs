@@ -14,7 +14,7 @@ use crate::repo_error::{RepoError, RepoResult};
 /// good ratio. On a backup of 40 tokio releases as files the recipe fell
 /// from 2.3 MB to 175 KB (the same files' fingerprints repeat) and the
 /// tree from 4.1 MB to 365 KB (paths share their prefixes).
-const OBJECT_LEVEL: i32 = 3;
+pub(crate) const OBJECT_LEVEL: i32 = 3;
 
 /// The most a compressed body may expand, so that a forged one (a tree
 /// from a client, say) cannot make its reader decompress without end:

@@ -104,8 +104,10 @@ pub mod session;
 pub mod tree;
 mod tree_backup;
 mod tree_parent;
+mod tree_reader;
 mod tree_restore;
 pub mod tree_walk;
+mod tree_writer;
 pub mod writer;
 
 pub use container::{container_name, Catalog, Container};
@@ -132,3 +134,4 @@ pub use tree::Tree;
 pub use tree_backup::TreeBackupReport;
 pub use tree_restore::{DamagedEntry, RestoreOptions, RestoreReport};
 pub use tree_walk::{TreeWalk, WalkCounts};
+pub use tree_writer::{EncodedTree, TreeWriter};

@@ -1,7 +1,16 @@
-//! How a repository cuts backup streams into segments: fixed 4 KiB by
-//! default, as in the paper (§3.1), or content-defined with FastCDC, whose
-//! cut points move with the content so an insertion only changes the
-//! segments around it. The cutting itself is `segment_blocks`'s.
+//! How a repository cuts backup streams into segments: fixed 4 KiB, as in
+//! the paper (§3.1), or content-defined with FastCDC, whose cut points
+//! move with the content so an insertion only changes the segments around
+//! it. The cutting itself is `segment_blocks`'s.
+//!
+//! `dedup store init` makes FastCDC repositories (8 KiB average) unless
+//! told otherwise: on the first backup of `/usr/share` and `/usr/lib` (4.4
+//! GB, 104,000 files) they stored 1,587 MB where fixed 4 KiB stored 1,718
+//! MB (restic 0.14 about 1,690, rustic 0.11 about 1,670), with half the
+//! segments to hash, index and catalog (peak RSS 110 MB against 135 MB,
+//! and faster), and store-bench has always measured dedup with FastCDC
+//! on its workloads (8 KiB average since its run 9). The library's
+//! `DEFAULT` stays the paper's.
 
 /// How a repository cuts streams; recorded in its config so every backup
 /// of one repository is cut the same way (otherwise they would not dedup).
@@ -15,7 +24,8 @@ pub enum Segmenting {
 pub const MIN_FIXED: u32 = 512;
 
 impl Segmenting {
-    /// Fixed 4 KiB segments: the paper's choice.
+    /// Fixed 4 KiB segments: the paper's choice, and `RepoOptions`'s
+    /// (the CLI's default is [`Segmenting::FASTCDC_8K`]).
     pub const DEFAULT: Segmenting = Segmenting::Fixed { size: 4096 };
 
     /// FastCDC averaging 4 KiB, from 1 KiB to 16 KiB: a wide range, so

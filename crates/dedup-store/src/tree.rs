@@ -7,6 +7,9 @@
 //! the body below compressed with zstd behind its raw length (see
 //! `framed::frame_compressed`; a body that would expand more than 64
 //! times is written plain, as version 1, which is also still read).
+//! The compressed body may be several zstd frames back to back, read as
+//! one (a backup writes its entries' frame as it walks, and the frame of
+//! the length and count before it at the end: `tree_writer.rs`).
 //! Body: stream length (u64), entry count n (u64), then n entries of
 //!
 //! | Size | Field                                                       |
@@ -34,12 +37,12 @@ use std::collections::HashMap;
 use crate::framed::{frame_compressed, unframe_compressed, Reader};
 use crate::repo_error::{RepoError, RepoResult};
 
-const MAGIC: [u8; 8] = *b"DDUPTREE";
+pub(crate) const MAGIC: [u8; 8] = *b"DDUPTREE";
 /// Version 2 keeps the body compressed with zstd (a tree's paths share
 /// long prefixes: 11 times smaller on 21,448 files); version 1, as is,
 /// is still read.
-const VERSION: u32 = 2;
-const PLAIN_VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 2;
+pub(crate) const PLAIN_VERSION: u32 = 1;
 /// Bytes of an entry with an empty path, target and no xattrs.
 const MIN_ENTRY: usize = 1 + 4 * 3 + 12 * 3 + 8 * 4 + 2 * 3;
 /// Longest path or symlink target (Linux's PATH_MAX).
@@ -151,13 +154,7 @@ impl Tree {
     /// backup read; the damage in words if not. Checked when a tree is
     /// committed and again when it is restored.
     pub fn check_stream_len(&self, name: &str, bytes_in: u64) -> Result<(), String> {
-        if self.stream_len != bytes_in {
-            return Err(format!(
-                "its files hold {} bytes, but backup {name} read {bytes_in}",
-                self.stream_len
-            ));
-        }
-        Ok(())
+        check_stream_len(self.stream_len, name, bytes_in)
     }
 
     /// Encode as is: `encode` does not check (so tests can build bad
@@ -167,25 +164,7 @@ impl Tree {
         b.extend_from_slice(&self.stream_len.to_le_bytes());
         b.extend_from_slice(&(self.nodes.len() as u64).to_le_bytes());
         for n in &self.nodes {
-            b.push(n.kind.code());
-            for v in [n.mode, n.uid, n.gid] {
-                b.extend_from_slice(&v.to_le_bytes());
-            }
-            for t in [n.mtime, n.atime, n.ctime] {
-                b.extend_from_slice(&t.sec.to_le_bytes());
-                b.extend_from_slice(&t.nsec.to_le_bytes());
-            }
-            for v in [n.inode, n.size, n.offset, n.rdev] {
-                b.extend_from_slice(&v.to_le_bytes());
-            }
-            put_bytes16(&mut b, &n.path);
-            put_bytes16(&mut b, &n.target);
-            b.extend_from_slice(&(n.xattrs.len() as u16).to_le_bytes());
-            for (name, value) in &n.xattrs {
-                put_bytes16(&mut b, name);
-                b.extend_from_slice(&(value.len() as u32).to_le_bytes());
-                b.extend_from_slice(value);
-            }
+            encode_entry(n, &mut b);
         }
         frame_compressed(MAGIC, PLAIN_VERSION, VERSION, &b)
     }
@@ -207,41 +186,7 @@ impl Tree {
         }
         let mut nodes = Vec::with_capacity(count as usize);
         for i in 0..count {
-            let code = r.bytes(1)?[0];
-            let kind = Kind::from_code(code).ok_or_else(|| {
-                RepoError::corrupt(object, format!("entry {i}: unknown kind {code}"))
-            })?;
-            let (mode, uid, gid) = (r.u32()?, r.u32()?, r.u32()?);
-            let mtime = time(&mut r)?;
-            let atime = time(&mut r)?;
-            let ctime = time(&mut r)?;
-            let inode = r.u64()?;
-            let (size, offset, rdev) = (r.u64()?, r.u64()?, r.u64()?);
-            let path = bytes16(&mut r)?;
-            let target = bytes16(&mut r)?;
-            let x = r.u16()?;
-            let mut xattrs = Vec::new();
-            for _ in 0..x {
-                let name = bytes16(&mut r)?;
-                let len = r.u32()? as usize;
-                xattrs.push((name, r.bytes(len)?.to_vec()));
-            }
-            nodes.push(Node {
-                path,
-                kind,
-                mode,
-                uid,
-                gid,
-                mtime,
-                atime,
-                ctime,
-                inode,
-                size,
-                offset,
-                rdev,
-                target,
-                xattrs,
-            });
+            nodes.push(decode_entry(object, &mut r, i)?);
         }
         r.finish()?;
         let tree = Tree { stream_len, nodes };
@@ -331,6 +276,88 @@ impl Tree {
         }
         Ok(())
     }
+}
+
+/// [`Tree::check_stream_len`] of a tree whose files hold `stream_len`.
+pub(crate) fn check_stream_len(stream_len: u64, name: &str, bytes_in: u64) -> Result<(), String> {
+    if stream_len != bytes_in {
+        return Err(format!(
+            "its files hold {stream_len} bytes, but backup {name} read {bytes_in}"
+        ));
+    }
+    Ok(())
+}
+
+/// Append entry `n` as the table above lays it out.
+pub(crate) fn encode_entry(n: &Node, b: &mut Vec<u8>) {
+    b.push(n.kind.code());
+    for v in [n.mode, n.uid, n.gid] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    for t in [n.mtime, n.atime, n.ctime] {
+        b.extend_from_slice(&t.sec.to_le_bytes());
+        b.extend_from_slice(&t.nsec.to_le_bytes());
+    }
+    for v in [n.inode, n.size, n.offset, n.rdev] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    put_bytes16(b, &n.path);
+    put_bytes16(b, &n.target);
+    b.extend_from_slice(&(n.xattrs.len() as u16).to_le_bytes());
+    for (name, value) in &n.xattrs {
+        put_bytes16(b, name);
+        b.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        b.extend_from_slice(value);
+    }
+}
+
+/// The bytes `encode_entry` takes for `n`.
+pub(crate) fn entry_len(n: &Node) -> usize {
+    let xattrs: usize = n
+        .xattrs
+        .iter()
+        .map(|(k, v)| 2 + k.len() + 4 + v.len())
+        .sum();
+    MIN_ENTRY + n.path.len() + n.target.len() + xattrs
+}
+
+/// Read entry number `i` of `object` (its fields only: what makes a tree
+/// of the entries is [`Tree::check`]'s).
+pub(crate) fn decode_entry(object: &str, r: &mut Reader, i: u64) -> RepoResult<Node> {
+    let code = r.bytes(1)?[0];
+    let kind = Kind::from_code(code)
+        .ok_or_else(|| RepoError::corrupt(object, format!("entry {i}: unknown kind {code}")))?;
+    let (mode, uid, gid) = (r.u32()?, r.u32()?, r.u32()?);
+    let mtime = time(r)?;
+    let atime = time(r)?;
+    let ctime = time(r)?;
+    let inode = r.u64()?;
+    let (size, offset, rdev) = (r.u64()?, r.u64()?, r.u64()?);
+    let path = bytes16(r)?;
+    let target = bytes16(r)?;
+    let x = r.u16()?;
+    let mut xattrs = Vec::new();
+    for _ in 0..x {
+        let name = bytes16(r)?;
+        let len = r.u32()? as usize;
+        xattrs.push((name, r.bytes(len)?.to_vec()));
+    }
+    Ok(Node {
+        path,
+        kind,
+        mode,
+        uid,
+        gid,
+        mtime,
+        atime,
+        ctime,
+        inode,
+        size,
+        offset,
+        rdev,
+        target,
+        xattrs,
+    })
 }
 
 /// A relative path with no empty, `.` or `..` component and no NUL.

@@ -4,6 +4,13 @@
 //! tree it records becomes the backup's tree object, committed with it.
 //! A remote client can do the same through a server: send the stream's
 //! segments, then the encoded tree.
+//!
+//! Memory: the walk holds its tree compressed as it goes
+//! (`tree_walk.rs`), the parent is read alongside it (`tree_parent.rs`),
+//! and each file is cut a block at a time (`segment_blocks::BLOCK`), so
+//! what grows with the tree is its compressed tree object and the
+//! parent's, 10-25 bytes an entry each; the rest is the session's
+//! (`session.rs`) and the index's, bounded whatever the tree.
 
 use std::io::{self, Read};
 use std::path::Path;
@@ -93,7 +100,7 @@ impl Repository {
         while walk.next_file().map_err(io)? {
             let unchanged = walk
                 .current()
-                .and_then(|(n, len)| parent.as_ref()?.unchanged(n, len));
+                .and_then(|(n, len)| parent.as_mut()?.unchanged(n, len));
             if let (Some(file), Some(p)) = (unchanged, parent.as_mut()) {
                 let taken = p.recipe.reuse(self, &mut session, file)?;
                 progress(taken);
@@ -118,8 +125,7 @@ impl Repository {
             }
         }
         let (tree, counts, warnings) = walk.finish();
-        debug_assert_eq!(tree.stream_len, session.report().bytes_in);
-        let record = session.commit_with_tree(Some(&tree.encode()))?;
+        let record = session.commit_with_walked_tree(&tree)?;
         Ok(TreeBackupReport {
             backup: record.report,
             counts,

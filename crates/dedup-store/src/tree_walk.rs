@@ -20,6 +20,14 @@
 //! sockets are skipped with a warning. Files may change while they are
 //! read: a file's size is what was read, to end of file; a file or
 //! directory that vanishes or cannot be read is skipped with a warning.
+//!
+//! What the walk holds, so a backup's RAM follows the tree's depth, not
+//! its size: the names of each directory on the way down to the entry
+//! being visited (one list a level), the entry of the file being read,
+//! the tree so far compressed as it goes (`tree_writer.rs`, 10-25 bytes
+//! an entry), the first path of each inode with more than one name (a
+//! hard link must name it), and the directories leading to the paths
+//! given. Entries are written out as soon as they are complete.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -29,7 +37,8 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 
-use crate::tree::{Kind, Node, Time, Tree, MAX_PATH};
+use crate::tree::{Kind, Node, Time, MAX_PATH};
+use crate::tree_writer::{EncodedTree, TreeWriter};
 
 /// Entries of one kind the walk recorded.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -50,10 +59,11 @@ struct Dir {
     names: std::vec::IntoIter<OsString>,
 }
 
-/// The regular file being read and its entry.
+/// The regular file being read and its entry, written out once it is
+/// read (its size grows as it is).
 struct Current {
     file: File,
-    node: usize,
+    node: Node,
     /// Its size when opened, as `stat` gave it.
     len: u64,
 }
@@ -63,12 +73,14 @@ pub struct TreeWalk {
     roots: std::vec::IntoIter<(PathBuf, Vec<u8>)>,
     stack: Vec<Dir>,
     current: Option<Current>,
-    nodes: Vec<Node>,
+    /// Every entry complete so far, compressed.
+    out: TreeWriter,
     offset: u64,
     /// First tree path of each multiply-linked inode seen.
     links: HashMap<(u64, u64), Vec<u8>>,
-    /// Directories recorded, so a parent shared by two given paths is
-    /// recorded once.
+    /// Directories leading to the given paths recorded, so a parent shared
+    /// by two given paths is recorded once (no given path holds another,
+    /// so no other directory can be met twice).
     dirs: HashSet<Vec<u8>>,
     counts: WalkCounts,
     warnings: Vec<String>,
@@ -84,7 +96,9 @@ impl TreeWalk {
             fs::symlink_metadata(p).map_err(|e| context(e, p))?;
             roots.push((p.to_path_buf(), tree_path(p)?));
         }
-        roots.sort_by(|a, b| a.1.cmp(&b.1));
+        // In the order of the entries within a directory, so the whole
+        // walk is in `walk_order` (a parent is read alongside in it).
+        roots.sort_by(|a, b| walk_order(&a.1, &b.1));
         for w in roots.windows(2) {
             let (a, b) = (&w[0].1, &w[1].1);
             if a.is_empty() || b == a || (b.starts_with(a) && b[a.len()] == b'/') {
@@ -102,7 +116,7 @@ impl TreeWalk {
             roots: roots.into_iter(),
             stack: Vec::new(),
             current: None,
-            nodes: Vec::new(),
+            out: TreeWriter::new(),
             offset: 0,
             links: HashMap::new(),
             dirs: HashSet::new(),
@@ -120,13 +134,26 @@ impl TreeWalk {
         &self.warnings
     }
 
-    /// The tree of everything walked (call once the reader is exhausted).
-    pub fn finish(self) -> (Tree, WalkCounts, Vec<String>) {
-        let tree = Tree {
-            stream_len: self.offset,
-            nodes: self.nodes,
-        };
+    /// The tree of everything walked, encoded (call once the reader is
+    /// exhausted).
+    pub fn finish(mut self) -> (EncodedTree, WalkCounts, Vec<String>) {
+        self.write_current();
+        let tree = self.out.finish();
+        debug_assert_eq!(tree.stream_len, self.offset);
         (tree, self.counts, self.warnings)
+    }
+
+    /// Bytes the tree so far takes, compressed: what the walk holds that
+    /// grows with the tree.
+    pub fn tree_bytes(&self) -> usize {
+        self.out.held_bytes()
+    }
+
+    /// Write out the entry of the file being read, now complete.
+    fn write_current(&mut self) {
+        if let Some(cur) = self.current.take() {
+            self.out.push(&cur.node);
+        }
     }
 
     /// Record the next entry; open it if it is a regular file. False once
@@ -196,7 +223,8 @@ impl TreeWalk {
                 continue;
             }
             let meta = fs::metadata(&s).map_err(|e| context(e, &s))?;
-            self.push(t.clone(), Kind::Dir, &meta, Vec::new(), &s);
+            let n = entry(t.clone(), Kind::Dir, &meta, Vec::new(), &s);
+            self.out.push(&n);
             self.counts.dirs += 1;
             self.dirs.insert(t);
         }
@@ -230,9 +258,9 @@ impl TreeWalk {
                     Vec::new().into_iter()
                 }
             };
-            self.push(tree.clone(), Kind::Dir, &meta, Vec::new(), &source);
+            self.out
+                .push(&entry(tree.clone(), Kind::Dir, &meta, Vec::new(), &source));
             self.counts.dirs += 1;
-            self.dirs.insert(tree.clone());
             self.stack.push(Dir {
                 source,
                 tree,
@@ -251,7 +279,7 @@ impl TreeWalk {
                 // The first name carries the inode's metadata.
                 (n.mode, n.uid, n.gid, n.mtime, n.atime) =
                     (0, 0, 0, Time::default(), Time::default());
-                self.nodes.push(n);
+                self.out.push(&n);
                 self.counts.hard_links += 1;
                 return Ok(false);
             }
@@ -270,7 +298,8 @@ impl TreeWalk {
                 self.warn(&source, "symlink target empty or too long, skipped");
                 return Ok(false);
             }
-            self.push(tree.clone(), Kind::Symlink, &meta, target, &source);
+            let n = entry(tree.clone(), Kind::Symlink, &meta, target, &source);
+            self.out.push(&n);
             self.counts.symlinks += 1;
         } else if ft.is_fifo() || ft.is_char_device() || ft.is_block_device() {
             let kind = if ft.is_fifo() {
@@ -280,9 +309,9 @@ impl TreeWalk {
             } else {
                 Kind::BlockDev
             };
-            self.push(tree.clone(), kind, &meta, Vec::new(), &source);
-            self.nodes.last_mut().expect("pushed").rdev =
-                if kind == Kind::Fifo { 0 } else { meta.rdev() };
+            let mut n = entry(tree.clone(), kind, &meta, Vec::new(), &source);
+            n.rdev = if kind == Kind::Fifo { 0 } else { meta.rdev() };
+            self.out.push(&n);
             self.counts.specials += 1;
         } else {
             return self.open_file(source, tree, linked);
@@ -321,15 +350,14 @@ impl TreeWalk {
         if let Some(key) = linked {
             self.links.insert(key, tree.clone());
         }
-        self.push(tree, Kind::File, &meta, Vec::new(), &source);
-        let node = self.nodes.len() - 1;
-        self.nodes[node].offset = self.offset;
+        let mut node = entry(tree, Kind::File, &meta, Vec::new(), &source);
+        node.offset = self.offset;
         if changed_just_now(&meta) {
             // Changed within a timestamp tick of being read: a write
             // right after this read could leave mtime and ctime as they
             // are, so the next backup must read it rather than reuse it
             // (inode 0 marks it; git calls these "racily clean").
-            self.nodes[node].inode = 0;
+            node.inode = 0;
         }
         self.counts.files += 1;
         self.current = Some(Current {
@@ -338,12 +366,6 @@ impl TreeWalk {
             len: meta.len(),
         });
         Ok(true)
-    }
-
-    fn push(&mut self, tree: Vec<u8>, kind: Kind, meta: &Metadata, target: Vec<u8>, source: &Path) {
-        let mut n = node(tree, kind, meta, target);
-        n.xattrs = xattrs(source);
-        self.nodes.push(n);
     }
 
     /// A directory's names, sorted by their bytes.
@@ -367,23 +389,24 @@ impl TreeWalk {
     /// (and segmented) on its own, so a change to one file never shifts
     /// the segments of the files after it.
     pub fn next_file(&mut self) -> io::Result<bool> {
-        self.current = None;
+        self.write_current();
         self.advance()
     }
 
     /// The entry of the file `next_file` opened, as recorded so far (its
     /// size still 0), and its size when opened.
     pub fn current(&self) -> Option<(&Node, u64)> {
-        self.current.as_ref().map(|c| (&self.nodes[c.node], c.len))
+        self.current.as_ref().map(|c| (&c.node, c.len))
     }
 
     /// Take the current file's contents as `size` bytes without reading
     /// them: its segments were reused from the parent backup.
     pub fn skip_current(&mut self, size: u64) {
-        if let Some(cur) = self.current.take() {
-            self.nodes[cur.node].size = size;
+        if let Some(cur) = &mut self.current {
+            cur.node.size = size;
             self.offset += size;
         }
+        self.write_current();
     }
 
     /// Take the current file's first `n` bytes without reading them (the
@@ -397,10 +420,10 @@ impl TreeWalk {
         }
         let to = i64::try_from(n).map_err(io::Error::other)?;
         cur.file.seek(io::SeekFrom::Current(to)).map_err(|e| {
-            let p = String::from_utf8_lossy(&self.nodes[cur.node].path).into_owned();
+            let p = String::from_utf8_lossy(&cur.node.path).into_owned();
             io::Error::new(e.kind(), format!("skipping into {p}: {e}"))
         })?;
-        self.nodes[cur.node].size += n;
+        cur.node.size += n;
         self.offset += n;
         Ok(())
     }
@@ -414,10 +437,10 @@ impl Read for TreeWalk {
             return Ok(0);
         };
         let n = cur.file.read(buf).map_err(|e| {
-            let p = String::from_utf8_lossy(&self.nodes[cur.node].path).into_owned();
+            let p = String::from_utf8_lossy(&cur.node.path).into_owned();
             io::Error::new(e.kind(), format!("reading {p}: {e}"))
         })?;
-        self.nodes[cur.node].size += n as u64;
+        cur.node.size += n as u64;
         self.offset += n as u64;
         Ok(n)
     }
@@ -457,6 +480,21 @@ pub(crate) fn tree_path(p: &Path) -> io::Result<Vec<u8>> {
         }
     }
     Ok(out)
+}
+
+/// The order of a walk: by path component, each compared by its bytes,
+/// a directory before what it holds (`a`, `a/b`, `a-b`: the order of
+/// the entries of a directory read in byte order of their names, each
+/// directory's entries right after it).
+pub(crate) fn walk_order(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    a.split(|&c| c == b'/').cmp(b.split(|&c| c == b'/'))
+}
+
+/// [`node`] with the extended attributes of `source`.
+fn entry(tree: Vec<u8>, kind: Kind, meta: &Metadata, target: Vec<u8>, source: &Path) -> Node {
+    let mut n = node(tree, kind, meta, target);
+    n.xattrs = xattrs(source);
+    n
 }
 
 /// An entry with `meta`'s mode, owner and times; size and offset zero (a
@@ -564,6 +602,7 @@ mod tests {
         let mut walk = TreeWalk::new(&[tmp.path().join("s")]).unwrap();
         assert!(!walk.next_file().unwrap(), "followed the symlink");
         let (tree, counts, _) = walk.finish();
+        let tree = tree.decode().unwrap();
         let last = tree.nodes.last().unwrap();
         assert_eq!(
             (last.kind, counts.symlinks, counts.files),

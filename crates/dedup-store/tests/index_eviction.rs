@@ -146,3 +146,20 @@ fn a_hook_hit_on_an_evicted_container_prefetches_again() {
     let c = index.counters();
     assert_eq!((c.prefetches, c.cache_hits, c.hook_hits), (3, 1, 3));
 }
+
+#[test]
+fn a_cache_takes_slots_only_in_the_buckets_that_hold_entries() {
+    // The default's million entries, empty: no slots at all.
+    let mut c = FingerprintCache::new(1 << 20, Eviction::Immediate);
+    assert_eq!(c.held_bytes(), 0);
+    // A catalog of 3 entries in 3 buckets: those 3 buckets' slots.
+    let fps: Vec<_> = (1..=3).map(|n| fp(n, n as usize)).collect();
+    c.load(A, &entries(&fps));
+    let bucket = c.ram_bytes() / (c.capacity() / dedup_store::index::cache::BUCKET_SLOTS);
+    assert!(
+        c.held_bytes() <= 3 * bucket,
+        "{} bytes held",
+        c.held_bytes()
+    );
+    assert!(fps.iter().all(|f| c.get(f).is_some()));
+}

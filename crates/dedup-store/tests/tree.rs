@@ -303,6 +303,7 @@ fn a_walk_records_what_it_read_and_skips_what_vanished() {
     }
     assert_eq!(rest, b"345678xyz");
     let (tree, counts, warnings) = walk.finish();
+    let tree = tree.decode().unwrap();
     assert_eq!(counts.files, 2);
     assert_eq!(warnings.len(), 2, "{warnings:?}");
     assert!(

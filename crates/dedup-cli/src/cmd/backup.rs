@@ -93,6 +93,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if let Some(server) = &a.server {
         return remote(server, &a);
     }
+    keep_large_buffers_out_of_the_heap();
     let name = a.name.clone().unwrap_or_default();
     if !a.paths.is_empty() {
         if a.stdin {
@@ -211,5 +212,21 @@ pub fn mb_per_sec(bytes: u64, seconds: f64) -> f64 {
         bytes as f64 / 1e6 / seconds
     } else {
         0.0
+    }
+}
+
+/// Allocations of 4 MiB and more (a container being filled and the one
+/// being written: 16 MiB each) are mapped on their own and unmapped when
+/// freed. glibc's default raises that threshold to the size of the
+/// largest mapped block freed, after which the containers came from the
+/// heap and left it fragmented: the first backup of `/usr/share` and
+/// `/usr/lib` (4.4 GB) peaked at 192 MB of RSS for 128 MB of heap, 143 MB
+/// with this. A fixed threshold also ends glibc's adjusting it.
+fn keep_large_buffers_out_of_the_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets a tunable of the allocator; called before
+    // the backup allocates its buffers, and any value is valid for it.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
     }
 }

@@ -47,12 +47,14 @@ pub enum StoreCommand {
 pub struct InitArgs {
     /// Repository directory (created if absent).
     pub repo: PathBuf,
-    /// How backups are cut into segments: fixed (4 KiB, the paper's:
-    /// fast, finds repeats at the same 4 KiB offsets, as in disk images),
-    /// fixed:SIZE, fastcdc (content-defined, 2-32 KiB averaging 8 KiB:
-    /// also finds data shifted by insertions, as in tar streams and
-    /// edited files), fastcdc:AVG (AVG/4 to 4 AVG) or fastcdc:AVG:MIN:MAX.
-    #[arg(long, default_value = "fixed", value_parser = Segmenting::parse)]
+    /// How backups are cut into segments: fastcdc (the default:
+    /// content-defined, 2-32 KiB averaging 8 KiB, finds data shifted by
+    /// insertions, as in tar streams and edited files; on /usr/share and
+    /// /usr/lib it stored 1,587 MB where fixed stored 1,718 MB, with 110 MB
+    /// of peak RSS where fixed took 135 MB), fastcdc:AVG (AVG/4 to 4 AVG),
+    /// fastcdc:AVG:MIN:MAX, fixed (4 KiB, the paper's: finds repeats at the
+    /// same 4 KiB offsets only, as in disk images) or fixed:SIZE.
+    #[arg(long, default_value = "fastcdc", value_parser = Segmenting::parse)]
     pub segments: Segmenting,
     /// How segments are compressed, in frames of about 1 MiB (zstd) or
     /// 128 KiB (lz4): zstd:LEVEL (1-22; higher is smaller and slower), zstd

@@ -203,7 +203,7 @@ impl Client {
         let source = Source::<std::io::Empty>::Files(&mut walk, index, &mut reused);
         let piped = self.pipeline(session, segmenting, source, opts, progress);
         let (tree, counts, warnings) = walk.finish();
-        let backup = self.end(session, piped, Some(tree.encode()), opts)?;
+        let backup = self.end(session, piped, Some(tree.bytes), opts)?;
         Ok(FilesBackup {
             backup,
             counts,
