@@ -6,12 +6,15 @@
 //! clean close.
 //!
 //! **Room for a save on a full host filesystem.** A writable store on a
-//! regular file allocates, at open, the journal blocks a commit of the
-//! whole buffer cache uses (`reserve_blocks`: 1 header block, 1 descriptor
-//! block per 511 blocks, and one block per cached block: about the cache
-//! size, 64 MiB + 132 KiB at the default `--cache 64M`). The journal is
+//! regular file allocates, at open and as its tables grow, the journal
+//! blocks a commit of as many blocks as its tables hold (plus
+//! `RESERVE_SLACK`, 1 MiB) uses, at most what a commit of the whole buffer
+//! cache uses (`reserve_blocks`: 1 header block, 1 descriptor block per
+//! 511 blocks, one block per block: 64 MiB + 132 KiB at the default
+//! `--cache 64M`). So the reserve follows the data as the rest of the
+//! metadata does: a device holding little costs little. The journal is
 //! written at the same offsets every commit, so once allocated it never
-//! needs free space, and a commit of up to the cache's dirty blocks can
+//! needs free space, and a commit of up to that many dirty blocks can
 //! always be journaled. What a full filesystem can still refuse are table
 //! blocks written for the first time (a sparse file's holes) and sparse's
 //! index checkpoint: for those, a close or a commit that frees space
@@ -45,6 +48,8 @@ use crate::superblock::{DeviceState, Superblock};
 const COMMIT_AT: usize = BLOCK - 8;
 /// The longest state record the root holds, before the commit number.
 const MAX_STATE: usize = COMMIT_AT - HEADER - 4;
+/// Blocks the journal reserve holds beyond the tables' own (1 MiB).
+const RESERVE_SLACK: u64 = 256;
 
 pub struct Journaled {
     pub cache: Cache,
@@ -62,6 +67,9 @@ pub struct Journaled {
     /// The journal blocks allocated at open (`reserve_blocks`), until a
     /// full host filesystem makes `release_reserve` give most back.
     reserved: u64,
+    /// `release_reserve` gave some back: not topped up again until the
+    /// next open (the filesystem is full).
+    gave_back: bool,
 }
 
 impl Journaled {
@@ -155,6 +163,7 @@ impl Journaled {
             name,
             kept_stale,
             reserved: 0,
+            gave_back: false,
         };
         if writable && !salvage {
             t.make_reserve()?;
@@ -162,10 +171,14 @@ impl Journaled {
         Ok((t, state))
     }
 
-    /// Journal blocks a commit of the whole cache occupies, at most the
-    /// journal.
-    pub fn reserve_blocks(&self) -> u64 {
-        journal_len(self.cache.capacity_blocks() as u64).min(self.area.journal_blocks)
+    /// Journal blocks to hold in reserve: a commit of as many blocks as
+    /// the tables hold now (the file's allocation less the reserve), plus
+    /// `RESERVE_SLACK`, at most the whole cache and the journal.
+    pub fn reserve_blocks(&self) -> Result<u64> {
+        let in_use =
+            (self.file.allocated()?.unwrap_or(0) / BLOCK as u64).saturating_sub(self.reserved);
+        let blocks = (self.cache.capacity_blocks() as u64).min(in_use + RESERVE_SLACK);
+        Ok(journal_len(blocks).min(self.area.journal_blocks))
     }
 
     /// Allocate the journal blocks a commit of the whole cache needs (a
@@ -176,17 +189,24 @@ impl Journaled {
         if self.file.capacity()?.is_some() {
             return Ok(());
         }
-        let blocks = self.reserve_blocks();
+        let blocks = self.reserve_blocks()?;
+        if blocks <= self.reserved || self.gave_back {
+            return Ok(());
+        }
         match self
             .file
             .preallocate(self.area.journal_start, blocks * BLOCK as u64)
         {
             Ok(()) => self.reserved = blocks,
-            Err(e) if e.errno() == libc::ENOSPC => tracing::warn!(
+            Err(e) if e.errno() == libc::ENOSPC => {
+                // Told once: tried again at the next open.
+                self.gave_back = true;
+                tracing::warn!(
                 "{}: no room to reserve {} KiB for the metadata journal ({e}); a stop while the host filesystem stays full may fail to save",
                 self.name,
                 blocks * BLOCK as u64 / 1024
-            ),
+                )
+            }
             Err(e) => return Err(e),
         }
         Ok(())
@@ -208,6 +228,7 @@ impl Journaled {
             blocks * BLOCK as u64,
         )?;
         self.reserved = keep;
+        self.gave_back = true;
         let bytes = blocks * BLOCK as u64;
         tracing::warn!(
             "{}: the host filesystem is full: gave back {} KiB of the metadata journal's reserve to save the metadata (reserved again at the next start)",
@@ -371,6 +392,10 @@ impl Journaled {
         // Durable on the metadata device: the data may now record it.
         if let Some(w) = &self.superblock.witness {
             w.record_commit(commit);
+        }
+        // The tables grew: so does the room a save needs.
+        if self.writable {
+            self.make_reserve()?;
         }
         Ok(blocks.len())
     }

@@ -66,9 +66,10 @@ fn a_terabyte_device_costs_what_is_written() {
     }
     s.close(&[1, 2, 3]).unwrap();
     let written = f.allocated().unwrap().unwrap();
-    // LBN map, counts, records and summary for 10,000 chunks, and one
-    // journal of them: well under 2 MiB, whatever the device size.
-    assert!(written < 2 << 20, "{written} bytes for 10,000 chunks");
+    // LBN map, counts, records and summary for 10,000 chunks, and the
+    // journal's reserve for a save (as many blocks again, plus 1 MiB):
+    // well under 3 MiB, whatever the device size.
+    assert!(written < 3 << 20, "{written} bytes for 10,000 chunks");
     let t = std::time::Instant::now();
     let mut s = open_store(&f);
     assert!(
