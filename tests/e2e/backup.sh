@@ -230,13 +230,14 @@ R3=$WORK/r3
 mkdir -p "$D3"
 head -c 3000000 /dev/urandom >"$D3/a"
 head -c 3000000 /dev/urandom >"$D3/b"
-"$DEDUP" store init "$R3" >/dev/null
+"$DEDUP" store init "$R3" --segments fixed >/dev/null
 "$DEDUP" backup "$R3" f "$D3" >/dev/null || fail "backup f"
 head -c 5000000 /dev/urandom >"$WORK/s.bin"
 "$DEDUP" backup "$R3" s --stdin <"$WORK/s.bin" >/dev/null || fail "backup s"
 # flip FILE OFFSET: xor one byte.
 flip() { python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(int(sys.argv[2])); b = f.read(1)[0]; f.seek(int(sys.argv[2])); f.write(bytes([b ^ 0x55]))' "$1" "$2"; }
-# Random data is stored as is, in 1 MiB frames after the 32-byte header:
+# Random data in fixed segments is stored as is, in 1 MiB frames after the
+# 32-byte header:
 # this byte is in a's second frame, and the stream's in its first.
 flip "$R3/containers/0000000000000000" 1500032
 flip "$R3/containers/0000000000000001" 100000

@@ -38,10 +38,11 @@ store_serve() {
 log "through a server, a restore goes on past a damaged frame and names it"
 R2=$WORK/repo2
 S2=$WORK/serve2.sock
-"$DEDUP" store init "$R2" >/dev/null
+"$DEDUP" store init "$R2" --segments fixed >/dev/null
 head -c 5000000 /dev/urandom >"$WORK/s.bin"
 "$DEDUP" backup "$R2" s --stdin <"$WORK/s.bin" >/dev/null || fail "backup s"
-# Random data is stored as is, in 1 MiB frames after the 32-byte header:
+# Random data in fixed segments is stored as is, in 1 MiB frames after the
+# 32-byte header:
 # this byte is in the stream's first frame.
 python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(100000); b = f.read(1)[0]; f.seek(100000); f.write(bytes([b ^ 0x55]))' "$R2/containers/0000000000000000"
 store_serve "$R2" "$S2" "$WORK/store2.serve.log"
