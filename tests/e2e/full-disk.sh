@@ -94,7 +94,11 @@ if ! grep -q "metadata saved cleanly" "$WORK/host/dev.serve.log"; then
     grep -q -- "$want" "$WORK/host/dev.serve.log" || { cat "$WORK/host/dev.serve.log"; fail "no '$want' advice"; }
     [ "$BACKEND" = inram ] || ! grep -q "needs --accept-unclean" "$WORK/host/dev.serve.log" || fail "advised --accept-unclean for $BACKEND"
     log "serving again while it is still full says what to free"
-    if [ "$BACKEND" != inram ]; then
+    if grep -q "acknowledged writes could not be applied and are lost.*the metadata is saved and consistent" "$WORK/host/dev.serve.log"; then
+        # The stop gave up the stalled write (named, exit non-zero) but
+        # saved the metadata: nothing is left to free for it to serve.
+        log "(the metadata was saved; only the stalled write was given up, and named)"
+    elif [ "$BACKEND" != inram ]; then
         expect_fail "is full" "$DEDUP" serve "$WORK/host/dev"
     fi
 elif [ "$BACKEND" = sparse ] || [ "$BACKEND" = disktable ]; then
