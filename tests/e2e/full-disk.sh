@@ -98,7 +98,8 @@ if ! grep -q "metadata saved cleanly" "$WORK/host/dev.serve.log"; then
         # The stop gave up the stalled write (named, exit non-zero) but
         # saved the metadata: nothing is left to free for it to serve.
         log "(the metadata was saved; only the stalled write was given up, and named)"
-    elif [ "$BACKEND" != inram ]; then
+    elif [ "$BACKEND" = sparse ] || [ "$BACKEND" = disktable ]; then
+        # Their open replays the journal in place: it needs room.
         expect_fail "is full" "$DEDUP" serve "$WORK/host/dev"
     fi
 elif [ "$BACKEND" = sparse ] || [ "$BACKEND" = disktable ]; then
