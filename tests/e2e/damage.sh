@@ -13,34 +13,8 @@ log "one flipped byte in the first LBN-map block"
 serve "$WORK/dm"
 nbdcopy --flush "$WORK/a.bin" "$(uri "$WORK/dm")"
 stop "$WORK/dm"
-python3 - "$WORK/dm/meta" <<'PY'
-# Table block 1 is the first LBN-map block. The tables start at the root
-# (block 0): the last 4 KiB block sealed as block 0 (the journal, before
-# the tables, may hold copies of it).
-import struct, sys
-table = []
-for n in range(256):
-    c = n
-    for _ in range(8):
-        c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
-    table.append(c)
-def crc32c(data):
-    c = 0xFFFFFFFF
-    for b in data:
-        c = table[(c ^ b) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
-f = open(sys.argv[1], "r+b")
-data = f.read()
-root = None
-for off in range(8192, len(data), 4096):
-    b = data[off:off + 4096]
-    if b[4:8] == bytes(4) and any(b[8:]) and struct.unpack("<I", b[:4])[0] == crc32c(bytes(8) + b[8:]):
-        root = off
-assert root is not None, "no root block found"
-at = root + 4096 + 100
-f.seek(at)
-f.write(bytes([data[at] ^ 0x5A]))
-PY
+# Table block 1 is the first LBN-map block.
+python3 "$(dirname "$0")/table_blocks.py" "$WORK/dm/meta" 1 100
 expect_fail "LBN map: block 1 fails its checksum.*dedup check --repair" "$DEDUP" serve "$WORK/dm"
 
 rc=0
@@ -81,33 +55,10 @@ if [ "$BACKEND" = sparse ]; then
     serve "$WORK/dr" --writeback 8M
     nbdcopy --flush "$WORK/a.bin" "$(uri "$WORK/dr")"
     stop "$WORK/dr"
-    block=$(python3 - "$WORK/dr/meta" <<'PY'
-# The refcount array follows the root (block 0) and the LBN map (511 LBNs
-# a block; 16384 LBNs on 64M): table block 1 + ceil(16384 / 511) = 34.
-import struct, sys
-table = []
-for n in range(256):
-    c = n
-    for _ in range(8):
-        c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
-    table.append(c)
-def crc32c(data):
-    c = 0xFFFFFFFF
-    for b in data:
-        c = table[(c ^ b) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
-f = open(sys.argv[1], "r+b")
-data = f.read()
-sealed = lambda off, n: struct.unpack("<I", data[off:off + 4])[0] == crc32c(struct.pack("<Q", n) + data[off + 8:off + 4096])
-root = [off for off in range(8192, len(data), 4096) if any(data[off + 8:off + 4096]) and sealed(off, 0)][-1]
-n = 1 + -(-16384 // 511)
-at = root + n * 4096
-assert any(data[at + 8:at + 4096]) and sealed(at, n), "refcount block not where expected"
-f.seek(at + 200)
-f.write(bytes([data[at + 200] ^ 0x5A]))
-print(n)
-PY
-)
+    # The refcount array follows the root (block 0) and the LBN map (511
+    # LBNs a block; 16384 LBNs on 64M): table block 1 + ceil(16384 / 511).
+    block=34
+    python3 "$(dirname "$0")/table_blocks.py" "$WORK/dr/meta" "$block" 200
     expect_fail "refcount array: block $block fails its checksum.*dedup check --repair" "$DEDUP" serve "$WORK/dr"
     "$DEDUP" check "$WORK/dr" --repair >/dev/null 2>&1 || true
     check_clean "$WORK/dr"
