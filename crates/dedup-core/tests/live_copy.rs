@@ -14,9 +14,9 @@ mod common;
 use std::sync::Arc;
 
 use common::{MemDevice, ModelDisk, Patterns};
-use dedup_core::backends::{BackendParams, OpenOptions};
+use dedup_core::backends::BackendParams;
 use dedup_core::blockfile::sim::{splitmix, SimDisk};
-use dedup_core::blockfile::{BlockFile, MemBlockFile};
+use dedup_core::blockfile::MemBlockFile;
 use dedup_core::fingerprint::HashAlgo;
 use dedup_core::{Device, Error};
 
@@ -44,33 +44,8 @@ impl Expected {
 }
 
 fn open_on(md: &MemDevice, data: &Arc<MemBlockFile>, meta: Vec<u8>) -> dedup_core::Result<Device> {
-    open_keeping(
-        md,
-        data,
-        Arc::new(SimDisk::from_image(meta, "meta", Arc::default())),
-        false,
-    )
-}
-
-/// `accept_stale`: keep older metadata, as `check --repair --data` does.
-fn open_keeping(
-    md: &MemDevice,
-    data: &Arc<MemBlockFile>,
-    meta: Arc<SimDisk>,
-    accept_stale: bool,
-) -> dedup_core::Result<Device> {
-    let opts = OpenOptions {
-        writable: true,
-        accept_stale,
-        aux_dir: Some(md.aux.path().join("meta.lsm")),
-        ..Default::default()
-    };
-    Device::open(
-        Box::new(data.clone()) as Box<dyn BlockFile>,
-        Box::new(meta),
-        &opts,
-        None,
-    )
+    let meta = Arc::new(SimDisk::from_image(meta, "meta", Arc::default()));
+    md.open_stale(data.clone(), meta, false)
 }
 
 fn format(variant: &str) -> MemDevice {
@@ -151,13 +126,15 @@ fn run(variant: &str, seed: u64) {
                 // device's metadata and opens as such.
                 kept_one = true;
                 let meta = Arc::new(SimDisk::from_image(c.meta, "meta", Arc::default()));
-                let dev = open_keeping(&md, &data, meta.clone(), true)
+                let dev = md
+                    .open_stale(data.clone(), meta.clone(), true)
                     .unwrap_or_else(|e| panic!("{what}: kept as asked: {e}"));
                 let report = dev.check(true).unwrap();
                 assert!(report.is_clean(), "{what}: {:#?}", report.problems);
                 dev.close().unwrap();
                 drop(
-                    open_keeping(&md, &data, meta, false).unwrap_or_else(|e| panic!("{what}: {e}")),
+                    md.open_stale(data.clone(), meta, false)
+                        .unwrap_or_else(|e| panic!("{what}: {e}")),
                 );
             }
             Err(Error::StaleCommit { .. } | Error::Stale { .. }) => {}

@@ -23,18 +23,7 @@ const CHUNKS: u64 = 24;
 const CS: usize = 4096;
 
 fn open(md: &MemDevice, meta: &Arc<SimDisk>, accept_stale: bool) -> dedup_core::Result<Device> {
-    let opts = OpenOptions {
-        writable: true,
-        accept_stale,
-        aux_dir: Some(common::lsm_dir(md.aux.path())),
-        ..Default::default()
-    };
-    Device::open(
-        Box::new(md.data.clone()) as Box<dyn BlockFile>,
-        Box::new(meta.clone()),
-        &opts,
-        None,
-    )
+    md.open_stale(md.data.clone(), meta.clone(), accept_stale)
 }
 
 fn format(variant: &str) -> MemDevice {

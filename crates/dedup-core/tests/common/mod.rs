@@ -87,6 +87,25 @@ impl MemDevice {
         Device::open(data, meta, &opts, None)
     }
 
+    /// Open on these two disks (a metadata copy put back, the data as a
+    /// crash left it), keeping older metadata if `accept_stale` (what
+    /// `check --repair --data` does).
+    pub fn open_stale(
+        &self,
+        data: Arc<MemBlockFile>,
+        meta: Arc<SimDisk>,
+        accept_stale: bool,
+    ) -> Result<Device> {
+        let opts = OpenOptions {
+            writable: true,
+            accept_stale,
+            aux_dir: Some(lsm_dir(self.aux.path())),
+            write_back_bytes: self.write_back_bytes,
+            ..Default::default()
+        };
+        Device::open(Box::new(data), Box::new(meta), &opts, None)
+    }
+
     pub fn open_with(&self, accept_unclean: bool) -> Result<Device> {
         let opts = OpenOptions {
             writable: true,
