@@ -134,10 +134,7 @@ fn append_stream_cut_in_parallel(
 ) -> Result<(), StreamError> {
     // Two of the largest segments at least, as `BlockCutter` reads, so
     // most blocks hold candidates for the stitching to meet.
-    let size = match how {
-        Segmenting::FastCdc { max, .. } => BLOCK.max(2 * max as usize),
-        Segmenting::Fixed { size } => BLOCK.max(2 * size as usize),
-    };
+    let size = BLOCK.max(2 * how.largest());
     std::thread::scope(|scope| {
         let (tx, rx) = mpsc::sync_channel::<mpsc::Receiver<Candidates>>(IN_FLIGHT);
         let (give_back, spares) = mpsc::channel::<Vec<u8>>();

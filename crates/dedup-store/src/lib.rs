@@ -103,6 +103,7 @@ pub mod segmenter;
 pub mod session;
 pub mod tree;
 mod tree_backup;
+mod tree_cut;
 mod tree_parent;
 mod tree_reader;
 mod tree_restore;

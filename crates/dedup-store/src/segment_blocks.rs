@@ -65,14 +65,10 @@ impl<R: Read> BlockCutter<R> {
     /// (at least twice the largest segment, so every block but the last
     /// holds a whole segment to hand on).
     pub fn new(how: Segmenting, reader: R, block: usize) -> BlockCutter<R> {
-        let largest = match how {
-            Segmenting::Fixed { size } => size,
-            Segmenting::FastCdc { max, .. } => max,
-        } as usize;
         BlockCutter {
             reader,
             how,
-            block: block.max(2 * largest),
+            block: block.max(2 * how.largest()),
             carry: Vec::new(),
             eof: false,
             spares: Vec::new(),

@@ -50,6 +50,14 @@ impl Segmenting {
         }
     }
 
+    /// The largest segment it cuts.
+    pub fn largest(&self) -> usize {
+        match *self {
+            Segmenting::Fixed { size } => size as usize,
+            Segmenting::FastCdc { max, .. } => max as usize,
+        }
+    }
+
     /// Parse `--segments`: `fixed` (4 KiB), `fixed:SIZE`, `fastcdc`
     /// (8 KiB average), `fastcdc:AVG` or `fastcdc:AVG:MIN:MAX`, sizes as
     /// `8K` or `8192`.

@@ -16,9 +16,10 @@ use std::io::{self, Read};
 use std::path::Path;
 
 use crate::backup::BackupReport;
+use crate::backup_stream::StreamError;
 use crate::repo::Repository;
 use crate::repo_error::{RepoError, RepoResult};
-use crate::segment_blocks::{BlockCutter, BLOCK};
+use crate::tree_cut::FileCutter;
 use crate::tree_parent::ParentFiles;
 use crate::tree_walk::{TreeWalk, WalkCounts};
 
@@ -92,7 +93,12 @@ impl Repository {
             context: format!("backing up files as {name}"),
             cause,
         };
+        let stream = |e| match e {
+            StreamError::Read(cause) => io(cause),
+            StreamError::Repo(e) => e,
+        };
         let mut walk = TreeWalk::new(paths).map_err(io)?;
+        let mut cutter = FileCutter::new(self.config.segmenting);
         let mut session = self.begin_backup(name, group)?;
         let mut parent = self.parent_files(group)?;
         let (mut files_unchanged, mut bytes_unchanged) = (0, 0);
@@ -101,7 +107,10 @@ impl Repository {
             let unchanged = walk
                 .current()
                 .and_then(|(n, len)| parent.as_mut()?.unchanged(n, len));
+            let mut len = walk.current().map_or(0, |(_, len)| len);
             if let (Some(file), Some(p)) = (unchanged, parent.as_mut()) {
+                // The files before it first: segments go in walk order.
+                cutter.finish(&mut session).map_err(stream)?;
                 let taken = p.recipe.reuse(self, &mut session, file)?;
                 progress(taken);
                 bytes_unchanged += taken;
@@ -113,17 +122,17 @@ impl Repository {
                 // Read the rest: it starts where a segment of the parent
                 // did, so it is cut as the parent's was.
                 walk.skip_prefix(taken).map_err(io)?;
+                len = len.saturating_sub(taken);
             }
-            let reader = Progress {
+            let mut reader = Progress {
                 inner: &mut walk,
                 progress: &mut progress,
             };
-            for block in BlockCutter::new(self.config.segmenting, reader, BLOCK) {
-                for segment in block.map_err(io)?.segments() {
-                    session.append(segment)?;
-                }
-            }
+            cutter
+                .file(&mut session, &mut reader, len)
+                .map_err(stream)?;
         }
+        cutter.finish(&mut session).map_err(stream)?;
         let (tree, counts, warnings) = walk.finish();
         let record = session.commit_with_walked_tree(&tree)?;
         Ok(TreeBackupReport {
