@@ -23,8 +23,9 @@ const PHYSICAL: u64 = 512 << 20;
 fn device(hash: HashAlgo) -> Device {
     let cfg = DeviceConfig {
         uuid: [1; 16],
-        // The in-RAM store, so this measures the engine's own work (the
-        // README's table and earlier runs are on it too), not a store's I/O.
+        // The in-RAM store, so this measures the engine's own work (the table
+        // in docs/benchmarks.md and earlier runs are on it too), not a store's
+        // I/O.
         backend: "inram".into(),
         chunk_size: CS as u32,
         hash,

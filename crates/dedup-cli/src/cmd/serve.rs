@@ -289,7 +289,7 @@ fn print_attach(listen: &Listen, access: &Access) {
                 );
             }
         }
-        println!("  kernel NBD client:  nbd-client has no PSK; use nbdfuse, or certificates (see README, Security)");
+        println!("  kernel NBD client:  nbd-client has no PSK; use nbdfuse, or certificates (see docs/operations.md, Security)");
     }
     // Plain NBD over TCP: say who else can reach it (check_exposure let
     // a non-loopback address through only with --insecure).

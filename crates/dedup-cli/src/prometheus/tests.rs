@@ -274,8 +274,9 @@ fn values_prometheus_cannot_read_as_rust_prints_them_are_spelled_its_way() {
 
 #[test]
 fn every_ratio_is_a_share_from_zero_to_one_and_multipliers_are_factors() {
-    // The README's convention: `_ratio` is a fraction. The dedup and
-    // compression figures here are 3 and 2.5: they must not be named so.
+    // The convention docs/operations.md (Monitoring) states: `_ratio` is a
+    // fraction. The dedup and compression figures here are 3 and 2.5: they
+    // must not be named so.
     let text = render("/srv/dedup/a", true, &stats());
     let (samples, _) = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     for s in samples.iter().filter(|s| s.name.ends_with("_ratio")) {
