@@ -78,7 +78,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("dedup: error: {e:#}");
-            ExitCode::from(cmd::EXIT_FAILURE)
+            ExitCode::from(cmd::shared::EXIT_FAILURE)
         }
     }
 }

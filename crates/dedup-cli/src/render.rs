@@ -1,11 +1,24 @@
-//! Human-readable reports. JSON output bypasses this module entirely.
+//! Human-readable reports of a device (status, gc, check, its sizing),
+//! and the status report itself, which `dedup status --json` prints as
+//! is (JSON output bypasses the text here). The layer below the commands
+//! that print them: it imports none of them.
 
 use std::fmt::Write;
 
+use dedup_core::backends::sparse::Sizing;
 use dedup_core::engine::{CheckReport, GcReport, LostRange};
 use dedup_core::size::format_size;
+use dedup_core::stats::Stats;
+use serde::Serialize;
 
-use crate::cmd::status::StatusReport;
+#[derive(Serialize)]
+pub struct StatusReport {
+    pub device: String,
+    /// True when read live from a running `dedup serve`.
+    pub served: bool,
+    #[serde(flatten)]
+    pub stats: Stats,
+}
 
 pub fn status(r: &StatusReport) -> String {
     let s = &r.stats;
@@ -233,5 +246,27 @@ pub fn check(r: &CheckReport) -> String {
             let _ = writeln!(o, "  {:?}: {}", p.kind, p.detail);
         }
     }
+    o
+}
+
+/// What a device costs as it fills (create and grow print it).
+pub fn sizing(s: &Sizing) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "What it costs as it fills: {} B of metadata per stored chunk ({} per TiB of unique data), nothing for space never written.",
+        s.metadata_bytes_per_chunk,
+        format_size(s.metadata_bytes_per_tib)
+    );
+    let _ = writeln!(
+        o,
+        "RAM: a {} metadata cache, up to {} for the hash index and {} of summaries. The index keeps every fingerprint of the first {} of unique data; beyond that it samples. Data copied in the order first written still finds about {:.0}% of duplicates at 1/8 of the memory a full index would need, {:.0}% at 1/32 (Guo's Eq. 2); data in another order finds far fewer (shuffled copies: about half at 1/16). `dedup status` counts what it missed; raise --index-memory to keep more.",
+        format_size(s.ram_cache_bytes),
+        format_size(s.ram_index_bytes),
+        format_size(s.ram_summary_bytes),
+        format_size(s.full_index_bytes),
+        s.efficiency_at_eighth * 100.0,
+        s.efficiency_at_thirty_second * 100.0
+    );
     o
 }

@@ -6,7 +6,8 @@
 //! content generation does not throttle a replay on a 2-core machine, and
 //! incompressible, like most real written data after the page cache.
 
-use crate::request::Seed;
+/// 128 bits naming a block's content: equal seeds, equal bytes.
+pub type Seed = [u8; 16];
 
 /// splitmix64 (Steele, Lea, Flood 2014): one 64-bit state, one multiply-xorshift mix per word.
 struct SplitMix(u64);

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::content;
+
 /// The block size seeds are given in (native format), and the unit of the
 /// statistics: Dmdedup's dedup block size for the Web and Mail traces.
 pub const BLOCK: u64 = 4096;
@@ -11,8 +13,9 @@ pub const BLOCK: u64 = 4096;
 /// ask for more.
 pub const MAX_REQUEST: u64 = 64 << 20;
 
-/// 128 bits naming a block's content: equal seeds, equal bytes.
-pub type Seed = [u8; 16];
+/// Requests name written content by seeds; the type lives with what turns
+/// a seed into bytes (`content`, the layer below), re-exported here.
+pub use crate::content::Seed;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Op {
@@ -73,7 +76,7 @@ impl Request {
             Content::Whole(seed) => self
                 .blocks()
                 .enumerate()
-                .map(|(i, _)| Some(crate::content::derive(seed, i as u64, self.len)))
+                .map(|(i, _)| Some(content::derive(seed, i as u64, self.len)))
                 .collect(),
         }
     }

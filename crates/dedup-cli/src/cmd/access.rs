@@ -54,8 +54,8 @@ impl Access {
             }
             (Some(file), None) => {
                 let file = std::path::absolute(&file).context("resolving --tls-psk")?;
-                let user = super::tls::psk_username(&file)?;
-                super::tls::warn_if_shared(&file);
+                let user = super::shared::psk::psk_username(&file)?;
+                super::shared::psk::warn_if_shared(&file);
                 Credentials::Psk { file, user }
             }
             (None, Some(dir)) => {

@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use dedup_analyze::{report, Algorithm, Analysis, Codec};
 use dedup_core::fingerprint::HashAlgo;
 
-use super::print_json;
+use super::shared::report::print_json;
 
 #[derive(clap::Args)]
 #[command(

@@ -12,8 +12,10 @@ use dedup_store::rpc::Endpoint;
 use dedup_store::BackupReport;
 use serde::Serialize;
 
-use super::print_json;
-use super::store::ReportJson;
+use super::shared::args::IndexArgs;
+use super::shared::progress::backup_spinner;
+use super::shared::repo::{open_indexed, Remote};
+use super::shared::report::{mb_per_sec, print_json, ratio_text, IndexJson, ReportJson};
 
 #[derive(clap::Args)]
 #[command(
@@ -60,7 +62,7 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
-    pub index: super::store::IndexArgs,
+    pub index: IndexArgs,
 }
 
 #[derive(Serialize)]
@@ -70,7 +72,7 @@ struct Report {
     #[serde(flatten)]
     report: ReportJson,
     #[serde(flatten)]
-    index: Option<super::store::IndexJson>,
+    index: Option<IndexJson>,
     seconds: f64,
     mb_per_sec: f64,
 }
@@ -99,7 +101,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         if a.stdin {
             bail!("give either files and directories or --stdin, not both");
         }
-        return super::backup_files::run(a);
+        return super::backup_files::run(&a.repo, &a.index, &name, &a.group, &a.paths, a.json);
     }
     if !a.stdin {
         bail!("nothing to back up: give files or directories, or --stdin and pipe the data in");
@@ -109,16 +111,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         bail!("--stdin is a terminal; pipe the data in, e.g. tar -cf - DIR | dedup backup {} {name} --stdin", a.repo.display());
     }
     widen_stdin_pipe();
-    let repo = super::store::open_indexed(&a.repo, &a.index)?;
-    let bar =
-        indicatif::ProgressBar::new_spinner().with_style(indicatif::ProgressStyle::with_template(
-            "{spinner} backing up {msg}: {bytes} read, {bytes_per_sec}, {elapsed}",
-        )?);
-    bar.set_message(name.clone());
-    if a.json || !io::stderr().is_terminal() {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
-    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    let repo = open_indexed(&a.repo, &a.index)?;
+    let bar = backup_spinner(&name, a.json)?;
     let start = Instant::now();
     let result = repo.backup_stream(
         &name,
@@ -135,7 +129,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         name: name.clone(),
         group: a.group.clone(),
         report: r.into(),
-        index: super::store::IndexJson::of(&repo),
+        index: IndexJson::of(&repo),
         seconds,
         mb_per_sec: mb_per_sec(r.bytes_in, seconds),
     };
@@ -152,7 +146,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         format_size(r.bytes_new),
         format_size(r.bytes_written),
         r.containers_written,
-        super::store::ratio_text(&r),
+        ratio_text(&r),
         r.segments_new,
         r.segments_duplicate,
         seconds,
@@ -168,7 +162,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 /// (the first parsed as NAME).
 fn remote(server: &Endpoint, a: &Args) -> anyhow::Result<ExitCode> {
     let name = a.repo.to_string_lossy().into_owned();
-    let remote = super::backup_remote::Remote {
+    let remote = Remote {
         server,
         timeout: a.timeout,
         psk: a.psk.as_deref(),
@@ -203,15 +197,6 @@ pub fn widen_stdin_pipe() {
     // SAFETY: fcntl on fd 0 with an integer argument touches no memory.
     unsafe {
         libc::fcntl(0, libc::F_SETPIPE_SZ, 1 << 20);
-    }
-}
-
-/// Decimal megabytes per second (0 for an instant).
-pub fn mb_per_sec(bytes: u64, seconds: f64) -> f64 {
-    if seconds > 0.0 {
-        bytes as f64 / 1e6 / seconds
-    } else {
-        0.0
     }
 }
 

@@ -2,7 +2,7 @@
 //! their metadata (the store's `Repository::backup_paths`), with a
 //! progress bar by bytes read and a report of what was stored.
 
-use std::io::{self, IsTerminal};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -10,9 +10,13 @@ use dedup_core::size::format_size;
 use dedup_store::{TreeBackupReport, WalkCounts};
 use serde::Serialize;
 
-use super::backup::{mb_per_sec, Args};
-use super::print_json;
-use super::store::ReportJson;
+use super::shared::args::IndexArgs;
+use super::shared::progress::backup_spinner;
+use super::shared::repo::open_indexed;
+use super::shared::report::{
+    counts_text, mb_per_sec, print_json, ratio_text, reused_text, skipped_text, IndexJson,
+    ReportJson,
+};
 
 #[derive(Serialize)]
 struct Report {
@@ -23,7 +27,7 @@ struct Report {
     #[serde(flatten)]
     counts: WalkCounts,
     #[serde(flatten)]
-    index: Option<super::store::IndexJson>,
+    index: Option<IndexJson>,
     warnings: Vec<String>,
     /// The backup whose unchanged files were reused without reading them.
     parent: Option<String>,
@@ -33,21 +37,20 @@ struct Report {
     mb_per_sec: f64,
 }
 
-pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    // Present: clap requires it unless --server, which never comes here.
-    let name = a.name.clone().unwrap_or_default();
-    let repo = super::store::open_indexed(&a.repo, &a.index)?;
-    let bar =
-        indicatif::ProgressBar::new_spinner().with_style(indicatif::ProgressStyle::with_template(
-            "{spinner} backing up {msg}: {bytes} read, {bytes_per_sec}, {elapsed}",
-        )?);
-    bar.set_message(name.clone());
-    if a.json || !io::stderr().is_terminal() {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
-    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+/// Back `paths` up into the repository in `dir` as backup `name` of
+/// `group` (`dedup backup`'s arguments, taken apart by `backup.rs`).
+pub fn run(
+    dir: &Path,
+    index: &IndexArgs,
+    name: &str,
+    group: &str,
+    paths: &[PathBuf],
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let repo = open_indexed(dir, index)?;
+    let bar = backup_spinner(name, json)?;
     let start = Instant::now();
-    let result = repo.backup_paths(&name, &a.group, &a.paths, |n| bar.inc(n));
+    let result = repo.backup_paths(name, group, paths, |n| bar.inc(n));
     bar.finish_and_clear();
     let TreeBackupReport {
         backup: r,
@@ -63,11 +66,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         eprintln!("warning: {w}");
     }
     let report = Report {
-        name: name.clone(),
-        group: a.group.clone(),
+        name: name.to_string(),
+        group: group.to_string(),
         report: r.into(),
         counts: c,
-        index: super::store::IndexJson::of(&repo),
+        index: IndexJson::of(&repo),
         warnings,
         parent,
         files_unchanged,
@@ -75,20 +78,20 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         seconds,
         mb_per_sec: mb_per_sec(r.bytes_in, seconds),
     };
-    if a.json {
+    if json {
         print_json(&report)?;
         return Ok(ExitCode::SUCCESS);
     }
     println!(
         "Backed up {} into {} (group {}): {}{} in, {} new ({} written), dedup ratio {}; {:.1} s, {:.1} MB/s{}.",
         name,
-        a.repo.display(),
-        a.group,
+        dir.display(),
+        group,
         counts_text(&c),
         format_size(r.bytes_in),
         format_size(r.bytes_new),
         format_size(r.bytes_written),
-        super::store::ratio_text(&r),
+        ratio_text(&r),
         seconds,
         report.mb_per_sec,
         skipped_text(report.warnings.len())
@@ -103,30 +106,4 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         i.print();
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// What a backup of files held, for its one-line report.
-/// What the walk found, as the report's first line: the sizes follow on
-/// a line of their own, so a terminal never wraps the report mid-phrase.
-pub(super) fn counts_text(c: &WalkCounts) -> String {
-    format!(
-        "{} files, {} directories, {} symlinks, {} hard links, {} special files.\n",
-        c.files, c.dirs, c.symlinks, c.hard_links, c.specials
-    )
-}
-
-/// The end of the one-line report when `n` entries were skipped.
-/// The line about what a backup of files reused from its parent.
-pub(super) fn reused_text(parent: &str, files: u64, bytes: u64) -> String {
-    format!(
-        "{files} unchanged files reused from backup {parent}: {} not read.",
-        format_size(bytes)
-    )
-}
-
-pub(super) fn skipped_text(n: usize) -> String {
-    match n {
-        0 => String::new(),
-        n => format!("; {n} skipped (see the warnings above)"),
-    }
 }

@@ -2,21 +2,21 @@
 //! through `dedup store serve` with the pipelined client (cut and hashed
 //! here, only new segments sent; a walk's tree goes with the commit).
 
-use std::io::{self, IsTerminal};
-use std::path::{Path, PathBuf};
+use std::io;
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::bail;
 use dedup_core::size::format_size;
-use dedup_store::rpc::{BackupOptions, Client, Endpoint, Key};
+use dedup_store::rpc::{BackupOptions, Endpoint};
 use dedup_store::{TreeWalk, WalkCounts};
 use serde::Serialize;
 
-use super::backup::mb_per_sec;
-use super::backup_files::{counts_text, reused_text, skipped_text};
-use super::print_json;
-use super::store::ReportJson;
+use super::shared::progress::server_backup_spinner;
+use super::shared::repo::Remote;
+use super::shared::report::{
+    counts_text, mb_per_sec, print_json, reused_text, skipped_text, ReportJson,
+};
 
 #[derive(Serialize)]
 struct Report {
@@ -51,76 +51,10 @@ struct ParentJson {
     parent_refused: Option<String>,
 }
 
-/// A spinner counting the stream bytes the server has taken, sent or
-/// reused from the parent (hidden for --json or when stderr is not a
-/// terminal).
-fn spinner(name: &str, json: bool) -> anyhow::Result<indicatif::ProgressBar> {
-    let bar = indicatif::ProgressBar::new_spinner()
-        .with_style(indicatif::ProgressStyle::with_template(
-        "{spinner} backing up {msg} through the server: {bytes} taken, {bytes_per_sec}, {elapsed}",
-    )?);
-    bar.set_message(name.to_string());
-    if json || !io::stderr().is_terminal() {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
-    bar.enable_steady_tick(std::time::Duration::from_millis(200));
-    Ok(bar)
-}
-
-/// Where a client command reaches its server, and how.
-pub struct Remote<'a> {
-    pub server: &'a Endpoint,
-    /// Give up after this many seconds without an answer (`--timeout`;
-    /// 0: never).
-    pub timeout: u64,
-    /// The key file (`--psk`) whose key this client and the server prove
-    /// to each other they hold.
-    pub psk: Option<&'a Path>,
-    /// `--no-auth`: connect over TCP without a key.
-    pub no_auth: bool,
-}
-
-/// Fewest bytes of a key file's secret: less is guessable.
-const MIN_SECRET: usize = 16;
-
-/// The key of a PSK file (`--psk`), for a server or a client.
-pub fn key_from_file(path: &Path) -> anyhow::Result<Key> {
-    let secret = super::tls::psk_secret(path)?;
-    if secret.len() < MIN_SECRET {
-        bail!(
-            "the key in {} is {} bytes, too short to keep others out (at least {MIN_SECRET}): make one with `dedup tls-psk FILE`",
-            path.display(),
-            secret.len()
-        );
-    }
-    super::tls::warn_if_shared(path);
-    Ok(Key::derive(&secret))
-}
-
-impl Remote<'_> {
-    pub fn connect(&self) -> anyhow::Result<Client> {
-        // Any local user can listen on a TCP port: without the key, the
-        // client cannot tell the server from another process on it.
-        if matches!(self.server, Endpoint::Tcp(_)) && self.psk.is_none() && !self.no_auth {
-            bail!(
-                "{} is TCP: give --psk FILE (a copy of the server's key file), so that the client checks it reaches the server and not another process on the port; --no-auth connects without one, to a server started with --no-auth",
-                self.server
-            );
-        }
-        let key = self.psk.map(key_from_file).transpose()?;
-        let timeout = Some(Duration::from_secs(self.timeout));
-        Ok(Client::connect_with_key(
-            self.server,
-            timeout,
-            key.as_ref(),
-        )?)
-    }
-}
-
 /// Standard input as a stream.
 pub fn run(remote: &Remote<'_>, name: &str, group: &str, json: bool) -> anyhow::Result<ExitCode> {
     let client = remote.connect()?;
-    let bar = spinner(name, json)?;
+    let bar = server_backup_spinner(name, json)?;
     let start = Instant::now();
     let b = client.backup_stream(
         name,
@@ -145,7 +79,7 @@ pub fn run_files(
     // Paths that are not there fail before anything is sent.
     TreeWalk::new(paths)?;
     let client = remote.connect()?;
-    let bar = spinner(name, json)?;
+    let bar = server_backup_spinner(name, json)?;
     let start = Instant::now();
     let result = client.backup_paths(name, group, paths, &BackupOptions::default(), &|n| {
         bar.set_position(n)

@@ -13,7 +13,8 @@ use dedup_core::layout::{self, DevicePaths};
 use dedup_core::{Device, OpenOptions};
 use serde::Serialize;
 
-use super::{control_path, print_json, reach, Reached};
+use super::shared::device::{control_path, reach, Reached};
+use super::shared::report::print_json;
 use crate::render;
 
 #[derive(clap::Args)]

@@ -10,7 +10,9 @@ use dedup_core::fingerprint::HashAlgo;
 use dedup_core::layout::{self, CreateOptions};
 use dedup_core::size::format_size;
 
-use super::{print_json, size_arg};
+use super::shared::args::{compression_arg, index_memory_arg, size_arg};
+use super::shared::report::print_json;
+use crate::render;
 
 #[derive(clap::Args)]
 #[command(
@@ -45,7 +47,7 @@ pub struct Args {
     /// to 14 to a block; a chunk that does not shrink by an eighth is
     /// stored raw. The thin backends compress into their own C-blocks and
     /// take lz4 or none.
-    #[arg(long, default_value = "lz4", value_parser = parse_compression)]
+    #[arg(long, default_value = "lz4", value_parser = compression_arg)]
     pub compression: Compression,
     /// Metadata cache for the disk-based backends (disktable buffer cache,
     /// cowbtree B-tree cache, lsm block cache); `dedup serve --cache` overrides it.
@@ -55,7 +57,7 @@ pub struct Args {
     /// bytes each). Beyond what it holds it keeps a sample (1 in 2, 4, ...)
     /// and finds the rest by prefetching the neighbours of a sampled hit;
     /// deduplication a sample misses costs space, never correctness.
-    #[arg(long, value_parser = super::index_memory_arg, default_value = "256M")]
+    #[arg(long, value_parser = index_memory_arg, default_value = "256M")]
     pub index_memory: u64,
     /// Writes per metadata transaction for cowbtree and lsm: 1 commits after
     /// every write, 0 only at FLUSH/FUA (and when the cache fills). Default 1000, as Dmdedup.
@@ -127,31 +129,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             cfg.backend
         );
         if let Some(s) = sizing {
-            print_sizing(&s);
+            print!("{}", render::sizing(&s));
         }
         println!("Serve it with:  dedup serve {}", a.dir.display());
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// What a device costs as it fills (create and grow print it).
-pub fn print_sizing(s: &dedup_core::backends::sparse::Sizing) {
-    println!(
-        "What it costs as it fills: {} B of metadata per stored chunk ({} per TiB of unique data), nothing for space never written.",
-        s.metadata_bytes_per_chunk,
-        format_size(s.metadata_bytes_per_tib)
-    );
-    println!(
-        "RAM: a {} metadata cache, up to {} for the hash index and {} of summaries. The index keeps every fingerprint of the first {} of unique data; beyond that it samples. Data copied in the order first written still finds about {:.0}% of duplicates at 1/8 of the memory a full index would need, {:.0}% at 1/32 (Guo's Eq. 2); data in another order finds far fewer (shuffled copies: about half at 1/16). `dedup status` counts what it missed; raise --index-memory to keep more.",
-        format_size(s.ram_cache_bytes),
-        format_size(s.ram_index_bytes),
-        format_size(s.ram_summary_bytes),
-        format_size(s.full_index_bytes),
-        s.efficiency_at_eighth * 100.0,
-        s.efficiency_at_thirty_second * 100.0
-    );
-}
-
-fn parse_compression(s: &str) -> Result<Compression, String> {
-    Compression::parse(s).map_err(|e| e.to_string())
 }

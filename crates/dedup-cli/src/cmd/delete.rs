@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use serde::Serialize;
 
-use super::print_json;
+use super::shared::report::print_json;
 
 const SPACE_NOTE: &str = "its containers stay on disk until a garbage collection (dedup gc REPO) reclaims what no other backup shares";
 

@@ -9,7 +9,9 @@ use dedup_core::control::Request;
 use dedup_core::engine::GcReport;
 use dedup_core::OpenOptions;
 
-use super::{print_json, reach, Reached};
+use super::shared::args::percent;
+use super::shared::device::{reach, Reached};
+use super::shared::report::print_json;
 use crate::render;
 
 #[derive(clap::Args)]
@@ -29,32 +31,9 @@ pub struct Args {
     pub compact_below: Option<f64>,
 }
 
-fn percent(s: &str) -> Result<f64, String> {
-    match s.trim_end_matches('%').parse::<f64>() {
-        Ok(p) if (0.0..=100.0).contains(&p) => Ok(p),
-        _ => Err(format!("{s:?} is not a percentage from 0 to 100")),
-    }
-}
-
-/// A percent as `percent` takes it, for `store remote gc --compact-below`,
-/// which took a fraction before: a bare number above 0 and at most 1
-/// could mean either (0.5: half, or half a percent), so it is refused;
-/// with a `%` it is a percent.
-pub fn percent_not_fraction(s: &str) -> Result<f64, String> {
-    let p = percent(s)?;
-    if !s.ends_with('%') && p > 0.0 && p <= 1.0 {
-        return Err(format!(
-            "{s} is ambiguous: --compact-below takes a percent (as `dedup gc` does), no longer a fraction; write {} for {}, or {s}% for {s} percent",
-            p * 100.0,
-            s
-        ));
-    }
-    Ok(p)
-}
-
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if super::gc_repo::is_repository(&a.dir) {
-        return super::gc_repo::run(&a);
+        return super::gc_repo::run(&a.dir, a.compact_below, a.json);
     }
     if a.compact_below.is_some() {
         anyhow::bail!(

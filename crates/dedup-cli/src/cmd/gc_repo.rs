@@ -10,10 +10,9 @@ use dedup_core::size::format_size;
 use dedup_store::config::CONFIG_OBJECT;
 use dedup_store::gc::DEFAULT_COMPACT_BELOW;
 use dedup_store::index::IndexConfig;
-use dedup_store::{GcOptions, GcReport, RepoError, Repository};
+use dedup_store::{GcOptions, RepoError, Repository};
 
-use super::gc::Args;
-use super::print_json;
+use super::shared::report::{damaged_note, print_json};
 
 /// Whether `dir` holds a backup repository: a `config` object (a device
 /// directory has no such file). One that does not decode is still the
@@ -22,30 +21,14 @@ pub fn is_repository(dir: &Path) -> bool {
     dir.join(CONFIG_OBJECT).is_file()
 }
 
-/// What a damaged backup object made a collection keep, in words.
-pub fn damaged_note(r: &GcReport) -> Option<String> {
-    if r.backups_damaged == 0 {
-        return None;
-    }
-    let mut note = format!(
-        "{} backup objects are damaged (`dedup list` names them): what they may reference was kept, {} recipes, recipe parts and trees no readable backup names among it",
-        r.backups_damaged, r.orphans_kept
-    );
-    if r.sweep_withheld {
-        note.push_str("; one of those recipes cannot be read either, so no container was deleted or compacted");
-    }
-    note.push_str(
-        ". Delete the damaged backups (dedup delete) for the next collection to reclaim it.",
-    );
-    Some(note)
-}
-
-pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
+/// Collect the garbage of the repository in `dir` (`dedup gc`'s
+/// arguments, taken apart by `gc.rs`).
+pub fn run(dir: &Path, compact_below: Option<f64>, json: bool) -> anyhow::Result<ExitCode> {
     // The sampled index from its checkpoint: no catalog is read at open,
     // and the checkpoint is refreshed (hooks into deleted containers gone)
     // when the collection closes the repository.
     let repo = match Repository::open_sampled(
-        &a.dir,
+        dir,
         IndexConfig {
             cache_entries: 0,
             ..IndexConfig::default()
@@ -68,7 +51,7 @@ pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
         indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {elapsed}")?
             .progress_chars("=> "),
     );
-    if a.json || !std::io::stderr().is_terminal() {
+    if json || !std::io::stderr().is_terminal() {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     let progress = |phase: &str, done: u64, total: u64| {
@@ -82,17 +65,17 @@ pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
     };
     let result = repo.gc(&GcOptions {
         progress: Some(&progress),
-        compact_below: a.compact_below.map_or(DEFAULT_COMPACT_BELOW, |p| p / 100.0),
+        compact_below: compact_below.map_or(DEFAULT_COMPACT_BELOW, |p| p / 100.0),
     });
     bar.finish_and_clear();
     let r = result?;
-    if a.json {
+    if json {
         print_json(&r)?;
         return Ok(ExitCode::SUCCESS);
     }
     println!(
         "Collected {}: {} containers deleted and {} compacted ({} reclaimed), {} orphan recipes, recipe parts and trees removed; {} groups marked again ({} recipes read), {} reused, {} dropped; {} backups, {} containers; {:.2} s.",
-        a.dir.display(),
+        dir.display(),
         r.containers_swept,
         r.containers_compacted,
         format_size(r.bytes_reclaimed),

@@ -7,7 +7,9 @@ use std::process::ExitCode;
 use dedup_core::grow::{self, GrowOptions};
 use dedup_core::size::format_size;
 
-use super::{print_json, size_arg};
+use super::shared::args::size_arg;
+use super::shared::report::print_json;
+use crate::render;
 
 #[derive(clap::Args)]
 #[command(
@@ -72,7 +74,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         }
     );
     if let Some(s) = report.sizing {
-        super::create::print_sizing(&s);
+        print!("{}", render::sizing(&s));
     }
     if report.logical_size > report.logical_size_before {
         println!(

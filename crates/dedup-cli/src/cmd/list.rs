@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use dedup_core::size::format_size;
 use serde::Serialize;
 
-use super::print_json;
-use super::store::{utc, ReportJson};
+use super::shared::repo::open_read_only;
+use super::shared::report::{print_json, utc, ReportJson};
 
 #[derive(clap::Args)]
 #[command(
@@ -36,7 +36,7 @@ struct Entry {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let repo = super::store::open_read_only(&a.repo)?;
+    let repo = open_read_only(&a.repo)?;
     let listing = repo.list_backups_all()?;
     let status = damaged(&a.repo, &listing.damaged);
     let entries: Vec<Entry> = listing

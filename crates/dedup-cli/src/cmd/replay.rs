@@ -19,8 +19,9 @@ use dedup_trace::stats::TraceStats;
 use dedup_trace::{content, Op, Request, TraceReader, BLOCK};
 use serde::Serialize;
 
-use super::print_json;
-use super::trace::{measure, table};
+use super::shared::progress::bytes_bar;
+use super::shared::report::print_json;
+use super::shared::trace_stats::{measure, table};
 
 #[derive(clap::Args)]
 #[command(
@@ -85,15 +86,6 @@ struct ReplayOutput {
     ratio_to_raw: Option<f64>,
     /// Blocks read back and found as the trace implies (--verify).
     verified_blocks: Option<u64>,
-}
-
-pub fn bytes_bar(msg: &'static str) -> anyhow::Result<indicatif::ProgressBar> {
-    Ok(indicatif::ProgressBar::new(0).with_message(msg).with_style(
-        indicatif::ProgressStyle::with_template(
-            "{msg:24} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}, {eta} left",
-        )?
-        .progress_chars("=> "),
-    ))
 }
 
 fn count_bar(msg: String, len: u64) -> anyhow::Result<indicatif::ProgressBar> {

@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use dedup_core::size::format_size;
-use dedup_store::DamagedRange;
 
-use super::backup::mb_per_sec;
+use super::shared::repo::open_read_only;
+use super::shared::report::{mb_per_sec, name_damage, print_json};
 
 #[derive(clap::Args)]
 #[command(
@@ -38,14 +38,16 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let repo = super::store::open_read_only(&a.repo)?;
+    let repo = open_read_only(&a.repo)?;
     // Fail on an unknown name before creating the target.
     let record = repo.backup(&a.name)?;
     if record.tree.is_some() {
         if a.target.as_os_str() == "-" {
             bail!("backup {} holds files and directories: restore it into a directory, not to standard output", a.name);
         }
-        return super::restore_files::run(&repo, &a);
+        return super::restore_files::run(
+            &repo, &a.repo, &a.name, &a.target, &a.include, a.force, a.json,
+        );
     }
     if !a.include.is_empty() {
         bail!(
@@ -89,7 +91,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let s = start.elapsed().as_secs_f64();
     let code = name_damage(&a.name, &damaged, &check_hint(&a));
     if a.json {
-        super::print_json(&serde_json::json!({
+        print_json(&serde_json::json!({
             "name": a.name,
             "target": a.target.display().to_string(),
             "bytes": n,
@@ -113,32 +115,4 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 /// What to run to learn what is damaged in `a`'s repository.
 fn check_hint(a: &Args) -> String {
     format!("`dedup store check {}`", a.repo.display())
-}
-
-/// Name each damaged range of backup `name`'s restored stream on stderr
-/// (`check` says what to run to learn more); the exit status: 1 if there
-/// is any. The same for a restore beside the repository and one through
-/// a server.
-pub(super) fn name_damage(name: &str, damaged: &[DamagedRange], check: &str) -> ExitCode {
-    for d in damaged {
-        eprintln!(
-            "dedup: damaged: bytes {}..{} ({}) of backup {} not restored (written as zeros): {}",
-            d.offset,
-            d.offset + d.len,
-            format_size(d.len),
-            name,
-            d.error
-        );
-    }
-    if damaged.is_empty() {
-        return ExitCode::SUCCESS;
-    }
-    let lost: u64 = damaged.iter().map(|d| d.len).sum();
-    eprintln!(
-        "dedup: {} of backup {} could not be restored (the ranges named above, zeros in their place); the rest was. {} says what is damaged.",
-        format_size(lost),
-        name,
-        check
-    );
-    ExitCode::from(1)
 }

@@ -1,6 +1,7 @@
 //! `dedup restore REPO NAME DIR` for a backup of files: recreate them
 //! with their metadata under DIR (the store's `Repository::restore_tree`).
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -8,9 +9,7 @@ use dedup_core::size::format_size;
 use dedup_store::{Repository, RestoreOptions, RestoreReport};
 use serde::Serialize;
 
-use super::backup::mb_per_sec;
-use super::print_json;
-use super::restore::Args;
+use super::shared::report::{mb_per_sec, print_json};
 
 #[derive(Serialize)]
 struct Report {
@@ -22,14 +21,24 @@ struct Report {
     mb_per_sec: f64,
 }
 
-pub fn run(repo: &Repository, a: &Args) -> anyhow::Result<ExitCode> {
+/// Restore backup `name` of `repo` (in `dir`) under `target`: `dedup
+/// restore`'s arguments, taken apart by `restore.rs`.
+pub fn run(
+    repo: &Repository,
+    dir: &Path,
+    name: &str,
+    target: &Path,
+    include: &[PathBuf],
+    force: bool,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
     let start = Instant::now();
     let options = RestoreOptions {
-        include: a.include.clone(),
-        force: a.force,
+        include: include.to_vec(),
+        force,
         ..RestoreOptions::default()
     };
-    let r = repo.restore_tree(&a.name, &a.target, &options)?;
+    let r = repo.restore_tree(name, target, &options)?;
     let seconds = start.elapsed().as_secs_f64();
     for w in &r.warnings {
         eprintln!("warning: {w}");
@@ -47,8 +56,8 @@ pub fn run(repo: &Repository, a: &Args) -> anyhow::Result<ExitCode> {
     }
     let damaged = r.damaged.len();
     let report = Report {
-        name: a.name.clone(),
-        target: a.target.display().to_string(),
+        name: name.to_string(),
+        target: target.display().to_string(),
         mb_per_sec: mb_per_sec(r.bytes, seconds),
         report: r,
         seconds,
@@ -59,21 +68,21 @@ pub fn run(repo: &Repository, a: &Args) -> anyhow::Result<ExitCode> {
             eprintln!(
                 "dedup: {n} {} of backup {} could not be restored whole (named above; restored with holes where the damage is, and without their times); everything else was restored. `dedup store check {}` says what is damaged.",
                 if n == 1 { "file" } else { "files" },
-                a.name,
-                a.repo.display()
+                name,
+                dir.display()
             );
             ExitCode::from(1)
         }
     };
-    if a.json {
+    if json {
         print_json(&report)?;
         return Ok(code);
     }
     let c = &report.report.counts;
     println!(
         "Restored backup {} into {}: {} files ({}), {} directories, {} symlinks, {} hard links, {} special files; {:.1} s, {:.1} MB/s.",
-        a.name,
-        a.target.display(),
+        name,
+        target.display(),
         c.files,
         format_size(report.report.bytes),
         c.dirs,

@@ -14,7 +14,9 @@ use dedup_core::superblock::DeviceState;
 
 use super::access::{self, Access, Credentials, TlsMode};
 use super::nbdkit::{find_plugin, find_program, Listen, Nbdkit};
-use super::EXIT_FAILURE;
+use super::shared::args::{index_memory_arg, size_arg};
+use super::shared::device::control_path;
+use super::shared::EXIT_FAILURE;
 const NBD_SOCKET_NAME: &str = "nbd.sock";
 const PID_FILE_NAME: &str = "nbdkit.pid";
 
@@ -64,17 +66,17 @@ pub struct Args {
     #[arg(long)]
     pub accept_unclean: bool,
     /// Metadata cache size for this run (default: the one chosen at create).
-    #[arg(long, value_parser = super::size_arg)]
+    #[arg(long, value_parser = size_arg)]
     pub cache: Option<u64>,
     /// sparse: the hash index's RAM budget for this run (default: the one
     /// chosen at create). Another budget than the last run's rebuilds the
     /// index from the chunk records at start.
-    #[arg(long, value_parser = super::index_memory_arg)]
+    #[arg(long, value_parser = index_memory_arg)]
     pub index_memory: Option<u64>,
     /// sparse: of the index's memory, how much holds prefetched
     /// fingerprints (default an eighth). For experiments: the cache the
     /// streams need does not grow with the data the way the table does.
-    #[arg(long, value_parser = super::size_arg)]
+    #[arg(long, value_parser = size_arg)]
     pub index_cache: Option<u64>,
     /// nbdkit worker threads (requests in flight).
     #[arg(long, default_value_t = 16)]
@@ -83,7 +85,7 @@ pub struct Args {
     /// copied here, up to SIZE in all, and applied in the background;
     /// FLUSH and FUA wait for it. 0 applies every write before
     /// acknowledging it.
-    #[arg(long, value_name = "SIZE", value_parser = super::size_arg, default_value = "32M")]
+    #[arg(long, value_name = "SIZE", value_parser = size_arg, default_value = "32M")]
     pub writeback: u64,
     /// Record every completed request (time, op, offset, length, a 128-bit
     /// blake3 per 4 KiB block written; no data) to FILE, to replay later
@@ -126,7 +128,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let nbdkit = find_program(&a.nbdkit)?;
     let pidfile = dir.join(PID_FILE_NAME);
     // Left by a server that was killed; readiness below waits for a new one.
-    dedup_core::control::remove_stale_socket(&super::control_path(&dir))?;
+    dedup_core::control::remove_stale_socket(&control_path(&dir))?;
     let listen = match (a.port, a.socket) {
         (Some(port), _) => Listen::Tcp {
             bind: a.bind.clone(),
@@ -170,10 +172,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM, libc::SIGHUP])
             .context("installing signal handlers")?;
     let forwarder = signals.handle();
-    let control_sock = super::control_path(&dir);
+    let control_sock = control_path(&dir);
     std::thread::spawn(move || stop_on_signals(&mut signals, pid, &control_sock));
 
-    let control = super::control_path(&dir);
+    let control = control_path(&dir);
     if let Some(status) = server.wait_ready(|| control.exists())? {
         forwarder.close();
         eprintln!("dedup: nbdkit stopped before serving ({status}); see its message above");

@@ -9,10 +9,11 @@ use std::process::ExitCode;
 use dedup_core::control::Request;
 use dedup_core::stats::Stats;
 use dedup_core::OpenOptions;
-use serde::Serialize;
 
-use super::{print_json, reach, Reached};
-use crate::{prometheus, render};
+use super::shared::device::{reach, Reached};
+use super::shared::report::print_json;
+use crate::prometheus;
+use crate::render::{self, StatusReport};
 
 #[derive(clap::Args)]
 #[command(
@@ -39,15 +40,6 @@ pub struct Args {
     /// nothing is printed (for a timer).
     #[arg(long, value_name = "FILE")]
     pub prometheus_file: Option<PathBuf>,
-}
-
-#[derive(Serialize)]
-pub struct StatusReport {
-    pub device: String,
-    /// True when read live from a running `dedup serve`.
-    pub served: bool,
-    #[serde(flatten)]
-    pub stats: Stats,
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {

@@ -13,7 +13,7 @@ use dedup_store::config::CONFIG_OBJECT;
 use dedup_store::{Error, LocalDir, ObjectStore};
 use serde::Serialize;
 
-use super::print_json;
+use super::shared::report::print_json;
 
 #[derive(clap::Args)]
 #[command(

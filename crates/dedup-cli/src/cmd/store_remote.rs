@@ -13,8 +13,9 @@ use dedup_core::size::format_size;
 use dedup_store::rpc::{Client, Endpoint};
 use serde::Serialize;
 
-use super::print_json;
-use super::store::{utc, ReportJson};
+use super::shared::args::percent_not_fraction;
+use super::shared::repo::Remote;
+use super::shared::report::{damaged_note, name_damage, print_json, utc, ReportJson};
 
 #[derive(clap::Args)]
 #[command(
@@ -58,7 +59,7 @@ pub enum RemoteCommand {
         /// Compact a container whose live share of stored bytes is below
         /// PERCENT (0 never compacts), as `dedup gc --compact-below`; the
         /// server's default (50) if not given.
-        #[arg(long, value_name = "PERCENT", value_parser = super::gc::percent_not_fraction)]
+        #[arg(long, value_name = "PERCENT", value_parser = percent_not_fraction)]
         compact_below: Option<f64>,
     },
     /// Restore a backup of a stream through the server to a new file, or
@@ -91,7 +92,7 @@ struct Listed {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let c = super::backup_remote::Remote {
+    let c = Remote {
         server: &a.server,
         timeout: a.timeout,
         psk: a.psk.as_deref(),
@@ -192,7 +193,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                     format_size(r.bytes_reclaimed),
                     r.seconds
                 );
-                if let Some(note) = super::gc_repo::damaged_note(&r) {
+                if let Some(note) = damaged_note(&r) {
                     println!("{note}");
                 }
             }
@@ -231,7 +232,7 @@ fn restore(
             "Restored {} of backup {name} to standard output.",
             format_size(s.bytes)
         );
-        return Ok(super::restore::name_damage(name, &s.damaged, check));
+        return Ok(name_damage(name, &s.damaged, check));
     }
     // A block device is checked against the backup's length before it is
     // written; the server's list tells it. (Only then: a damaged record of
@@ -252,7 +253,7 @@ fn restore(
         damaged = s.damaged;
         Ok(s.bytes)
     })?;
-    let code = super::restore::name_damage(name, &damaged, check);
+    let code = name_damage(name, &damaged, check);
     if json {
         print_json(&serde_json::json!({
             "name": name,

@@ -11,6 +11,10 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use dedup_store::rpc::{Endpoint, Server, ServerLimits, DEFAULT_IDLE_TIMEOUT};
 
+use super::shared::args::IndexArgs;
+use super::shared::psk::key_from_file;
+use super::shared::repo::open_indexed;
+
 #[derive(clap::Args)]
 #[command(
     about = "Serve a backup repository to backup clients (dedup backup --server)",
@@ -52,7 +56,7 @@ pub struct Args {
     pub idle_timeout: u64,
     /// The fingerprint index the server keeps (as `dedup backup`'s).
     #[command(flatten)]
-    pub index: super::store::IndexArgs,
+    pub index: IndexArgs,
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
@@ -76,12 +80,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         (None, None) => bail!("give --socket PATH or --listen ADDR"),
     };
     // A bad key file is refused before the repository is opened.
-    let key = a
-        .psk
-        .as_deref()
-        .map(super::backup_remote::key_from_file)
-        .transpose()?;
-    let repo = super::store::open_indexed(&a.repo, &a.index)?;
+    let key = a.psk.as_deref().map(key_from_file).transpose()?;
+    let repo = open_indexed(&a.repo, &a.index)?;
     let limits = ServerLimits {
         max_connections: a.max_connections.max(1),
         // Zero is none: the server's own reading of it.

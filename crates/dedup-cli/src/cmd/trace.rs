@@ -1,18 +1,19 @@
 //! `dedup trace gen` (synthetic traces shaped like Dmdedup Table 1's) and
 //! `dedup trace stats` (a trace's own Table 1 columns).
 
-use std::io::{BufReader, BufWriter};
-use std::path::{Path, PathBuf};
+use std::io::BufWriter;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context};
-use dedup_core::size::format_size;
+use anyhow::Context;
 use dedup_trace::gen::{GenParams, Generator, Preset};
 use dedup_trace::native::Writer;
-use dedup_trace::stats::{StatsBuilder, TraceStats};
-use dedup_trace::TraceReader;
+use dedup_trace::stats::StatsBuilder;
 
-use super::{print_json, size_arg};
+use super::shared::args::size_arg;
+use super::shared::progress::bytes_bar;
+use super::shared::report::print_json;
+use super::shared::trace_stats::{measure, table};
 
 #[derive(clap::Args)]
 #[command(about = "Make synthetic traces, or show a trace's statistics")]
@@ -133,72 +134,8 @@ fn gen(a: GenArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Read a whole trace for its statistics (and the blocks a replay should
-/// pre-fill). Malformed lines are reported on stderr.
-pub fn measure(
-    path: &Path,
-    strict: bool,
-    bar: Option<&indicatif::ProgressBar>,
-) -> anyhow::Result<(TraceStats, Vec<u64>, u64)> {
-    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        // The trace is read more than once (statistics, replay, verify).
-        bail!(
-            "{} is not a regular file: save the trace to a file first (a pipe can be read only once)",
-            path.display()
-        );
-    }
-    let len = meta.len();
-    if let Some(bar) = bar {
-        bar.set_length(len);
-    }
-    let input = BufReader::with_capacity(1 << 20, ProgressRead { inner: file, bar });
-    let mut reader = TraceReader::new(input, strict);
-    let mut b = StatsBuilder::default();
-    for r in reader.by_ref() {
-        let r = r.with_context(|| format!("in {}", path.display()))?;
-        b.add(&r);
-    }
-    report_skipped(path, &reader);
-    let stats = b.finish();
-    if stats.requests == 0 {
-        bail!("{} holds no requests", path.display());
-    }
-    Ok((stats, b.prefill_blocks().to_vec(), reader.skipped))
-}
-
-pub fn report_skipped<R: std::io::BufRead>(path: &Path, reader: &TraceReader<R>) {
-    if reader.skipped > 0 {
-        eprintln!(
-            "dedup: skipped {} malformed line(s) of {} (--strict refuses them):",
-            reader.skipped,
-            path.display()
-        );
-        for s in &reader.first_skipped {
-            eprintln!("  {s}");
-        }
-    }
-}
-
-/// Counts bytes read into a progress bar.
-pub struct ProgressRead<'a, R> {
-    pub inner: R,
-    pub bar: Option<&'a indicatif::ProgressBar>,
-}
-
-impl<R: std::io::Read> std::io::Read for ProgressRead<'_, R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        if let Some(bar) = self.bar {
-            bar.inc(n as u64);
-        }
-        Ok(n)
-    }
-}
-
 fn stats(a: StatsArgs) -> anyhow::Result<ExitCode> {
-    let bar = super::replay::bytes_bar("reading the trace")?;
+    let bar = bytes_bar("reading the trace")?;
     let (s, _, _) = measure(&a.trace, a.strict, Some(&bar))?;
     bar.finish_and_clear();
     if a.json {
@@ -208,46 +145,3 @@ fn stats(a: StatsArgs) -> anyhow::Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
-
-/// Dmdedup Table 1's columns for one trace.
-pub fn table(s: &TraceStats) -> String {
-    let mut out = String::new();
-    let gib = |b: u64| format_size(b);
-    let _ = writeln!(
-        out,
-        "requests {} ({} reads, {} writes, {} trims/zeroes, {} flushes) over {:.1} s",
-        s.requests,
-        s.reads,
-        s.writes,
-        s.trims + s.zeroes,
-        s.flushes,
-        s.duration_s
-    );
-    let _ = writeln!(
-        out,
-        "{:>12} {:>18} {:>18} {:>12} {:>8} {:>10} {:>12} {:>10}",
-        "written",
-        "unique (content)",
-        "unique (offset)",
-        "read",
-        "dedup",
-        "block",
-        "accessed",
-        "span"
-    );
-    let _ = writeln!(
-        out,
-        "{:>12} {:>18} {:>18} {:>12} {:>8.2} {:>10} {:>12} {:>10}",
-        gib(s.written_bytes),
-        gib(s.written_unique_by_content_bytes),
-        gib(s.written_unique_by_offset_bytes),
-        gib(s.read_bytes),
-        s.dedup_ratio,
-        s.block_size,
-        gib(s.accessed_bytes),
-        gib(s.span_bytes)
-    );
-    out
-}
-
-use std::fmt::Write as _;

@@ -16,7 +16,8 @@ use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
 use super::nbdkit::{find_plugin, find_program};
-use super::{print_json, size_arg};
+use super::shared::args::size_arg;
+use super::shared::report::print_json;
 use fio::{Dataset, Measured, Pattern, Phase};
 use systems::{System, Tools};
 
@@ -46,7 +47,7 @@ pub struct Args {
     pub compression: Vec<String>,
     /// sparse: hash index budgets, each one a system of its own (e.g.
     /// --index-memory 1G,4M,1M to compare a full index with sampled ones).
-    #[arg(long, value_delimiter = ',', value_parser = crate::cmd::index_memory_arg)]
+    #[arg(long, value_delimiter = ',', value_parser = crate::cmd::shared::args::index_memory_arg)]
     pub index_memory: Vec<u64>,
     /// sparse: of each index budget, the bytes for the prefetch cache
     /// (default an eighth): to compare tables of different sizes behind

@@ -22,7 +22,8 @@ use dedup_core::layout::{self, CreateOptions, DevicePaths};
 use dedup_trace::workload::{Access, Workload, WorkloadParams};
 use serde::Serialize;
 
-use super::print_json;
+use super::shared::args::size_arg;
+use super::shared::report::print_json;
 
 #[derive(clap::Args)]
 #[command(
@@ -34,7 +35,7 @@ pub struct Args {
     #[arg(long, default_value = "/var/tmp/dedup-bench-thin")]
     pub dir: PathBuf,
     /// Data written per run.
-    #[arg(long, default_value = "16M", value_parser = super::size_arg)]
+    #[arg(long, default_value = "16M", value_parser = size_arg)]
     pub size: u64,
     #[arg(
         long,
