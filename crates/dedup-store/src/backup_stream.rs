@@ -16,7 +16,7 @@
 use std::io::{self, Read};
 use std::sync::mpsc;
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 
 use crate::backup::BackupReport;
 use crate::parallel_cut::Stitcher;

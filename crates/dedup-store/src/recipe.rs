@@ -26,7 +26,7 @@
 
 use std::io::Read;
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 
 use crate::framed::{frame, frame_zstd, undecompressable, unframe_any, unzstd, unzstd_reader};
 use crate::repo_error::{RepoError, RepoResult};

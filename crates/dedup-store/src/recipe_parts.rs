@@ -21,7 +21,7 @@
 //! part count n (u64), then n rows of segment count (u64), stream bytes
 //! (u64) and BLAKE3 of the part object (32 bytes).
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 
 use crate::error::Error;
 use crate::framed::{frame, unframe_any};

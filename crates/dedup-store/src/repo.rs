@@ -20,8 +20,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use dedup_core::compress::Compression;
-use dedup_core::lock::DeviceLock;
+use dedup_common::compress::Compression;
+use dedup_common::lock::DeviceLock;
 
 use crate::backup::{validate_name, BackupRecord, BACKUPS_PREFIX};
 use crate::catalog_cache::{CatalogCache, DEFAULT_CATALOGS};
@@ -199,7 +199,7 @@ impl Repository {
             None => (None, 0, None),
             Some(make) => {
                 let lock = DeviceLock::acquire(&dir.join(CONFIG_OBJECT)).map_err(|e| match e {
-                    dedup_core::Error::Locked { .. } => RepoError::InUse { dir: dir.clone() },
+                    dedup_common::Error::Locked { .. } => RepoError::InUse { dir: dir.clone() },
                     other => RepoError::Io {
                         context: format!("locking {}", dir.display()),
                         cause: std::io::Error::other(other.to_string()),

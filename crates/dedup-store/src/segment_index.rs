@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 
 use crate::format::Entry;
 

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 
 use crate::backup::{validate_name, BackupRecord, BackupReport, RECIPES_PREFIX, TREES_PREFIX};
 use crate::container::{container_name, Catalog, Container};

@@ -12,7 +12,7 @@ mod gc_support;
 use std::fs;
 use std::path::Path;
 
-use dedup_core::testdata::noise;
+use dedup_common::testdata::noise;
 use dedup_store::check::{check, CheckOptions, CheckReport};
 use dedup_store::recipe_parts::{part_name, part_of, PartInfo, RecipeIndex, RecipeObject};
 use dedup_store::{GcOptions, LocalDir, RepoOptions, Repository, Segmenting};

@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 use dedup_store::index::{IndexConfig, SamplingRate, HOOK_BYTES};
 use dedup_store::{
     Entry, Eviction, Index, LocalDir, ObjectStore, RepoOptions, Repository, SampledIndex,

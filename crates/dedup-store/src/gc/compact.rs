@@ -36,7 +36,7 @@ use std::sync::Arc;
 
 use crate::container::{compacted_name, container_name, Container, COMPACTED_PREFIX};
 use crate::error::Error;
-use dedup_core::compress::Compression;
+use dedup_common::compress::Compression;
 
 use crate::format::Entry;
 use crate::gc::candidates::{CandidateIds, SHARE_SCALE};

@@ -149,7 +149,7 @@ pub fn is_marked(bits: &[u8], i: usize) -> bool {
 mod tests {
     use super::*;
     use crate::recipe::SegmentRef;
-    use dedup_core::fingerprint::Fingerprint;
+    use dedup_common::fingerprint::Fingerprint;
 
     #[test]
     fn marks_round_trip_and_damage_is_refused() {

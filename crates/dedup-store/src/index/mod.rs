@@ -19,7 +19,7 @@ pub mod rebuild;
 pub mod sampling;
 pub mod segment_index;
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 
 use crate::error::Result;
 use crate::format::Entry;

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 
 use crate::container::Catalog;
 use crate::error::Result;

@@ -12,7 +12,7 @@ use std::io::{self, BufReader, BufWriter, Write};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 
 use super::found::Found;
 use super::frame::{decode, write_frame};
