@@ -77,6 +77,7 @@ pub mod container;
 pub mod direct_write;
 pub mod error;
 pub mod format;
+mod fp_map;
 mod framed;
 pub mod fuzzing;
 pub mod gc;

@@ -29,6 +29,7 @@ use crate::config::{RepoConfig, CONFIG_OBJECT};
 use crate::container::Catalog;
 use crate::error::Error;
 use crate::index::{IndexConfig, SampledIndex};
+use crate::index_checkpoint::Opened;
 use crate::inflight::InFlight;
 use crate::local::LocalDir;
 use crate::objects::ObjectStore;
@@ -59,13 +60,6 @@ impl Default for RepoOptions {
             force: false,
         }
     }
-}
-
-/// An index made at open, and the container ids below which it already
-/// knows every catalog (from a checkpoint; 0 for none).
-pub(crate) struct Opened {
-    pub(crate) index: Box<dyn SegmentIndex>,
-    pub(crate) covered: u64,
 }
 
 pub struct Repository {
@@ -429,6 +423,42 @@ impl Repository {
             }
         }
         Ok(())
+    }
+}
+
+impl Repository {
+    /// Save the index's checkpoint (`index_checkpoint.rs`), if it has one,
+    /// and drop older ones. Done only while no backup runs: a running
+    /// backup's container may have a lower id than a sealed one, and would
+    /// be missed. Whether a checkpoint was saved.
+    pub fn save_index(&self) -> RepoResult<bool> {
+        if !self.is_writable() {
+            return Ok(false);
+        }
+        // Under the protection lock, which `begin_backup` takes: no session
+        // can start and take an id between the check and the snapshot.
+        let (covered, bytes) = {
+            let protection = self.protection();
+            if protection.sessions() > 0 {
+                return Ok(false);
+            }
+            let covered = self.next_container.load(Ordering::SeqCst);
+            let Some(bytes) = self.index()?.checkpoint() else {
+                return Ok(false);
+            };
+            drop(protection);
+            (covered, bytes)
+        };
+        crate::index_checkpoint::save(&*self.store, covered, &bytes)?;
+        Ok(true)
+    }
+}
+
+impl Drop for Repository {
+    /// A writing handle leaves a checkpoint behind so the next open is
+    /// quick; failing to is harmless (the next open rebuilds).
+    fn drop(&mut self) {
+        let _ = self.save_index();
     }
 }
 

@@ -27,16 +27,13 @@ use dedup_common::fingerprint::Fingerprint;
 use crate::backup::{validate_name, BackupRecord, BackupReport, RECIPES_PREFIX, TREES_PREFIX};
 use crate::container::{container_name, Catalog, Container};
 use crate::error::Error;
+use crate::fp_map::FpMap;
 use crate::inflight::{Pending, Place, SettleGuard, State};
 use crate::recipe::{Recipe, SegmentRef};
 use crate::recipe_parts::{part_digest, part_name, PartInfo, RecipeIndex};
 use crate::repo::{random_bytes, Repository};
 use crate::repo_error::{RepoError, RepoResult};
 use crate::writer::{ContainerWriter, HASH};
-
-/// Maps keyed by fingerprint: already uniform bytes, so a fast hash is
-/// as good as SipHash here, and these are asked once a segment.
-pub(crate) type FpMap<V> = HashMap<Fingerprint, V, foldhash::fast::FixedState>;
 
 /// The container being filled, and what it holds so far (segments repeated
 /// within it are found here: the index only learns of durable containers),

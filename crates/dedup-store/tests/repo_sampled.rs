@@ -343,7 +343,7 @@ fn a_hook_alone_is_resolved_in_the_catalog_or_not_at_all() {
             ..IndexConfig::default()
         };
         // The index believes container 0 holds `stranger` at entry 2.
-        let mut index = SampledIndex::for_repository(&repo, config);
+        let mut index = SampledIndex::new(repo.object_store(), config);
         index.insert(0, &claimed);
         assert!(index.index().hooks().get(&stranger).is_some());
         assert_eq!(index.lookup(&stranger), None, "cache {cache}");

@@ -17,7 +17,6 @@ use crate::container::Catalog;
 use crate::error::Result;
 use crate::format::Entry;
 use crate::objects::ObjectStore;
-use crate::repo::Repository;
 use crate::segment_index::{IndexRam, SegmentIndex};
 
 use super::{Index, IndexConfig};
@@ -31,8 +30,9 @@ pub struct SampledIndex {
 }
 
 impl SampledIndex {
-    /// An empty index reading catalogs from `store`. Give it the catalogs
-    /// with [`SegmentIndex::insert`] (as `Repository::open_with_index` and
+    /// An empty index reading catalogs from `store` (for a repository's
+    /// index, its `object_store()`). Give it the catalogs with
+    /// [`SegmentIndex::insert`] (as `Repository::open_with_index` and
     /// `Repository::set_index` do), in container id order.
     pub fn new(store: Arc<dyn ObjectStore>, config: IndexConfig) -> SampledIndex {
         SampledIndex {
@@ -66,12 +66,6 @@ impl SampledIndex {
             store,
             catalog_reads: 0,
         })
-    }
-
-    /// An empty index bound to `repo`'s object store, for
-    /// `repo.set_index(Box::new(..))`, which gives it every catalog.
-    pub fn for_repository(repo: &Repository, config: IndexConfig) -> SampledIndex {
-        SampledIndex::new(repo.object_store(), config)
     }
 
     pub fn index(&self) -> &Index {
