@@ -19,9 +19,9 @@ use std::sync::mpsc;
 use dedup_common::fingerprint::Fingerprint;
 
 use crate::backup::BackupReport;
+use crate::error::repo::{RepoError, RepoResult};
 use crate::parallel_cut::Stitcher;
 use crate::repo::Repository;
-use crate::repo_error::{RepoError, RepoResult};
 use crate::segment_blocks::{cut_ends, read_block, Block, BlockCutter, BLOCK};
 use crate::segmenter::Segmenting;
 use crate::session::BackupSession;

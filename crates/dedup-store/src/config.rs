@@ -9,8 +9,8 @@
 
 use dedup_common::compress::Compression;
 
+use crate::error::repo::{RepoError, RepoResult};
 use crate::framed::{frame, unframe_any, Reader};
-use crate::repo_error::{RepoError, RepoResult};
 use crate::segmenter::Segmenting;
 
 pub const CONFIG_OBJECT: &str = "config";

@@ -21,9 +21,9 @@
 
 use std::collections::BTreeMap;
 
+use crate::error::repo::{RepoError, RepoResult};
 use crate::framed::{frame, put_str, unframe, Reader};
 use crate::recipe::Recipe;
-use crate::repo_error::{RepoError, RepoResult};
 
 const MAGIC: [u8; 8] = *b"DDUPMARK";
 const VERSION: u32 = 1;

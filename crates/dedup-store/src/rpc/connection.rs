@@ -25,10 +25,10 @@ use super::read_ahead::Frames;
 use super::serve_restore;
 use super::server::Shared;
 use super::stream::{Deadlined, Stream};
+use crate::error::repo::RepoError;
 use crate::repo::Repository;
-use crate::repo_error::RepoError;
 use crate::session::BackupSession;
-use crate::tree_parent::{parent_for_client, ParentRecipe, Unchanged};
+use crate::tree::parent::{parent_for_client, ParentRecipe, Unchanged};
 use crate::writer::HASH;
 
 /// Lookup hits remembered for the appends that follow them (`found.rs`):

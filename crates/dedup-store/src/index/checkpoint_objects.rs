@@ -10,13 +10,15 @@
 //! stale or missing one only costs a rebuild from the catalogs, and hooks
 //! naming containers GC deleted since are answered by nothing (every hint
 //! is confirmed against a catalog).
+//!
+//! This file keeps the checkpoint objects; their bytes are `checkpoint.rs`'s.
 
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::index::{IndexConfig, SampledIndex};
+use crate::index::seam::SegmentIndex;
+use crate::index::{IndexConfig, SampledSegmentIndex};
 use crate::objects::ObjectStore;
-use crate::segment_index::SegmentIndex;
 
 pub const INDEX_PREFIX: &str = "index/hooks-";
 
@@ -65,7 +67,7 @@ pub(crate) fn load(store: Arc<dyn ObjectStore>, config: IndexConfig) -> Option<O
         let Ok(bytes) = store.get(&name) else {
             continue;
         };
-        if let Ok(index) = SampledIndex::from_checkpoint(store.clone(), &bytes, config) {
+        if let Ok(index) = SampledSegmentIndex::from_checkpoint(store.clone(), &bytes, config) {
             return Some(Opened {
                 index: Box::new(index),
                 covered,
