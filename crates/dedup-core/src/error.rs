@@ -174,6 +174,21 @@ impl Error {
     }
 }
 
+/// The errors of the modules shared with the backup store (dedup-common),
+/// kind for kind: the same message, and the same errno for NBD.
+impl From<dedup_common::Error> for Error {
+    fn from(e: dedup_common::Error) -> Error {
+        match e {
+            dedup_common::Error::Io { context, cause } => Error::Io { context, cause },
+            dedup_common::Error::InvalidArgument(s) => Error::InvalidArgument(s),
+            dedup_common::Error::Corrupt { structure, detail } => {
+                Error::Corrupt { structure, detail }
+            }
+            dedup_common::Error::Locked { path } => Error::Locked { path },
+        }
+    }
+}
+
 /// Attach "what we were doing" to an `io::Result`.
 pub trait IoContext<T> {
     fn context(self, what: impl FnOnce() -> String) -> Result<T>;

@@ -79,7 +79,7 @@ pub fn grow(dir: &Path, opts: &GrowOptions, progress: &dyn Fn(u64, u64)) -> Resu
     let paths = DevicePaths::from_dir(dir)?;
     let _lock = DeviceLock::acquire(&paths.meta)
         .and_then(|l| l.and(&paths.data))
-        .map_err(|e| match e {
+        .map_err(|e| match Error::from(e) {
             Error::Locked { .. } => Error::InvalidArgument(format!(
                 "{} is open (being served?): stop it first. NBD clients do not see a size change on a live connection, so a device grows while stopped: stop `dedup serve`, run `dedup grow`, serve again, then grow the filesystem (resize2fs)",
                 dir.display()

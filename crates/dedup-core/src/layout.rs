@@ -160,7 +160,7 @@ fn prepare(
     let file = if path.exists() {
         // A served device holds this lock on both halves: never overwritten,
         // --force or not. Held until the new device is laid out.
-        undo.1.push(DeviceLock::acquire(&path).map_err(|e| match e {
+        undo.1.push(DeviceLock::acquire(&path).map_err(|e| match Error::from(e) {
             Error::Locked { path } => Error::InvalidArgument(format!(
                 "{} belongs to a device that is open (being served?); create never overwrites a device in use, even with --force: stop it first",
                 path.display()

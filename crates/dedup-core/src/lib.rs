@@ -7,33 +7,31 @@
 
 pub mod backend;
 pub mod backends;
-pub mod blake3_batch;
 pub mod blockfile;
 mod codec;
-pub mod compress;
 pub mod config;
 pub mod control;
 pub mod engine;
 pub mod error;
-pub mod fingerprint;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod generation;
 pub mod grow;
 pub mod guard;
 pub mod layout;
-pub mod lock;
 pub mod options;
 pub mod pack;
-pub mod perms;
 pub mod placement;
 pub mod record;
 pub mod registry;
-pub mod size;
 pub mod stats;
 pub mod superblock;
-pub mod testdata;
 pub mod zeroed;
+
+// What the device shares with the backup store lives in dedup-common;
+// re-exported at its old paths, so `crate::fingerprint` and
+// `dedup_core::fingerprint` still name it.
+pub use dedup_common::{blake3_batch, compress, fingerprint, lock, perms, size, testdata};
 
 pub use backends::OpenOptions;
 pub use engine::Device;

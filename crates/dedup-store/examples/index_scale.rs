@@ -9,7 +9,7 @@
 //!
 //! `cargo run --release -p dedup-store --example index_scale -- 1`
 
-use dedup_core::fingerprint::{Fingerprint, FINGERPRINT_BYTES};
+use dedup_common::fingerprint::{Fingerprint, FINGERPRINT_BYTES};
 use dedup_store::index::{Index, IndexConfig};
 
 const SEGMENT: u64 = 4 << 10;

@@ -10,8 +10,8 @@
 //! object name (empty for a stream), each a u16 length and UTF-8 bytes.
 //! Version 1 (still read) has no tree name.
 
+use crate::error::repo::{RepoError, RepoResult};
 use crate::framed::{frame, put_str, unframe_any, Reader};
-use crate::repo_error::{RepoError, RepoResult};
 
 const MAGIC: [u8; 8] = *b"DDUPBKUP";
 const VERSION: u32 = 2;

@@ -16,12 +16,12 @@
 use std::io::{self, Read};
 use std::sync::mpsc;
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 
 use crate::backup::BackupReport;
+use crate::error::repo::{RepoError, RepoResult};
 use crate::parallel_cut::Stitcher;
 use crate::repo::Repository;
-use crate::repo_error::{RepoError, RepoResult};
 use crate::segment_blocks::{cut_ends, read_block, Block, BlockCutter, BLOCK};
 use crate::segmenter::Segmenting;
 use crate::session::BackupSession;

@@ -19,14 +19,15 @@ mod backups;
 mod containers;
 mod references;
 mod report;
+mod repository;
 mod trees;
 
 use crate::backup::{BACKUPS_PREFIX, RECIPES_PREFIX, TREES_PREFIX};
 use crate::container::{compacted_name, container_name, COMPACTED_PREFIX};
+use crate::error::repo::{RepoError, RepoResult};
 use crate::error::Error;
 use crate::objects::ObjectStore;
 use crate::repo::CONTAINERS_PREFIX;
-use crate::repo_error::{RepoError, RepoResult};
 
 pub use report::{CheckCounts, CheckReport, Garbage, Problem};
 
@@ -82,7 +83,7 @@ pub fn check(
     // A recipe's parts are not recipes of their own.
     report.counts.recipes = recipe_names
         .iter()
-        .filter(|o| crate::recipe_parts::part_of(o).is_none())
+        .filter(|o| crate::recipe::parts::part_of(o).is_none())
         .count() as u64;
     report.counts.trees = tree_names.len() as u64;
 

@@ -7,10 +7,10 @@
 //! compression of new segments (1: `Compression::code`) and 7 zero bytes.
 //! Version 1 (still read) ends after the container target and means lz4.
 
-use dedup_core::compress::Compression;
+use dedup_common::compress::Compression;
 
+use crate::error::repo::{RepoError, RepoResult};
 use crate::framed::{frame, unframe_any, Reader};
-use crate::repo_error::{RepoError, RepoResult};
 use crate::segmenter::Segmenting;
 
 pub const CONFIG_OBJECT: &str = "config";

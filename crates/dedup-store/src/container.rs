@@ -6,7 +6,7 @@
 //! Every check names the container and what is wrong; nothing panics,
 //! whatever the bytes.
 
-use dedup_core::compress::Compression;
+use dedup_common::compress::Compression;
 
 use crate::error::{Error, Result};
 use std::collections::VecDeque;

@@ -5,8 +5,8 @@
 //! Everything is little-endian, and every part carries a crc32c, so that a
 //! single flipped byte anywhere in a container is caught.
 
-use dedup_core::compress::Compression;
-use dedup_core::fingerprint::{Fingerprint, FINGERPRINT_BYTES};
+use dedup_common::compress::Compression;
+use dedup_common::fingerprint::{Fingerprint, FINGERPRINT_BYTES};
 
 /// The first bytes of every container.
 pub const HEADER_MAGIC: [u8; 8] = *b"DDUPCNTR";

@@ -6,8 +6,8 @@
 use std::borrow::Cow;
 use std::io::Read;
 
+use crate::error::repo::{RepoError, RepoResult};
 use crate::format::crc;
-use crate::repo_error::{RepoError, RepoResult};
 
 /// zstd level for the repository's own objects that grow with a backup
 /// (recipes, trees): small next to the data, and read rarely, so worth a

@@ -6,7 +6,7 @@
 
 use crate::gc::Marks;
 use crate::index::{Index, IndexConfig};
-use crate::recipe_parts::RecipeObject;
+use crate::recipe::parts::RecipeObject;
 use crate::rpc::frame::{decode, read_frame, write_frame};
 use crate::rpc::protocol::{Request, Response, MAX_FRAME};
 use crate::{BackupRecord, Container, Recipe, RepoConfig};

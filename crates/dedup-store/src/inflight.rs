@@ -28,9 +28,9 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 
-use crate::session::FpMap;
+use crate::fp_map::FpMap;
 use crate::writer::ContainerWriter;
 
 /// Where a segment is: container, catalog entry, raw length.

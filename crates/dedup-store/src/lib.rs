@@ -21,7 +21,7 @@
 //! The store's sampled fingerprint index after §3.2 ([`Index`]: hooks
 //! sampled progressively within a memory budget, a catalog-prefetch
 //! cache, rebuild from the catalogs and a checkpoint) is built, and wired
-//! in behind the [`SegmentIndex`] seam as [`SampledIndex`], which prefetches
+//! in behind the [`SegmentIndex`] seam as [`SampledSegmentIndex`], which prefetches
 //! catalogs through the repository's object store and answers only with
 //! entries it found in a catalog: [`Repository::open_sampled`] opens a
 //! repository with it (`open` keeps [`ExactIndex`]).
@@ -77,11 +77,11 @@ pub mod container;
 pub mod direct_write;
 pub mod error;
 pub mod format;
+mod fp_map;
 mod framed;
 pub mod fuzzing;
 pub mod gc;
 pub mod index;
-pub mod index_checkpoint;
 mod inflight;
 pub mod local;
 pub mod name;
@@ -89,32 +89,19 @@ pub mod objects;
 pub mod parallel_cut;
 mod protection;
 pub mod recipe;
-pub mod recipe_parts;
 pub mod repo;
-mod repo_check;
-pub mod repo_error;
-pub mod repo_listing;
 mod restore;
-mod restore_salvage;
 pub mod rpc;
 pub mod segment_blocks;
-pub mod segment_index;
 pub mod segmenter;
 pub mod session;
 pub mod tree;
-mod tree_backup;
-mod tree_cut;
-mod tree_parent;
-mod tree_reader;
-mod tree_restore;
-pub mod tree_walk;
-mod tree_writer;
 pub mod writer;
 
 pub use container::{container_name, Catalog, Container};
 pub use error::{Error, Result};
 pub use format::{Entry, Location};
-pub use index::{Advice, Eviction, Index, IndexConfig, SampledIndex, SamplingRate};
+pub use index::{Advice, Eviction, Index, IndexConfig, SampledSegmentIndex, SamplingRate};
 pub use local::LocalDir;
 pub use objects::ObjectStore;
 pub use writer::ContainerWriter;
@@ -122,17 +109,17 @@ pub use writer::ContainerWriter;
 pub use backup::{BackupRecord, BackupReport};
 pub use check::{CheckOptions, CheckProgress, CheckReport};
 pub use config::RepoConfig;
+pub use error::repo::{RepoError, RepoResult};
 pub use gc::{GcOptions, GcReport};
+pub use index::seam::{ExactIndex, IndexRam, SegmentIndex};
 pub use recipe::{Recipe, SegmentRef};
+pub use repo::listing::{DamagedBackup, Listing};
 pub use repo::{RepoOptions, Repository};
-pub use repo_error::{RepoError, RepoResult};
-pub use repo_listing::{DamagedBackup, Listing};
-pub use restore_salvage::{DamagedRange, Salvage};
-pub use segment_index::{ExactIndex, IndexRam, SegmentIndex};
+pub use restore::salvage::{DamagedRange, Salvage};
 pub use segmenter::Segmenting;
 pub use session::BackupSession;
+pub use tree::backup::TreeBackupReport;
+pub use tree::restore::{DamagedEntry, RestoreOptions, RestoreReport};
+pub use tree::walk::{TreeWalk, WalkCounts};
+pub use tree::writer::{EncodedTree, TreeWriter};
 pub use tree::Tree;
-pub use tree_backup::TreeBackupReport;
-pub use tree_restore::{DamagedEntry, RestoreOptions, RestoreReport};
-pub use tree_walk::{TreeWalk, WalkCounts};
-pub use tree_writer::{EncodedTree, TreeWriter};

@@ -1,6 +1,6 @@
 //! `LocalDir`: objects as files under one directory, a name's `/`s as
 //! subdirectories. Files are 0600 and directories 0700 (they hold every
-//! byte ever backed up; see `dedup_core::perms`).
+//! byte ever backed up; see `dedup_common::perms`).
 //!
 //! `put` writes a temporary file (named `.tmp-…`, which no valid object
 //! name can be) in the object's directory (a large object past the page
@@ -16,7 +16,7 @@ use std::io::{self, ErrorKind};
 use std::os::unix::fs::{DirBuilderExt, FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use dedup_core::perms;
+use dedup_common::perms;
 
 use crate::direct_write::{write_new, Bounce};
 use crate::error::{Error, Result};

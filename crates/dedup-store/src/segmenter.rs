@@ -63,7 +63,7 @@ impl Segmenting {
     /// `8K` or `8192`.
     pub fn parse(text: &str) -> Result<Segmenting, String> {
         let size = |field: &str| -> Result<u32, String> {
-            let bytes = dedup_core::size::parse_size(field).map_err(|e| e.to_string())?;
+            let bytes = dedup_common::size::parse_size(field).map_err(|e| e.to_string())?;
             u32::try_from(bytes).map_err(|_| format!("segment size {field} is too large"))
         };
         let parts: Vec<&str> = text.split(':').collect();

@@ -22,21 +22,18 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 
 use crate::backup::{validate_name, BackupRecord, BackupReport, RECIPES_PREFIX, TREES_PREFIX};
 use crate::container::{container_name, Catalog, Container};
+use crate::error::repo::{RepoError, RepoResult};
 use crate::error::Error;
+use crate::fp_map::FpMap;
 use crate::inflight::{Pending, Place, SettleGuard, State};
+use crate::recipe::parts::{part_digest, part_name, PartInfo, RecipeIndex};
 use crate::recipe::{Recipe, SegmentRef};
-use crate::recipe_parts::{part_digest, part_name, PartInfo, RecipeIndex};
 use crate::repo::{random_bytes, Repository};
-use crate::repo_error::{RepoError, RepoResult};
 use crate::writer::{ContainerWriter, HASH};
-
-/// Maps keyed by fingerprint: already uniform bytes, so a fast hash is
-/// as good as SipHash here, and these are asked once a segment.
-pub(crate) type FpMap<V> = HashMap<Fingerprint, V, foldhash::fast::FixedState>;
 
 /// The container being filled, and what it holds so far (segments repeated
 /// within it are found here: the index only learns of durable containers),
@@ -67,7 +64,7 @@ pub struct BackupSession<'r> {
     report: BackupReport,
     /// The references not yet written in a recipe part.
     recipe: Recipe,
-    /// The recipe parts written so far (`recipe_parts.rs`), each durable.
+    /// The recipe parts written so far (`recipe/parts.rs`), each durable.
     parts: Vec<PartInfo>,
     /// Names this backup's recipe and tree objects.
     nonce: u64,
@@ -434,38 +431,9 @@ impl BackupSession<'_> {
         self.commit_with_tree(None)
     }
 
-    /// Commit, with `tree` (the encoded metadata of the files whose
-    /// contents the stream holds) stored as the backup's tree object
-    /// before the backup object names it.
-    pub fn commit_with_tree(self, tree: Option<&[u8]>) -> RepoResult<BackupRecord> {
-        if let Some(bytes) = tree {
-            // A tree from a client is checked as a restore will check it,
-            // so a backup is never committed that cannot be restored.
-            let what = format!("the tree of backup {}", self.name);
-            crate::tree::Tree::decode(&what, bytes)?
-                .check_stream_len(&self.name, self.report.bytes_in)
-                .map_err(|d| RepoError::corrupt(&what, d))?;
-        }
-        self.commit_checked(tree)
-    }
-
-    /// Commit with the tree this process walked while it read the stream
-    /// (`tree_walk.rs`), which makes a tree a restore can follow by
-    /// construction: it is not decoded again (that held the whole tree
-    /// twice over, some 70 MB for 104,000 files), only its stream's length
-    /// checked against the bytes backed up.
-    pub(crate) fn commit_with_walked_tree(
-        self,
-        tree: &crate::tree_writer::EncodedTree,
-    ) -> RepoResult<BackupRecord> {
-        let what = format!("the tree of backup {}", self.name);
-        crate::tree::check_stream_len(tree.stream_len, &self.name, self.report.bytes_in)
-            .map_err(|d| RepoError::corrupt(&what, d))?;
-        self.commit_checked(Some(&tree.bytes))
-    }
-
-    /// Commit, `tree` (if any) already checked.
-    fn commit_checked(mut self, tree: Option<&[u8]>) -> RepoResult<BackupRecord> {
+    /// Commit, `tree` (if any) already checked (`tree/commit.rs` checks
+    /// it).
+    pub(crate) fn commit_checked(mut self, tree: Option<&[u8]>) -> RepoResult<BackupRecord> {
         self.seal()?;
         self.finish_writing()?;
         self.settle_shared()?;

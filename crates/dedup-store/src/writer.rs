@@ -9,8 +9,8 @@
 use std::collections::VecDeque;
 use std::sync::mpsc;
 
-use dedup_core::compress::{Compression, ZstdTuning};
-use dedup_core::fingerprint::{Fingerprint, HashAlgo};
+use dedup_common::compress::{Compression, ZstdTuning};
+use dedup_common::fingerprint::{Fingerprint, HashAlgo};
 
 use crate::catalog_bytes;
 use crate::error::{Error, Result};

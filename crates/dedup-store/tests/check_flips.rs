@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use catalog_support::{entries, trailer, with_entries};
 use check_support::{fixture, Fixture};
-use dedup_core::compress::Compression;
+use dedup_common::compress::Compression;
 use dedup_store::format::{crc, HEADER_LEN};
 use dedup_store::{CheckReport, Segmenting};
 use proptest::prelude::*;

@@ -6,7 +6,7 @@
 mod catalog_support;
 
 use catalog_support::{trailer, with_entries};
-use dedup_core::compress::Compression;
+use dedup_common::compress::Compression;
 use dedup_store::catalog_bytes;
 use dedup_store::format::{crc, Header, Trailer, ENTRY_LEN, HEADER_LEN, TRAILER_LEN};
 use dedup_store::{

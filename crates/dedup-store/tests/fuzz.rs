@@ -2,7 +2,7 @@
 //! checksums (so they get past the crcs into the deeper checks), must never
 //! make the container parser or the catalog reader panic.
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 use dedup_store::catalog_bytes;
 use dedup_store::format::{
     crc, Entry, Header, Location, Trailer, FORMAT_VERSION, HEADER_LEN, OLDEST_VERSION,
@@ -37,7 +37,7 @@ fn entry() -> impl Strategy<Value = Entry> {
                     offset,
                     stored_len,
                     raw_len,
-                    compression: dedup_core::compress::Compression::from_code(code).unwrap(),
+                    compression: dedup_common::compress::Compression::from_code(code).unwrap(),
                     stored_crc,
                     frame_at,
                     frame_len,

@@ -5,7 +5,7 @@
 //! decoder, whole, cut short and with bytes flipped; real request and
 //! response frames (a restore's among them) mutated; and arbitrary bytes.
 
-use dedup_core::testdata::noise;
+use dedup_common::testdata::noise;
 use dedup_store::fuzzing::{objects, wire, OBJECT_KINDS};
 use dedup_store::index::IndexConfig;
 use dedup_store::rpc::protocol::{Call, ErrorKind, Item, Reply, Request, Response, WireError};

@@ -8,7 +8,7 @@ mod gc_support;
 
 use std::path::Path;
 
-use dedup_core::testdata::noise;
+use dedup_common::testdata::noise;
 use dedup_store::{GcOptions, Repository};
 use gc_support::objects;
 

@@ -13,7 +13,7 @@ mod index_support;
 
 use std::collections::HashMap;
 
-use dedup_core::fingerprint::{Fingerprint, HashAlgo};
+use dedup_common::fingerprint::{Fingerprint, HashAlgo};
 use dedup_store::index::{Index, IndexConfig, SamplingRate, HOOK_BYTES};
 use dedup_store::Entry;
 use rand::{Rng, SeedableRng};

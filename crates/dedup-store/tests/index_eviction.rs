@@ -4,7 +4,7 @@
 
 mod index_support;
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 use dedup_store::index::{Eviction, FingerprintCache, Index, IndexConfig};
 use dedup_store::Entry;
 

@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 
-use dedup_core::compress::Compression;
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::compress::Compression;
+use dedup_common::fingerprint::Fingerprint;
 use dedup_store::index::rebuild::{catalog_loader, container_ids};
 use dedup_store::index::{Index, IndexConfig, HOOK_BYTES};
 use dedup_store::{container_name, ContainerWriter, Error, LocalDir, ObjectStore};

@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use dedup_core::fingerprint::{Fingerprint, HashAlgo};
+use dedup_common::fingerprint::{Fingerprint, HashAlgo};
 use dedup_store::index::{HookTable, Index, IndexConfig, SamplingRate, HOOK_BYTES};
 
 fn fp(n: u64) -> Fingerprint {

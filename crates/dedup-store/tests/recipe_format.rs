@@ -2,7 +2,7 @@
 //! damaged bytes under a good frame, in every version, are refused or read
 //! and never panic the reader.
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 use dedup_store::format::crc;
 use dedup_store::{Recipe, SegmentRef};
 use proptest::prelude::*;

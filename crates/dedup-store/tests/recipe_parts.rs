@@ -1,4 +1,4 @@
-//! Recipes in parts (`recipe_parts.rs`): a backup writes its recipe as it
+//! Recipes in parts (`recipe/parts.rs`): a backup writes its recipe as it
 //! goes, part by part, then an index; restores, GC, delete and the store
 //! check read it part by part. Here parts are a few segments long, so small
 //! streams make many of them: they restore byte-exact; a part missing,
@@ -12,9 +12,9 @@ mod gc_support;
 use std::fs;
 use std::path::Path;
 
-use dedup_core::testdata::noise;
+use dedup_common::testdata::noise;
 use dedup_store::check::{check, CheckOptions, CheckReport};
-use dedup_store::recipe_parts::{part_name, part_of, PartInfo, RecipeIndex, RecipeObject};
+use dedup_store::recipe::parts::{part_name, part_of, PartInfo, RecipeIndex, RecipeObject};
 use dedup_store::{GcOptions, LocalDir, RepoOptions, Repository, Segmenting};
 use gc_support::{check_backups, check_collected, objects, open_faulty};
 use proptest::prelude::*;

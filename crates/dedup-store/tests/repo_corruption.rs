@@ -6,7 +6,7 @@ mod catalog_support;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 use dedup_store::format::crc;
 use dedup_store::{Entry, RepoError, RepoOptions, Repository, SegmentIndex, Segmenting};
 use rand::{rngs::StdRng, Rng, RngCore, SeedableRng};

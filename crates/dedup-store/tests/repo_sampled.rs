@@ -1,4 +1,4 @@
-//! The repository with the sampled index of §3.2 ([`SampledIndex`]):
+//! The repository with the sampled index of §3.2 ([`SampledSegmentIndex`]):
 //! restores stay byte-exact at tiny memory budgets (R ≤ 1/64), dedup stays
 //! high with catalog prefetch at R = 1, 1/16 and 1/128 on a workload of
 //! versions of one stream, and hints it gets wrong never reach a recipe.
@@ -7,10 +7,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 use dedup_store::index::{IndexConfig, SamplingRate, HOOK_BYTES};
 use dedup_store::{
-    Entry, Eviction, Index, LocalDir, ObjectStore, RepoOptions, Repository, SampledIndex,
+    Entry, Eviction, Index, LocalDir, ObjectStore, RepoOptions, Repository, SampledSegmentIndex,
     SegmentIndex, Segmenting,
 };
 use rand::{rngs::StdRng, Rng, RngCore, SeedableRng};
@@ -245,13 +245,13 @@ fn dedup_efficiency_with_prefetch_at_r_1_16_128() {
     assert!(f < 0.2 && f < with_prefetch_16, "without prefetch: {f}");
 }
 
-/// A [`SampledIndex`] whose prefetches read another repository's catalogs:
+/// A [`SampledSegmentIndex`] whose prefetches read another repository's catalogs:
 /// its hooks name this repository's containers, but the entries it
 /// resolves are where the other repository keeps the segment, or are
 /// fingerprints this repository's container does not hold. Counts its
 /// hints and those that disagree with the real catalogs.
 struct Misled {
-    inner: SampledIndex,
+    inner: SampledSegmentIndex,
     truth: HashMap<u64, Vec<Entry>>,
     hints: Arc<AtomicU64>,
     wrong: Arc<AtomicU64>,
@@ -300,7 +300,10 @@ fn wrong_hints_from_the_sampled_index_never_corrupt_a_restore() {
     let mut streams = Vec::new();
     for (n, ids) in versions.iter().enumerate() {
         let misled = Misled {
-            inner: SampledIndex::new(other_store.clone(), tiny(16, 1 << 12, Eviction::Immediate)),
+            inner: SampledSegmentIndex::new(
+                other_store.clone(),
+                tiny(16, 1 << 12, Eviction::Immediate),
+            ),
             truth: HashMap::new(),
             hints: hints.clone(),
             wrong: wrong.clone(),
@@ -343,7 +346,7 @@ fn a_hook_alone_is_resolved_in_the_catalog_or_not_at_all() {
             ..IndexConfig::default()
         };
         // The index believes container 0 holds `stranger` at entry 2.
-        let mut index = SampledIndex::for_repository(&repo, config);
+        let mut index = SampledSegmentIndex::new(repo.object_store(), config);
         index.insert(0, &claimed);
         assert!(index.index().hooks().get(&stranger).is_some());
         assert_eq!(index.lookup(&stranger), None, "cache {cache}");

@@ -14,8 +14,8 @@ use std::fs;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use dedup_core::compress::Compression;
-use dedup_store::recipe_parts::{part_name, RecipeObject};
+use dedup_common::compress::Compression;
+use dedup_store::recipe::parts::{part_name, RecipeObject};
 use dedup_store::tree::{Kind, Tree};
 use dedup_store::{
     Catalog, LocalDir, RepoOptions, Repository, RestoreOptions, RestoreReport, Segmenting,

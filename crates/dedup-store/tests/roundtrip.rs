@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use dedup_core::compress::Compression;
-use dedup_core::fingerprint::{Fingerprint, HashAlgo};
+use dedup_common::compress::Compression;
+use dedup_common::fingerprint::{Fingerprint, HashAlgo};
 use dedup_store::format::{Trailer, ENTRY_LEN, TRAILER_LEN};
 use dedup_store::{container_name, Catalog, Container, ContainerWriter, LocalDir, ObjectStore};
 use rand::rngs::StdRng;

@@ -6,7 +6,7 @@
 mod rpc_support;
 mod tree_support;
 
-use dedup_core::testdata::noise;
+use dedup_common::testdata::noise;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;

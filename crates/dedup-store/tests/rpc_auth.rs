@@ -9,7 +9,7 @@ use std::path::Path;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use dedup_core::testdata::noise;
+use dedup_common::testdata::noise;
 use dedup_store::rpc::protocol::{
     Call, ErrorKind, Reply, Request, Response, WireSegmenting, PROTOCOL_VERSION,
 };

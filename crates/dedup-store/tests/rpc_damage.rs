@@ -11,8 +11,8 @@ use std::fs;
 use std::ops::Range;
 use std::path::Path;
 
-use dedup_core::compress::Compression;
-use dedup_core::testdata::noise;
+use dedup_common::compress::Compression;
+use dedup_common::testdata::noise;
 use dedup_store::rpc::ServerLimits;
 use dedup_store::{Catalog, LocalDir, RepoOptions, Repository, Segmenting};
 use rpc_support::Running;

@@ -13,7 +13,7 @@ mod tree_support;
 use std::fs;
 use std::path::Path;
 
-use dedup_store::recipe_parts::part_name;
+use dedup_store::recipe::parts::part_name;
 use dedup_store::rpc::protocol::{Call, ErrorKind, Item, Reply, WireError};
 use dedup_store::rpc::{BackupOptions, Client, ClientError, FilesBackup};
 use dedup_store::{CheckOptions, Repository, RestoreOptions};

@@ -12,7 +12,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use dedup_core::testdata::noise;
+use dedup_common::testdata::noise;
 use dedup_store::rpc::protocol::{Call, ErrorKind, Item, Reply, Request, WireBackup};
 use dedup_store::rpc::{BackupOptions, Client, Endpoint};
 use dedup_store::writer::HASH;

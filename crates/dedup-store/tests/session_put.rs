@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedup_core::compress::Compression;
-use dedup_core::testdata::noise;
+use dedup_common::compress::Compression;
+use dedup_common::testdata::noise;
 use dedup_store::{Error, ObjectStore, RepoOptions, Repository, Result, Segmenting};
 
 /// Container puts wait 200 ms, and fail while `fail` is set.

@@ -11,7 +11,7 @@ mod tree_support;
 use std::fs;
 use std::path::Path;
 
-use dedup_store::recipe_parts::{part_name, RecipeObject};
+use dedup_store::recipe::parts::{part_name, RecipeObject};
 use dedup_store::{
     container_name, GcOptions, Recipe, RepoOptions, Repository, RestoreOptions, Segmenting,
 };

@@ -200,7 +200,7 @@ fn stats(a: StatsArgs) -> anyhow::Result<ExitCode> {
         logical_bytes,
         fold_factor: (bytes_stored > 0).then(|| logical_bytes as f64 / bytes_stored as f64),
         damaged_containers: damaged,
-        index: dedup_store::index_checkpoint::newest_figures(&store).map(|f| {
+        index: dedup_store::index::checkpoint_objects::newest_figures(&store).map(|f| {
             let stored = f.fingerprints as f64 * f64::from(segment_bytes(repo.config().segmenting));
             StatsIndex {
                 sampling_rate: f.rate,

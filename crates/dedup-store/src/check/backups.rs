@@ -7,10 +7,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::backup::{BackupRecord, RECIPES_PREFIX};
 use crate::config::{RepoConfig, CONFIG_OBJECT};
+use crate::error::repo::RepoError;
 use crate::objects::ObjectStore;
+use crate::recipe::parts::{part_name, part_of, read_part, RecipeObject};
 use crate::recipe::Recipe;
-use crate::recipe_parts::{part_name, part_of, read_part, RecipeObject};
-use crate::repo_error::RepoError;
 
 use super::{backup_of, detail, CheckPhase, CheckProgress, CheckReport};
 

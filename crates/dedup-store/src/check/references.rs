@@ -186,8 +186,8 @@ fn entry_mismatch(s: &SegmentRef, entries: &[crate::format::Entry]) -> Option<St
 mod tests {
     use super::*;
     use crate::format::{Entry, Location};
-    use dedup_core::compress::Compression;
-    use dedup_core::fingerprint::Fingerprint;
+    use dedup_common::compress::Compression;
+    use dedup_common::fingerprint::Fingerprint;
 
     #[test]
     fn a_reference_to_a_segment_compaction_removed_is_damage() {

@@ -15,9 +15,9 @@
 
 use std::collections::BTreeMap;
 
+use crate::error::repo::{RepoError, RepoResult};
 use crate::framed::{frame, unframe_any, Reader};
 use crate::repo::Repository;
-use crate::repo_error::{RepoError, RepoResult};
 
 pub const CANDIDATES_PREFIX: &str = "gc/candidates-";
 const MAGIC: [u8; 8] = *b"DDUPCAND";

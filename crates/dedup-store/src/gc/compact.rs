@@ -36,14 +36,14 @@ use std::sync::Arc;
 
 use crate::container::{compacted_name, container_name, Container, COMPACTED_PREFIX};
 use crate::error::Error;
-use dedup_core::compress::Compression;
+use dedup_common::compress::Compression;
 
+use crate::error::repo::{RepoError, RepoResult};
 use crate::format::Entry;
 use crate::gc::candidates::{CandidateIds, SHARE_SCALE};
 use crate::gc::marks::is_marked;
 use crate::gc::{GcOptions, GcReport};
 use crate::repo::Repository;
-use crate::repo_error::{RepoError, RepoResult};
 use crate::writer::ContainerWriter;
 
 /// The default threshold: compact a container once less than half of it

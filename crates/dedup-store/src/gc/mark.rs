@@ -6,13 +6,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::backup::BackupRecord;
+use crate::error::repo::{RepoError, RepoResult};
 use crate::error::Error;
 use crate::gc::candidates::Candidates;
 use crate::gc::marks::{Marks, MARKS_PREFIX};
 use crate::gc::{GcOptions, GcReport};
-use crate::recipe_parts::RecipeParts;
+use crate::recipe::parts::RecipeParts;
 use crate::repo::Repository;
-use crate::repo_error::{RepoError, RepoResult};
 
 /// A group's saved marks objects (generation, name), every generation.
 type Versions = Vec<(u64, String)>;

@@ -21,9 +21,9 @@
 
 use std::collections::BTreeMap;
 
+use crate::error::repo::{RepoError, RepoResult};
 use crate::framed::{frame, put_str, unframe, Reader};
 use crate::recipe::Recipe;
-use crate::repo_error::{RepoError, RepoResult};
 
 const MAGIC: [u8; 8] = *b"DDUPMARK";
 const VERSION: u32 = 1;
@@ -149,7 +149,7 @@ pub fn is_marked(bits: &[u8], i: usize) -> bool {
 mod tests {
     use super::*;
     use crate::recipe::SegmentRef;
-    use dedup_core::fingerprint::Fingerprint;
+    use dedup_common::fingerprint::Fingerprint;
 
     #[test]
     fn marks_round_trip_and_damage_is_refused() {

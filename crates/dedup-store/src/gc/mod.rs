@@ -49,9 +49,9 @@ pub use compact::DEFAULT_COMPACT_BELOW;
 pub use marks::{Marks, MARKS_PREFIX};
 
 use crate::backup::{BackupRecord, RECIPES_PREFIX, TREES_PREFIX};
+use crate::error::repo::{RepoError, RepoResult};
 use crate::error::Error;
 use crate::repo::Repository;
-use crate::repo_error::{RepoError, RepoResult};
 
 /// Called as a GC proceeds: the phase ("mark", "sweep"), items done, and
 /// items in the phase.
@@ -165,7 +165,7 @@ impl Repository {
             .iter()
             .map(String::as_str)
             .filter(|o| {
-                let owner = crate::recipe_parts::recipe_of(o);
+                let owner = crate::recipe::parts::recipe_of(o);
                 !referenced.contains(owner) && !pending.contains(owner)
             })
             .collect();

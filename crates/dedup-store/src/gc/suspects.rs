@@ -9,11 +9,11 @@
 //! and no container is deleted or compacted at all in that collection.
 
 use crate::backup::RECIPES_PREFIX;
+use crate::error::repo::RepoError;
 use crate::gc::marks::Marks;
+use crate::recipe::parts::{part_of, RecipeObject};
 use crate::recipe::Recipe;
-use crate::recipe_parts::{part_of, RecipeObject};
 use crate::repo::Repository;
-use crate::repo_error::RepoError;
 
 /// The suspects' references.
 pub(super) struct Suspects {

@@ -11,9 +11,9 @@
 use std::collections::{BTreeSet, HashSet};
 
 use crate::container::container_name;
+use crate::error::repo::RepoResult;
 use crate::gc::{GcOptions, GcReport};
 use crate::repo::Repository;
-use crate::repo_error::RepoResult;
 
 impl Repository {
     pub(super) fn sweep_containers(

@@ -21,7 +21,7 @@
 
 use std::collections::HashMap;
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 
 use crate::format::Entry;
 

@@ -1,6 +1,7 @@
 //! The index checkpoint (§3.2.3: the index is checkpointed so a restart
 //! does not begin with an empty, useless index): the hooks and R, so a
-//! restart need not read every catalog. FORMATS.md gives the bytes.
+//! restart need not read every catalog. FORMATS.md gives the bytes;
+//! `checkpoint_objects.rs` keeps them in the repository.
 //!
 //! The loader checks everything and names what is wrong; a checkpoint it
 //! refuses is not a disaster, since `Index::rebuild` gets the same hooks

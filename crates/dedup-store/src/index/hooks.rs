@@ -24,7 +24,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 
 use super::sampling::SamplingRate;
 

@@ -12,14 +12,16 @@
 
 pub mod cache;
 pub mod checkpoint;
+pub mod checkpoint_objects;
 pub mod figures;
 pub mod hooks;
 pub mod projection;
 pub mod rebuild;
+pub mod sampled;
 pub mod sampling;
-pub mod segment_index;
+pub mod seam;
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 
 use crate::error::Result;
 use crate::format::Entry;
@@ -27,8 +29,8 @@ use crate::format::Entry;
 pub use cache::{Eviction, FingerprintCache};
 pub use figures::{Counters, Figures};
 pub use hooks::{Hook, HookTable, HOOK_BYTES, HOOK_SLOT_BYTES};
+pub use sampled::SampledSegmentIndex;
 pub use sampling::SamplingRate;
-pub use segment_index::SampledIndex;
 
 /// M's default: 818,400 hooks, every fingerprint of the first 3.1 GiB
 /// stored in 4 KiB segments; R = 1/512 at 1 TiB, where the table holds

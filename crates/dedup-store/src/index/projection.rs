@@ -76,7 +76,7 @@ mod tests {
     #[test]
     fn the_projection_follows_a_real_index() {
         use crate::index::{Index, IndexConfig};
-        use dedup_core::fingerprint::Fingerprint;
+        use dedup_common::fingerprint::Fingerprint;
         let config = IndexConfig {
             memory_budget: 1 << 20,
             cache_entries: 0,

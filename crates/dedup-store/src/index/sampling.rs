@@ -4,7 +4,7 @@
 //! low log2(T) bits of its prefix are zero, so the same fingerprint is
 //! always or never a hook at a given R, and every hook at R/2 was a hook at R.
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SamplingRate {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use super::pipeline::BackupOptions;
 use crate::segment_blocks::{BlockCutter, BLOCK};
 use crate::segmenter::Segmenting;
-use crate::tree_parent::Unchanged;
+use crate::tree::parent::Unchanged;
 
 /// A batch of the stream, in order: bytes of the parent's stream the
 /// server reuses (a run of unchanged files), then segments.

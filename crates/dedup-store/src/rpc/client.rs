@@ -20,7 +20,7 @@ use super::protocol::{
     MAX_FRAME, PROTOCOL_VERSION,
 };
 use super::stream::Stream;
-use crate::restore_salvage::{note, write_zeros, Salvage};
+use crate::restore::salvage::{note, write_zeros, Salvage};
 use crate::segmenter::Segmenting;
 
 #[derive(Debug, thiserror::Error)]
@@ -406,7 +406,7 @@ impl Client {
     /// The backups that read, and those whose backup objects do not.
     pub fn list_all(
         &self,
-    ) -> Result<(Vec<WireBackup>, Vec<crate::repo_listing::DamagedBackup>), ClientError> {
+    ) -> Result<(Vec<WireBackup>, Vec<crate::repo::listing::DamagedBackup>), ClientError> {
         match self.call(Call::List)? {
             Reply::Backups(backups) => Ok((backups, Vec::new())),
             Reply::Listing { backups, damaged } => Ok((backups, damaged)),

@@ -12,7 +12,7 @@ use std::io::{self, BufReader, BufWriter, Write};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 
 use super::found::Found;
 use super::frame::{decode, write_frame};
@@ -25,10 +25,10 @@ use super::read_ahead::Frames;
 use super::serve_restore;
 use super::server::Shared;
 use super::stream::{Deadlined, Stream};
+use crate::error::repo::RepoError;
 use crate::repo::Repository;
-use crate::repo_error::RepoError;
 use crate::session::BackupSession;
-use crate::tree_parent::{parent_for_client, ParentRecipe, Unchanged};
+use crate::tree::parent::{parent_for_client, ParentRecipe, Unchanged};
 use crate::writer::HASH;
 
 /// Lookup hits remembered for the appends that follow them (`found.rs`):

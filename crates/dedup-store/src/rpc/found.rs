@@ -56,7 +56,7 @@ impl Found {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dedup_core::fingerprint::Fingerprint;
+    use dedup_common::fingerprint::Fingerprint;
 
     fn fp(i: u32) -> [u8; 32] {
         let mut f = [0u8; 32];

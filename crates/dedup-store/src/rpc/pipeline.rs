@@ -21,9 +21,9 @@ use super::client::{unexpected, Client, ClientError, Pending};
 use super::item_ref::ItemRef;
 use super::protocol::{Call, ErrorKind, Reply, WireBackup, MAX_BATCH, MAX_FRAME, MAX_TREE};
 use crate::segmenter::Segmenting;
+use crate::tree::parent::ParentIndex;
+use crate::tree::walk::{TreeWalk, WalkCounts};
 use crate::tree::Tree;
-use crate::tree_parent::ParentIndex;
-use crate::tree_walk::{TreeWalk, WalkCounts};
 use crate::writer::HASH;
 
 /// Told the stream bytes the server has taken so far, as they grow.

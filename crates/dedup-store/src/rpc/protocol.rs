@@ -254,7 +254,7 @@ pub enum Reply {
     /// backups that do, and those named, with why (`Backups` otherwise).
     Listing {
         backups: Vec<WireBackup>,
-        damaged: Vec<crate::repo_listing::DamagedBackup>,
+        damaged: Vec<crate::repo::listing::DamagedBackup>,
     },
     /// Among a restore's `Chunk`s: the next `len` bytes of the stream,
     /// from `offset` (the bytes sent so far), could not be restored, and

@@ -1,6 +1,6 @@
 //! The server's side of a restore: backup `name`'s stream sent as
 //! `Chunk`s as it is read, past damage as a restore beside the repository
-//! goes (`restore_salvage.rs`): each range that cannot be restored is sent
+//! goes (`restore/salvage.rs`): each range that cannot be restored is sent
 //! as a `Damaged` in its place (its offset, length and why; the client
 //! writes the zeros), then `Restored` with the stream's length. A backup
 //! or recipe object that cannot be read still ends the restore with the

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
 use dedup_store::error::{Error, Result};
-use dedup_store::recipe_parts::{part_name, RecipeObject};
+use dedup_store::recipe::parts::{part_name, RecipeObject};
 use dedup_store::{ObjectStore, Repository};
 use rand::{rngs::StdRng, Rng, RngCore};
 

@@ -1,8 +1,8 @@
 //! Helpers the index tests share (a directory, so Cargo does not build it
 //! as a test of its own).
 
-use dedup_core::compress::Compression;
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::compress::Compression;
+use dedup_common::fingerprint::Fingerprint;
 use dedup_store::{Entry, Location};
 
 /// A catalog of `fps` as uncompressed `segment_len`-byte segments laid back

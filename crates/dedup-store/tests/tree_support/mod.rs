@@ -124,7 +124,7 @@ pub fn in_target(target: &Path, path: &Path) -> PathBuf {
 
 /// Deterministic bytes that do not repeat within themselves.
 pub fn random(n: usize, seed: u64) -> Vec<u8> {
-    dedup_core::testdata::noise(seed, n)
+    dedup_common::testdata::noise(seed, n)
 }
 
 pub fn is_root() -> bool {

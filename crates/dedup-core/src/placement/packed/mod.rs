@@ -347,7 +347,7 @@ fn decode_fragment(
     let what = || format!("compressed chunk in data block {block}, slot {slot}");
     let fragment =
         crate::pack::fragment(packed, slot).map_err(|e| Error::corrupt(what(), e.to_string()))?;
-    cfg.compression.decompress(fragment, out, &what())
+    Ok(cfg.compression.decompress(fragment, out, &what())?)
 }
 
 impl Placement for Packed {

@@ -3,19 +3,21 @@
 //! exactly their stored bytes, each segment checked (crc32c, then BLAKE3
 //! against its catalog entry, which must carry the recipe's fingerprint)
 //! and written out in order. No index is consulted. The recipe is read one
-//! part at a time (`recipe_parts.rs`), so a restore of any size holds at
+//! part at a time (`recipe/parts.rs`), so a restore of any size holds at
 //! most one part of it.
+
+pub(crate) mod salvage;
 
 use std::io::Write;
 use std::ops::Range;
 
 use crate::backup::BackupRecord;
 use crate::container::{container_name, Catalog, FrameCache};
+use crate::error::repo::{RepoError, RepoResult};
 use crate::error::Error;
+use crate::recipe::parts::RecipeParts;
 use crate::recipe::{Recipe, SegmentRef};
-use crate::recipe_parts::RecipeParts;
 use crate::repo::Repository;
-use crate::repo_error::{RepoError, RepoResult};
 
 /// Most raw bytes one ranged read of a restore covers.
 const MAX_RUN: u64 = 4 << 20;
@@ -65,7 +67,7 @@ impl Repository {
     /// A missing or damaged recipe or container is refused, naming it;
     /// `out` then holds the segments before the run (at most 4 MiB of one
     /// container) holding the damaged one, all checked. It waits for jobs
-    /// on the rayon pool: not for use on a pool thread. (`restore_salvage`
+    /// on the rayon pool: not for use on a pool thread. (`restore::salvage`
     /// goes on past damage instead.)
     pub fn restore(&self, name: &str, mut out: impl Write) -> RepoResult<u64> {
         let (_, parts) = self.recipe_parts(name)?;

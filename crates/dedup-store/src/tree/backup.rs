@@ -6,7 +6,7 @@
 //! segments, then the encoded tree.
 //!
 //! Memory: the walk holds its tree compressed as it goes
-//! (`tree_walk.rs`), the parent is read alongside it (`tree_parent.rs`),
+//! (`tree/walk.rs`), the parent is read alongside it (`tree/parent.rs`),
 //! and each file is cut a block at a time (`segment_blocks::BLOCK`), so
 //! what grows with the tree is its compressed tree object and the
 //! parent's, 10-25 bytes an entry each; the rest is the session's
@@ -17,11 +17,11 @@ use std::path::Path;
 
 use crate::backup::BackupReport;
 use crate::backup_stream::StreamError;
+use crate::error::repo::{RepoError, RepoResult};
 use crate::repo::Repository;
-use crate::repo_error::{RepoError, RepoResult};
-use crate::tree_cut::FileCutter;
-use crate::tree_parent::ParentFiles;
-use crate::tree_walk::{TreeWalk, WalkCounts};
+use crate::tree::cut::FileCutter;
+use crate::tree::parent::ParentFiles;
+use crate::tree::walk::{TreeWalk, WalkCounts};
 
 /// What a backup of files cost, what it held, and what it skipped.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]

@@ -3,8 +3,8 @@
 //! depends on (or disturbs) what the open handle caches.
 
 use crate::check::{check, CheckOptions, CheckProgress, CheckReport};
+use crate::error::repo::RepoResult;
 use crate::repo::Repository;
-use crate::repo_error::RepoResult;
 
 impl Repository {
     /// Check every object of the repository (see [`check`]); writes nothing.

@@ -1,5 +1,5 @@
 //! Reading a stored tree object entry by entry, for a backup that walks
-//! its parent's tree alongside its own (`tree_parent.rs`): the entries
+//! its parent's tree alongside its own (`tree/parent.rs`): the entries
 //! are decompressed a window at a time and handed out one by one, so what
 //! is held is the object as stored (10-25 bytes an entry, compressed),
 //! zstd's window, and at most [`MAX_WINDOW`] bytes of decompressed
@@ -16,9 +16,9 @@
 
 use std::io::{Cursor, Read};
 
+use crate::error::repo::{RepoError, RepoResult};
 use crate::framed::{unframe_any, Reader, MAX_EXPANSION};
 use crate::repo::Repository;
-use crate::repo_error::{RepoError, RepoResult};
 use crate::tree::{check_path, decode_entry, entry_len, Kind, Node, MAGIC, PLAIN_VERSION, VERSION};
 
 /// Decompressed bytes asked for at a time.

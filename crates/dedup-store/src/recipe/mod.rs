@@ -22,14 +22,16 @@
 //! (container u64, entry u32, length u32, fingerprint 32) compressed;
 //! version 1, those rows plain. A recipe too long for one part is written
 //! in parts of this format, named by an index (version 4,
-//! `recipe_parts.rs`).
+//! `recipe/parts.rs`).
+
+pub mod parts;
 
 use std::io::Read;
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 
+use crate::error::repo::{RepoError, RepoResult};
 use crate::framed::{frame, frame_zstd, undecompressable, unframe_any, unzstd, unzstd_reader};
-use crate::repo_error::{RepoError, RepoResult};
 
 pub(crate) const MAGIC: [u8; 8] = *b"DDUPRCPE";
 /// Columns with fingerprint checks, compressed.

@@ -5,7 +5,7 @@
 //! `/usr/share` and `/usr/lib`, where the decoded entries, their encoding
 //! and the check of it took some 100 MB) and zstd's window.
 //!
-//! The object is the one `tree.rs` describes, version 2, byte for byte a
+//! The object is the one `tree/mod.rs` describes, version 2, byte for byte a
 //! reader's equal: the compressed body is two zstd frames back to back,
 //! the entries' and, before it, one of the stream length and entry count,
 //! which are known only at the end (zstd decompresses concatenated frames
@@ -39,7 +39,7 @@ pub struct EncodedTree {
 impl EncodedTree {
     /// Decoded and checked, as a restore reads it (for tests and tools:
     /// this is the whole tree in RAM).
-    pub fn decode(&self) -> crate::repo_error::RepoResult<Tree> {
+    pub fn decode(&self) -> crate::error::repo::RepoResult<Tree> {
         Tree::decode("a walked tree", &self.bytes)
     }
 }

@@ -23,9 +23,11 @@ pub enum HashAlgo {
     Blake3,
     Sha256,
     Md5,
-    /// Unit tests only: 4 bits of fingerprint, so distinct chunks collide
-    /// all the time and verify mode has to earn its keep.
-    #[cfg(test)]
+    /// Unit tests only (feature `weak-hash`, which dedup-core's tests turn
+    /// on): 4 bits of fingerprint, so distinct chunks collide all the time
+    /// and verify mode has to earn its keep.
+    #[cfg(feature = "weak-hash")]
+    #[doc(hidden)]
     Weak4,
 }
 
@@ -37,7 +39,7 @@ impl HashAlgo {
             HashAlgo::Blake3 => "blake3",
             HashAlgo::Sha256 => "sha256",
             HashAlgo::Md5 => "md5",
-            #[cfg(test)]
+            #[cfg(feature = "weak-hash")]
             HashAlgo::Weak4 => "weak4",
         }
     }
@@ -48,13 +50,13 @@ impl HashAlgo {
             HashAlgo::Blake3 => 1,
             HashAlgo::Sha256 => 2,
             HashAlgo::Md5 => 3,
-            #[cfg(test)]
+            #[cfg(feature = "weak-hash")]
             HashAlgo::Weak4 => 0xf4,
         }
     }
 
     pub fn from_code(code: u8) -> Option<HashAlgo> {
-        #[cfg(test)]
+        #[cfg(feature = "weak-hash")]
         if code == 0xf4 {
             return Some(HashAlgo::Weak4);
         }
@@ -66,7 +68,7 @@ impl HashAlgo {
         match self {
             HashAlgo::Blake3 | HashAlgo::Sha256 => 32,
             HashAlgo::Md5 => 16,
-            #[cfg(test)]
+            #[cfg(feature = "weak-hash")]
             HashAlgo::Weak4 => 1,
         }
     }
@@ -78,7 +80,7 @@ impl HashAlgo {
             HashAlgo::Blake3 => bytes.copy_from_slice(blake3::hash(chunk).as_bytes()),
             HashAlgo::Sha256 => bytes.copy_from_slice(&Sha256::digest(chunk)),
             HashAlgo::Md5 => bytes[..16].copy_from_slice(&Md5::digest(chunk)),
-            #[cfg(test)]
+            #[cfg(feature = "weak-hash")]
             HashAlgo::Weak4 => bytes[0] = blake3::hash(chunk).as_bytes()[0] & 0x0f,
         }
         Fingerprint(bytes)

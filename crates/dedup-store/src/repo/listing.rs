@@ -6,9 +6,9 @@
 //! whatever might be theirs (`gc/mod.rs`).
 
 use crate::backup::{BackupRecord, BACKUPS_PREFIX};
+use crate::error::repo::{RepoError, RepoResult};
 use crate::error::Error;
 use crate::repo::Repository;
-use crate::repo_error::{RepoError, RepoResult};
 
 /// A backup object that could not be read or decoded.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -1,6 +1,7 @@
 //! The seam between a backup and the fingerprint index: "where might a
 //! segment with this fingerprint already be?". Deliberately minimal so the
-//! paper's sampled index (§3.2, being built in `index/`) can implement it.
+//! paper's sampled index (§3.2, `sampled.rs` beside it) can implement it;
+//! `ExactIndex` here is the exact one.
 //!
 //! An answer is only a *hint*: the backup reads the named container's
 //! catalog and compares the fingerprint before reusing the segment, so an
@@ -8,7 +9,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 
 use crate::format::Entry;
 
@@ -23,7 +24,7 @@ pub trait SegmentIndex: Send {
     fn insert(&mut self, container: u64, entries: &[Entry]);
 
     /// The index as bytes a later open can start from instead of reading
-    /// every catalog (see `index_checkpoint.rs`); `None` if it has no such
+    /// every catalog (see `index/checkpoint_objects.rs`); `None` if it has no such
     /// form (an exact index is rebuilt from the catalogs).
     fn checkpoint(&self) -> Option<Vec<u8>> {
         None

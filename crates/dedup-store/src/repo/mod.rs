@@ -11,7 +11,9 @@
 //! is what `dedup store serve` is for.
 //!
 //! Backing up is in `session.rs` and `backup_stream.rs`, restoring in
-//! `restore.rs`.
+//! `restore/`.
+
+pub mod listing;
 
 use std::fs::{self, File, Permissions};
 use std::io::Read;
@@ -20,21 +22,22 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use dedup_core::compress::Compression;
-use dedup_core::lock::DeviceLock;
+use dedup_common::compress::Compression;
+use dedup_common::lock::DeviceLock;
 
 use crate::backup::{validate_name, BackupRecord, BACKUPS_PREFIX};
 use crate::catalog_cache::{CatalogCache, DEFAULT_CATALOGS};
 use crate::config::{RepoConfig, CONFIG_OBJECT};
 use crate::container::Catalog;
+use crate::error::repo::{RepoError, RepoResult};
 use crate::error::Error;
-use crate::index::{IndexConfig, SampledIndex};
+use crate::index::checkpoint_objects::Opened;
+use crate::index::seam::{ExactIndex, SegmentIndex};
+use crate::index::{IndexConfig, SampledSegmentIndex};
 use crate::inflight::InFlight;
 use crate::local::LocalDir;
 use crate::objects::ObjectStore;
 use crate::protection::Protection;
-use crate::repo_error::{RepoError, RepoResult};
-use crate::segment_index::{ExactIndex, SegmentIndex};
 use crate::segmenter::Segmenting;
 use crate::writer::DEFAULT_TARGET;
 
@@ -61,16 +64,9 @@ impl Default for RepoOptions {
     }
 }
 
-/// An index made at open, and the container ids below which it already
-/// knows every catalog (from a checkpoint; 0 for none).
-pub(crate) struct Opened {
-    pub(crate) index: Box<dyn SegmentIndex>,
-    pub(crate) covered: u64,
-}
-
 pub struct Repository {
     pub(crate) dir: PathBuf,
-    /// Shared with an index that prefetches catalogs ([`SampledIndex`]).
+    /// Shared with an index that prefetches catalogs ([`SampledSegmentIndex`]).
     /// A `LocalDir` under `dir`, seen through the seam (tests wrap it to
     /// count reads or fail writes).
     pub(crate) store: Arc<dyn ObjectStore>,
@@ -84,7 +80,7 @@ pub struct Repository {
     inflight: Mutex<InFlight>,
     damaged: Vec<String>,
     /// References a backup gathers before writing them as a recipe part
-    /// (`recipe_parts::PART_SEGMENTS`; tests make it small).
+    /// (`recipe::parts::PART_SEGMENTS`; tests make it small).
     pub(crate) part_segments: AtomicUsize,
     /// Held by the one process that may write; `None` when read-only.
     _writer: Option<DeviceLock>,
@@ -135,7 +131,7 @@ impl Repository {
     }
 
     /// Open the repository in `dir` with the sampled index of §3.2
-    /// ([`SampledIndex`]), prefetching catalogs through the repository's
+    /// ([`SampledSegmentIndex`]), prefetching catalogs through the repository's
     /// own object store. It starts from the newest index checkpoint that
     /// loads and reads only the catalogs of containers sealed after it;
     /// without one it reads every catalog.
@@ -143,9 +139,11 @@ impl Repository {
         Repository::open_as(
             dir,
             Some(|store: Arc<dyn ObjectStore>| {
-                crate::index_checkpoint::load(store.clone(), config).unwrap_or_else(|| Opened {
-                    index: Box::new(SampledIndex::new(store, config)),
-                    covered: 0,
+                crate::index::checkpoint_objects::load(store.clone(), config).unwrap_or_else(|| {
+                    Opened {
+                        index: Box::new(SampledSegmentIndex::new(store, config)),
+                        covered: 0,
+                    }
                 })
             }),
             |s| s,
@@ -199,7 +197,7 @@ impl Repository {
             None => (None, 0, None),
             Some(make) => {
                 let lock = DeviceLock::acquire(&dir.join(CONFIG_OBJECT)).map_err(|e| match e {
-                    dedup_core::Error::Locked { .. } => RepoError::InUse { dir: dir.clone() },
+                    dedup_common::Error::Locked { .. } => RepoError::InUse { dir: dir.clone() },
                     other => RepoError::Io {
                         context: format!("locking {}", dir.display()),
                         cause: std::io::Error::other(other.to_string()),
@@ -224,7 +222,7 @@ impl Repository {
             protection: Mutex::new(Protection::default()),
             inflight: Mutex::new(InFlight::default()),
             damaged: Vec::new(),
-            part_segments: AtomicUsize::new(crate::recipe_parts::PART_SEGMENTS),
+            part_segments: AtomicUsize::new(crate::recipe::parts::PART_SEGMENTS),
             _writer: writer,
         };
         repo.load_catalogs(covered)?;
@@ -232,7 +230,7 @@ impl Repository {
     }
 
     /// Write backups' recipes in parts of `segments` references from now
-    /// on (at least 1) instead of `recipe_parts::PART_SEGMENTS`: for tests
+    /// on (at least 1) instead of `recipe::parts::PART_SEGMENTS`: for tests
     /// that want many parts from little data.
     #[doc(hidden)]
     pub fn set_recipe_part_segments(&self, segments: usize) {
@@ -257,7 +255,9 @@ impl Repository {
         let index = index.get_mut().unwrap_or_else(|p| p.into_inner());
         // Ids are never reused, even after GC deleted the newest: no lower
         // than any checkpoint says was handed out.
-        let mut next = covered.max(crate::index_checkpoint::highest_covered(&*self.store));
+        let mut next = covered.max(crate::index::checkpoint_objects::highest_covered(
+            &*self.store,
+        ));
         for id in ids.into_iter().filter(|&id| id >= covered) {
             if id > crate::index::hooks::MAX_CONTAINER {
                 // An id no repository hands out (a foreign or damaged
@@ -369,7 +369,7 @@ impl Repository {
 
     /// What the index costs in RAM and for how many fingerprints; `None`
     /// for a read-only handle.
-    pub fn index_ram(&self) -> Option<crate::segment_index::IndexRam> {
+    pub fn index_ram(&self) -> Option<crate::index::seam::IndexRam> {
         self.index().ok().map(|i| i.ram())
     }
 
@@ -417,7 +417,7 @@ impl Repository {
         self.store.delete(&BackupRecord::object_name(name))?;
         // The recipe's parts before the recipe, which names them: one that
         // a crash leaves is an orphan for GC either way.
-        let parts = crate::recipe_parts::parts_to_delete(&*self.store, &record.recipe)?;
+        let parts = crate::recipe::parts::parts_to_delete(&*self.store, &record.recipe)?;
         for object in parts
             .iter()
             .chain(std::iter::once(&record.recipe))
@@ -429,6 +429,42 @@ impl Repository {
             }
         }
         Ok(())
+    }
+}
+
+impl Repository {
+    /// Save the index's checkpoint (`index/checkpoint_objects.rs`), if it has one,
+    /// and drop older ones. Done only while no backup runs: a running
+    /// backup's container may have a lower id than a sealed one, and would
+    /// be missed. Whether a checkpoint was saved.
+    pub fn save_index(&self) -> RepoResult<bool> {
+        if !self.is_writable() {
+            return Ok(false);
+        }
+        // Under the protection lock, which `begin_backup` takes: no session
+        // can start and take an id between the check and the snapshot.
+        let (covered, bytes) = {
+            let protection = self.protection();
+            if protection.sessions() > 0 {
+                return Ok(false);
+            }
+            let covered = self.next_container.load(Ordering::SeqCst);
+            let Some(bytes) = self.index()?.checkpoint() else {
+                return Ok(false);
+            };
+            drop(protection);
+            (covered, bytes)
+        };
+        crate::index::checkpoint_objects::save(&*self.store, covered, &bytes)?;
+        Ok(true)
+    }
+}
+
+impl Drop for Repository {
+    /// A writing handle leaves a checkpoint behind so the next open is
+    /// quick; failing to is harmless (the next open rebuilds).
+    fn drop(&mut self) {
+        let _ = self.save_index();
     }
 }
 

@@ -10,15 +10,15 @@
 //! stale or missing one only costs a rebuild from the catalogs, and hooks
 //! naming containers GC deleted since are answered by nothing (every hint
 //! is confirmed against a catalog).
+//!
+//! This file keeps the checkpoint objects; their bytes are `checkpoint.rs`'s.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::error::Error;
-use crate::index::{IndexConfig, SampledIndex};
+use crate::error::{Error, Result};
+use crate::index::seam::SegmentIndex;
+use crate::index::{IndexConfig, SampledSegmentIndex};
 use crate::objects::ObjectStore;
-use crate::repo::{Opened, Repository};
-use crate::repo_error::RepoResult;
 
 pub const INDEX_PREFIX: &str = "index/hooks-";
 
@@ -54,13 +54,20 @@ pub(crate) fn highest_covered(store: &dyn ObjectStore) -> u64 {
         .map_or(0, |(covered, _)| *covered)
 }
 
+/// An index made at open, and the container ids below which it already
+/// knows every catalog (from a checkpoint; 0 for none).
+pub(crate) struct Opened {
+    pub(crate) index: Box<dyn SegmentIndex>,
+    pub(crate) covered: u64,
+}
+
 /// A sampled index from the newest checkpoint in `store` that loads.
 pub(crate) fn load(store: Arc<dyn ObjectStore>, config: IndexConfig) -> Option<Opened> {
     for (covered, name) in checkpoints(&*store) {
         let Ok(bytes) = store.get(&name) else {
             continue;
         };
-        if let Ok(index) = SampledIndex::from_checkpoint(store.clone(), &bytes, config) {
+        if let Ok(index) = SampledSegmentIndex::from_checkpoint(store.clone(), &bytes, config) {
             return Some(Opened {
                 index: Box::new(index),
                 covered,
@@ -89,53 +96,24 @@ pub fn newest_figures(store: &dyn ObjectStore) -> Option<crate::index::Figures> 
     })
 }
 
-impl Repository {
-    /// Save the index's checkpoint, if it has one, and drop older ones.
-    /// Done only while no backup runs: a running backup's container may
-    /// have a lower id than a sealed one, and would be missed. Whether a
-    /// checkpoint was saved.
-    pub fn save_index(&self) -> RepoResult<bool> {
-        if !self.is_writable() {
-            return Ok(false);
+/// Save checkpoint `bytes` of an index that knows every container below
+/// `covered`, and drop older checkpoints.
+pub(crate) fn save(store: &dyn ObjectStore, covered: u64, bytes: &[u8]) -> Result<()> {
+    let object = name(covered);
+    match store.put(&object, bytes) {
+        Ok(()) => {}
+        // Same containers, but GC may have changed the hooks since:
+        // replace it (losing it to a crash in between costs a rebuild).
+        Err(Error::Exists { .. }) => {
+            store.delete(&object)?;
+            store.put(&object, bytes)?;
         }
-        // Under the protection lock, which `begin_backup` takes: no session
-        // can start and take an id between the check and the snapshot.
-        let (covered, bytes) = {
-            let protection = self.protection();
-            if protection.sessions() > 0 {
-                return Ok(false);
-            }
-            let covered = self.next_container.load(Ordering::SeqCst);
-            let Some(bytes) = self.index()?.checkpoint() else {
-                return Ok(false);
-            };
-            drop(protection);
-            (covered, bytes)
-        };
-        let object = name(covered);
-        match self.store.put(&object, &bytes) {
-            Ok(()) => {}
-            // Same containers, but GC may have changed the hooks since:
-            // replace it (losing it to a crash in between costs a rebuild).
-            Err(Error::Exists { .. }) => {
-                self.store.delete(&object)?;
-                self.store.put(&object, &bytes)?;
-            }
-            Err(e) => return Err(e.into()),
-        }
-        for (older, stale) in checkpoints(&*self.store) {
-            if older < covered {
-                self.store.delete(&stale)?;
-            }
-        }
-        Ok(true)
+        Err(e) => return Err(e),
     }
-}
-
-impl Drop for Repository {
-    /// A writing handle leaves a checkpoint behind so the next open is
-    /// quick; failing to is harmless (the next open rebuilds).
-    fn drop(&mut self) {
-        let _ = self.save_index();
+    for (older, stale) in checkpoints(store) {
+        if older < covered {
+            store.delete(&stale)?;
+        }
     }
+    Ok(())
 }

@@ -26,13 +26,13 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::error::repo::{RepoError, RepoResult};
 use crate::error::Error;
 use crate::repo::Repository;
-use crate::repo_error::{RepoError, RepoResult};
+use crate::restore::salvage::{note, DamagedRange};
 use crate::restore::{Piece, Wanted};
-use crate::restore_salvage::{note, DamagedRange};
+use crate::tree::walk::{tree_path, WalkCounts};
 use crate::tree::{Kind, Node, Time, Tree};
-use crate::tree_walk::{tree_path, WalkCounts};
 
 #[derive(Clone, Debug)]
 pub struct RestoreOptions {

@@ -6,7 +6,7 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 
 pub struct DeviceLock {
     _files: Vec<File>,
@@ -22,7 +22,7 @@ impl DeviceLock {
 
     pub fn acquire(meta_path: &Path) -> Result<DeviceLock> {
         let file = File::open(meta_path)
-            .context(|| format!("opening {} to lock it", meta_path.display()))?;
+            .map_err(|e| Error::io(format!("opening {} to lock it", meta_path.display()), e))?;
         // SAFETY: flock on a valid, owned descriptor has no memory effects.
         let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if rc != 0 {

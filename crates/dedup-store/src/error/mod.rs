@@ -7,6 +7,8 @@
 
 use std::io;
 
+pub mod repo;
+
 pub type Result<T> = std::result::Result<T, Error>;
 
 #[derive(Debug, thiserror::Error)]

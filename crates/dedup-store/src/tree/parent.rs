@@ -11,11 +11,11 @@
 //! damaged parent costs a read, never data.
 //!
 //! The parent's tree is read alongside the walk, entry by entry
-//! (`tree_reader.rs`): both are in walk order (`tree_walk::walk_order`),
+//! (`tree/reader.rs`): both are in walk order (`tree::walk::walk_order`),
 //! so the parent's entry for a path is found by moving forward past the
 //! entries that sort before it, and only the next of them is held
 //! decoded. A backup with a parent holds its tree object as stored (10-25
-//! bytes an entry) and at most `tree_reader::MAX_WINDOW` bytes of it
+//! bytes an entry) and at most `tree::reader::MAX_WINDOW` bytes of it
 //! decompressed; holding it decoded in a map of paths took about 150
 //! bytes a file, 60 MB more at its peak on the 104,000 files of
 //! `/usr/share` and `/usr/lib`. A parent whose entries are not in walk
@@ -35,14 +35,14 @@
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
 
+use crate::error::repo::{RepoError, RepoResult};
+use crate::recipe::parts::{read_part, RecipeObject};
 use crate::recipe::SegmentRef;
-use crate::recipe_parts::{read_part, RecipeObject};
 use crate::repo::Repository;
-use crate::repo_error::{RepoError, RepoResult};
 use crate::session::BackupSession;
+use crate::tree::reader::TreeReader;
+use crate::tree::walk::walk_order;
 use crate::tree::{Kind, Node, Time, Tree};
-use crate::tree_reader::TreeReader;
-use crate::tree_walk::walk_order;
 
 /// What the parent recorded of a file: what says it is unchanged, and
 /// where its bytes are in the parent's stream.

@@ -1,4 +1,4 @@
-//! [`SampledIndex`]: the sampled [`Index`] behind the repository's
+//! [`SampledSegmentIndex`]: the sampled [`Index`] behind the repository's
 //! [`SegmentIndex`] seam, prefetching catalogs through the repository's
 //! [`ObjectStore`].
 //!
@@ -7,22 +7,21 @@
 //! named (the one just prefetched, or one read for the purpose when the
 //! cache is off or has dropped the entry). A hook alone names a container,
 //! never an entry, so it is never turned into a guess. Every answer is still
-//! checked against the catalog by the backup (see `segment_index.rs`).
+//! checked against the catalog by the backup (see `index/seam.rs`).
 
 use std::sync::Arc;
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 
 use crate::container::Catalog;
 use crate::error::Result;
 use crate::format::Entry;
+use crate::index::seam::{IndexRam, SegmentIndex};
 use crate::objects::ObjectStore;
-use crate::repo::Repository;
-use crate::segment_index::{IndexRam, SegmentIndex};
 
 use super::{Index, IndexConfig};
 
-pub struct SampledIndex {
+pub struct SampledSegmentIndex {
     index: Index,
     store: Arc<dyn ObjectStore>,
     /// Hook hits the cache could not resolve and that were resolved (or
@@ -30,12 +29,13 @@ pub struct SampledIndex {
     catalog_reads: u64,
 }
 
-impl SampledIndex {
-    /// An empty index reading catalogs from `store`. Give it the catalogs
-    /// with [`SegmentIndex::insert`] (as `Repository::open_with_index` and
+impl SampledSegmentIndex {
+    /// An empty index reading catalogs from `store` (for a repository's
+    /// index, its `object_store()`). Give it the catalogs with
+    /// [`SegmentIndex::insert`] (as `Repository::open_with_index` and
     /// `Repository::set_index` do), in container id order.
-    pub fn new(store: Arc<dyn ObjectStore>, config: IndexConfig) -> SampledIndex {
-        SampledIndex {
+    pub fn new(store: Arc<dyn ObjectStore>, config: IndexConfig) -> SampledSegmentIndex {
+        SampledSegmentIndex {
             index: Index::new(config),
             store,
             catalog_reads: 0,
@@ -44,10 +44,13 @@ impl SampledIndex {
 
     /// An index of every container already in `store`, for use on its own.
     /// Not for `Repository::open_with_index` or `set_index`, which insert
-    /// every catalog again: hand those [`SampledIndex::new`] instead.
-    pub fn rebuild(store: Arc<dyn ObjectStore>, config: IndexConfig) -> Result<SampledIndex> {
+    /// every catalog again: hand those [`SampledSegmentIndex::new`] instead.
+    pub fn rebuild(
+        store: Arc<dyn ObjectStore>,
+        config: IndexConfig,
+    ) -> Result<SampledSegmentIndex> {
         let index = Index::rebuild(&*store, config)?;
-        Ok(SampledIndex {
+        Ok(SampledSegmentIndex {
             index,
             store,
             catalog_reads: 0,
@@ -60,18 +63,12 @@ impl SampledIndex {
         store: Arc<dyn ObjectStore>,
         bytes: &[u8],
         config: IndexConfig,
-    ) -> Result<SampledIndex> {
-        Ok(SampledIndex {
+    ) -> Result<SampledSegmentIndex> {
+        Ok(SampledSegmentIndex {
             index: Index::from_checkpoint(bytes, config)?,
             store,
             catalog_reads: 0,
         })
-    }
-
-    /// An empty index bound to `repo`'s object store, for
-    /// `repo.set_index(Box::new(..))`, which gives it every catalog.
-    pub fn for_repository(repo: &Repository, config: IndexConfig) -> SampledIndex {
-        SampledIndex::new(repo.object_store(), config)
     }
 
     pub fn index(&self) -> &Index {
@@ -96,7 +93,7 @@ fn position(entries: &[Entry], fp: &Fingerprint) -> Option<u32> {
         .and_then(|i| u32::try_from(i).ok())
 }
 
-impl SegmentIndex for SampledIndex {
+impl SegmentIndex for SampledSegmentIndex {
     fn lookup(&mut self, fp: &Fingerprint) -> Option<(u64, u32)> {
         let mut prefetched: Option<(u64, Vec<Entry>)> = None;
         let store = &self.store;

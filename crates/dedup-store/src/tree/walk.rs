@@ -24,7 +24,7 @@
 //! What the walk holds, so a backup's RAM follows the tree's depth, not
 //! its size: the names of each directory on the way down to the entry
 //! being visited (one list a level), the entry of the file being read,
-//! the tree so far compressed as it goes (`tree_writer.rs`, 10-25 bytes
+//! the tree so far compressed as it goes (`tree/writer.rs`, 10-25 bytes
 //! an entry), the first path of each inode with more than one name (a
 //! hard link must name it), and the directories leading to the paths
 //! given. Entries are written out as soon as they are complete.
@@ -37,8 +37,8 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 
+use crate::tree::writer::{EncodedTree, TreeWriter};
 use crate::tree::{Kind, Node, Time, MAX_PATH};
-use crate::tree_writer::{EncodedTree, TreeWriter};
 
 /// Entries of one kind the walk recorded.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]

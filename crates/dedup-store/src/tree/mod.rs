@@ -9,7 +9,7 @@
 //! times is written plain, as version 1, which is also still read).
 //! The compressed body may be several zstd frames back to back, read as
 //! one (a backup writes its entries' frame as it walks, and the frame of
-//! the length and count before it at the end: `tree_writer.rs`).
+//! the length and count before it at the end: `tree/writer.rs`).
 //! Body: stream length (u64), entry count n (u64), then n entries of
 //!
 //! | Size | Field                                                       |
@@ -34,8 +34,17 @@
 
 use std::collections::HashMap;
 
+pub(crate) mod backup;
+mod commit;
+pub(crate) mod cut;
+pub(crate) mod parent;
+pub(crate) mod reader;
+pub(crate) mod restore;
+pub mod walk;
+pub(crate) mod writer;
+
+use crate::error::repo::{RepoError, RepoResult};
 use crate::framed::{frame_compressed, unframe_compressed, Reader};
-use crate::repo_error::{RepoError, RepoResult};
 
 pub(crate) const MAGIC: [u8; 8] = *b"DDUPTREE";
 /// Version 2 keeps the body compressed with zstd (a tree's paths share

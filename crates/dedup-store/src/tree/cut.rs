@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::sync::mpsc;
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 
 use crate::backup_stream::StreamError;
 use crate::parallel_cut::Stitcher;

@@ -7,8 +7,8 @@
 
 use std::io::Write;
 
+use crate::error::repo::RepoResult;
 use crate::repo::Repository;
-use crate::repo_error::RepoResult;
 use crate::restore::{writing, Piece};
 
 /// What a restore past damage wrote.

@@ -6,7 +6,7 @@
 //! A backup writes its recipe as it goes: every `PART_SEGMENTS` references
 //! become a *part*, object `<recipe>.p<k>` (k from 0, 8 hex digits), which
 //! is a recipe of its slice of the stream in the single-object format
-//! (`recipe.rs`, version 5). At commit the *recipe object* is then an
+//! (`recipe/mod.rs`, version 5). At commit the *recipe object* is then an
 //! *index* (version 4 under the recipe magic) naming how many parts there
 //! are and, for each, its segment count, its stream bytes and the BLAKE3 of
 //! its whole object, so a part that is missing, damaged, out of place or
@@ -21,13 +21,13 @@
 //! part count n (u64), then n rows of segment count (u64), stream bytes
 //! (u64) and BLAKE3 of the part object (32 bytes).
 
-use dedup_core::fingerprint::Fingerprint;
+use dedup_common::fingerprint::Fingerprint;
 
+use crate::error::repo::{RepoError, RepoResult};
 use crate::error::Error;
 use crate::framed::{frame, unframe_any};
 use crate::objects::ObjectStore;
 use crate::recipe::{Recipe, MAGIC, VERSIONS, WHOLE_VERSIONS};
-use crate::repo_error::{RepoError, RepoResult};
 use crate::writer::HASH;
 
 /// The recipe object as an index of parts.
