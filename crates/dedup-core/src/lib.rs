@@ -21,6 +21,7 @@ pub mod fuzzing;
 pub mod generation;
 pub mod grow;
 pub mod guard;
+pub mod kinds;
 pub mod layout;
 pub mod lock;
 pub mod options;

@@ -9,7 +9,7 @@
 //! commits, returns `wants_commit` true when the transaction grows long,
 //! saves and marks itself clean in `close`, and loads all back in an `open`.
 //!
-//! Register it with a `StoreKind` and a row in `registry/kinds.rs`, and
+//! Register it with a `StoreKind` and a row in `kinds.rs`, and
 //! arms in `registry/mod.rs` (`format`, `open`, `metadata_space`). Test it first with a hand-built `registry::Pair`, as
 //! `tests/seams.rs` does.
 

@@ -243,8 +243,8 @@ pub fn config(
     let (backend, _) = index_budget(backend);
     let (backend, compression) = match backend.split_once('/') {
         Some((name, codec)) => (name, Compression::parse(codec).unwrap()),
-        None if registry::kinds::kind(backend)
-            .is_some_and(|k| k.placement == registry::kinds::PlacementKind::Thin) =>
+        None if dedup_core::kinds::kind(backend)
+            .is_some_and(|k| k.placement == dedup_core::kinds::PlacementKind::Thin) =>
         {
             (backend, Compression::Lz4)
         }

@@ -48,9 +48,6 @@ use crate::superblock::Superblock;
 use geometry::{Geometry, RECORDS_PER_BLOCK, RECORD_BYTES, REFS_PER_BLOCK};
 use index::{Grouping, Hint, SampledIndex, GROUP_BLOCKS};
 
-/// The hash index's RAM budget when none is given: a full index of 12.8 M
-/// chunks (49 GiB of unique data in 4 KiB chunks), sampled beyond that.
-pub const DEFAULT_INDEX_MEMORY: u64 = 256 << 20;
 /// The smallest budget the store accepts: a table of a few entries, for
 /// tests that make the index sample (the commands ask for 64 KiB or more).
 pub const MIN_INDEX_MEMORY: u64 = 64;

@@ -2,8 +2,6 @@
 //! placement) pair from its configuration and decides whether it is
 //! crash-safe. The engine sees only the two traits.
 
-pub mod kinds;
-
 use std::sync::Arc;
 
 use crate::backend::MetadataBackend;
@@ -13,11 +11,10 @@ use crate::backends::{
 use crate::blockfile::BlockFile;
 use crate::config::DeviceConfig;
 use crate::error::{Error, Result};
+use crate::kinds::{self, Kind, PlacementKind, StoreKind, ThinPolicy, KINDS};
 use crate::placement::{packed, plain::Plain, thin, Placement};
 use crate::record::Record;
 use crate::superblock::{DeviceState, Superblock, SUPERBLOCK_AREA};
-
-use kinds::{Kind, PlacementKind, StoreKind, ThinPolicy, KINDS};
 
 /// Names users can pick with `dedup create --backend`, in the table's order.
 pub fn names() -> impl Iterator<Item = &'static str> + Clone {
@@ -301,7 +298,7 @@ pub fn open_store_of(
 mod tests {
     #[test]
     fn the_default_is_in_the_table() {
-        assert!(super::kinds::kind(super::DEFAULT).is_some());
+        assert!(crate::kinds::kind(super::DEFAULT).is_some());
         assert!(super::names().any(|n| n == super::DEFAULT));
     }
 }
