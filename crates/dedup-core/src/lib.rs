@@ -34,6 +34,8 @@ pub mod size;
 pub mod stats;
 pub mod superblock;
 pub mod testdata;
+#[cfg(any(test, feature = "test-rig"))]
+pub mod testrig;
 pub mod zeroed;
 
 pub use backends::OpenOptions;
