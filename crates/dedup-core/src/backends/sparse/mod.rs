@@ -32,7 +32,7 @@ mod salvage;
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
-use crate::backend::{BackendUsage, IndexFigures, LostBlock, MetadataBackend, ScanCursor};
+use crate::backend::{BackendUsage, IndexFigures, LostBlock, MetadataBackend, ScanCursor, Upkeep};
 use crate::backends::counts;
 use crate::backends::disktable::geometry::{BLOCK, HEADER};
 use crate::backends::disktable::tables::Journaled;
@@ -827,25 +827,6 @@ impl MetadataBackend for Sparse {
         self.scan_records(cursor, max, out)
     }
 
-    fn warm_index(&mut self, max: usize) -> Result<bool> {
-        let Some(from) = self.warm_from else {
-            return Ok(false);
-        };
-        let mut page = Vec::new();
-        let next = self.scan_records(&ScanCursor(from.to_le_bytes().to_vec()), max, &mut page)?;
-        // Records written since open are in the index already; inserting
-        // one again changes nothing (advice, newest wins).
-        for (fp, pbn) in &page {
-            self.index.insert(fp.prefix_u64(), *pbn);
-        }
-        self.warmed += page.len() as u64;
-        self.warm_from = match next {
-            Some(c) => Some(cursor_at(&c)?),
-            None => None,
-        };
-        Ok(self.warm_from.is_some())
-    }
-
     fn alloc_pbn(&mut self) -> Result<Option<Pbn>> {
         let total = self.geo.pbn_space;
         if self.used + self.quarantine.len() as u64 >= total {
@@ -954,16 +935,8 @@ impl MetadataBackend for Sparse {
         Ok(())
     }
 
-    fn release_reserve(&mut self) -> Result<u64> {
-        self.t.release_reserve()
-    }
-
     fn private_data(&self) -> &[u64] {
         &self.private
-    }
-
-    fn lost_blocks(&self) -> Vec<LostBlock> {
-        self.t.cache.lost.iter().map(|&b| self.held(b)).collect()
     }
 
     fn usage(&self) -> BackendUsage {
@@ -984,6 +957,35 @@ impl MetadataBackend for Sparse {
                 ..self.index.stats
             }),
         }
+    }
+}
+
+impl Upkeep for Sparse {
+    fn warm_index(&mut self, max: usize) -> Result<bool> {
+        let Some(from) = self.warm_from else {
+            return Ok(false);
+        };
+        let mut page = Vec::new();
+        let next = self.scan_records(&ScanCursor(from.to_le_bytes().to_vec()), max, &mut page)?;
+        // Records written since open are in the index already; inserting
+        // one again changes nothing (advice, newest wins).
+        for (fp, pbn) in &page {
+            self.index.insert(fp.prefix_u64(), *pbn);
+        }
+        self.warmed += page.len() as u64;
+        self.warm_from = match next {
+            Some(c) => Some(cursor_at(&c)?),
+            None => None,
+        };
+        Ok(self.warm_from.is_some())
+    }
+
+    fn release_reserve(&mut self) -> Result<u64> {
+        self.t.release_reserve()
+    }
+
+    fn lost_blocks(&self) -> Vec<LostBlock> {
+        self.t.cache.lost.iter().map(|&b| self.held(b)).collect()
     }
 }
 
