@@ -100,7 +100,7 @@ pub fn status(r: &StatusReport) -> String {
             o,
             "  Index in RAM     {} of {} budget, {} fingerprints, keeps 1 in {}{}; {} prefetched; lookups since start: {} hits, {} by prefetch, {} misses, {} stale; about {} duplicates missed by sampling (estimated from the {} lookups of sampled fingerprints)",
             format_size(ix.bytes),
-            format_size(ix.budget_bytes),
+            format_size(ix.index_memory),
             ix.entries,
             ix.sampling_period,
             match (ix.from_checkpoint, ix.records_to_warm) {

@@ -117,7 +117,9 @@ pub struct BackendUsage {
 /// What `dedup status` shows of a budgeted, sampled hash index.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct IndexFigures {
-    pub budget_bytes: u64,
+    /// The index's memory (`--index-memory`); `budget_bytes` in JSON.
+    #[serde(rename = "budget_bytes")]
+    pub index_memory: u64,
     /// RAM the index holds now (its table and prefetched fingerprints).
     pub bytes: u64,
     pub entries: u64,

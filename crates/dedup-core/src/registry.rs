@@ -66,7 +66,7 @@ pub fn metadata_space(cfg: &DeviceConfig) -> Result<MetaSpace> {
     let kind = kind_of(&cfg.backend)?;
     let fixed = |len| MetaSpace { len, grows: false };
     Ok(match (kind.store, kind.placement) {
-        (_, PlacementKind::Thin) => fixed(thin::backend::metadata_device_len(cfg)),
+        (_, PlacementKind::Thin) => fixed(thin::placement::metadata_device_len(cfg)),
         (StoreKind::InRam, _) => fixed(inram::metadata_device_len(cfg)),
         (StoreKind::DiskTable, _) => fixed(disktable::metadata_device_len(cfg)),
         (StoreKind::Lsm, _) => fixed(SUPERBLOCK_AREA),
@@ -115,7 +115,7 @@ pub fn format(
         StoreKind::Sparse => sparse::format(cfg, meta.as_ref(), params)?,
     }
     if kind.placement == PlacementKind::Thin {
-        thin::backend::format(cfg, meta.as_ref(), params, params.window)?;
+        thin::placement::format(cfg, meta.as_ref(), params, params.window)?;
     }
     Ok(())
 }
@@ -202,11 +202,11 @@ pub fn open(
         PlacementKind::Thin => {
             let record = Record::decode(store.private_data(), 1);
             let policy = match kind.policy {
-                Some(ThinPolicy::Ordered) => thin::backend::Policy::Ordered,
-                Some(ThinPolicy::Ideal) => thin::backend::Policy::Ideal,
-                _ => thin::backend::Policy::Thin,
+                Some(ThinPolicy::Ordered) => thin::placement::Policy::Ordered,
+                Some(ThinPolicy::Ideal) => thin::placement::Policy::Ideal,
+                _ => thin::placement::Policy::Thin,
             };
-            let t = thin::backend::open(
+            let t = thin::placement::open(
                 &cfg,
                 policy,
                 meta,
@@ -216,7 +216,7 @@ pub fn open(
                 unclean,
                 opts.writable,
             )?;
-            rolled_back = policy == thin::backend::Policy::Ideal && unclean;
+            rolled_back = policy == thin::placement::Policy::Ideal && unclean;
             recovered = t.recovered.then_some((t.mapped_delta, t.indexed_delta));
             (record, Box::new(t.placement))
         }

@@ -99,12 +99,12 @@ pub const VARIANTS: &[&str] = &[
 
 /// The backend name of a variant ("disktable/lz4" -> "disktable").
 pub fn base(variant: &str) -> &str {
-    let (v, _) = index_budget(variant);
+    let (v, _) = index_memory_of(variant);
     v.split('/').next().unwrap_or(v)
 }
 
 /// A variant without its "@N" index budget, and the budget.
-fn index_budget(variant: &str) -> (&str, Option<u64>) {
+fn index_memory_of(variant: &str) -> (&str, Option<u64>) {
     match variant.split_once('@') {
         Some((v, n)) => (v, Some(n.parse().expect("@N: a byte count"))),
         None => (variant, None),
@@ -113,7 +113,7 @@ fn index_budget(variant: &str) -> (&str, Option<u64>) {
 
 /// `params` with the variant's index budget, if it names one.
 pub fn params(variant: &str, params: BackendParams) -> BackendParams {
-    match index_budget(variant).1 {
+    match index_memory_of(variant).1 {
         Some(index_memory) => BackendParams {
             index_memory,
             ..params

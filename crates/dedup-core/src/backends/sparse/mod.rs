@@ -79,10 +79,10 @@ fn damage(table: &str, detail: String, for_check: bool) -> Result<()> {
     Ok(())
 }
 
-fn check_index_memory(budget: u64) -> Result<()> {
-    if budget < MIN_INDEX_MEMORY {
+fn check_index_memory(index_memory: u64) -> Result<()> {
+    if index_memory < MIN_INDEX_MEMORY {
         return Err(Error::InvalidArgument(format!(
-            "the hash index's memory must be at least {MIN_INDEX_MEMORY} bytes, not {budget} (e.g. --index-memory 256M)"
+            "the hash index's memory must be at least {MIN_INDEX_MEMORY} bytes, not {index_memory} (e.g. --index-memory 256M)"
         )));
     }
     Ok(())
@@ -106,7 +106,9 @@ pub struct Sizing {
     pub metadata_bytes_per_tib: u64,
     /// RAM: the buffer cache, the index budget and the summaries.
     pub ram_cache_bytes: u64,
-    pub ram_index_bytes: u64,
+    /// The index's memory (`--index-memory`); `ram_index_bytes` in JSON.
+    #[serde(rename = "ram_index_bytes")]
+    pub index_memory: u64,
     pub ram_summary_bytes: u64,
     /// Unique data the index holds every fingerprint of; beyond it, it
     /// samples 1 in 2, 4, ...
@@ -146,7 +148,7 @@ pub fn sizing(cfg: &DeviceConfig, params: &BackendParams) -> Sizing {
         metadata_bytes_per_chunk: per_chunk,
         metadata_bytes_per_tib: per_chunk * chunks_per_tib,
         ram_cache_bytes: params.cache_bytes,
-        ram_index_bytes: params.index_memory,
+        index_memory: params.index_memory,
         ram_summary_bytes: geo.ref_blocks * 4 + geo.lbn_blocks * 2,
         full_index_bytes: SampledIndex::full_capacity(params.index_memory, grouping(cfg))
             * cfg.chunk_size as u64,
@@ -662,7 +664,7 @@ impl Sparse {
         }
         let mut d = Decoder::new(&header[8..], "sparse index checkpoint");
         let (seq, len, digest) = (d.u64()?, d.u64()?, d.bytes(16)?.to_vec());
-        if seq != self.t.seq() || len > 2 * self.index.budget() + BLOCK as u64 {
+        if seq != self.t.seq() || len > 2 * self.index.index_memory() + BLOCK as u64 {
             return Ok(false);
         }
         if file_len < at + BLOCK as u64 + len {
