@@ -348,17 +348,17 @@ fn hash_index(f: &mut Families, s: &Stats) {
     f.gauge(
         "hash_index_budget_bytes",
         "RAM budget of the hash index (--index-memory).",
-        i(ix.budget_bytes),
+        i(ix.index_memory),
     );
     f.gauge(
         "hash_index_memory_bytes",
         "RAM the hash index holds now (table and prefetched fingerprints).",
         i(ix.bytes),
     );
-    let fill = if ix.budget_bytes == 0 {
+    let fill = if ix.index_memory == 0 {
         0.0
     } else {
-        ix.bytes as f64 / ix.budget_bytes as f64
+        ix.bytes as f64 / ix.index_memory as f64
     };
     f.gauge(
         "hash_index_fill_ratio",

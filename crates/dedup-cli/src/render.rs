@@ -113,7 +113,7 @@ pub fn status(r: &StatusReport) -> String {
             o,
             "  Index in RAM     {} of {} budget, {} fingerprints, keeps 1 in {}{}; {} prefetched; lookups since start: {} hits, {} by prefetch, {} misses, {} stale; about {} duplicates missed by sampling (estimated from the {} lookups of sampled fingerprints)",
             format_size(ix.bytes),
-            format_size(ix.budget_bytes),
+            format_size(ix.index_memory),
             ix.entries,
             ix.sampling_period,
             match (ix.from_checkpoint, ix.records_to_warm) {
@@ -262,7 +262,7 @@ pub fn sizing(s: &Sizing) -> String {
         o,
         "RAM: a {} metadata cache, up to {} for the hash index and {} of summaries. The index keeps every fingerprint of the first {} of unique data; beyond that it samples. Data copied in the order first written still finds about {:.0}% of duplicates at 1/8 of the memory a full index would need, {:.0}% at 1/32 (Guo's Eq. 2); data in another order finds far fewer (shuffled copies: about half at 1/16). `dedup status` counts what it missed; raise --index-memory to keep more.",
         format_size(s.ram_cache_bytes),
-        format_size(s.ram_index_bytes),
+        format_size(s.index_memory),
         format_size(s.ram_summary_bytes),
         format_size(s.full_index_bytes),
         s.efficiency_at_eighth * 100.0,

@@ -117,7 +117,9 @@ pub struct BackendUsage {
 /// What `dedup status` shows of a budgeted, sampled hash index.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct IndexFigures {
-    pub budget_bytes: u64,
+    /// The index's memory (`--index-memory`); `budget_bytes` in JSON.
+    #[serde(rename = "budget_bytes")]
+    pub index_memory: u64,
     /// RAM the index holds now (its table and prefetched fingerprints).
     pub bytes: u64,
     pub entries: u64,
@@ -182,8 +184,11 @@ impl MetaIoStats {
 }
 
 /// The metadata store: 18 methods. Every one is called by the engine (or
-/// by a placement's hook, with the engine's metadata mutex held).
-pub trait MetadataBackend: Send {
+/// by a placement's hook, with the engine's metadata mutex held). What only
+/// some stores do is `Upkeep`'s, which every store also implements (most
+/// with an empty `impl`): the seam stays these 18 (`tests/seams.rs`
+/// counts them).
+pub trait MetadataBackend: Upkeep + Send {
     // ---- linear store: the LBN map --------------------------------------
 
     /// The PBN an LBN maps to, if any. Write, read and extent paths; `lbn`
@@ -263,6 +268,17 @@ pub trait MetadataBackend: Send {
     /// Clean shutdown: persist everything with `private` and mark the
     /// metadata clean. No other method is called afterwards.
     fn close(&mut self, private: &[u64]) -> Result<()>;
+    /// The engine's record as of the last commit or close (empty when new).
+    /// Read once, at open.
+    fn private_data(&self) -> &[u64];
+    /// Space and I/O figures, for `dedup status` and allocation decisions.
+    fn usage(&self) -> BackendUsage;
+}
+
+/// What only some stores do, beyond the seam: each has a default that does
+/// nothing, so a store that needs none writes `impl Upkeep for S {}`. Called
+/// like the seam's methods, by the engine under its metadata mutex.
+pub trait Upkeep {
     /// The host filesystem under the metadata is full and a commit that
     /// must not fail for it (a close, one that frees space) did: give back
     /// the room the store reserved for this (journaled stores: see
@@ -270,11 +286,6 @@ pub trait MetadataBackend: Send {
     fn release_reserve(&mut self) -> Result<u64> {
         Ok(0)
     }
-    /// The engine's record as of the last commit or close (empty when new).
-    /// Read once, at open.
-    fn private_data(&self) -> &[u64];
-    /// Space and I/O figures, for `dedup status` and allocation decisions.
-    fn usage(&self) -> BackendUsage;
     /// A store whose index is advice (sparse) and was opened without its
     /// checkpoint: fill the index from the stored records, about `max` at
     /// a time; `true` while more remain. The engine calls it from a

@@ -6,10 +6,8 @@ use serde::Serialize;
 use crate::compress::Compression;
 use crate::error::{Error, Result};
 use crate::fingerprint::HashAlgo;
-use crate::registry::kinds;
+use crate::kinds::{self, PlacementKind};
 use crate::size::format_size;
-
-pub use crate::registry::kinds::PlacementKind;
 
 pub const MIN_CHUNK_SIZE: u32 = 4096;
 pub const MAX_CHUNK_SIZE: u32 = 1 << 20;

@@ -67,7 +67,7 @@ pub enum Error {
          data. Put back the metadata that belongs with this data device; or, to keep this older \
          metadata, run `dedup check --repair --data DIR`, which verifies every stored chunk \
          against its fingerprint and unmaps the blocks whose chunks changed since",
-        if *data_generation == crate::generation::REPAIRING { "an earlier `dedup check --repair --data` that keeps older metadata stopped before it had verified every chunk: run it again" }
+        if *repair_stopped { "an earlier `dedup check --repair --data` that keeps older metadata stopped before it had verified every chunk: run it again" }
         else if *damaged_slot { "the newest superblock slot is damaged and only the older one could be read" }
         else { "the metadata is older than the data (restored from a backup or copied from another time?)" }
     )]
@@ -77,6 +77,10 @@ pub enum Error {
         meta_generation: u64,
         data_generation: u64,
         damaged_slot: bool,
+        /// The data's record is `generation::REPAIRING`: a repair that
+        /// keeps older metadata stopped half-way. Carried here so the
+        /// message needs nothing from the module that writes the record.
+        repair_stopped: bool,
     },
 
     /// The metadata has the data device's generation but stops at an older

@@ -272,6 +272,7 @@ pub fn check(
         meta_generation,
         data_generation,
         damaged_slot,
+        repair_stopped: data_generation == REPAIRING,
     })
 }
 

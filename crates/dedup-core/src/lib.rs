@@ -18,6 +18,7 @@ pub mod fuzzing;
 pub mod generation;
 pub mod grow;
 pub mod guard;
+pub mod kinds;
 pub mod layout;
 pub mod options;
 pub mod pack;
@@ -26,6 +27,8 @@ pub mod record;
 pub mod registry;
 pub mod stats;
 pub mod superblock;
+#[cfg(any(test, feature = "test-rig"))]
+pub mod testrig;
 pub mod zeroed;
 
 // What the device shares with the backup store lives in dedup-common;

@@ -25,6 +25,9 @@ pub struct BackendParams {
 }
 
 pub const MIN_CACHE_BYTES: u64 = 256 << 10;
+/// The sparse hash index's RAM budget when none is given: a full index of
+/// 12.8 M chunks (49 GiB of unique data in 4 KiB chunks), sampled beyond that.
+pub const DEFAULT_INDEX_MEMORY: u64 = 256 << 20;
 
 impl Default for BackendParams {
     fn default() -> Self {
@@ -32,7 +35,7 @@ impl Default for BackendParams {
             cache_bytes: 64 << 20,
             txn_writes: 1000,
             window: Default::default(),
-            index_memory: crate::backends::sparse::DEFAULT_INDEX_MEMORY,
+            index_memory: DEFAULT_INDEX_MEMORY,
         }
     }
 }

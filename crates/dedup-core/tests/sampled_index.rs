@@ -18,13 +18,13 @@ use dedup_core::{registry, Device};
 const CS: usize = 4096;
 /// An index of 5,836 fingerprints (24 KiB of compact table, beside one
 /// group's prefetch).
-const BUDGET: u64 = 64 << 10;
+const INDEX_MEMORY: u64 = 64 << 10;
 
 #[test]
 fn an_eighth_of_the_index_finds_what_eq_2_predicts_on_successive_versions() {
     // The compact table's capacity (the same for any PBN space whose
     // group numbers leave it a long enough tag, as this test's does).
-    let full = SampledIndex::full_capacity(BUDGET, Grouping::new(None, 1 << 30));
+    let full = SampledIndex::full_capacity(INDEX_MEMORY, Grouping::new(None, 1 << 30));
     // Eight times what the budget holds in full: the index samples 1 in 8
     // or so by the end of the first version.
     let n = 8 * full;
@@ -44,7 +44,7 @@ fn an_eighth_of_the_index_finds_what_eq_2_predicts_on_successive_versions() {
     let meta_len = registry::metadata_device_len(&cfg).unwrap();
     let meta = Arc::new(FileBlockFile::create(&dir.path().join("meta"), meta_len).unwrap());
     let params = BackendParams {
-        index_memory: BUDGET,
+        index_memory: INDEX_MEMORY,
         ..Default::default()
     };
     Device::format(&cfg, data.as_ref(), meta.clone(), &params, None).unwrap();
@@ -101,7 +101,7 @@ fn an_eighth_of_the_index_finds_what_eq_2_predicts_on_successive_versions() {
         100.0 * efficiency,
         100.0 * predicted
     );
-    assert!(ix.bytes <= ix.budget_bytes, "over budget: {ix:?}");
+    assert!(ix.bytes <= ix.index_memory, "over budget: {ix:?}");
     // What status estimates the sampling missed, against what it missed.
     let missed = duplicates - found;
     assert!(

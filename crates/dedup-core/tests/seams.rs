@@ -496,3 +496,26 @@ fn skeleton_store_keeps_the_trait_contract() {
     s.close(&[9]).unwrap();
     assert_eq!(s.private_data(), [9]);
 }
+
+/// The metadata seam is the 18 methods its documentation promises
+/// (`backend.rs`, docs/ARCHITECTURE.md): what only some stores do (give
+/// back a reserve, warm a sampled index, name damaged table blocks) is the
+/// `Upkeep` trait's, with defaults, so a new store writes 18 methods.
+#[test]
+fn the_metadata_seam_has_the_18_methods_its_docs_promise() {
+    let src = include_str!("../src/backend.rs");
+    let start = src
+        .find("pub trait MetadataBackend")
+        .expect("backend.rs declares the seam");
+    let body = &src[start..];
+    let end = body.find("\n}\n").expect("the trait ends");
+    let methods: Vec<&str> = body[..end]
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("fn "))
+        .map(|l| l.split(['(', '<']).next().unwrap_or(l))
+        .collect();
+    assert_eq!(methods.len(), 18, "MetadataBackend: {methods:?}");
+    assert!(src.contains("The metadata store: 18 methods."));
+    let architecture = include_str!("../../../docs/ARCHITECTURE.md");
+    assert!(architecture.contains("18 methods"));
+}

@@ -132,7 +132,7 @@ fn stats() -> Stats {
         hash_index_entries: 10,
         overwrite_reserve_bytes: 4 << 20,
         hash_index: Some(IndexFigures {
-            budget_bytes: 1000,
+            index_memory: 1000,
             bytes: 500,
             sampling_period: 4,
             ..Default::default()

@@ -8,14 +8,17 @@
 //! keeps PBNs freed in the open transaction from `alloc_pbn` until it
 //! commits, returns `wants_commit` true when the transaction grows long,
 //! saves and marks itself clean in `close`, and loads all back in an `open`.
+//! `Upkeep`'s hooks (a reserve to give back, an index to warm, damaged
+//! blocks to name) have defaults that do nothing; a store overrides those
+//! it needs.
 //!
-//! Register it with a `StoreKind` and a row in `registry/kinds.rs`, and
-//! arms in `registry/mod.rs` (`format`, `open`, `metadata_space`). Test it first with a hand-built `registry::Pair`, as
+//! Register it with a `StoreKind` and a row in `kinds.rs`, and
+//! arms in `registry.rs` (`format`, `open`, `metadata_space`). Test it first with a hand-built `registry::Pair`, as
 //! `tests/seams.rs` does.
 
 use std::collections::{btree_map::Entry, BTreeMap};
 
-use crate::backend::{BackendUsage, MetaIoStats, MetadataBackend, ScanCursor};
+use crate::backend::{BackendUsage, MetaIoStats, MetadataBackend, ScanCursor, Upkeep};
 use crate::config::{DeviceConfig, Lbn, Pbn};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
@@ -265,3 +268,6 @@ impl MetadataBackend for Skeleton {
         }
     }
 }
+
+// Nothing beyond the seam.
+impl Upkeep for Skeleton {}

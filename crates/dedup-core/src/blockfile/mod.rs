@@ -361,6 +361,27 @@ impl MemBlockFile {
     }
 }
 
+/// The 4 KiB pages of `bytes` within `range` that hold a byte other than
+/// zero, merged into runs: the memory disks' `data_ranges` (what a sparse
+/// file would have allocated).
+fn nonzero_pages(bytes: &[u8], range: Range<u64>) -> Vec<Range<u64>> {
+    const PAGE: u64 = 4096;
+    let end = range.end.min(bytes.len() as u64);
+    let mut out: Vec<Range<u64>> = Vec::new();
+    let mut at = range.start;
+    while at < end {
+        let next = ((at / PAGE + 1) * PAGE).min(end);
+        if bytes[at as usize..next as usize].iter().any(|&b| b != 0) {
+            match out.last_mut() {
+                Some(last) if last.end == at => last.end = next,
+                _ => out.push(at..next),
+            }
+        }
+        at = next;
+    }
+    out
+}
+
 fn out_of_bounds(name: &str, offset: u64, len: usize, size: usize) -> crate::error::Error {
     crate::error::Error::io(
         format!("{name}: {len} bytes at offset {offset} reach past its end ({size} bytes)"),
@@ -381,22 +402,7 @@ impl BlockFile for MemBlockFile {
     /// The 4 KiB pages that hold a byte other than zero: what a sparse
     /// file would have allocated, for tests of what reads only those.
     fn data_ranges(&self, range: Range<u64>) -> Result<Option<Vec<Range<u64>>>> {
-        const PAGE: u64 = 4096;
-        let bytes = self.bytes.read();
-        let end = range.end.min(bytes.len() as u64);
-        let mut out: Vec<Range<u64>> = Vec::new();
-        let mut at = range.start;
-        while at < end {
-            let next = ((at / PAGE + 1) * PAGE).min(end);
-            if bytes[at as usize..next as usize].iter().any(|&b| b != 0) {
-                match out.last_mut() {
-                    Some(last) if last.end == at => last.end = next,
-                    _ => out.push(at..next),
-                }
-            }
-            at = next;
-        }
-        Ok(Some(out))
+        Ok(Some(nonzero_pages(&self.bytes.read(), range)))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {

@@ -8,6 +8,7 @@
 //! fails, as if the machine had died mid-workload.
 
 use std::io;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -235,6 +236,16 @@ impl BlockFile for SimDisk {
 
     fn capacity(&self) -> Result<Option<u64>> {
         Ok(None)
+    }
+
+    /// The pages that hold a byte other than zero, as `MemBlockFile`'s: the
+    /// tables a check reads because the file says they were written.
+    fn data_ranges(&self, range: Range<u64>) -> Result<Option<Vec<Range<u64>>>> {
+        self.power.check()?;
+        Ok(Some(super::nonzero_pages(
+            &self.state.lock().current,
+            range,
+        )))
     }
 
     /// A write of zeros, with a write's crash semantics: an operation the

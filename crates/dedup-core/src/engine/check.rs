@@ -498,11 +498,8 @@ fn check_backend(
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    use crate::blockfile::sim::SimDisk;
     use crate::blockfile::{BlockFile, MemBlockFile};
     use crate::config::DeviceConfig;
     use crate::engine::Device;
@@ -513,74 +510,34 @@ mod tests {
 
     use super::ProblemKind;
     use crate::superblock::Superblock;
+    use crate::testrig::MemDevice;
 
-    /// A device's files, kept so a test can close and reopen it.
-    struct Rig {
-        data: Arc<MemBlockFile>,
-        meta: Arc<SimDisk>,
-        aux: PathBuf,
+    /// The crate's in-memory device of `backend`, kept so a test can close
+    /// and reopen it.
+    fn rig(backend: &str) -> MemDevice {
+        let cfg = DeviceConfig {
+            uuid: [8; 16],
+            backend: backend.into(),
+            chunk_size: 4096,
+            hash: HashAlgo::Blake3,
+            verify: false,
+            logical_size: 64 * 4096,
+            physical_chunks: 64,
+            compression: crate::compress::Compression::None,
+        };
+        MemDevice::format(cfg, &BackendParams::default())
     }
 
-    impl Rig {
-        fn new(backend: &str) -> Rig {
-            let cfg = DeviceConfig {
-                uuid: [8; 16],
-                backend: backend.into(),
-                chunk_size: 4096,
-                hash: HashAlgo::Blake3,
-                verify: false,
-                logical_size: 64 * 4096,
-                physical_chunks: 64,
-                compression: crate::compress::Compression::None,
-            };
-            let data = Arc::new(MemBlockFile::new(cfg.data_device_len(), "data"));
-            let meta = Arc::new(SimDisk::new(
-                crate::registry::metadata_device_len(&cfg).unwrap(),
-                "meta",
-                Arc::default(),
-            ));
-            // Tests run in parallel: each rig gets its own directory.
-            static NEXT: AtomicUsize = AtomicUsize::new(0);
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            let aux = std::env::temp_dir()
-                .join(format!("dedup-repair-{}-{n}-{backend}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&aux);
-            Device::format(
-                &cfg,
-                data.as_ref(),
-                meta.clone(),
-                &BackendParams::default(),
-                Some(&aux),
-            )
-            .unwrap();
-            Rig { data, meta, aux }
-        }
-
-        fn open(&self, for_check: bool) -> crate::error::Result<Device> {
-            let opts = OpenOptions {
-                writable: true,
-                aux_dir: Some(self.aux.clone()),
-                for_check,
-                ..Default::default()
-            };
-            Device::open(
-                Box::new(self.data.clone()) as Box<dyn BlockFile>,
-                Box::new(self.meta.clone()),
-                &opts,
-                None,
-            )
-        }
+    fn open(rig: &MemDevice, for_check: bool) -> crate::error::Result<Device> {
+        rig.open_opts(OpenOptions {
+            for_check,
+            ..rig.options()
+        })
     }
 
-    impl Drop for Rig {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.aux);
-        }
-    }
-
-    fn device(backend: &str) -> (Device, Arc<MemBlockFile>, Rig) {
-        let rig = Rig::new(backend);
-        let dev = rig.open(false).unwrap();
+    fn device(backend: &str) -> (Device, Arc<MemBlockFile>, MemDevice) {
+        let rig = rig(backend);
+        let dev = open(&rig, false).unwrap();
         (dev, rig.data.clone(), rig)
     }
 
@@ -748,8 +705,8 @@ mod tests {
     #[test]
     fn repair_restores_wrong_totals_recorded_with_the_tables() {
         for backend in crate::registry::names() {
-            let rig = Rig::new(backend);
-            let dev = rig.open(false).unwrap();
+            let rig = rig(backend);
+            let dev = open(&rig, false).unwrap();
             for lbn in 0..5u8 {
                 dev.write(lbn as u64 * 4096, &chunk(lbn + 1), false)
                     .unwrap();
@@ -771,7 +728,7 @@ mod tests {
 
             // The wrong totals were committed with the tables: a reopen
             // still sees them, and a repair sets them right.
-            let dev = rig.open(true).unwrap();
+            let dev = open(&rig, true).unwrap();
             let report = dev.check(false).unwrap();
             assert!(
                 kinds(&report).contains(&ProblemKind::UsageMismatch),
@@ -783,7 +740,7 @@ mod tests {
             dev.close().unwrap();
             drop(dev);
 
-            let dev = rig.open(false).unwrap();
+            let dev = open(&rig, false).unwrap();
             let after = dev.check(true).unwrap();
             assert!(after.is_clean(), "{backend}: {:#?}", after.problems);
             assert_eq!(after.lbns_mapped, 5);
@@ -843,8 +800,8 @@ mod tests {
         // size can leave keys beyond the device; the tables of inram and
         // disktable are sized by the superblock and cannot hold one.
         for backend in ["cowbtree", "lsm"] {
-            let rig = Rig::new(backend);
-            let dev = rig.open(false).unwrap();
+            let rig = rig(backend);
+            let dev = open(&rig, false).unwrap();
             dev.write(0, &chunk(1), false).unwrap();
             dev.write(60 * 4096, &chunk(2), false).unwrap();
             dev.close().unwrap();
@@ -853,7 +810,7 @@ mod tests {
             sb.config.logical_size = 32 * 4096;
             sb.write(rig.meta.as_ref()).unwrap();
 
-            let dev = rig.open(true).unwrap();
+            let dev = open(&rig, true).unwrap();
             let report = dev.check(false).unwrap();
             assert!(
                 kinds(&report).contains(&ProblemKind::OutOfRange),

@@ -6,7 +6,6 @@
 //! reads as a plain in-memory disk says.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use proptest::prelude::*;
 use rand::rngs::StdRng;
@@ -14,13 +13,14 @@ use rand::{Rng, SeedableRng};
 
 use crate::backends::disktable::geometry::{Geometry as DiskGeometry, BLOCK};
 use crate::backends::sparse::geometry::Geometry as SparseGeometry;
-use crate::blockfile::{BlockFile, MemBlockFile};
+use crate::blockfile::BlockFile;
 use crate::compress::Compression;
 use crate::config::{DeviceConfig, Lbn};
 use crate::engine::{Device, ProblemKind};
 use crate::error::{Error, Result};
 use crate::fingerprint::HashAlgo;
 use crate::options::OpenOptions;
+use crate::testrig::MemDevice;
 
 const CS: usize = 4096;
 /// Enough LBNs for several LBN-map blocks (511 LBNs each).
@@ -38,10 +38,9 @@ enum Table {
     LbnSummary,
 }
 
+/// The crate's in-memory device, with what damages its tables.
 struct Rig {
-    cfg: DeviceConfig,
-    data: Arc<MemBlockFile>,
-    meta: Arc<MemBlockFile>,
+    md: MemDevice,
 }
 
 impl Rig {
@@ -56,34 +55,24 @@ impl Rig {
             physical_chunks: 1400,
             compression,
         };
-        let data = Arc::new(MemBlockFile::new(cfg.data_device_len(), "data"));
-        let meta = Arc::new(MemBlockFile::new(
-            crate::registry::metadata_device_len(&cfg).unwrap(),
-            "meta",
-        ));
-        Device::format(&cfg, data.as_ref(), meta.clone(), &Default::default(), None).unwrap();
-        Rig { cfg, data, meta }
+        Rig {
+            md: MemDevice::format(cfg, &Default::default()),
+        }
     }
 
     fn open_with(&self, writable: bool, for_check: bool) -> Result<Device> {
-        let opts = OpenOptions {
+        self.md.open_opts(OpenOptions {
             writable,
             for_check,
-            ..Default::default()
-        };
-        Device::open(
-            Box::new(self.data.clone()) as Box<dyn BlockFile>,
-            Box::new(self.meta.clone()),
-            &opts,
-            None,
-        )
+            ..self.md.options()
+        })
     }
 
     /// Where each table's blocks are: (first block, blocks), and where the
     /// table blocks start on the metadata device.
     fn table(&self, t: Table) -> (u64, u64, u64) {
-        if self.cfg.backend == "sparse" {
-            let g = SparseGeometry::new(&self.cfg);
+        if self.md.cfg.backend == "sparse" {
+            let g = SparseGeometry::new(&self.md.cfg);
             let (first, n) = match t {
                 Table::LbnMap => (g.lbn(0).0, g.lbn_blocks),
                 Table::Refcounts => (g.refcount(0).0, g.ref_blocks),
@@ -93,7 +82,7 @@ impl Rig {
             };
             (first, n, g.table_start())
         } else {
-            let g = DiskGeometry::new(&self.cfg);
+            let g = DiskGeometry::new(&self.md.cfg);
             let (first, n) = match t {
                 Table::LbnMap => (g.lbn(0).0, g.lbn_blocks),
                 Table::Refcounts => (g.refcount(0).0, g.ref_blocks),
@@ -111,7 +100,8 @@ impl Rig {
         let mut b = vec![0u8; BLOCK];
         let written: Vec<u64> = (0..n)
             .filter(|&i| {
-                self.meta
+                self.md
+                    .meta
                     .read_at(&mut b, start + (first + i) * BLOCK as u64)
                     .unwrap();
                 b.iter().any(|&x| x != 0)
@@ -121,8 +111,8 @@ impl Rig {
         let i = written[(pick % written.len() as u64) as usize];
         let at = start + (first + i) * BLOCK as u64 + 8 + (byte % (BLOCK - 8)) as u64;
         let mut one = [0u8];
-        self.meta.read_at(&mut one, at).unwrap();
-        self.meta.write_at(&[one[0] ^ 0x5a], at).unwrap();
+        self.md.meta.read_at(&mut one, at).unwrap();
+        self.md.meta.write_at(&[one[0] ^ 0x5a], at).unwrap();
         (first + i, i)
     }
 }

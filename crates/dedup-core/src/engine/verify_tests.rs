@@ -2,53 +2,19 @@
 //! (`HashAlgo::Weak4`) makes distinct chunks collide all the time; with
 //! verify on, the device must still behave exactly like a plain disk.
 
-use std::sync::Arc;
-
 use rand::{Rng, SeedableRng};
 
-use crate::blockfile::{BlockFile, MemBlockFile};
-use crate::config::DeviceConfig;
 use crate::engine::Device;
 use crate::fingerprint::HashAlgo;
-use crate::options::OpenOptions;
+use crate::testrig::MemDevice;
 
 const CS: usize = 4096;
 const CHUNKS: u64 = 16;
 
-struct Mem {
-    data: Arc<MemBlockFile>,
-    meta: Arc<MemBlockFile>,
-}
-
-impl Mem {
-    fn new(physical_chunks: u64) -> Mem {
-        let cfg = DeviceConfig {
-            uuid: [3; 16],
-            backend: crate::registry::DEFAULT.into(),
-            chunk_size: CS as u32,
-            hash: HashAlgo::Weak4,
-            verify: true,
-            logical_size: CHUNKS * CS as u64,
-            physical_chunks,
-            compression: crate::compress::Compression::None,
-        };
-        let data = Arc::new(MemBlockFile::new(cfg.data_device_len(), "data"));
-        let meta = Arc::new(MemBlockFile::new(
-            crate::registry::metadata_device_len(&cfg).unwrap(),
-            "meta",
-        ));
-        Device::format(&cfg, data.as_ref(), meta.clone(), &Default::default(), None).unwrap();
-        Mem { data, meta }
-    }
-
-    fn open(&self) -> Device {
-        let opts = OpenOptions {
-            writable: true,
-            ..Default::default()
-        };
-        let data: Box<dyn BlockFile> = Box::new(self.data.clone());
-        Device::open(data, Box::new(self.meta.clone()), &opts, None).unwrap()
-    }
+/// The crate's in-memory device of the default store, 4-bit fingerprints,
+/// verify on.
+fn device(physical_chunks: u64) -> MemDevice {
+    MemDevice::with(CS as u32, CHUNKS, physical_chunks, HashAlgo::Weak4, true)
 }
 
 fn content(n: u8) -> Vec<u8> {
@@ -78,8 +44,8 @@ fn two_colliding_chunks_in_one_request_are_both_kept() {
                     == HashAlgo::Weak4.fingerprint(&content(y))
         })
         .expect("4-bit fingerprints collide");
-    let mem = Mem::new(CHUNKS);
-    let dev = mem.open();
+    let mem = device(CHUNKS);
+    let dev = mem.open().unwrap();
     let mut buf = content(a);
     buf.extend_from_slice(&content(b));
     dev.write(0, &buf, false).unwrap();
@@ -98,12 +64,12 @@ fn two_colliding_chunks_in_one_request_are_both_kept() {
 fn random_workloads_with_constant_collisions_match_a_plain_disk() {
     for seed in 0..40u64 {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let mem = Mem::new(if seed % 2 == 0 {
+        let mem = device(if seed % 2 == 0 {
             CHUNKS + 8
         } else {
             3 * CHUNKS
         });
-        let mut dev = mem.open();
+        let mut dev = mem.open().unwrap();
         let size = CHUNKS as usize * CS;
         let mut model = vec![0u8; size];
         for step in 0..300 {
@@ -143,7 +109,7 @@ fn random_workloads_with_constant_collisions_match_a_plain_disk() {
                 _ => {
                     dev.close().unwrap();
                     drop(dev);
-                    dev = mem.open();
+                    dev = mem.open().unwrap();
                 }
             }
             assert_eq!(read_all(&dev), model, "seed {seed} step {step}");

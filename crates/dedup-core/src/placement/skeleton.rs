@@ -23,9 +23,9 @@
 //!   clock); `stats`: figures for `dedup status`.
 //!
 //! Register it by adding a `PlacementKind` and the rows that use it in
-//! `registry/kinds.rs` (see `DeviceConfig::placement` for how a device
+//! `kinds.rs` (see `DeviceConfig::placement` for how a device
 //! picks its placement) and an
-//! arm in `registry/mod.rs` `open`. Test it first, unregistered, with a
+//! arm in `registry.rs` `open`. Test it first, unregistered, with a
 //! hand-built `registry::Pair` as `tests/seams.rs` does for this skeleton.
 
 use std::sync::Arc;

@@ -1,127 +1,20 @@
-//! Shared helpers for the engine's integration tests: in-memory devices that
-//! can be closed, crashed and reopened, and chunk-periodic content patterns
+//! Shared helpers for the engine's integration tests: the in-memory device
+//! (the crate's rig, `src/testrig.rs`) with faults on demand, the variants
+//! the conformance suites run over, and chunk-periodic content patterns
 //! that make duplicates common.
 #![allow(dead_code)]
 
 use std::sync::Arc;
 
-use dedup_core::backends::{BackendParams, OpenOptions};
-use dedup_core::blockfile::sim::SimDisk;
-use dedup_core::blockfile::{BlockFile, MemBlockFile};
-use dedup_core::compress::Compression;
-use dedup_core::config::DeviceConfig;
+use dedup_core::backends::BackendParams;
+use dedup_core::blockfile::BlockFile;
 use dedup_core::fingerprint::HashAlgo;
-use dedup_core::registry;
 use dedup_core::{Device, Result};
 
-pub struct MemDevice {
-    pub cfg: DeviceConfig,
-    pub data: Arc<MemBlockFile>,
-    /// A simulated disk: it grows like a file (the B-tree backends need
-    /// that) and never loses a write unless a test asks it to.
-    pub meta: Arc<SimDisk>,
-    /// Where the lsm backend keeps its files.
-    pub aux: tempfile::TempDir,
-    /// Write-back queue of the devices opened (0: off).
-    pub write_back_bytes: u64,
-}
-
-impl MemDevice {
-    pub fn new(chunk_size: u32, logical_chunks: u64, physical_chunks: u64) -> MemDevice {
-        Self::with(
-            chunk_size,
-            logical_chunks,
-            physical_chunks,
-            HashAlgo::Blake3,
-            false,
-        )
-    }
-
-    pub fn with(
-        chunk_size: u32,
-        logical_chunks: u64,
-        physical_chunks: u64,
-        hash: HashAlgo,
-        verify: bool,
-    ) -> MemDevice {
-        let cfg = config(
-            registry::DEFAULT,
-            chunk_size,
-            logical_chunks,
-            physical_chunks,
-            hash,
-            verify,
-        );
-        Self::format(cfg, &BackendParams::default())
-    }
-
-    /// A device of the given backend and geometry.
-    pub fn format(cfg: DeviceConfig, params: &BackendParams) -> MemDevice {
-        let data = Arc::new(MemBlockFile::new(cfg.data_device_len(), "data"));
-        let meta_len = registry::metadata_device_len(&cfg).unwrap();
-        let meta = Arc::new(SimDisk::new(meta_len, "meta", Arc::default()));
-        let aux = scratch_dir();
-        let lsm = aux.path().join("meta.lsm");
-        Device::format(&cfg, data.as_ref(), meta.clone(), params, Some(&lsm)).unwrap();
-        MemDevice {
-            cfg,
-            data,
-            meta,
-            aux,
-            write_back_bytes: 0,
-        }
-    }
-
-    pub fn open(&self) -> Result<Device> {
-        self.open_with(false)
-    }
-
-    /// Open through arbitrary wrappers of the two memory devices.
-    pub fn open_on(&self, data: Box<dyn BlockFile>, meta: Box<dyn BlockFile>) -> Result<Device> {
-        let opts = OpenOptions {
-            writable: true,
-            aux_dir: Some(self.aux.path().join("meta.lsm")),
-            write_back_bytes: self.write_back_bytes,
-            ..Default::default()
-        };
-        Device::open(data, meta, &opts, None)
-    }
-
-    /// Open on these two disks (a metadata copy put back, the data as a
-    /// crash left it), keeping older metadata if `accept_stale` (what
-    /// `check --repair --data` does).
-    pub fn open_stale(
-        &self,
-        data: Arc<MemBlockFile>,
-        meta: Arc<SimDisk>,
-        accept_stale: bool,
-    ) -> Result<Device> {
-        let opts = OpenOptions {
-            writable: true,
-            accept_stale,
-            aux_dir: Some(lsm_dir(self.aux.path())),
-            write_back_bytes: self.write_back_bytes,
-            ..Default::default()
-        };
-        Device::open(Box::new(data), Box::new(meta), &opts, None)
-    }
-
-    pub fn open_with(&self, accept_unclean: bool) -> Result<Device> {
-        let opts = OpenOptions {
-            writable: true,
-            accept_unclean,
-            aux_dir: Some(self.aux.path().join("meta.lsm")),
-            write_back_bytes: self.write_back_bytes,
-            ..Default::default()
-        };
-        Device::open(
-            Box::new(self.data.clone()) as Box<dyn BlockFile>,
-            Box::new(self.meta.clone()),
-            &opts,
-            None,
-        )
-    }
-}
+/// The in-memory device and its configuration: the crate's one rig. Each
+/// test binary uses some of them (as `dead_code` above, for the rest).
+#[allow(unused_imports)]
+pub use dedup_core::testrig::{config, lsm_dir, scratch_dir, MemDevice};
 
 /// A memory device with faults on demand: slow writes (to widen race
 /// windows in concurrency tests) and failing writes (for error paths).
@@ -206,12 +99,12 @@ pub const VARIANTS: &[&str] = &[
 
 /// The backend name of a variant ("disktable/lz4" -> "disktable").
 pub fn base(variant: &str) -> &str {
-    let (v, _) = index_budget(variant);
+    let (v, _) = index_memory_of(variant);
     v.split('/').next().unwrap_or(v)
 }
 
 /// A variant without its "@N" index budget, and the budget.
-fn index_budget(variant: &str) -> (&str, Option<u64>) {
+fn index_memory_of(variant: &str) -> (&str, Option<u64>) {
     match variant.split_once('@') {
         Some((v, n)) => (v, Some(n.parse().expect("@N: a byte count"))),
         None => (variant, None),
@@ -220,45 +113,12 @@ fn index_budget(variant: &str) -> (&str, Option<u64>) {
 
 /// `params` with the variant's index budget, if it names one.
 pub fn params(variant: &str, params: BackendParams) -> BackendParams {
-    match index_budget(variant).1 {
+    match index_memory_of(variant).1 {
         Some(index_memory) => BackendParams {
             index_memory,
             ..params
         },
         None => params,
-    }
-}
-
-pub fn config(
-    backend: &str,
-    chunk_size: u32,
-    logical_chunks: u64,
-    physical_chunks: u64,
-    hash: HashAlgo,
-    verify: bool,
-) -> DeviceConfig {
-    // "name/codec" picks a compression (packing, for all but thin); a
-    // bare name stores chunks as they are, except for the thin family,
-    // whose own LZ4 C-blocks are its default.
-    let (backend, _) = index_budget(backend);
-    let (backend, compression) = match backend.split_once('/') {
-        Some((name, codec)) => (name, Compression::parse(codec).unwrap()),
-        None if registry::kinds::kind(backend)
-            .is_some_and(|k| k.placement == registry::kinds::PlacementKind::Thin) =>
-        {
-            (backend, Compression::Lz4)
-        }
-        None => (backend, Compression::None),
-    };
-    DeviceConfig {
-        uuid: [0x42; 16],
-        backend: backend.to_string(),
-        compression,
-        chunk_size,
-        hash,
-        verify,
-        logical_size: logical_chunks * chunk_size as u64,
-        physical_chunks,
     }
 }
 
@@ -387,39 +247,10 @@ pub struct Image {
     pub contents: Vec<u8>,
 }
 
-pub fn lsm_dir(aux: &std::path::Path) -> std::path::PathBuf {
-    aux.join("meta.lsm")
-}
-
 pub fn image(backend: &str, logical_chunks: u64, physical_chunks: u64, hash: HashAlgo) -> Image {
     let cfg = config(backend, 4096, logical_chunks, physical_chunks, hash, false);
-    let data = Arc::new(MemBlockFile::new(cfg.data_device_len(), "data"));
-    let meta = Arc::new(SimDisk::new(
-        registry::metadata_device_len(&cfg).unwrap(),
-        "meta",
-        Arc::default(),
-    ));
-    let aux = scratch_dir();
-    Device::format(
-        &cfg,
-        data.as_ref(),
-        meta.clone(),
-        &BackendParams::default(),
-        Some(&lsm_dir(aux.path())),
-    )
-    .unwrap();
-    let opts = OpenOptions {
-        writable: true,
-        aux_dir: Some(lsm_dir(aux.path())),
-        ..Default::default()
-    };
-    let dev = Device::open(
-        Box::new(data.clone()) as Box<dyn BlockFile>,
-        Box::new(meta.clone()),
-        &opts,
-        None,
-    )
-    .unwrap();
+    let md = MemDevice::format(cfg, &BackendParams::default());
+    let dev = md.open().unwrap();
     let p = Patterns::new(5, 4096);
     for lbn in 0..logical_chunks - logical_chunks / 6 {
         dev.write(lbn * 4096, p.chunk((lbn % 5) as usize), false)
@@ -431,20 +262,11 @@ pub fn image(backend: &str, logical_chunks: u64, physical_chunks: u64, hash: Has
     dev.close().unwrap();
     drop(dev);
     Image {
-        data: data.snapshot(),
-        meta: meta.contents(),
-        aux,
+        data: md.data.snapshot(),
+        meta: md.meta.contents(),
+        aux: md.aux,
         contents,
     }
-}
-
-/// A scratch directory for lsm's files: in RAM when the machine has
-/// /dev/shm (these are the simulated disks' companions, not a durability
-/// test), which keeps fjall's syncs from dominating the test's time.
-pub fn scratch_dir() -> tempfile::TempDir {
-    tempfile::tempdir_in("/dev/shm")
-        .or_else(|_| tempfile::tempdir())
-        .unwrap()
 }
 
 /// Copy a directory tree (lsm's files, to put back or damage a copy).

@@ -22,7 +22,7 @@ mod tests;
 
 use std::sync::Arc;
 
-use crate::backend::{BackendUsage, LostBlock, MetaIoStats, MetadataBackend, ScanCursor};
+use crate::backend::{BackendUsage, LostBlock, MetaIoStats, MetadataBackend, ScanCursor, Upkeep};
 use crate::backends::counts;
 use crate::backends::kv::store::StoreState;
 use crate::backends::probe::{self, Slots};
@@ -617,16 +617,8 @@ impl MetadataBackend for DiskTable {
         Ok(())
     }
 
-    fn release_reserve(&mut self) -> Result<u64> {
-        self.t.release_reserve()
-    }
-
     fn private_data(&self) -> &[u64] {
         &self.private
-    }
-
-    fn lost_blocks(&self) -> Vec<LostBlock> {
-        self.t.cache.lost.iter().map(|&b| self.held(b)).collect()
     }
 
     fn usage(&self) -> BackendUsage {
@@ -637,5 +629,15 @@ impl MetadataBackend for DiskTable {
             io: self.t.cache.io,
             index: None,
         }
+    }
+}
+
+impl Upkeep for DiskTable {
+    fn release_reserve(&mut self) -> Result<u64> {
+        self.t.release_reserve()
+    }
+
+    fn lost_blocks(&self) -> Vec<LostBlock> {
+        self.t.cache.lost.iter().map(|&b| self.held(b)).collect()
     }
 }

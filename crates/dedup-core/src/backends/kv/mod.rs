@@ -17,7 +17,7 @@ pub mod store;
 
 use std::ops::Bound;
 
-use crate::backend::{BackendUsage, MetadataBackend, ScanCursor};
+use crate::backend::{BackendUsage, MetadataBackend, ScanCursor, Upkeep};
 use crate::backends::counts;
 use crate::backends::space_map::SpaceMap;
 use crate::blockfile::BlockFile;
@@ -379,6 +379,9 @@ impl<S: KvStore> MetadataBackend for KvBackend<S> {
         }
     }
 }
+
+// Nothing beyond the seam.
+impl<S: KvStore> Upkeep for KvBackend<S> {}
 
 #[cfg(test)]
 mod tests {

@@ -109,7 +109,7 @@ pub struct SampledIndex {
     cached: HashMap<u64, Pbn>,
     groups: LruCache<u64, Vec<u64>>,
     max_cached: usize,
-    budget: u64,
+    index_memory: u64,
     cache: u64,
     pub stats: IndexFigures,
 }
@@ -117,9 +117,9 @@ pub struct SampledIndex {
 /// The share of a budget kept for prefetched fingerprints unless told
 /// otherwise: an eighth, but at least `STREAM_CACHE` while that leaves
 /// half for the table, and at least one unpacked group's.
-pub fn default_cache(budget: u64) -> u64 {
-    (budget / 8)
-        .max(STREAM_CACHE.min(budget / 2))
+pub fn default_cache(index_memory: u64) -> u64 {
+    (index_memory / 8)
+        .max(STREAM_CACHE.min(index_memory / 2))
         .max(GROUP_BLOCKS * CACHED_BYTES)
 }
 
@@ -150,21 +150,21 @@ fn max_exact_slots(table: u64, compact: Option<(u64, u64)>) -> usize {
 }
 
 impl SampledIndex {
-    /// An empty index within `budget` bytes for a store grouped by
+    /// An empty index within `index_memory` bytes for a store grouped by
     /// `grouping`: an eighth (at least a group's worth) for prefetched
     /// fingerprints, the rest for the table.
-    pub fn new(budget: u64, grouping: Grouping) -> SampledIndex {
-        SampledIndex::with_cache(budget, default_cache(budget), grouping)
+    pub fn new(index_memory: u64, grouping: Grouping) -> SampledIndex {
+        SampledIndex::with_cache(index_memory, default_cache(index_memory), grouping)
     }
 
-    /// An empty index within `budget` bytes, `cache` of them for
+    /// An empty index within `index_memory` bytes, `cache` of them for
     /// prefetched fingerprints (a research knob: how big a prefetch cache
     /// the streams need does not follow from the table's size).
-    pub fn with_cache(budget: u64, cache: u64, grouping: Grouping) -> SampledIndex {
-        let table = budget.saturating_sub(cache);
+    pub fn with_cache(index_memory: u64, cache: u64, grouping: Grouping) -> SampledIndex {
+        let table = index_memory.saturating_sub(cache);
         let compact = compact_shape(table, grouping.groups());
         let max_exact_slots = max_exact_slots(table, compact);
-        let max_cached = (cache.min(budget) / CACHED_BYTES) as usize;
+        let max_cached = (cache.min(index_memory) / CACHED_BYTES) as usize;
         SampledIndex {
             grouping,
             table: Table::Exact(ExactTable::new(MIN_SLOTS.min(max_exact_slots))),
@@ -174,19 +174,19 @@ impl SampledIndex {
             cached: HashMap::new(),
             groups: LruCache::unbounded(),
             max_cached,
-            budget,
+            index_memory,
             cache,
             stats: IndexFigures {
-                budget_bytes: budget,
+                index_memory,
                 sampling_period: 1,
                 ..Default::default()
             },
         }
     }
 
-    /// Fingerprints a full (unsampled) index holds within `budget`.
-    pub fn full_capacity(budget: u64, grouping: Grouping) -> u64 {
-        let table = budget.saturating_sub(default_cache(budget));
+    /// Fingerprints a full (unsampled) index holds within `index_memory`.
+    pub fn full_capacity(index_memory: u64, grouping: Grouping) -> u64 {
+        let table = index_memory.saturating_sub(default_cache(index_memory));
         match compact_shape(table, grouping.groups()).and_then(|(b, g)| CompactTable::new(b, g)) {
             Some(t) => t.capacity() as u64,
             None => max_exact_slots(table, None) as u64 * 7 / 8,
@@ -405,11 +405,11 @@ impl SampledIndex {
         Ok(())
     }
 
-    /// An index within `budget` for `grouping` from `encode`'s bytes,
+    /// An index within `index_memory` for `grouping` from `encode`'s bytes,
     /// or `None` if they do not describe one this budget allows (the caller
     /// rebuilds instead). Every entry stays advice: lookups confirm it.
-    pub fn decode(budget: u64, grouping: Grouping, bytes: &[u8]) -> Option<SampledIndex> {
-        SampledIndex::new(budget, grouping).load(bytes)
+    pub fn decode(index_memory: u64, grouping: Grouping, bytes: &[u8]) -> Option<SampledIndex> {
+        SampledIndex::new(index_memory, grouping).load(bytes)
     }
 
     /// This (empty) index with the table `encode`'s bytes describe, or
@@ -489,13 +489,13 @@ impl SampledIndex {
         table + self.cached.len() as u64 * CACHED_BYTES
     }
 
-    pub fn budget(&self) -> u64 {
-        self.budget
+    pub fn index_memory(&self) -> u64 {
+        self.index_memory
     }
 
     /// An empty index of this one's budget, cache and grouping.
     pub fn emptied(&self) -> SampledIndex {
-        SampledIndex::with_cache(self.budget, self.cache, self.grouping)
+        SampledIndex::with_cache(self.index_memory, self.cache, self.grouping)
     }
 }
 
@@ -522,8 +522,8 @@ mod tests {
 
     #[test]
     fn grows_exact_then_moves_to_the_compact_table() {
-        let budget = 4 << 20;
-        let mut ix = SampledIndex::new(budget, grouping(1 << 30));
+        let index_memory = 4 << 20;
+        let mut ix = SampledIndex::new(index_memory, grouping(1 << 30));
         for i in 0..20_000 {
             ix.insert(key(i), i);
         }
@@ -536,10 +536,10 @@ mod tests {
         assert_eq!(ix.stats.sampling_period, 1);
         assert_eq!(ix.stats.entries, 200_000);
         assert!((0..200_000).all(|i| finds(&ix, i)));
-        assert!(ix.bytes() <= budget);
-        let slots = (budget - default_cache(budget)) / 32 * 8;
+        assert!(ix.bytes() <= index_memory);
+        let slots = (index_memory - default_cache(index_memory)) / 32 * 8;
         assert_eq!(
-            SampledIndex::full_capacity(budget, grouping(1 << 30)),
+            SampledIndex::full_capacity(index_memory, grouping(1 << 30)),
             slots * 49 / 50
         );
     }
@@ -549,13 +549,17 @@ mod tests {
         // Compact (a small PBN space) and exact only (a PBN space too big
         // for the compact table's tags).
         for pbn_space in [1u64 << 30, 1 << 50] {
-            let budget = 1 << 20;
-            let mut ix = SampledIndex::new(budget, grouping(pbn_space));
+            let index_memory = 1 << 20;
+            let mut ix = SampledIndex::new(index_memory, grouping(pbn_space));
             for i in 0..1_000_000 {
                 ix.insert(key(i), i);
             }
             assert!(ix.stats.sampling_period > 1, "{:?}", ix.stats);
-            assert!(ix.bytes() <= budget, "{} > {budget}", ix.bytes());
+            assert!(
+                ix.bytes() <= index_memory,
+                "{} > {index_memory}",
+                ix.bytes()
+            );
             // Every sampled key is still found; about 1/period of all are.
             let found = (0..1_000_000).filter(|&i| finds(&ix, i)).count() as u64;
             let expect = 1_000_000 / ix.stats.sampling_period;
@@ -573,18 +577,20 @@ mod tests {
     #[test]
     fn checkpoints_round_trip_and_reject_another_shape() {
         for n in [3_000u64, 200_000] {
-            let (budget, space) = (4 << 20, 1 << 30);
-            let mut ix = SampledIndex::new(budget, grouping(space));
+            let (index_memory, space) = (4 << 20, 1 << 30);
+            let mut ix = SampledIndex::new(index_memory, grouping(space));
             for i in 0..n {
                 ix.insert(key(i), i);
             }
             let bytes = ix.encode();
-            let back = SampledIndex::decode(budget, grouping(space), &bytes).expect("decodes");
+            let back =
+                SampledIndex::decode(index_memory, grouping(space), &bytes).expect("decodes");
             assert_eq!(back.stats.entries, n);
             assert!((0..n).all(|i| finds(&back, i)));
             assert!(SampledIndex::decode(64 << 10, grouping(space), &bytes).is_none());
             assert!(
-                SampledIndex::decode(budget, grouping(space), &bytes[..bytes.len() - 1]).is_none()
+                SampledIndex::decode(index_memory, grouping(space), &bytes[..bytes.len() - 1])
+                    .is_none()
             );
         }
     }
@@ -593,9 +599,9 @@ mod tests {
     /// that passes its own checks, or none, never a panic.
     #[test]
     fn damaged_checkpoints_decode_to_none_or_a_valid_index() {
-        let (budget, space) = (1 << 20, 1 << 30);
+        let (index_memory, space) = (1 << 20, 1 << 30);
         for n in [2_000u64, 150_000] {
-            let mut ix = SampledIndex::new(budget, grouping(space));
+            let mut ix = SampledIndex::new(index_memory, grouping(space));
             for i in 0..n {
                 ix.insert(key(i), i);
             }
@@ -616,12 +622,12 @@ mod tests {
                 if round % 7 == 0 {
                     b.truncate((next() % b.len() as u64) as usize);
                 }
-                if let Some(d) = SampledIndex::decode(budget, grouping(space), &b) {
+                if let Some(d) = SampledIndex::decode(index_memory, grouping(space), &b) {
                     // Usable: lookups and inserts work on what it holds.
                     let _ = d.hints(key(1));
                     let mut d = d;
                     d.insert(key(n + 1), n + 1);
-                    assert!(d.bytes() <= budget);
+                    assert!(d.bytes() <= index_memory);
                 }
             }
         }

@@ -32,7 +32,7 @@ mod salvage;
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
-use crate::backend::{BackendUsage, IndexFigures, LostBlock, MetadataBackend, ScanCursor};
+use crate::backend::{BackendUsage, IndexFigures, LostBlock, MetadataBackend, ScanCursor, Upkeep};
 use crate::backends::counts;
 use crate::backends::disktable::geometry::{BLOCK, HEADER};
 use crate::backends::disktable::tables::Journaled;
@@ -48,9 +48,6 @@ use crate::superblock::Superblock;
 use geometry::{Geometry, RECORDS_PER_BLOCK, RECORD_BYTES, REFS_PER_BLOCK};
 use index::{Grouping, Hint, SampledIndex, GROUP_BLOCKS};
 
-/// The hash index's RAM budget when none is given: a full index of 12.8 M
-/// chunks (49 GiB of unique data in 4 KiB chunks), sampled beyond that.
-pub const DEFAULT_INDEX_MEMORY: u64 = 256 << 20;
 /// The smallest budget the store accepts: a table of a few entries, for
 /// tests that make the index sample (the commands ask for 64 KiB or more).
 pub const MIN_INDEX_MEMORY: u64 = 64;
@@ -82,10 +79,10 @@ fn damage(table: &str, detail: String, for_check: bool) -> Result<()> {
     Ok(())
 }
 
-fn check_index_memory(budget: u64) -> Result<()> {
-    if budget < MIN_INDEX_MEMORY {
+fn check_index_memory(index_memory: u64) -> Result<()> {
+    if index_memory < MIN_INDEX_MEMORY {
         return Err(Error::InvalidArgument(format!(
-            "the hash index's memory must be at least {MIN_INDEX_MEMORY} bytes, not {budget} (e.g. --index-memory 256M)"
+            "the hash index's memory must be at least {MIN_INDEX_MEMORY} bytes, not {index_memory} (e.g. --index-memory 256M)"
         )));
     }
     Ok(())
@@ -109,7 +106,9 @@ pub struct Sizing {
     pub metadata_bytes_per_tib: u64,
     /// RAM: the buffer cache, the index budget and the summaries.
     pub ram_cache_bytes: u64,
-    pub ram_index_bytes: u64,
+    /// The index's memory (`--index-memory`); `ram_index_bytes` in JSON.
+    #[serde(rename = "ram_index_bytes")]
+    pub index_memory: u64,
     pub ram_summary_bytes: u64,
     /// Unique data the index holds every fingerprint of; beyond it, it
     /// samples 1 in 2, 4, ...
@@ -149,7 +148,7 @@ pub fn sizing(cfg: &DeviceConfig, params: &BackendParams) -> Sizing {
         metadata_bytes_per_chunk: per_chunk,
         metadata_bytes_per_tib: per_chunk * chunks_per_tib,
         ram_cache_bytes: params.cache_bytes,
-        ram_index_bytes: params.index_memory,
+        index_memory: params.index_memory,
         ram_summary_bytes: geo.ref_blocks * 4 + geo.lbn_blocks * 2,
         full_index_bytes: SampledIndex::full_capacity(params.index_memory, grouping(cfg))
             * cfg.chunk_size as u64,
@@ -665,7 +664,7 @@ impl Sparse {
         }
         let mut d = Decoder::new(&header[8..], "sparse index checkpoint");
         let (seq, len, digest) = (d.u64()?, d.u64()?, d.bytes(16)?.to_vec());
-        if seq != self.t.seq() || len > 2 * self.index.budget() + BLOCK as u64 {
+        if seq != self.t.seq() || len > 2 * self.index.index_memory() + BLOCK as u64 {
             return Ok(false);
         }
         if file_len < at + BLOCK as u64 + len {
@@ -830,25 +829,6 @@ impl MetadataBackend for Sparse {
         self.scan_records(cursor, max, out)
     }
 
-    fn warm_index(&mut self, max: usize) -> Result<bool> {
-        let Some(from) = self.warm_from else {
-            return Ok(false);
-        };
-        let mut page = Vec::new();
-        let next = self.scan_records(&ScanCursor(from.to_le_bytes().to_vec()), max, &mut page)?;
-        // Records written since open are in the index already; inserting
-        // one again changes nothing (advice, newest wins).
-        for (fp, pbn) in &page {
-            self.index.insert(fp.prefix_u64(), *pbn);
-        }
-        self.warmed += page.len() as u64;
-        self.warm_from = match next {
-            Some(c) => Some(cursor_at(&c)?),
-            None => None,
-        };
-        Ok(self.warm_from.is_some())
-    }
-
     fn alloc_pbn(&mut self) -> Result<Option<Pbn>> {
         let total = self.geo.pbn_space;
         if self.used + self.quarantine.len() as u64 >= total {
@@ -957,16 +937,8 @@ impl MetadataBackend for Sparse {
         Ok(())
     }
 
-    fn release_reserve(&mut self) -> Result<u64> {
-        self.t.release_reserve()
-    }
-
     fn private_data(&self) -> &[u64] {
         &self.private
-    }
-
-    fn lost_blocks(&self) -> Vec<LostBlock> {
-        self.t.cache.lost.iter().map(|&b| self.held(b)).collect()
     }
 
     fn usage(&self) -> BackendUsage {
@@ -987,6 +959,35 @@ impl MetadataBackend for Sparse {
                 ..self.index.stats
             }),
         }
+    }
+}
+
+impl Upkeep for Sparse {
+    fn warm_index(&mut self, max: usize) -> Result<bool> {
+        let Some(from) = self.warm_from else {
+            return Ok(false);
+        };
+        let mut page = Vec::new();
+        let next = self.scan_records(&ScanCursor(from.to_le_bytes().to_vec()), max, &mut page)?;
+        // Records written since open are in the index already; inserting
+        // one again changes nothing (advice, newest wins).
+        for (fp, pbn) in &page {
+            self.index.insert(fp.prefix_u64(), *pbn);
+        }
+        self.warmed += page.len() as u64;
+        self.warm_from = match next {
+            Some(c) => Some(cursor_at(&c)?),
+            None => None,
+        };
+        Ok(self.warm_from.is_some())
+    }
+
+    fn release_reserve(&mut self) -> Result<u64> {
+        self.t.release_reserve()
+    }
+
+    fn lost_blocks(&self) -> Vec<LostBlock> {
+        self.t.cache.lost.iter().map(|&b| self.held(b)).collect()
     }
 }
 

@@ -86,13 +86,13 @@ fn a_terabyte_device_costs_what_is_written() {
     }
 }
 
-fn mem_store(c: &DeviceConfig, budget: u64) -> Sparse {
+fn mem_store(c: &DeviceConfig, index_memory: u64) -> Sparse {
     let meta = Arc::new(crate::blockfile::MemBlockFile::new(
         metadata_device_len(c),
         "meta",
     ));
     let params = BackendParams {
-        index_memory: budget,
+        index_memory,
         ..Default::default()
     };
     format(c, meta.as_ref(), &params).unwrap();

@@ -8,8 +8,8 @@
 
 use std::sync::Arc;
 
-use super::backend::{Policy, Thin, BLOCK, COMMIT_WINDOWS, LOG_BLOCKS};
 use super::cblock::{self, Entry};
+use super::placement::{Policy, Thin, BLOCK, COMMIT_WINDOWS, LOG_BLOCKS};
 use super::window;
 use super::zones::Changes;
 use crate::backend::MetadataBackend;
@@ -59,7 +59,7 @@ impl Thin {
     /// Write one window's blocks and entries as the policy says.
     fn write_window(
         &mut self,
-        staged: &std::collections::BTreeMap<Pbn, super::backend::Staged>,
+        staged: &std::collections::BTreeMap<Pbn, super::placement::Staged>,
         mut entries: Vec<Entry>,
     ) -> Result<()> {
         let data = self.data.clone();

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::backend::{zone_blocks, Thin, BLOCK, LOG_BLOCKS};
+use super::placement::{zone_blocks, Thin, BLOCK, LOG_BLOCKS};
 use super::replay::{self, UNMAPPED};
 use super::{cblock, window};
 use crate::backend::MetadataBackend;

@@ -14,7 +14,7 @@
 //! zone with the longest run of free blocks, so new writes stay as
 //! sequential as the free space allows.
 //!
-//! This module holds the state and its on-disk records; the backend does
+//! This module holds the state and its on-disk records; the placement does
 //! the I/O, in the order `Changes` asks for.
 
 use crate::error::{Error, Result};

@@ -1,6 +1,8 @@
 //! The table of what users can pick with `dedup create --backend`: for each
 //! name, its metadata store, its data placement and whether it survives a
-//! crash. The only place a backend's name is matched.
+//! crash. The only place a backend's name is matched. A plain table with no
+//! imports: the configuration (`DeviceConfig::placement`) and the registry
+//! both read it, so it sits below them.
 
 /// Which metadata store keeps a device's tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,8 +2,6 @@
 //! placement) pair from its configuration and decides whether it is
 //! crash-safe. The engine sees only the two traits.
 
-pub mod kinds;
-
 use std::sync::Arc;
 
 use crate::backend::MetadataBackend;
@@ -13,11 +11,10 @@ use crate::backends::{
 use crate::blockfile::BlockFile;
 use crate::config::DeviceConfig;
 use crate::error::{Error, Result};
+use crate::kinds::{self, Kind, PlacementKind, StoreKind, ThinPolicy, KINDS};
 use crate::placement::{packed, plain::Plain, thin, Placement};
 use crate::record::Record;
 use crate::superblock::{DeviceState, Superblock, SUPERBLOCK_AREA};
-
-use kinds::{Kind, PlacementKind, StoreKind, ThinPolicy, KINDS};
 
 /// Names users can pick with `dedup create --backend`, in the table's order.
 pub fn names() -> impl Iterator<Item = &'static str> + Clone {
@@ -69,7 +66,7 @@ pub fn metadata_space(cfg: &DeviceConfig) -> Result<MetaSpace> {
     let kind = kind_of(&cfg.backend)?;
     let fixed = |len| MetaSpace { len, grows: false };
     Ok(match (kind.store, kind.placement) {
-        (_, PlacementKind::Thin) => fixed(thin::backend::metadata_device_len(cfg)),
+        (_, PlacementKind::Thin) => fixed(thin::placement::metadata_device_len(cfg)),
         (StoreKind::InRam, _) => fixed(inram::metadata_device_len(cfg)),
         (StoreKind::DiskTable, _) => fixed(disktable::metadata_device_len(cfg)),
         (StoreKind::Lsm, _) => fixed(SUPERBLOCK_AREA),
@@ -118,7 +115,7 @@ pub fn format(
         StoreKind::Sparse => sparse::format(cfg, meta.as_ref(), params)?,
     }
     if kind.placement == PlacementKind::Thin {
-        thin::backend::format(cfg, meta.as_ref(), params, params.window)?;
+        thin::placement::format(cfg, meta.as_ref(), params, params.window)?;
     }
     Ok(())
 }
@@ -205,11 +202,11 @@ pub fn open(
         PlacementKind::Thin => {
             let record = Record::decode(store.private_data(), 1);
             let policy = match kind.policy {
-                Some(ThinPolicy::Ordered) => thin::backend::Policy::Ordered,
-                Some(ThinPolicy::Ideal) => thin::backend::Policy::Ideal,
-                _ => thin::backend::Policy::Thin,
+                Some(ThinPolicy::Ordered) => thin::placement::Policy::Ordered,
+                Some(ThinPolicy::Ideal) => thin::placement::Policy::Ideal,
+                _ => thin::placement::Policy::Thin,
             };
-            let t = thin::backend::open(
+            let t = thin::placement::open(
                 &cfg,
                 policy,
                 meta,
@@ -219,7 +216,7 @@ pub fn open(
                 unclean,
                 opts.writable,
             )?;
-            rolled_back = policy == thin::backend::Policy::Ideal && unclean;
+            rolled_back = policy == thin::placement::Policy::Ideal && unclean;
             recovered = t.recovered.then_some((t.mapped_delta, t.indexed_delta));
             (record, Box::new(t.placement))
         }
@@ -301,7 +298,7 @@ pub fn open_store_of(
 mod tests {
     #[test]
     fn the_default_is_in_the_table() {
-        assert!(super::kinds::kind(super::DEFAULT).is_some());
+        assert!(crate::kinds::kind(super::DEFAULT).is_some());
         assert!(super::names().any(|n| n == super::DEFAULT));
     }
 }
