@@ -23,9 +23,9 @@ fn main() {
     let budget: u64 = std::env::args()
         .nth(2)
         .map(|a| a.parse().expect("give the budget in bytes"))
-        .unwrap_or(IndexConfig::default().memory_budget);
+        .unwrap_or(IndexConfig::default().index_memory);
     let config = IndexConfig {
-        memory_budget: budget,
+        index_memory: budget,
         // `dedup backup`'s default (`--index-cache`).
         cache_entries: 1 << 18,
         ..IndexConfig::default()

@@ -55,7 +55,7 @@ fn run(max_hooks: u64, cache_entries: usize, first_changed: bool) -> Run {
         .map(|(c, fps)| (c as u64, catalog(fps)))
         .collect();
     let config = IndexConfig {
-        memory_budget: max_hooks * HOOK_BYTES,
+        index_memory: max_hooks * HOOK_BYTES,
         cache_entries,
         ..IndexConfig::default()
     };
@@ -85,7 +85,7 @@ fn run(max_hooks: u64, cache_entries: usize, first_changed: bool) -> Run {
         }
     }
     let figures = index.figures();
-    assert!(figures.hook_bytes <= figures.memory_budget);
+    assert!(figures.hook_bytes <= figures.index_memory);
     Run {
         rate: index.rate(),
         found: found as f64 / duplicates as f64,

@@ -17,7 +17,7 @@ const SEGMENTS: usize = 300;
 fn config() -> IndexConfig {
     IndexConfig {
         // 1,000 hooks for 3,600 segments: R drops below 1.
-        memory_budget: 1_000 * HOOK_BYTES,
+        index_memory: 1_000 * HOOK_BYTES,
         cache_entries: 1024,
         ..IndexConfig::default()
     }
@@ -122,13 +122,13 @@ fn checkpoint_round_trips() {
     );
     // A smaller budget on load halves R to fit.
     let small = IndexConfig {
-        memory_budget: 300 * HOOK_BYTES,
+        index_memory: 300 * HOOK_BYTES,
         ..config()
     };
     let shrunk = Index::from_checkpoint(&bytes, small).unwrap();
     assert!(shrunk.rate().period() > live.rate().period());
     assert!(shrunk.hooks().len() <= 300);
-    assert!(shrunk.hooks().ram_bytes() <= small.memory_budget);
+    assert!(shrunk.hooks().ram_bytes() <= small.index_memory);
 }
 
 fn refused(bytes: &[u8]) -> String {

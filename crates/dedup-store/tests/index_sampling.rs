@@ -22,7 +22,7 @@ fn no_load(_: u64) -> dedup_store::Result<Vec<dedup_store::Entry>> {
 #[test]
 fn full_rate_finds_every_fingerprint() {
     let config = IndexConfig {
-        memory_budget: 64 * 1024 * HOOK_BYTES,
+        index_memory: 64 * 1024 * HOOK_BYTES,
         cache_entries: 0,
         ..IndexConfig::default()
     };

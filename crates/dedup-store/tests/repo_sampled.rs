@@ -78,7 +78,7 @@ fn bytes(ids: &[u64]) -> Vec<u8> {
 
 fn tiny(period: u64, cache_entries: usize, eviction: Eviction) -> IndexConfig {
     IndexConfig {
-        memory_budget: (BLOCKS as u64 / period) * HOOK_BYTES,
+        index_memory: (BLOCKS as u64 / period) * HOOK_BYTES,
         cache_entries,
         eviction,
         ..IndexConfig::default()
@@ -162,7 +162,7 @@ fn efficiency(period: u64, cache_entries: usize) -> (f64, SamplingRate, Sampling
     // version included), so R is `period` from the first backup on.
     let stored = BLOCKS as f64 * (1.0 + changed * 1.5 * (versions - 1) as f64);
     let config = IndexConfig {
-        memory_budget: if period == 1 {
+        index_memory: if period == 1 {
             1 << 30
         } else {
             {

@@ -82,7 +82,7 @@ pub(crate) fn load(store: Arc<dyn ObjectStore>, config: IndexConfig) -> Option<O
 pub fn newest_figures(store: &dyn ObjectStore) -> Option<crate::index::Figures> {
     // A budget that never halves R: report the checkpoint as it is.
     let config = IndexConfig {
-        memory_budget: 1 << 50,
+        index_memory: 1 << 50,
         cache_entries: 0,
         ..IndexConfig::default()
     };

@@ -20,7 +20,7 @@ pub struct Figures {
     /// The hook table's slots and its Bloom filter: what the budget is
     /// held against.
     pub hook_bytes: u64,
-    pub memory_budget: u64,
+    pub index_memory: u64,
     pub cache_entries: usize,
     pub cache_capacity: usize,
     pub cache_bytes: u64,

@@ -37,12 +37,12 @@ pub use sampling::SamplingRate;
 /// 524,288 hooks in 17 MiB of slots, and less per TiB beyond (restic 0.14
 /// holds about 300 MiB per TiB of its 1 MiB chunks, and grows with the
 /// store).
-pub const DEFAULT_MEMORY_BUDGET: u64 = 32 << 20;
+pub const DEFAULT_INDEX_MEMORY: u64 = 32 << 20;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IndexConfig {
     /// M: bytes of RAM for hooks, held to M/E hooks ([`HOOK_BYTES`]).
-    pub memory_budget: u64,
+    pub index_memory: u64,
     /// Fingerprint cache size in entries; 0 turns prefetch off.
     pub cache_entries: usize,
     pub eviction: Eviction,
@@ -55,11 +55,11 @@ pub struct IndexConfig {
 }
 
 impl Default for IndexConfig {
-    /// [`DEFAULT_MEMORY_BUDGET`] of hooks, a 1 Mi-entry cache, immediate
+    /// [`DEFAULT_INDEX_MEMORY`] of hooks, a 1 Mi-entry cache, immediate
     /// eviction (the paper's default), 4 KiB segments.
     fn default() -> IndexConfig {
         IndexConfig {
-            memory_budget: DEFAULT_MEMORY_BUDGET,
+            index_memory: DEFAULT_INDEX_MEMORY,
             cache_entries: 1 << 20,
             eviction: Eviction::Immediate,
             segment_bytes: 4 << 10,
@@ -71,7 +71,7 @@ impl Default for IndexConfig {
 impl IndexConfig {
     /// How many hooks the budget holds: M/E.
     pub fn max_hooks(&self) -> usize {
-        (self.memory_budget / HOOK_BYTES) as usize
+        (self.index_memory / HOOK_BYTES) as usize
     }
 }
 
@@ -198,7 +198,7 @@ impl Index {
             rate: self.rate().as_f64(),
             hooks: self.hooks.len(),
             hook_bytes: self.hooks.ram_bytes(),
-            memory_budget: self.config.memory_budget,
+            index_memory: self.config.index_memory,
             cache_entries: self.cache.len(),
             cache_capacity: self.cache.capacity(),
             cache_bytes: self.cache.ram_bytes() as u64,

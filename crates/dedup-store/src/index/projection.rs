@@ -51,7 +51,7 @@ pub fn hook_bytes_at(stored: u64, budget: u64, segment_bytes: u64, container_byt
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::DEFAULT_MEMORY_BUDGET;
+    use crate::index::DEFAULT_INDEX_MEMORY;
 
     const MIB: f64 = (1u64 << 20) as f64;
 
@@ -61,7 +61,7 @@ mod tests {
     #[test]
     fn the_index_at_one_tib_holds_what_index_scale_measured() {
         let at = |tib: u64| {
-            hook_bytes_at(tib << 40, DEFAULT_MEMORY_BUDGET, 4 << 10, 16 << 20) as f64 / MIB
+            hook_bytes_at(tib << 40, DEFAULT_INDEX_MEMORY, 4 << 10, 16 << 20) as f64 / MIB
         };
         assert!((at(1) - 17.8).abs() < 0.1, "{} MiB at 1 TiB", at(1));
         assert!((at(2) - 17.9).abs() < 0.2, "{} MiB at 2 TiB", at(2));
@@ -78,7 +78,7 @@ mod tests {
         use crate::index::{Index, IndexConfig};
         use dedup_common::fingerprint::Fingerprint;
         let config = IndexConfig {
-            memory_budget: 1 << 20,
+            index_memory: 1 << 20,
             cache_entries: 0,
             ..IndexConfig::default()
         };

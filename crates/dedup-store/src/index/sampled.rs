@@ -157,7 +157,7 @@ impl SegmentIndex for SampledSegmentIndex {
             bytes: f.hook_bytes,
             cache_bytes: f.cache_bytes,
             fingerprints: f.fingerprints,
-            budget: Some(f.memory_budget),
+            budget: Some(f.index_memory),
         }
     }
 }

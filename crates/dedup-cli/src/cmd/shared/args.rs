@@ -59,7 +59,7 @@ pub struct IndexArgs {
 impl IndexArgs {
     pub fn config(&self) -> IndexConfig {
         IndexConfig {
-            memory_budget: self.index_memory,
+            index_memory: self.index_memory,
             cache_entries: self.index_cache,
             max_rate: self.index_sampling,
             ..IndexConfig::default()
