@@ -120,7 +120,74 @@ fn fingerprints(block: &Block) -> Vec<Fingerprint> {
 
 /// A block as read, cut from its own first byte (its candidate cuts) and
 /// hashed on the pool, and whether the stream ends with it.
-type Candidates = io::Result<(Block, Vec<Fingerprint>, bool)>;
+pub(crate) type Candidates = io::Result<(Block, Vec<Fingerprint>, bool)>;
+
+/// Where stitched segments go, in stream order, each with its fingerprint
+/// if the pool computed it (the stitching cuts a few segments again,
+/// unhashed): a backup session, or a test's list.
+pub(crate) trait Sink {
+    fn segment(&mut self, data: &[u8], fp: Option<&Fingerprint>) -> Result<(), StreamError>;
+}
+
+impl Sink for BackupSession<'_> {
+    fn segment(&mut self, data: &[u8], fp: Option<&Fingerprint>) -> Result<(), StreamError> {
+        match fp {
+            Some(fp) => self.append_hashed(data, *fp),
+            None => self.append(data),
+        }
+        .map_err(StreamError::Repo)
+    }
+}
+
+/// Cut a block read (`read_block`'s answer) from its own first byte and
+/// hash its candidate segments, as a job on the thread pool.
+pub(crate) fn cut_on_pool(
+    how: Segmenting,
+    block: io::Result<(Vec<u8>, bool)>,
+) -> mpsc::Receiver<Candidates> {
+    let (done, cut) = mpsc::sync_channel(1);
+    rayon::spawn(move || {
+        let _ = done.send(block.map(|(bytes, last)| {
+            let ends = cut_ends(how, &bytes, last);
+            let block = Block {
+                bytes,
+                start: 0,
+                ends,
+            };
+            let fps = fingerprints(&block);
+            (block, fps, last)
+        }));
+    });
+    cut
+}
+
+/// Wait for the next block cut on the pool (`cut_on_pool`), stitch it in
+/// order and hand its segments to `sink`; its bytes back, once used, to
+/// read into again.
+pub(crate) fn append_stitched(
+    stitcher: &mut Stitcher,
+    cut: &mpsc::Receiver<Candidates>,
+    sink: &mut impl Sink,
+) -> Result<Option<Vec<u8>>, StreamError> {
+    // The pool always answers unless cutting panicked (a bug).
+    let (block, fps, last) = cut
+        .recv()
+        .map_err(|_| StreamError::Read(io::Error::other("a cutting job died")))?
+        .map_err(StreamError::Read)?;
+    let s = stitcher.push(block.bytes, &block.ends, last);
+    for segment in s.head.iter().flat_map(Block::segments) {
+        sink.segment(segment, None)?;
+    }
+    let Some(m) = s.main else {
+        return Ok(s.spare);
+    };
+    debug_assert_eq!(m.block.ends.len(), m.unhashed + fps.len() - m.next);
+    let fps = std::iter::repeat_n(None, m.unhashed).chain(fps[m.next..].iter().map(Some));
+    for (data, fp) in m.block.segments().zip(fps) {
+        sink.segment(data, fp)?;
+    }
+    Ok(Some(m.block.bytes))
+}
 
 /// `append_stream` for content-defined segments, cut on the thread pool
 /// (`parallel_cut.rs`): a thread only reads blocks; each is cut from its
@@ -141,47 +208,13 @@ fn append_stream_cut_in_parallel(
         scope.spawn(move || loop {
             let block = read_block(&mut reader, &[], size, spares.try_recv().ok());
             let stop = !matches!(&block, Ok((_, false)));
-            let (done, cut) = mpsc::sync_channel(1);
-            rayon::spawn(move || {
-                let _ = done.send(block.map(|(bytes, last)| {
-                    let ends = cut_ends(how, &bytes, last);
-                    let block = Block {
-                        bytes,
-                        start: 0,
-                        ends,
-                    };
-                    let fps = fingerprints(&block);
-                    (block, fps, last)
-                }));
-            });
-            if tx.send(cut).is_err() || stop {
+            if tx.send(cut_on_pool(how, block)).is_err() || stop {
                 return; // the appender stopped, the stream ended or failed
             }
         });
         let mut stitcher = Stitcher::new(how);
         for cut in rx {
-            let (block, fps, last) = cut
-                .recv()
-                .map_err(|_| StreamError::Read(io::Error::other("a cutting job died")))?
-                .map_err(StreamError::Read)?;
-            let s = stitcher.push(block.bytes, &block.ends, last);
-            for segment in s.head.iter().flat_map(Block::segments) {
-                session.append(segment).map_err(StreamError::Repo)?;
-            }
-            if let Some(m) = s.main {
-                debug_assert_eq!(m.block.ends.len(), m.unhashed + fps.len() - m.next);
-                let fps =
-                    std::iter::repeat_n(None, m.unhashed).chain(fps[m.next..].iter().map(Some));
-                for (data, fp) in m.block.segments().zip(fps) {
-                    match fp {
-                        Some(fp) => session.append_hashed(data, *fp),
-                        None => session.append(data),
-                    }
-                    .map_err(StreamError::Repo)?;
-                }
-                let _ = give_back.send(m.block.bytes);
-            }
-            if let Some(spare) = s.spare {
+            if let Some(spare) = append_stitched(&mut stitcher, &cut, session)? {
                 let _ = give_back.send(spare);
             }
         }

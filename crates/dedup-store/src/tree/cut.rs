@@ -13,16 +13,13 @@
 //! stream and leaves the stitcher nothing carried.
 
 use std::collections::VecDeque;
-use std::io::{self, Read};
+use std::io::Read;
 use std::sync::mpsc;
 
-use dedup_common::fingerprint::Fingerprint;
-
-use crate::backup_stream::StreamError;
+use crate::backup_stream::{append_stitched, cut_on_pool, Candidates, Sink, StreamError};
 use crate::parallel_cut::Stitcher;
-use crate::segment_blocks::{cut_ends, read_block, Block, BLOCK};
+use crate::segment_blocks::{read_block, BLOCK};
 use crate::segmenter::Segmenting;
-use crate::writer::HASH;
 
 /// Blocks cut or being cut on the pool, at most: many small files make
 /// many small jobs, and the pool must not run dry between them.
@@ -33,35 +30,13 @@ const MAX_PENDING: usize = 64;
 /// `/usr/lib`), as few as a stream keeps in flight.
 const MAX_PENDING_BYTES: usize = 4 << 20;
 
-/// A file this small is read into room of its own size, not a block's.
+/// A file this small is read into room of its own size: the spare blocks
+/// are kept for larger reads, which would otherwise fault in fresh pages,
+/// and up to `MAX_PENDING` small files would each hold one.
 const SMALL: usize = 64 << 10;
 
 /// Spare blocks kept, at most: as many as can be pending, and two.
 const MAX_SPARES: usize = MAX_PENDING_BYTES / BLOCK + 2;
-
-/// A block cut from its own first byte and hashed, and whether its file
-/// ends with it.
-type Cut = io::Result<(Block, Vec<Fingerprint>, bool)>;
-
-/// A segment, in stream order, and its fingerprint if the pool computed
-/// it (the stitching cuts a few segments again, unhashed).
-pub(crate) trait Sink {
-    fn segment(
-        &mut self,
-        data: &[u8],
-        fingerprint: Option<&Fingerprint>,
-    ) -> Result<(), StreamError>;
-}
-
-impl Sink for crate::session::BackupSession<'_> {
-    fn segment(&mut self, data: &[u8], fp: Option<&Fingerprint>) -> Result<(), StreamError> {
-        match fp {
-            Some(fp) => self.append_hashed(data, *fp),
-            None => self.append(data),
-        }
-        .map_err(StreamError::Repo)
-    }
-}
 
 /// Reads files into blocks, has them cut on the pool, and hands their
 /// segments on in order.
@@ -70,7 +45,7 @@ pub(crate) struct FileCutter {
     /// The bytes of a block that is not its file's last.
     block: usize,
     stitcher: Stitcher,
-    pending: VecDeque<(mpsc::Receiver<Cut>, usize)>,
+    pending: VecDeque<(mpsc::Receiver<Candidates>, usize)>,
     pending_bytes: usize,
     /// Blocks appended, read into again: a fresh megabyte costs page
     /// faults and the kernel zeroing its pages.
@@ -109,32 +84,17 @@ impl FileCutter {
                 Some(left) => (left as usize).saturating_add(1).min(self.block),
                 None => self.block,
             };
-            // Any block but a small file's is read into a whole block's
-            // room, so blocks are all of one size and reused: the heap
-            // stays unfragmented (rooms of every size up to a megabyte,
-            // as files come, grew it by a third).
             let room = (size > SMALL).then(|| {
                 self.spares
                     .pop()
                     .unwrap_or_else(|| Vec::with_capacity(self.block))
             });
             let (bytes, last) = read_block(file, &[], size, room).map_err(StreamError::Read)?;
-            read += bytes.len() as u64;
-            self.pending_bytes += bytes.len();
-            let (done, cut) = mpsc::sync_channel(1);
-            let how = self.how;
             let n = bytes.len();
-            rayon::spawn(move || {
-                let ends = cut_ends(how, &bytes, last);
-                let block = Block {
-                    bytes,
-                    start: 0,
-                    ends,
-                };
-                let fps = HASH.fingerprint_many(&block.segments().collect::<Vec<_>>());
-                let _ = done.send(Ok((block, fps, last)));
-            });
-            self.pending.push_back((cut, n));
+            read += n as u64;
+            self.pending_bytes += n;
+            self.pending
+                .push_back((cut_on_pool(self.how, Ok((bytes, last))), n));
             while self.pending.len() > MAX_PENDING || self.pending_bytes > MAX_PENDING_BYTES {
                 self.append_oldest(sink)?;
             }
@@ -158,33 +118,13 @@ impl FileCutter {
             return Ok(());
         };
         self.pending_bytes -= n;
-        // The pool always answers unless cutting panicked (a bug).
-        let (block, fps, last) = cut
-            .recv()
-            .map_err(|_| StreamError::Read(io::Error::other("a cutting job died")))?
-            .map_err(StreamError::Read)?;
-        let s = self.stitcher.push(block.bytes, &block.ends, last);
-        for segment in s.head.iter().flat_map(Block::segments) {
-            sink.segment(segment, None)?;
-        }
-        if let Some(m) = s.main {
-            debug_assert_eq!(m.block.ends.len(), m.unhashed + fps.len() - m.next);
-            let fps = std::iter::repeat_n(None, m.unhashed).chain(fps[m.next..].iter().map(Some));
-            for (data, fp) in m.block.segments().zip(fps) {
-                sink.segment(data, fp)?;
+        let spare = append_stitched(&mut self.stitcher, &cut, sink)?;
+        if let Some(bytes) = spare.filter(|b| b.capacity() >= self.block) {
+            if self.spares.len() < MAX_SPARES {
+                self.spares.push(bytes);
             }
-            self.give_back(m.block.bytes);
-        }
-        if let Some(spare) = s.spare {
-            self.give_back(spare);
         }
         Ok(())
-    }
-
-    fn give_back(&mut self, bytes: Vec<u8>) {
-        if self.spares.len() < MAX_SPARES && bytes.capacity() >= self.block {
-            self.spares.push(bytes);
-        }
     }
 }
 
@@ -192,6 +132,8 @@ impl FileCutter {
 mod tests {
     use super::*;
     use crate::segment_blocks::BlockCutter;
+    use crate::writer::HASH;
+    use dedup_common::fingerprint::Fingerprint;
     use proptest::prelude::*;
 
     /// Every segment handed on, and whether its fingerprint came along.
@@ -215,19 +157,11 @@ mod tests {
     /// A file's bytes: random, one repeated byte (cut only at the largest
     /// size), or a short pattern.
     fn content(kind: u8, len: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..len)
-            .map(|i| match kind % 3 {
-                0 => {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                }
-                1 => 7,
-                _ => (i % 251) as u8,
-            })
-            .collect()
+        match kind % 3 {
+            0 => dedup_common::testdata::noise(seed, len),
+            1 => vec![7; len],
+            _ => (0..len).map(|i| (i % 251) as u8).collect(),
+        }
     }
 
     /// Sizes near the edges the cutter cares about.
