@@ -1,7 +1,9 @@
 //! disktable's write-ahead (redo) journal, which makes its in-place tables
 //! crash-consistent. A commit writes, in one sequential I/O at the start of
 //! the journal area, a header, the block numbers and the images of every
-//! dirty table block; syncs; writes the blocks to their homes; syncs again.
+//! dirty table block; syncs; writes the blocks to their homes and starts a
+//! background sync of them (`home_sync.rs`), which the next journal write
+//! waits for: the journal holds their images until it is written again.
 //! The header holds a blake3 digest of everything after it, so a torn
 //! journal write is ignored (the homes were not touched yet), and a
 //! complete journal is replayed at open (the homes may be half-written).
@@ -13,7 +15,10 @@
 //! write that kept a newer root's state sectors under an older header then
 //! passed the check and replayed a root that disagreed with its tables.
 
+use std::sync::Arc;
+
 use super::geometry::{Area, BLOCK, DESC_ENTRIES};
+use super::home_sync::HomeSync;
 use crate::backend::MetaIoStats;
 use crate::blockfile::BlockFile;
 use crate::codec::{is_sealed, seal, Decoder, Encoder};
@@ -24,6 +29,9 @@ const S: &str = "disktable journal";
 
 pub struct Journal {
     pub seq: u64,
+    /// The sync of the last commit's home writes, started in the
+    /// background; made at the first commit.
+    homes: Option<HomeSync>,
 }
 
 /// What the header keeps of the body's blake3 digest.
@@ -60,7 +68,7 @@ impl Journal {
     /// Write `blocks` (sealed, sorted) through the journal to their homes.
     pub fn commit(
         &mut self,
-        file: &dyn BlockFile,
+        file: &Arc<dyn BlockFile>,
         geo: &Area,
         blocks: &[(u64, super::cache::Block)],
         io: &mut MetaIoStats,
@@ -86,18 +94,33 @@ impl Journal {
         for (i, (_, b)) in blocks.iter().enumerate() {
             body[data_start + i * BLOCK..data_start + (i + 1) * BLOCK].copy_from_slice(&b[..]);
         }
-        self.seq += 1;
-        let mut all = header(self.seq, count, &digest(&body));
+        let mut all = header(self.seq + 1, count, &digest(&body));
         all.extend_from_slice(&body);
+        // The last commit's homes must be durable before its journal,
+        // which would replay them, is overwritten.
+        self.settle()?;
+        self.seq += 1;
         file.write_at(&all, geo.journal_start)?;
         file.sync()?;
         io.writes += 1;
         io.syncs += 1;
         io.bytes_written += all.len() as u64;
-        write_homes(file, geo, blocks, io)?;
-        file.sync()?;
+        write_homes(file.as_ref(), geo, blocks, io)?;
+        if self.homes.is_none() {
+            self.homes = Some(HomeSync::new(file.clone())?);
+        }
+        self.homes.as_mut().expect("made above").start()?;
         io.syncs += 1;
         Ok(())
+    }
+
+    /// Wait until the last commit's home writes are durable (before the
+    /// journal blocks that hold them are written again or given back).
+    pub fn settle(&mut self) -> Result<()> {
+        match &mut self.homes {
+            Some(h) => h.wait(),
+            None => Ok(()),
+        }
     }
 
     /// At open: replay a complete journal, if there is one, then clear it.
@@ -114,14 +137,20 @@ impl Journal {
         if &h[..8] != MAGIC || !is_sealed(&h) {
             // Never written, or a torn write of a transaction whose homes
             // were never touched: nothing to replay.
-            return Ok((Journal { seq: 0 }, 0));
+            return Ok((
+                Journal {
+                    seq: 0,
+                    homes: None,
+                },
+                0,
+            ));
         }
         let mut d = Decoder::new(&h[8..], S);
         let seq = d.u64()?;
         let count = d.u64()?;
         let body_digest = d.bytes(DIGEST)?;
         if count == 0 || journal_len(count) > geo.journal_blocks {
-            return Ok((Journal { seq }, 0));
+            return Ok((Journal { seq, homes: None }, 0));
         }
         let mut body = vec![0u8; ((desc_blocks(count) + count) as usize) * BLOCK];
         file.read_at(&mut body, geo.journal_start + BLOCK as u64)?;
@@ -129,7 +158,7 @@ impl Journal {
         io.bytes_read += body.len() as u64;
         if digest(&body)[..] != body_digest[..] {
             // Torn: the homes of this transaction were never written.
-            return Ok((Journal { seq }, 0));
+            return Ok((Journal { seq, homes: None }, 0));
         }
         let data_start = desc_blocks(count) as usize * BLOCK;
         let mut blocks = Vec::with_capacity(count as usize);
@@ -155,11 +184,13 @@ impl Journal {
         file.sync()?;
         io.writes += 1;
         io.syncs += 1;
-        Ok((Journal { seq }, count))
+        Ok((Journal { seq, homes: None }, count))
     }
 
-    /// After a clean close: an empty journal, so the next open replays nothing.
-    pub fn clear(&self, file: &dyn BlockFile, geo: &Area) -> Result<()> {
+    /// After a clean close: an empty journal, so the next open replays
+    /// nothing (once the last commit's homes are durable).
+    pub fn clear(&mut self, file: &dyn BlockFile, geo: &Area) -> Result<()> {
+        self.settle()?;
         file.write_at(&header(self.seq, 0, &[0; DIGEST]), geo.journal_start)?;
         file.sync()
     }

@@ -14,6 +14,7 @@
 
 pub(crate) mod cache;
 pub(crate) mod geometry;
+mod home_sync;
 pub(crate) mod journal;
 mod salvage;
 pub(crate) mod tables;

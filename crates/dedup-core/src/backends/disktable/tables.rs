@@ -223,6 +223,9 @@ impl Journaled {
             return Ok(0);
         }
         let (from, blocks) = (keep, self.reserved - keep);
+        // The last commit's journal may reach past `keep`: its homes
+        // must be durable before its blocks are given back.
+        self.journal.settle()?;
         self.file.punch(
             self.area.journal_start + from * BLOCK as u64,
             blocks * BLOCK as u64,
@@ -383,7 +386,7 @@ impl Journaled {
         root[COMMIT_AT..].copy_from_slice(&commit.to_le_bytes());
         let blocks = self.cache.sealed_dirty();
         self.journal
-            .commit(self.file.as_ref(), &self.area, &blocks, &mut self.cache.io)?;
+            .commit(&self.file, &self.area, &blocks, &mut self.cache.io)?;
         debug_assert_eq!(
             self.journal.seq, commit,
             "the journal numbers commits one by one"
