@@ -34,12 +34,14 @@ impl Engine {
     /// `commit`, with the gate (if needed) and the metadata mutex held.
     pub(super) fn commit_locked(&self, m: &mut super::Meta) -> Result<()> {
         let p = self.placement.as_ref();
+        let begun = self.group.begin();
         if p.before_commit(m.store.as_mut(), false)? {
             let record = m.record(self.counters.to_vec(), p);
             let committed = m.store.commit(&record);
             p.after_commit(m.store.as_mut(), committed.is_ok())?;
             committed?;
         }
+        self.group.succeeded(begun);
         Counters::add(&self.counters.commits, 1);
         Ok(())
     }

@@ -13,6 +13,7 @@ mod chunking;
 mod commit;
 mod device;
 mod gc;
+mod group_commit;
 mod locks;
 mod meta;
 mod read_path;
@@ -69,6 +70,8 @@ pub(crate) struct Engine {
     gate: RwLock<bool>,
     /// Write batches hold it shared, commits exclusively (see `commit.rs`).
     commit_gate: RwLock<()>,
+    /// Which FLUSHes an earlier commit already covers (`group_commit.rs`).
+    group: group_commit::GroupCommit,
     /// Reads hold it shared from looking chunks up to reading them; a
     /// repack takes it exclusively before the blocks it emptied can be
     /// reused, so no read gets a reused block's bytes (see `gc.rs`).
@@ -199,6 +202,7 @@ impl Engine {
             placement: pair.placement,
             gate: RwLock::new(false),
             commit_gate: RwLock::new(()),
+            group: Default::default(),
             move_gate: RwLock::new(()),
             commits: pair.commits,
             writable: opts.writable,
@@ -354,7 +358,14 @@ impl Engine {
 
     pub(crate) fn flush_entered(&self) -> Result<()> {
         Counters::add(&self.counters.flushes, 1);
-        self.commit()
+        if !self.commits {
+            return self.commit();
+        }
+        let arrived = self.group.arrive();
+        match self.group.turn(arrived) {
+            Some(_turn) => self.commit(),
+            None => Ok(()),
+        }
     }
 
     /// Clean shutdown: waits for requests in flight, saves all metadata and

@@ -332,7 +332,7 @@ pub(crate) fn write_runs<B: AtBlock<Item = [u8]>>(
     data: &dyn crate::blockfile::BlockFile,
     blocks: &[B],
 ) -> Result<u64> {
-    let mut staging = Vec::new();
+    let mut run: Vec<&[u8]> = Vec::new();
     let mut bytes = 0;
     let mut i = 0;
     while i < blocks.len() {
@@ -344,11 +344,9 @@ pub(crate) fn write_runs<B: AtBlock<Item = [u8]>>(
         if j == i + 1 {
             data.write_at(blocks[i].item(), offset)?;
         } else {
-            staging.clear();
-            for b in &blocks[i..j] {
-                staging.extend_from_slice(b.item());
-            }
-            data.write_at(&staging, offset)?;
+            run.clear();
+            run.extend(blocks[i..j].iter().map(|b| b.item()));
+            data.write_vectored_at(&run, offset)?;
         }
         bytes += blocks[i..j]
             .iter()
