@@ -260,9 +260,10 @@ pub fn sizing(s: &Sizing) -> String {
     );
     let _ = writeln!(
         o,
-        "RAM: a {} metadata cache, up to {} for the hash index and {} of summaries. The index keeps every fingerprint of the first {} of unique data; beyond that it samples. Data copied in the order first written still finds about {:.0}% of duplicates at 1/8 of the memory a full index would need, {:.0}% at 1/32 (Guo's Eq. 2); data in another order finds far fewer (shuffled copies: about half at 1/16). `dedup status` counts what it missed; raise --index-memory to keep more.",
+        "RAM: a {} metadata cache, up to {} for the hash index, and summaries that grow with what is stored, about {} per TiB of unique data, up to {}. The index keeps every fingerprint of the first {} of unique data; beyond that it samples. Data copied in the order first written still finds about {:.0}% of duplicates at 1/8 of the memory a full index would need, {:.0}% at 1/32 (Guo's Eq. 2); data in another order finds far fewer (shuffled copies: about half at 1/16). `dedup status` counts what it missed; raise --index-memory to keep more.",
         format_size(s.ram_cache_bytes),
         format_size(s.index_memory),
+        format_size(s.ram_summary_bytes_per_tib),
         format_size(s.ram_summary_bytes),
         format_size(s.full_index_bytes),
         s.efficiency_at_eighth * 100.0,

@@ -100,6 +100,16 @@ impl Geometry {
         1 + self.lbn_blocks
     }
 
+    /// The table blocks of the refcount summary.
+    pub fn summary_table_blocks(&self) -> std::ops::Range<u64> {
+        self.first_summary()..self.first_summary() + self.summary_blocks
+    }
+
+    /// The table blocks of the LBN summary.
+    pub fn lbn_summary_table_blocks(&self) -> std::ops::Range<u64> {
+        self.first_lbn_summary()..self.first_lbn_summary() + self.lbn_summary_blocks
+    }
+
     /// The table blocks of the refcount array.
     pub fn ref_table_blocks(&self) -> std::ops::Range<u64> {
         self.first_ref()..self.first_ref() + self.ref_blocks

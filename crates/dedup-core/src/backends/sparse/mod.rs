@@ -7,8 +7,9 @@
 //! - the **LBN map**, 8 bytes per logical chunk, paged through the cache
 //!   (VDO's block map): a 1 TiB device costs nothing for ranges never written;
 //! - **reference counts**, 4 bytes per PBN, and a **summary** of how many
-//!   PBNs of each refcount block are in use (kept in RAM, 2 bytes per 1,022
-//!   PBNs), so allocation skips full blocks and never scans the device;
+//!   PBNs of each refcount block are in use (in RAM, 2 bytes per 1,022
+//!   PBNs, paged: only pages that count something, `paged.rs`), so
+//!   allocation skips full blocks and never scans the device;
 //! - **chunk records**, the fingerprint stored with each indexed chunk:
 //!   the authoritative "hash index" of the Dmdedup seam, keyed by PBN, so
 //!   GC and check scan it and a candidate can be confirmed;
@@ -19,14 +20,15 @@
 //!   a hit, rebuilt from the records at open. A fingerprint the index misses costs a second copy of the chunk,
 //!   never wrong data.
 //!
-//! Open reads the root and the summary (not the tables), then the records
-//! of the blocks in use to refill the index: its time follows the data
-//! stored, not the device size.
+//! Open reads the root and the summary blocks ever written (not the
+//! tables), then the records of the blocks in use to refill the index: its
+//! time and RAM follow the data stored, not the device size.
 
 mod compact;
 mod exact;
 pub mod geometry;
 pub mod index;
+mod paged;
 mod salvage;
 
 use std::collections::{BTreeSet, HashSet};
@@ -47,6 +49,7 @@ use crate::superblock::Superblock;
 
 use geometry::{Geometry, RECORDS_PER_BLOCK, RECORD_BYTES, REFS_PER_BLOCK};
 use index::{Grouping, Hint, SampledIndex, GROUP_BLOCKS};
+use paged::PagedCounts;
 
 /// The smallest budget the store accepts: a table of a few entries, for
 /// tests that make the index sample (the commands ask for 64 KiB or more).
@@ -109,7 +112,11 @@ pub struct Sizing {
     /// The index's memory (`--index-memory`); `ram_index_bytes` in JSON.
     #[serde(rename = "ram_index_bytes")]
     pub index_memory: u64,
+    /// RAM for the summaries once the whole data space is used; they are
+    /// paged (`paged.rs`), so they take `ram_summary_bytes_per_tib` per
+    /// TiB of unique data stored.
     pub ram_summary_bytes: u64,
+    pub ram_summary_bytes_per_tib: u64,
     /// Unique data the index holds every fingerprint of; beyond it, it
     /// samples 1 in 2, 4, ...
     pub full_index_bytes: u64,
@@ -150,6 +157,13 @@ pub fn sizing(cfg: &DeviceConfig, params: &BackendParams) -> Sizing {
         ram_cache_bytes: params.cache_bytes,
         index_memory: params.index_memory,
         ram_summary_bytes: geo.ref_blocks * 4 + geo.lbn_blocks * 2,
+        // A stored chunk takes its share of the PBN space (a packed block
+        // has 16 addresses) and of the LBN map.
+        ram_summary_bytes_per_tib: chunks_per_tib
+            * 4
+            * geo.pbn_space.div_ceil(cfg.physical_chunks.max(1))
+            / REFS_PER_BLOCK
+            + chunks_per_tib * 2 / geometry::LBNS_PER_BLOCK,
         full_index_bytes: SampledIndex::full_capacity(params.index_memory, grouping(cfg))
             * cfg.chunk_size as u64,
         efficiency_at_eighth: predicted_efficiency(8.0),
@@ -239,10 +253,10 @@ pub struct Sparse {
     /// record (scans of the records skip ranges with none; a record may
     /// outlive its count for a moment, as when a repack moves counts
     /// before index entries).
-    summary: Vec<u16>,
-    recorded: Vec<u16>,
+    summary: PagedCounts,
+    recorded: PagedCounts,
     /// Per LBN-map block: LBNs mapped (scans skip blocks with none).
-    mapped: Vec<u16>,
+    mapped: PagedCounts,
     /// PBNs with a count > 0.
     used: u64,
     /// Chunk records (indexed chunks).
@@ -315,9 +329,9 @@ impl Sparse {
                 Some(cache) => SampledIndex::with_cache(index_memory, cache, grouping(&cfg)),
                 None => SampledIndex::new(index_memory, grouping(&cfg)),
             },
-            summary: vec![0; geo.ref_blocks as usize],
-            recorded: vec![0; geo.ref_blocks as usize],
-            mapped: vec![0; geo.lbn_blocks as usize],
+            summary: PagedCounts::default(),
+            recorded: PagedCounts::default(),
+            mapped: PagedCounts::default(),
             used: 0,
             records: 0,
             cursor: state.alloc_cursor.min(geo.pbn_space.saturating_sub(1)),
@@ -369,7 +383,12 @@ impl Sparse {
     fn load_summary(&mut self, for_check: bool) -> Result<BTreeSet<u64>> {
         let (mut used, mut records) = (0u64, 0u64);
         let mut odd = BTreeSet::new();
-        for r in 0..self.geo.ref_blocks {
+        let written = self.written_blocks(self.geo.summary_table_blocks())?;
+        let refs = written.into_iter().flat_map(|b| {
+            self.geo
+                .ref_blocks_of_summary(b - self.geo.summary_table_blocks().start)
+        });
+        for r in refs.collect::<Vec<_>>() {
             let (b, off) = self.geo.summary(r);
             let n = self.t.u16_at((b, off))?;
             let k = self.t.u16_at((b, off + 2))?;
@@ -385,8 +404,8 @@ impl Sparse {
                 odd.insert(r);
                 continue;
             }
-            self.summary[r as usize] = n;
-            self.recorded[r as usize] = k;
+            self.summary.set(r, n);
+            self.recorded.set(r, k);
             used += u64::from(n);
             records += u64::from(k);
         }
@@ -398,7 +417,12 @@ impl Sparse {
     /// As `load_summary`, for the LBN summary.
     fn load_lbn_summary(&mut self, for_check: bool) -> Result<BTreeSet<u64>> {
         let mut odd = BTreeSet::new();
-        for i in 0..self.geo.lbn_blocks {
+        let first = self.geo.lbn_summary_table_blocks().start;
+        let written = self.written_blocks(self.geo.lbn_summary_table_blocks())?;
+        let blocks = (written.into_iter())
+            .flat_map(|b| self.geo.lbn_blocks_of_summary(b - first))
+            .collect::<Vec<_>>();
+        for i in blocks {
             let n = self.t.u16_at(self.geo.lbn_summary(i))?;
             let room = self.geo.lbns_of_block(i).count() as u64;
             if u64::from(n) > room {
@@ -410,21 +434,38 @@ impl Sparse {
                 odd.insert(i);
                 continue;
             }
-            self.mapped[i as usize] = n;
+            self.mapped.set(i, n);
         }
         Ok(odd)
+    }
+
+    /// The table blocks of `blocks` the metadata file says were ever
+    /// written (a sparse file's holes read as zeros: empty summaries);
+    /// all of them where it cannot tell (a block device).
+    fn written_blocks(&self, blocks: std::ops::Range<u64>) -> Result<Vec<u64>> {
+        let start = self.geo.table_start();
+        let bytes = start + blocks.start * BLOCK as u64..start + blocks.end * BLOCK as u64;
+        let Some(ranges) = self.t.file.data_ranges(bytes)? else {
+            return Ok(blocks.collect());
+        };
+        Ok(ranges
+            .into_iter()
+            .flat_map(|r| {
+                let first = (r.start - start) / BLOCK as u64;
+                let end = (r.end - start).div_ceil(BLOCK as u64);
+                first.max(blocks.start)..end.min(blocks.end)
+            })
+            .collect())
     }
 
     /// One more (`true`) or one fewer mapped LBN in `lbn`'s map block.
     fn note_mapped(&mut self, lbn: Lbn, more: bool) -> Result<()> {
         let i = lbn / geometry::LBNS_PER_BLOCK;
-        let n = &mut self.mapped[i as usize];
-        if more {
-            *n += 1;
-        } else {
-            *n -= 1;
-        }
-        let n = *n;
+        let n = match more {
+            true => self.mapped.get(i) + 1,
+            false => self.mapped.get(i) - 1,
+        };
+        self.mapped.set(i, n);
         let at = self.geo.lbn_summary(i);
         self.t.set_u16(at, n)
     }
@@ -479,13 +520,12 @@ impl Sparse {
     /// the totals follow, and a freed PBN waits for the commit.
     fn note_use(&mut self, pbn: Pbn, in_use: bool) -> Result<()> {
         let r = pbn / REFS_PER_BLOCK;
-        let n = &mut self.summary[r as usize];
         if in_use {
-            *n += 1;
+            self.summary.set(r, self.summary.get(r) + 1);
             self.used += 1;
             self.quarantine.remove(&pbn);
         } else {
-            *n -= 1;
+            self.summary.set(r, self.summary.get(r) - 1);
             self.used -= 1;
             self.quarantine.insert(pbn);
         }
@@ -493,7 +533,7 @@ impl Sparse {
     }
 
     fn write_summary(&mut self, r: u64) -> Result<()> {
-        let (n, k) = (self.summary[r as usize], self.recorded[r as usize]);
+        let (n, k) = (self.summary.get(r), self.recorded.get(r));
         let (b, off) = self.geo.summary(r);
         self.t.set_u16((b, off), n)?;
         self.t.set_u16((b, off + 2), k)
@@ -523,21 +563,21 @@ impl Sparse {
         let (b, off) = self.geo.record(pbn);
         let block = self.t.cache.get_mut(b)?;
         let slot = &mut block[HEADER + off..HEADER + off + RECORD_BYTES];
-        let r = (pbn / REFS_PER_BLOCK) as usize;
+        let r = pbn / REFS_PER_BLOCK;
         match fp {
             Some(fp) => {
                 slot[0] = 1;
                 slot[1..].copy_from_slice(&fp.0);
-                self.recorded[r] += 1;
+                self.recorded.set(r, self.recorded.get(r) + 1);
                 self.records += 1;
             }
             None => {
                 slot.fill(0);
-                self.recorded[r] -= 1;
+                self.recorded.set(r, self.recorded.get(r) - 1);
                 self.records -= 1;
             }
         }
-        self.write_summary(r as u64)
+        self.write_summary(r)
     }
 
     /// Is `pbn` a live chunk whose record is `fp`? (A candidate from the
@@ -560,7 +600,7 @@ impl Sparse {
             let (mut p, end) = (range.start, range.end.min(self.geo.pbn_space));
             while p < end {
                 let r = p / REFS_PER_BLOCK;
-                if self.recorded[r as usize] == 0 {
+                if self.recorded.get(r) == 0 {
                     p = ((r + 1) * REFS_PER_BLOCK).min(end);
                     continue;
                 }
@@ -594,8 +634,12 @@ impl Sparse {
         let mut taken = 0;
         while pbn < self.geo.pbn_space {
             let r = pbn / REFS_PER_BLOCK;
-            if self.recorded[r as usize] == 0 {
-                pbn = (r + 1) * REFS_PER_BLOCK;
+            if self.recorded.get(r) == 0 {
+                // The next refcount block with records, if any.
+                match self.recorded.next_nonzero(r) {
+                    Some(next) => pbn = next * REFS_PER_BLOCK,
+                    None => break,
+                }
                 continue;
             }
             if taken >= max {
@@ -776,8 +820,12 @@ impl MetadataBackend for Sparse {
         let mut taken = 0;
         while lbn < self.geo.logical_chunks {
             let i = lbn / geometry::LBNS_PER_BLOCK;
-            if self.mapped[i as usize] == 0 {
-                lbn = (i + 1) * geometry::LBNS_PER_BLOCK;
+            if self.mapped.get(i) == 0 {
+                // The next LBN-map block that maps any, if any.
+                match self.mapped.next_nonzero(i) {
+                    Some(next) => lbn = next * geometry::LBNS_PER_BLOCK,
+                    None => break,
+                }
                 continue;
             }
             if taken == max {
@@ -840,7 +888,7 @@ impl MetadataBackend for Sparse {
         for _ in 0..=self.geo.ref_blocks {
             let r = pbn / REFS_PER_BLOCK;
             let end = ((r + 1) * REFS_PER_BLOCK).min(total);
-            if u64::from(self.summary[r as usize]) < end - r * REFS_PER_BLOCK {
+            if u64::from(self.summary.get(r)) < end - r * REFS_PER_BLOCK {
                 let (b, _) = self.geo.refcount(pbn);
                 let block = self.t.cache.get(b)?;
                 let free = (pbn..end).find(|&p| {

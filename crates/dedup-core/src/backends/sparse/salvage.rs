@@ -34,19 +34,21 @@ impl Sparse {
                 _ => {}
             }
         }
-        for i in 0..self.geo.lbn_blocks {
-            if self.mapped[i as usize] > 0 || odd_lbns.contains(&i) {
-                self.recount_lbn_block(i)?;
-            }
+        let lbn_blocks: BTreeSet<u64> = (self.mapped.nonzero().map(|(i, _)| i))
+            .chain(odd_lbns)
+            .collect();
+        for i in lbn_blocks {
+            self.recount_lbn_block(i)?;
         }
-        for r in 0..self.geo.ref_blocks {
-            let ix = r as usize;
-            if self.summary[ix] > 0 || self.recorded[ix] > 0 || odd_refs.contains(&r) {
-                self.recount_ref_block(r)?;
-            }
+        let ref_blocks: BTreeSet<u64> = (self.summary.nonzero().map(|(r, _)| r))
+            .chain(self.recorded.nonzero().map(|(r, _)| r))
+            .chain(odd_refs)
+            .collect();
+        for r in ref_blocks {
+            self.recount_ref_block(r)?;
         }
-        self.used = self.summary.iter().map(|&n| u64::from(n)).sum();
-        self.records = self.recorded.iter().map(|&n| u64::from(n)).sum();
+        self.used = self.summary.sum();
+        self.records = self.recorded.sum();
         Ok(())
     }
 
@@ -76,12 +78,12 @@ impl Sparse {
             .clone()
             .filter(|&l| read_u64(block, HEADER + self.geo.lbn(l).1) != 0)
             .count() as u16;
-        if n != self.mapped[i as usize] {
+        if n != self.mapped.get(i) {
             tracing::warn!(
                 "sparse LBN summary: LBN-map block {i} maps {n} LBNs, the summary said {}",
-                self.mapped[i as usize]
+                self.mapped.get(i)
             );
-            self.mapped[i as usize] = n;
+            self.mapped.set(i, n);
             self.t.set_u16(self.geo.lbn_summary(i), n)?;
         }
         Ok(())
@@ -109,15 +111,14 @@ impl Sparse {
             }
             p = end;
         }
-        let ix = r as usize;
-        if (used, recorded) != (self.summary[ix], self.recorded[ix]) {
+        if (used, recorded) != (self.summary.get(r), self.recorded.get(r)) {
             tracing::warn!(
                 "sparse refcount summary: refcount block {r} has {used} PBNs in use and {recorded} records, the summary said {} and {}",
-                self.summary[ix],
-                self.recorded[ix]
+                self.summary.get(r),
+                self.recorded.get(r)
             );
-            self.summary[ix] = used;
-            self.recorded[ix] = recorded;
+            self.summary.set(r, used);
+            self.recorded.set(r, recorded);
             self.write_summary(r)?;
         }
         Ok(())

@@ -86,6 +86,44 @@ fn a_terabyte_device_costs_what_is_written() {
     }
 }
 
+/// The summaries are paged: at 15 TiB with lz4 (16 addresses a data
+/// block, so 63 million refcount blocks) an open reads the summary blocks
+/// written, not 250 MiB of them, and RAM holds pages for what is stored.
+#[test]
+fn summaries_follow_the_data_not_the_device_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let chunks = 15 * (1u64 << 40) / 4096;
+    let c = DeviceConfig {
+        compression: Compression::Lz4,
+        ..cfg(chunks, chunks)
+    };
+    let f = on_file(dir.path(), &c, &BackendParams::default());
+    let mut s = open_store(&f);
+    for i in 0..10_000u64 {
+        let pbn = s.alloc_pbn().unwrap().unwrap();
+        s.hash_index_insert(&fp(i), pbn).unwrap();
+        s.refcount_inc(pbn).unwrap();
+        s.lbn_map_insert(chunks - 1 - i * 1000, pbn).unwrap();
+    }
+    s.close(&[]).unwrap();
+    let t = std::time::Instant::now();
+    let mut s = open_store(&f);
+    let took = t.elapsed();
+    let read = s.t.cache.io.bytes_read;
+    assert!(read < 8 << 20, "open read {read} bytes of tables");
+    assert!(took < std::time::Duration::from_millis(500), "{took:?}");
+    assert_eq!(s.usage().pbns_used, 10_000);
+    assert_eq!(s.summary.sum(), 10_000);
+    assert_eq!(s.mapped.sum(), 10_000);
+    // Scans jump over the empty ranges of the map.
+    let mut all = Vec::new();
+    let mut cursor = Some(ScanCursor::start());
+    while let Some(c) = cursor.take() {
+        cursor = s.lbn_map_scan(&c, 4096, &mut all).unwrap();
+    }
+    assert_eq!(all.len(), 10_000);
+}
+
 fn mem_store(c: &DeviceConfig, index_memory: u64) -> Sparse {
     let meta = Arc::new(crate::blockfile::MemBlockFile::new(
         metadata_device_len(c),
@@ -179,7 +217,7 @@ fn allocation_skips_full_blocks_and_wraps_to_freed_ones() {
     s.commit(&[]).unwrap();
     assert_eq!(s.usage().pbns_free, 1);
     assert_eq!(s.alloc_pbn().unwrap(), Some(7));
-    assert_eq!(s.summary[0] as u64, REFS_PER_BLOCK);
+    assert_eq!(s.summary.get(0) as u64, REFS_PER_BLOCK);
 }
 
 /// A repack moves a chunk's count before its index entry: for a moment
