@@ -92,12 +92,17 @@ impl Compression {
         }
         if data.len() >= 4 * SAMPLE {
             let (head, tail) = (&data[..SAMPLE], &data[data.len() - SAMPLE..]);
-            let shrinks = |s: &[u8]| lz4_flex::block::compress(s).len() < s.len();
+            let shrinks = |s: &[u8]| lz4_with_table(s, |out| out.len() < s.len());
             if !shrinks(head) && !shrinks(tail) {
                 return None;
             }
         }
-        self.compress(data)
+        match self {
+            Compression::Lz4 => {
+                lz4_with_table(data, |out| (out.len() < data.len()).then(|| out.to_vec()))
+            }
+            _ => self.compress(data),
+        }
     }
 
     /// `compress`, with zstd's parameters past the level set as `tuning`
@@ -138,6 +143,31 @@ impl Compression {
 
 /// The bytes at each end of a chunk that `compress_chunk` tries first.
 const SAMPLE: usize = 512;
+
+thread_local! {
+    /// This thread's LZ4 hash table and output buffer for chunks: a call
+    /// of `lz4_flex::block::compress` allocates and zeroes a table and
+    /// allocates its output, which for a 4 KiB chunk cost as much as the
+    /// compression (the early abort's samples make three calls of one).
+    static LZ4: RefCell<(lz4_flex::block::CompressTable, Vec<u8>)> =
+        RefCell::new((lz4_flex::block::CompressTable::small(), Vec::new()));
+}
+
+/// `f` of `data` compressed by LZ4 with this thread's table and buffer.
+fn lz4_with_table<T>(data: &[u8], f: impl FnOnce(&[u8]) -> T) -> T {
+    LZ4.with(|cell| {
+        let (table, out) = &mut *cell.borrow_mut();
+        // Grown once to the largest chunk's bound, never shrunk: resizing
+        // back up would zero it again on every call.
+        let need = lz4_flex::block::get_maximum_output_size(data.len());
+        if out.len() < need {
+            out.resize(need, 0);
+        }
+        let n = lz4_flex::block::compress_into_with_table(data, out, table)
+            .expect("the output buffer has LZ4's maximum size for the input");
+        f(&out[..n])
+    })
+}
 
 /// zstd parameters a caller that knows its data sets past the level;
 /// `None` leaves zstd's choice for the level and the input's size.
