@@ -100,7 +100,7 @@ impl Engine {
     ) -> Result<CheckReport> {
         let _g = self.enter()?;
         let _gc = self.gc_lock.lock();
-        let _quiet = self.lbn_locks.write_many(0..1024);
+        let _quiet = self.lbn_locks.write_all();
         let mut m = self.meta.lock();
         let data = |pbn, buf: &mut [u8]| self.read_stored(pbn, buf);
         let how = How {
@@ -124,7 +124,7 @@ impl Engine {
     pub fn repair(&self, verify_data: bool) -> Result<(CheckReport, RepairReport)> {
         let _g = self.enter()?;
         let _gc = self.gc_lock.lock();
-        let _quiet = self.lbn_locks.write_many(0..1024);
+        let _quiet = self.lbn_locks.write_all();
         let (before, fixes) = {
             let mut m = self.meta.lock();
             let data = |pbn, buf: &mut [u8]| self.read_stored(pbn, buf);

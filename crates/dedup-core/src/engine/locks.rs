@@ -52,6 +52,12 @@ impl LbnLocks {
             .map(|i| self.stripes[i].write())
             .collect()
     }
+
+    /// Every stripe, exclusively: no write batch or read runs meanwhile
+    /// (check and repair).
+    pub fn write_all(&self) -> Vec<RwLockWriteGuard<'_, ()>> {
+        self.stripes.iter().map(|s| s.write()).collect()
+    }
 }
 
 /// Mutex stripes keyed by a fingerprint prefix: held from the hash index
@@ -88,6 +94,18 @@ mod tests {
             stripe_set([5, STRIPES as u64 + 5, 3, 5].into_iter()),
             vec![3, 5]
         );
+    }
+
+    #[test]
+    fn write_all_holds_every_stripe() {
+        let l = LbnLocks::default();
+        let all = l.write_all();
+        for lbn in [0, 1023, 1024, STRIPES as u64 - 1, STRIPES as u64 + 7] {
+            let i = stripe_set([lbn].into_iter())[0];
+            assert!(l.stripes[i].try_read().is_none(), "LBN {lbn}");
+        }
+        drop(all);
+        assert!(l.stripes[STRIPES - 1].try_write().is_some());
     }
 
     #[test]
