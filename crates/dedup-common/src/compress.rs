@@ -171,6 +171,13 @@ thread_local! {
 fn lz4_with_table<T>(data: &[u8], f: impl FnOnce(&[u8]) -> T) -> T {
     LZ4.with(|cell| {
         let (table, out) = &mut *cell.borrow_mut();
+        // A large input upgrades the table for good; a small one gets the
+        // small table back, as `block::compress` would choose.
+        if data.len() < u16::MAX as usize
+            && matches!(table, lz4_flex::block::CompressTable::Large(_))
+        {
+            *table = lz4_flex::block::CompressTable::small();
+        }
         // Grown once to the largest chunk's bound, never shrunk: resizing
         // back up would zero it again on every call.
         let need = lz4_flex::block::get_maximum_output_size(data.len());

@@ -20,6 +20,9 @@ pub struct HomeSync {
     done: Receiver<Result<()>>,
     /// A sync was started and not yet waited for.
     pending: bool,
+    /// A sync failed: every later wait fails too (the file is latched
+    /// as well, `blockfile/latch.rs`; this does not rely on it).
+    failed: bool,
 }
 
 impl HomeSync {
@@ -41,6 +44,7 @@ impl HomeSync {
             start,
             done,
             pending: false,
+            failed: false,
         })
     }
 
@@ -54,13 +58,29 @@ impl HomeSync {
         Ok(())
     }
 
-    /// Wait for the sync started last, if any; its error if it failed.
+    /// Wait for the sync started last, if any; its error if it failed,
+    /// and an error from then on.
     pub fn wait(&mut self) -> Result<()> {
+        if self.failed {
+            return Err(Error::io(
+                "metadata sync",
+                std::io::Error::other(
+                    "an earlier background sync of the metadata failed, and the kernel may have \
+                     dropped metadata it could not write; the device takes no more writes: stop it \
+                     and serve it again (its journal replays what is on disk)",
+                ),
+            ));
+        }
         if !std::mem::take(&mut self.pending) {
             return Ok(());
         }
-        self.done
-            .recv()
-            .map_err(|_| Error::io("metadata sync thread", std::io::Error::other("it stopped")))?
+        let synced = self.done.recv().unwrap_or_else(|_| {
+            Err(Error::io(
+                "metadata sync thread",
+                std::io::Error::other("it stopped"),
+            ))
+        });
+        self.failed = synced.is_err();
+        synced
     }
 }

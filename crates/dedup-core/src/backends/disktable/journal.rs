@@ -30,8 +30,9 @@ const S: &str = "disktable journal";
 pub struct Journal {
     pub seq: u64,
     /// The sync of the last commit's home writes, started in the
-    /// background; made at the first commit.
-    homes: Option<HomeSync>,
+    /// background; made at open when writable (`None`: a commit syncs
+    /// its homes itself).
+    pub homes: Option<HomeSync>,
 }
 
 /// What the header keeps of the body's blake3 digest.
@@ -106,12 +107,13 @@ impl Journal {
         io.syncs += 1;
         io.bytes_written += all.len() as u64;
         write_homes(file.as_ref(), geo, blocks, io)?;
-        if self.homes.is_none() {
-            self.homes = Some(HomeSync::new(file.clone())?);
-        }
-        self.homes.as_mut().expect("made above").start()?;
         io.syncs += 1;
-        Ok(())
+        // No background sync (none made, or its thread gone): the homes
+        // are synced here, before anything can overwrite this journal.
+        match self.homes.as_mut().map(HomeSync::start) {
+            Some(Ok(())) => Ok(()),
+            _ => file.sync(),
+        }
     }
 
     /// Wait until the last commit's home writes are durable (before the

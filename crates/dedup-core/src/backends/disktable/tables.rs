@@ -32,6 +32,7 @@ use std::sync::Arc;
 
 use super::cache::Cache;
 use super::geometry::{Area, BLOCK, HEADER, ROOT};
+use super::home_sync::HomeSync;
 use super::journal::{journal_len, Journal};
 use crate::backends::kv::store::StoreState;
 use crate::blockfile::latch::Latched;
@@ -106,6 +107,9 @@ impl Journaled {
         let file: Arc<dyn BlockFile> = Arc::new(Latched::new(file));
         let mut cache = Cache::new(file.clone(), area, cache_bytes);
         let (mut journal, replayed) = Journal::recover(file.as_ref(), &area, &mut cache.io)?;
+        if writable {
+            journal.homes = Some(HomeSync::new(file.clone())?);
+        }
         if replayed > 0 {
             tracing::info!("{name}: replayed {replayed} journaled blocks after an unclean stop");
         }

@@ -32,6 +32,7 @@ mod paged;
 mod salvage;
 
 use std::collections::{BTreeSet, HashSet};
+use std::ops::Range;
 use std::sync::Arc;
 
 use crate::backend::{BackendUsage, IndexFigures, LostBlock, MetadataBackend, ScanCursor, Upkeep};
@@ -383,12 +384,11 @@ impl Sparse {
     fn load_summary(&mut self, for_check: bool) -> Result<BTreeSet<u64>> {
         let (mut used, mut records) = (0u64, 0u64);
         let mut odd = BTreeSet::new();
-        let written = self.written_blocks(self.geo.summary_table_blocks())?;
-        let refs = written.into_iter().flat_map(|b| {
-            self.geo
-                .ref_blocks_of_summary(b - self.geo.summary_table_blocks().start)
-        });
-        for r in refs.collect::<Vec<_>>() {
+        let geo = self.geo;
+        let first = geo.summary_table_blocks().start;
+        let written = self.written_blocks(geo.summary_table_blocks())?;
+        let blocks = written.into_iter().flatten();
+        for r in blocks.flat_map(|b| geo.ref_blocks_of_summary(b - first)) {
             let (b, off) = self.geo.summary(r);
             let n = self.t.u16_at((b, off))?;
             let k = self.t.u16_at((b, off + 2))?;
@@ -417,12 +417,11 @@ impl Sparse {
     /// As `load_summary`, for the LBN summary.
     fn load_lbn_summary(&mut self, for_check: bool) -> Result<BTreeSet<u64>> {
         let mut odd = BTreeSet::new();
-        let first = self.geo.lbn_summary_table_blocks().start;
-        let written = self.written_blocks(self.geo.lbn_summary_table_blocks())?;
-        let blocks = (written.into_iter())
-            .flat_map(|b| self.geo.lbn_blocks_of_summary(b - first))
-            .collect::<Vec<_>>();
-        for i in blocks {
+        let geo = self.geo;
+        let first = geo.lbn_summary_table_blocks().start;
+        let written = self.written_blocks(geo.lbn_summary_table_blocks())?;
+        let blocks = written.into_iter().flatten();
+        for i in blocks.flat_map(|b| geo.lbn_blocks_of_summary(b - first)) {
             let n = self.t.u16_at(self.geo.lbn_summary(i))?;
             let room = self.geo.lbns_of_block(i).count() as u64;
             if u64::from(n) > room {
@@ -440,22 +439,26 @@ impl Sparse {
     }
 
     /// The table blocks of `blocks` the metadata file says were ever
-    /// written (a sparse file's holes read as zeros: empty summaries);
-    /// all of them where it cannot tell (a block device).
-    fn written_blocks(&self, blocks: std::ops::Range<u64>) -> Result<Vec<u64>> {
+    /// written (a sparse file's holes read as zeros: empty summaries), as
+    /// sorted runs that never share a block (two extents may lie in one
+    /// 4 KiB block on a filesystem of smaller blocks); all of them where
+    /// it cannot tell (a block device).
+    fn written_blocks(&self, blocks: Range<u64>) -> Result<Vec<Range<u64>>> {
         let start = self.geo.table_start();
         let bytes = start + blocks.start * BLOCK as u64..start + blocks.end * BLOCK as u64;
         let Some(ranges) = self.t.file.data_ranges(bytes)? else {
-            return Ok(blocks.collect());
+            return Ok(vec![blocks]);
         };
-        Ok(ranges
-            .into_iter()
-            .flat_map(|r| {
-                let first = (r.start - start) / BLOCK as u64;
-                let end = (r.end - start).div_ceil(BLOCK as u64);
-                first.max(blocks.start)..end.min(blocks.end)
-            })
-            .collect())
+        let mut runs: Vec<Range<u64>> = Vec::new();
+        for r in ranges {
+            let done = runs.last().map_or(blocks.start, |last| last.end);
+            let first = ((r.start - start) / BLOCK as u64).max(done);
+            let end = (r.end - start).div_ceil(BLOCK as u64).min(blocks.end);
+            if first < end {
+                runs.push(first..end);
+            }
+        }
+        Ok(runs)
     }
 
     /// One more (`true`) or one fewer mapped LBN in `lbn`'s map block.

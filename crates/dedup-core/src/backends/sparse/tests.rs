@@ -44,6 +44,16 @@ fn open_store(f: &Arc<FileBlockFile>) -> Sparse {
     Sparse::open(sb, Box::new(f.clone()), &writable()).unwrap()
 }
 
+/// `n` chunks stored, chunk `i` mapped at LBN `lbn(i)`.
+fn store_chunks(s: &mut Sparse, n: u64, lbn: impl Fn(u64) -> u64) {
+    for i in 0..n {
+        let pbn = s.alloc_pbn().unwrap().unwrap();
+        s.hash_index_insert(&fp(i), pbn).unwrap();
+        s.refcount_inc(pbn).unwrap();
+        s.lbn_map_insert(lbn(i), pbn).unwrap();
+    }
+}
+
 /// A small budget that still holds a working index.
 const SMALL: u64 = 256 << 10;
 
@@ -99,12 +109,7 @@ fn summaries_follow_the_data_not_the_device_size() {
     };
     let f = on_file(dir.path(), &c, &BackendParams::default());
     let mut s = open_store(&f);
-    for i in 0..10_000u64 {
-        let pbn = s.alloc_pbn().unwrap().unwrap();
-        s.hash_index_insert(&fp(i), pbn).unwrap();
-        s.refcount_inc(pbn).unwrap();
-        s.lbn_map_insert(chunks - 1 - i * 1000, pbn).unwrap();
-    }
+    store_chunks(&mut s, 10_000, |i| chunks - 1 - i * 1000);
     s.close(&[]).unwrap();
     let t = std::time::Instant::now();
     let mut s = open_store(&f);
@@ -122,6 +127,62 @@ fn summaries_follow_the_data_not_the_device_size() {
         cursor = s.lbn_map_scan(&c, 4096, &mut all).unwrap();
     }
     assert_eq!(all.len(), 10_000);
+}
+
+/// A metadata file on a filesystem of 1 KiB blocks, copied sparse (`cp
+/// --sparse=always`): its extents may end inside a 4 KiB table block.
+struct Fragmented(Arc<FileBlockFile>);
+
+impl BlockFile for Fragmented {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.0.write_at(buf, offset)
+    }
+    fn sync(&self) -> Result<()> {
+        self.0.sync()
+    }
+    fn len(&self) -> Result<u64> {
+        self.0.len()
+    }
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+    fn capacity(&self) -> Result<Option<u64>> {
+        self.0.capacity()
+    }
+    fn allocated(&self) -> Result<Option<u64>> {
+        self.0.allocated()
+    }
+    fn data_ranges(&self, range: Range<u64>) -> Result<Option<Vec<Range<u64>>>> {
+        let whole = self.0.data_ranges(range)?;
+        Ok(whole.map(|ranges| {
+            (ranges.into_iter())
+                .flat_map(|r| {
+                    (r.start..r.end)
+                        .step_by(1024)
+                        .map(move |a| a..(a + 1024).min(r.end))
+                })
+                .collect()
+        }))
+    }
+}
+
+#[test]
+fn summaries_load_once_when_extents_split_a_table_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(1 << 20, 1 << 20);
+    let f = on_file(dir.path(), &c, &BackendParams::default());
+    let mut s = open_store(&f);
+    store_chunks(&mut s, 10_000, |i| i * 7);
+    s.close(&[]).unwrap();
+    let sb = Superblock::read(f.as_ref(), std::path::Path::new("meta")).unwrap();
+    let mut s = Sparse::open(sb, Box::new(Fragmented(f.clone())), &writable())
+        .unwrap_or_else(|e| panic!("a fragmented file must open: {e}"));
+    assert_eq!(s.usage().pbns_used, 10_000);
+    assert_eq!(s.mapped.sum(), 10_000);
+    assert!(s.lbn_map_lookup(7 * 9_999).unwrap().is_some());
 }
 
 fn mem_store(c: &DeviceConfig, index_memory: u64) -> Sparse {
