@@ -332,27 +332,13 @@ pub(crate) fn write_runs<B: AtBlock<Item = [u8]>>(
     data: &dyn crate::blockfile::BlockFile,
     blocks: &[B],
 ) -> Result<u64> {
-    let mut run: Vec<&[u8]> = Vec::new();
+    let mut bufs: Vec<&[u8]> = Vec::new();
     let mut bytes = 0;
-    let mut i = 0;
-    while i < blocks.len() {
-        let mut j = i + 1;
-        while j < blocks.len() && blocks[j].block() == blocks[j - 1].block() + 1 {
-            j += 1;
-        }
-        let offset = cfg.pbn_offset(blocks[i].block());
-        if j == i + 1 {
-            data.write_at(blocks[i].item(), offset)?;
-        } else {
-            run.clear();
-            run.extend(blocks[i..j].iter().map(|b| b.item()));
-            data.write_vectored_at(&run, offset)?;
-        }
-        bytes += blocks[i..j]
-            .iter()
-            .map(|b| b.item().len() as u64)
-            .sum::<u64>();
-        i = j;
+    for run in blocks.chunk_by(|a, b| b.block() == a.block() + 1) {
+        bufs.clear();
+        bufs.extend(run.iter().map(|b| b.item()));
+        data.write_vectored_at(&bufs, cfg.pbn_offset(run[0].block()))?;
+        bytes += bufs.iter().map(|b| b.len() as u64).sum::<u64>();
     }
     Ok(bytes)
 }

@@ -51,9 +51,7 @@ impl HomeSync {
     /// Start syncing the file in the background.
     pub fn start(&mut self) -> Result<()> {
         self.wait()?;
-        self.start
-            .send(())
-            .map_err(|_| Error::io("metadata sync thread", std::io::Error::other("it stopped")))?;
+        self.start.send(()).map_err(|_| stopped())?;
         self.pending = true;
         Ok(())
     }
@@ -74,13 +72,13 @@ impl HomeSync {
         if !std::mem::take(&mut self.pending) {
             return Ok(());
         }
-        let synced = self.done.recv().unwrap_or_else(|_| {
-            Err(Error::io(
-                "metadata sync thread",
-                std::io::Error::other("it stopped"),
-            ))
-        });
+        let synced = self.done.recv().unwrap_or_else(|_| Err(stopped()));
         self.failed = synced.is_err();
         synced
     }
+}
+
+/// The sync thread is gone (it panicked): nothing can be synced through it.
+fn stopped() -> Error {
+    Error::io("metadata sync thread", std::io::Error::other("it stopped"))
 }

@@ -254,21 +254,9 @@ impl Journaled {
     pub fn verify_blocks(&self, blocks: std::ops::Range<u64>) -> Result<()> {
         const RUN: u64 = 256;
         let start = self.area.table_start;
-        let bytes = start + blocks.start * BLOCK as u64..start + blocks.end * BLOCK as u64;
-        let ranges = self
-            .file
-            .data_ranges(bytes.clone())?
-            .unwrap_or_else(|| vec![bytes]);
+        let runs = (self.written_runs(blocks.clone())?).unwrap_or_else(|| vec![blocks]);
         let mut buf = vec![0u8; RUN as usize * BLOCK];
-        for r in ranges {
-            // Whole blocks that overlap the allocated range.
-            let first = r.start.saturating_sub(start) / BLOCK as u64;
-            let end = r
-                .end
-                .saturating_sub(start)
-                .div_ceil(BLOCK as u64)
-                .min(blocks.end);
-            let mut b = first.max(blocks.start);
+        for std::ops::Range { start: mut b, end } in runs {
             while b < end {
                 let n = RUN.min(end - b);
                 let run = &mut buf[..n as usize * BLOCK];
@@ -283,6 +271,32 @@ impl Journaled {
             }
         }
         Ok(())
+    }
+
+    /// The table blocks of `blocks` that the file says were ever written
+    /// (a sparse file's holes were not), as sorted runs of whole blocks
+    /// that never share a block (two extents may lie in one 4 KiB block on
+    /// a filesystem of smaller blocks); `None` where the file cannot tell
+    /// (a block device).
+    pub fn written_runs(
+        &self,
+        blocks: std::ops::Range<u64>,
+    ) -> Result<Option<Vec<std::ops::Range<u64>>>> {
+        let start = self.area.table_start;
+        let bytes = start + blocks.start * BLOCK as u64..start + blocks.end * BLOCK as u64;
+        let Some(ranges) = self.file.data_ranges(bytes)? else {
+            return Ok(None);
+        };
+        let mut runs: Vec<std::ops::Range<u64>> = Vec::new();
+        for r in ranges {
+            let done = runs.last().map_or(blocks.start, |last| last.end);
+            let first = (r.start.saturating_sub(start) / BLOCK as u64).max(done);
+            let end = (r.end.saturating_sub(start).div_ceil(BLOCK as u64)).min(blocks.end);
+            if first < end {
+                runs.push(first..end);
+            }
+        }
+        Ok(Some(runs))
     }
 
     /// The little-endian u32 at (table block, payload offset).

@@ -438,27 +438,11 @@ impl Sparse {
         Ok(odd)
     }
 
-    /// The table blocks of `blocks` the metadata file says were ever
-    /// written (a sparse file's holes read as zeros: empty summaries), as
-    /// sorted runs that never share a block (two extents may lie in one
-    /// 4 KiB block on a filesystem of smaller blocks); all of them where
-    /// it cannot tell (a block device).
+    /// The runs of `blocks` the metadata file says were ever written (a
+    /// sparse file's holes read as zeros: empty summaries), all of them
+    /// where it cannot tell (a block device).
     fn written_blocks(&self, blocks: Range<u64>) -> Result<Vec<Range<u64>>> {
-        let start = self.geo.table_start();
-        let bytes = start + blocks.start * BLOCK as u64..start + blocks.end * BLOCK as u64;
-        let Some(ranges) = self.t.file.data_ranges(bytes)? else {
-            return Ok(vec![blocks]);
-        };
-        let mut runs: Vec<Range<u64>> = Vec::new();
-        for r in ranges {
-            let done = runs.last().map_or(blocks.start, |last| last.end);
-            let first = ((r.start - start) / BLOCK as u64).max(done);
-            let end = (r.end - start).div_ceil(BLOCK as u64).min(blocks.end);
-            if first < end {
-                runs.push(first..end);
-            }
-        }
-        Ok(runs)
+        Ok((self.t.written_runs(blocks.clone())?).unwrap_or_else(|| vec![blocks]))
     }
 
     /// One more (`true`) or one fewer mapped LBN in `lbn`'s map block.

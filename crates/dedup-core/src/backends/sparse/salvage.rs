@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use super::geometry::{Place, RECORDS_PER_BLOCK, RECORD_BYTES, REFS_PER_BLOCK};
 use super::{read_u32, read_u64, Sparse};
 use crate::backend::{Held, LostBlock};
-use crate::backends::disktable::geometry::{BLOCK, HEADER};
+use crate::backends::disktable::geometry::HEADER;
 use crate::error::Result;
 
 impl Sparse {
@@ -56,15 +56,11 @@ impl Sparse {
     /// says was ever written. One the summaries call empty reads as empty
     /// if damaged, which is what they say it holds.
     fn read_written_blocks(&mut self) -> Result<()> {
-        let start = self.geo.table_start();
-        let tables = start + BLOCK as u64..self.geo.device_len();
-        let Some(ranges) = self.t.file.data_ranges(tables)? else {
+        let Some(runs) = self.t.written_runs(1..self.geo.table_blocks())? else {
             return Ok(());
         };
-        for r in ranges {
-            for b in (r.start - start) / BLOCK as u64..(r.end - start).div_ceil(BLOCK as u64) {
-                self.t.cache.get(b)?;
-            }
+        for b in runs.into_iter().flatten() {
+            self.t.cache.get(b)?;
         }
         Ok(())
     }
