@@ -38,6 +38,7 @@
 //! it in `registry/`, and run the conformance suite
 //! (`tests/seams.rs` and the model suite in `tests/model.rs`).
 
+use crate::blockfile::written::Listed;
 use crate::config::{Lbn, Pbn};
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;
@@ -279,6 +280,25 @@ pub trait MetadataBackend: Upkeep + Send {
 /// nothing, so a store that needs none writes `impl Upkeep for S {}`. Called
 /// like the seam's methods, by the engine under its metadata mutex.
 pub trait Upkeep {
+    /// `MetadataBackend::commit`, with the data not durable yet:
+    /// `data_durable` makes it so, and must have returned before anything
+    /// of this commit can be taken for committed without checking the
+    /// data. A store that checks its last transaction's data at recovery
+    /// (the journaled ones: `disktable/journal.rs`) runs it after its own
+    /// sync, side by side with it (the engine starts the data sync on a
+    /// helper thread and this waits for it). `listed`: the data blocks
+    /// this transaction wrote and still uses, with digests of their bytes
+    /// (`blockfile/written.rs`), or `None` when they could not be listed
+    /// (then the data must be durable first). `None` (the default): the
+    /// store cannot; the engine syncs the data, then calls `commit`.
+    fn commit_beside_data(
+        &mut self,
+        _private: &[u64],
+        _listed: Option<&[Listed]>,
+        _data_durable: &mut dyn FnMut() -> Result<()>,
+    ) -> Option<Result<()>> {
+        None
+    }
     /// The host filesystem under the metadata is full and a commit that
     /// must not fail for it (a close, one that frees space) did: give back
     /// the room the store reserved for this (journaled stores: see

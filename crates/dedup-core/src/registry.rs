@@ -8,6 +8,7 @@ use crate::backend::MetadataBackend;
 use crate::backends::{
     cowbtree, disktable, inram, lsm, sparse, BackendParams, OpenOptions, Opened, WindowParams,
 };
+use crate::blockfile::written::{DataCheck, WrittenBlocks};
 use crate::blockfile::BlockFile;
 use crate::config::DeviceConfig;
 use crate::error::{Error, Result};
@@ -146,11 +147,18 @@ pub struct Pair {
     /// tables: the engine commits before serving and moves its totals by
     /// (mapped LBNs, index entries).
     pub recovered: Option<(i64, i64)>,
+    /// The data device's I/O must stay in program order (a crash test's
+    /// disk): the engine runs no data sync on a helper thread.
+    pub data_ordered: bool,
+    /// What each commit wrote to the data device (journaled stores opened
+    /// for writing): the engine has the placement keep the live blocks of
+    /// it and hands them to `Upkeep::commit_beside_data`.
+    pub written: Option<Arc<WrittenBlocks>>,
 }
 
 /// Open the store, then the placement over it.
 pub fn open(
-    superblock: Superblock,
+    mut superblock: Superblock,
     meta: Box<dyn BlockFile>,
     data: Arc<dyn BlockFile>,
     opts: &OpenOptions,
@@ -178,6 +186,8 @@ pub fn open(
         });
     }
     let meta: Arc<dyn BlockFile> = Arc::from(meta);
+    let data_ordered = data.ordered_io();
+    let (data, written) = check_data(&mut superblock, kind, data, opts.writable);
     let Opened {
         backend: mut store,
         rolled_back,
@@ -228,7 +238,36 @@ pub fn open(
         commits: kind.crash_safe || kind.placement == PlacementKind::Thin,
         rolled_back,
         recovered,
+        data_ordered,
+        written,
     })
+}
+
+/// Give a journaled store the data device to check its last transaction
+/// against (`blockfile/written.rs`), and, opened for writing, the data
+/// device the placement gets: one that lists what each commit writes.
+fn check_data(
+    superblock: &mut Superblock,
+    kind: &Kind,
+    data: Arc<dyn BlockFile>,
+    writable: bool,
+) -> (Arc<dyn BlockFile>, Option<Arc<WrittenBlocks>>) {
+    let cfg = &superblock.config;
+    let journaled = matches!(kind.store, StoreKind::DiskTable | StoreKind::Sparse)
+        && kind.placement != PlacementKind::Thin;
+    if !journaled {
+        return (data, None);
+    }
+    let block = cfg.chunk_size as usize;
+    superblock.data_check = Some(DataCheck {
+        data: data.clone(),
+        block,
+    });
+    if !writable {
+        return (data, None);
+    }
+    let written = Arc::new(WrittenBlocks::new(data, block, cfg.pbn_offset(0)));
+    (written.clone(), Some(written))
 }
 
 /// Open the metadata store alone, without a placement over it.

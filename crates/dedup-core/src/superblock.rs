@@ -66,6 +66,10 @@ pub struct Superblock {
     /// Where `write` records each generation on the data device (set by
     /// the engine on a device opened for writing).
     pub witness: Option<Arc<Witness>>,
+    /// The data device as a journaled store checks its journal's last
+    /// transaction against it at recovery, and lists what each commit
+    /// wrote to it (`blockfile/written.rs`; set by the engine).
+    pub data_check: Option<crate::blockfile::written::DataCheck>,
     /// What the data device recorded of this metadata, once `check_data`
     /// read it: the store compares its own last commit once it has read it
     /// (`generation::check_commit`).
@@ -83,6 +87,7 @@ impl Superblock {
             backend_area: vec![0; BACKEND_AREA_SIZE],
             damaged_slot: false,
             witness: None,
+            data_check: None,
             recorded: Recorded::default(),
             recorded_from: std::path::PathBuf::new(),
         }
@@ -194,6 +199,7 @@ impl Superblock {
             backend_area,
             damaged_slot: false,
             witness: None,
+            data_check: None,
             recorded: Recorded::default(),
             recorded_from: std::path::PathBuf::new(),
         })

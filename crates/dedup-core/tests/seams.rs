@@ -68,6 +68,8 @@ fn device(cfg: &DeviceConfig, build: Build) -> Device {
         commits: false,
         rolled_back: false,
         recovered: None,
+        data_ordered: false,
+        written: None,
     };
     let opts = OpenOptions {
         writable: true,

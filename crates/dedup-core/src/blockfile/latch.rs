@@ -115,6 +115,10 @@ impl BlockFile for Latched {
         self.refuse()?;
         self.inner.preallocate(offset, len)
     }
+
+    fn ordered_io(&self) -> bool {
+        self.inner.ordered_io()
+    }
 }
 
 #[cfg(test)]

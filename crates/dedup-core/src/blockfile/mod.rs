@@ -16,6 +16,7 @@ use parking_lot::RwLock;
 pub mod latch;
 pub mod overlay;
 pub mod sim;
+pub mod written;
 
 use crate::error::{IoContext, Result};
 
@@ -81,6 +82,14 @@ pub trait BlockFile: Send + Sync {
     fn preallocate(&self, _offset: u64, _len: u64) -> Result<()> {
         Ok(())
     }
+    /// Whether this device's I/O must happen in program order (a crash
+    /// test's disk, whose cut points are counted): the engine then starts
+    /// no I/O of it on a helper thread, and runs the data sync a commit
+    /// would overlap with its journal write after it instead, the order
+    /// that most often leaves a journal durable without its data.
+    fn ordered_io(&self) -> bool {
+        false
+    }
 }
 
 /// A shared handle, so a test can keep the device it handed to the engine
@@ -118,6 +127,9 @@ impl<T: BlockFile + ?Sized> BlockFile for std::sync::Arc<T> {
     }
     fn preallocate(&self, offset: u64, len: u64) -> Result<()> {
         (**self).preallocate(offset, len)
+    }
+    fn ordered_io(&self) -> bool {
+        (**self).ordered_io()
     }
 }
 

@@ -143,6 +143,10 @@ impl<F: BlockFile> BlockFile for Overlay<F> {
     fn punch(&self, _offset: u64, _len: u64) -> Result<()> {
         Ok(())
     }
+
+    fn ordered_io(&self) -> bool {
+        self.inner.ordered_io()
+    }
 }
 
 #[cfg(test)]

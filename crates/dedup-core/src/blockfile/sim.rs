@@ -271,6 +271,11 @@ impl BlockFile for SimDisk {
         });
         Ok(())
     }
+
+    /// Cut points are counted in program order: no I/O on helper threads.
+    fn ordered_io(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -79,6 +79,11 @@ pub(crate) struct Engine {
     /// Commits must run when the store or placement asks, even if the
     /// store is not crash-safe (thin's `ideal` ends windows in them).
     commits: bool,
+    /// A commit may sync the data device on a helper thread while the
+    /// store writes its journal (false for a crash test's disks).
+    data_sync_beside: bool,
+    /// What each commit wrote to the data device (journaled stores).
+    written: Option<Arc<crate::blockfile::written::WrittenBlocks>>,
     /// Opened to serve (false: to inspect, writing nothing).
     writable: bool,
     lbn_locks: LbnLocks,
@@ -205,6 +210,8 @@ impl Engine {
             group: Default::default(),
             move_gate: RwLock::new(()),
             commits: pair.commits,
+            data_sync_beside: !pair.data_ordered,
+            written: pair.written,
             writable: opts.writable,
             lbn_locks: LbnLocks::default(),
             fp_locks: FingerprintLocks::default(),

@@ -38,6 +38,7 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::{BackendUsage, MetaIoStats, MetadataBackend};
+use crate::blockfile::written::Listed;
 use crate::config::{Lbn, Pbn};
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;
@@ -177,6 +178,39 @@ pub trait Placement: Send + Sync {
     /// whether the store should commit now (`closing`: it will). No write
     /// batch is in flight. Metadata mutex held.
     fn before_commit(&self, meta: &mut dyn MetadataBackend, closing: bool) -> Result<bool>;
+
+    /// `before_commit` in two steps, so that the data sync can run beside
+    /// the store's own (`Upkeep::commit_beside_data`): write what
+    /// is staged without syncing and return true, after which the engine
+    /// calls `sync_written` exactly once; or return false (the default)
+    /// for a placement that cannot split it, which then gets
+    /// `before_commit`. Same conditions as `before_commit`; a store commit
+    /// always follows.
+    fn write_unsynced(&self, _meta: &mut dyn MetadataBackend) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// The second step of `write_unsynced`: sync the data device. May run
+    /// on another thread than the one holding the metadata mutex, while
+    /// the store writes its journal; reads go on meanwhile.
+    fn sync_written(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Of the data blocks this transaction wrote (`listed`, by offset on
+    /// the data device), those still in use now, at its commit: the ones
+    /// the journal lists for recovery to check. `None` (the default): this
+    /// placement cannot tell, and the data is synced before the journal.
+    /// A block written and freed in one transaction may be reused or
+    /// punched right after its commit; listing it would make recovery
+    /// drop a transaction whose FLUSH returned (`blockfile/written.rs`).
+    fn live_blocks(
+        &self,
+        _meta: &mut dyn MetadataBackend,
+        _listed: Vec<Listed>,
+    ) -> Result<Option<Vec<Listed>>> {
+        Ok(None)
+    }
 
     /// The store committed (`committed`) or was left alone: blocks freed
     /// before it may be reused now.

@@ -12,6 +12,7 @@ use super::{
     punch_blocks, read_plain_runs, write_runs, NewChunk, Placement, PlacementStats, ReadPiece,
 };
 use crate::backend::MetadataBackend;
+use crate::blockfile::written::Listed;
 use crate::blockfile::BlockFile;
 use crate::config::{DeviceConfig, Pbn};
 use crate::error::{Error, Result};
@@ -97,15 +98,41 @@ impl Placement for Plain {
         read_plain_runs(&self.cfg, self.data.as_ref(), pieces, buf)
     }
 
-    fn before_commit(&self, _meta: &mut dyn MetadataBackend, _closing: bool) -> Result<bool> {
+    fn before_commit(&self, meta: &mut dyn MetadataBackend, _closing: bool) -> Result<bool> {
         // Every chunk was written by `write`: make them durable before the
         // store commits mappings that name them.
+        self.write_unsynced(meta)?;
+        self.sync_written()?;
+        Ok(true)
+    }
+
+    fn write_unsynced(&self, _meta: &mut dyn MetadataBackend) -> Result<bool> {
+        // `write` wrote every chunk already.
         self.usable()?;
+        Ok(true)
+    }
+
+    fn live_blocks(
+        &self,
+        meta: &mut dyn MetadataBackend,
+        mut listed: Vec<Listed>,
+    ) -> Result<Option<Vec<Listed>>> {
+        let mut live = Vec::with_capacity(listed.len());
+        for (offset, d) in listed.drain(..) {
+            let pbn = (offset - self.cfg.pbn_offset(0)) / self.cfg.chunk_size as u64;
+            if meta.refcount_get(pbn)? > 0 {
+                live.push((offset, d));
+            }
+        }
+        Ok(Some(live))
+    }
+
+    fn sync_written(&self) -> Result<()> {
         if let Err(e) = self.data.sync() {
             self.failed.lock().get_or_insert_with(|| e.to_string());
             return Err(e);
         }
-        Ok(true)
+        Ok(())
     }
 
     fn freed(&self, pbn: Pbn) {

@@ -14,17 +14,40 @@
 //! crc(X)` does not depend on X at all (the residue property). A torn
 //! write that kept a newer root's state sectors under an older header then
 //! passed the check and replayed a root that disagreed with its tables.
+//!
+//! # The data beside the journal
+//! A FLUSH needs the data and the metadata durable. Syncing the data first
+//! and the journal after costs two synchronous writes in a row; instead
+//! the journal lists every data block the transaction wrote, with a digest
+//! of its bytes (`blockfile/written.rs`), and the two syncs run side by
+//! side (`commit`'s `data_durable`, called after the journal's sync and
+//! before any home is written). If the power fails between them, the
+//! journal may be durable and its data not: recovery reads the listed
+//! blocks, and a transaction whose blocks do not all hold their digests'
+//! bytes is dropped whole (its FLUSH never returned, so nothing
+//! acknowledged needed it; the homes were not touched yet). A transaction
+//! whose blocks cannot be listed (too many, or partial blocks) syncs the
+//! data first, as before, and lists none.
 
 use std::sync::Arc;
 
 use super::geometry::{Area, BLOCK, DESC_ENTRIES};
 use super::home_sync::HomeSync;
 use crate::backend::MetaIoStats;
+use crate::blockfile::written::{self, DataCheck, Listed, DIGEST as DATA_DIGEST};
 use crate::blockfile::BlockFile;
 use crate::codec::{is_sealed, seal, Decoder, Encoder};
 use crate::error::{Error, Result};
 
-const MAGIC: &[u8; 8] = b"DDUPJRNL";
+/// A journal with no list of data blocks (written by older versions,
+/// whose commits synced the data first): replayed as it stands.
+const MAGIC_V1: &[u8; 8] = b"DDUPJRNL";
+/// A journal whose header counts the data blocks it lists (0: the data
+/// was synced before the journal was written).
+const MAGIC: &[u8; 8] = b"DDUPJRN2";
+/// Bytes of one listed data block: its offset and its digest.
+const CHECK_ENTRY: usize = 8 + DATA_DIGEST;
+const CHECK_ENTRIES: u64 = (BLOCK / CHECK_ENTRY) as u64;
 const S: &str = "disktable journal";
 
 pub struct Journal {
@@ -44,11 +67,12 @@ fn digest(body: &[u8]) -> [u8; DIGEST] {
     d
 }
 
-fn header(seq: u64, count: u64, body_digest: &[u8; DIGEST]) -> Vec<u8> {
+fn header(seq: u64, count: u64, checked: u64, body_digest: &[u8; DIGEST]) -> Vec<u8> {
     let mut e = Encoder::with_capacity(BLOCK);
     e.bytes(MAGIC)
         .u64(seq)
         .u64(count)
+        .u64(checked)
         .bytes(body_digest)
         .pad_to(BLOCK);
     let mut h = e.buf;
@@ -60,22 +84,44 @@ fn desc_blocks(count: u64) -> u64 {
     count.div_ceil(DESC_ENTRIES)
 }
 
-/// Journal blocks a transaction of `count` blocks occupies.
+fn check_blocks(checked: u64) -> u64 {
+    checked.div_ceil(CHECK_ENTRIES)
+}
+
+/// Journal blocks a transaction of `count` blocks occupies (without its
+/// list of data blocks: at most a few more, see `written::MAX_BLOCKS`).
 pub fn journal_len(count: u64) -> u64 {
     1 + desc_blocks(count) + count
 }
 
+/// What recovery found in the journal.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Recovered {
+    /// Table blocks replayed to their homes.
+    pub replayed: u64,
+    /// Data blocks of a transaction that did not all reach the disk: the
+    /// transaction was dropped (0: none was).
+    pub dropped_for_data: u64,
+}
+
 impl Journal {
     /// Write `blocks` (sealed, sorted) through the journal to their homes.
+    /// `listed`: the data blocks this transaction wrote, with digests
+    /// (`None`: not listed). `data_durable` makes the data durable; it is
+    /// called exactly once (unless an error comes first): after the
+    /// journal's sync when the data is listed, before the journal write
+    /// otherwise, and always before any home is written.
     pub fn commit(
         &mut self,
         file: &Arc<dyn BlockFile>,
         geo: &Area,
         blocks: &[(u64, super::cache::Block)],
+        listed: Option<&[Listed]>,
+        data_durable: &mut dyn FnMut() -> Result<()>,
         io: &mut MetaIoStats,
     ) -> Result<()> {
         if blocks.is_empty() {
-            return Ok(());
+            return data_durable();
         }
         let count = blocks.len() as u64;
         if journal_len(count) > geo.journal_blocks {
@@ -87,7 +133,15 @@ impl Journal {
                 ),
             ));
         }
-        let mut body = vec![0u8; ((desc_blocks(count) + count) as usize) * BLOCK];
+        // Listed only where the list fits beside the blocks.
+        let listed = listed
+            .filter(|l| journal_len(count) + check_blocks(l.len() as u64) <= geo.journal_blocks);
+        let checked = listed.map_or(0, |l| l.len() as u64);
+        if listed.is_none() {
+            data_durable()?;
+        }
+        let images = (desc_blocks(count) + count) as usize * BLOCK;
+        let mut body = vec![0u8; images + check_blocks(checked) as usize * BLOCK];
         for (i, (n, _)) in blocks.iter().enumerate() {
             body[i * 8..i * 8 + 8].copy_from_slice(&n.to_le_bytes());
         }
@@ -95,7 +149,12 @@ impl Journal {
         for (i, (_, b)) in blocks.iter().enumerate() {
             body[data_start + i * BLOCK..data_start + (i + 1) * BLOCK].copy_from_slice(&b[..]);
         }
-        let mut all = header(self.seq + 1, count, &digest(&body));
+        for (i, (offset, d)) in listed.unwrap_or_default().iter().enumerate() {
+            let at = images + check_entry_at(i);
+            body[at..at + 8].copy_from_slice(&offset.to_le_bytes());
+            body[at + 8..at + CHECK_ENTRY].copy_from_slice(d);
+        }
+        let mut all = header(self.seq + 1, count, checked, &digest(&body));
         all.extend_from_slice(&body);
         // The last commit's homes must be durable before its journal,
         // which would replay them, is overwritten.
@@ -106,6 +165,11 @@ impl Journal {
         io.writes += 1;
         io.syncs += 1;
         io.bytes_written += all.len() as u64;
+        if listed.is_some() {
+            // Recovery would drop this transaction if its data were not
+            // all there; the homes cannot be dropped, so they wait.
+            data_durable()?;
+        }
         write_homes(file.as_ref(), geo, blocks, io)?;
         io.syncs += 1;
         // No background sync (none made, or its thread gone): the homes
@@ -126,41 +190,77 @@ impl Journal {
     }
 
     /// At open: replay a complete journal, if there is one, then clear it.
-    /// Returns the journal and how many blocks were replayed.
+    /// A journal that lists data blocks is replayed only if `data` holds
+    /// every one of them; otherwise it is dropped and cleared.
     pub fn recover(
         file: &dyn BlockFile,
         geo: &Area,
+        data: Option<&DataCheck>,
         io: &mut MetaIoStats,
-    ) -> Result<(Journal, u64)> {
+    ) -> Result<(Journal, Recovered)> {
+        let none = |seq| Ok((Journal { seq, homes: None }, Recovered::default()));
         let mut h = vec![0u8; BLOCK];
         file.read_at(&mut h, geo.journal_start)?;
         io.reads += 1;
         io.bytes_read += BLOCK as u64;
-        if &h[..8] != MAGIC || !is_sealed(&h) {
+        let v2 = &h[..8] == MAGIC;
+        if !(v2 || &h[..8] == MAGIC_V1) || !is_sealed(&h) {
             // Never written, or a torn write of a transaction whose homes
             // were never touched: nothing to replay.
-            return Ok((
-                Journal {
-                    seq: 0,
-                    homes: None,
-                },
-                0,
-            ));
+            return none(0);
         }
         let mut d = Decoder::new(&h[8..], S);
         let seq = d.u64()?;
         let count = d.u64()?;
+        let checked = if v2 { d.u64()? } else { 0 };
         let body_digest = d.bytes(DIGEST)?;
-        if count == 0 || journal_len(count) > geo.journal_blocks {
-            return Ok((Journal { seq, homes: None }, 0));
+        if count == 0 || journal_len(count) + check_blocks(checked) > geo.journal_blocks {
+            return none(seq);
         }
-        let mut body = vec![0u8; ((desc_blocks(count) + count) as usize) * BLOCK];
+        let images = (desc_blocks(count) + count) as usize * BLOCK;
+        let mut body = vec![0u8; images + check_blocks(checked) as usize * BLOCK];
         file.read_at(&mut body, geo.journal_start + BLOCK as u64)?;
         io.reads += 1;
         io.bytes_read += body.len() as u64;
         if digest(&body)[..] != body_digest[..] {
             // Torn: the homes of this transaction were never written.
-            return Ok((Journal { seq, homes: None }, 0));
+            return none(seq);
+        }
+        if checked > 0 {
+            let Some(data) = data else {
+                return Err(Error::InvalidArgument(format!(
+                    "{S}: the last transaction must be checked against the data device, which was not given"
+                )));
+            };
+            let listed: Vec<Listed> = (0..checked as usize)
+                .map(|i| {
+                    let at = images + check_entry_at(i);
+                    let offset = u64::from_le_bytes(body[at..at + 8].try_into().expect("8 bytes"));
+                    let d = body[at + 8..at + CHECK_ENTRY]
+                        .try_into()
+                        .expect("digest bytes");
+                    (offset, d)
+                })
+                .collect();
+            if !written::all_present(data.data.as_ref(), data.block, &listed)? {
+                // Its FLUSH never returned: back to the commit before it.
+                // Cleared, so no later open weighs it against data written
+                // since.
+                clear_header(file, geo, seq.saturating_sub(1))?;
+                io.writes += 1;
+                io.syncs += 1;
+                let dropped = Recovered {
+                    replayed: 0,
+                    dropped_for_data: checked,
+                };
+                return Ok((
+                    Journal {
+                        seq: seq.saturating_sub(1),
+                        homes: None,
+                    },
+                    dropped,
+                ));
+            }
         }
         let data_start = desc_blocks(count) as usize * BLOCK;
         let mut blocks = Vec::with_capacity(count as usize);
@@ -182,20 +282,33 @@ impl Journal {
         file.sync()?;
         io.syncs += 1;
         // Clear it, so the next open does not replay it again.
-        file.write_at(&header(seq, 0, &[0; DIGEST]), geo.journal_start)?;
-        file.sync()?;
+        clear_header(file, geo, seq)?;
         io.writes += 1;
         io.syncs += 1;
-        Ok((Journal { seq, homes: None }, count))
+        let replayed = Recovered {
+            replayed: count,
+            dropped_for_data: 0,
+        };
+        Ok((Journal { seq, homes: None }, replayed))
     }
 
     /// After a clean close: an empty journal, so the next open replays
     /// nothing (once the last commit's homes are durable).
     pub fn clear(&mut self, file: &dyn BlockFile, geo: &Area) -> Result<()> {
         self.settle()?;
-        file.write_at(&header(self.seq, 0, &[0; DIGEST]), geo.journal_start)?;
-        file.sync()
+        clear_header(file, geo, self.seq)
     }
+}
+
+/// Where the `i`th listed data block's entry starts in its blocks.
+fn check_entry_at(i: usize) -> usize {
+    (i / CHECK_ENTRIES as usize) * BLOCK + (i % CHECK_ENTRIES as usize) * CHECK_ENTRY
+}
+
+/// An empty journal numbered `seq`, durably.
+fn clear_header(file: &dyn BlockFile, geo: &Area, seq: u64) -> Result<()> {
+    file.write_at(&header(seq, 0, 0, &[0; DIGEST]), geo.journal_start)?;
+    file.sync()
 }
 
 /// Write blocks to their home locations, runs of consecutive blocks as one I/O.

@@ -29,6 +29,7 @@ use crate::backends::kv::store::StoreState;
 use crate::backends::probe::{self, Slots};
 use crate::backends::space_map::SpaceMap;
 use crate::backends::{BackendParams, OpenOptions, Opened};
+use crate::blockfile::written::Listed;
 use crate::blockfile::BlockFile;
 use crate::codec::{Decoder, Encoder};
 use crate::config::{DeviceConfig, Lbn, Pbn};
@@ -601,10 +602,7 @@ impl MetadataBackend for DiskTable {
     }
 
     fn commit(&mut self, private: &[u64]) -> Result<()> {
-        self.private = private.to_vec();
-        self.t.commit(&self.state())?;
-        self.space.commit();
-        Ok(())
+        self.commit_with(private, None, &mut || Ok(()))
     }
 
     fn wants_commit(&self) -> bool {
@@ -634,11 +632,37 @@ impl MetadataBackend for DiskTable {
 }
 
 impl Upkeep for DiskTable {
+    fn commit_beside_data(
+        &mut self,
+        private: &[u64],
+        listed: Option<&[Listed]>,
+        data_durable: &mut dyn FnMut() -> Result<()>,
+    ) -> Option<Result<()>> {
+        Some(self.commit_with(private, listed, data_durable))
+    }
+
     fn release_reserve(&mut self) -> Result<u64> {
         self.t.release_reserve()
     }
 
     fn lost_blocks(&self) -> Vec<LostBlock> {
         self.t.cache.lost.iter().map(|&b| self.held(b)).collect()
+    }
+}
+
+impl DiskTable {
+    /// A commit (`Journaled::commit_beside_data`): `listed`, the data
+    /// blocks the journal lists, so that its sync can follow the journal's.
+    fn commit_with(
+        &mut self,
+        private: &[u64],
+        listed: Option<&[Listed]>,
+        data_durable: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        self.private = private.to_vec();
+        self.t
+            .commit_beside_data(&self.state(), listed, data_durable)?;
+        self.space.commit();
+        Ok(())
     }
 }

@@ -36,6 +36,7 @@ use super::home_sync::HomeSync;
 use super::journal::{journal_len, Journal};
 use crate::backends::kv::store::StoreState;
 use crate::blockfile::latch::Latched;
+use crate::blockfile::written::Listed;
 use crate::blockfile::BlockFile;
 use crate::config::{Lbn, Pbn};
 use crate::error::{Error, Result};
@@ -106,12 +107,26 @@ impl Journaled {
         // superblock and checkpoint alike, stops after a failed sync.
         let file: Arc<dyn BlockFile> = Arc::new(Latched::new(file));
         let mut cache = Cache::new(file.clone(), area, cache_bytes);
-        let (mut journal, replayed) = Journal::recover(file.as_ref(), &area, &mut cache.io)?;
+        let (mut journal, recovered) = Journal::recover(
+            file.as_ref(),
+            &area,
+            superblock.data_check.as_ref(),
+            &mut cache.io,
+        )?;
         if writable {
             journal.homes = Some(HomeSync::new(file.clone())?);
         }
-        if replayed > 0 {
-            tracing::info!("{name}: replayed {replayed} journaled blocks after an unclean stop");
+        if recovered.replayed > 0 {
+            tracing::info!(
+                "{name}: replayed {} journaled blocks after an unclean stop",
+                recovered.replayed
+            );
+        }
+        if recovered.dropped_for_data > 0 {
+            tracing::warn!(
+                "{name}: the last transaction's data ({} blocks) did not all reach the disk before the unclean stop; its FLUSH never returned, so the device goes back to the commit before it",
+                recovered.dropped_for_data
+            );
         }
         let root = cache.get(ROOT)?;
         let (state, commit) = if root.iter().all(|&b| b == 0) {
@@ -390,6 +405,18 @@ impl Journaled {
     /// Write `state` to the root and commit every dirty block through the
     /// journal; returns how many blocks the commit wrote.
     pub fn commit(&mut self, state: &StoreState) -> Result<usize> {
+        self.commit_beside_data(state, None, &mut || Ok(()))
+    }
+
+    /// `commit`, with the data device's sync (`data_durable`) run beside
+    /// the journal's when the data blocks the transaction wrote are
+    /// `listed` (`journal.rs`), before the journal otherwise.
+    pub fn commit_beside_data(
+        &mut self,
+        state: &StoreState,
+        listed: Option<&[Listed]>,
+        data_durable: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<usize> {
         let state = state.encode();
         if state.len() > MAX_STATE {
             return Err(Error::InvalidArgument(format!(
@@ -403,8 +430,14 @@ impl Journaled {
         root[HEADER + 4..HEADER + 4 + state.len()].copy_from_slice(&state);
         root[COMMIT_AT..].copy_from_slice(&commit.to_le_bytes());
         let blocks = self.cache.sealed_dirty();
-        self.journal
-            .commit(&self.file, &self.area, &blocks, &mut self.cache.io)?;
+        self.journal.commit(
+            &self.file,
+            &self.area,
+            &blocks,
+            listed,
+            data_durable,
+            &mut self.cache.io,
+        )?;
         debug_assert_eq!(
             self.journal.seq, commit,
             "the journal numbers commits one by one"

@@ -309,3 +309,72 @@ fn a_device_of_another_layout_is_refused_with_what_to_do() {
         assert!(msg.contains("layout") && msg.contains(advice), "{msg}");
     }
 }
+
+/// A journal that lists data blocks (`blockfile/written.rs`) is replayed
+/// only if they all hold their digests' bytes: the power can fail after
+/// the journal's sync and before the data's, which run side by side.
+#[test]
+fn a_journal_is_replayed_only_if_the_data_it_lists_is_there() {
+    use crate::blockfile::written::{digest, DataCheck};
+    use crate::blockfile::MemBlockFile;
+    let data = Arc::new(MemBlockFile::new(1 << 20, "data"));
+    let open_with_data = |meta: Arc<SimDisk>| {
+        let mut sb = Superblock::read(meta.as_ref(), std::path::Path::new("meta"))?;
+        sb.data_check = Some(DataCheck {
+            data: data.clone(),
+            block: 4096,
+        });
+        let opts = OpenOptions {
+            writable: true,
+            cache_bytes: Some(1),
+            ..Default::default()
+        };
+        open_table(sb, Box::new(meta), &opts)
+    };
+    let meta = formatted(Arc::default());
+    let mut t = open_with_data(meta.clone()).unwrap();
+    let mut m = Model::default();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+    for _ in 0..30 {
+        step(&mut t, &mut m, &mut rng).unwrap();
+    }
+    t.commit(&[]).unwrap();
+    let committed = m.clone();
+    for _ in 0..30 {
+        step(&mut t, &mut m, &mut rng).unwrap();
+    }
+    // The transaction wrote one data block; the power fails while its
+    // data syncs, after the journal's sync (the homes are not written).
+    let block = vec![9u8; 4096];
+    let listed = [(8192, digest(&block))];
+    let cut = t
+        .commit_beside_data(&[], Some(&listed), &mut || {
+            Err(Error::Io {
+                context: "the power failed".into(),
+                cause: std::io::Error::other("cut"),
+            })
+        })
+        .expect("disktable commits beside its data");
+    assert!(cut.is_err());
+    drop(t);
+    let image = meta.contents();
+    let reopen = || Arc::new(SimDisk::from_image(image.clone(), "meta", Arc::default()));
+    // The block never reached the disk: back to the last commit.
+    let mut t = open_with_data(reopen()).unwrap();
+    assert_matches(&mut t, &committed, "data missing");
+    drop(t);
+    // It did: the transaction is replayed.
+    data.write_at(&block, 8192).unwrap();
+    let mut t = open_with_data(reopen()).unwrap();
+    assert_matches(&mut t, &m, "data there");
+    // Without the data device to check against, recovery refuses.
+    let sb = Superblock::read(reopen().as_ref(), std::path::Path::new("meta")).unwrap();
+    let opts = OpenOptions {
+        writable: true,
+        ..Default::default()
+    };
+    let err = open_table(sb, Box::new(reopen()), &opts)
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("data device"), "{err}");
+}

@@ -41,6 +41,7 @@ use crate::backends::disktable::geometry::{BLOCK, HEADER};
 use crate::backends::disktable::tables::Journaled;
 use crate::backends::kv::store::StoreState;
 use crate::backends::{BackendParams, OpenOptions, Opened};
+use crate::blockfile::written::Listed;
 use crate::blockfile::BlockFile;
 use crate::codec::{Decoder, Encoder};
 use crate::config::{DeviceConfig, Lbn, Pbn};
@@ -932,13 +933,7 @@ impl MetadataBackend for Sparse {
     }
 
     fn commit(&mut self, private: &[u64]) -> Result<()> {
-        self.private = private.to_vec();
-        let written = self.t.commit(&self.state())?;
-        self.quarantine.clear();
-        if written > 0 {
-            self.allocated = self.t.file.allocated()?.unwrap_or(self.allocated);
-        }
-        Ok(())
+        self.commit_with(private, None, &mut || Ok(()))
     }
 
     fn wants_commit(&self) -> bool {
@@ -998,6 +993,15 @@ impl MetadataBackend for Sparse {
 }
 
 impl Upkeep for Sparse {
+    fn commit_beside_data(
+        &mut self,
+        private: &[u64],
+        listed: Option<&[Listed]>,
+        data_durable: &mut dyn FnMut() -> Result<()>,
+    ) -> Option<Result<()>> {
+        Some(self.commit_with(private, listed, data_durable))
+    }
+
     fn warm_index(&mut self, max: usize) -> Result<bool> {
         let Some(from) = self.warm_from else {
             return Ok(false);
@@ -1028,3 +1032,24 @@ impl Upkeep for Sparse {
 
 #[cfg(test)]
 mod tests;
+
+impl Sparse {
+    /// A commit (`Journaled::commit_beside_data`): `listed`, the data
+    /// blocks the journal lists, so that its sync can follow the journal's.
+    fn commit_with(
+        &mut self,
+        private: &[u64],
+        listed: Option<&[Listed]>,
+        data_durable: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        self.private = private.to_vec();
+        let written = self
+            .t
+            .commit_beside_data(&self.state(), listed, data_durable)?;
+        self.quarantine.clear();
+        if written > 0 {
+            self.allocated = self.t.file.allocated()?.unwrap_or(self.allocated);
+        }
+        Ok(())
+    }
+}

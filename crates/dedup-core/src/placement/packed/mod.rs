@@ -50,6 +50,7 @@ use super::{
     Space,
 };
 use crate::backend::{scan_all, BackendUsage, MetadataBackend};
+use crate::blockfile::written::Listed;
 use crate::blockfile::BlockFile;
 use crate::config::{DeviceConfig, Pbn};
 use crate::error::{Error, Result};
@@ -98,6 +99,8 @@ struct State {
     /// Set when a packed block could not be written: the chunks in it
     /// stay readable from RAM, and the device takes no more writes.
     failed: Option<String>,
+    /// Bins written and not yet synced (`write_bins`).
+    unsynced: Vec<(u64, Vec<u8>)>,
 }
 
 /// The packed placement for a device: rebuild the block map from the
@@ -167,6 +170,7 @@ pub fn open(
             fragment_bytes_written: 0,
             repack_cursor: 0,
             failed: None,
+            unsynced: Vec::new(),
         }),
     })
 }
@@ -265,6 +269,14 @@ impl State {
     /// RAM, sealed, and are written again by the next call, once space is
     /// freed.
     fn write_all(&mut self) -> Result<()> {
+        self.write_bins()?;
+        let synced = self.data.sync();
+        self.settle_unsynced(synced)
+    }
+
+    /// `write_all`'s writes: the blocks wait in `unsynced`, still read
+    /// from RAM, until `settle_unsynced` hears how their sync went.
+    fn write_bins(&mut self) -> Result<()> {
         let all = self.bins.take_all();
         self.seal(all, true);
         let claimed = self.claim();
@@ -272,15 +284,23 @@ impl State {
         let written = claimed
             .iter()
             .try_for_each(|(block, bytes)| data.write_at(bytes, self.cfg.pbn_offset(*block)));
-        if let Err(e) = &written {
-            if e.errno() == libc::ENOSPC {
-                self.settle(&claimed, false);
-                return written;
-            }
+        if let Err(e) = written {
+            self.settle(&claimed, false);
+            return match e.errno() == libc::ENOSPC {
+                true => Err(e),
+                false => self.fail_on(Err(e)),
+            };
         }
-        let written = written.and_then(|_| data.sync());
-        self.settle(&claimed, written.is_ok());
-        self.fail_on(written)
+        self.unsynced.extend(claimed);
+        Ok(())
+    }
+
+    /// The data device was synced (`synced`) after `write_bins`: its
+    /// blocks are on disk, or the device stops.
+    fn settle_unsynced(&mut self, synced: Result<()>) -> Result<()> {
+        let claimed = std::mem::take(&mut self.unsynced);
+        self.settle(&claimed, synced.is_ok());
+        self.fail_on(synced)
     }
 
     fn alloc_raw(&mut self, meta: &mut dyn MetadataBackend) -> Result<Option<Pbn>> {
@@ -465,6 +485,33 @@ impl Placement for Packed {
         s.usable()?;
         s.write_all()?;
         Ok(true)
+    }
+
+    fn write_unsynced(&self, _meta: &mut dyn MetadataBackend) -> Result<bool> {
+        let mut s = self.state.lock();
+        s.usable()?;
+        s.write_bins()?;
+        Ok(true)
+    }
+
+    fn live_blocks(
+        &self,
+        _meta: &mut dyn MetadataBackend,
+        mut listed: Vec<Listed>,
+    ) -> Result<Option<Vec<Listed>>> {
+        let s = self.state.lock();
+        let (first, len) = (s.cfg.pbn_offset(0), s.cfg.chunk_size as u64);
+        // A block with any live chunk (its raw one, or a fragment) is
+        // freed only by a later commit.
+        listed.retain(|(offset, _)| s.blocks.live((offset - first) / len) != 0);
+        Ok(Some(listed))
+    }
+
+    fn sync_written(&self) -> Result<()> {
+        // Outside the state lock: reads of the bins go on from RAM.
+        let data = self.state.lock().data.clone();
+        let synced = data.sync();
+        self.state.lock().settle_unsynced(synced)
     }
 
     fn after_commit(&self, _meta: &mut dyn MetadataBackend, committed: bool) -> Result<()> {
