@@ -262,6 +262,7 @@ fn check_data(
     superblock.data_check = Some(DataCheck {
         data: data.clone(),
         block,
+        first: cfg.pbn_offset(0),
     });
     if !writable {
         return (data, None);

@@ -35,7 +35,8 @@ use super::BlockFile;
 use crate::error::Result;
 
 /// Most blocks one transaction's list holds (24 bytes each in the
-/// journal: at most 6 journal blocks, and 1 MiB read back at recovery).
+/// journal: at most 7 journal blocks, and 4 MiB read back at recovery
+/// with 4 KiB chunks).
 pub const MAX_BLOCKS: usize = 1024;
 
 /// Bytes of a block's blake3 digest kept in the list.
@@ -190,7 +191,9 @@ impl BlockFile for WrittenBlocks {
 #[derive(Clone)]
 pub struct DataCheck {
     pub data: std::sync::Arc<dyn BlockFile>,
+    /// The chunk size, and the first chunk's offset: the list's units.
     pub block: usize,
+    pub first: u64,
 }
 
 impl std::fmt::Debug for DataCheck {
@@ -198,23 +201,22 @@ impl std::fmt::Debug for DataCheck {
         f.debug_struct("DataCheck")
             .field("data", &self.data.describe())
             .field("block", &self.block)
+            .field("first", &self.first)
             .finish()
     }
 }
 
 /// Do the data blocks `listed` hold the bytes their digests name? Read
-/// from `data` at recovery; a block past the device's end was never
-/// written. Read errors are errors: recovery does not guess.
-pub fn all_present(
-    data: &dyn BlockFile,
-    block: usize,
-    listed: &[(u64, [u8; DIGEST])],
-) -> Result<bool> {
+/// from the data device at recovery; a block past the device's end was
+/// never written, and an offset that is not a block's names none (a
+/// damaged list). Read errors are errors: recovery does not guess.
+pub fn all_present(check: &DataCheck, listed: &[(u64, [u8; DIGEST])]) -> Result<bool> {
+    let (data, block) = (check.data.as_ref(), check.block as u64);
     let len = data.len()?;
-    let mut buf = vec![0u8; block];
+    let mut buf = vec![0u8; check.block];
     for (offset, want) in listed {
-        // A damaged or foreign list may name any offset.
-        if offset.checked_add(block as u64).is_none_or(|end| end > len) {
+        let aligned = *offset >= check.first && (offset - check.first) % block == 0;
+        if !aligned || offset.checked_add(block).is_none_or(|end| end > len) {
             return Ok(false);
         }
         data.read_at(&mut buf, *offset)?;
@@ -230,6 +232,14 @@ mod tests {
     use super::*;
     use crate::blockfile::MemBlockFile;
     use std::sync::Arc;
+
+    fn check(mem: &Arc<MemBlockFile>) -> DataCheck {
+        DataCheck {
+            data: mem.clone(),
+            block: 4096,
+            first: 8192,
+        }
+    }
 
     fn tracked() -> (Arc<MemBlockFile>, WrittenBlocks) {
         let mem = Arc::new(MemBlockFile::new(16 << 20, "data"));
@@ -248,7 +258,7 @@ mod tests {
         let offsets: Vec<u64> = l.iter().map(|(o, _)| *o).collect();
         assert_eq!(offsets, vec![8192, 12288, 16384, 20480]);
         assert_eq!(l[0].1, digest(&b[..4096]));
-        assert!(all_present(mem.as_ref(), 4096, &l).unwrap());
+        assert!(all_present(&check(&mem), &l).unwrap());
         w.clear();
         assert_eq!(w.listed().unwrap(), vec![]);
     }
@@ -260,12 +270,14 @@ mod tests {
         let l = w.listed().unwrap();
         // The bytes on disk are older than the listed ones.
         mem.write_at(&[6u8; 4096], 8192).unwrap();
-        assert!(!all_present(mem.as_ref(), 4096, &l).unwrap());
+        assert!(!all_present(&check(&mem), &l).unwrap());
         // Past the end: never written; and an offset no device has.
         let far = vec![(1 << 30, l[0].1)];
-        assert!(!all_present(mem.as_ref(), 4096, &far).unwrap());
+        assert!(!all_present(&check(&mem), &far).unwrap());
         let absurd = vec![(u64::MAX - 10, l[0].1)];
-        assert!(!all_present(mem.as_ref(), 4096, &absurd).unwrap());
+        assert!(!all_present(&check(&mem), &absurd).unwrap());
+        let unaligned = vec![(8192 + 512, l[0].1)];
+        assert!(!all_present(&check(&mem), &unaligned).unwrap());
     }
 
     #[test]

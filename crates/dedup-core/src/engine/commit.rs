@@ -6,8 +6,12 @@
 //! but not yet mapped). So writers hold the commit gate shared for a whole
 //! batch, and a commit takes it exclusively, has the placement make the
 //! data durable (`before_commit`), then commits the store with the engine's
-//! record. Stores that are not crash-safe (INRAM) skip the gate: their
-//! commit persists nothing.
+//! record; or, for a journaled store and a placement that can split it
+//! (`write_unsynced`, `sync_written`), syncs the data on a helper thread
+//! beside the store's journal, which lists the data blocks it needs so that
+//! recovery can tell whether they landed (`blockfile/written.rs`). Stores
+//! that are not crash-safe (INRAM) skip the gate: their commit persists
+//! nothing.
 
 use std::sync::atomic::Ordering;
 
@@ -63,17 +67,33 @@ impl Engine {
     /// runs when the store asks for it, which keeps the I/O in one order.
     fn commit_beside_data(&self, m: &mut super::Meta, record: &[u64]) -> Result<()> {
         let p = self.placement.as_ref();
+        // `sync_written` runs once whatever fails: it settles what
+        // `write_unsynced` wrote.
         let listed = match self.written.as_ref().and_then(|w| w.listed()) {
-            Some(l) => p.live_blocks(m.store.as_mut(), l)?,
+            Some(l) => match p.live_blocks(m.store.as_mut(), l) {
+                Ok(live) => live,
+                Err(e) => {
+                    let _ = p.sync_written();
+                    return Err(e);
+                }
+            },
             None => None,
         };
         let listed = listed.as_deref();
         if !self.data_sync_beside {
-            let mut sync = || p.sync_written();
-            return match m.store.commit_beside_data(record, listed, &mut sync) {
+            let mut synced = false;
+            let mut sync = || {
+                synced = true;
+                p.sync_written()
+            };
+            let committed = match m.store.commit_beside_data(record, listed, &mut sync) {
                 Some(committed) => committed,
                 None => sync().and_then(|_| m.store.commit(record)),
             };
+            if !synced {
+                let _ = p.sync_written();
+            }
+            return committed;
         }
         std::thread::scope(|scope| {
             let sync = std::thread::Builder::new()

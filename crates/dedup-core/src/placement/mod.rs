@@ -10,9 +10,11 @@
 //! # Who calls what, and under which lock
 //! - Under the engine's metadata mutex (the `meta` argument is the store,
 //!   lent for the call): `alloc`, the hooks `mapped`, `freed`, `revived`,
-//!   `before_commit`, `after_commit`, `reclaim`, `space`. No data I/O here
-//!   except in `before_commit` and `reclaim`, which run with no write batch
-//!   in flight (the engine holds its commit gate).
+//!   `before_commit`, `write_unsynced`, `live_blocks`, `after_commit`,
+//!   `reclaim`, `space`. No data I/O here except in `before_commit`,
+//!   `write_unsynced` and `reclaim`, which run with no write batch in
+//!   flight (the engine holds its commit gate). `sync_written` runs on a
+//!   helper thread during the store's commit, with the gate still held.
 //! - Outside it, from many threads at once: `write` (after `alloc`, before
 //!   any mapping names the chunks), `read`. A placement locks its own state.
 //!
@@ -20,7 +22,9 @@
 //! Data a committed mapping names must be on the data device and synced
 //! when the store's commit returns: `before_commit` makes it so (and says
 //! whether the store should commit now; thin commits its tables less often
-//! than its windows). A PBN freed (count 0) must keep its bytes until the
+//! than its windows), or `write_unsynced` then `sync_written` beside a
+//! journal that lists the blocks `live_blocks` keeps (a recovery that
+//! finds them missing drops the transaction). A PBN freed (count 0) must keep its bytes until the
 //! commit that freed it is durable; placements that reuse blocks
 //! themselves (packed, thin) quarantine them until `after_commit`.
 //!

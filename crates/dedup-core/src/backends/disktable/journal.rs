@@ -39,11 +39,11 @@ use crate::blockfile::BlockFile;
 use crate::codec::{is_sealed, seal, Decoder, Encoder};
 use crate::error::{Error, Result};
 
-/// A journal with no list of data blocks (written by older versions,
-/// whose commits synced the data first): replayed as it stands.
+/// A journal that lists no data blocks (its data was synced first, or it
+/// wrote none that it still uses): replayed as it stands. The only kind
+/// older versions wrote and read.
 const MAGIC_V1: &[u8; 8] = b"DDUPJRNL";
-/// A journal whose header counts the data blocks it lists (0: the data
-/// was synced before the journal was written).
+/// A journal whose header counts the data blocks it lists.
 const MAGIC: &[u8; 8] = b"DDUPJRN2";
 /// Bytes of one listed data block: its offset and its digest.
 const CHECK_ENTRY: usize = 8 + DATA_DIGEST;
@@ -67,14 +67,15 @@ fn digest(body: &[u8]) -> [u8; DIGEST] {
     d
 }
 
+/// A header; one that lists no data blocks keeps the older layout
+/// (`MAGIC_V1`, no count of them), which older versions still replay.
 fn header(seq: u64, count: u64, checked: u64, body_digest: &[u8; DIGEST]) -> Vec<u8> {
     let mut e = Encoder::with_capacity(BLOCK);
-    e.bytes(MAGIC)
-        .u64(seq)
-        .u64(count)
-        .u64(checked)
-        .bytes(body_digest)
-        .pad_to(BLOCK);
+    match checked {
+        0 => e.bytes(MAGIC_V1).u64(seq).u64(count),
+        _ => e.bytes(MAGIC).u64(seq).u64(count).u64(checked),
+    };
+    e.bytes(body_digest).pad_to(BLOCK);
     let mut h = e.buf;
     seal(&mut h);
     h
@@ -87,6 +88,9 @@ fn desc_blocks(count: u64) -> u64 {
 fn check_blocks(checked: u64) -> u64 {
     checked.div_ceil(CHECK_ENTRIES)
 }
+
+/// Journal blocks the longest list of data blocks takes.
+pub const LIST_BLOCKS: u64 = (written::MAX_BLOCKS as u64).div_ceil(CHECK_ENTRIES);
 
 /// Journal blocks a transaction of `count` blocks occupies (without its
 /// list of data blocks: at most a few more, see `written::MAX_BLOCKS`).
@@ -214,7 +218,13 @@ impl Journal {
         let count = d.u64()?;
         let checked = if v2 { d.u64()? } else { 0 };
         let body_digest = d.bytes(DIGEST)?;
-        if count == 0 || journal_len(count) + check_blocks(checked) > geo.journal_blocks {
+        // Bounded before any arithmetic: a damaged header that still
+        // passes its checksum must not overflow or ask for huge reads.
+        if count == 0
+            || count > geo.journal_blocks
+            || checked > written::MAX_BLOCKS as u64
+            || journal_len(count) + check_blocks(checked) > geo.journal_blocks
+        {
             return none(seq);
         }
         let images = (desc_blocks(count) + count) as usize * BLOCK;
@@ -242,7 +252,7 @@ impl Journal {
                     (offset, d)
                 })
                 .collect();
-            if !written::all_present(data.data.as_ref(), data.block, &listed)? {
+            if !written::all_present(data, &listed)? {
                 // Its FLUSH never returned: back to the commit before it.
                 // Cleared, so no later open weighs it against data written
                 // since.
@@ -261,6 +271,9 @@ impl Journal {
                     dropped,
                 ));
             }
+            // What was read back may be the page cache's after a kill -9,
+            // not the disk's: durable before the homes that name it are.
+            data.data.sync()?;
         }
         let data_start = desc_blocks(count) as usize * BLOCK;
         let mut blocks = Vec::with_capacity(count as usize);

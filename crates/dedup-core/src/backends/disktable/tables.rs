@@ -33,7 +33,7 @@ use std::sync::Arc;
 use super::cache::Cache;
 use super::geometry::{Area, BLOCK, HEADER, ROOT};
 use super::home_sync::HomeSync;
-use super::journal::{journal_len, Journal};
+use super::journal::{journal_len, Journal, LIST_BLOCKS};
 use crate::backends::kv::store::StoreState;
 use crate::blockfile::latch::Latched;
 use crate::blockfile::written::Listed;
@@ -197,7 +197,8 @@ impl Journaled {
         let in_use =
             (self.file.allocated()?.unwrap_or(0) / BLOCK as u64).saturating_sub(self.reserved);
         let blocks = (self.cache.capacity_blocks() as u64).min(in_use + RESERVE_SLACK);
-        Ok(journal_len(blocks).min(self.area.journal_blocks))
+        // And room for a list of data blocks (`journal.rs`).
+        Ok((journal_len(blocks) + LIST_BLOCKS).min(self.area.journal_blocks))
     }
 
     /// Allocate the journal blocks a commit of the whole cache needs (a
@@ -430,6 +431,9 @@ impl Journaled {
         root[HEADER + 4..HEADER + 4 + state.len()].copy_from_slice(&state);
         root[COMMIT_AT..].copy_from_slice(&commit.to_le_bytes());
         let blocks = self.cache.sealed_dirty();
+        // With the journal's reserve given back (a full host filesystem),
+        // no list: it would land in blocks a full filesystem cannot give.
+        let listed = listed.filter(|_| !self.gave_back);
         self.journal.commit(
             &self.file,
             &self.area,

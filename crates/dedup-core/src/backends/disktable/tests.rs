@@ -316,13 +316,12 @@ fn a_device_of_another_layout_is_refused_with_what_to_do() {
 #[test]
 fn a_journal_is_replayed_only_if_the_data_it_lists_is_there() {
     use crate::blockfile::written::{digest, DataCheck};
-    use crate::blockfile::MemBlockFile;
-    let data = Arc::new(MemBlockFile::new(1 << 20, "data"));
-    let open_with_data = |meta: Arc<SimDisk>| {
+    let open_with_data = |meta: Arc<SimDisk>, data: &Arc<SimDisk>| {
         let mut sb = Superblock::read(meta.as_ref(), std::path::Path::new("meta"))?;
         sb.data_check = Some(DataCheck {
             data: data.clone(),
             block: 4096,
+            first: 4096,
         });
         let opts = OpenOptions {
             writable: true,
@@ -331,8 +330,9 @@ fn a_journal_is_replayed_only_if_the_data_it_lists_is_there() {
         };
         open_table(sb, Box::new(meta), &opts)
     };
+    let no_data = || Arc::new(SimDisk::new(1 << 20, "data", Arc::default()));
     let meta = formatted(Arc::default());
-    let mut t = open_with_data(meta.clone()).unwrap();
+    let mut t = open_with_data(meta.clone(), &no_data()).unwrap();
     let mut m = Model::default();
     let mut rng = rand::rngs::StdRng::seed_from_u64(8);
     for _ in 0..30 {
@@ -360,13 +360,28 @@ fn a_journal_is_replayed_only_if_the_data_it_lists_is_there() {
     let image = meta.contents();
     let reopen = || Arc::new(SimDisk::from_image(image.clone(), "meta", Arc::default()));
     // The block never reached the disk: back to the last commit.
-    let mut t = open_with_data(reopen()).unwrap();
+    let mut t = open_with_data(reopen(), &no_data()).unwrap();
     assert_matches(&mut t, &committed, "data missing");
     drop(t);
     // It did: the transaction is replayed.
+    let data = no_data();
     data.write_at(&block, 8192).unwrap();
-    let mut t = open_with_data(reopen()).unwrap();
+    data.sync().unwrap();
+    let mut t = open_with_data(reopen(), &data).unwrap();
     assert_matches(&mut t, &m, "data there");
+    drop(t);
+    // After a kill -9 the block may be in the page cache only: recovery
+    // reads it back there, and makes it durable before replaying the
+    // transaction that names it (a power cut later must not lose it).
+    let data = no_data();
+    data.write_at(&block, 8192).unwrap();
+    let mut t = open_with_data(reopen(), &data).unwrap();
+    assert_matches(&mut t, &m, "data in the page cache");
+    assert_eq!(
+        data.unsynced_writes(),
+        0,
+        "the data was synced before the replay"
+    );
     // Without the data device to check against, recovery refuses.
     let sb = Superblock::read(reopen().as_ref(), std::path::Path::new("meta")).unwrap();
     let opts = OpenOptions {

@@ -22,8 +22,10 @@
 //! ([`bins::Bins`]); others get a block of their own. `alloc` (under the
 //! metadata mutex) only decides; `write` (outside it) writes raw chunks
 //! and the bins sealed meanwhile (full, or waiting longer than
-//! `bins::WAIT`), and `before_commit` writes every open bin and syncs: the
-//! data is on disk before any committed mapping names it (the crash
+//! `bins::WAIT`), and `before_commit` writes every open bin and syncs (or
+//! `write_unsynced` writes them and `sync_written` syncs beside the
+//! journal, which lists the blocks: see `placement/mod.rs`): the data is on
+//! disk before any committed mapping recovery keeps names it (the crash
 //! contract). Until a bin is on disk its chunks are read from RAM.
 //!
 //! # Garbage collection
