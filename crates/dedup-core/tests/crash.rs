@@ -498,7 +498,7 @@ fn a_journal_durable_without_its_data_is_dropped_whole() {
             // The second FLUSH's journal, listed, reached the disk.
             let listed = header(&meta_image) == (true, last_flush);
             let meta = Arc::new(SimDisk::from_image(meta_image, "meta", Arc::default()));
-            let dev = open(data, meta).unwrap_or_else(|e| panic!("{at}: reopen: {e}"));
+            let dev = open(data, meta.clone()).unwrap_or_else(|e| panic!("{at}: reopen: {e}"));
             let got = common::read_all(&dev);
             let (first, second) = (&got[..CS], &got[CS..2 * CS]);
             if first == &a2[..] && second == &b[..] {
@@ -514,7 +514,15 @@ fn a_journal_durable_without_its_data_is_dropped_whole() {
                     "{at}: chunk 0 holds neither its flushed content nor its write"
                 );
                 old += 1;
-                dropped += listed as u32;
+                if listed {
+                    // Dropped, and cleared down to the commit before it.
+                    assert_eq!(
+                        header(&meta.contents()),
+                        (false, last_flush - 1),
+                        "{at}: the dropped journal was not cleared"
+                    );
+                    dropped += 1;
+                }
             }
             let report = dev.check(true).unwrap();
             assert!(report.is_clean(), "{at}: check: {:#?}", report.problems);

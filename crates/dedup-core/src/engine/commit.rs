@@ -101,21 +101,32 @@ impl Engine {
                 .spawn_scoped(scope, || p.sync_written());
             // No thread to be had: the store runs the sync itself.
             let mut sync = sync.ok();
-            // A store that fails before it asks: the scope still joins the
-            // sync, and a failure of it stops the device (`sync_written`).
-            let mut synced = || match sync.take() {
-                Some(handle) => handle.join().unwrap_or_else(|_| {
-                    Err(crate::error::Error::Io {
-                        context: "syncing the data device: the thread doing it panicked".into(),
-                        cause: std::io::Error::other("data sync thread panicked"),
-                    })
-                }),
-                None => p.sync_written(),
+            // A store that fails before it asks: the scope still joins a
+            // started sync, and a failure of it stops the device.
+            let mut asked = false;
+            let mut synced = || {
+                asked = true;
+                match sync.take() {
+                    Some(handle) => handle.join().unwrap_or_else(|_| {
+                        Err(crate::error::Error::Io {
+                            context: "syncing the data device: the thread doing it panicked".into(),
+                            cause: std::io::Error::other("data sync thread panicked"),
+                        })
+                    }),
+                    None => p.sync_written(),
+                }
             };
-            match m.store.commit_beside_data(record, listed, &mut synced) {
+            let committed = match m.store.commit_beside_data(record, listed, &mut synced) {
                 Some(committed) => committed,
                 None => synced().and_then(|_| m.store.commit(record)),
+            };
+            if !asked {
+                match sync.take() {
+                    Some(handle) => drop(handle.join()),
+                    None => drop(p.sync_written()),
+                }
             }
+            committed
         })
     }
 

@@ -42,6 +42,11 @@ pub struct Area {
 /// safeguards), so it is never read as empty.
 pub const ROOT: u64 = 0;
 
+/// Where the root block keeps the number of the commit that wrote it
+/// (zero in roots written before it was kept: state records are far
+/// shorter than the block).
+pub const COMMIT_AT: usize = BLOCK - 8;
+
 impl Area {
     /// Which table a block belongs to, for error messages.
     pub fn table_name(&self, block: u64) -> &'static str {

@@ -25,13 +25,17 @@
 //! journal may be durable and its data not: recovery reads the listed
 //! blocks, and a transaction whose blocks do not all hold their digests'
 //! bytes is dropped whole (its FLUSH never returned, so nothing
-//! acknowledged needed it; the homes were not touched yet). A transaction
-//! whose blocks cannot be listed (too many, or partial blocks) syncs the
-//! data first, as before, and lists none.
+//! acknowledged needed it; the homes were not touched yet). A root home
+//! that already holds the commit proves the data sync returned (homes are
+//! written after it), and then the data is not read. A transaction whose
+//! blocks cannot be listed (too many, partial blocks, a list the journal
+//! has no room for, a reserve given back to a full host) syncs the data
+//! first, as before, and lists none. A data sync that fails after a
+//! listed journal clears that journal.
 
 use std::sync::Arc;
 
-use super::geometry::{Area, BLOCK, DESC_ENTRIES};
+use super::geometry::{block_ok, Area, BLOCK, COMMIT_AT, DESC_ENTRIES, ROOT};
 use super::home_sync::HomeSync;
 use crate::backend::MetaIoStats;
 use crate::blockfile::written::{self, DataCheck, Listed, DIGEST as DATA_DIGEST};
@@ -172,7 +176,15 @@ impl Journal {
         if listed.is_some() {
             // Recovery would drop this transaction if its data were not
             // all there; the homes cannot be dropped, so they wait.
-            data_durable()?;
+            if let Err(e) = data_durable() {
+                // The data may never reach the disk now, yet a restart
+                // could read it back from the page cache (Linux keeps a
+                // page whose write-back failed) and replay this journal:
+                // it is cleared (the homes are untouched: state N-1).
+                self.seq -= 1;
+                let _ = clear_header(file.as_ref(), geo, self.seq);
+                return Err(e);
+            }
         }
         write_homes(file.as_ref(), geo, blocks, io)?;
         io.syncs += 1;
@@ -236,7 +248,10 @@ impl Journal {
             // Torn: the homes of this transaction were never written.
             return none(seq);
         }
-        if checked > 0 {
+        // The homes are written only once the data is durable: a root
+        // home that already holds this commit proves the data is there,
+        // and it is not read (a bad sector in it would stop the open).
+        if checked > 0 && root_commit(file, geo, io)? < seq {
             let Some(data) = data else {
                 return Err(Error::InvalidArgument(format!(
                     "{S}: the last transaction must be checked against the data device, which was not given"
@@ -311,6 +326,21 @@ impl Journal {
         self.settle()?;
         clear_header(file, geo, self.seq)
     }
+}
+
+/// The commit number in the root block's home (0 if it fails its
+/// checksum: a root write torn by the crash proves nothing).
+fn root_commit(file: &dyn BlockFile, geo: &Area, io: &mut MetaIoStats) -> Result<u64> {
+    let mut root = vec![0u8; BLOCK];
+    file.read_at(&mut root, geo.table_start + ROOT * BLOCK as u64)?;
+    io.reads += 1;
+    io.bytes_read += BLOCK as u64;
+    if !block_ok(ROOT, &root) {
+        return Ok(0);
+    }
+    Ok(u64::from_le_bytes(
+        root[COMMIT_AT..].try_into().expect("8 bytes"),
+    ))
 }
 
 /// Where the `i`th listed data block's entry starts in its blocks.

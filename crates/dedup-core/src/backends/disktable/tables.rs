@@ -31,7 +31,7 @@
 use std::sync::Arc;
 
 use super::cache::Cache;
-use super::geometry::{Area, BLOCK, HEADER, ROOT};
+use super::geometry::{Area, BLOCK, COMMIT_AT, HEADER, ROOT};
 use super::home_sync::HomeSync;
 use super::journal::{journal_len, Journal, LIST_BLOCKS};
 use crate::backends::kv::store::StoreState;
@@ -44,10 +44,6 @@ use crate::generation;
 use crate::options::OpenOptions;
 use crate::superblock::{DeviceState, Superblock};
 
-/// Where the root block keeps the number of the commit that wrote it
-/// (zero in roots written before it was kept: state records are far
-/// shorter than the block).
-const COMMIT_AT: usize = BLOCK - 8;
 /// The longest state record the root holds, before the commit number.
 const MAX_STATE: usize = COMMIT_AT - HEADER - 4;
 /// Blocks the journal reserve holds beyond the tables' own (1 MiB).
@@ -238,7 +234,10 @@ impl Journaled {
     /// root), so the table blocks and checkpoint it writes find room.
     /// Returns the bytes given back (0: nothing left to give).
     pub fn release_reserve(&mut self) -> Result<u64> {
-        let keep = journal_len(self.cache.dirty_count() as u64 + 1);
+        // The last journal may hold a list of data blocks after its
+        // images, and its homes may be half-written (a commit that failed
+        // for space): it stays whole.
+        let keep = journal_len(self.cache.dirty_count() as u64 + 1) + LIST_BLOCKS;
         if self.reserved <= keep {
             return Ok(0);
         }

@@ -310,26 +310,34 @@ fn a_device_of_another_layout_is_refused_with_what_to_do() {
     }
 }
 
+/// `open_tiny`, with `data` as the data device a listed journal is
+/// checked against (chunks of 4 KiB from offset 4096).
+fn open_checking(
+    meta: Arc<SimDisk>,
+    data: Arc<dyn crate::blockfile::BlockFile>,
+) -> Result<DiskTable> {
+    let mut sb = Superblock::read(meta.as_ref(), std::path::Path::new("meta"))?;
+    sb.data_check = Some(crate::blockfile::written::DataCheck {
+        data,
+        block: 4096,
+        first: 4096,
+    });
+    let opts = OpenOptions {
+        writable: true,
+        cache_bytes: Some(1),
+        ..Default::default()
+    };
+    open_table(sb, Box::new(meta), &opts)
+}
+
 /// A journal that lists data blocks (`blockfile/written.rs`) is replayed
 /// only if they all hold their digests' bytes: the power can fail after
 /// the journal's sync and before the data's, which run side by side.
 #[test]
 fn a_journal_is_replayed_only_if_the_data_it_lists_is_there() {
-    use crate::blockfile::written::{digest, DataCheck};
-    let open_with_data = |meta: Arc<SimDisk>, data: &Arc<SimDisk>| {
-        let mut sb = Superblock::read(meta.as_ref(), std::path::Path::new("meta"))?;
-        sb.data_check = Some(DataCheck {
-            data: data.clone(),
-            block: 4096,
-            first: 4096,
-        });
-        let opts = OpenOptions {
-            writable: true,
-            cache_bytes: Some(1),
-            ..Default::default()
-        };
-        open_table(sb, Box::new(meta), &opts)
-    };
+    use crate::blockfile::written::digest;
+    let open_with_data =
+        |meta: Arc<SimDisk>, data: &Arc<SimDisk>| open_checking(meta, data.clone());
     let no_data = || Arc::new(SimDisk::new(1 << 20, "data", Arc::default()));
     let meta = formatted(Arc::default());
     let mut t = open_with_data(meta.clone(), &no_data()).unwrap();
@@ -344,11 +352,14 @@ fn a_journal_is_replayed_only_if_the_data_it_lists_is_there() {
         step(&mut t, &mut m, &mut rng).unwrap();
     }
     // The transaction wrote one data block; the power fails while its
-    // data syncs, after the journal's sync (the homes are not written).
+    // data syncs, after the journal's sync (the homes are not written):
+    // the metadata as it is then.
     let block = vec![9u8; 4096];
     let listed = [(8192, digest(&block))];
+    let mut image = Vec::new();
     let cut = t
         .commit_beside_data(&[], Some(&listed), &mut || {
+            image = meta.contents();
             Err(Error::Io {
                 context: "the power failed".into(),
                 cause: std::io::Error::other("cut"),
@@ -357,7 +368,14 @@ fn a_journal_is_replayed_only_if_the_data_it_lists_is_there() {
         .expect("disktable commits beside its data");
     assert!(cut.is_err());
     drop(t);
-    let image = meta.contents();
+    // Had the data sync failed without a power cut, the journal is
+    // cleared: a restart must not replay it on the strength of pages the
+    // kernel kept after their write-back failed.
+    let kept = no_data();
+    kept.write_at(&block, 8192).unwrap();
+    let mut after = open_with_data(meta.clone(), &kept).unwrap();
+    assert_matches(&mut after, &committed, "a failed data sync");
+    drop(after);
     let reopen = || Arc::new(SimDisk::from_image(image.clone(), "meta", Arc::default()));
     // The block never reached the disk: back to the last commit.
     let mut t = open_with_data(reopen(), &no_data()).unwrap();
@@ -392,4 +410,56 @@ fn a_journal_is_replayed_only_if_the_data_it_lists_is_there() {
         .err()
         .expect("refused");
     assert!(err.to_string().contains("data device"), "{err}");
+}
+
+/// A commit whose homes reached the disk had its data synced first: its
+/// journal is replayed without reading the data it lists, so a data block
+/// that can no longer be read (a bad sector) does not stop the open.
+#[test]
+fn a_journal_whose_root_home_holds_its_commit_is_replayed_without_reading_data() {
+    use crate::blockfile::written::digest;
+
+    /// A data device whose every read fails.
+    struct Unreadable;
+    impl crate::blockfile::BlockFile for Unreadable {
+        fn read_at(&self, _: &mut [u8], offset: u64) -> Result<()> {
+            Err(Error::Io {
+                context: format!("reading the data device at {offset}"),
+                cause: std::io::Error::other("bad sector"),
+            })
+        }
+        fn write_at(&self, _: &[u8], _: u64) -> Result<()> {
+            Ok(())
+        }
+        fn sync(&self) -> Result<()> {
+            Ok(())
+        }
+        fn len(&self) -> Result<u64> {
+            Ok(1 << 20)
+        }
+        fn describe(&self) -> String {
+            "data".into()
+        }
+        fn capacity(&self) -> Result<Option<u64>> {
+            Ok(None)
+        }
+    }
+    let open_with = |meta: Arc<SimDisk>| open_checking(meta, Arc::new(Unreadable));
+    let meta = formatted(Arc::default());
+    let mut t = open_tiny(meta.clone()).unwrap();
+    let mut m = Model::default();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    for _ in 0..30 {
+        step(&mut t, &mut m, &mut rng).unwrap();
+    }
+    let listed = [(8192, digest(&[4u8; 4096]))];
+    t.commit_beside_data(&[], Some(&listed), &mut || Ok(()))
+        .expect("disktable commits beside its data")
+        .unwrap();
+    // A kill -9 now: the journal and the homes are as written.
+    let image = meta.contents();
+    drop(t);
+    let mut t = open_with(Arc::new(SimDisk::from_image(image, "meta", Arc::default())))
+        .expect("the homes prove the data was synced");
+    assert_matches(&mut t, &m, "replayed");
 }
