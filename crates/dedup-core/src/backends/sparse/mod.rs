@@ -30,18 +30,18 @@ pub mod geometry;
 pub mod index;
 mod paged;
 mod salvage;
+mod upkeep;
 
 use std::collections::{BTreeSet, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::backend::{BackendUsage, IndexFigures, LostBlock, MetadataBackend, ScanCursor, Upkeep};
+use crate::backend::{BackendUsage, IndexFigures, MetadataBackend, ScanCursor, Upkeep};
 use crate::backends::counts;
 use crate::backends::disktable::geometry::{BLOCK, HEADER};
 use crate::backends::disktable::tables::Journaled;
 use crate::backends::kv::store::StoreState;
 use crate::backends::{BackendParams, OpenOptions, Opened};
-use crate::blockfile::written::Listed;
 use crate::blockfile::BlockFile;
 use crate::codec::{Decoder, Encoder};
 use crate::config::{DeviceConfig, Lbn, Pbn};
@@ -992,64 +992,5 @@ impl MetadataBackend for Sparse {
     }
 }
 
-impl Upkeep for Sparse {
-    fn commit_beside_data(
-        &mut self,
-        private: &[u64],
-        listed: Option<&[Listed]>,
-        data_durable: &mut dyn FnMut() -> Result<()>,
-    ) -> Option<Result<()>> {
-        Some(self.commit_with(private, listed, data_durable))
-    }
-
-    fn warm_index(&mut self, max: usize) -> Result<bool> {
-        let Some(from) = self.warm_from else {
-            return Ok(false);
-        };
-        let mut page = Vec::new();
-        let next = self.scan_records(&ScanCursor(from.to_le_bytes().to_vec()), max, &mut page)?;
-        // Records written since open are in the index already; inserting
-        // one again changes nothing (advice, newest wins).
-        for (fp, pbn) in &page {
-            self.index.insert(fp.prefix_u64(), *pbn);
-        }
-        self.warmed += page.len() as u64;
-        self.warm_from = match next {
-            Some(c) => Some(cursor_at(&c)?),
-            None => None,
-        };
-        Ok(self.warm_from.is_some())
-    }
-
-    fn release_reserve(&mut self) -> Result<u64> {
-        self.t.release_reserve()
-    }
-
-    fn lost_blocks(&self) -> Vec<LostBlock> {
-        self.t.cache.lost.iter().map(|&b| self.held(b)).collect()
-    }
-}
-
 #[cfg(test)]
 mod tests;
-
-impl Sparse {
-    /// A commit (`Journaled::commit_beside_data`): `listed`, the data
-    /// blocks the journal lists, so that its sync can follow the journal's.
-    fn commit_with(
-        &mut self,
-        private: &[u64],
-        listed: Option<&[Listed]>,
-        data_durable: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<()> {
-        self.private = private.to_vec();
-        let written = self
-            .t
-            .commit_beside_data(&self.state(), listed, data_durable)?;
-        self.quarantine.clear();
-        if written > 0 {
-            self.allocated = self.t.file.allocated()?.unwrap_or(self.allocated);
-        }
-        Ok(())
-    }
-}
