@@ -56,6 +56,11 @@ const S: &str = "disktable journal";
 
 pub struct Journal {
     pub seq: u64,
+    /// A commit's home writes failed part-way (the host's disk full): the
+    /// homes are a mix of two commits until a journal that holds all of
+    /// them is replayed or written home. Until then no journal may be one
+    /// recovery could drop, so none lists data (the data syncs first).
+    pub unfinished: bool,
     /// The sync of the last commit's home writes, started in the
     /// background; made at open when writable (`None`: a commit syncs
     /// its homes itself).
@@ -141,9 +146,12 @@ impl Journal {
                 ),
             ));
         }
-        // Listed only where the list fits beside the blocks.
-        let listed = listed
-            .filter(|l| journal_len(count) + check_blocks(l.len() as u64) <= geo.journal_blocks);
+        // Listed only where the list fits beside the blocks, and never
+        // over a commit whose homes are half-written.
+        let listed = listed.filter(|l| {
+            !self.unfinished
+                && journal_len(count) + check_blocks(l.len() as u64) <= geo.journal_blocks
+        });
         let checked = listed.map_or(0, |l| l.len() as u64);
         if listed.is_none() {
             data_durable()?;
@@ -182,11 +190,17 @@ impl Journal {
                 // page whose write-back failed) and replay this journal:
                 // it is cleared (the homes are untouched: state N-1).
                 self.seq -= 1;
-                let _ = clear_header(file.as_ref(), geo, self.seq);
+                if let Err(c) = clear_header(file.as_ref(), geo, self.seq) {
+                    tracing::error!(
+                        "{S}: the data sync failed ({e}) and the journal naming its blocks could not be cleared ({c}); stop the device and start it again before the host restarts"
+                    );
+                }
                 return Err(e);
             }
         }
+        self.unfinished = true;
         write_homes(file.as_ref(), geo, blocks, io)?;
+        self.unfinished = false;
         io.syncs += 1;
         // No background sync (none made, or its thread gone): the homes
         // are synced here, before anything can overwrite this journal.
@@ -214,7 +228,16 @@ impl Journal {
         data: Option<&DataCheck>,
         io: &mut MetaIoStats,
     ) -> Result<(Journal, Recovered)> {
-        let none = |seq| Ok((Journal { seq, homes: None }, Recovered::default()));
+        let none = |seq| {
+            Ok((
+                Journal {
+                    seq,
+                    homes: None,
+                    unfinished: false,
+                },
+                Recovered::default(),
+            ))
+        };
         let mut h = vec![0u8; BLOCK];
         file.read_at(&mut h, geo.journal_start)?;
         io.reads += 1;
@@ -282,6 +305,7 @@ impl Journal {
                     Journal {
                         seq: seq.saturating_sub(1),
                         homes: None,
+                        unfinished: false,
                     },
                     dropped,
                 ));
@@ -317,7 +341,14 @@ impl Journal {
             replayed: count,
             dropped_for_data: 0,
         };
-        Ok((Journal { seq, homes: None }, replayed))
+        Ok((
+            Journal {
+                seq,
+                homes: None,
+                unfinished: false,
+            },
+            replayed,
+        ))
     }
 
     /// After a clean close: an empty journal, so the next open replays
@@ -328,11 +359,18 @@ impl Journal {
     }
 }
 
-/// The commit number in the root block's home (0 if it fails its
-/// checksum: a root write torn by the crash proves nothing).
+/// The commit number in the root block's home (0 if it cannot be read or
+/// fails its checksum: a root write torn by the crash proves nothing).
 fn root_commit(file: &dyn BlockFile, geo: &Area, io: &mut MetaIoStats) -> Result<u64> {
     let mut root = vec![0u8; BLOCK];
-    file.read_at(&mut root, geo.table_start + ROOT * BLOCK as u64)?;
+    // Unreadable (a write torn by the crash left a bad sector): no proof
+    // either, and the replay will rewrite it.
+    if file
+        .read_at(&mut root, geo.table_start + ROOT * BLOCK as u64)
+        .is_err()
+    {
+        return Ok(0);
+    }
     io.reads += 1;
     io.bytes_read += BLOCK as u64;
     if !block_ok(ROOT, &root) {

@@ -463,3 +463,80 @@ fn a_journal_whose_root_home_holds_its_commit_is_replayed_without_reading_data()
         .expect("the homes prove the data was synced");
     assert_matches(&mut t, &m, "replayed");
 }
+
+/// A commit whose home writes failed part-way (the host's disk full)
+/// leaves the homes a mix of two commits; only a journal holding all of
+/// them repairs that, so the next one must be one recovery never drops:
+/// it lists no data (the data syncs first).
+#[test]
+fn after_half_written_homes_the_next_journal_lists_no_data() {
+    use crate::blockfile::written::digest;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// The metadata device; while `full`, writes past the journal's first
+    /// block (the homes) fail as on a full filesystem.
+    struct Filling {
+        inner: Arc<SimDisk>,
+        full: AtomicBool,
+    }
+    impl crate::blockfile::BlockFile for Filling {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+            self.inner.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+            if self.full.load(Ordering::SeqCst) && offset > 8192 {
+                return Err(Error::Io {
+                    context: "writing a table block home".into(),
+                    cause: std::io::Error::from_raw_os_error(libc::ENOSPC),
+                });
+            }
+            self.inner.write_at(buf, offset)
+        }
+        fn sync(&self) -> Result<()> {
+            self.inner.sync()
+        }
+        fn len(&self) -> Result<u64> {
+            self.inner.len()
+        }
+        fn describe(&self) -> String {
+            "meta".into()
+        }
+        fn capacity(&self) -> Result<Option<u64>> {
+            self.inner.capacity()
+        }
+    }
+    let inner = formatted(Arc::default());
+    let meta = Arc::new(Filling {
+        inner: inner.clone(),
+        full: AtomicBool::new(false),
+    });
+    let sb = Superblock::read(meta.as_ref(), std::path::Path::new("meta")).unwrap();
+    let opts = OpenOptions {
+        writable: true,
+        cache_bytes: Some(1),
+        ..Default::default()
+    };
+    let mut t = open_table(sb, Box::new(meta.clone()), &opts).unwrap();
+    let mut m = Model::default();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(10);
+    for _ in 0..30 {
+        step(&mut t, &mut m, &mut rng).unwrap();
+    }
+    let listed = [(8192, digest(&[5u8; 4096]))];
+    meta.full.store(true, Ordering::SeqCst);
+    let failed = t
+        .commit_beside_data(&[], Some(&listed), &mut || Ok(()))
+        .expect("disktable commits beside its data");
+    assert!(failed.is_err(), "the homes could not be written");
+    meta.full.store(false, Ordering::SeqCst);
+    t.commit_beside_data(&[], Some(&listed), &mut || Ok(()))
+        .expect("disktable commits beside its data")
+        .unwrap();
+    let mut magic = [0u8; 8];
+    inner.read_at(&mut magic, 8192).unwrap();
+    assert_eq!(
+        &magic, b"DDUPJRNL",
+        "the journal after half-written homes lists data"
+    );
+    assert_matches(&mut t, &m, "after the retry");
+}
