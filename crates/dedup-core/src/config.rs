@@ -169,6 +169,12 @@ impl DeviceConfig {
         DATA_OFFSET + pbn * self.chunk_size as u64
     }
 
+    /// The PBN (a block, for packing) at a chunk-aligned byte offset of the
+    /// data device: the inverse of `pbn_offset`.
+    pub fn pbn_at(&self, offset: u64) -> Pbn {
+        (offset - DATA_OFFSET) / self.chunk_size as u64
+    }
+
     pub fn uuid_string(&self) -> String {
         uuid::Uuid::from_bytes(self.uuid).to_string()
     }

@@ -71,6 +71,14 @@ struct Written {
     unlisted: bool,
 }
 
+impl Written {
+    /// Give up on listing this transaction (until `clear`).
+    fn unlist(&mut self) {
+        self.unlisted = true;
+        self.blocks = HashMap::new();
+    }
+}
+
 impl WrittenBlocks {
     /// Blocks of `block` bytes from `base` (the first chunk's offset).
     pub fn new(inner: std::sync::Arc<dyn BlockFile>, block: usize, base: u64) -> WrittenBlocks {
@@ -101,11 +109,6 @@ impl WrittenBlocks {
         w.unlisted = false;
     }
 
-    /// The chunk size the list counts in.
-    pub fn block_len(&self) -> usize {
-        self.block
-    }
-
     /// Record `bufs` written back to back from `offset`.
     fn record(&self, bufs: &[&[u8]], offset: u64) {
         let mut w = self.written.lock();
@@ -116,8 +119,7 @@ impl WrittenBlocks {
         let whole = bufs.iter().all(|b| b.len() % self.block == 0);
         let count: usize = bufs.iter().map(|b| b.len() / self.block).sum();
         if !aligned || !whole || w.blocks.len() + count > MAX_BLOCKS {
-            w.unlisted = true;
-            w.blocks = HashMap::new();
+            w.unlist();
             return;
         }
         drop(w);
@@ -134,8 +136,7 @@ impl WrittenBlocks {
         if !w.unlisted {
             w.blocks.extend(digests);
             if w.blocks.len() > MAX_BLOCKS {
-                w.unlisted = true;
-                w.blocks = HashMap::new();
+                w.unlist();
             }
         }
     }

@@ -80,29 +80,20 @@ impl Engine {
             None => None,
         };
         let listed = listed.as_deref();
-        if !self.data_sync_beside {
-            let mut synced = false;
-            let mut sync = || {
-                synced = true;
-                p.sync_written()
-            };
-            let committed = match m.store.commit_beside_data(record, listed, &mut sync) {
-                Some(committed) => committed,
-                None => sync().and_then(|_| m.store.commit(record)),
-            };
-            if !synced {
-                let _ = p.sync_written();
-            }
-            return committed;
-        }
         std::thread::scope(|scope| {
-            let sync = std::thread::Builder::new()
-                .name("dedup-data-sync".into())
-                .spawn_scoped(scope, || p.sync_written());
-            // No thread to be had: the store runs the sync itself.
-            let mut sync = sync.ok();
-            // A store that fails before it asks: the scope still joins a
-            // started sync, and a failure of it stops the device.
+            // On a crash test's disks, or with no thread to be had, no
+            // helper: the sync runs when the store asks for it.
+            let mut sync = self
+                .data_sync_beside
+                .then(|| {
+                    std::thread::Builder::new()
+                        .name("dedup-data-sync".into())
+                        .spawn_scoped(scope, || p.sync_written())
+                        .ok()
+                })
+                .flatten();
+            // A store that fails before it asks: the sync still runs
+            // (or is joined), and a failure of it stops the device.
             let mut asked = false;
             let mut synced = || {
                 asked = true;

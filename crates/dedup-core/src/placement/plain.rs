@@ -115,12 +115,11 @@ impl Placement for Plain {
     fn live_blocks(
         &self,
         meta: &mut dyn MetadataBackend,
-        mut listed: Vec<Listed>,
+        listed: Vec<Listed>,
     ) -> Result<Option<Vec<Listed>>> {
         let mut live = Vec::with_capacity(listed.len());
-        for (offset, d) in listed.drain(..) {
-            let pbn = (offset - self.cfg.pbn_offset(0)) / self.cfg.chunk_size as u64;
-            if meta.refcount_get(pbn)? > 0 {
+        for (offset, d) in listed {
+            if meta.refcount_get(self.cfg.pbn_at(offset))? > 0 {
                 live.push((offset, d));
             }
         }

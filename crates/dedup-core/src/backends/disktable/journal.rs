@@ -38,7 +38,9 @@ use std::sync::Arc;
 use super::geometry::{block_ok, Area, BLOCK, COMMIT_AT, DESC_ENTRIES, ROOT};
 use super::home_sync::HomeSync;
 use crate::backend::MetaIoStats;
-use crate::blockfile::written::{self, DataCheck, Listed, DIGEST as DATA_DIGEST};
+// The header keeps the body's digest as the list keeps each data block's:
+// the first 16 bytes of its blake3 hash.
+use crate::blockfile::written::{self, digest, DataCheck, Listed, DIGEST};
 use crate::blockfile::BlockFile;
 use crate::codec::{is_sealed, seal, Decoder, Encoder};
 use crate::error::{Error, Result};
@@ -50,7 +52,7 @@ const MAGIC_V1: &[u8; 8] = b"DDUPJRNL";
 /// A journal whose header counts the data blocks it lists.
 const MAGIC: &[u8; 8] = b"DDUPJRN2";
 /// Bytes of one listed data block: its offset and its digest.
-const CHECK_ENTRY: usize = 8 + DATA_DIGEST;
+const CHECK_ENTRY: usize = 8 + DIGEST;
 const CHECK_ENTRIES: u64 = (BLOCK / CHECK_ENTRY) as u64;
 const S: &str = "disktable journal";
 
@@ -65,15 +67,6 @@ pub struct Journal {
     /// background; made at open when writable (`None`: a commit syncs
     /// its homes itself).
     pub homes: Option<HomeSync>,
-}
-
-/// What the header keeps of the body's blake3 digest.
-const DIGEST: usize = 16;
-
-fn digest(body: &[u8]) -> [u8; DIGEST] {
-    let mut d = [0u8; DIGEST];
-    d.copy_from_slice(&blake3::hash(body).as_bytes()[..DIGEST]);
-    d
 }
 
 /// A header; one that lists no data blocks keeps the older layout
@@ -118,6 +111,15 @@ pub struct Recovered {
 }
 
 impl Journal {
+    /// A journal whose last commit is `seq`, with nothing pending.
+    fn numbered(seq: u64) -> Journal {
+        Journal {
+            seq,
+            homes: None,
+            unfinished: false,
+        }
+    }
+
     /// Write `blocks` (sealed, sorted) through the journal to their homes.
     /// `listed`: the data blocks this transaction wrote, with digests
     /// (`None`: not listed). `data_durable` makes the data durable; it is
@@ -228,16 +230,7 @@ impl Journal {
         data: Option<&DataCheck>,
         io: &mut MetaIoStats,
     ) -> Result<(Journal, Recovered)> {
-        let none = |seq| {
-            Ok((
-                Journal {
-                    seq,
-                    homes: None,
-                    unfinished: false,
-                },
-                Recovered::default(),
-            ))
-        };
+        let none = |seq| Ok((Journal::numbered(seq), Recovered::default()));
         let mut h = vec![0u8; BLOCK];
         file.read_at(&mut h, geo.journal_start)?;
         io.reads += 1;
@@ -301,14 +294,7 @@ impl Journal {
                     replayed: 0,
                     dropped_for_data: checked,
                 };
-                return Ok((
-                    Journal {
-                        seq: seq.saturating_sub(1),
-                        homes: None,
-                        unfinished: false,
-                    },
-                    dropped,
-                ));
+                return Ok((Journal::numbered(seq.saturating_sub(1)), dropped));
             }
             // What was read back may be the page cache's after a kill -9,
             // not the disk's: durable before the homes that name it are.
@@ -341,14 +327,7 @@ impl Journal {
             replayed: count,
             dropped_for_data: 0,
         };
-        Ok((
-            Journal {
-                seq,
-                homes: None,
-                unfinished: false,
-            },
-            replayed,
-        ))
+        Ok((Journal::numbered(seq), replayed))
     }
 
     /// After a clean close: an empty journal, so the next open replays

@@ -502,10 +502,9 @@ impl Placement for Packed {
         mut listed: Vec<Listed>,
     ) -> Result<Option<Vec<Listed>>> {
         let s = self.state.lock();
-        let (first, len) = (s.cfg.pbn_offset(0), s.cfg.chunk_size as u64);
         // A block with any live chunk (its raw one, or a fragment) is
         // freed only by a later commit.
-        listed.retain(|(offset, _)| s.blocks.live((offset - first) / len) != 0);
+        listed.retain(|(offset, _)| s.blocks.live(s.cfg.pbn_at(*offset)) != 0);
         Ok(Some(listed))
     }
 
