@@ -420,3 +420,221 @@ fn small_writes_are_not_queued_when_asked() {
     dev.read(0, &mut got).unwrap();
     assert_eq!(got, p.bytes(2, 0, 16 * CS));
 }
+
+/// A device whose 4 KiB writes are never queued for being alone
+/// (`write_back_from_bytes`), on a metadata disk whose every write takes
+/// `delay`: a commit then holds the gate for a while.
+fn slow_commits(md: &MemDevice, delay: Duration) -> Device {
+    let opts = dedup_core::OpenOptions {
+        write_back_from_bytes: 1 << 20,
+        ..md.options()
+    };
+    let meta = FaultyBlockFile {
+        write_delay: delay,
+        ..FaultyBlockFile::new(md.meta.clone())
+    };
+    Device::open(Box::new(md.data.clone()), Box::new(meta), &opts, None).unwrap()
+}
+
+/// Run `during` while a FLUSH's commit holds the gate: the commit runs on
+/// another thread, and `during` starts once it holds the gate (its
+/// metadata writes take `delay` each, so it lasts a while). Returns
+/// whether the commit was still running when `during` returned.
+fn during_a_commit(dev: &Device, during: impl FnOnce()) -> bool {
+    std::thread::scope(|s| {
+        s.spawn(|| dev.flush().unwrap());
+        let start = std::time::Instant::now();
+        while !dev.committing() {
+            assert!(start.elapsed() < Duration::from_secs(10), "no commit began");
+            std::thread::yield_now();
+        }
+        during();
+        dev.committing()
+    })
+}
+
+/// A write arriving while a FLUSH's commit syncs is queued and
+/// acknowledged at once instead of waiting out the commit (it used to
+/// wait at the gate for the commit's whole I/O), and the next FLUSH makes
+/// it durable: after a crash it is there.
+#[test]
+fn a_write_during_a_commit_is_queued_and_the_next_flush_covers_it() {
+    for backend in ["sparse", "disktable/lz4"] {
+        let md = device(backend, CHUNKS, 1 << 20);
+        let delay = Duration::from_millis(40);
+        let p = Patterns::new(4, CS);
+        let mut model = ModelDisk::new(CHUNKS as usize * CS, CS);
+        {
+            let dev = slow_commits(&md, delay);
+            fill(&dev, &mut model, 0..8);
+            assert_eq!(dev.stats().counters.write_back_requests, 0, "{backend}");
+            // Attempts, in case a loaded machine held the write back until
+            // the commit was over (then it is applied directly, as before).
+            let mut queued = false;
+            for attempt in 0..5u64 {
+                let lbn = 10 + attempt;
+                let data = p.bytes(3, lbn * CS as u64 + 7, CS);
+                let before = dev.stats().counters.write_back_requests;
+                let early = during_a_commit(&dev, || {
+                    dev.write(lbn * CS as u64, &data, false).unwrap();
+                });
+                model.write(lbn * CS as u64, &data);
+                if early && dev.stats().counters.write_back_requests == before + 1 {
+                    queued = true;
+                    break;
+                }
+            }
+            assert!(queued, "{backend}: no write was queued during a commit");
+            dev.flush().unwrap();
+            assert_eq!(common::read_all(&dev), model.bytes, "{backend}");
+            // Dropped without closing: a crash after the FLUSH.
+        }
+        let dev = md.open().unwrap();
+        assert_eq!(
+            common::read_all(&dev),
+            model.bytes,
+            "{backend}: after a crash"
+        );
+        assert_eq!(dev.stats().counters.write_back_failures, 0, "{backend}");
+    }
+}
+
+/// A write arriving during a commit is queued only against the room the
+/// device had when the commit began, less what every other request in
+/// flight may take: near full, it waits for the commit and is applied
+/// directly, so ENOSPC still reaches the write that caused it.
+#[test]
+fn a_write_during_a_commit_that_might_not_fit_is_not_queued() {
+    for backend in ["sparse", "disktable"] {
+        let md = device(backend, 12, 1 << 20);
+        let delay = Duration::from_millis(40);
+        let dev = slow_commits(&md, delay);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let mut unique = |n: usize| -> Vec<u8> { (0..n * CS).map(|_| rng.random()).collect() };
+        let mut model = ModelDisk::new(CHUNKS as usize * CS, CS);
+        // Ten of twelve chunks taken, then one more during a commit (it
+        // fits: queued, or applied if it came first).
+        let first = unique(10);
+        dev.write(0, &first, false).unwrap();
+        model.write(0, &first);
+        let one = unique(1);
+        during_a_commit(&dev, || dev.write(30 * CS as u64, &one, false).unwrap());
+        model.write(30 * CS as u64, &one);
+        // Two new chunks where one fits: never queued, and refused.
+        let before = dev.stats().counters.write_back_requests;
+        let two = unique(2);
+        let mut got = None;
+        during_a_commit(&dev, || {
+            got = Some(dev.write(20 * CS as u64, &two, false));
+        });
+        match got.unwrap() {
+            Err(Error::NoSpace { .. }) => {}
+            other => panic!("{backend}: 2 new chunks on a device with 1 free: {other:?}"),
+        }
+        assert_eq!(
+            dev.stats().counters.write_back_requests,
+            before,
+            "{backend}"
+        );
+        dev.flush().unwrap();
+        // The refused write may have placed its first chunk; all else is
+        // as acknowledged.
+        let mut all = common::read_all(&dev);
+        all[20 * CS..22 * CS].copy_from_slice(&model.bytes[20 * CS..22 * CS]);
+        assert_eq!(all, model.bytes, "{backend}");
+        assert_eq!(dev.stats().counters.write_back_failures, 0, "{backend}");
+    }
+}
+
+/// What a writer thread did: each write's first LBN and its bytes, or
+/// `None` for a refused write's first and last LBN.
+type Written = Vec<(u64, Option<Vec<u8>>)>;
+
+/// Writers and flushes at once on a device filling up, with slow commits:
+/// writes queued during commits, bypassing writes and direct ones all take
+/// room, and every acknowledged write must find it. ENOSPC reaches writes
+/// as errors, no queued write ever fails, and every acknowledged write
+/// reads back after the last FLUSH.
+#[test]
+fn writes_queued_during_commits_never_run_out_of_room() {
+    for seed in 1..=12u64 {
+        let backend = if seed % 3 == 0 { "disktable" } else { "sparse" };
+        let md = device(backend, 40, 1 << 20);
+        let dev = slow_commits(&md, Duration::from_millis(2));
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let results: Vec<(u64, Written)> = std::thread::scope(|s| {
+            let flusher = s.spawn(|| {
+                while !stop.load(Ordering::SeqCst) {
+                    dev.flush().unwrap();
+                }
+            });
+            let writers: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let dev = &dev;
+                    s.spawn(move || {
+                        let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 10 + t);
+                        let mut done = Vec::new();
+                        // Sixteen LBNs each, written in random order and
+                        // sizes: 64 chunks' worth on a device of 40.
+                        for _ in 0..24 {
+                            let n = rng.random_range(1..=2u64);
+                            let lbn = t * 16 + rng.random_range(0..=16 - n);
+                            let data: Vec<u8> =
+                                (0..n as usize * CS).map(|_| rng.random()).collect();
+                            match dev.write(lbn * CS as u64, &data, false) {
+                                Ok(()) => done.push((lbn, Some(data))),
+                                Err(Error::NoSpace { .. }) => {
+                                    done.push((lbn, None));
+                                    done.push((lbn + n - 1, None));
+                                }
+                                Err(e) => panic!("{backend}: {e}"),
+                            }
+                        }
+                        (t, done)
+                    })
+                })
+                .collect();
+            let r = writers.into_iter().map(|w| w.join().unwrap()).collect();
+            stop.store(true, Ordering::SeqCst);
+            flusher.join().unwrap();
+            r
+        });
+        dev.flush().unwrap();
+        let s = dev.stats();
+        assert_eq!(
+            s.counters.write_back_failures, 0,
+            "{backend}: a queued write failed"
+        );
+        assert!(
+            s.counters.nospace_errors > 0,
+            "{backend}: the device filled up"
+        );
+        // Each thread's own LBNs, last write wins; a refused write leaves
+        // its chunks unknown until written again.
+        let all = common::read_all(&dev);
+        for (t, done) in results {
+            let mut want: Vec<Option<Vec<u8>>> = vec![Some(vec![0u8; CS]); 16];
+            for (lbn, data) in done {
+                let i = (lbn - t * 16) as usize;
+                match data {
+                    Some(d) => {
+                        for (k, c) in d.chunks(CS).enumerate() {
+                            want[i + k] = Some(c.to_vec());
+                        }
+                    }
+                    None => want[i] = None,
+                }
+            }
+            for (i, w) in want.iter().enumerate() {
+                if let Some(w) = w {
+                    let at = (t as usize * 16 + i) * CS;
+                    assert!(
+                        all[at..at + CS] == w[..],
+                        "{backend}: LBN {} lost",
+                        t as usize * 16 + i
+                    );
+                }
+            }
+        }
+    }
+}

@@ -13,11 +13,11 @@
 //! that are not crash-safe (INRAM) skip the gate: their commit persists
 //! nothing.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::Ordering::{self, SeqCst};
 
 use tracing::debug;
 
-use super::Engine;
+use super::{Engine, OnDrop, NOT_COMMITTING};
 use crate::error::Result;
 use crate::stats::Counters;
 
@@ -32,6 +32,14 @@ impl Engine {
         // it needs the batches out of the way too.
         let _quiet = self.commits.then(|| self.commit_gate.write());
         let mut m = self.meta.lock();
+        // Published while the gate is held, withdrawn before it opens
+        // (dropped first): writes arriving meanwhile may be queued against
+        // it instead of waiting out the syncs.
+        let _room = _quiet.is_some().then(|| {
+            self.commit_room
+                .store(self.room_in(&m).min(NOT_COMMITTING - 1), SeqCst);
+            OnDrop(|| self.commit_room.store(NOT_COMMITTING, SeqCst))
+        });
         self.commit_locked(&mut m)
     }
 

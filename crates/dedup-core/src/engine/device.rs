@@ -3,14 +3,14 @@
 //! call that looks at data or metadata first waits for the queued
 //! mutations it could see, so callers never observe the queue.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
 use super::write_path::Mutation;
 use super::writeback::{Admit, Wait, WriteBack, CLOSE_PATIENCE};
-use super::{CheckReport, Engine, Extent, GcReport, RecoveryReport, RepairReport};
+use super::{CheckReport, Engine, Extent, GcReport, OnDrop, RecoveryReport, RepairReport};
 use crate::blockfile::BlockFile;
 use crate::config::{DeviceConfig, Lbn, Pbn};
 use crate::error::Result;
@@ -27,6 +27,8 @@ pub struct Device {
     warming: OnceLock<Warming>,
     /// Mutations in `mutate` now (write-back decides by it).
     in_flight: AtomicUsize,
+    /// The new chunks they may need, at most (write-back's `need`).
+    in_flight_need: AtomicU64,
     pub(super) engine: Arc<Engine>,
 }
 
@@ -54,6 +56,7 @@ impl Device {
             write_back: OnceLock::new(),
             warming: OnceLock::new(),
             in_flight: AtomicUsize::new(0),
+            in_flight_need: AtomicU64::new(0),
             engine: Arc::new(Engine::open(data, meta, opts, lock)?),
         };
         if !opts.defer_threads {
@@ -75,6 +78,7 @@ impl Device {
             write_back: OnceLock::new(),
             warming: OnceLock::new(),
             in_flight: AtomicUsize::new(0),
+            in_flight_need: AtomicU64::new(0),
             engine: Arc::new(Engine::assemble(cfg, pair, opts, None)?),
         };
         if !opts.defer_threads {
@@ -176,20 +180,45 @@ impl Device {
         let _g = self.engine.enter()?;
         self.engine.check_range(offset, len)?;
         let e = &self.engine;
-        let _in = InFlight::enter(&self.in_flight);
+        // Counted before `idle` is asked below, so that a request queued
+        // against a commit's room sees every one that bypasses the queue.
+        // Why that room suffices: no batch allocates while a commit holds
+        // the gate, so all that can take the room the commit saw before a
+        // write queued now applies are the mutations in flight now
+        // (`in_flight_need`, less its own), the mutations write-back holds
+        // room for (`room_held`), and mutations arriving later, which find
+        // write-back busy and never bypass it (and while such writes are
+        // queued, read the room again less what is in flight: `submit`).
+        let _in = InFlight::enter(self, wb.need(what, offset, len));
         let alone = || self.in_flight.load(SeqCst) == 1;
         // Writes while others are in flight are applied here (the client
         // keeps the device busy), and so are small writes: for them a copy
         // and a hand-over cost more than the write. With nothing queued
-        // that takes no lock.
+        // that takes no lock. But a write that arrives while a FLUSH's
+        // commit holds the gate is queued if it can be: applied here it
+        // would wait out the commit's syncs (ten times a write's latency);
+        // queued it is acknowledged at once, applied when the gate opens,
+        // and the next FLUSH waits for it as for any queued write.
+        let during_commit = what == Mutation::Write && e.commit_room().is_some();
         let small = what == Mutation::Write && len < wb.queue_from;
-        let worth_queueing = !small && alone();
+        let worth_queueing = (!small && alone()) || during_commit;
         if !worth_queueing && wb.idle() {
             let _done = OnDrop(|| wb.bypassed());
             e.perform(what, offset, len, buf)?;
         } else {
-            let queue = || worth_queueing && alone();
-            match wb.submit(what, offset, len, buf, || e.room_chunks(), queue) {
+            let queue = || !small && alone();
+            let others_need = |own| self.in_flight_need.load(SeqCst).saturating_sub(own);
+            let (room, commit_room) = (|| e.room_chunks(), || e.commit_room());
+            match wb.submit(
+                what,
+                offset,
+                len,
+                buf,
+                room,
+                queue,
+                others_need,
+                commit_room,
+            ) {
                 Admit::Queued => Counters::add(&e.counters.write_back_requests, 1),
                 Admit::Direct { held, after } => {
                     let _done = OnDrop(|| wb.done_direct(held));
@@ -212,6 +241,13 @@ impl Device {
             self.flush_entered(wb)?;
         }
         Ok(())
+    }
+
+    /// Whether a commit holds the gate now (for tests that time a request
+    /// into one).
+    #[doc(hidden)]
+    pub fn committing(&self) -> bool {
+        self.engine.commit_room().is_some()
     }
 
     /// FLUSH: every write acknowledged before this call is made durable
@@ -297,22 +333,15 @@ impl Device {
     }
 }
 
-/// Runs its closure when dropped (a panic included).
-struct OnDrop<F: FnMut()>(F);
-
-impl<F: FnMut()> Drop for OnDrop<F> {
-    fn drop(&mut self) {
-        (self.0)()
-    }
-}
-
-/// Counts a mutation in flight while it lives.
-struct InFlight<'a>(&'a AtomicUsize);
+/// Counts a mutation in flight, and the new chunks it may need, while it
+/// lives.
+struct InFlight<'a>(&'a Device, u64);
 
 impl<'a> InFlight<'a> {
-    fn enter(n: &'a AtomicUsize) -> InFlight<'a> {
-        n.fetch_add(1, SeqCst);
-        InFlight(n)
+    fn enter(d: &'a Device, need: u64) -> InFlight<'a> {
+        d.in_flight.fetch_add(1, SeqCst);
+        d.in_flight_need.fetch_add(need, SeqCst);
+        InFlight(d, need)
     }
 }
 
@@ -334,6 +363,7 @@ impl Drop for Device {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, SeqCst);
+        self.0.in_flight_need.fetch_sub(self.1, SeqCst);
+        self.0.in_flight.fetch_sub(1, SeqCst);
     }
 }

@@ -58,6 +58,17 @@ pub(crate) use meta::Meta;
 
 /// Usage above which the device warns that it is running out of space.
 const SPACE_WARNING_PERCENT: u64 = 90;
+/// Runs its closure when dropped (a panic included).
+pub(super) struct OnDrop<F: FnMut()>(pub(super) F);
+
+impl<F: FnMut()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        (self.0)()
+    }
+}
+
+/// `Engine::commit_room` when no FLUSH's commit holds the gate.
+const NOT_COMMITTING: u64 = u64::MAX;
 
 /// The engine proper. [`Device`] is what users hold: this, with
 /// write-back in front of it when it is on.
@@ -70,6 +81,9 @@ pub(crate) struct Engine {
     gate: RwLock<bool>,
     /// Write batches hold it shared, commits exclusively (see `commit.rs`).
     commit_gate: RwLock<()>,
+    /// `commit_room`: `NOT_COMMITTING`, or set by `commit` while it holds
+    /// the gate.
+    commit_room: AtomicU64,
     /// Which FLUSHes an earlier commit already covers (`group_commit.rs`).
     group: group_commit::GroupCommit,
     /// Reads hold it shared from looking chunks up to reading them; a
@@ -207,6 +221,7 @@ impl Engine {
             placement: pair.placement,
             gate: RwLock::new(false),
             commit_gate: RwLock::new(()),
+            commit_room: AtomicU64::new(NOT_COMMITTING),
             group: Default::default(),
             move_gate: RwLock::new(()),
             commits: pair.commits,
@@ -342,6 +357,17 @@ impl Engine {
             return Err(Error::Closed);
         }
         Ok(g)
+    }
+
+    /// While a FLUSH's commit holds the gate: the new chunks the device
+    /// could give when it began. No write batch allocates until it ends,
+    /// so this is what every write in flight or queued then shares (see
+    /// `Device::mutate`). `None` otherwise.
+    pub(crate) fn commit_room(&self) -> Option<u64> {
+        match self.commit_room.load(Ordering::SeqCst) {
+            NOT_COMMITTING => None,
+            room => Some(room),
+        }
     }
 
     pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<()> {
@@ -488,7 +514,11 @@ impl Engine {
     /// Chunks that writes may still allocate, at least: what write-back
     /// may hold without a write it acknowledged finding the device full.
     pub(crate) fn room_chunks(&self) -> u64 {
-        let m = self.meta.lock();
+        self.room_in(&self.meta.lock())
+    }
+
+    /// `room_chunks`, with the metadata mutex held.
+    fn room_in(&self, m: &Meta) -> u64 {
         let u = m.store.usage();
         let free = self.placement.space(&u).free;
         free.min(u.pbns_free)

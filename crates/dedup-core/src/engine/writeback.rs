@@ -20,6 +20,10 @@
 //!   a new chunk for each chunk it writes (`room`): one that might find
 //!   the device full is applied before it is acknowledged, so ENOSPC
 //!   reaches the request that caused it.
+//! - A write of any size arriving while a FLUSH's commit holds the gate
+//!   is queued, against the room the commit saw less what the requests
+//!   in flight may take (`Device::commit_room` says why that suffices),
+//!   instead of waiting out the commit's syncs.
 //! - A queued mutation that fails anyway (an I/O error, the host's disk
 //!   full) was acknowledged, so it is never dropped: it stays queued and
 //!   the device stalls on it, retrying it with a growing pause (up to
@@ -83,6 +87,8 @@ struct Queued {
     room: u64,
     bytes: usize,
     running: bool,
+    /// Admitted against a commit's room (counted in `State::from_commit`).
+    from_commit: bool,
 }
 
 #[derive(Default)]
@@ -97,6 +103,11 @@ struct State {
     spare: u64,
     /// A queued mutation that failed and is being retried.
     stalled: Option<Stall>,
+    /// Queued mutations admitted against a commit's room (`submit`): a
+    /// request that bypassed the queue may still be in flight beside
+    /// them, which `spare` does not know of, so until they are applied
+    /// `spare` is read again for every mutation.
+    from_commit: usize,
     stop: bool,
     /// Buffers of applied writes, kept for the next ones (at most
     /// `limit_bytes` of them): a fresh large allocation is mapped, faulted
@@ -276,6 +287,16 @@ impl WriteBack {
         offset / cs..offset.saturating_add(len).div_ceil(cs)
     }
 
+    /// The new chunks a mutation may need: a write one for every chunk it
+    /// covers, a trim only for the partial chunks at its ends.
+    pub fn need(&self, what: Mutation, offset: u64, len: u64) -> u64 {
+        let chunks = self.chunks(offset, len);
+        match what {
+            Mutation::Write => chunks.end - chunks.start,
+            _ => (chunks.end - chunks.start).min(2),
+        }
+    }
+
     /// Whether nothing is queued, running in an applier, or being queued.
     pub fn idle(&self) -> bool {
         self.shared.users.load(SeqCst) == 0
@@ -292,6 +313,7 @@ impl WriteBack {
     ///   whenever another is in flight, and is asked once this submitter
     ///   counts as a user) or the queue is full: such requests are
     ///   applied in parallel in their own threads, as without write-back.
+    #[allow(clippy::too_many_arguments)]
     pub fn submit(
         &self,
         what: Mutation,
@@ -300,33 +322,61 @@ impl WriteBack {
         buf: &[u8],
         room: impl Fn() -> u64,
         alone: impl Fn() -> bool,
+        others_need: impl Fn(u64) -> u64,
+        commit_room: impl Fn() -> Option<u64>,
     ) -> Admit {
         let chunks = self.chunks(offset, len);
-        // A write may need a new chunk for every chunk it covers; a trim
-        // only for the partial chunks at its ends.
-        let need = match what {
-            Mutation::Write => chunks.end - chunks.start,
-            _ => (chunks.end - chunks.start).min(2),
-        };
+        let need = self.need(what, offset, len);
         let sh = &self.shared;
-        // Counted before `alone` is asked: a request that then finds
-        // `idle`, and bypasses all this, is seen by `alone` (both SeqCst).
+        // Counted before `alone` and `others_need` are asked: a request
+        // that then finds `idle`, and bypasses all this, is seen by them
+        // (all SeqCst).
         let user = User::new(&sh.users);
         let alone = alone();
         let mut s = sh.state.lock();
-        if sh.stale.swap(false, SeqCst) || need > s.spare {
-            s.spare = room().saturating_sub(s.room_held);
+        // A trim that touches nothing queued may go past a stall: it only
+        // frees, and its commit (`Device::mutate`) gives space back
+        // through the device while writes wait for space.
+        if s.stalled.is_some() && what != Mutation::Write && !s.pending(u64::MAX, &chunks) {
+            s.room_held += need;
+            return Admit::Direct {
+                held: need,
+                after: Wait::Overlapping,
+            };
+        }
+        // What the other requests in flight may take, read before any
+        // room: one that allocated since is then counted twice, never not
+        // at all.
+        let others = others_need(need);
+        if let Some(room) = commit_room() {
+            let room = room.saturating_sub(others);
+            // A commit holds the gate, and the engine's mutex, which
+            // `room()` would wait for: a write is queued against the room
+            // the commit saw; anything else is applied after everything
+            // queued, as the device might be full.
+            let full = s.queue.len() >= MAX_QUEUED || s.bytes + buf.len() > sh.limit_bytes;
+            let fits = s.room_held + need <= room;
+            s.room_held += need;
+            if what == Mutation::Write && s.stalled.is_none() && !s.stop && !full && fits {
+                s.spare = s.spare.saturating_sub(need);
+                s.from_commit += 1;
+                return self.enqueue(s, user, what, offset, len, buf, chunks, need, true);
+            }
+            return Admit::Direct {
+                held: need,
+                after: Wait::All,
+            };
+        }
+        // Beside writes queued during a commit, a request that bypassed
+        // the queue may still be in flight and take room they count on:
+        // the room is then read again, less what those in flight may take.
+        if sh.stale.swap(false, SeqCst) || need > s.spare || s.from_commit > 0 {
+            s.spare = room().saturating_sub(s.room_held).saturating_sub(others);
         }
         // Held either way: a direct write allocates too, and queued ones
         // admitted meanwhile must not count on its room.
         s.room_held += need;
         let direct = |after| Admit::Direct { held: need, after };
-        // A trim that touches nothing queued may go past a stall: it only
-        // frees, and its commit (`Device::mutate`) gives space back
-        // through the device while writes wait for space.
-        if s.stalled.is_some() && what != Mutation::Write && !s.pending(u64::MAX, &chunks) {
-            return direct(Wait::Overlapping);
-        }
         if s.stalled.is_some() || s.stop || need > s.spare {
             s.spare = 0;
             return direct(Wait::All);
@@ -336,6 +386,24 @@ impl WriteBack {
         if !alone || (full && !s.queue.is_empty()) {
             return direct(Wait::Overlapping);
         }
+        self.enqueue(s, user, what, offset, len, buf, chunks, need, false)
+    }
+
+    /// Queue a mutation admitted with the room it needs held.
+    #[allow(clippy::too_many_arguments)]
+    fn enqueue(
+        &self,
+        mut s: parking_lot::MutexGuard<'_, State>,
+        user: User<'_>,
+        what: Mutation,
+        offset: u64,
+        len: u64,
+        buf: &[u8],
+        chunks: Range<u64>,
+        need: u64,
+        from_commit: bool,
+    ) -> Admit {
+        let sh = &self.shared;
         // The queued mutation is a user until its applier is done with it.
         std::mem::forget(user);
         let seq = s.next_seq;
@@ -358,6 +426,7 @@ impl WriteBack {
             room: need,
             bytes: buf.len(),
             running: false,
+            from_commit,
         });
         // Woken after the lock is released, so the applier does not wake
         // only to wait for it.
@@ -446,14 +515,16 @@ impl WriteBack {
                 Counters::add(&counters.write_back_failures, lost as u64);
                 let total = given_up.as_ref().map_or(0, |(n, _)| *n) + lost as u64;
                 given_up = Some((total, why.clone()));
-                let (mut bytes, mut room) = (0, 0);
+                let (mut bytes, mut room, mut from_commit) = (0, 0, 0);
                 for q in s.queue.iter().filter(|q| !q.running) {
                     (bytes, room) = (bytes + q.bytes, room + q.room);
+                    from_commit += usize::from(q.from_commit);
                 }
                 s.queue.retain(|q| q.running);
                 sh.users.fetch_sub(lost, SeqCst);
                 s.bytes -= bytes;
                 s.room_held -= room;
+                s.from_commit -= from_commit;
                 s.stalled = None;
                 continue;
             }
@@ -568,6 +639,7 @@ fn apply_queued(sh: &Shared, engine: &Engine) {
         sh.users.fetch_sub(1, SeqCst);
         s.bytes -= q.bytes;
         s.room_held -= q.room;
+        s.from_commit -= usize::from(q.from_commit);
         // Its end may make a mutation that overlapped it runnable.
         let more = !s.queue.is_empty();
         drop(s);
