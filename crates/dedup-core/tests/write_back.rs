@@ -499,6 +499,75 @@ fn a_write_during_a_commit_is_queued_and_the_next_flush_covers_it() {
     }
 }
 
+/// A write arriving while a commit waits for the gate (a batch still
+/// writing its data holds it) waits for the commit to take the gate and is
+/// then queued, instead of queueing behind the commit at the gate and
+/// waiting out its syncs too.
+#[test]
+fn a_write_while_a_commit_waits_for_the_gate_is_queued_once_it_has_it() {
+    for backend in ["sparse", "disktable"] {
+        let md = device(backend, CHUNKS, 1 << 20);
+        let opts = dedup_core::OpenOptions {
+            write_back_from_bytes: 1 << 20,
+            ..md.options()
+        };
+        // Slow data: a batch holds the gate through its data write. Slow
+        // metadata: the commit after it lasts.
+        let slow = |inner, ms| FaultyBlockFile {
+            write_delay: Duration::from_millis(ms),
+            ..FaultyBlockFile::new(inner)
+        };
+        let dev = Device::open(
+            Box::new(slow(md.data.clone(), 150)),
+            Box::new(slow(md.meta.clone(), 40)),
+            &opts,
+            None,
+        )
+        .unwrap();
+        let p = Patterns::new(4, CS);
+        let mut model = ModelDisk::new(CHUNKS as usize * CS, CS);
+        let mut seen = false;
+        for attempt in 0..5u64 {
+            let (a, c) = (attempt * 2, attempt * 2 + 1);
+            let (da, dc) = (p.bytes(1, a * 4096, CS), p.bytes(2, c * 4096 + 3, CS));
+            let returned_during_commit = std::thread::scope(|s| {
+                s.spawn(|| dev.write(a * CS as u64, &da, false).unwrap());
+                std::thread::sleep(Duration::from_millis(30));
+                s.spawn(|| dev.flush().unwrap());
+                let start = std::time::Instant::now();
+                while !dev.commit_waiting() && start.elapsed() < Duration::from_millis(100) {
+                    std::thread::yield_now();
+                }
+                if !dev.commit_waiting() {
+                    return None; // the flush took the gate first
+                }
+                let before = dev.queued_so_far();
+                dev.write(c * CS as u64, &dc, false).unwrap();
+                let queued = dev.queued_so_far() == before + 1;
+                Some(queued && dev.committing())
+            });
+            model.write(a * CS as u64, &da);
+            if let Some(during) = returned_during_commit {
+                model.write(c * CS as u64, &dc);
+                // Not during: it waited out the commit, or a loaded
+                // machine kept it from running until the commit was over.
+                if during {
+                    seen = true;
+                    break;
+                }
+            }
+        }
+        assert!(
+            seen,
+            "{backend}: no write caught a commit waiting for the gate was queued"
+        );
+        dev.flush().unwrap();
+        drop(dev); // a crash after the FLUSH
+        let dev = md.open().unwrap();
+        assert_eq!(common::read_all(&dev), model.bytes, "{backend}");
+    }
+}
+
 /// A write arriving during a commit is queued only against the room the
 /// device had when the commit began, less what every other request in
 /// flight may take: near full, it waits for the commit and is applied

@@ -30,17 +30,58 @@ impl Engine {
     pub(super) fn commit(&self) -> Result<()> {
         // thin's `ideal` is not crash-safe but writes its windows here, so
         // it needs the batches out of the way too.
+        // Counted while waiting for the gate: writes arriving meanwhile
+        // would queue behind this commit at the gate, so they wait for its
+        // room instead (`await_commit_room`).
+        let waiting = self.commits.then(|| {
+            self.commits_waiting.fetch_add(1, SeqCst);
+            OnDrop(|| self.room_settled(|| {}))
+        });
         let _quiet = self.commits.then(|| self.commit_gate.write());
         let mut m = self.meta.lock();
         // Published while the gate is held, withdrawn before it opens
         // (dropped first): writes arriving meanwhile may be queued against
         // it instead of waiting out the syncs.
         let _room = _quiet.is_some().then(|| {
-            self.commit_room
-                .store(self.room_in(&m).min(NOT_COMMITTING - 1), SeqCst);
+            let room = self.room_in(&m).min(NOT_COMMITTING - 1);
+            self.room_settled(|| self.commit_room.store(room, SeqCst));
+            std::mem::forget(waiting);
             OnDrop(|| self.commit_room.store(NOT_COMMITTING, SeqCst))
         });
         self.commit_locked(&mut m)
+    }
+
+    /// A commit that was waiting for the gate no longer is: `publish` (its
+    /// room), count it out, and wake the writes waiting for it.
+    fn room_settled(&self, publish: impl FnOnce()) {
+        {
+            let _l = self.room_lock.lock();
+            publish();
+            self.commits_waiting.fetch_sub(1, SeqCst);
+        }
+        self.room_published.notify_all();
+    }
+
+    /// Whether a commit is waiting for the gate and has published no room.
+    pub(crate) fn commit_waiting(&self) -> bool {
+        self.commits_waiting.load(SeqCst) > 0 && self.commit_room().is_none()
+    }
+
+    /// A write about to start: if a commit is waiting for the gate, wait
+    /// until it has the gate and has published its room (or gave up). The
+    /// write would otherwise queue behind it at the gate and wait out its
+    /// syncs; after, write-back may queue it against the room. The wait is
+    /// the batches in progress finishing.
+    pub(crate) fn await_commit_room(&self) {
+        if self.commits_waiting.load(SeqCst) == 0 {
+            return;
+        }
+        let mut l = self.room_lock.lock();
+        while self.commit_waiting() {
+            // Timed, as a bound on any wake-up missed.
+            self.room_published
+                .wait_for(&mut l, std::time::Duration::from_millis(5));
+        }
     }
 
     /// `commit`, with the gate (if needed) and the metadata mutex held.

@@ -199,8 +199,14 @@ impl Device {
         // would wait out the commit's syncs (ten times a write's latency);
         // queued it is acknowledged at once, applied when the gate opens,
         // and the next FLUSH waits for it as for any queued write.
-        let during_commit = what == Mutation::Write && e.commit_room().is_some();
         let small = what == Mutation::Write && len < wb.queue_from;
+        if what == Mutation::Write && (small || !alone()) {
+            // It would be applied here, and so queue behind a commit that
+            // waits for the gate and wait out its syncs too: it waits for
+            // the commit to take the gate instead, and is then queued.
+            e.await_commit_room();
+        }
+        let during_commit = what == Mutation::Write && e.commit_room().is_some();
         let worth_queueing = (!small && alone()) || during_commit;
         if !worth_queueing && wb.idle() {
             let _done = OnDrop(|| wb.bypassed());
@@ -248,6 +254,22 @@ impl Device {
     #[doc(hidden)]
     pub fn committing(&self) -> bool {
         self.engine.commit_room().is_some()
+    }
+
+    /// Whether a commit is waiting for the gate now (for tests).
+    #[doc(hidden)]
+    pub fn commit_waiting(&self) -> bool {
+        self.engine.commit_waiting()
+    }
+
+    /// Writes queued so far, read without waiting for anything (`stats`
+    /// waits for the queue and the metadata mutex; for tests).
+    #[doc(hidden)]
+    pub fn queued_so_far(&self) -> u64 {
+        self.engine
+            .counters
+            .write_back_requests
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// FLUSH: every write acknowledged before this call is made durable

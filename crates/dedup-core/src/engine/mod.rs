@@ -29,7 +29,7 @@ mod verify_tests;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
 use tracing::{error, info, warn};
 
 use crate::backend::scan_all;
@@ -84,6 +84,11 @@ pub(crate) struct Engine {
     /// `commit_room`: `NOT_COMMITTING`, or set by `commit` while it holds
     /// the gate.
     commit_room: AtomicU64,
+    /// Commits waiting for the gate, and where writes wait for one of
+    /// them to publish its room (`await_commit_room`).
+    commits_waiting: AtomicU64,
+    room_lock: Mutex<()>,
+    room_published: Condvar,
     /// Which FLUSHes an earlier commit already covers (`group_commit.rs`).
     group: group_commit::GroupCommit,
     /// Reads hold it shared from looking chunks up to reading them; a
@@ -222,6 +227,9 @@ impl Engine {
             gate: RwLock::new(false),
             commit_gate: RwLock::new(()),
             commit_room: AtomicU64::new(NOT_COMMITTING),
+            commits_waiting: AtomicU64::new(0),
+            room_lock: Mutex::new(()),
+            room_published: Condvar::new(),
             group: Default::default(),
             move_gate: RwLock::new(()),
             commits: pair.commits,
