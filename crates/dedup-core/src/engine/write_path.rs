@@ -28,9 +28,9 @@
 //! collection away from chunks between the phases.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
+use rustc_hash::FxHashMap;
 use tracing::error;
 
 use super::chunking::{self, Piece};
@@ -205,7 +205,7 @@ impl Engine {
         let mut images = if partial {
             self.read_for_update(pieces)?
         } else {
-            HashMap::new()
+            FxHashMap::default()
         };
         let mut chunks = Vec::with_capacity(pieces.len());
         for p in pieces {
@@ -277,10 +277,10 @@ impl Engine {
     /// read-modify-write: one metadata-mutex hold for their mappings, then
     /// reads through the placement. The caller holds the LBNs' stripes
     /// exclusively, so the mappings cannot change meanwhile.
-    fn read_for_update(&self, pieces: &[Piece]) -> Result<HashMap<Lbn, Vec<u8>>> {
+    fn read_for_update(&self, pieces: &[Piece]) -> Result<FxHashMap<Lbn, Vec<u8>>> {
         let cs = self.cfg.chunk_size as usize;
         let partial: Vec<&Piece> = pieces.iter().filter(|p| !p.is_full(cs)).collect();
-        let mut images = HashMap::with_capacity(partial.len());
+        let mut images = FxHashMap::with_capacity_and_hasher(partial.len(), Default::default());
         let mapped: Vec<Option<Pbn>> = {
             let mut m = self.meta.lock();
             partial
@@ -302,7 +302,7 @@ impl Engine {
     /// Phase A: look every fingerprint up; pin hits; allocate for new
     /// content, or (`defer`) leave it for phase A2 once compressed.
     fn phase_a(&self, m: &mut Meta, chunks: &mut [Chunk], defer: bool) -> Result<()> {
-        let mut batch_new: HashMap<Fingerprint, usize> = HashMap::new();
+        let mut batch_new: FxHashMap<Fingerprint, usize> = FxHashMap::default();
         let mut allocated = false;
         for (i, c) in chunks.iter_mut().enumerate() {
             let Some(fp) = c.fp else { continue };

@@ -4,10 +4,10 @@
 //! through a journaled commit, which the backend asks for when 75 % of the
 //! cache is dirty (the paper's write-back threshold).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use lru::LruCache;
+use rustc_hash::FxHashMap;
 
 use super::geometry::{block_ok, seal_block, Area, BLOCK, ROOT};
 use crate::backend::MetaIoStats;
@@ -21,7 +21,7 @@ pub struct Cache {
     geo: Area,
     capacity: usize,
     clean: LruCache<u64, Block>,
-    dirty: HashMap<u64, Block>,
+    dirty: FxHashMap<u64, Block>,
     pub io: MetaIoStats,
     /// Opened for check (`salvage`): a block other than the root that
     /// fails its checksum reads as empty instead of failing, and is noted
@@ -43,7 +43,7 @@ impl Cache {
             geo,
             capacity: ((capacity_bytes / BLOCK as u64) as usize).max(64),
             clean: LruCache::unbounded(),
-            dirty: HashMap::new(),
+            dirty: FxHashMap::default(),
             io: MetaIoStats::default(),
             salvage: false,
             lost: Vec::new(),

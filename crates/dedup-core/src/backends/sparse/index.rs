@@ -21,10 +21,10 @@
 //!   container-LRU eviction, so a duplicate stream keeps deduplicating
 //!   between sampled hooks. The store says which group a PBN is in.
 
-use std::collections::HashMap;
 use std::ops::Range;
 
 use lru::LruCache;
+use rustc_hash::FxHashMap;
 
 use super::compact::{CompactTable, Homeless};
 use super::exact::{ExactTable, ENTRY_BYTES, MIN_SLOTS};
@@ -106,7 +106,7 @@ pub struct SampledIndex {
     compact: Option<(u64, u64)>,
     shift: u32,
     /// Prefetched key -> PBN, and the keys each group brought.
-    cached: HashMap<u64, Pbn>,
+    cached: FxHashMap<u64, Pbn>,
     groups: LruCache<u64, Vec<u64>>,
     max_cached: usize,
     index_memory: u64,
@@ -171,7 +171,7 @@ impl SampledIndex {
             max_exact_slots,
             compact,
             shift: 0,
-            cached: HashMap::new(),
+            cached: FxHashMap::default(),
             groups: LruCache::unbounded(),
             max_cached,
             index_memory,
