@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 
 use super::write_path::Mutation;
-use super::writeback::{Admit, Wait, WriteBack, CLOSE_PATIENCE};
+use super::writeback::{Admission, Admit, Request, Wait, WriteBack, CLOSE_PATIENCE};
 use super::{CheckReport, Engine, Extent, GcReport, OnDrop, RecoveryReport, RepairReport};
 use crate::blockfile::BlockFile;
 use crate::config::{DeviceConfig, Lbn, Pbn};
@@ -212,19 +212,17 @@ impl Device {
             let _done = OnDrop(|| wb.bypassed());
             e.perform(what, offset, len, buf)?;
         } else {
-            let queue = || !small && alone();
-            let others_need = |own| self.in_flight_need.load(SeqCst).saturating_sub(own);
-            let (room, commit_room) = (|| e.room_chunks(), || e.commit_room());
-            match wb.submit(
+            let req = Request {
                 what,
                 offset,
                 len,
                 buf,
-                room,
-                queue,
-                others_need,
-                commit_room,
-            ) {
+            };
+            let asked = Asked {
+                device: self,
+                small,
+            };
+            match wb.submit(req, &asked) {
                 Admit::Queued => Counters::add(&e.counters.write_back_requests, 1),
                 Admit::Direct { held, after } => {
                     let _done = OnDrop(|| wb.done_direct(held));
@@ -352,6 +350,31 @@ impl Device {
     /// A PBN's reference count (0 = free).
     pub fn refcount(&self, pbn: Pbn) -> Result<u32> {
         self.settled().refcount(pbn)
+    }
+}
+
+/// Write-back's questions about a request, answered for `Device::mutate`.
+struct Asked<'a> {
+    device: &'a Device,
+    /// Below write-back's `queue_from`: never queued for arriving alone.
+    small: bool,
+}
+
+impl Admission for Asked<'_> {
+    fn room(&self) -> u64 {
+        self.device.engine.room_chunks()
+    }
+
+    fn alone(&self) -> bool {
+        !self.small && self.device.in_flight.load(SeqCst) == 1
+    }
+
+    fn others_need(&self, own: u64) -> u64 {
+        self.device.in_flight_need.load(SeqCst).saturating_sub(own)
+    }
+
+    fn commit_room(&self) -> Option<u64> {
+        self.device.engine.commit_room()
     }
 }
 

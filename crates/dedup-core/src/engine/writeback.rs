@@ -226,6 +226,29 @@ impl Drop for User<'_> {
     }
 }
 
+/// A mutation as `submit` takes it: a write's bytes, or none.
+#[derive(Clone, Copy)]
+pub(crate) struct Request<'a> {
+    pub what: Mutation,
+    pub offset: u64,
+    pub len: u64,
+    pub buf: &'a [u8],
+}
+
+/// What `submit` asks the device about the moment a request arrives.
+pub(crate) trait Admission {
+    /// New chunks the device can give now (waits for the engine's mutex).
+    fn room(&self) -> u64;
+    /// Whether the request may be queued for arriving alone: it must be
+    /// false whenever another request is in flight, and is asked once the
+    /// submitter counts as a user.
+    fn alone(&self) -> bool;
+    /// What the other requests in flight may need, given this one's.
+    fn others_need(&self, own: u64) -> u64;
+    /// While a commit holds the gate, the room it saw (`Engine::commit_room`).
+    fn commit_room(&self) -> Option<u64>;
+}
+
 /// What `submit` did with a mutation.
 pub(crate) enum Admit {
     Queued,
@@ -313,18 +336,10 @@ impl WriteBack {
     ///   whenever another is in flight, and is asked once this submitter
     ///   counts as a user) or the queue is full: such requests are
     ///   applied in parallel in their own threads, as without write-back.
-    #[allow(clippy::too_many_arguments)]
-    pub fn submit(
-        &self,
-        what: Mutation,
-        offset: u64,
-        len: u64,
-        buf: &[u8],
-        room: impl Fn() -> u64,
-        alone: impl Fn() -> bool,
-        others_need: impl Fn(u64) -> u64,
-        commit_room: impl Fn() -> Option<u64>,
-    ) -> Admit {
+    pub fn submit(&self, req: Request<'_>, ask: &impl Admission) -> Admit {
+        let Request {
+            what, offset, len, ..
+        } = req;
         let chunks = self.chunks(offset, len);
         let need = self.need(what, offset, len);
         let sh = &self.shared;
@@ -332,7 +347,7 @@ impl WriteBack {
         // that then finds `idle`, and bypasses all this, is seen by them
         // (all SeqCst).
         let user = User::new(&sh.users);
-        let alone = alone();
+        let alone = ask.alone();
         let mut s = sh.state.lock();
         // A trim that touches nothing queued may go past a stall: it only
         // frees, and its commit (`Device::mutate`) gives space back
@@ -347,20 +362,20 @@ impl WriteBack {
         // What the other requests in flight may take, read before any
         // room: one that allocated since is then counted twice, never not
         // at all.
-        let others = others_need(need);
-        if let Some(room) = commit_room() {
+        let others = ask.others_need(need);
+        if let Some(room) = ask.commit_room() {
             let room = room.saturating_sub(others);
             // A commit holds the gate, and the engine's mutex, which
             // `room()` would wait for: a write is queued against the room
             // the commit saw; anything else is applied after everything
             // queued, as the device might be full.
-            let full = s.queue.len() >= MAX_QUEUED || s.bytes + buf.len() > sh.limit_bytes;
+            let full = s.queue.len() >= MAX_QUEUED || s.bytes + req.buf.len() > sh.limit_bytes;
             let fits = s.room_held + need <= room;
             s.room_held += need;
             if what == Mutation::Write && s.stalled.is_none() && !s.stop && !full && fits {
                 s.spare = s.spare.saturating_sub(need);
                 s.from_commit += 1;
-                return self.enqueue(s, user, what, offset, len, buf, chunks, need, true);
+                return self.enqueue(s, user, req, chunks, need, true);
             }
             return Admit::Direct {
                 held: need,
@@ -371,7 +386,10 @@ impl WriteBack {
         // the queue may still be in flight and take room they count on:
         // the room is then read again, less what those in flight may take.
         if sh.stale.swap(false, SeqCst) || need > s.spare || s.from_commit > 0 {
-            s.spare = room().saturating_sub(s.room_held).saturating_sub(others);
+            s.spare = ask
+                .room()
+                .saturating_sub(s.room_held)
+                .saturating_sub(others);
         }
         // Held either way: a direct write allocates too, and queued ones
         // admitted meanwhile must not count on its room.
@@ -382,27 +400,29 @@ impl WriteBack {
             return direct(Wait::All);
         }
         s.spare -= need;
-        let full = s.queue.len() >= MAX_QUEUED || s.bytes + buf.len() > sh.limit_bytes;
+        let full = s.queue.len() >= MAX_QUEUED || s.bytes + req.buf.len() > sh.limit_bytes;
         if !alone || (full && !s.queue.is_empty()) {
             return direct(Wait::Overlapping);
         }
-        self.enqueue(s, user, what, offset, len, buf, chunks, need, false)
+        self.enqueue(s, user, req, chunks, need, false)
     }
 
     /// Queue a mutation admitted with the room it needs held.
-    #[allow(clippy::too_many_arguments)]
     fn enqueue(
         &self,
         mut s: parking_lot::MutexGuard<'_, State>,
         user: User<'_>,
-        what: Mutation,
-        offset: u64,
-        len: u64,
-        buf: &[u8],
+        req: Request<'_>,
         chunks: Range<u64>,
         need: u64,
         from_commit: bool,
     ) -> Admit {
+        let Request {
+            what,
+            offset,
+            len,
+            buf,
+        } = req;
         let sh = &self.shared;
         // The queued mutation is a user until its applier is done with it.
         std::mem::forget(user);
