@@ -28,26 +28,25 @@ const RECLAIM_CHUNKS: u64 = 4096;
 impl Engine {
     /// Make every completed write durable (crash-safe backends).
     pub(super) fn commit(&self) -> Result<()> {
-        // thin's `ideal` is not crash-safe but writes its windows here, so
-        // it needs the batches out of the way too.
+        if !self.commits {
+            return self.commit_locked(&mut self.meta.lock());
+        }
         // Counted while waiting for the gate: writes arriving meanwhile
         // would queue behind this commit at the gate, so they wait for its
         // room instead (`await_commit_room`).
-        let waiting = self.commits.then(|| {
-            self.commits_waiting.fetch_add(1, SeqCst);
-            OnDrop(|| self.room_settled(|| {}))
-        });
-        let _quiet = self.commits.then(|| self.commit_gate.write());
+        self.commits_waiting.fetch_add(1, SeqCst);
+        let waiting = OnDrop(|| self.room_settled(|| {}));
+        // thin's `ideal` is not crash-safe but writes its windows here, so
+        // it needs the batches out of the way too.
+        let _quiet = self.commit_gate.write();
         let mut m = self.meta.lock();
         // Published while the gate is held, withdrawn before it opens
         // (dropped first): writes arriving meanwhile may be queued against
         // it instead of waiting out the syncs.
-        let _room = _quiet.is_some().then(|| {
-            let room = self.room_in(&m).min(NOT_COMMITTING - 1);
-            self.room_settled(|| self.commit_room.store(room, SeqCst));
-            std::mem::forget(waiting);
-            OnDrop(|| self.commit_room.store(NOT_COMMITTING, SeqCst))
-        });
+        let room = self.room_in(&m).min(NOT_COMMITTING - 1);
+        self.room_settled(|| self.commit_room.store(room, SeqCst));
+        std::mem::forget(waiting);
+        let _room = OnDrop(|| self.commit_room.store(NOT_COMMITTING, SeqCst));
         self.commit_locked(&mut m)
     }
 

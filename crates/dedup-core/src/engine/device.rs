@@ -190,7 +190,6 @@ impl Device {
         // write-back busy and never bypass it (and while such writes are
         // queued, read the room again less what is in flight: `submit`).
         let _in = InFlight::enter(self, wb.need(what, offset, len));
-        let alone = || self.in_flight.load(SeqCst) == 1;
         // Writes while others are in flight are applied here (the client
         // keeps the device busy), and so are small writes: for them a copy
         // and a hand-over cost more than the write. With nothing queued
@@ -200,14 +199,18 @@ impl Device {
         // queued it is acknowledged at once, applied when the gate opens,
         // and the next FLUSH waits for it as for any queued write.
         let small = what == Mutation::Write && len < wb.queue_from;
-        if what == Mutation::Write && (small || !alone()) {
+        let asked = Asked {
+            device: self,
+            small,
+        };
+        if what == Mutation::Write && !asked.alone() {
             // It would be applied here, and so queue behind a commit that
             // waits for the gate and wait out its syncs too: it waits for
             // the commit to take the gate instead, and is then queued.
             e.await_commit_room();
         }
         let during_commit = what == Mutation::Write && e.commit_room().is_some();
-        let worth_queueing = (!small && alone()) || during_commit;
+        let worth_queueing = asked.alone() || during_commit;
         if !worth_queueing && wb.idle() {
             let _done = OnDrop(|| wb.bypassed());
             e.perform(what, offset, len, buf)?;
@@ -217,10 +220,6 @@ impl Device {
                 offset,
                 len,
                 buf,
-            };
-            let asked = Asked {
-                device: self,
-                small,
             };
             match wb.submit(req, &asked) {
                 Admit::Queued => Counters::add(&e.counters.write_back_requests, 1),

@@ -58,6 +58,7 @@ pub(crate) use meta::Meta;
 
 /// Usage above which the device warns that it is running out of space.
 const SPACE_WARNING_PERCENT: u64 = 90;
+
 /// Runs its closure when dropped (a panic included).
 pub(super) struct OnDrop<F: FnMut()>(pub(super) F);
 
