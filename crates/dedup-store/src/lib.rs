@@ -31,7 +31,8 @@
 //! own container, meeting the others only in short critical sections (the
 //! index, a bounded catalog cache, the protection map that keeps GC off
 //! what running backups use). One process writes (an exclusive lock on the
-//! config object); others may open read-only to list, restore and check.
+//! config object in a directory, a lock object in a bucket); others may
+//! open read-only to list, restore and check.
 //!
 //! [`Repository::open_sampled`] starts from the newest index checkpoint
 //! (`index/hooks-*`, left by the last writing handle) and reads only the
@@ -64,8 +65,13 @@
 //! looks fingerprints up in batches with several in flight, and sends only
 //! the segments the server lacks, which the server hashes again.
 //!
-//! Not built yet: an index choice recorded in the repository, and an S3
-//! implementation of the seam.
+//! A repository lives in a local directory or in an S3 bucket
+//! ([`RepoLocation`]; [`s3::S3Store`] implements the seam on the
+//! `object_store` crate: create-only puts, retries, request counts). In a
+//! bucket the one writer holds a lock object (`repo/writer_lock.rs`).
+//!
+//! Not built yet: an index choice recorded in the repository; writers
+//! without a lock and encryption in a bucket.
 
 pub mod backup;
 mod backup_stream;
@@ -90,8 +96,10 @@ pub mod parallel_cut;
 mod protection;
 pub mod recipe;
 pub mod repo;
+pub mod repo_location;
 mod restore;
 pub mod rpc;
+pub mod s3;
 pub mod segment_blocks;
 pub mod segmenter;
 pub mod session;
@@ -104,6 +112,7 @@ pub use format::{Entry, Location};
 pub use index::{Advice, Eviction, Index, IndexConfig, SampledSegmentIndex, SamplingRate};
 pub use local::LocalDir;
 pub use objects::ObjectStore;
+pub use repo_location::RepoLocation;
 pub use writer::ContainerWriter;
 
 pub use backup::{BackupRecord, BackupReport};

@@ -209,6 +209,10 @@ impl ObjectStore for LocalDir {
         Ok(names)
     }
 
+    fn size(&self, name: &str) -> Result<u64> {
+        self.open_object(name).map(|(_, size)| size)
+    }
+
     fn delete(&self, name: &str) -> Result<()> {
         let path = self.path(name)?;
         fs::remove_file(&path).map_err(|e| not_found_or(name, e, "deleting"))?;

@@ -29,6 +29,22 @@ pub trait ObjectStore: Send + Sync {
     /// sorted.
     fn list(&self, prefix: &str) -> Result<Vec<String>>;
 
-    /// Remove the object. `Error::NotFound` if there is none.
+    /// The names that start with `prefix`, sorted, each with its size in
+    /// bytes (an S3 listing carries them; a directory is asked for each).
+    fn list_sized(&self, prefix: &str) -> Result<Vec<(String, u64)>> {
+        self.list(prefix)?
+            .into_iter()
+            .map(|name| Ok((name.clone(), self.size(&name)?)))
+            .collect()
+    }
+
+    /// The object's size in bytes. `Error::NotFound` if there is none.
+    fn size(&self, name: &str) -> Result<u64> {
+        self.get(name).map(|bytes| bytes.len() as u64)
+    }
+
+    /// Remove the object. `Error::NotFound` if there is none, on a store
+    /// that can tell: S3 cannot, and answers `Ok`, so callers treat both
+    /// alike.
     fn delete(&self, name: &str) -> Result<()>;
 }

@@ -202,7 +202,10 @@ fn plant(repo: &Repository, name: &str, content: &[u8], tree: &Tree) {
         },
     };
     let record = s.commit_with_tree(Some(&benign.encode())).unwrap();
-    let object = repo.dir().join(record.tree.expect("a tree"));
+    let object = repo
+        .dir()
+        .expect("a directory")
+        .join(record.tree.expect("a tree"));
     fs::remove_file(&object).unwrap();
     fs::write(&object, tree.encode()).unwrap();
 }

@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::bail;
 use dedup_core::size::format_size;
 use dedup_store::rpc::Endpoint;
-use dedup_store::BackupReport;
+use dedup_store::{BackupReport, RepoLocation};
 use serde::Serialize;
 
 use super::shared::args::IndexArgs;
@@ -23,8 +23,8 @@ use super::shared::report::{mb_per_sec, print_json, ratio_text, IndexJson, Repor
     after_help = "Files and directories are stored with their metadata (type, mode including setuid/setgid/sticky, owner, times to the nanosecond, symlink targets, hard links, fifos and devices, extended attributes); symlinks are never followed; sockets are skipped with a warning, as are files that vanish or cannot be read. Paths are kept as given, made relative like tar does: /home/me is stored as home/me, so `dedup restore REPO NAME /restore` recreates /restore/home/me. A file that changes while it is read is stored as read. A file whose size, mtime, ctime and inode are those the newest backup of files in the same group recorded is not read again: its segments are reused (after checking them against their containers).\n\nThe backup becomes visible only once all of it is durable; a backup that fails or is killed leaves no backup behind.\n\nExamples:\n  dedup backup ./repo home-monday /home\n  dedup backup ./repo etc-1 /etc --group etc --json\n  pg_dump db | dedup backup ./repo db-1 --stdin --group db --json\n  dedup backup --server unix:/run/dedup-backup.sock home-monday /home\n  tar -cf - /home | dedup backup --server unix:/run/dedup-backup.sock home-tar --stdin\n  dedup backup --server tcp:127.0.0.1:7070 --psk backup.psk home-monday /home"
 )]
 pub struct Args {
-    /// Repository directory (see `dedup store init`).
-    pub repo: PathBuf,
+    /// Repository: a directory or s3://BUCKET/PREFIX (see `dedup store init`).
+    pub repo: RepoLocation,
     /// Name of the new backup (letters, digits, . _ -). With --server the
     /// first argument is the name: dedup backup --server ADDR NAME PATH...
     #[arg(required_unless_present = "server")]
@@ -108,7 +108,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     let stdin = io::stdin();
     if stdin.is_terminal() {
-        bail!("--stdin is a terminal; pipe the data in, e.g. tar -cf - DIR | dedup backup {} {name} --stdin", a.repo.display());
+        bail!("--stdin is a terminal; pipe the data in, e.g. tar -cf - DIR | dedup backup {} {name} --stdin", a.repo);
     }
     widen_stdin_pipe();
     let repo = open_indexed(&a.repo, &a.index)?;
@@ -140,7 +140,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     println!(
         "Backed up {} into {} (group {}): {} in, {} new ({} written, {} new containers), dedup ratio {}; {} segments new, {} duplicate; {:.1} s, {:.1} MB/s.",
         name,
-        a.repo.display(),
+        a.repo,
         a.group,
         format_size(r.bytes_in),
         format_size(r.bytes_new),
@@ -161,7 +161,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 /// `--server`: the positionals are NAME (parsed as REPO), then the paths
 /// (the first parsed as NAME).
 fn remote(server: &Endpoint, a: &Args) -> anyhow::Result<ExitCode> {
-    let name = a.repo.to_string_lossy().into_owned();
+    let name = a.repo.to_string();
     let remote = Remote {
         server,
         timeout: a.timeout,

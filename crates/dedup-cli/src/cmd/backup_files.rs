@@ -2,12 +2,12 @@
 //! their metadata (the store's `Repository::backup_paths`), with a
 //! progress bar by bytes read and a report of what was stored.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use dedup_core::size::format_size;
-use dedup_store::{TreeBackupReport, WalkCounts};
+use dedup_store::{RepoLocation, TreeBackupReport, WalkCounts};
 use serde::Serialize;
 
 use super::shared::args::IndexArgs;
@@ -37,17 +37,18 @@ struct Report {
     mb_per_sec: f64,
 }
 
-/// Back `paths` up into the repository in `dir` as backup `name` of
+/// Back `paths` up into the repository `repo` as backup `name` of
 /// `group` (`dedup backup`'s arguments, taken apart by `backup.rs`).
 pub fn run(
-    dir: &Path,
+    repo: &RepoLocation,
     index: &IndexArgs,
     name: &str,
     group: &str,
     paths: &[PathBuf],
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let repo = open_indexed(dir, index)?;
+    let location = repo;
+    let repo = open_indexed(location, index)?;
     let bar = backup_spinner(name, json)?;
     let start = Instant::now();
     let result = repo.backup_paths(name, group, paths, |n| bar.inc(n));
@@ -85,7 +86,7 @@ pub fn run(
     println!(
         "Backed up {} into {} (group {}): {}{} in, {} new ({} written), dedup ratio {}; {:.1} s, {:.1} MB/s{}.",
         name,
-        dir.display(),
+        location,
         group,
         counts_text(&c),
         format_size(r.bytes_in),

@@ -1,7 +1,8 @@
 //! `dedup delete`: remove a backup from a repository.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
+
+use dedup_store::RepoLocation;
 
 use serde::Serialize;
 
@@ -16,7 +17,7 @@ const SPACE_NOTE: &str = "its containers stay on disk until a garbage collection
 )]
 pub struct Args {
     /// Repository directory.
-    pub repo: PathBuf,
+    pub repo: RepoLocation,
     /// Backup to delete.
     pub name: String,
     /// Print JSON.

@@ -20,7 +20,8 @@ use crate::render;
     after_help = "On a device: works while the device is served (online) or stopped (offline).\n\nOn a backup repository: deletes the containers, recipes and trees no backup needs any more (after `dedup delete`) and rewrites containers that are mostly dead (--compact-below), marking again only the backup groups that changed since the last collection. Backups may run in the process that collects (a server); another process writing to the repository must run the collection itself.\n\nExamples:\n  dedup gc ./dev\n  dedup gc ./dev --json\n  dedup gc ./repo --json\n  dedup gc ./repo --compact-below 30"
 )]
 pub struct Args {
-    /// Device or backup repository directory.
+    /// Device directory, or backup repository (a directory or
+    /// s3://BUCKET/PREFIX).
     pub dir: PathBuf,
     /// Print JSON.
     #[arg(long)]
@@ -32,8 +33,8 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    if super::gc_repo::is_repository(&a.dir) {
-        return super::gc_repo::run(&a.dir, a.compact_below, a.json);
+    if let Some(repo) = super::gc_repo::repository_at(&a.dir)? {
+        return super::gc_repo::run(&repo, a.compact_below, a.json);
     }
     if a.compact_below.is_some() {
         anyhow::bail!(

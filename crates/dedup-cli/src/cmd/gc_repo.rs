@@ -10,40 +10,51 @@ use dedup_core::size::format_size;
 use dedup_store::config::CONFIG_OBJECT;
 use dedup_store::gc::DEFAULT_COMPACT_BELOW;
 use dedup_store::index::IndexConfig;
-use dedup_store::{GcOptions, RepoError, Repository};
+use dedup_store::{GcOptions, RepoError, RepoLocation, Repository};
 
 use super::shared::report::{damaged_note, print_json};
 
-/// Whether `dir` holds a backup repository: a `config` object (a device
-/// directory has no such file). One that does not decode is still the
-/// repository's: opening it names the damaged config.
-pub fn is_repository(dir: &Path) -> bool {
-    dir.join(CONFIG_OBJECT).is_file()
+/// The repository `target` names, if it names one: any `s3://` URL, or a
+/// directory with a `config` object (a device directory has no such
+/// file; one that does not decode is still the repository's: opening it
+/// names the damaged config). An unknown `scheme://` is an error.
+pub fn repository_at(target: &Path) -> anyhow::Result<Option<RepoLocation>> {
+    let location: RepoLocation = match target.to_str() {
+        Some(text) => text.parse()?,
+        None => RepoLocation::Dir(target.to_path_buf()),
+    };
+    Ok(match location.dir() {
+        Some(dir) if !dir.join(CONFIG_OBJECT).is_file() => None,
+        _ => Some(location),
+    })
 }
 
-/// Collect the garbage of the repository in `dir` (`dedup gc`'s
-/// arguments, taken apart by `gc.rs`).
-pub fn run(dir: &Path, compact_below: Option<f64>, json: bool) -> anyhow::Result<ExitCode> {
+/// Collect the garbage of the repository `repo` (`dedup gc`'s arguments,
+/// taken apart by `gc.rs`).
+pub fn run(
+    repo: &RepoLocation,
+    compact_below: Option<f64>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
     // The sampled index from its checkpoint: no catalog is read at open,
     // and the checkpoint is refreshed (hooks into deleted containers gone)
     // when the collection closes the repository.
+    let location = repo;
     let repo = match Repository::open_sampled(
-        dir,
+        location,
         IndexConfig {
             cache_entries: 0,
             ..IndexConfig::default()
         },
     ) {
         // It has a config, so it is a repository whose config is damaged.
-        Err(RepoError::NotARepository { dir, detail }) => bail!(
-            "{}: this backup repository's config object ({}) is damaged: {detail}. Nothing in the repository can be read or collected without it; `dedup store check {}` says what else is wrong",
-            dir.display(),
-            dir.join(CONFIG_OBJECT).display(),
-            dir.display()
+        Err(RepoError::NotARepository { repo, detail }) if location.dir().is_some() => bail!(
+            "{repo}: this backup repository's config object ({CONFIG_OBJECT}) is damaged: {detail}. Nothing in the repository can be read or collected without it; `dedup store check {repo}` says what else is wrong"
         ),
-        Err(RepoError::InUse { dir }) => bail!(
-            "{}: another process is writing to this repository, so it cannot be collected from here; the server that holds it (dedup store serve) will run garbage collection for it, or wait for that process to finish",
-            dir.display()
+        Err(RepoError::InUse { repo, holder }) => bail!(
+            "{repo}: {} is writing to this repository, so it cannot be collected from here; the server that holds it (dedup store serve) will run garbage collection for it, or wait for that process to finish{}",
+            holder.as_deref().unwrap_or("another process"),
+            holder.as_ref().map(|_| format!("; if that process is gone, remove its lock with `dedup store unlock {repo}`")).unwrap_or_default()
         ),
         other => other?,
     };
@@ -75,7 +86,7 @@ pub fn run(dir: &Path, compact_below: Option<f64>, json: bool) -> anyhow::Result
     }
     println!(
         "Collected {}: {} containers deleted and {} compacted ({} reclaimed), {} orphan recipes, recipe parts and trees removed; {} groups marked again ({} recipes read), {} reused, {} dropped; {} backups, {} containers; {:.2} s.",
-        dir.display(),
+        location,
         r.containers_swept,
         r.containers_compacted,
         format_size(r.bytes_reclaimed),

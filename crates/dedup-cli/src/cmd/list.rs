@@ -1,8 +1,9 @@
 //! `dedup list`: the committed backups in a repository.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::ExitCode;
+
+use dedup_store::RepoLocation;
 
 use dedup_core::size::format_size;
 use serde::Serialize;
@@ -17,7 +18,7 @@ use super::shared::report::{print_json, utc, ReportJson};
 )]
 pub struct Args {
     /// Repository directory.
-    pub repo: PathBuf,
+    pub repo: RepoLocation,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -55,7 +56,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         return Ok(status);
     }
     if entries.is_empty() && status == ExitCode::SUCCESS {
-        println!("{}: no backups yet.", a.repo.display());
+        println!("{}: no backups yet.", a.repo);
         return Ok(status);
     }
     // A table can be long and is often piped into `head` or `grep -q`:
@@ -96,14 +97,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 
 /// Name each damaged backup on stderr, with what to do; exit status 1 if
 /// there is one.
-fn damaged(repo: &std::path::Path, damaged: &[dedup_store::DamagedBackup]) -> ExitCode {
+fn damaged(repo: &RepoLocation, damaged: &[dedup_store::DamagedBackup]) -> ExitCode {
     for d in damaged {
         eprintln!(
             "dedup list: backup {} cannot be listed: {}. `dedup store check {}` says what else it costs; `dedup delete {} {}` removes it (until then gc keeps what it may reference).",
             d.name,
             d.detail,
-            repo.display(),
-            repo.display(),
+            repo,
+            repo,
             d.name
         );
     }

@@ -32,6 +32,7 @@ pub mod store;
 mod store_check;
 mod store_remote;
 mod store_serve;
+mod store_unlock;
 pub mod tls;
 pub mod trace;
 mod write_behind;

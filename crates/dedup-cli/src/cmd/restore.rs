@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use dedup_store::RepoLocation;
+
 use anyhow::{bail, Context};
 use dedup_core::size::format_size;
 
@@ -19,7 +21,7 @@ use super::shared::report::{mb_per_sec, name_damage, print_json};
 )]
 pub struct Args {
     /// Repository directory.
-    pub repo: PathBuf,
+    pub repo: RepoLocation,
     /// Backup to restore (see `dedup list`).
     pub name: String,
     /// Directory to restore files into; for a stream, the file to create
@@ -114,5 +116,5 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 
 /// What to run to learn what is damaged in `a`'s repository.
 fn check_hint(a: &Args) -> String {
-    format!("`dedup store check {}`", a.repo.display())
+    format!("`dedup store check {}`", a.repo)
 }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use dedup_core::size::format_size;
-use dedup_store::{Repository, RestoreOptions, RestoreReport};
+use dedup_store::{RepoLocation, Repository, RestoreOptions, RestoreReport};
 use serde::Serialize;
 
 use super::shared::report::{mb_per_sec, print_json};
@@ -21,11 +21,11 @@ struct Report {
     mb_per_sec: f64,
 }
 
-/// Restore backup `name` of `repo` (in `dir`) under `target`: `dedup
+/// Restore backup `name` of `repo` (at `location`) under `target`: `dedup
 /// restore`'s arguments, taken apart by `restore.rs`.
 pub fn run(
     repo: &Repository,
-    dir: &Path,
+    location: &RepoLocation,
     name: &str,
     target: &Path,
     include: &[PathBuf],
@@ -69,7 +69,7 @@ pub fn run(
                 "dedup: {n} {} of backup {} could not be restored whole (named above; restored with holes where the damage is, and without their times); everything else was restored. `dedup store check {}` says what is damaged.",
                 if n == 1 { "file" } else { "files" },
                 name,
-                dir.display()
+                location
             );
             ExitCode::from(1)
         }

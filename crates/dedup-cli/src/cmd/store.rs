@@ -1,17 +1,15 @@
 //! `dedup store`: the backup store's repository as a whole (issue 17):
 //! `init` creates one, `stats` sums up what it holds, `check` verifies it
-//! (in `store_check.rs`), `serve` serves it (`store_serve.rs`) and
-//! `remote` reaches it through a server (`store_remote.rs`).
+//! (in `store_check.rs`), `serve` serves it (`store_serve.rs`),
+//! `remote` reaches it through a server (`store_remote.rs`) and `unlock`
+//! removes a dead writer's lock from a bucket (`store_unlock.rs`).
 
-use std::fs;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use dedup_core::compress::Compression;
 use dedup_core::size::format_size;
 use dedup_store::repo::CONTAINERS_PREFIX;
-use dedup_store::{Catalog, LocalDir, ObjectStore, RepoOptions, Repository, Segmenting};
+use dedup_store::{Catalog, RepoLocation, RepoOptions, Repository, Segmenting};
 use serde::Serialize;
 
 use super::shared::args::compression_arg;
@@ -19,8 +17,8 @@ use super::shared::report::{print_json, segment_bytes, segments_label};
 
 #[derive(clap::Args)]
 #[command(
-    about = "Manage a backup repository: init, stats, check, serve, remote",
-    after_help = "A repository is a directory of containers (compressed segments with catalogs), recipes and backups. serve holds it open for many concurrent backup clients; remote lists, restores, deletes, sums up and collects garbage through a server.\n\nExamples:\n  dedup store init ./repo\n  dedup store init ./repo --segments fastcdc\n  dedup store stats ./repo --json\n  dedup store check ./repo --data\n  dedup store serve ./repo --socket /run/dedup-backup.sock"
+    about = "Manage a backup repository: init, stats, check, serve, remote, unlock",
+    after_help = "A repository is a directory, or a prefix in an S3 bucket (s3://BUCKET/PREFIX), of containers (compressed segments with catalogs), recipes and backups. serve holds it open for many concurrent backup clients; remote lists, restores, deletes, sums up and collects garbage through a server.\n\nExamples:\n  dedup store init ./repo\n  dedup store init s3://backups/hosts\n  dedup store init ./repo --segments fastcdc\n  dedup store stats ./repo --json\n  dedup store check ./repo --data\n  dedup store serve ./repo --socket /run/dedup-backup.sock"
 )]
 pub struct Args {
     #[command(subcommand)]
@@ -34,16 +32,17 @@ pub enum StoreCommand {
     Check(super::store_check::CheckArgs),
     Serve(super::store_serve::Args),
     Remote(super::store_remote::Args),
+    Unlock(super::store_unlock::Args),
 }
 
 #[derive(clap::Args)]
 #[command(
-    about = "Create a backup repository in a directory",
-    after_help = "How streams are cut into segments is fixed at init for the repository's life. The directory must be empty or absent unless --force; it is made owner-only (0700).\n\nExamples:\n  dedup store init ./repo\n  dedup store init ./repo --segments fastcdc --json\n  dedup store init ./repo --segments fastcdc:16K"
+    about = "Create a backup repository in a directory or an S3 bucket",
+    after_help = "How streams are cut into segments is fixed at init for the repository's life. The directory must be empty or absent unless --force; it is made owner-only (0700). In a bucket (s3://BUCKET/PREFIX; the bucket must exist), nothing may be under PREFIX/ unless --force; endpoint, region and credentials come from AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (AWS_ALLOW_HTTP=true for a test server on loopback).\n\nExamples:\n  dedup store init ./repo\n  dedup store init ./repo --segments fastcdc --json\n  dedup store init ./repo --segments fastcdc:16K\n  AWS_ENDPOINT_URL=http://127.0.0.1:8333 AWS_ALLOW_HTTP=true dedup store init s3://backups/hosts"
 )]
 pub struct InitArgs {
-    /// Repository directory (created if absent).
-    pub repo: PathBuf,
+    /// Repository: a directory (created if absent) or s3://BUCKET/PREFIX.
+    pub repo: RepoLocation,
     /// How backups are cut into segments: fastcdc (the default:
     /// content-defined, 2-32 KiB averaging 8 KiB, finds data shifted by
     /// insertions, as in tar streams and edited files; on /usr/share and
@@ -74,8 +73,8 @@ pub struct InitArgs {
     after_help = "Bytes stored are the container files' sizes (compressed segments, catalogs, framing); logical bytes are the sum of the backups' stream lengths.\n\nExamples:\n  dedup store stats ./repo\n  dedup store stats ./repo --json"
 )]
 pub struct StatsArgs {
-    /// Repository directory.
-    pub repo: PathBuf,
+    /// Repository: a directory or s3://BUCKET/PREFIX.
+    pub repo: RepoLocation,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -88,12 +87,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         StoreCommand::Check(a) => super::store_check::run(a),
         StoreCommand::Serve(a) => super::store_serve::run(a),
         StoreCommand::Remote(a) => super::store_remote::run(a),
+        StoreCommand::Unlock(a) => super::store_unlock::run(a),
     }
 }
 
 #[derive(Serialize)]
 struct InitReport {
-    repository: PathBuf,
+    repository: String,
     segments: String,
     compression: String,
     container_target: u64,
@@ -113,7 +113,7 @@ fn init(a: InitArgs) -> anyhow::Result<ExitCode> {
     )?;
     let config = repo.config();
     let report = InitReport {
-        repository: a.repo.clone(),
+        repository: a.repo.to_string(),
         segments: segments_label(config.segmenting),
         compression: config.compression.to_string(),
         container_target: config.container_target,
@@ -124,11 +124,11 @@ fn init(a: InitArgs) -> anyhow::Result<ExitCode> {
     } else {
         println!(
             "Created backup repository {} ({} segments, {} compression, {} containers).\nBack up a stream into it: tar -cf - DIR | dedup backup {} NAME --stdin",
-            a.repo.display(),
+            a.repo,
             report.segments,
             report.compression,
             format_size(report.container_target),
-            a.repo.display()
+            a.repo
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -136,7 +136,7 @@ fn init(a: InitArgs) -> anyhow::Result<ExitCode> {
 
 #[derive(Serialize)]
 struct StatsReport {
-    repository: PathBuf,
+    repository: String,
     segments: String,
     backups: u64,
     containers: u64,
@@ -174,25 +174,23 @@ fn stats(a: StatsArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let backups = listing.backups;
-    let store = LocalDir::open(&a.repo)?;
-    let containers = store.list(CONTAINERS_PREFIX)?;
+    let store = repo.object_store();
+    // One listing gives the sizes (a directory is asked per file).
+    let containers = store.list_sized(CONTAINERS_PREFIX)?;
     let mut bytes_stored = 0;
     let mut damaged = Vec::new();
-    for name in &containers {
+    for (name, size) in &containers {
         let id = name
             .strip_prefix(CONTAINERS_PREFIX)
             .and_then(|h| u64::from_str_radix(h, 16).ok());
-        if id.is_none_or(|id| Catalog::read(&store, id).is_err()) {
+        if id.is_none_or(|id| Catalog::read(&*store, id).is_err()) {
             damaged.push(name.clone());
         }
-        let path = a.repo.join(name);
-        bytes_stored += fs::metadata(&path)
-            .with_context(|| format!("reading the size of {}", path.display()))?
-            .len();
+        bytes_stored += size;
     }
     let logical_bytes: u64 = backups.iter().map(|b| b.report.bytes_in).sum();
     let report = StatsReport {
-        repository: a.repo.clone(),
+        repository: a.repo.to_string(),
         segments: segments_label(repo.config().segmenting),
         backups: backups.len() as u64,
         containers: containers.len() as u64,
@@ -200,7 +198,7 @@ fn stats(a: StatsArgs) -> anyhow::Result<ExitCode> {
         logical_bytes,
         fold_factor: (bytes_stored > 0).then(|| logical_bytes as f64 / bytes_stored as f64),
         damaged_containers: damaged,
-        index: dedup_store::index::checkpoint_objects::newest_figures(&store).map(|f| {
+        index: dedup_store::index::checkpoint_objects::newest_figures(&*store).map(|f| {
             let stored = f.fingerprints as f64 * f64::from(segment_bytes(repo.config().segmenting));
             StatsIndex {
                 sampling_rate: f.rate,
@@ -218,7 +216,7 @@ fn stats(a: StatsArgs) -> anyhow::Result<ExitCode> {
     }
     println!(
         "{}: {} backups, {} logical, {} stored in {} containers{} ({} segments).",
-        a.repo.display(),
+        a.repo,
         report.backups,
         format_size(report.logical_bytes),
         format_size(report.bytes_stored),

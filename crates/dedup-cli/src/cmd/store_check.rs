@@ -3,14 +3,13 @@
 //! renders). Exit 0 clean, 1 damage found, 2 could not run.
 
 use std::io::{self, IsTerminal};
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::bail;
 use dedup_core::size::format_size;
 use dedup_store::check::{check, CheckOptions, CheckPhase, CheckProgress, CheckReport};
 use dedup_store::config::CONFIG_OBJECT;
-use dedup_store::{Error, LocalDir, ObjectStore};
+use dedup_store::{Error, ObjectStore, RepoLocation};
 use serde::Serialize;
 
 use super::shared::report::print_json;
@@ -21,8 +20,8 @@ use super::shared::report::print_json;
     after_help = "Without --data: the config, every backup object and the recipe and tree it names, every container's header, catalog and trailer, and that every recipe reference finds its catalog entry (same fingerprint and length). With --data, also every segment: each container is read whole once and every segment's crc32c, and BLAKE3 after decompressing, is verified.\n\nEach problem names the damaged object and the backups that cannot be fully restored because of it. Recipes, trees and containers no backup needs (left by backups that did not finish, or by deleted ones) are listed as garbage, which is not damage.\n\nExamples:\n  dedup store check ./repo\n  dedup store check ./repo --data\n  dedup store check ./repo --data --json"
 )]
 pub struct CheckArgs {
-    /// Repository directory.
-    pub repo: PathBuf,
+    /// Repository: a directory or s3://BUCKET/PREFIX.
+    pub repo: RepoLocation,
     /// Also read every segment and verify it against its catalog entry.
     #[arg(long)]
     pub data: bool,
@@ -33,7 +32,7 @@ pub struct CheckArgs {
 
 #[derive(Serialize)]
 struct Json<'a> {
-    repository: &'a Path,
+    repository: String,
     #[serde(flatten)]
     report: &'a CheckReport,
     /// Every backup some problem affects.
@@ -47,7 +46,7 @@ pub fn run(a: CheckArgs) -> anyhow::Result<ExitCode> {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     let report = check(
-        &store,
+        &*store,
         CheckOptions { data: a.data },
         &|p: CheckProgress| {
             bar.set_message(phase_label(p.phase, a.data));
@@ -59,7 +58,7 @@ pub fn run(a: CheckArgs) -> anyhow::Result<ExitCode> {
     let report = report?;
     if a.json {
         print_json(&Json {
-            repository: &a.repo,
+            repository: a.repo.to_string(),
             report: &report,
             affected_backups: report.affected_backups().into_iter().collect(),
         })?;
@@ -76,16 +75,13 @@ pub fn run(a: CheckArgs) -> anyhow::Result<ExitCode> {
 /// The repository's object store, refusing (exit 2) what is not one.
 /// Checked by hand rather than with `Repository::open`, which would create
 /// a missing directory and reads every catalog before the check could.
-fn open(dir: &Path) -> anyhow::Result<LocalDir> {
-    if !dir.is_dir() {
+fn open(repo: &RepoLocation) -> anyhow::Result<std::sync::Arc<dyn ObjectStore>> {
+    if let Some(dir) = repo.dir().filter(|dir| !dir.is_dir()) {
         bail!("{}: no such directory", dir.display());
     }
-    let store = LocalDir::open(dir)?;
+    let store = repo.open_store()?;
     if let Err(Error::NotFound { .. }) = store.get(CONFIG_OBJECT) {
-        bail!(
-            "{}: not a dedup repository: it has no {CONFIG_OBJECT} object",
-            dir.display()
-        );
+        bail!("{repo}: not a dedup repository: it has no {CONFIG_OBJECT} object");
     }
     Ok(store)
 }
@@ -111,11 +107,11 @@ fn phase_label(phase: CheckPhase, data: bool) -> &'static str {
     }
 }
 
-fn render(repo: &Path, r: &CheckReport) -> String {
+fn render(repo: &RepoLocation, r: &CheckReport) -> String {
     let c = &r.counts;
     let mut out = format!(
         "Checked {} ({}): {}, {}{}, {}, {}, {} stored.\n",
-        repo.display(),
+        repo,
         if r.data_verified {
             "every segment verified"
         } else {

@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use dedup_store::RepoLocation;
+
 use anyhow::{bail, Context};
 use dedup_store::rpc::{Endpoint, Server, ServerLimits, DEFAULT_IDLE_TIMEOUT};
 
@@ -22,7 +24,7 @@ use super::shared::repo::open_indexed;
 )]
 pub struct Args {
     /// Repository directory.
-    pub repo: PathBuf,
+    pub repo: RepoLocation,
     /// Unix socket to create (owner-only, removed at exit).
     #[arg(long, conflicts_with = "listen", required_unless_present = "listen")]
     pub socket: Option<PathBuf>,
@@ -102,7 +104,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     });
     eprintln!(
         "dedup: serving {} on {}{} (stop with Ctrl-C or SIGTERM)",
-        a.repo.display(),
+        a.repo,
         server.endpoint(),
         match &a.psk {
             Some(p) => format!(" to clients holding the key in {}", p.display()),

@@ -12,13 +12,14 @@ pub enum RepoError {
     #[error(transparent)]
     Store(#[from] crate::error::Error),
 
-    /// `init` of a directory that already holds something.
-    #[error("{}: not empty; refusing to create a repository over it (use force)", .dir.display())]
-    NotEmpty { dir: PathBuf },
+    /// `init` of a directory or bucket prefix that already holds something.
+    /// (`repo`s are `RepoLocation`s as text.)
+    #[error("{repo}: not empty; refusing to create a repository over it (use force)")]
+    NotEmpty { repo: String },
 
-    /// `open` of a directory that is not a repository.
-    #[error("{}: not a dedup repository: {detail}", .dir.display())]
-    NotARepository { dir: PathBuf, detail: String },
+    /// `open` of a directory or bucket prefix that is not a repository.
+    #[error("{repo}: not a dedup repository: {detail}")]
+    NotARepository { repo: String, detail: String },
 
     /// A repository object (config, recipe, backup) failed a check.
     #[error("corrupt object {object}: {detail}")]
@@ -33,9 +34,14 @@ pub enum RepoError {
     #[error("no backup named {name}")]
     NoSuchBackup { name: String },
 
-    /// A second process opened the repository to write.
-    #[error("{}: the repository is in use by another process that writes to it; back up through that process (dedup store serve) or wait for it to finish", .dir.display())]
-    InUse { dir: PathBuf },
+    /// A second process opened the repository to write. `holder` names
+    /// the writer of a repository in a bucket, whose lock a dead process
+    /// can leave behind.
+    #[error("{repo}: the repository is in use by {} that writes to it; back up through that process (dedup store serve) or wait for it to finish{}", .holder.as_deref().unwrap_or("another process"), .holder.as_ref().map(|_| format!("; if that process is gone, remove its lock with `dedup store unlock {repo}`")).unwrap_or_default())]
+    InUse {
+        repo: String,
+        holder: Option<String>,
+    },
 
     /// `gc` while another GC runs on the same handle.
     #[error("a garbage collection is already running")]

@@ -149,7 +149,7 @@ impl Repository {
             Err(Error::Corrupt { .. }) => return Ok(()),
             Err(e) => return Err(e.into()),
         };
-        let old_len = std::fs::metadata(self.dir.join(container_name(id))).map_or(0, |m| m.len());
+        let old_len = self.store.size(&container_name(id)).unwrap_or(0);
         let (bytes, entries) = compacted(id, &old, bits, self.config.compression)?;
         let tmp = compacted_name(id);
         self.store.put(&tmp, &bytes)?;

@@ -49,8 +49,8 @@ impl Repository {
         let total = condemned.len() as u64;
         for (i, &id) in condemned.iter().enumerate() {
             let name = container_name(id);
-            // The size from the directory, not a read of the container.
-            let size = std::fs::metadata(self.dir.join(&name)).map_or(0, |m| m.len());
+            // The size from the directory or a HEAD, not a read of the container.
+            let size = self.store.size(&name).unwrap_or(0);
             if self.delete_if_there(&name)? {
                 report.containers_swept += 1;
                 report.bytes_reclaimed += size;

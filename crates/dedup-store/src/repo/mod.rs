@@ -1,6 +1,7 @@
-//! `Repository`: a deduplicating backup store in one local directory: its
-//! config, containers, recipes and backups as objects in a `LocalDir`, and
-//! a fingerprint index rebuilt from the containers' catalogs at open.
+//! `Repository`: a deduplicating backup store in a local directory or an
+//! S3 bucket (`RepoLocation`): its config, containers, recipes and backups
+//! as objects behind the seam (`LocalDir`, `S3Store`), and a fingerprint
+//! index rebuilt from the containers' catalogs at open.
 //!
 //! One handle is shared by every backup, restore and GC of the process
 //! (`&self` throughout, `Send + Sync`): the paper's single server owning
@@ -14,16 +15,18 @@
 //! `restore/`.
 
 pub mod listing;
+mod writer_lock;
+
+pub use writer_lock::{Holder, LOCK_OBJECT};
 
 use std::fs::{self, File, Permissions};
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use dedup_common::compress::Compression;
-use dedup_common::lock::DeviceLock;
 
 use crate::backup::{validate_name, BackupRecord, BACKUPS_PREFIX};
 use crate::catalog_cache::{CatalogCache, DEFAULT_CATALOGS};
@@ -38,8 +41,10 @@ use crate::inflight::InFlight;
 use crate::local::LocalDir;
 use crate::objects::ObjectStore;
 use crate::protection::Protection;
+use crate::repo_location::RepoLocation;
 use crate::segmenter::Segmenting;
 use crate::writer::DEFAULT_TARGET;
+use writer_lock::WriterLock;
 
 pub const CONTAINERS_PREFIX: &str = "containers/";
 
@@ -65,10 +70,10 @@ impl Default for RepoOptions {
 }
 
 pub struct Repository {
-    pub(crate) dir: PathBuf,
+    location: RepoLocation,
     /// Shared with an index that prefetches catalogs ([`SampledSegmentIndex`]).
-    /// A `LocalDir` under `dir`, seen through the seam (tests wrap it to
-    /// count reads or fail writes).
+    /// A `LocalDir` or an `S3Store`, seen through the seam (tests wrap it
+    /// to count reads or fail writes).
     pub(crate) store: Arc<dyn ObjectStore>,
     pub(crate) config: RepoConfig,
     /// The fingerprint index; `None` when opened read-only.
@@ -83,31 +88,44 @@ pub struct Repository {
     /// (`recipe::parts::PART_SEGMENTS`; tests make it small).
     pub(crate) part_segments: AtomicUsize,
     /// Held by the one process that may write; `None` when read-only.
-    _writer: Option<DeviceLock>,
+    _writer: Option<WriterLock>,
 }
 
 impl Repository {
-    /// Create a repository with the default options in `dir`.
-    pub fn init(dir: impl AsRef<Path>) -> RepoResult<Repository> {
-        Repository::init_with(dir, RepoOptions::default())
+    /// Create a repository with the default options at `location` (a
+    /// directory, created if missing, or a bucket and prefix).
+    pub fn init(location: impl Into<RepoLocation>) -> RepoResult<Repository> {
+        Repository::init_with(location, RepoOptions::default())
     }
 
-    pub fn init_with(dir: impl AsRef<Path>, options: RepoOptions) -> RepoResult<Repository> {
-        let dir = dir.as_ref().to_path_buf();
+    pub fn init_with(
+        location: impl Into<RepoLocation>,
+        options: RepoOptions,
+    ) -> RepoResult<Repository> {
+        let location = location.into();
         options.segmenting.check().map_err(Error::InvalidArgument)?;
         if options.container_target == 0 {
             return Err(Error::InvalidArgument("container target is 0".into()).into());
         }
-        if dir.exists() && !options.force {
-            let mut entries = fs::read_dir(&dir).map_err(|e| io_err(&dir, "reading", e))?;
-            if entries.next().is_some() {
-                return Err(RepoError::NotEmpty { dir });
-            }
+        let empty = match location.dir() {
+            Some(dir) if dir.exists() => fs::read_dir(dir)
+                .map_err(|e| io_err(dir, "reading", e))?
+                .next()
+                .is_none(),
+            Some(_) => true,
+            None => location.open_store()?.list("")?.is_empty(),
+        };
+        if !empty && !options.force {
+            return Err(RepoError::NotEmpty {
+                repo: location.to_string(),
+            });
         }
-        let store = LocalDir::open(&dir)?;
-        // It holds every byte ever backed up: owner only, even if it existed.
-        fs::set_permissions(&dir, Permissions::from_mode(0o700))
-            .map_err(|e| io_err(&dir, "restricting", e))?;
+        let store = location.open_store()?;
+        if let Some(dir) = location.dir() {
+            // It holds every byte ever backed up: owner only, even if it existed.
+            fs::set_permissions(dir, Permissions::from_mode(0o700))
+                .map_err(|e| io_err(dir, "restricting", e))?;
+        }
         let config = RepoConfig {
             uuid: random_bytes()?,
             segmenting: options.segmenting,
@@ -116,18 +134,19 @@ impl Repository {
         };
         // A refused put (Exists) means a repository is already there.
         store.put(CONFIG_OBJECT, &config.encode())?;
-        Repository::open(dir)
+        drop(store);
+        Repository::open(location)
     }
 
     /// Open the repository in `dir` to read: list, restore, check. No
     /// lock, no index; it works while another process writes.
-    pub fn open_read_only(dir: impl AsRef<Path>) -> RepoResult<Repository> {
-        Repository::open_as(dir, None::<fn(Arc<dyn ObjectStore>) -> Opened>, |s| s)
+    pub fn open_read_only(location: impl Into<RepoLocation>) -> RepoResult<Repository> {
+        Repository::open_as(location, None::<fn(Arc<dyn ObjectStore>) -> Opened>, |s| s)
     }
 
     /// Open the repository in `dir` with an exact in-RAM index.
-    pub fn open(dir: impl AsRef<Path>) -> RepoResult<Repository> {
-        Repository::open_with_index(dir, Box::new(ExactIndex::new()))
+    pub fn open(location: impl Into<RepoLocation>) -> RepoResult<Repository> {
+        Repository::open_with_index(location, Box::new(ExactIndex::new()))
     }
 
     /// Open the repository in `dir` with the sampled index of §3.2
@@ -135,9 +154,12 @@ impl Repository {
     /// own object store. It starts from the newest index checkpoint that
     /// loads and reads only the catalogs of containers sealed after it;
     /// without one it reads every catalog.
-    pub fn open_sampled(dir: impl AsRef<Path>, config: IndexConfig) -> RepoResult<Repository> {
+    pub fn open_sampled(
+        location: impl Into<RepoLocation>,
+        config: IndexConfig,
+    ) -> RepoResult<Repository> {
         Repository::open_as(
-            dir,
+            location,
             Some(|store: Arc<dyn ObjectStore>| {
                 crate::index::checkpoint_objects::load(store.clone(), config).unwrap_or_else(|| {
                     Opened {
@@ -152,10 +174,10 @@ impl Repository {
 
     /// Open with `index`, which is given every container's catalog.
     pub fn open_with_index(
-        dir: impl AsRef<Path>,
+        location: impl Into<RepoLocation>,
         index: Box<dyn SegmentIndex>,
     ) -> RepoResult<Repository> {
-        Repository::open_as(dir, Some(|_| Opened { index, covered: 0 }), |s| s)
+        Repository::open_as(location, Some(|_| Opened { index, covered: 0 }), |s| s)
     }
 
     /// Open to write (exact index) with every object operation going
@@ -163,32 +185,32 @@ impl Repository {
     /// crash by failing the Nth operation. Not for production use.
     #[doc(hidden)]
     pub fn open_wrapped(
-        dir: impl AsRef<Path>,
+        location: impl Into<RepoLocation>,
         wrap: impl FnOnce(Arc<dyn ObjectStore>) -> Arc<dyn ObjectStore>,
     ) -> RepoResult<Repository> {
         let exact = |_: Arc<dyn ObjectStore>| Opened {
             index: Box::new(ExactIndex::new()),
             covered: 0,
         };
-        Repository::open_as(dir, Some(exact), wrap)
+        Repository::open_as(location, Some(exact), wrap)
     }
 
     /// Open to write (with the index `make` builds, under the writer's
     /// lock) or, with `None`, to read.
     fn open_as(
-        dir: impl AsRef<Path>,
+        location: impl Into<RepoLocation>,
         make: Option<impl FnOnce(Arc<dyn ObjectStore>) -> Opened>,
         wrap: impl FnOnce(Arc<dyn ObjectStore>) -> Arc<dyn ObjectStore>,
     ) -> RepoResult<Repository> {
-        let dir = dir.as_ref().to_path_buf();
+        let location = location.into();
         let foreign = |detail: String| RepoError::NotARepository {
-            dir: dir.clone(),
+            repo: location.to_string(),
             detail,
         };
-        if !dir.is_dir() {
+        if location.dir().is_some_and(|dir| !dir.is_dir()) {
             return Err(foreign("not a directory".into()));
         }
-        let store = wrap(Arc::new(LocalDir::open(&dir)?));
+        let store = wrap(location.open_store()?);
         let config = match store.get(CONFIG_OBJECT) {
             Err(Error::NotFound { .. }) => return Err(foreign("it has no config object".into())),
             other => RepoConfig::decode(&other?).map_err(|e| foreign(e.to_string()))?,
@@ -196,24 +218,20 @@ impl Repository {
         let (index, covered, writer) = match make {
             None => (None, 0, None),
             Some(make) => {
-                let lock = DeviceLock::acquire(&dir.join(CONFIG_OBJECT)).map_err(|e| match e {
-                    dedup_common::Error::Locked { .. } => RepoError::InUse { dir: dir.clone() },
-                    other => RepoError::Io {
-                        context: format!("locking {}", dir.display()),
-                        cause: std::io::Error::other(other.to_string()),
-                    },
-                })?;
-                // Holding the writer's lock, before this process puts
-                // anything: only the lock's holder puts, so every
-                // temporary file is a dead writer's (a killed backup or
-                // server), never a live one's.
-                LocalDir::open(&dir)?.sweep_temporaries()?;
+                let lock = WriterLock::acquire(&location, &store)?;
+                if let Some(dir) = location.dir() {
+                    // Holding the writer's lock, before this process puts
+                    // anything: only the lock's holder puts, so every
+                    // temporary file is a dead writer's (a killed backup or
+                    // server), never a live one's.
+                    LocalDir::open(dir)?.sweep_temporaries()?;
+                }
                 let opened = make(store.clone());
                 (Some(Mutex::new(opened.index)), opened.covered, Some(lock))
             }
         };
         let mut repo = Repository {
-            dir,
+            location,
             store,
             index,
             config,
@@ -292,8 +310,14 @@ impl Repository {
         Ok(ids)
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// Where the repository lives, as `REPO` names it.
+    pub fn location(&self) -> &RepoLocation {
+        &self.location
+    }
+
+    /// The repository's directory; `None` for one in a bucket.
+    pub fn dir(&self) -> Option<&Path> {
+        self.location.dir()
     }
 
     pub fn config(&self) -> &RepoConfig {

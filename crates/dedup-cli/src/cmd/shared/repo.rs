@@ -7,28 +7,28 @@ use std::time::Duration;
 
 use anyhow::bail;
 use dedup_store::rpc::{Client, Endpoint};
-use dedup_store::Repository;
+use dedup_store::{RepoLocation, Repository};
 
 use super::args::IndexArgs;
 use super::psk::key_from_file;
 
-/// Open `dir` to write (backup, delete, gc) with the index `index` asks for.
-pub fn open_indexed(dir: &Path, index: &IndexArgs) -> anyhow::Result<Repository> {
+/// Open `repo` to write (backup, delete, gc) with the index `index` asks for.
+pub fn open_indexed(repo: &RepoLocation, index: &IndexArgs) -> anyhow::Result<Repository> {
     if index.exact_index {
-        return open(dir);
+        return open(repo);
     }
-    Ok(Repository::open_sampled(dir, index.config())?)
+    Ok(Repository::open_sampled(repo, index.config())?)
 }
 
-/// Open `dir` to write (backup, delete): one writing process at a time.
-pub fn open(dir: &Path) -> anyhow::Result<Repository> {
-    Ok(Repository::open(dir)?)
+/// Open `repo` to write (backup, delete): one writing process at a time.
+pub fn open(repo: &RepoLocation) -> anyhow::Result<Repository> {
+    Ok(Repository::open(repo)?)
 }
 
-/// Open `dir` to read (list, restore, stats): no lock, no index, so it
+/// Open `repo` to read (list, restore, stats): no lock, no index, so it
 /// works beside a process that writes.
-pub fn open_read_only(dir: &Path) -> anyhow::Result<Repository> {
-    Ok(Repository::open_read_only(dir)?)
+pub fn open_read_only(repo: &RepoLocation) -> anyhow::Result<Repository> {
+    Ok(Repository::open_read_only(repo)?)
 }
 
 /// Where a client command reaches its server, and how.

@@ -11,8 +11,19 @@ use dedup_store::index::projection::hook_bytes_at;
 use dedup_store::{BackupReport, DamagedRange, GcReport, Repository, Segmenting, WalkCounts};
 use serde::Serialize;
 
-/// Print `v` as pretty JSON: every command's `--json`.
+/// Print `v` as pretty JSON: every command's `--json`. A command that
+/// reached a repository in a bucket also reports the requests it sent
+/// (`requests`: put, get, head, list, delete), what the bill counts.
 pub fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
+    let sent = dedup_store::s3::requests_sent();
+    if sent != Default::default() {
+        let mut value = serde_json::to_value(v)?;
+        if let Some(fields) = value.as_object_mut() {
+            fields.insert("requests".into(), serde_json::to_value(sent)?);
+            println!("{}", serde_json::to_string_pretty(&value)?);
+            return Ok(());
+        }
+    }
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }

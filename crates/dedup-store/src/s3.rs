@@ -1,0 +1,414 @@
+//! `S3Store`: the object-store seam on an S3 bucket, or on any service
+//! that speaks S3 (SeaweedFS, MinIO, Ceph RGW), through the `object_store`
+//! crate. A repository at `s3://BUCKET/PREFIX` keeps every object under
+//! `PREFIX/`, named exactly as in a local directory.
+//!
+//! The seam's contract holds on S3 as on a disk:
+//! - `put` never overwrites: every put is create-only (`If-None-Match: *`),
+//!   and one always a single PUT (a multipart upload cannot be
+//!   create-only). When a put's outcome is unknown (a timeout, a 5xx the
+//!   crate's retries did not get past, a 412 on a retry of our own PUT),
+//!   the object is read back: bytes equal to ours mean our put landed;
+//!   other bytes mean another writer's, `Exists`; none, the put is tried
+//!   again. Names are unique to their writer, so equal bytes are ours.
+//! - Requests that fail with 5xx, 429, 408 or `SlowDown` are retried by the
+//!   crate with exponential backoff and jitter; at most `MAX_IN_FLIGHT`
+//!   requests are in flight per store.
+//! - `delete` of a missing object succeeds (S3 cannot tell): callers treat
+//!   `NotFound` and `Ok` alike.
+//!
+//! Endpoint, region and credentials come the usual way: `AWS_ENDPOINT_URL`,
+//! `AWS_REGION`, `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` (or
+//! `AWS_SESSION_TOKEN`, web identity, instance metadata),
+//! `AWS_ALLOW_HTTP=true` for a loopback test server; path-style requests
+//! unless `AWS_VIRTUAL_HOSTED_STYLE_REQUEST=true`.
+//!
+//! The store's callers are plain threads (rayon's, the server's), so each
+//! call blocks on a small runtime of the store's own.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use object_store::aws::AmazonS3Builder;
+use object_store::limit::LimitStore;
+use object_store::path::Path;
+use object_store::{GetOptions, GetRange, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+
+use crate::error::{Error, Result};
+use crate::name::validate;
+use crate::objects::ObjectStore;
+
+/// Requests in flight at once per store: enough to keep a restore's
+/// ranged GETs and a backup's container PUTs busy without a burst of
+/// hundreds that a service answers with `SlowDown`.
+pub const MAX_IN_FLIGHT: usize = 16;
+
+/// Tries of a put whose outcome was unknown and that had not landed.
+const PUT_TRIES: u32 = 4;
+
+pub struct S3Store {
+    inner: Arc<dyn object_store::ObjectStore>,
+    /// `""` or the prefix with a trailing `/`.
+    prefix: String,
+    /// `s3://BUCKET/PREFIX`, for messages.
+    url: String,
+    runtime: tokio::runtime::Runtime,
+    requests: Requests,
+}
+
+/// Requests sent, by kind (a list counts each page of up to 1,000 names;
+/// the crate's own retries are not counted).
+#[derive(Debug, Default)]
+pub struct Requests {
+    pub put: AtomicU64,
+    pub get: AtomicU64,
+    pub head: AtomicU64,
+    pub list: AtomicU64,
+    pub delete: AtomicU64,
+}
+
+/// A snapshot of `Requests`, as reports show it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RequestCounts {
+    pub put: u64,
+    pub get: u64,
+    pub head: u64,
+    pub list: u64,
+    pub delete: u64,
+}
+
+impl Requests {
+    pub fn counts(&self) -> RequestCounts {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        RequestCounts {
+            put: n(&self.put),
+            get: n(&self.get),
+            head: n(&self.head),
+            list: n(&self.list),
+            delete: n(&self.delete),
+        }
+    }
+}
+
+/// Every S3 store's requests in this process: what a command's `--json`
+/// reports as the requests it sent.
+static SENT: Requests = Requests {
+    put: AtomicU64::new(0),
+    get: AtomicU64::new(0),
+    head: AtomicU64::new(0),
+    list: AtomicU64::new(0),
+    delete: AtomicU64::new(0),
+};
+
+/// The requests this process has sent to S3 so far.
+pub fn requests_sent() -> RequestCounts {
+    SENT.counts()
+}
+
+impl S3Store {
+    /// The bucket `bucket`, objects under `prefix` (no leading or trailing
+    /// `/`; empty for the whole bucket), configured from the environment.
+    pub fn open(bucket: &str, prefix: &str) -> Result<S3Store> {
+        let url = location_url(bucket, prefix);
+        let s3 = AmazonS3Builder::from_env()
+            .with_bucket_name(bucket)
+            .build()
+            .map_err(|e| s3_error(&url, "configuring the S3 client for", e))?;
+        S3Store::over(Arc::new(LimitStore::new(s3, MAX_IN_FLIGHT)), prefix, url)
+    }
+
+    /// A store over any `object_store` implementation: for tests (the
+    /// crate's in-memory store, behind a layer that injects faults).
+    pub fn over(
+        inner: Arc<dyn object_store::ObjectStore>,
+        prefix: &str,
+        url: String,
+    ) -> Result<S3Store> {
+        let prefix = prefix.trim_matches('/');
+        if !prefix.is_empty() {
+            validate(prefix)?;
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("dedup-s3")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io(format!("starting the S3 client for {url}"), e))?;
+        Ok(S3Store {
+            inner,
+            prefix: if prefix.is_empty() {
+                String::new()
+            } else {
+                format!("{prefix}/")
+            },
+            url,
+            runtime,
+            requests: Requests::default(),
+        })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn requests(&self) -> &Requests {
+        &self.requests
+    }
+
+    fn key(&self, name: &str) -> Result<Path> {
+        validate(name)?;
+        Path::parse(format!("{}{name}", self.prefix)).map_err(|e| Error::BadName {
+            name: name.to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Count one request of the kind `pick` chooses, here and process-wide.
+    fn count(&self, pick: fn(&Requests) -> &AtomicU64) {
+        self.count_n(pick, 1);
+    }
+
+    fn count_n(&self, pick: fn(&Requests) -> &AtomicU64, n: u64) {
+        pick(&self.requests).fetch_add(n, Ordering::Relaxed);
+        pick(&SENT).fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The object's bytes in `range` (`None`: all), and its size.
+    fn fetch(&self, name: &str, range: Option<GetRange>) -> Result<(Vec<u8>, u64)> {
+        let key = self.key(name)?;
+        self.count(|r| &r.get);
+        let options = GetOptions {
+            range,
+            ..Default::default()
+        };
+        self.runtime.block_on(async {
+            let got = self
+                .inner
+                .get_opts(&key, options)
+                .await
+                .map_err(|e| self.error(name, "reading", e))?;
+            let size = got.meta.size;
+            let bytes = got
+                .bytes()
+                .await
+                .map_err(|e| self.error(name, "reading", e))?;
+            Ok((bytes.to_vec(), size))
+        })
+    }
+
+    /// The object's size, by a HEAD request.
+    pub fn size(&self, name: &str) -> Result<u64> {
+        let key = self.key(name)?;
+        self.count(|r| &r.head);
+        self.runtime
+            .block_on(self.inner.head(&key))
+            .map(|meta| meta.size)
+            .map_err(|e| self.error(name, "reading the size of", e))
+    }
+
+    fn try_put(&self, key: &Path, bytes: &[u8]) -> object_store::Result<()> {
+        self.count(|r| &r.put);
+        let options = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        let payload = PutPayload::from(bytes.to_vec());
+        self.runtime
+            .block_on(self.inner.put_opts(key, payload, options))
+            .map(|_| ())
+    }
+
+    /// After a put that may or may not have landed: `Some(Ok)` if the
+    /// object holds `bytes`, `Some(Exists)` if it holds others, `None` if
+    /// there is none.
+    fn landed(&self, name: &str, bytes: &[u8]) -> Result<Option<Result<()>>> {
+        match self.fetch(name, None) {
+            Ok((there, _)) if there == bytes => Ok(Some(Ok(()))),
+            Ok(_) => Ok(Some(Err(Error::Exists {
+                name: name.to_string(),
+            }))),
+            Err(Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// An `object_store` error as the seam's: `NotFound` and `Exists`
+    /// kept apart, the rest an I/O error naming the object and the URL.
+    fn error(&self, name: &str, doing: &str, e: object_store::Error) -> Error {
+        match e {
+            object_store::Error::NotFound { .. } => Error::NotFound {
+                name: name.to_string(),
+            },
+            object_store::Error::AlreadyExists { .. }
+            | object_store::Error::Precondition { .. } => Error::Exists {
+                name: name.to_string(),
+            },
+            other => s3_error(&self.url, &format!("{doing} object {name} in"), other),
+        }
+    }
+}
+
+impl ObjectStore for S3Store {
+    fn put(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        let key = self.key(name)?;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let unknown = match self.try_put(&key, bytes) {
+                Ok(()) => return Ok(()),
+                // Another writer's, or our own from an attempt whose
+                // answer was lost and which the crate then retried.
+                Err(
+                    object_store::Error::AlreadyExists { .. }
+                    | object_store::Error::Precondition { .. },
+                ) => {
+                    return self.landed(name, bytes)?.unwrap_or_else(|| {
+                        Err(Error::Exists {
+                            name: name.to_string(),
+                        })
+                    })
+                }
+                Err(e) => e,
+            };
+            if let Some(outcome) = self.landed(name, bytes)? {
+                return outcome;
+            }
+            if tries >= PUT_TRIES {
+                return Err(self.error(name, "writing", unknown));
+            }
+            std::thread::sleep(Duration::from_millis(100 << tries));
+        }
+    }
+
+    fn get(&self, name: &str) -> Result<Vec<u8>> {
+        self.fetch(name, None).map(|(bytes, _)| bytes)
+    }
+
+    fn get_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let out_of_range = |size| Error::OutOfRange {
+            name: name.to_string(),
+            offset,
+            len,
+            size,
+        };
+        let Some(end) = offset.checked_add(len) else {
+            return Err(out_of_range(self.size(name)?));
+        };
+        if len == 0 {
+            let size = self.size(name)?;
+            return if offset <= size {
+                Ok(Vec::new())
+            } else {
+                Err(out_of_range(size))
+            };
+        }
+        let range: Range<u64> = offset..end;
+        match self.fetch(name, Some(GetRange::Bounded(range))) {
+            Ok((bytes, _)) if bytes.len() as u64 == len => Ok(bytes),
+            Ok((_, size)) => Err(out_of_range(size)),
+            // A range starting past the end: 416 from the service.
+            Err(Error::Io { .. }) => {
+                let size = self.size(name)?;
+                if end > size {
+                    Err(out_of_range(size))
+                } else {
+                    self.fetch(name, Some(GetRange::Bounded(offset..end)))
+                        .map(|(bytes, _)| bytes)
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn get_tail(&self, name: &str, len: u64) -> Result<Vec<u8>> {
+        if len == 0 {
+            self.size(name)?;
+            return Ok(Vec::new());
+        }
+        match self.fetch(name, Some(GetRange::Suffix(len))) {
+            Ok((bytes, _)) => Ok(bytes),
+            // An empty object has no suffix to give: 416.
+            Err(Error::Io { .. }) if self.size(name)? == 0 => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        Ok(self
+            .list_sized(prefix)?
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect())
+    }
+
+    fn list_sized(&self, prefix: &str) -> Result<Vec<(String, u64)>> {
+        // The crate lists whole path components: list the directory the
+        // prefix's full components name and filter by the rest.
+        let dir = prefix.rsplit_once('/').map_or("", |(dir, _)| dir);
+        if !dir.is_empty() && validate(dir).is_err() {
+            return Ok(Vec::new()); // no valid name can lie below it
+        }
+        let full = format!("{}{dir}", self.prefix);
+        let full = full.trim_end_matches('/');
+        let under = (!full.is_empty())
+            .then(|| Path::parse(full))
+            .transpose()
+            .map_err(|e| Error::BadName {
+                name: prefix.to_string(),
+                reason: e.to_string(),
+            })?;
+        self.count(|r| &r.list);
+        let listed: Vec<object_store::ObjectMeta> = self
+            .runtime
+            .block_on(self.inner.list(under.as_ref()).try_collect())
+            .map_err(|e| s3_error(&self.url, &format!("listing {prefix:?} in"), e))?;
+        // One request per page of 1,000 names; the first is counted above.
+        self.count_n(|r| &r.list, (listed.len() as u64).saturating_sub(1) / 1000);
+        let mut names: Vec<(String, u64)> = listed
+            .into_iter()
+            .filter_map(|meta| {
+                let name = meta.location.as_ref().strip_prefix(&self.prefix)?;
+                // Strangers (another tool's keys) are not objects.
+                (name.starts_with(prefix) && validate(name).is_ok())
+                    .then(|| (name.to_string(), meta.size))
+            })
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    fn size(&self, name: &str) -> Result<u64> {
+        S3Store::size(self, name)
+    }
+
+    fn delete(&self, name: &str) -> Result<()> {
+        let key = self.key(name)?;
+        self.count(|r| &r.delete);
+        self.runtime
+            .block_on(self.inner.delete(&key))
+            .map_err(|e| self.error(name, "deleting", e))
+    }
+}
+
+/// `s3://BUCKET/PREFIX` (or `s3://BUCKET`).
+pub fn location_url(bucket: &str, prefix: &str) -> String {
+    let prefix = prefix.trim_matches('/');
+    if prefix.is_empty() {
+        format!("s3://{bucket}")
+    } else {
+        format!("s3://{bucket}/{prefix}")
+    }
+}
+
+fn s3_error(url: &str, doing: &str, e: object_store::Error) -> Error {
+    Error::io(
+        format!("{doing} {url}"),
+        std::io::Error::other(e.to_string()),
+    )
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,207 @@
+//! The S3 object store and a repository in a bucket.
+//!
+//! The model test runs on the `object_store` crate's in-memory S3 stand-in
+//! always, and with everything else here on a real S3 service when
+//! `DEDUP_TEST_S3` names a bucket (`s3://BUCKET`, with the `AWS_*`
+//! settings beside it): `scripts/test` starts SeaweedFS on loopback for it
+//! (`scripts/s3-test-server`). Without one these tests say so and pass,
+//! unless `DEDUP_REQUIRE_S3` is set, as it is in `scripts/test`.
+
+use std::collections::BTreeMap;
+use std::io::Cursor;
+use std::sync::Arc;
+
+use dedup_store::repo::LOCK_OBJECT;
+use dedup_store::s3::S3Store;
+use dedup_store::{Error, ObjectStore, RepoError, RepoLocation, Repository};
+use proptest::prelude::*;
+
+mod object_model;
+use object_model::{model_step, op, store_step};
+
+/// A fresh prefix in the test bucket, unique to this run and `test`;
+/// `None` (after saying why) when no S3 service is configured.
+fn bucket_prefix(test: &str) -> Option<RepoLocation> {
+    let Ok(base) = std::env::var("DEDUP_TEST_S3") else {
+        if std::env::var_os("DEDUP_REQUIRE_S3").is_some() {
+            panic!(
+                "DEDUP_REQUIRE_S3 is set but DEDUP_TEST_S3 is not: start scripts/s3-test-server"
+            );
+        }
+        eprintln!("{test}: skipped: no S3 service (set DEDUP_TEST_S3, see scripts/s3-test-server)");
+        return None;
+    };
+    let nonce: u64 = rand::random();
+    let url = format!("{base}/t-{nonce:016x}/{test}");
+    Some(url.parse().expect("DEDUP_TEST_S3 is s3://BUCKET"))
+}
+
+fn s3_store(location: &RepoLocation) -> S3Store {
+    let RepoLocation::S3 { bucket, prefix } = location else {
+        panic!("{location} is not in a bucket");
+    };
+    S3Store::open(bucket, prefix).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    #[test]
+    fn an_s3_store_behaves_like_a_map(ops in prop::collection::vec(op(), 1..40)) {
+        let memory = Arc::new(object_store::memory::InMemory::new());
+        let store = S3Store::over(memory, "some/prefix", "s3://memory/some/prefix".into()).unwrap();
+        let mut model = BTreeMap::new();
+        for (i, op) in ops.iter().enumerate() {
+            let expected = model_step(&mut model, op, false);
+            let got = store_step(&store, op);
+            prop_assert_eq!(got, expected, "step {}: {:?}", i, op);
+        }
+    }
+}
+
+#[test]
+fn a_real_s3_service_behaves_like_a_map() {
+    let Some(location) = bucket_prefix("model") else {
+        return;
+    };
+    let runner_config = proptest::test_runner::Config::with_cases(8);
+    let mut runner = proptest::test_runner::TestRunner::new(runner_config);
+    let n = std::sync::atomic::AtomicU64::new(0);
+    runner
+        .run(&prop::collection::vec(op(), 1..30), |ops| {
+            let case = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let at: RepoLocation = format!("{location}/{case}").parse().unwrap();
+            let store = s3_store(&at);
+            let mut model = BTreeMap::new();
+            for (i, op) in ops.iter().enumerate() {
+                let expected = model_step(&mut model, op, false);
+                let got = store_step(&store, op);
+                prop_assert_eq!(got, expected, "step {}: {:?}", i, op);
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn racing_puts_of_one_name_leave_exactly_one_winner() {
+    let Some(location) = bucket_prefix("race") else {
+        return;
+    };
+    let store = Arc::new(s3_store(&location));
+    for round in 0..4 {
+        let name = format!("backups/b{round}");
+        let outcomes: Vec<(u8, dedup_store::Result<()>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8u8)
+                .map(|w| {
+                    let (store, name) = (store.clone(), name.clone());
+                    s.spawn(move || (w, store.put(&name, &[w; 1000])))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let winners: Vec<u8> = outcomes
+            .iter()
+            .filter(|(_, r)| r.is_ok())
+            .map(|(w, _)| *w)
+            .collect();
+        assert_eq!(winners.len(), 1, "round {round}: {outcomes:?}");
+        for (w, r) in &outcomes {
+            if *w != winners[0] {
+                assert!(matches!(r, Err(Error::Exists { .. })), "writer {w}: {r:?}");
+            }
+        }
+        assert_eq!(store.get(&name).unwrap(), vec![winners[0]; 1000]);
+    }
+}
+
+#[test]
+fn a_repository_in_a_bucket_backs_up_restores_collects_and_has_one_writer() {
+    let Some(location) = bucket_prefix("repo") else {
+        return;
+    };
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 / 13) as u8).collect();
+    let repo = Repository::init(&location).unwrap();
+    repo.backup_stream("one", "g", Cursor::new(&data)).unwrap();
+    repo.backup_stream("two", "g", Cursor::new(&data[1000..]))
+        .unwrap();
+
+    // One writer: a second is refused by name while the first is open.
+    let e = Repository::open(&location).err().expect("a second writer");
+    assert!(
+        matches!(&e, RepoError::InUse { holder: Some(h), .. } if h.contains(&std::process::id().to_string())),
+        "{e}"
+    );
+    assert!(e.to_string().contains("dedup store unlock"), "{e}");
+    // Readers are never refused.
+    let reader = Repository::open_read_only(&location).unwrap();
+    let mut out = Vec::new();
+    reader.restore("one", &mut out).unwrap();
+    assert!(out == data, "backup one restored differently");
+
+    drop(repo);
+    assert!(
+        matches!(
+            s3_store(&location).get(LOCK_OBJECT),
+            Err(Error::NotFound { .. })
+        ),
+        "closing removes the lock"
+    );
+    let repo = Repository::open(&location).unwrap();
+    repo.delete_backup("one").unwrap();
+    let report = repo.gc(&Default::default()).unwrap();
+    assert_eq!(report.backups, 1);
+    let mut out = Vec::new();
+    repo.restore("two", &mut out).unwrap();
+    assert!(
+        out == data[1000..],
+        "backup two restored differently after gc"
+    );
+    drop(repo);
+
+    // A sibling prefix is another repository.
+    let sibling: RepoLocation = format!("{location}x").parse().unwrap();
+    assert!(matches!(
+        Repository::open_read_only(&sibling),
+        Err(RepoError::NotARepository { .. })
+    ));
+    assert!(matches!(
+        Repository::init(&location),
+        Err(RepoError::NotEmpty { .. })
+    ));
+}
+
+#[test]
+fn a_lock_left_by_a_dead_process_of_this_host_is_taken_over() {
+    let Some(location) = bucket_prefix("stale") else {
+        return;
+    };
+    drop(Repository::init(&location).unwrap());
+    let host = {
+        // The lock a killed writer of this host leaves: our host, a pid
+        // that no longer runs.
+        let repo = Repository::open(&location).unwrap();
+        let lock = s3_store(&location).get(LOCK_OBJECT).unwrap();
+        drop(repo);
+        let text = String::from_utf8(lock).unwrap();
+        text.lines().nth(1).unwrap().to_string()
+    };
+    let stale = format!("dedup writer lock\n{host}\npid 4000000\ntoken 00\n");
+    s3_store(&location)
+        .put(LOCK_OBJECT, stale.as_bytes())
+        .unwrap();
+    let repo = Repository::open(&location).expect("the stale lock is taken over");
+    drop(repo);
+
+    // Another host's lock is never guessed stale.
+    let foreign = "dedup writer lock\nhost elsewhere.example\npid 1\ntoken 00\n";
+    s3_store(&location)
+        .put(LOCK_OBJECT, foreign.as_bytes())
+        .unwrap();
+    let e = Repository::open(&location).err().expect("refused");
+    assert!(e.to_string().contains("elsewhere.example"), "{e}");
+    assert_eq!(
+        s3_store(&location).get(LOCK_OBJECT).unwrap(),
+        foreign.as_bytes()
+    );
+}
