@@ -21,6 +21,7 @@ run sparse security
 # The backup store (issue 17) keeps no device: the backend is irrelevant.
 run sparse backup
 run sparse store-serve
+run sparse s3
 for t in nbdcopy qemu-io fio lifecycle ext4 bench replay analyze; do
     run inram "$t"
 done

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# The backup store in an S3 bucket (issue 38), from the command line, on a
+# real S3 service: SeaweedFS on loopback (scripts/s3-test-server; the one
+# scripts/test started, or one started here). Every command takes
+# s3://BUCKET/PREFIX: init, backup of files and of a stream, list,
+# restore, delete, gc, store check (with a flipped byte in a container,
+# named with the backups it costs), store stats, store serve. One writer at
+# a time: a second is refused naming the first; a killed writer's lock is
+# taken over on the same host, and `store unlock` removes one by hand.
+# --json reports the requests sent. An unknown scheme is refused and makes
+# no directory.
+source "$(dirname "$0")/lib.sh"
+
+if [ -z "${DEDUP_TEST_S3:-}" ]; then
+    "$ROOT/scripts/s3-test-server" start "$WORK/s3"
+    on_exit "$ROOT/scripts/s3-test-server stop $WORK/s3"
+    # shellcheck disable=SC1091
+    . "$WORK/s3/env"
+fi
+R="$DEDUP_TEST_S3/e2e-$$-$RANDOM"
+field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
+
+log "init, a backup of files and one of a stream, in $R"
+"$DEDUP" store init "$R" --json >"$WORK/init.json" || fail "store init"
+[ "$(field "$WORK/init.json" repository)" = "$R" ] || fail "init names $R"
+python3 "$(dirname "$0")/make-tree.py" "$WORK/tree" 8 3 >/dev/null
+"$DEDUP" backup "$R" files-1 "$WORK/tree" --json >"$WORK/b1.json" || fail "backup of files"
+head -c 20000000 /dev/urandom >"$WORK/stream"
+"$DEDUP" backup "$R" stream-1 --stdin --json <"$WORK/stream" >"$WORK/s1.json" || fail "backup of a stream"
+python3 - "$WORK/b1.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+q = r["requests"]
+assert q["put"] >= 3 and q["get"] >= 1, q
+PY
+
+log "the same files again: nothing new, a handful of requests"
+"$DEDUP" backup "$R" files-2 "$WORK/tree" --json >"$WORK/b2.json" || fail "second backup"
+python3 - "$WORK/b2.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["bytes_new"] == 0, r
+q = r["requests"]
+total = sum(q.values())
+print(f"   unchanged backup: {total} requests {q}")
+assert total <= 40, q
+PY
+
+log "list, restore (files and stream), stats, check"
+"$DEDUP" list "$R" | grep -q files-2 || fail "list"
+"$DEDUP" restore "$R" files-1 "$WORK/out" >/dev/null || fail "restore of files"
+diff -r "$WORK/tree" "$WORK/out/${WORK#/}/tree" || fail "files restored differently"
+"$DEDUP" restore "$R" stream-1 - | cmp - "$WORK/stream" || fail "stream restored differently"
+"$DEDUP" store stats "$R" --json >"$WORK/stats.json" || fail "stats"
+[ "$(field "$WORK/stats.json" backups)" = 3 ] || fail "stats counts 3 backups"
+"$DEDUP" store check "$R" --data >/dev/null || fail "check of an intact repository"
+
+log "one writer: a second is refused naming the first; readers are not"
+"$DEDUP" store serve "$R" --socket "$WORK/serve.sock" >"$WORK/serve.log" 2>&1 &
+spid=$!
+on_exit "kill -9 $spid"
+for _ in $(seq 100); do [ -S "$WORK/serve.sock" ] && break; sleep 0.1; done
+if "$DEDUP" backup "$R" refused "$WORK/tree" 2>"$WORK/refused.err"; then fail "a second writer ran"; fi
+grep -q "in use by process $spid on host" "$WORK/refused.err" || { cat "$WORK/refused.err"; fail "the refusal names the writer"; }
+"$DEDUP" backup --server "unix:$WORK/serve.sock" served "$WORK/tree" >/dev/null || fail "backup through the server"
+"$DEDUP" list "$R" | grep -q served || fail "a reader lists beside the writer"
+
+log "a killed writer's lock is taken over on the same host"
+kill -9 "$spid"
+wait "$spid" 2>/dev/null || true
+"$DEDUP" backup "$R" after-kill "$WORK/tree" >/dev/null || fail "backup after a killed writer"
+"$DEDUP" store unlock "$R" --json >"$WORK/unlock.json" || fail "unlock"
+[ "$(field "$WORK/unlock.json" removed)" = None ] || fail "no lock left after a clean close"
+
+log "delete and gc"
+for b in files-1 files-2 served after-kill; do "$DEDUP" delete "$R" "$b" >/dev/null || fail "delete $b"; done
+"$DEDUP" gc "$R" --json >"$WORK/gc.json" || fail "gc"
+[ "$(field "$WORK/gc.json" backups)" = 1 ] || fail "gc sees one backup"
+[ "$(field "$WORK/gc.json" containers_swept)" -ge 1 ] || fail "gc deleted nothing"
+"$DEDUP" restore "$R" stream-1 - | cmp - "$WORK/stream" || fail "stream restored differently after gc"
+
+log "a flipped byte in a container in the bucket is named, with the backup it costs"
+bucket=${R#s3://}
+bucket=${bucket%%/*}
+python3 - "$bucket" "${R#s3://"$bucket"/}" <<'PY'
+# Through SeaweedFS's filer, which holds the bucket's objects as files.
+import json, sys, urllib.request
+bucket, prefix = sys.argv[1:3]
+base = f"http://127.0.0.1:8888/buckets/{bucket}/{prefix}/containers/"
+listing = urllib.request.Request(base, headers={"Accept": "application/json"})
+path = json.load(urllib.request.urlopen(listing))["Entries"][0]["FullPath"]
+data = bytearray(urllib.request.urlopen("http://127.0.0.1:8888" + path).read())
+data[200] ^= 0xFF
+put = urllib.request.Request("http://127.0.0.1:8888" + path, data=bytes(data), method="PUT")
+assert urllib.request.urlopen(put).status in (200, 201)
+PY
+set +e
+"$DEDUP" store check "$R" --data >"$WORK/check.out"
+rc=$?
+"$DEDUP" restore "$R" stream-1 "$WORK/damaged" 2>"$WORK/restore.err" >/dev/null
+rrc=$?
+set -e
+[ "$rc" = 1 ] || fail "check of a damaged container exits 1 (got $rc)"
+grep -q "containers/.*cannot be fully restored: stream-1\|cannot be fully restored: stream-1" "$WORK/check.out" || { cat "$WORK/check.out"; fail "check names the backup"; }
+[ "$rrc" = 1 ] || fail "a restore past damage exits 1 (got $rrc)"
+grep -q "containers/" "$WORK/restore.err" || { cat "$WORK/restore.err"; fail "restore names the container"; }
+
+log "unknown schemes are refused and make nothing"
+cd "$WORK"
+if "$DEDUP" store init gs://bucket/x 2>"$WORK/gs.err"; then fail "gs:// accepted"; fi
+grep -q "gs:// is not a kind of repository" "$WORK/gs.err" || fail "gs:// refusal names it"
+[ ! -e "$WORK/gs:" ] || fail "a directory gs: was made"
+if "$DEDUP" store init s3://Bad_Bucket 2>"$WORK/bad.err"; then fail "a bad bucket name accepted"; fi
+grep -q "only a-z" "$WORK/bad.err" || fail "bad bucket refusal"
+echo "s3: all passed"
