@@ -12,7 +12,9 @@ use crate::error::Result;
 pub trait ObjectStore: Send + Sync {
     /// Store `bytes` under `name`, atomically and durably: when this returns
     /// `Ok` the whole object survives a crash; before, it is invisible.
-    /// `Error::Exists` if the name is already stored.
+    /// `Error::Exists` if the name is already stored, except that a store
+    /// that settles unknown outcomes by reading back (S3) answers `Ok` when
+    /// it already holds exactly these bytes.
     fn put(&self, name: &str, bytes: &[u8]) -> Result<()>;
 
     /// The whole object. `Error::NotFound` if there is none.
@@ -38,10 +40,9 @@ pub trait ObjectStore: Send + Sync {
             .collect()
     }
 
-    /// The object's size in bytes. `Error::NotFound` if there is none.
-    fn size(&self, name: &str) -> Result<u64> {
-        self.get(name).map(|bytes| bytes.len() as u64)
-    }
+    /// The object's size in bytes, without reading it. `Error::NotFound`
+    /// if there is none.
+    fn size(&self, name: &str) -> Result<u64>;
 
     /// Remove the object. `Error::NotFound` if there is none, on a store
     /// that can tell: S3 cannot, and answers `Ok`, so callers treat both

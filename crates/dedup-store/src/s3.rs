@@ -10,7 +10,14 @@
 //!   crate's retries did not get past, a 412 on a retry of our own PUT),
 //!   the object is read back: bytes equal to ours mean our put landed;
 //!   other bytes mean another writer's, `Exists`; none, the put is tried
-//!   again. Names are unique to their writer, so equal bytes are ours.
+//!   again. So a put of exactly the bytes a name already holds answers
+//!   `Ok` (it cannot be told from our own retried PUT); objects whose
+//!   writers must be told apart (locks) hold a random token.
+//! - Whether the service honours create-only puts at all is checked when
+//!   a repository is opened to write (`probe_create_only`): one that
+//!   overwrites is refused, never written to.
+//! - A request may take up to `DEFAULT_TIMEOUT` (`AWS_TIMEOUT` sets
+//!   another): a 16 MiB container on a slow uplink takes minutes.
 //! - Requests that fail with 5xx, 429, 408 or `SlowDown` are retried by the
 //!   crate with exponential backoff and jitter; at most `MAX_IN_FLIGHT`
 //!   requests are in flight per store.
@@ -32,10 +39,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::TryStreamExt;
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::limit::LimitStore;
 use object_store::path::Path;
-use object_store::{GetOptions, GetRange, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{
+    ClientConfigKey, GetOptions, GetRange, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+};
 
 use crate::error::{Error, Result};
 use crate::name::validate;
@@ -48,6 +57,10 @@ pub const MAX_IN_FLIGHT: usize = 16;
 
 /// Tries of a put whose outcome was unknown and that had not landed.
 const PUT_TRIES: u32 = 4;
+
+/// How long one request may take unless `AWS_TIMEOUT` says otherwise (the
+/// crate's own default, 30 s, fails a 16 MiB PUT below 4.5 Mbit/s).
+pub const DEFAULT_TIMEOUT: &str = "15min";
 
 pub struct S3Store {
     inner: Arc<dyn object_store::ObjectStore>,
@@ -113,8 +126,12 @@ impl S3Store {
     /// `/`; empty for the whole bucket), configured from the environment.
     pub fn open(bucket: &str, prefix: &str) -> Result<S3Store> {
         let url = location_url(bucket, prefix);
-        let s3 = AmazonS3Builder::from_env()
-            .with_bucket_name(bucket)
+        let timeout = AmazonS3ConfigKey::Client(ClientConfigKey::Timeout);
+        let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+        if builder.get_config_value(&timeout).is_none() {
+            builder = builder.with_config(timeout, DEFAULT_TIMEOUT);
+        }
+        let s3 = builder
             .build()
             .map_err(|e| s3_error(&url, "configuring the S3 client for", e))?;
         S3Store::over(Arc::new(LimitStore::new(s3, MAX_IN_FLIGHT)), prefix, url)
@@ -223,15 +240,25 @@ impl S3Store {
 
     /// After a put that may or may not have landed: `Some(Ok)` if the
     /// object holds `bytes`, `Some(Exists)` if it holds others, `None` if
-    /// there is none.
-    fn landed(&self, name: &str, bytes: &[u8]) -> Result<Option<Result<()>>> {
+    /// there is none. A failed read is the put's own error `failed`: what
+    /// the user needs to know is that the put did not succeed.
+    fn landed(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        failed: &object_store::Error,
+    ) -> Result<Option<Result<()>>> {
         match self.fetch(name, None) {
             Ok((there, _)) if there == bytes => Ok(Some(Ok(()))),
             Ok(_) => Ok(Some(Err(Error::Exists {
                 name: name.to_string(),
             }))),
             Err(Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(e),
+            Err(e) => Err(s3_error(
+                &self.url,
+                &format!("writing object {name} (and reading it back: {e}) in"),
+                clone_error(failed),
+            )),
         }
     }
 
@@ -259,21 +286,15 @@ impl ObjectStore for S3Store {
             tries += 1;
             let unknown = match self.try_put(&key, bytes) {
                 Ok(()) => return Ok(()),
+                // Refused for good: retrying would only delay the error.
+                Err(e) if is_definite(&e) => return Err(self.error(name, "writing", e)),
                 // Another writer's, or our own from an attempt whose
-                // answer was lost and which the crate then retried.
-                Err(
-                    object_store::Error::AlreadyExists { .. }
-                    | object_store::Error::Precondition { .. },
-                ) => {
-                    return self.landed(name, bytes)?.unwrap_or_else(|| {
-                        Err(Error::Exists {
-                            name: name.to_string(),
-                        })
-                    })
-                }
+                // answer was lost and which the crate then retried (read
+                // back below); if there is none after all (a 409 from
+                // racing conditional writes), it is tried again.
                 Err(e) => e,
             };
-            if let Some(outcome) = self.landed(name, bytes)? {
+            if let Some(outcome) = self.landed(name, bytes, &unknown)? {
                 return outcome;
             }
             if tries >= PUT_TRIES {
@@ -400,6 +421,27 @@ pub fn location_url(bucket: &str, prefix: &str) -> String {
         format!("s3://{bucket}")
     } else {
         format!("s3://{bucket}/{prefix}")
+    }
+}
+
+/// Errors a retry cannot mend: the service refused the request itself.
+fn is_definite(e: &object_store::Error) -> bool {
+    matches!(
+        e,
+        object_store::Error::NotImplemented { .. }
+            | object_store::Error::NotSupported { .. }
+            | object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. }
+            | object_store::Error::InvalidPath { .. }
+    )
+}
+
+/// `object_store::Error` is not `Clone`: its message, kept as a generic
+/// error, for a report that needs it twice.
+fn clone_error(e: &object_store::Error) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "S3",
+        source: e.to_string().into(),
     }
 }
 

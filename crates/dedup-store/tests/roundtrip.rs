@@ -43,6 +43,9 @@ impl ObjectStore for Recording<'_> {
     fn list(&self, prefix: &str) -> dedup_store::Result<Vec<String>> {
         self.inner.list(prefix)
     }
+    fn size(&self, name: &str) -> dedup_store::Result<u64> {
+        self.inner.size(name)
+    }
     fn delete(&self, name: &str) -> dedup_store::Result<()> {
         self.inner.delete(name)
     }

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::io::Cursor;
 use std::sync::Arc;
 
-use dedup_store::repo::LOCK_OBJECT;
+use dedup_store::repo::{Holder, LOCK_OBJECT};
 use dedup_store::s3::S3Store;
 use dedup_store::{Error, ObjectStore, RepoError, RepoLocation, Repository};
 use proptest::prelude::*;
@@ -177,31 +177,50 @@ fn a_lock_left_by_a_dead_process_of_this_host_is_taken_over() {
         return;
     };
     drop(Repository::init(&location).unwrap());
-    let host = {
-        // The lock a killed writer of this host leaves: our host, a pid
-        // that no longer runs.
+    // Our own lock, as a template for the one a killed writer leaves.
+    let mine = {
         let repo = Repository::open(&location).unwrap();
         let lock = s3_store(&location).get(LOCK_OBJECT).unwrap();
         drop(repo);
-        let text = String::from_utf8(lock).unwrap();
-        text.lines().nth(1).unwrap().to_string()
+        Holder::decode(&lock).expect("a lock we wrote decodes")
     };
-    let stale = format!("dedup writer lock\n{host}\npid 4000000\ntoken 00\n");
+    // A dead process of this machine and namespace: taken over, by one of
+    // several racing writers only.
+    let stale = Holder {
+        pid: 4_000_000,
+        token: "deadbeef".into(),
+        ..mine
+    };
     s3_store(&location)
-        .put(LOCK_OBJECT, stale.as_bytes())
+        .put(LOCK_OBJECT, &stale.encode())
         .unwrap();
-    let repo = Repository::open(&location).expect("the stale lock is taken over");
-    drop(repo);
+    let opened: Vec<Result<Repository, RepoError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| Repository::open(&location)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let winners = opened.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(winners, 1, "exactly one writer takes a stale lock over");
+    for e in opened.iter().filter_map(|r| r.as_ref().err()) {
+        assert!(matches!(e, RepoError::InUse { .. }), "{e}");
+    }
+    drop(opened);
 
-    // Another host's lock is never guessed stale.
-    let foreign = "dedup writer lock\nhost elsewhere.example\npid 1\ntoken 00\n";
+    // Another machine's lock (or another pid namespace's) is never
+    // guessed stale.
+    let foreign = Holder {
+        host: "elsewhere.example".into(),
+        boot: "another-boot".into(),
+        ..stale
+    };
     s3_store(&location)
-        .put(LOCK_OBJECT, foreign.as_bytes())
+        .put(LOCK_OBJECT, &foreign.encode())
         .unwrap();
     let e = Repository::open(&location).err().expect("refused");
     assert!(e.to_string().contains("elsewhere.example"), "{e}");
     assert_eq!(
         s3_store(&location).get(LOCK_OBJECT).unwrap(),
-        foreign.as_bytes()
+        foreign.encode()
     );
 }

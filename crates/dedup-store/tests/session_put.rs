@@ -44,6 +44,9 @@ impl ObjectStore for SlowPuts {
     fn list(&self, prefix: &str) -> Result<Vec<String>> {
         self.inner.list(prefix)
     }
+    fn size(&self, name: &str) -> Result<u64> {
+        self.inner.size(name)
+    }
     fn delete(&self, name: &str) -> Result<()> {
         self.inner.delete(name)
     }

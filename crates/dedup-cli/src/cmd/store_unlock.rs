@@ -41,8 +41,20 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let store = a.repo.open_store()?;
     let removed = match store.get(LOCK_OBJECT) {
         Ok(bytes) => {
-            store.delete(LOCK_OBJECT)?;
-            Some(Holder::decode(&bytes).map_or_else(
+            let holder = Holder::decode(&bytes);
+            if let Some(h) = holder.as_ref().filter(|h| h.is_alive_here()) {
+                bail!(
+                    "{}: the lock is held by {}, which is running on this machine; stop it (it removes its lock when it ends) instead of removing the lock under it",
+                    a.repo,
+                    h.describe()
+                );
+            }
+            // Only the lock read above: one taken meanwhile is a live
+            // writer's.
+            if store.get(LOCK_OBJECT).is_ok_and(|now| now == bytes) {
+                store.delete(LOCK_OBJECT)?;
+            }
+            Some(holder.map_or_else(
                 || format!("an unreadable {LOCK_OBJECT} object"),
                 |h| h.describe(),
             ))

@@ -149,7 +149,12 @@ impl Repository {
             Err(Error::Corrupt { .. }) => return Ok(()),
             Err(e) => return Err(e.into()),
         };
-        let old_len = self.store.size(&container_name(id)).unwrap_or(0);
+        // Not read again: its size; 0 if only its compacted version is left.
+        let old_len = match self.store.size(&container_name(id)) {
+            Ok(size) => size,
+            Err(Error::NotFound { .. }) => 0,
+            Err(e) => return Err(e.into()),
+        };
         let (bytes, entries) = compacted(id, &old, bits, self.config.compression)?;
         let tmp = compacted_name(id);
         self.store.put(&tmp, &bytes)?;

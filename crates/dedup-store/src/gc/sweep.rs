@@ -12,6 +12,7 @@ use std::collections::{BTreeSet, HashSet};
 
 use crate::container::container_name;
 use crate::error::repo::RepoResult;
+use crate::error::Error;
 use crate::gc::{GcOptions, GcReport};
 use crate::repo::Repository;
 
@@ -49,8 +50,13 @@ impl Repository {
         let total = condemned.len() as u64;
         for (i, &id) in condemned.iter().enumerate() {
             let name = container_name(id);
-            // The size from the directory or a HEAD, not a read of the container.
-            let size = self.store.size(&name).unwrap_or(0);
+            // The size from the directory or a HEAD, not a read of the
+            // container; one already gone is not counted.
+            let size = match self.store.size(&name) {
+                Ok(size) => size,
+                Err(Error::NotFound { .. }) => 0,
+                Err(e) => return Err(e.into()),
+            };
             if self.delete_if_there(&name)? {
                 report.containers_swept += 1;
                 report.bytes_reclaimed += size;

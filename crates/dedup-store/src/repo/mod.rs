@@ -212,7 +212,14 @@ impl Repository {
         }
         let store = wrap(location.open_store()?);
         let config = match store.get(CONFIG_OBJECT) {
-            Err(Error::NotFound { .. }) => return Err(foreign("it has no config object".into())),
+            Err(Error::NotFound { .. }) => {
+                // In a bucket, a missing bucket is named by the listing's
+                // error rather than as a missing config.
+                if location.dir().is_none() {
+                    store.list(CONFIG_OBJECT)?;
+                }
+                return Err(foreign("it has no config object".into()));
+            }
             other => RepoConfig::decode(&other?).map_err(|e| foreign(e.to_string()))?,
         };
         let (index, covered, writer) = match make {

@@ -121,6 +121,10 @@ impl ObjectStore for Faulty {
         self.step(prefix)?;
         self.inner.list(prefix)
     }
+    fn size(&self, name: &str) -> Result<u64> {
+        self.step(name)?;
+        self.inner.size(name)
+    }
     fn delete(&self, name: &str) -> Result<()> {
         self.step(name)?;
         self.inner.delete(name)

@@ -54,15 +54,20 @@ pub fn outcome<T>(r: dedup_store::Result<T>, ok: impl FnOnce(T) -> Outcome) -> O
     }
 }
 
-/// What a store holding `model` answers to `op`. `tells_missing`: whether
-/// deleting a missing object is `NotFound` (a directory) or `Ok` (S3,
-/// which cannot tell).
-pub fn model_step(model: &mut BTreeMap<String, Vec<u8>>, op: &Op, tells_missing: bool) -> Outcome {
+/// What a store holding `model` answers to `op`. `directory`: a directory's
+/// answers; S3's differ in two: deleting a missing object is `Ok` (S3
+/// cannot tell), and so is a put of exactly the bytes a name holds (it
+/// cannot be told from a retry of our own put).
+pub fn model_step(model: &mut BTreeMap<String, Vec<u8>>, op: &Op, directory: bool) -> Outcome {
     let get = |n: usize| model.get(NAMES[n]).cloned();
     match op {
         Op::Put(n, bytes) => {
-            if model.contains_key(NAMES[*n]) {
-                Outcome::Exists
+            if let Some(there) = model.get(NAMES[*n]) {
+                if !directory && there == bytes {
+                    Outcome::Ok
+                } else {
+                    Outcome::Exists
+                }
             } else {
                 model.insert(NAMES[*n].into(), bytes.clone());
                 Outcome::Ok
@@ -89,7 +94,7 @@ pub fn model_step(model: &mut BTreeMap<String, Vec<u8>>, op: &Op, tells_missing:
         ),
         Op::Delete(n) => match model.remove(NAMES[*n]) {
             Some(_) => Outcome::Ok,
-            None if tells_missing => Outcome::NotFound,
+            None if directory => Outcome::NotFound,
             None => Outcome::Ok,
         },
     }
