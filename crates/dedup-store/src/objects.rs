@@ -31,6 +31,15 @@ pub trait ObjectStore: Send + Sync {
     /// sorted.
     fn list(&self, prefix: &str) -> Result<Vec<String>>;
 
+    /// The names that start with `prefix` and sort after `after`, sorted:
+    /// what S3 lists from `start-after`, so that a listing of the newest
+    /// containers does not page through all the older ones.
+    fn list_after(&self, prefix: &str, after: &str) -> Result<Vec<String>> {
+        let mut names = self.list(prefix)?;
+        names.retain(|name| name.as_str() > after);
+        Ok(names)
+    }
+
     /// The names that start with `prefix`, sorted, each with its size in
     /// bytes (an S3 listing carries them; a directory is asked for each).
     fn list_sized(&self, prefix: &str) -> Result<Vec<(String, u64)>> {

@@ -366,6 +366,35 @@ impl ObjectStore for S3Store {
     }
 
     fn list_sized(&self, prefix: &str) -> Result<Vec<(String, u64)>> {
+        self.listing(prefix, None)
+    }
+
+    fn list_after(&self, prefix: &str, after: &str) -> Result<Vec<String>> {
+        Ok(self
+            .listing(prefix, Some(after))?
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect())
+    }
+
+    fn size(&self, name: &str) -> Result<u64> {
+        S3Store::size(self, name)
+    }
+
+    fn delete(&self, name: &str) -> Result<()> {
+        let key = self.key(name)?;
+        self.count(|r| &r.delete);
+        self.runtime
+            .block_on(self.inner.delete(&key))
+            .map_err(|e| self.error(name, "deleting", e))
+    }
+}
+
+impl S3Store {
+    /// The objects whose names start with `prefix` (and sort after
+    /// `after`: S3's start-after, so the pages before it are never sent),
+    /// sorted, with their sizes.
+    fn listing(&self, prefix: &str, after: Option<&str>) -> Result<Vec<(String, u64)>> {
         // The crate lists whole path components: list the directory the
         // prefix's full components name and filter by the rest.
         let dir = prefix.rsplit_once('/').map_or("", |(dir, _)| dir);
@@ -381,10 +410,21 @@ impl ObjectStore for S3Store {
                 name: prefix.to_string(),
                 reason: e.to_string(),
             })?;
+        let offset = after
+            .map(|after| Path::parse(format!("{}{after}", self.prefix)))
+            .transpose()
+            .map_err(|e| Error::BadName {
+                name: after.unwrap_or_default().to_string(),
+                reason: e.to_string(),
+            })?;
         self.count(|r| &r.list);
+        let stream = match &offset {
+            Some(offset) => self.inner.list_with_offset(under.as_ref(), offset),
+            None => self.inner.list(under.as_ref()),
+        };
         let listed: Vec<object_store::ObjectMeta> = self
             .runtime
-            .block_on(self.inner.list(under.as_ref()).try_collect())
+            .block_on(stream.try_collect())
             .map_err(|e| s3_error(&self.url, &format!("listing {prefix:?} in"), e))?;
         // One request per page of 1,000 names; the first is counted above.
         self.count_n(|r| &r.list, (listed.len() as u64).saturating_sub(1) / 1000);
@@ -393,24 +433,14 @@ impl ObjectStore for S3Store {
             .filter_map(|meta| {
                 let name = meta.location.as_ref().strip_prefix(&self.prefix)?;
                 // Strangers (another tool's keys) are not objects.
-                (name.starts_with(prefix) && validate(name).is_ok())
-                    .then(|| (name.to_string(), meta.size))
+                (name.starts_with(prefix)
+                    && after.is_none_or(|after| name > after)
+                    && validate(name).is_ok())
+                .then(|| (name.to_string(), meta.size))
             })
             .collect();
         names.sort();
         Ok(names)
-    }
-
-    fn size(&self, name: &str) -> Result<u64> {
-        S3Store::size(self, name)
-    }
-
-    fn delete(&self, name: &str) -> Result<()> {
-        let key = self.key(name)?;
-        self.count(|r| &r.delete);
-        self.runtime
-            .block_on(self.inner.delete(&key))
-            .map_err(|e| self.error(name, "deleting", e))
     }
 }
 

@@ -158,6 +158,17 @@ impl Repository {
         location: impl Into<RepoLocation>,
         config: IndexConfig,
     ) -> RepoResult<Repository> {
+        Repository::open_sampled_wrapped(location, config, |s| s)
+    }
+
+    /// `open_sampled` with every object operation going through
+    /// `wrap(store)`: for tests that count what an open reads.
+    #[doc(hidden)]
+    pub fn open_sampled_wrapped(
+        location: impl Into<RepoLocation>,
+        config: IndexConfig,
+        wrap: impl FnOnce(Arc<dyn ObjectStore>) -> Arc<dyn ObjectStore>,
+    ) -> RepoResult<Repository> {
         Repository::open_as(
             location,
             Some(|store: Arc<dyn ObjectStore>| {
@@ -168,7 +179,7 @@ impl Repository {
                     }
                 })
             }),
-            |s| s,
+            wrap,
         )
     }
 
@@ -275,7 +286,9 @@ impl Repository {
         // A compaction a crash interrupted may have left an id with only
         // its compacted version: finish it before listing the ids.
         self.finish_compactions()?;
-        let ids = self.store_container_ids()?;
+        // Only the containers the checkpoint does not cover: a listing of
+        // every container would cost a request per 1,000 of them.
+        let ids = self.container_ids_from(covered)?;
         let index = self.index.as_mut().expect("writable");
         let index = index.get_mut().unwrap_or_else(|p| p.into_inner());
         // Ids are never reused, even after GC deleted the newest: no lower
@@ -304,8 +317,19 @@ impl Repository {
 
     /// The ids of every container in the store, ascending.
     pub(crate) fn store_container_ids(&self) -> RepoResult<Vec<u64>> {
+        self.container_ids_from(0)
+    }
+
+    /// The ids of the containers from `from` up, ascending.
+    fn container_ids_from(&self, from: u64) -> RepoResult<Vec<u64>> {
+        let names = match from.checked_sub(1) {
+            None => self.store.list(CONTAINERS_PREFIX)?,
+            Some(last) => self
+                .store
+                .list_after(CONTAINERS_PREFIX, &crate::container_name(last))?,
+        };
         let mut ids = Vec::new();
-        for name in self.store.list(CONTAINERS_PREFIX)? {
+        for name in names {
             let id = name
                 .strip_prefix(CONTAINERS_PREFIX)
                 .filter(|h| h.len() == 16)

@@ -18,6 +18,8 @@ pub enum Op {
     GetRange(usize, u64, u64),
     GetTail(usize, u64),
     List(usize),
+    /// A prefix, and the name the listing starts after.
+    ListAfter(usize, usize),
     Delete(usize),
 }
 
@@ -29,6 +31,7 @@ pub fn op() -> impl Strategy<Value = Op> {
         2 => (name.clone(), 0..80u64, 0..80u64).prop_map(|(n, o, l)| Op::GetRange(n, o, l)),
         1 => (name.clone(), 0..80u64).prop_map(|(n, l)| Op::GetTail(n, l)),
         1 => (0..PREFIXES.len()).prop_map(Op::List),
+        1 => (0..PREFIXES.len(), 0..NAMES.len()).prop_map(|(p, n)| Op::ListAfter(p, n)),
         2 => name.prop_map(Op::Delete),
     ]
 }
@@ -92,6 +95,13 @@ pub fn model_step(model: &mut BTreeMap<String, Vec<u8>>, op: &Op, directory: boo
                 .cloned()
                 .collect(),
         ),
+        Op::ListAfter(p, n) => Outcome::Names(
+            model
+                .keys()
+                .filter(|k| k.starts_with(PREFIXES[*p]) && k.as_str() > NAMES[*n])
+                .cloned()
+                .collect(),
+        ),
         Op::Delete(n) => match model.remove(NAMES[*n]) {
             Some(_) => Outcome::Ok,
             None if directory => Outcome::NotFound,
@@ -109,6 +119,7 @@ pub fn store_step(store: &dyn ObjectStore, op: &Op) -> Outcome {
         }
         Op::GetTail(n, len) => outcome(store.get_tail(NAMES[*n], *len), Outcome::Bytes),
         Op::List(p) => outcome(store.list(PREFIXES[*p]), Outcome::Names),
+        Op::ListAfter(p, n) => outcome(store.list_after(PREFIXES[*p], NAMES[*n]), Outcome::Names),
         Op::Delete(n) => outcome(store.delete(NAMES[*n]), |()| Outcome::Ok),
     }
 }
