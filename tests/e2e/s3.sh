@@ -80,6 +80,17 @@ for b in files-1 files-2 served after-kill; do "$DEDUP" delete "$R" "$b" >/dev/n
 [ "$(field "$WORK/gc.json" containers_swept)" -ge 1 ] || fail "gc deleted nothing"
 "$DEDUP" restore "$R" stream-1 - | cmp - "$WORK/stream" || fail "stream restored differently after gc"
 
+log "credentials, region and endpoint from AWS_PROFILE in the shared files"
+printf '[e2e]\naws_access_key_id = %s\naws_secret_access_key = %s\n' "$AWS_ACCESS_KEY_ID" "$AWS_SECRET_ACCESS_KEY" >"$WORK/aws-credentials"
+printf '[profile e2e]\nregion = %s\nendpoint_url = %s\n' "$AWS_REGION" "$AWS_ENDPOINT_URL" >"$WORK/aws-config"
+(
+    unset AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_ENDPOINT_URL AWS_REGION
+    export AWS_SHARED_CREDENTIALS_FILE=$WORK/aws-credentials AWS_CONFIG_FILE=$WORK/aws-config AWS_PROFILE=e2e
+    "$DEDUP" list "$R" | grep -q stream-1 || fail "list with credentials from a profile"
+    if AWS_PROFILE=missing "$DEDUP" list "$R" 2>"$WORK/profile.err"; then fail "a missing profile accepted"; fi
+    grep -q '"missing"' "$WORK/profile.err" || fail "the missing profile is named"
+)
+
 log "unknown schemes are refused and make nothing"
 (
 cd "$WORK"

@@ -26,9 +26,11 @@
 //!
 //! Endpoint, region and credentials come the usual way: `AWS_ENDPOINT_URL`,
 //! `AWS_REGION`, `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` (or
-//! `AWS_SESSION_TOKEN`, web identity, instance metadata),
-//! `AWS_ALLOW_HTTP=true` for a loopback test server; path-style requests
-//! unless `AWS_VIRTUAL_HOSTED_STYLE_REQUEST=true`.
+//! `AWS_SESSION_TOKEN`, web identity, instance metadata), else
+//! `AWS_PROFILE` in the shared files `~/.aws/credentials` and
+//! `~/.aws/config` (`profile.rs`); `AWS_ALLOW_HTTP=true` for a loopback
+//! test server; path-style requests unless
+//! `AWS_VIRTUAL_HOSTED_STYLE_REQUEST=true`.
 //!
 //! The store's callers are plain threads (rayon's, the server's), so each
 //! call blocks on a small runtime of the store's own.
@@ -130,6 +132,22 @@ impl S3Store {
         let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
         if builder.get_config_value(&timeout).is_none() {
             builder = builder.with_config(timeout, DEFAULT_TIMEOUT);
+        }
+        if let Some(p) = profile::from_environment()? {
+            // The environment wins over the files, key by key.
+            let unset = |b: &AmazonS3Builder, k| b.get_config_value(&k).is_none();
+            let mut fill = |key: AmazonS3ConfigKey, value: Option<String>| {
+                if let Some(value) = value.filter(|_| unset(&builder, key)) {
+                    builder = std::mem::take(&mut builder).with_config(key, value);
+                }
+            };
+            if std::env::var_os("AWS_ACCESS_KEY_ID").is_none() {
+                fill(AmazonS3ConfigKey::AccessKeyId, p.access_key_id);
+                fill(AmazonS3ConfigKey::SecretAccessKey, p.secret_access_key);
+                fill(AmazonS3ConfigKey::Token, p.session_token);
+            }
+            fill(AmazonS3ConfigKey::Region, p.region);
+            fill(AmazonS3ConfigKey::Endpoint, p.endpoint_url);
         }
         let s3 = builder
             .build()
@@ -481,6 +499,8 @@ fn s3_error(url: &str, doing: &str, e: object_store::Error) -> Error {
         std::io::Error::other(e.to_string()),
     )
 }
+
+mod profile;
 
 #[cfg(test)]
 mod tests;

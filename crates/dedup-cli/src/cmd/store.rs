@@ -38,7 +38,7 @@ pub enum StoreCommand {
 #[derive(clap::Args)]
 #[command(
     about = "Create a backup repository in a directory or an S3 bucket",
-    after_help = "How streams are cut into segments is fixed at init for the repository's life. The directory must be empty or absent unless --force; it is made owner-only (0700). In a bucket (s3://BUCKET/PREFIX; the bucket must exist), nothing may be under PREFIX/ unless --force; endpoint, region and credentials come from AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (AWS_ALLOW_HTTP=true for a test server on loopback).\n\nExamples:\n  dedup store init ./repo\n  dedup store init ./repo --segments fastcdc --json\n  dedup store init ./repo --segments fastcdc:16K\n  AWS_ENDPOINT_URL=http://127.0.0.1:8333 AWS_ALLOW_HTTP=true dedup store init s3://backups/hosts"
+    after_help = "How streams are cut into segments is fixed at init for the repository's life. The directory must be empty or absent unless --force; it is made owner-only (0700). In a bucket (s3://BUCKET/PREFIX; the bucket must exist), nothing may be under PREFIX/ unless --force; endpoint, region and credentials come from AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, else from the profile AWS_PROFILE (or default) in ~/.aws/credentials and ~/.aws/config (AWS_ALLOW_HTTP=true for a test server on loopback).\n\nExamples:\n  dedup store init ./repo\n  dedup store init ./repo --segments fastcdc --json\n  dedup store init ./repo --segments fastcdc:16K\n  AWS_ENDPOINT_URL=http://127.0.0.1:8333 AWS_ALLOW_HTTP=true dedup store init s3://backups/hosts"
 )]
 pub struct InitArgs {
     /// Repository: a directory (created if absent) or s3://BUCKET/PREFIX.
