@@ -76,7 +76,7 @@ pub struct S3Store {
 
 /// Requests sent, by kind (a list counts each page of up to 1,000 names;
 /// the crate's own retries are not counted).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Requests {
     pub put: AtomicU64,
     pub get: AtomicU64,
@@ -96,6 +96,16 @@ pub struct RequestCounts {
 }
 
 impl Requests {
+    const fn new() -> Requests {
+        Requests {
+            put: AtomicU64::new(0),
+            get: AtomicU64::new(0),
+            head: AtomicU64::new(0),
+            list: AtomicU64::new(0),
+            delete: AtomicU64::new(0),
+        }
+    }
+
     pub fn counts(&self) -> RequestCounts {
         let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
         RequestCounts {
@@ -110,13 +120,7 @@ impl Requests {
 
 /// Every S3 store's requests in this process: what a command's `--json`
 /// reports as the requests it sent.
-static SENT: Requests = Requests {
-    put: AtomicU64::new(0),
-    get: AtomicU64::new(0),
-    head: AtomicU64::new(0),
-    list: AtomicU64::new(0),
-    delete: AtomicU64::new(0),
-};
+static SENT: Requests = Requests::new();
 
 /// The requests this process has sent to S3 so far.
 pub fn requests_sent() -> RequestCounts {
@@ -181,7 +185,7 @@ impl S3Store {
             },
             url,
             runtime,
-            requests: Requests::default(),
+            requests: Requests::new(),
         })
     }
 
@@ -232,16 +236,6 @@ impl S3Store {
                 .map_err(|e| self.error(name, "reading", e))?;
             Ok((bytes.to_vec(), size))
         })
-    }
-
-    /// The object's size, by a HEAD request.
-    pub fn size(&self, name: &str) -> Result<u64> {
-        let key = self.key(name)?;
-        self.count(|r| &r.head);
-        self.runtime
-            .block_on(self.inner.head(&key))
-            .map(|meta| meta.size)
-            .map_err(|e| self.error(name, "reading the size of", e))
     }
 
     fn try_put(&self, key: &Path, bytes: &[u8]) -> object_store::Result<()> {
@@ -376,11 +370,7 @@ impl ObjectStore for S3Store {
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<String>> {
-        Ok(self
-            .list_sized(prefix)?
-            .into_iter()
-            .map(|(name, _)| name)
-            .collect())
+        self.names(prefix, None)
     }
 
     fn list_sized(&self, prefix: &str) -> Result<Vec<(String, u64)>> {
@@ -388,15 +378,17 @@ impl ObjectStore for S3Store {
     }
 
     fn list_after(&self, prefix: &str, after: &str) -> Result<Vec<String>> {
-        Ok(self
-            .listing(prefix, Some(after))?
-            .into_iter()
-            .map(|(name, _)| name)
-            .collect())
+        self.names(prefix, Some(after))
     }
 
+    /// By a HEAD request.
     fn size(&self, name: &str) -> Result<u64> {
-        S3Store::size(self, name)
+        let key = self.key(name)?;
+        self.count(|r| &r.head);
+        self.runtime
+            .block_on(self.inner.head(&key))
+            .map(|meta| meta.size)
+            .map_err(|e| self.error(name, "reading the size of", e))
     }
 
     fn delete(&self, name: &str) -> Result<()> {
@@ -409,6 +401,15 @@ impl ObjectStore for S3Store {
 }
 
 impl S3Store {
+    /// `listing`'s names alone.
+    fn names(&self, prefix: &str, after: Option<&str>) -> Result<Vec<String>> {
+        Ok(self
+            .listing(prefix, after)?
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect())
+    }
+
     /// The objects whose names start with `prefix` (and sort after
     /// `after`: S3's start-after, so the pages before it are never sent),
     /// sorted, with their sizes.

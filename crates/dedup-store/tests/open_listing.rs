@@ -4,6 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use dedup_common::testdata::noise;
 use dedup_store::index::IndexConfig;
 use dedup_store::{ObjectStore, RepoOptions, Repository, Result, Segmenting};
 
@@ -64,18 +65,6 @@ fn open_counting(dir: &std::path::Path) -> (Repository, Arc<Listings>) {
     })
     .unwrap();
     (repo, slot.unwrap())
-}
-
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 #[test]

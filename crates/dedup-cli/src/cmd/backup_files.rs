@@ -37,17 +37,16 @@ struct Report {
     mb_per_sec: f64,
 }
 
-/// Back `paths` up into the repository `repo` as backup `name` of
+/// Back `paths` up into the repository at `location` as backup `name` of
 /// `group` (`dedup backup`'s arguments, taken apart by `backup.rs`).
 pub fn run(
-    repo: &RepoLocation,
+    location: &RepoLocation,
     index: &IndexArgs,
     name: &str,
     group: &str,
     paths: &[PathBuf],
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let location = repo;
     let repo = open_indexed(location, index)?;
     let bar = backup_spinner(name, json)?;
     let start = Instant::now();

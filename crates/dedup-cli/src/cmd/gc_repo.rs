@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use anyhow::bail;
 use dedup_core::size::format_size;
 use dedup_store::config::CONFIG_OBJECT;
+use dedup_store::error::repo::{in_use_by, unlock_hint};
 use dedup_store::gc::DEFAULT_COMPACT_BELOW;
 use dedup_store::index::IndexConfig;
 use dedup_store::{GcOptions, RepoError, RepoLocation, Repository};
@@ -29,17 +30,16 @@ pub fn repository_at(target: &Path) -> anyhow::Result<Option<RepoLocation>> {
     })
 }
 
-/// Collect the garbage of the repository `repo` (`dedup gc`'s arguments,
-/// taken apart by `gc.rs`).
+/// Collect the garbage of the repository at `location` (`dedup gc`'s
+/// arguments, taken apart by `gc.rs`).
 pub fn run(
-    repo: &RepoLocation,
+    location: &RepoLocation,
     compact_below: Option<f64>,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     // The sampled index from its checkpoint: no catalog is read at open,
     // and the checkpoint is refreshed (hooks into deleted containers gone)
     // when the collection closes the repository.
-    let location = repo;
     let repo = match Repository::open_sampled(
         location,
         IndexConfig {
@@ -53,8 +53,8 @@ pub fn run(
         ),
         Err(RepoError::InUse { repo, holder }) => bail!(
             "{repo}: {} is writing to this repository, so it cannot be collected from here; the server that holds it (dedup store serve) will run garbage collection for it, or wait for that process to finish{}",
-            holder.as_deref().unwrap_or("another process"),
-            holder.as_ref().map(|_| format!("; if that process is gone, remove its lock with `dedup store unlock {repo}`")).unwrap_or_default()
+            in_use_by(&holder),
+            unlock_hint(&repo, &holder)
         ),
         other => other?,
     };

@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use anyhow::bail;
-use dedup_store::repo::{Holder, LOCK_OBJECT};
+use dedup_store::repo::{describe_holder, remove_lock_holding, Holder, LOCK_OBJECT};
 use dedup_store::{Error, RepoLocation};
 use serde::Serialize;
 
@@ -51,13 +51,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             }
             // Only the lock read above: one taken meanwhile is a live
             // writer's.
-            if store.get(LOCK_OBJECT).is_ok_and(|now| now == bytes) {
-                store.delete(LOCK_OBJECT)?;
-            }
-            Some(holder.map_or_else(
-                || format!("an unreadable {LOCK_OBJECT} object"),
-                |h| h.describe(),
-            ))
+            remove_lock_holding(&*store, &bytes)?;
+            Some(describe_holder(holder.as_ref()))
         }
         Err(Error::NotFound { .. }) => None,
         Err(e) => return Err(e.into()),

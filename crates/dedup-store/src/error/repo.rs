@@ -37,7 +37,7 @@ pub enum RepoError {
     /// A second process opened the repository to write. `holder` names
     /// the writer of a repository in a bucket, whose lock a dead process
     /// can leave behind.
-    #[error("{repo}: the repository is in use by {} that writes to it; back up through that process (dedup store serve) or wait for it to finish{}", .holder.as_deref().unwrap_or("another process"), .holder.as_ref().map(|_| format!("; if that process is gone, remove its lock with `dedup store unlock {repo}`")).unwrap_or_default())]
+    #[error("{repo}: the repository is in use by {} that writes to it; back up through that process (dedup store serve) or wait for it to finish{}", in_use_by(.holder), unlock_hint(.repo, .holder))]
     InUse {
         repo: String,
         holder: Option<String>,
@@ -66,6 +66,22 @@ pub enum RepoError {
     /// Reading the stream to back up, or writing a restore, failed.
     #[error("{context}: {cause}")]
     Io { context: String, cause: io::Error },
+}
+
+/// Who writes to a repository that is in use, in words.
+pub fn in_use_by(holder: &Option<String>) -> &str {
+    holder.as_deref().unwrap_or("another process")
+}
+
+/// How to remove the lock of a named holder (one in a bucket, which a
+/// dead process can leave behind); nothing for a directory's.
+pub fn unlock_hint(repo: &str, holder: &Option<String>) -> String {
+    holder
+        .as_ref()
+        .map(|_| {
+            format!("; if that process is gone, remove its lock with `dedup store unlock {repo}`")
+        })
+        .unwrap_or_default()
 }
 
 impl RepoError {

@@ -17,7 +17,7 @@
 pub mod listing;
 mod writer_lock;
 
-pub use writer_lock::{Holder, LOCK_OBJECT};
+pub use writer_lock::{describe_holder, remove_lock_holding, Holder, LOCK_OBJECT};
 
 use std::fs::{self, File, Permissions};
 use std::io::Read;
@@ -107,20 +107,24 @@ impl Repository {
         if options.container_target == 0 {
             return Err(Error::InvalidArgument("container target is 0".into()).into());
         }
-        let empty = match location.dir() {
+        // A directory is looked at before opening the store creates it.
+        let dir_empty = match location.dir() {
             Some(dir) if dir.exists() => fs::read_dir(dir)
                 .map_err(|e| io_err(dir, "reading", e))?
                 .next()
                 .is_none(),
-            Some(_) => true,
-            None => location.open_store()?.list("")?.is_empty(),
+            _ => true,
+        };
+        let store = location.open_store()?;
+        let empty = match location.dir() {
+            Some(_) => dir_empty,
+            None => store.list("")?.is_empty(),
         };
         if !empty && !options.force {
             return Err(RepoError::NotEmpty {
                 repo: location.to_string(),
             });
         }
-        let store = location.open_store()?;
         if let Some(dir) = location.dir() {
             // It holds every byte ever backed up: owner only, even if it existed.
             fs::set_permissions(dir, Permissions::from_mode(0o700))

@@ -88,12 +88,7 @@ impl WriterLock {
                 Err(Error::Exists { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }
-            if store.get(LOCK_OBJECT).is_ok_and(|now| now == there) {
-                match store.delete(LOCK_OBJECT) {
-                    Ok(()) | Err(Error::NotFound { .. }) => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
+            remove_lock_holding(&**store, &there)?;
         }
         Err(RepoError::InUse {
             repo: location.to_string(),
@@ -106,11 +101,7 @@ impl WriterLock {
 /// refused (one that ignores `If-None-Match: *`): every object, the lock
 /// among them, relies on it. Two puts of one fresh name, then its delete.
 fn probe_create_only(location: &RepoLocation, store: &Arc<dyn ObjectStore>) -> RepoResult<()> {
-    let token: [u8; 16] = crate::repo::random_bytes()?;
-    let name = format!(
-        "locks/probe-{}",
-        token.iter().map(|b| format!("{b:02x}")).collect::<String>()
-    );
+    let name = format!("locks/probe-{}", random_token()?);
     store.put(&name, b"first")?;
     let second = store.put(&name, b"second");
     match store.delete(&name) {
@@ -141,21 +132,41 @@ fn takeover_name(token: &str) -> String {
 fn in_use(location: &RepoLocation, holder: Option<&Holder>) -> RepoError {
     RepoError::InUse {
         repo: location.to_string(),
-        holder: Some(holder.map_or_else(
-            || format!("an unreadable {LOCK_OBJECT} object"),
-            Holder::describe,
-        )),
+        holder: Some(describe_holder(holder)),
     }
+}
+
+/// Who holds the lock whose bytes decoded to `holder`, in words.
+pub fn describe_holder(holder: Option<&Holder>) -> String {
+    holder.map_or_else(
+        || format!("an unreadable {LOCK_OBJECT} object"),
+        Holder::describe,
+    )
+}
+
+/// Delete the lock object if it still holds `bytes`: one taken meanwhile
+/// (after a takeover or an `unlock`) is another writer's. Whether it was
+/// deleted.
+pub fn remove_lock_holding(store: &dyn ObjectStore, bytes: &[u8]) -> crate::Result<bool> {
+    if !store.get(LOCK_OBJECT).is_ok_and(|now| now == bytes) {
+        return Ok(false);
+    }
+    match store.delete(LOCK_OBJECT) {
+        Ok(()) | Err(Error::NotFound { .. }) => Ok(true),
+        Err(e) => Err(e),
+    }
+}
+
+/// 32 random hex digits.
+fn random_token() -> RepoResult<String> {
+    let token: [u8; 16] = crate::repo::random_bytes()?;
+    Ok(token.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 impl Drop for WriterLock {
     fn drop(&mut self) {
         if let WriterLock::Object { store, bytes } = self {
-            // Only our own lock: one broken by `unlock` and taken by
-            // another writer is theirs.
-            if store.get(LOCK_OBJECT).is_ok_and(|there| there == *bytes) {
-                let _ = store.delete(LOCK_OBJECT);
-            }
+            let _ = remove_lock_holding(&**store, bytes);
         }
     }
 }
@@ -177,7 +188,6 @@ pub struct Holder {
 
 impl Holder {
     fn me() -> RepoResult<Holder> {
-        let token: [u8; 16] = crate::repo::random_bytes()?;
         let pid = std::process::id();
         Ok(Holder {
             host: hostname(),
@@ -185,7 +195,7 @@ impl Holder {
             pidns: pid_namespace(),
             pid,
             start: start_time(pid).unwrap_or(0),
-            token: token.iter().map(|b| format!("{b:02x}")).collect(),
+            token: random_token()?,
         })
     }
 
