@@ -46,6 +46,7 @@ const CHUNK_START: u8 = 1 << 0;
 const CHUNK_END: u8 = 1 << 1;
 const PARENT: u8 = 1 << 2;
 const ROOT: u8 = 1 << 3;
+const KEYED_HASH: u8 = 1 << 4;
 
 type Cv = [u8; OUT_LEN];
 
@@ -58,7 +59,37 @@ const MOST_CHUNKS: usize = 32;
 
 /// `blake3::hash` of each message, in order.
 pub fn hash_many(messages: &[&[u8]]) -> Vec<[u8; OUT_LEN]> {
+    hash_many_with(None, messages)
+}
+
+/// `blake3::keyed_hash(key, m)` of each message `m`, in order.
+pub fn keyed_hash_many(key: &[u8; 32], messages: &[&[u8]]) -> Vec<[u8; OUT_LEN]> {
+    hash_many_with(Some(key), messages)
+}
+
+/// The keyed mode differs from the plain one only in the key words the
+/// compressions start from (the key instead of the IV) and the
+/// KEYED_HASH flag on every compression.
+fn hash_many_with(key: Option<&[u8; 32]>, messages: &[&[u8]]) -> Vec<[u8; OUT_LEN]> {
     let platform = Platform::detect();
+    let (words, mode) = match key {
+        None => (IV, 0),
+        Some(k) => {
+            let mut w = [0u32; 8];
+            for (w, b) in w.iter_mut().zip(k.chunks_exact(4)) {
+                *w = u32::from_le_bytes(b.try_into().expect("4 bytes"));
+            }
+            (w, KEYED_HASH)
+        }
+    };
+    let one = |m: &[u8]| match key {
+        None => blake3::hash(m),
+        Some(k) => blake3::keyed_hash(k, m),
+    };
+    let new_hasher = || match key {
+        None => blake3::Hasher::new(),
+        Some(k) => blake3::Hasher::new_keyed(k),
+    };
     let mut out = vec![[0u8; OUT_LEN]; messages.len()];
     // Messages of more than one chunk, and their chaining values: a run
     // of `cvs` each, one a chunk to start with, fewer each level up.
@@ -67,7 +98,7 @@ pub fn hash_many(messages: &[&[u8]]) -> Vec<[u8; OUT_LEN]> {
     let mut most_full = 0;
     for (i, m) in messages.iter().enumerate() {
         if m.len() <= CHUNK_LEN || m.len() > MOST_CHUNKS * CHUNK_LEN {
-            out[i] = *blake3::hash(m).as_bytes();
+            out[i] = *one(m).as_bytes();
             continue;
         }
         let (full, chunks) = (m.len() / CHUNK_LEN, m.len().div_ceil(CHUNK_LEN));
@@ -75,7 +106,7 @@ pub fn hash_many(messages: &[&[u8]]) -> Vec<[u8; OUT_LEN]> {
         cvs.resize(at + chunks, [0; OUT_LEN]);
         if full < chunks {
             // The partial last chunk: not a root, as chunks came before.
-            let mut h = blake3::Hasher::new();
+            let mut h = new_hasher();
             h.set_input_offset((full * CHUNK_LEN) as u64);
             h.update(&m[full * CHUNK_LEN..]);
             cvs[at + full] = h.finalize_non_root();
@@ -103,10 +134,10 @@ pub fn hash_many(messages: &[&[u8]]) -> Vec<[u8; OUT_LEN]> {
         let out = &mut hashed[..OUT_LEN * inputs.len()];
         platform.hash_many(
             &inputs,
-            &IV,
+            &words,
             j as u64,
             IncrementCounter::No,
-            0,
+            mode,
             CHUNK_START,
             CHUNK_END,
             out,
@@ -126,8 +157,8 @@ pub fn hash_many(messages: &[&[u8]]) -> Vec<[u8; OUT_LEN]> {
             let into = if l.len == 2 { &mut roots } else { &mut parents };
             into.extend(level.chunks_exact(2).map(|p| block_of(&p[0], &p[1])));
         }
-        let parent_cvs = compress_blocks(platform, &parents, PARENT);
-        let root_cvs = compress_blocks(platform, &roots, PARENT | ROOT);
+        let parent_cvs = compress_blocks(platform, &words, &parents, mode | PARENT);
+        let root_cvs = compress_blocks(platform, &words, &roots, mode | PARENT | ROOT);
         let (mut p, mut r) = (
             parent_cvs.chunks_exact(OUT_LEN),
             root_cvs.chunks_exact(OUT_LEN),
@@ -165,12 +196,12 @@ fn block_of(left: &Cv, right: &Cv) -> [u8; 64] {
     b
 }
 
-/// Each 64-byte block compressed from the key, counter 0, with `flags`:
+/// Each 64-byte block compressed from `key`, counter 0, with `flags`:
 /// parents' chaining values, or with ROOT a root's hash.
-fn compress_blocks(platform: Platform, blocks: &[[u8; 64]], flags: u8) -> Vec<u8> {
+fn compress_blocks(platform: Platform, key: &[u32; 8], blocks: &[[u8; 64]], flags: u8) -> Vec<u8> {
     let mut out = vec![0u8; OUT_LEN * blocks.len()];
     let inputs: Vec<&[u8; 64]> = blocks.iter().collect();
-    platform.hash_many(&inputs, &IV, 0, IncrementCounter::No, flags, 0, 0, &mut out);
+    platform.hash_many(&inputs, key, 0, IncrementCounter::No, flags, 0, 0, &mut out);
     out
 }
 
@@ -186,6 +217,15 @@ mod tests {
     }
 
     fn agrees(messages: &[&[u8]]) {
+        let key = [0x5a; 32];
+        for (m, h) in messages.iter().zip(keyed_hash_many(&key, messages)) {
+            assert_eq!(
+                h,
+                *blake3::keyed_hash(&key, m).as_bytes(),
+                "keyed, {} bytes",
+                m.len()
+            );
+        }
         let got = hash_many(messages);
         assert_eq!(got.len(), messages.len());
         for (m, h) in messages.iter().zip(got) {
