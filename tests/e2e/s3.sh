@@ -8,7 +8,9 @@
 # a time: a second is refused naming the first; a killed writer's lock is
 # taken over on the same host, and `store unlock` removes one by hand.
 # --json reports the requests sent. An unknown scheme is refused and makes
-# no directory.
+# no directory. A repository in a bucket is encrypted by default: no
+# object in the bucket holds a file name or contents backed up, the wrong
+# passphrase or none is refused, and passphrases are added and removed.
 source "$(dirname "$0")/lib.sh"
 
 if [ -z "${DEDUP_TEST_S3:-}" ]; then
@@ -18,12 +20,16 @@ if [ -z "${DEDUP_TEST_S3:-}" ]; then
     . "$WORK/s3/env"
 fi
 R="$DEDUP_TEST_S3/e2e-$$-$RANDOM"
+DEDUP_PASSWORD="e2e passphrase $RANDOM$RANDOM"
+export DEDUP_PASSWORD
 field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
 
 log "init, a backup of files and one of a stream, in $R"
 "$DEDUP" store init "$R" --json >"$WORK/init.json" || fail "store init"
 [ "$(field "$WORK/init.json" repository)" = "$R" ] || fail "init names $R"
+[ "$(field "$WORK/init.json" encrypted)" = True ] || fail "a repository in a bucket is encrypted by default"
 python3 "$(dirname "$0")/make-tree.py" "$WORK/tree" 8 3 >/dev/null
+for i in $(seq 2000); do echo "payroll e2e row $i: alice,engineering,123456.78"; done >"$WORK/tree/secret-payroll-e2e.csv"
 "$DEDUP" backup "$R" files-1 "$WORK/tree" --json >"$WORK/b1.json" || fail "backup of files"
 head -c 20000000 /dev/urandom >"$WORK/stream"
 "$DEDUP" backup "$R" stream-1 --stdin --json <"$WORK/stream" >"$WORK/s1.json" || fail "backup of a stream"
@@ -54,6 +60,44 @@ diff -r "$WORK/tree" "$WORK/out/${WORK#/}/tree" || fail "files restored differen
 "$DEDUP" store stats "$R" --json >"$WORK/stats.json" || fail "stats"
 [ "$(field "$WORK/stats.json" backups)" = 3 ] || fail "stats counts 3 backups"
 "$DEDUP" store check "$R" --data >/dev/null || fail "check of an intact repository"
+
+if [ -n "${DEDUP_TEST_S3_FILER:-}" ]; then
+    bucket_name=${R#s3://}
+    bucket_name=${bucket_name%%/*}
+    log "no object in the bucket holds a file name or contents backed up"
+python3 - "$DEDUP_TEST_S3_FILER" "$bucket_name" "${R#s3://"$bucket_name"/}" <<'PY'
+import json, sys, urllib.request
+filer, bucket, prefix = sys.argv[1:4]
+def walk(path):
+    req = urllib.request.Request(f"{filer}{path}?limit=10000", headers={"Accept": "application/json"})
+    for e in json.load(urllib.request.urlopen(req)).get("Entries") or []:
+        if e.get("Mode", 0) & 0o20000000000:  # a directory
+            yield from walk(e["FullPath"] + "/")
+        else:
+            yield e["FullPath"]
+objects = list(walk(f"/buckets/{bucket}/{prefix}/"))
+assert len(objects) >= 8, objects
+for path in objects:
+    data = urllib.request.urlopen(filer + path).read()
+    for needle in (b"secret-payroll-e2e", b"alice,engineering", b"payroll e2e row"):
+        assert needle not in data, f"{path} holds {needle!r}"
+print(f"   {len(objects)} objects, none holds a file name or contents")
+PY
+fi
+
+log "the passphrase: none, a wrong one, a second one added, the first removed"
+if env -u DEDUP_PASSWORD "$DEDUP" list "$R" 2>"$WORK/nopass.err"; then fail "listed without a passphrase"; fi
+grep -q "encrypted; give its passphrase in DEDUP_PASSWORD" "$WORK/nopass.err" || { cat "$WORK/nopass.err"; fail "no passphrase: say how to give one"; }
+if DEDUP_PASSWORD=wrong "$DEDUP" list "$R" 2>"$WORK/wrong.err"; then fail "listed with a wrong passphrase"; fi
+grep -q "the passphrase opens none of the repository's 1 key" "$WORK/wrong.err" || { cat "$WORK/wrong.err"; fail "wrong passphrase named"; }
+first=$("$DEDUP" store key list "$R" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["name"])')
+DEDUP_NEW_PASSWORD=second "$DEDUP" store key add "$R" --json >"$WORK/keyadd.json" || fail "key add"
+echo second >"$WORK/second.pass"
+env -u DEDUP_PASSWORD "$DEDUP" list "$R" --password-file "$WORK/second.pass" | grep -q stream-1 || fail "list with the second passphrase from a file"
+if "$DEDUP" store key remove "$R" "$first" 2>"$WORK/keyrm.err"; then fail "removed the key in use"; fi
+env -u DEDUP_PASSWORD "$DEDUP" store key remove "$R" "$first" --password-file "$WORK/second.pass" >/dev/null || fail "key remove"
+if "$DEDUP" list "$R" 2>/dev/null; then fail "the removed passphrase still opens"; fi
+export DEDUP_PASSWORD=second
 
 log "one writer: a second is refused naming the first; readers are not"
 "$DEDUP" store serve "$R" --socket "$WORK/serve.sock" >"$WORK/serve.log" 2>&1 &

@@ -22,6 +22,11 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The passphrase of an encrypted backup repository, read from FILE
+    /// (less one trailing newline). Otherwise it comes from
+    /// DEDUP_PASSWORD, or from the file DEDUP_PASSWORD_FILE names.
+    #[arg(long, global = true, value_name = "FILE")]
+    password_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -55,6 +60,9 @@ fn main() -> ExitCode {
         )
         .init();
     let cli = Cli::parse();
+    if let Some(path) = &cli.password_file {
+        dedup_store::crypto::passphrase::set_password_file(path);
+    }
     let result = match cli.command {
         Command::Create(a) => cmd::create::run(a),
         Command::Serve(a) => cmd::serve::run(a),

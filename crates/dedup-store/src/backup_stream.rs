@@ -23,9 +23,9 @@ use crate::error::repo::{RepoError, RepoResult};
 use crate::parallel_cut::Stitcher;
 use crate::repo::Repository;
 use crate::segment_blocks::{cut_ends, read_block, Block, BlockCutter, BLOCK};
+use crate::segment_hash::SegmentHash;
 use crate::segmenter::Segmenting;
 use crate::session::BackupSession;
-use crate::writer::HASH;
 
 /// Blocks (each hashed as one job) in flight: enough to keep every core
 /// busy and ride out a container write, little enough to bound RAM
@@ -73,6 +73,7 @@ pub(crate) fn append_stream(
     if let Segmenting::FastCdc { .. } = how {
         return append_stream_cut_in_parallel(session, how, reader);
     }
+    let hash = session.segment_hash();
     std::thread::scope(|scope| {
         let (tx, rx) = mpsc::sync_channel::<mpsc::Receiver<Hashed>>(IN_FLIGHT);
         let (give_back, spares) = mpsc::channel::<Vec<u8>>();
@@ -87,7 +88,7 @@ pub(crate) fn append_stream(
                 let (done, hashed) = mpsc::sync_channel(1);
                 rayon::spawn(move || {
                     let _ = done.send(block.map(|b| {
-                        let fps = fingerprints(&b);
+                        let fps = fingerprints(hash, &b);
                         (b, fps)
                     }));
                 });
@@ -114,8 +115,8 @@ pub(crate) fn append_stream(
 }
 
 /// Each segment's fingerprint, in order.
-fn fingerprints(block: &Block) -> Vec<Fingerprint> {
-    HASH.fingerprint_many(&block.segments().collect::<Vec<_>>())
+fn fingerprints(hash: SegmentHash, block: &Block) -> Vec<Fingerprint> {
+    hash.of_many(&block.segments().collect::<Vec<_>>())
 }
 
 /// A block as read, cut from its own first byte (its candidate cuts) and
@@ -143,6 +144,7 @@ impl Sink for BackupSession<'_> {
 /// hash its candidate segments, as a job on the thread pool.
 pub(crate) fn cut_on_pool(
     how: Segmenting,
+    hash: SegmentHash,
     block: io::Result<(Vec<u8>, bool)>,
 ) -> mpsc::Receiver<Candidates> {
     let (done, cut) = mpsc::sync_channel(1);
@@ -154,7 +156,7 @@ pub(crate) fn cut_on_pool(
                 start: 0,
                 ends,
             };
-            let fps = fingerprints(&block);
+            let fps = fingerprints(hash, &block);
             (block, fps, last)
         }));
     });
@@ -202,13 +204,14 @@ fn append_stream_cut_in_parallel(
     // Two of the largest segments at least, as `BlockCutter` reads, so
     // most blocks hold candidates for the stitching to meet.
     let size = BLOCK.max(2 * how.largest());
+    let hash = session.segment_hash();
     std::thread::scope(|scope| {
         let (tx, rx) = mpsc::sync_channel::<mpsc::Receiver<Candidates>>(IN_FLIGHT);
         let (give_back, spares) = mpsc::channel::<Vec<u8>>();
         scope.spawn(move || loop {
             let block = read_block(&mut reader, &[], size, spares.try_recv().ok());
             let stop = !matches!(&block, Ok((_, false)));
-            if tx.send(cut_on_pool(how, block)).is_err() || stop {
+            if tx.send(cut_on_pool(how, hash, block)).is_err() || stop {
                 return; // the appender stopped, the stream ended or failed
             }
         });

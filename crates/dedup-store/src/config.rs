@@ -29,6 +29,12 @@ pub struct RepoConfig {
 }
 
 impl RepoConfig {
+    /// Whether `bytes` (the `config` object as stored) is a config in the
+    /// clear, not one sealed in an encrypted repository.
+    pub fn is_in_the_clear(bytes: &[u8]) -> bool {
+        bytes.starts_with(&MAGIC)
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let (kind, a, b, c) = match self.segmenting {
             Segmenting::Fixed { size } => (0u8, size, 0, 0),

@@ -18,7 +18,7 @@ use crate::format::{
     MAX_SEGMENT_LEN, OLDEST_VERSION, TRAILER_LEN,
 };
 use crate::objects::ObjectStore;
-use crate::writer::HASH;
+use crate::segment_hash::SegmentHash;
 
 /// The object name of container `id`.
 pub fn container_name(id: u64) -> String {
@@ -253,7 +253,7 @@ impl Catalog {
         let l = &entry.location;
         let stored = self.get_range(store, l.offset, u64::from(l.stored_len))?;
         let frame = decode_frame(i, l, &stored).map_err(|d| Error::corrupt(&self.name, d))?;
-        segment_of(&self.name, i, entry, &frame)
+        segment_of(store.segment_hash(), &self.name, i, entry, &frame)
     }
 
     /// Read segments `first..first + count` with one ranged read of their
@@ -312,6 +312,7 @@ impl Catalog {
             _ => (0, Vec::new()),
         };
         let mut frame: Option<(u64, Decoded)> = None;
+        let hash = store.segment_hash();
         Ok(run
             .iter()
             .enumerate()
@@ -338,7 +339,7 @@ impl Catalog {
                     (l.offset, decoded)
                 });
                 match raw {
-                    Ok(raw) => segment_of(&self.name, i, e, raw),
+                    Ok(raw) => segment_of(hash, &self.name, i, e, raw),
                     Err(d) => Err(Error::corrupt(&self.name, d.clone())),
                 }
             })
@@ -466,13 +467,17 @@ pub struct Container {
     /// The last frame `segment` decompressed (its offset and bytes): reading
     /// a container's segments in order decompresses each frame once.
     last_frame: Mutex<Option<(u64, Arc<Vec<u8>>)>>,
+    /// How `segment` checks a segment: the store's (`read`), plain
+    /// BLAKE3 after `parse` unless `hashed_with` says otherwise.
+    hash: SegmentHash,
 }
 
 impl Container {
     /// Read container `id` whole.
     pub fn read(store: &dyn ObjectStore, id: u64) -> Result<Container> {
         with_fallback(id, |name| {
-            let container = Container::parse(name, store.get(name)?)?;
+            let container =
+                Container::parse(name, store.get(name)?)?.hashed_with(store.segment_hash());
             container.catalog.check_id(id)?;
             Ok(container)
         })
@@ -542,7 +547,14 @@ impl Container {
             bytes,
             catalog,
             last_frame: Mutex::new(None),
+            hash: SegmentHash::PLAIN,
         })
+    }
+
+    /// Check segments with `hash` (that of the store the bytes came from).
+    pub fn hashed_with(mut self, hash: SegmentHash) -> Container {
+        self.hash = hash;
+        self
     }
 
     pub fn catalog(&self) -> &Catalog {
@@ -572,7 +584,7 @@ impl Container {
             }
         };
         drop(last);
-        segment_of(name, i, entry, &frame)
+        segment_of(self.hash, name, i, entry, &frame)
     }
 }
 
@@ -665,7 +677,13 @@ fn decode_frame(i: usize, l: &Location, stored: &[u8]) -> std::result::Result<Ve
 
 /// Segment `i` cut from its decompressed frame and checked against its
 /// fingerprint.
-fn segment_of(name: &str, i: usize, entry: &Entry, frame: &[u8]) -> Result<Vec<u8>> {
+fn segment_of(
+    hash: SegmentHash,
+    name: &str,
+    i: usize,
+    entry: &Entry,
+    frame: &[u8],
+) -> Result<Vec<u8>> {
     let l = &entry.location;
     let at = l.frame_at as usize;
     let raw = frame.get(at..at + l.raw_len as usize).ok_or_else(|| {
@@ -674,7 +692,7 @@ fn segment_of(name: &str, i: usize, entry: &Entry, frame: &[u8]) -> Result<Vec<u
             format!("segment {i} lies outside its {}-byte frame", frame.len()),
         )
     })?;
-    if HASH.fingerprint(raw) != entry.fingerprint {
+    if hash.of(raw) != entry.fingerprint {
         return Err(Error::corrupt(
             name,
             format!("segment {i} does not match its fingerprint"),

@@ -172,9 +172,39 @@ impl ObjectStore for LocalDir {
     }
 
     fn get_tail(&self, name: &str, len: u64) -> Result<Vec<u8>> {
-        let (_, size) = self.open_object(name)?;
+        self.get_tail_sized(name, len).map(|(bytes, _)| bytes)
+    }
+
+    fn get_upto(&self, name: &str, offset: u64, len: u64) -> Result<(Vec<u8>, u64)> {
+        let (file, size) = self.open_object(name)?;
+        if offset > size {
+            return Err(Error::OutOfRange {
+                name: name.to_string(),
+                offset,
+                len,
+                size,
+            });
+        }
+        let len = len.min(size - offset);
+        let mut buf = vec![0u8; len as usize];
+        file.read_exact_at(&mut buf, offset).map_err(|e| {
+            Error::io(
+                format!("reading {len} bytes at {offset} of object {name}"),
+                e,
+            )
+        })?;
+        Ok((buf, size))
+    }
+
+    /// One open file answers both the size and the bytes: a compaction
+    /// replacing the object between two opens must not mix them.
+    fn get_tail_sized(&self, name: &str, len: u64) -> Result<(Vec<u8>, u64)> {
+        let (file, size) = self.open_object(name)?;
         let len = len.min(size);
-        self.get_range(name, size - len, len)
+        let mut buf = vec![0u8; len as usize];
+        file.read_exact_at(&mut buf, size - len)
+            .map_err(|e| Error::io(format!("reading the last {len} bytes of object {name}"), e))?;
+        Ok((buf, size))
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<String>> {
@@ -211,6 +241,10 @@ impl ObjectStore for LocalDir {
 
     fn size(&self, name: &str) -> Result<u64> {
         self.open_object(name).map(|(_, size)| size)
+    }
+
+    fn segment_hash(&self) -> crate::segment_hash::SegmentHash {
+        crate::segment_hash::SegmentHash::PLAIN
     }
 
     fn delete(&self, name: &str) -> Result<()> {

@@ -8,6 +8,7 @@
 //! therefore never sees half an object, and caches never go stale.
 
 use crate::error::Result;
+use crate::segment_hash::SegmentHash;
 
 pub trait ObjectStore: Send + Sync {
     /// Store `bytes` under `name`, atomically and durably: when this returns
@@ -26,6 +27,33 @@ pub trait ObjectStore: Send + Sync {
     /// The last `min(len, size)` bytes: how a container's trailer is read
     /// without first asking for the object's size (S3's `bytes=-len`).
     fn get_tail(&self, name: &str, len: u64) -> Result<Vec<u8>>;
+
+    /// Up to `len` bytes from `offset`, fewer where the object ends first,
+    /// and the object's size: one request on S3 (its `Content-Range`
+    /// carries the size), so a reader whose layout depends on the size
+    /// (sealed objects) need not ask for it first. `Error::OutOfRange` if
+    /// `offset` is past the end.
+    fn get_upto(&self, name: &str, offset: u64, len: u64) -> Result<(Vec<u8>, u64)> {
+        let size = self.size(name)?;
+        if offset > size {
+            return Err(crate::error::Error::OutOfRange {
+                name: name.to_string(),
+                offset,
+                len,
+                size,
+            });
+        }
+        let len = len.min(size - offset);
+        Ok((self.get_range(name, offset, len)?, size))
+    }
+
+    /// `get_tail` and the object's size, in one request where the store
+    /// can (see `get_upto`).
+    fn get_tail_sized(&self, name: &str, len: u64) -> Result<(Vec<u8>, u64)> {
+        let size = self.size(name)?;
+        let len = len.min(size);
+        Ok((self.get_range(name, size - len, len)?, size))
+    }
 
     /// The names that start with `prefix` (a plain string prefix, as in S3),
     /// sorted.
@@ -52,6 +80,12 @@ pub trait ObjectStore: Send + Sync {
     /// The object's size in bytes, without reading it. `Error::NotFound`
     /// if there is none.
     fn size(&self, name: &str) -> Result<u64>;
+
+    /// How the segments of containers stored here are fingerprinted:
+    /// plain BLAKE3, or keyed in a `SealedStore`. Required, not
+    /// defaulted: a store that wraps another must answer as the one it
+    /// wraps, and a default would silently answer plain.
+    fn segment_hash(&self) -> SegmentHash;
 
     /// Remove the object. `Error::NotFound` if there is none, on a store
     /// that can tell: S3 cannot, and answers `Ok`, so callers treat both

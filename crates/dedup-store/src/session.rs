@@ -33,7 +33,8 @@ use crate::inflight::{Pending, Place, SettleGuard, State};
 use crate::recipe::parts::{part_digest, part_name, PartInfo, RecipeIndex};
 use crate::recipe::{Recipe, SegmentRef};
 use crate::repo::{random_bytes, Repository};
-use crate::writer::{ContainerWriter, HASH};
+use crate::segment_hash::SegmentHash;
+use crate::writer::ContainerWriter;
 
 /// The container being filled, and what it holds so far (segments repeated
 /// within it are found here: the index only learns of durable containers),
@@ -261,7 +262,7 @@ impl BackupSession<'_> {
     /// Store `data` as a new segment in this session's container, unless
     /// the container already holds it; its location and fingerprint.
     pub fn store(&mut self, data: &[u8]) -> RepoResult<(u64, u32, Fingerprint)> {
-        self.store_hashed(data, HASH.fingerprint(data))
+        self.store_hashed(data, self.segment_hash().of(data))
     }
 
     /// `store` of bytes this process hashed itself.
@@ -387,11 +388,16 @@ impl BackupSession<'_> {
 
     /// Back up the next segment of the stream: reuse it or store it.
     pub fn append(&mut self, data: &[u8]) -> RepoResult<()> {
-        self.append_hashed(data, HASH.fingerprint(data))
+        self.append_hashed(data, self.segment_hash().of(data))
+    }
+
+    /// How this repository fingerprints segments.
+    pub(crate) fn segment_hash(&self) -> SegmentHash {
+        self.repo.segment_hash()
     }
 
     /// `append` of a segment whose fingerprint `fp` this process computed
-    /// with [`HASH`] from `data` (on another thread, say). Not for
+    /// with `segment_hash` from `data` (on another thread, say). Not for
     /// fingerprints from elsewhere: a wrong one would be stored as truth.
     pub fn append_hashed(&mut self, data: &[u8], fp: Fingerprint) -> RepoResult<()> {
         let len = data.len() as u32;
@@ -773,7 +779,7 @@ mod tests {
         let repo = Repository::init(tmp.path()).unwrap();
         let mut s = repo.begin_backup("b", "g").unwrap();
         let data = b"sent by a client";
-        s.append_sent(data, HASH.fingerprint(data)).unwrap();
+        s.append_sent(data, s.segment_hash().of(data)).unwrap();
         assert_eq!(s.generation, SEALED_GENERATION);
     }
 }

@@ -41,7 +41,24 @@ fn a_repository_s_objects() -> Vec<(String, Vec<u8>)> {
             (n, bytes)
         })
         .collect();
+    // An encrypted repository's key object and sealed config.
+    let mut found = found;
+    let sealed_dir = tmp.path().join("sealed");
+    {
+        let _p = dedup_store::crypto::passphrase::for_this_thread(b"fuzz");
+        let options = dedup_store::RepoOptions {
+            encryption: Some(dedup_store::crypto::KdfParams::FOR_TESTS),
+            ..Default::default()
+        };
+        drop(Repository::init_with(&sealed_dir, options).unwrap());
+    }
+    let sealed = LocalDir::open(&sealed_dir).unwrap();
+    for n in sealed.list("").unwrap() {
+        let bytes = sealed.get(&n).unwrap();
+        found.push((format!("sealed/{n}"), bytes));
+    }
     for prefix in [
+        "sealed/keys/",
         "containers/",
         "recipes/",
         "trees/",
@@ -153,7 +170,7 @@ fn response_frames() -> Vec<u8> {
         Ok(Reply::Damaged {
             offset: 40,
             len: 4096,
-            error: "corrupt container containers/0000000000000001".into(),
+            error: "corrupt object containers/0000000000000001".into(),
         }),
         Ok(Reply::Chunk(vec![2; 30])),
         Ok(Reply::Restored { bytes: 4166 }),

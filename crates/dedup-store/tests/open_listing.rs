@@ -51,6 +51,9 @@ impl ObjectStore for Listings {
     fn delete(&self, name: &str) -> Result<()> {
         self.inner.delete(name)
     }
+    fn segment_hash(&self) -> dedup_store::segment_hash::SegmentHash {
+        self.inner.segment_hash()
+    }
 }
 
 fn open_counting(dir: &std::path::Path) -> (Repository, Arc<Listings>) {

@@ -300,6 +300,9 @@ impl dedup_store::ObjectStore for PanicOnPut {
     fn delete(&self, name: &str) -> dedup_store::Result<()> {
         self.inner.delete(name)
     }
+    fn segment_hash(&self) -> dedup_store::segment_hash::SegmentHash {
+        self.inner.segment_hash()
+    }
 }
 
 /// The owner's put of a container another backup reuses panics: that

@@ -130,7 +130,7 @@ fn setup(tmp: &Path) -> (PathBuf, Vec<Known>) {
         segmenting: Segmenting::Fixed { size: 4096 },
         container_target: 256 << 10,
         compression: Compression::Lz4,
-        force: false,
+        ..RepoOptions::default()
     };
     let repo = Repository::init_with(&dir, options).unwrap();
     repo.set_recipe_part_segments(16);

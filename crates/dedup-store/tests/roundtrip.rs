@@ -49,6 +49,9 @@ impl ObjectStore for Recording<'_> {
     fn delete(&self, name: &str) -> dedup_store::Result<()> {
         self.inner.delete(name)
     }
+    fn segment_hash(&self) -> dedup_store::segment_hash::SegmentHash {
+        self.inner.segment_hash()
+    }
 }
 
 /// A segment: random bytes, or a short random pattern repeated (compressible).

@@ -224,3 +224,74 @@ fn a_lock_left_by_a_dead_process_of_this_host_is_taken_over() {
         foreign.encode()
     );
 }
+
+/// `get_upto` and `get_tail_sized` (one request each on S3) answer what
+/// `get_range`, `get_tail` and `size` do, at the ends of objects too; and
+/// a sealed store over the bucket reads ranges and tails of objects of
+/// several frames through them.
+fn ranged_reads_with_sizes_agree(store: Arc<dyn ObjectStore>) {
+    for (name, len) in [("e", 0usize), ("one", 1), ("some", 100)] {
+        let bytes: Vec<u8> = (0..len).map(|i| i as u8 ^ 0x5a).collect();
+        store.put(name, &bytes).unwrap();
+        for offset in [0, 1, 50, 99, 100, 101] {
+            for n in [0, 1, 7, 200] {
+                match store.get_upto(name, offset, n) {
+                    Ok((got, size)) => {
+                        assert!(offset <= len as u64, "{name} {offset}+{n}");
+                        assert_eq!(size, len as u64);
+                        let end = (offset + n).min(len as u64) as usize;
+                        assert_eq!(got, &bytes[offset as usize..end], "{name} {offset}+{n}");
+                    }
+                    Err(Error::OutOfRange { size, .. }) => {
+                        assert!(offset > len as u64, "{name} {offset}+{n}");
+                        assert_eq!(size, len as u64);
+                    }
+                    Err(e) => panic!("{name} {offset}+{n}: {e}"),
+                }
+            }
+        }
+        for n in [0, 1, 60, 100, 500] {
+            let (tail, size) = store.get_tail_sized(name, n).unwrap();
+            assert_eq!(size, len as u64);
+            assert_eq!(tail, store.get_tail(name, n).unwrap(), "{name} tail {n}");
+        }
+    }
+    use dedup_store::crypto::sealed::FRAME;
+    use dedup_store::crypto::{MasterKey, SealedStore};
+    let sealed = SealedStore::new(store, &MasterKey::random().unwrap());
+    let plain: Vec<u8> = (0..3 * FRAME as usize + 77)
+        .map(|i| (i % 251) as u8)
+        .collect();
+    sealed.put("containers/0000000000000007", &plain).unwrap();
+    let name = "containers/0000000000000007";
+    for (offset, n) in [
+        (0, 10),
+        (FRAME - 3, 9),
+        (2 * FRAME, FRAME + 77),
+        (3 * FRAME + 70, 7),
+    ] {
+        let got = sealed.get_range(name, offset, n).unwrap();
+        assert_eq!(got, &plain[offset as usize..(offset + n) as usize]);
+    }
+    assert!(sealed.get_range(name, 3 * FRAME + 70, 8).is_err());
+    for n in [0, 48, FRAME, 2 * FRAME + 5, 10 * FRAME] {
+        let tail = sealed.get_tail(name, n).unwrap();
+        assert_eq!(tail, &plain[plain.len() - (n as usize).min(plain.len())..]);
+    }
+    assert_eq!(sealed.get(name).unwrap(), plain);
+}
+
+#[test]
+fn ranged_reads_with_sizes_agree_in_memory() {
+    let memory = Arc::new(object_store::memory::InMemory::new());
+    let store = S3Store::over(memory, "p", "s3://memory/p".into()).unwrap();
+    ranged_reads_with_sizes_agree(Arc::new(store));
+}
+
+#[test]
+fn ranged_reads_with_sizes_agree_on_a_real_s3_service() {
+    let Some(location) = bucket_prefix("upto") else {
+        return;
+    };
+    ranged_reads_with_sizes_agree(Arc::new(s3_store(&location)));
+}

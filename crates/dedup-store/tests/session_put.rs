@@ -50,6 +50,9 @@ impl ObjectStore for SlowPuts {
     fn delete(&self, name: &str) -> Result<()> {
         self.inner.delete(name)
     }
+    fn segment_hash(&self) -> dedup_store::segment_hash::SegmentHash {
+        self.inner.segment_hash()
+    }
 }
 
 fn repo(fail: bool) -> (tempfile::TempDir, Repository) {
@@ -59,6 +62,7 @@ fn repo(fail: bool) -> (tempfile::TempDir, Repository) {
         container_target: 16 << 10,
         compression: Compression::Lz4,
         force: false,
+        encryption: None,
     };
     drop(Repository::init_with(tmp.path(), options).unwrap());
     let repo = Repository::open_wrapped(tmp.path(), |inner| {

@@ -30,6 +30,7 @@ pub mod shared;
 pub mod status;
 pub mod store;
 mod store_check;
+mod store_key;
 mod store_remote;
 mod store_serve;
 mod store_unlock;

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use dedup_core::compress::Compression;
 use dedup_core::size::format_size;
+use dedup_store::crypto::KdfParams;
 use dedup_store::repo::CONTAINERS_PREFIX;
 use dedup_store::{Catalog, RepoLocation, RepoOptions, Repository, Segmenting};
 use serde::Serialize;
@@ -17,7 +18,7 @@ use super::shared::report::{print_json, segment_bytes, segments_label};
 
 #[derive(clap::Args)]
 #[command(
-    about = "Manage a backup repository: init, stats, check, serve, remote, unlock",
+    about = "Manage a backup repository: init, stats, check, serve, remote, unlock, key",
     after_help = "A repository is a directory, or a prefix in an S3 bucket (s3://BUCKET/PREFIX), of containers (compressed segments with catalogs), recipes and backups. serve holds it open for many concurrent backup clients; remote lists, restores, deletes, sums up and collects garbage through a server.\n\nExamples:\n  dedup store init ./repo\n  dedup store init s3://backups/hosts\n  dedup store init ./repo --segments fastcdc\n  dedup store stats ./repo --json\n  dedup store check ./repo --data\n  dedup store serve ./repo --socket /run/dedup-backup.sock"
 )]
 pub struct Args {
@@ -33,6 +34,7 @@ pub enum StoreCommand {
     Serve(super::store_serve::Args),
     Remote(super::store_remote::Args),
     Unlock(super::store_unlock::Args),
+    Key(super::store_key::Args),
 }
 
 #[derive(clap::Args)]
@@ -62,6 +64,14 @@ pub struct InitArgs {
     /// Create the repository even if the directory holds other files.
     #[arg(long)]
     pub force: bool,
+    /// Encrypt every object (XChaCha20-Poly1305 under a random master
+    /// key, wrapped under the passphrase with Argon2id) and key the
+    /// segments' fingerprints: on (the default for s3://) or off (the
+    /// default for a directory). The passphrase comes from
+    /// --password-file FILE, DEDUP_PASSWORD or DEDUP_PASSWORD_FILE;
+    /// without it nothing in the repository can be read.
+    #[arg(long, value_parser = ["on", "off"])]
+    pub encryption: Option<String>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -88,6 +98,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         StoreCommand::Serve(a) => super::store_serve::run(a),
         StoreCommand::Remote(a) => super::store_remote::run(a),
         StoreCommand::Unlock(a) => super::store_unlock::run(a),
+        StoreCommand::Key(a) => super::store_key::run(a),
     }
 }
 
@@ -98,16 +109,22 @@ struct InitReport {
     compression: String,
     container_target: u64,
     uuid: String,
+    encrypted: bool,
 }
 
 fn init(a: InitArgs) -> anyhow::Result<ExitCode> {
     let segmenting = a.segments;
+    let encrypt = match a.encryption.as_deref() {
+        Some(on) => on == "on",
+        None => a.repo.dir().is_none(),
+    };
     let repo = Repository::init_with(
         &a.repo,
         RepoOptions {
             segmenting,
             compression: a.compression,
             force: a.force,
+            encryption: encrypt.then_some(KdfParams::DEFAULT),
             ..RepoOptions::default()
         },
     )?;
@@ -118,18 +135,23 @@ fn init(a: InitArgs) -> anyhow::Result<ExitCode> {
         compression: config.compression.to_string(),
         container_target: config.container_target,
         uuid: config.uuid.iter().map(|b| format!("{b:02x}")).collect(),
+        encrypted: repo.is_encrypted(),
     };
     if a.json {
         print_json(&report)?;
     } else {
         println!(
-            "Created backup repository {} ({} segments, {} compression, {} containers).\nBack up a stream into it: tar -cf - DIR | dedup backup {} NAME --stdin",
+            "Created {}backup repository {} ({} segments, {} compression, {} containers).\nBack up a stream into it: tar -cf - DIR | dedup backup {} NAME --stdin",
+            if report.encrypted { "encrypted " } else { "" },
             a.repo,
             report.segments,
             report.compression,
             format_size(report.container_target),
             a.repo
         );
+        if report.encrypted {
+            println!("Keep the passphrase safe: without it nothing in the repository can be read. Add another with: dedup store key add {}", a.repo);
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

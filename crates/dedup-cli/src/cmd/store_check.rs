@@ -79,7 +79,7 @@ fn open(repo: &RepoLocation) -> anyhow::Result<std::sync::Arc<dyn ObjectStore>> 
     if let Some(dir) = repo.dir().filter(|dir| !dir.is_dir()) {
         bail!("{}: no such directory", dir.display());
     }
-    let store = repo.open_store()?;
+    let store = dedup_store::repo::open_objects(repo)?;
     if let Err(Error::NotFound { .. }) = store.get(CONFIG_OBJECT) {
         bail!("{repo}: not a dedup repository: it has no {CONFIG_OBJECT} object");
     }

@@ -100,7 +100,7 @@ fn check_data(store: &dyn ObjectStore, id: u64, report: &mut CheckReport) -> Con
     };
     report.counts.bytes_stored += bytes.len() as u64;
     let container = match Container::parse_structure(&name, bytes) {
-        Ok(c) => c,
+        Ok(c) => c.hashed_with(store.segment_hash()),
         Err(e) => return check_data_through_catalog(store, id, &e, report),
     };
     let catalog = container.catalog();

@@ -37,8 +37,9 @@ pub enum Error {
     #[error("{context}: {cause}")]
     Io { context: String, cause: io::Error },
 
-    /// A container failed a check: magic, version, checksum, bounds.
-    #[error("corrupt container {container}: {detail}")]
+    /// A container (or a sealed object) failed a check: magic, version,
+    /// checksum, bounds, authentication tag.
+    #[error("corrupt object {container}: {detail}")]
     Corrupt { container: String, detail: String },
 
     /// A caller's value is out of bounds (a segment too large, a full writer).

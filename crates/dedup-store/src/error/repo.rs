@@ -43,6 +43,14 @@ pub enum RepoError {
         holder: Option<String>,
     },
 
+    /// An encrypted repository opened without a passphrase.
+    #[error("{repo}: the repository is encrypted; give its passphrase in DEDUP_PASSWORD, or in a file with --password-file FILE or DEDUP_PASSWORD_FILE")]
+    NeedsPassphrase { repo: String },
+
+    /// No key object of an encrypted repository opens with the passphrase.
+    #[error("{repo}: the passphrase opens none of the repository's {keys} key(s); check DEDUP_PASSWORD or the --password-file given")]
+    WrongPassphrase { repo: String, keys: usize },
+
     /// `gc` while another GC runs on the same handle.
     #[error("a garbage collection is already running")]
     GcRunning,

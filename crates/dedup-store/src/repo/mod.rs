@@ -14,6 +14,7 @@
 //! Backing up is in `session.rs` and `backup_stream.rs`, restoring in
 //! `restore/`.
 
+mod keys;
 pub mod listing;
 mod writer_lock;
 
@@ -32,6 +33,8 @@ use crate::backup::{validate_name, BackupRecord, BACKUPS_PREFIX};
 use crate::catalog_cache::{CatalogCache, DEFAULT_CATALOGS};
 use crate::config::{RepoConfig, CONFIG_OBJECT};
 use crate::container::Catalog;
+use crate::crypto::keys::KdfParams;
+use crate::crypto::passphrase;
 use crate::error::repo::{RepoError, RepoResult};
 use crate::error::Error;
 use crate::index::checkpoint_objects::Opened;
@@ -42,8 +45,11 @@ use crate::local::LocalDir;
 use crate::objects::ObjectStore;
 use crate::protection::Protection;
 use crate::repo_location::RepoLocation;
+use crate::segment_hash::SegmentHash;
 use crate::segmenter::Segmenting;
 use crate::writer::DEFAULT_TARGET;
+use keys::{objects_of, Unlocked};
+pub use keys::{open_objects, KeyInfo};
 use writer_lock::WriterLock;
 
 pub const CONTAINERS_PREFIX: &str = "containers/";
@@ -56,6 +62,10 @@ pub struct RepoOptions {
     pub compression: Compression,
     /// Create the repository even if the directory holds other files.
     pub force: bool,
+    /// Encrypt it: every object sealed under a new master key, wrapped
+    /// under the given passphrase (`crypto::passphrase`) with this KDF
+    /// cost. `None`: nothing is encrypted.
+    pub encryption: Option<KdfParams>,
 }
 
 impl Default for RepoOptions {
@@ -65,6 +75,7 @@ impl Default for RepoOptions {
             container_target: DEFAULT_TARGET as u64,
             compression: Compression::Lz4,
             force: false,
+            encryption: None,
         }
     }
 }
@@ -87,6 +98,8 @@ pub struct Repository {
     /// References a backup gathers before writing them as a recipe part
     /// (`recipe::parts::PART_SEGMENTS`; tests make it small).
     pub(crate) part_segments: AtomicUsize,
+    /// The master key and the key object it came from, if encrypted.
+    unlocked: Option<Unlocked>,
     /// Held by the one process that may write; `None` when read-only.
     _writer: Option<WriterLock>,
 }
@@ -120,6 +133,14 @@ impl Repository {
             Some(_) => dir_empty,
             None => store.list("")?.is_empty(),
         };
+        if options.encryption.is_none() && passphrase::given()?.is_some() {
+            // Its writers would be refused (`keys::objects_of`): say so now.
+            return Err(RepoError::Store(Error::InvalidArgument(format!(
+                "{location}: a passphrase was given for a repository in the clear; unset \
+                 DEDUP_PASSWORD and DEDUP_PASSWORD_FILE and give no --password-file, or \
+                 encrypt it"
+            ))));
+        }
         if !empty && !options.force {
             return Err(RepoError::NotEmpty {
                 repo: location.to_string(),
@@ -137,7 +158,10 @@ impl Repository {
             compression: options.compression,
         };
         // A refused put (Exists) means a repository is already there.
-        store.put(CONFIG_OBJECT, &config.encode())?;
+        match options.encryption {
+            None => store.put(CONFIG_OBJECT, &config.encode())?,
+            Some(params) => keys::init_encrypted(&location, store.clone(), &config, params)?,
+        }
         drop(store);
         Repository::open(location)
     }
@@ -225,22 +249,32 @@ impl Repository {
         if location.dir().is_some_and(|dir| !dir.is_dir()) {
             return Err(foreign("not a directory".into()));
         }
-        let store = wrap(location.open_store()?);
-        let config = match store.get(CONFIG_OBJECT) {
+        let inner = location.open_store()?;
+        let raw = match inner.get(CONFIG_OBJECT) {
             Err(Error::NotFound { .. }) => {
                 // In a bucket, a missing bucket is named by the listing's
                 // error rather than as a missing config.
                 if location.dir().is_none() {
-                    store.list(CONFIG_OBJECT)?;
+                    inner.list(CONFIG_OBJECT)?;
                 }
                 return Err(foreign("it has no config object".into()));
             }
-            other => RepoConfig::decode(&other?).map_err(|e| foreign(e.to_string()))?,
+            other => other?,
         };
+        // The writer's lock stays in the clear: `store unlock` reads its
+        // holder without the key, and it holds no backed-up byte.
+        let clear = inner.clone();
+        let (store, unlocked) = objects_of(&location, inner, &raw, make.is_some())?;
+        let store = wrap(store);
+        let config = match unlocked {
+            None => RepoConfig::decode(&raw),
+            Some(_) => RepoConfig::decode(&store.get(CONFIG_OBJECT)?),
+        }
+        .map_err(|e| foreign(e.to_string()))?;
         let (index, covered, writer) = match make {
             None => (None, 0, None),
             Some(make) => {
-                let lock = WriterLock::acquire(&location, &store)?;
+                let lock = WriterLock::acquire(&location, &clear)?;
                 if let Some(dir) = location.dir() {
                     // Holding the writer's lock, before this process puts
                     // anything: only the lock's holder puts, so every
@@ -263,6 +297,7 @@ impl Repository {
             inflight: Mutex::new(InFlight::default()),
             damaged: Vec::new(),
             part_segments: AtomicUsize::new(crate::recipe::parts::PART_SEGMENTS),
+            unlocked,
             _writer: writer,
         };
         repo.load_catalogs(covered)?;
@@ -353,6 +388,17 @@ impl Repository {
     /// The repository's directory; `None` for one in a bucket.
     pub fn dir(&self) -> Option<&Path> {
         self.location.dir()
+    }
+
+    /// How this repository fingerprints segments: keyed if encrypted.
+    pub fn segment_hash(&self) -> SegmentHash {
+        self.store.segment_hash()
+    }
+
+    /// The key of the segments' fingerprints, if the repository is
+    /// encrypted: what a client of `store serve` hashes with.
+    pub fn fingerprint_key(&self) -> Option<[u8; 32]> {
+        self.segment_hash().key()
     }
 
     pub fn config(&self) -> &RepoConfig {

@@ -383,6 +383,9 @@ mod tests {
         fn delete(&self, name: &str) -> crate::Result<()> {
             self.inner.delete(name)
         }
+        fn segment_hash(&self) -> crate::segment_hash::SegmentHash {
+            self.inner.segment_hash()
+        }
     }
 
     #[test]

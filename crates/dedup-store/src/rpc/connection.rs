@@ -18,8 +18,8 @@ use super::found::Found;
 use super::frame::{decode, write_frame};
 use super::item_ref::{append_in_place, is_append, ItemRef};
 use super::protocol::{
-    Call, ErrorKind, Reply, Request, Response, WireBackup, WireError, WireStats, MAX_BATCH,
-    MAX_FRAME, MAX_SEGMENT, MAX_TREE, PARENT_TREE_CHUNK, PROTOCOL_VERSION,
+    Call, ErrorKind, Reply, Request, Response, WireBackup, WireError, WireKey, WireStats,
+    MAX_BATCH, MAX_FRAME, MAX_SEGMENT, MAX_TREE, PARENT_TREE_CHUNK, PROTOCOL_VERSION,
 };
 use super::read_ahead::Frames;
 use super::serve_restore;
@@ -392,6 +392,7 @@ impl<'r> Conn<'r> {
         Ok(Reply::Begun {
             session: id,
             segmenting: self.repo.config().segmenting.into(),
+            fingerprint_key: self.repo.fingerprint_key().map(WireKey),
         })
     }
 
@@ -442,7 +443,7 @@ impl<'r> Conn<'r> {
         // Every segment's bytes hashed at once, before any is stored:
         // BLAKE3 then runs its lanes across segments (`fingerprint_many`).
         let bytes: Vec<&[u8]> = items.iter().filter_map(ItemRef::data).collect();
-        let mut fps = HASH.fingerprint_many(&bytes).into_iter();
+        let mut fps = repo.segment_hash().of_many(&bytes).into_iter();
         for (i, item) in items.into_iter().enumerate() {
             let fp = item.data().and_then(|_| fps.next());
             if let Err(e) = append_one(repo, live, item, fp) {
@@ -581,7 +582,7 @@ fn append_one(
         ItemRef::New { fingerprint, data } => {
             // Hashed here, whatever the client said: a wrong claim fails
             // the append, and never stores bytes under a name not theirs.
-            let fp = hashed(data, fp)?;
+            let fp = hashed(repo, data, fp)?;
             if fp.0 != fingerprint {
                 return Err(bad(format!(
                     "its bytes hash to {}, not to the fingerprint {} sent with them",
@@ -596,7 +597,7 @@ fn append_one(
             live.session.append_sent(data, fp).map_err(repo_err)?;
         }
         ItemRef::Unhashed { data } => {
-            let fp = hashed(data, fp)?;
+            let fp = hashed(repo, data, fp)?;
             live.session.append_sent(data, fp).map_err(repo_err)?;
         }
         ItemRef::Parent { offset, len } => {
@@ -639,14 +640,18 @@ fn append_one(
 
 /// The fingerprint of a segment's bytes from a client, of a length the
 /// server takes: `fp` if the caller hashed them already.
-fn hashed(data: &[u8], fp: Option<Fingerprint>) -> Result<Fingerprint, WireError> {
+fn hashed(
+    repo: &Repository,
+    data: &[u8],
+    fp: Option<Fingerprint>,
+) -> Result<Fingerprint, WireError> {
     if data.is_empty() || data.len() > MAX_SEGMENT {
         return Err(bad(format!(
             "a segment of {} bytes; segments are 1 to {MAX_SEGMENT} bytes",
             data.len()
         )));
     }
-    Ok(fp.unwrap_or_else(|| HASH.fingerprint(data)))
+    Ok(fp.unwrap_or_else(|| repo.segment_hash().of(data)))
 }
 
 fn no_session(id: u64) -> WireError {

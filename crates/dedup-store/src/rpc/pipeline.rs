@@ -20,11 +20,11 @@ use super::batch::{cut_into, Batch, Batcher};
 use super::client::{unexpected, Client, ClientError, Pending};
 use super::item_ref::ItemRef;
 use super::protocol::{Call, ErrorKind, Reply, WireBackup, MAX_BATCH, MAX_FRAME, MAX_TREE};
+use crate::segment_hash::SegmentHash;
 use crate::segmenter::Segmenting;
 use crate::tree::parent::ParentIndex;
 use crate::tree::walk::{TreeWalk, WalkCounts};
 use crate::tree::Tree;
-use crate::writer::HASH;
 
 /// Told the stream bytes the server has taken so far, as they grow.
 pub type Progress<'a> = dyn Fn(u64) + Sync + 'a;
@@ -138,8 +138,14 @@ impl Client {
         if let Some(t) = &tree {
             tree_fits(t)?;
         }
-        let (session, segmenting) = self.begin(name, group)?;
-        let piped = self.pipeline(session, segmenting, Source::Stream(reader), opts, progress);
+        let (session, segmenting, hash) = self.begin(name, group)?;
+        let piped = self.pipeline(
+            session,
+            (segmenting, hash),
+            Source::Stream(reader),
+            opts,
+            progress,
+        );
         self.end(session, piped, tree, opts)
     }
 
@@ -186,7 +192,7 @@ impl Client {
         opts: &BackupOptions,
         progress: &Progress<'_>,
     ) -> Result<FilesBackup, ClientError> {
-        let (session, segmenting) = self.begin(name, group)?;
+        let (session, segmenting, hash) = self.begin(name, group)?;
         let parent = match opts.parent {
             true => self.parent(session),
             false => Ok(None),
@@ -201,7 +207,7 @@ impl Client {
         let mut reused = Reused::default();
         let index = parent.as_ref().map(|(_, index)| index);
         let source = Source::<std::io::Empty>::Files(&mut walk, index, &mut reused);
-        let piped = self.pipeline(session, segmenting, source, opts, progress);
+        let piped = self.pipeline(session, (segmenting, hash), source, opts, progress);
         let (tree, counts, warnings) = walk.finish();
         let backup = self.end(session, piped, Some(tree.bytes), opts)?;
         Ok(FilesBackup {
@@ -253,8 +259,13 @@ impl Client {
         }
     }
 
-    /// Start a backup session: its id and how the repository cuts streams.
-    fn begin(&self, name: &str, group: &str) -> Result<(u64, Segmenting), ClientError> {
+    /// Start a backup session: its id, how the repository cuts streams
+    /// and how it fingerprints segments.
+    fn begin(
+        &self,
+        name: &str,
+        group: &str,
+    ) -> Result<(u64, Segmenting, SegmentHash), ClientError> {
         match self.call(Call::BeginBackup {
             name: name.into(),
             group: group.into(),
@@ -262,7 +273,12 @@ impl Client {
             Reply::Begun {
                 session,
                 segmenting,
-            } => Ok((session, segmenting.check().map_err(ClientError::Protocol)?)),
+                fingerprint_key,
+            } => Ok((
+                session,
+                segmenting.check().map_err(ClientError::Protocol)?,
+                fingerprint_key.map_or(SegmentHash::PLAIN, |k| SegmentHash::keyed(k.0)),
+            )),
             other => Err(unexpected(&other)),
         }
     }
@@ -311,7 +327,7 @@ impl Client {
     fn pipeline<R: Read + Send>(
         &self,
         session: u64,
-        segmenting: Segmenting,
+        (segmenting, hash): (Segmenting, SegmentHash),
         source: Source<'_, R>,
         opts: &BackupOptions,
         progress: &Progress<'_>,
@@ -364,7 +380,7 @@ impl Client {
                         .filter(|&(i, _)| probe(i))
                         .map(|(_, b)| b)
                         .collect();
-                    let mut hashed = HASH.fingerprint_many(&probed).into_iter();
+                    let mut hashed = hash.of_many(&probed).into_iter();
                     let fps = (0..batch.len())
                         .map(|i| probe(i).then(|| hashed.next().map(|f| f.0)).flatten())
                         .collect();
@@ -398,7 +414,9 @@ impl Client {
                 }
                 Ok(())
             });
-            let stored = self.store_stage(session, looked_rx, opts, &probing, &spares_tx, progress);
+            let stored = self.store_stage(
+                session, hash, looked_rx, opts, &probing, &spares_tx, progress,
+            );
             // Done or failed downstream: the reader stops at its next
             // segment instead of filling batches nobody will take.
             stop.store(true, Ordering::SeqCst);
@@ -418,9 +436,11 @@ impl Client {
 
     /// Append each looked-up batch in order, `opts.in_flight` appends at
     /// once, and set `probing` while lookups find little.
+    #[allow(clippy::too_many_arguments)]
     fn store_stage(
         &self,
         session: u64,
+        hash: SegmentHash,
         looked: Receiver<(Batch, Fps, Option<Pending>)>,
         opts: &BackupOptions,
         probing: &AtomicBool,
@@ -482,7 +502,7 @@ impl Client {
                 let rest: Vec<usize> = (0..fps.len()).filter(|&i| fps[i].is_none()).collect();
                 if !little && !rest.is_empty() && opts.complete_probed == Some(true) {
                     let rest_bytes: Vec<&[u8]> = rest.iter().map(|&i| batch.segment(i)).collect();
-                    let fingerprints: Vec<[u8; 32]> = (HASH.fingerprint_many(&rest_bytes))
+                    let fingerprints: Vec<[u8; 32]> = (hash.of_many(&rest_bytes))
                         .into_iter()
                         .map(|f| f.0)
                         .collect();

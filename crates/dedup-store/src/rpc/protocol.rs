@@ -28,7 +28,8 @@ use crate::segmenter::Segmenting;
 /// damaged backup made it keep.
 /// 8: `Damaged` among a restore's `Chunk`s: a restore goes on past
 /// damage, each damaged range named (and written as zeros by the client).
-pub const PROTOCOL_VERSION: u32 = 8;
+/// 9: `Begun` carries the key of an encrypted repository's fingerprints.
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// Largest segment the server takes: what a container holds.
 pub const MAX_SEGMENT: usize = crate::format::MAX_SEGMENT_LEN;
@@ -217,6 +218,11 @@ pub enum Reply {
     Begun {
         session: u64,
         segmenting: WireSegmenting,
+        /// The key of the repository's segment fingerprints if it is
+        /// encrypted (keyed BLAKE3), which the client hashes with. Sent
+        /// only over a Unix socket (0600): `serve` refuses TCP for an
+        /// encrypted repository until the channel is encrypted.
+        fingerprint_key: Option<WireKey>,
     },
     /// One answer per fingerprint, in order.
     Found(Vec<bool>),
@@ -328,6 +334,18 @@ impl WireSegmenting {
             WireSegmenting::FastCdc { min, avg, max } => Segmenting::FastCdc { min, avg, max },
         };
         s.check().map(|()| s)
+    }
+}
+
+/// A key on the wire (`Begun`'s fingerprint key): 32 bytes, never shown
+/// by `Debug`, so an unexpected reply quoted in an error does not leak it.
+#[derive(Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct WireKey(pub [u8; 32]);
+
+impl fmt::Debug for WireKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("WireKey(..)")
     }
 }
 

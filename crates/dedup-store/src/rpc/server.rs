@@ -159,6 +159,16 @@ impl Server {
                 "the repository must be opened to write to serve it",
             ));
         }
+        // A client hashes with the repository's fingerprint key, which
+        // `Begun` hands it: only over a socket no other user can reach,
+        // until the TCP channel is encrypted.
+        if repo.is_encrypted() && matches!(at, Endpoint::Tcp(_)) {
+            return Err(io::Error::other(
+                "an encrypted repository is served over a Unix socket only (--socket PATH): \
+                 over TCP its fingerprint key and the backups would cross the connection \
+                 unencrypted",
+            ));
+        }
         let (listener, endpoint, socket) = match at {
             Endpoint::Unix(path) => {
                 remove_stale_socket(path)?;

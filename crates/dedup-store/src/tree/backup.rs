@@ -98,7 +98,7 @@ impl Repository {
             StreamError::Repo(e) => e,
         };
         let mut walk = TreeWalk::new(paths).map_err(io)?;
-        let mut cutter = FileCutter::new(self.config.segmenting);
+        let mut cutter = FileCutter::new(self.config.segmenting, self.segment_hash());
         let mut session = self.begin_backup(name, group)?;
         let mut parent = self.parent_files(group)?;
         let (mut files_unchanged, mut bytes_unchanged) = (0, 0);

@@ -19,6 +19,7 @@ use std::sync::mpsc;
 use crate::backup_stream::{append_stitched, cut_on_pool, Candidates, Sink, StreamError};
 use crate::parallel_cut::Stitcher;
 use crate::segment_blocks::{read_block, BLOCK};
+use crate::segment_hash::SegmentHash;
 use crate::segmenter::Segmenting;
 
 /// Blocks cut or being cut on the pool, at most: many small files make
@@ -42,6 +43,7 @@ const MAX_SPARES: usize = MAX_PENDING_BYTES / BLOCK + 2;
 /// segments on in order.
 pub(crate) struct FileCutter {
     how: Segmenting,
+    hash: SegmentHash,
     /// The bytes of a block that is not its file's last.
     block: usize,
     stitcher: Stitcher,
@@ -53,9 +55,10 @@ pub(crate) struct FileCutter {
 }
 
 impl FileCutter {
-    pub(crate) fn new(how: Segmenting) -> FileCutter {
+    pub(crate) fn new(how: Segmenting, hash: SegmentHash) -> FileCutter {
         FileCutter {
             how,
+            hash,
             // Two of the largest segments at least, so most blocks hold
             // candidates for the stitching to meet.
             block: BLOCK.max(2 * how.largest()),
@@ -94,7 +97,7 @@ impl FileCutter {
             read += n as u64;
             self.pending_bytes += n;
             self.pending
-                .push_back((cut_on_pool(self.how, Ok((bytes, last))), n));
+                .push_back((cut_on_pool(self.how, self.hash, Ok((bytes, last))), n));
             while self.pending.len() > MAX_PENDING || self.pending_bytes > MAX_PENDING_BYTES {
                 self.append_oldest(sink)?;
             }
@@ -204,7 +207,7 @@ mod tests {
             } else {
                 Segmenting::FASTCDC_8K
             };
-            let mut cutter = FileCutter::new(how);
+            let mut cutter = FileCutter::new(how, SegmentHash::PLAIN);
             let mut got = Collect::default();
             let mut want = Vec::new();
             for &(len, kind, seed, off) in &files {
@@ -226,7 +229,7 @@ mod tests {
     #[test]
     fn most_segments_of_a_large_file_come_hashed_from_the_pool() {
         let bytes = content(0, 4 * BLOCK + 12345, 99);
-        let mut cutter = FileCutter::new(Segmenting::FASTCDC_8K);
+        let mut cutter = FileCutter::new(Segmenting::FASTCDC_8K, SegmentHash::PLAIN);
         let mut got = Collect::default();
         cutter
             .file(&mut got, &mut &bytes[..], bytes.len() as u64)

@@ -129,6 +129,9 @@ impl ObjectStore for Faulty {
         self.step(name)?;
         self.inner.delete(name)
     }
+    fn segment_hash(&self) -> dedup_store::segment_hash::SegmentHash {
+        self.inner.segment_hash()
+    }
 }
 
 /// Open `dir` to write through a `Faulty` store.

@@ -1,0 +1,166 @@
+//! `SealedStore`: the object-store seam over another store, every object
+//! sealed (`sealed.rs`) on its way in and opened on its way out, so the
+//! repository above it reads and writes plain bytes and the store below
+//! (a directory, a bucket) holds nothing a reader without the key can
+//! use. Names pass through unchanged; they hold only kinds, ids, random
+//! nonces and the backup names a user chose.
+//!
+//! A ranged read fetches the sealed frames that hold the range, in one
+//! request that also brings the object's size (`get_upto`), because a
+//! frame's place depends on where the object ends.
+
+use std::sync::Arc;
+
+use super::keys::MasterKey;
+use super::sealed::{open, seal, Layout, ObjectKey, FRAME, SEALED_FRAME};
+use crate::error::{Error, Result};
+use crate::objects::ObjectStore;
+use crate::segment_hash::SegmentHash;
+
+pub struct SealedStore {
+    inner: Arc<dyn ObjectStore>,
+    key: ObjectKey,
+    hash: SegmentHash,
+}
+
+impl SealedStore {
+    /// `inner` with every object sealed under `master`'s object key, and
+    /// segments fingerprinted with its fingerprint key.
+    pub fn new(inner: Arc<dyn ObjectStore>, master: &MasterKey) -> SealedStore {
+        SealedStore {
+            inner,
+            key: master.object_key(),
+            hash: SegmentHash::keyed(master.fingerprint_key()),
+        }
+    }
+
+    fn layout(&self, name: &str, sealed: u64) -> Result<Layout> {
+        Layout::of_sealed(sealed).ok_or_else(|| {
+            Error::corrupt(
+                name,
+                format!(
+                    "{sealed} bytes is no sealed object's size: it was cut short or is not sealed"
+                ),
+            )
+        })
+    }
+
+    fn out_of_range(name: &str, offset: u64, len: u64, size: u64) -> Error {
+        Error::OutOfRange {
+            name: name.to_string(),
+            offset,
+            len,
+            size,
+        }
+    }
+}
+
+/// The store below answered with fewer (or more) bytes than the size it
+/// gave: refused by name rather than sliced.
+fn short(name: &str, got: usize) -> Error {
+    Error::corrupt(
+        name,
+        format!("the store answered {got} bytes, which do not fit the size it gave"),
+    )
+}
+
+impl ObjectStore for SealedStore {
+    fn put(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        self.inner.put(name, &seal(&self.key, name, bytes)?)
+    }
+
+    fn get(&self, name: &str) -> Result<Vec<u8>> {
+        let sealed = self.inner.get(name)?;
+        let layout = self.layout(name, sealed.len() as u64)?;
+        open(&self.key, name, layout, 0, &sealed)
+    }
+
+    fn get_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let (bytes, size) = self.get_upto(name, offset, len)?;
+        if (bytes.len() as u64) < len {
+            return Err(SealedStore::out_of_range(name, offset, len, size));
+        }
+        Ok(bytes)
+    }
+
+    fn get_upto(&self, name: &str, offset: u64, len: u64) -> Result<(Vec<u8>, u64)> {
+        let first = offset / FRAME;
+        let end = offset.saturating_add(len);
+        let frames = end.div_ceil(FRAME).max(first + 1) - first;
+        let got = self.inner.get_upto(
+            name,
+            first * SEALED_FRAME,
+            frames.saturating_mul(SEALED_FRAME),
+        );
+        let (sealed, size) = match got {
+            // At the end of an object of whole frames, the frame after
+            // the last starts past the sealed end.
+            Err(Error::OutOfRange { size, .. }) => (Vec::new(), size),
+            other => other?,
+        };
+        let layout = self.layout(name, size)?;
+        if offset > layout.plain {
+            return Err(SealedStore::out_of_range(name, offset, len, layout.plain));
+        }
+        let plain = open(&self.key, name, layout, first, &sealed)?;
+        let from = (offset - first * FRAME) as usize;
+        let to = (end.min(layout.plain) - first * FRAME) as usize;
+        match plain.get(from..to) {
+            Some(range) => Ok((range.to_vec(), layout.plain)),
+            None => Err(short(name, plain.len())),
+        }
+    }
+
+    fn get_tail(&self, name: &str, len: u64) -> Result<Vec<u8>> {
+        self.get_tail_sized(name, len).map(|(bytes, _)| bytes)
+    }
+
+    /// The last frame is 0 to 64 KiB of plain bytes, so the sealed tail
+    /// of `ceil(len / 64 KiB) + 1` frames' length holds every frame of
+    /// the plain tail.
+    fn get_tail_sized(&self, name: &str, len: u64) -> Result<(Vec<u8>, u64)> {
+        let want = (len.div_ceil(FRAME) + 1).saturating_mul(SEALED_FRAME);
+        let (sealed, size) = self.inner.get_tail_sized(name, want)?;
+        let layout = self.layout(name, size)?;
+        // The first whole frame in what came back.
+        let start =
+            (size.checked_sub(sealed.len() as u64)).ok_or_else(|| short(name, sealed.len()))?;
+        let first = start.div_ceil(SEALED_FRAME);
+        let skip = (first * SEALED_FRAME - start) as usize;
+        let frames = sealed
+            .get(skip..)
+            .ok_or_else(|| short(name, sealed.len()))?;
+        let plain = open(&self.key, name, layout, first, frames)?;
+        let keep = len.min(layout.plain) as usize;
+        if keep > plain.len() {
+            return Err(short(name, plain.len()));
+        }
+        Ok((plain[plain.len() - keep..].to_vec(), layout.plain))
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        self.inner.list(prefix)
+    }
+
+    fn list_after(&self, prefix: &str, after: &str) -> Result<Vec<String>> {
+        self.inner.list_after(prefix, after)
+    }
+
+    fn list_sized(&self, prefix: &str) -> Result<Vec<(String, u64)>> {
+        Ok((self.inner.list_sized(prefix)?.into_iter())
+            .map(|(name, size)| (name, Layout::plain_size(size)))
+            .collect())
+    }
+
+    fn size(&self, name: &str) -> Result<u64> {
+        Ok(Layout::plain_size(self.inner.size(name)?))
+    }
+
+    fn segment_hash(&self) -> SegmentHash {
+        self.hash
+    }
+
+    fn delete(&self, name: &str) -> Result<()> {
+        self.inner.delete(name)
+    }
+}
