@@ -263,10 +263,6 @@ fn tcp_needs_a_key_and_only_clients_holding_it_get_in() {
         "--listen needs a key",
     );
     refused(
-        &["store", "serve", r, "--listen", "0.0.0.0:0", "--psk", &key],
-        "--allow-remote",
-    );
-    refused(
         &[
             "store",
             "serve",

@@ -5,11 +5,13 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use dedup_common::testdata::noise;
+use dedup_store::rpc::auth::Proved;
 use dedup_store::rpc::protocol::{
     Call, ErrorKind, Reply, Request, Response, WireSegmenting, PROTOCOL_VERSION,
 };
@@ -68,13 +70,20 @@ fn backup(c: &Client, name: &str, bytes: &[u8]) {
         .unwrap();
 }
 
-/// A raw connection whose reads fail instead of hanging if the server
-/// neither answers nor closes.
-fn dial(addr: std::net::SocketAddr) -> TcpStream {
-    let s = TcpStream::connect(addr).unwrap();
+/// A raw connection (TLS, as every TCP connection is: the plain end of
+/// its pump) whose reads fail instead of hanging if the server neither
+/// answers nor closes.
+fn dial(addr: std::net::SocketAddr) -> UnixStream {
+    dial_bound(addr).0
+}
+
+/// `dial`, with the TLS session's binding that key proofs cover.
+fn dial_bound(addr: std::net::SocketAddr) -> (UnixStream, [u8; 32]) {
+    let tcp = TcpStream::connect(addr).unwrap();
+    let (s, binding) = dedup_store::rpc::tls::connect(tcp).unwrap();
     s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
         .unwrap();
-    s
+    (s, binding)
 }
 
 fn frame(id: u64, call: Call) -> Vec<u8> {
@@ -83,7 +92,7 @@ fn frame(id: u64, call: Call) -> Vec<u8> {
 }
 
 /// Read one answer from `s`; `None` if the connection closed.
-fn answer(s: &mut TcpStream) -> Option<Response> {
+fn answer(s: &mut UnixStream) -> Option<Response> {
     let mut len = [0u8; 4];
     match s.read_exact(&mut len) {
         Ok(()) => {}
@@ -97,20 +106,20 @@ fn answer(s: &mut TcpStream) -> Option<Response> {
 
 /// Send one raw request on `s` and read its answer; `None` if the
 /// connection is closed (sending may then fail too).
-fn raw_call(s: &mut TcpStream, id: u64, call: Call) -> Option<Response> {
+fn raw_call(s: &mut UnixStream, id: u64, call: Call) -> Option<Response> {
     s.write_all(&frame(id, call)).ok()?;
     answer(s)
 }
 
 /// `call` on `s` is answered `Unauthorized`, and the connection closed.
-fn refused_then_closed(s: &mut TcpStream, call: Call) {
+fn refused_then_closed(s: &mut UnixStream, call: Call) {
     let r = raw_call(s, 7, call).expect("an answer");
     assert_eq!(r.reply.unwrap_err().kind, ErrorKind::Unauthorized);
     assert!(answer(s).is_none(), "closed after refusing");
 }
 
 /// Say `Hello` on `s`; the server's challenge.
-fn challenge(s: &mut TcpStream) -> [u8; 32] {
+fn challenge(s: &mut UnixStream) -> [u8; 32] {
     let hello = Call::Hello {
         protocol: PROTOCOL_VERSION,
     };
@@ -192,21 +201,26 @@ fn no_key_or_another_key_gets_nothing_and_changes_nothing() {
     }
 
     // A wrong proof after a real challenge: refused, then closed.
-    let mut s = dial(addr);
+    let (mut s, binding) = dial_bound(addr);
     let c = challenge(&mut s);
     let wrong = Key::derive(b"guess");
     let nonce = [9u8; 32];
+    let proved = |challenge, binding| Proved {
+        challenge,
+        nonce: &nonce,
+        binding,
+    };
     let call = Call::Authenticate {
         nonce,
-        proof: wrong.client_proof(&c, &nonce),
+        proof: wrong.client_proof(&proved(&c, &binding)),
     };
     refused_then_closed(&mut s, call);
 
     // A proof made for one connection's challenge is worth nothing on
     // the next (its challenge is new).
-    let mut first = dial(addr);
+    let (mut first, b1) = dial_bound(addr);
     let c1 = challenge(&mut first);
-    let proof = key.client_proof(&c1, &nonce);
+    let proof = key.client_proof(&proved(&c1, &b1));
     let mut second = dial(addr);
     let c2 = challenge(&mut second);
     assert_ne!(c1, c2, "challenges are fresh");
@@ -217,7 +231,7 @@ fn no_key_or_another_key_gets_nothing_and_changes_nothing() {
     let Ok(Reply::Authenticated { proof: theirs }) = r.reply else {
         panic!("authenticated");
     };
-    assert!(key.is_server_proof(&c1, &nonce, &theirs));
+    assert!(key.is_server_proof(&proved(&c1, &b1), &theirs));
     let r = raw_call(&mut first, 3, Call::List).unwrap();
     assert!(matches!(r.reply, Ok(Reply::Backups(b)) if b.len() == 1));
 
@@ -308,7 +322,11 @@ fn impostor(challenge: Option<[u8; 32]>, proof: [u8; 32]) -> (Endpoint, JoinHand
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let at = Endpoint::Tcp(l.local_addr().unwrap());
     let t = std::thread::spawn(move || {
-        let (mut s, _) = l.accept().unwrap();
+        let (tcp, _) = l.accept().unwrap();
+        // It speaks TLS, as anything on a server's port must to be
+        // mistaken for one.
+        let config = dedup_store::rpc::tls::server_config().unwrap();
+        let (mut s, _binding) = dedup_store::rpc::tls::accept(tcp, config).unwrap();
         let mut calls = Vec::new();
         loop {
             let mut len = [0u8; 4];
@@ -426,7 +444,7 @@ fn peers_without_the_key_holding_every_slot_cannot_keep_a_client_with_it_out() {
         unreachable!("served on TCP")
     };
     // Two peers greeted (so the server has taken them) that go no further.
-    let mut squatters: Vec<TcpStream> = (0..2).map(|_| dial(addr)).collect();
+    let mut squatters: Vec<UnixStream> = (0..2).map(|_| dial(addr)).collect();
     for s in &mut squatters {
         challenge(s);
         // Well within the server's 10 s for a handshake: closed before
@@ -464,7 +482,7 @@ fn peers_without_the_key_holding_every_slot_cannot_keep_a_client_with_it_out() {
 
 /// Whether the server closed `s` (end of stream) rather than leaving it
 /// open with nothing to say (a read timeout).
-fn closed(s: &mut TcpStream) -> bool {
+fn closed(s: &mut UnixStream) -> bool {
     let mut byte = [0u8; 1];
     match s.read(&mut byte) {
         Ok(0) => true,

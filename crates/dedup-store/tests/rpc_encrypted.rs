@@ -1,14 +1,14 @@
 //! `dedup store serve` of an encrypted repository: clients hash with the
 //! repository's fingerprint key, which the server hands them over its
 //! Unix socket, so their backups deduplicate against every other writer
-//! and restore byte-exact; the server refuses TCP for such a repository.
+//! and restore byte-exact (over TCP: `rpc_tls.rs`).
 
 mod rpc_support;
 
 use dedup_common::testdata::noise;
 use dedup_store::crypto::passphrase::for_this_thread;
 use dedup_store::crypto::KdfParams;
-use dedup_store::rpc::{BackupOptions, Endpoint, Server, ServerLimits};
+use dedup_store::rpc::{BackupOptions, ServerLimits};
 use dedup_store::{RepoOptions, Repository};
 use rpc_support::Running;
 
@@ -52,16 +52,4 @@ fn clients_back_up_with_keyed_fingerprints_and_deduplicate() {
     let mut out = Vec::new();
     repo.restore("served", &mut out).unwrap();
     assert!(out == bytes);
-}
-
-#[test]
-fn an_encrypted_repository_is_not_served_over_tcp() {
-    let dir = tempfile::tempdir().unwrap();
-    let _p = for_this_thread(b"served");
-    let repo = encrypted(dir.path());
-    let at = Endpoint::Tcp("127.0.0.1:0".parse().unwrap());
-    let e = Server::bind(repo, &at, ServerLimits::default())
-        .err()
-        .expect("refused");
-    assert!(e.to_string().contains("Unix socket"), "{e}");
 }

@@ -20,7 +20,7 @@ use super::shared::repo::open_indexed;
 #[derive(clap::Args)]
 #[command(
     about = "Serve a backup repository to backup clients (dedup backup --server)",
-    after_help = "The server holds the repository open for writing: backups from any number of clients run concurrently through it, and other processes may still list and restore from the directory read-only. Clients cut and hash their streams themselves and send only the segments the repository lacks. SIGINT or SIGTERM stops it: running backups are aborted and leave no backup.\n\nWho gets in: a Unix socket is created owner-only (0600), so only its owner (and root) can connect. Any local user can connect to a TCP port, even on loopback, so TCP needs a key: make a key file with `dedup tls-psk FILE`, serve with --psk FILE, and give clients a copy (--psk on their side; the first USER:HEXKEY line is the key). Each connection proves it holds the key before anything else, and the server proves it back, so a client never sends its data to another process that took the port. The traffic itself is not encrypted (only root can read loopback traffic); TCP listens on loopback only unless --allow-remote.\n\nExamples:\n  dedup store serve ./repo --socket /run/dedup-backup.sock\n  tar -cf - DIR | dedup backup --server unix:/run/dedup-backup.sock NAME --stdin\n  dedup tls-psk backup.psk && dedup store serve ./repo --listen 127.0.0.1:7070 --psk backup.psk\n  dedup backup --server tcp:127.0.0.1:7070 --psk backup.psk NAME /home"
+    after_help = "The server holds the repository open for writing: backups from any number of clients run concurrently through it, and other processes may still list and restore from the directory read-only. Clients cut and hash their streams themselves and send only the segments the repository lacks. SIGINT or SIGTERM stops it: running backups are aborted and leave no backup.\n\nWho gets in: a Unix socket is created owner-only (0600), so only its owner (and root) can connect. Any local user can connect to a TCP port, even on loopback, so TCP needs a key: make a key file with `dedup tls-psk FILE`, serve with --psk FILE, and give clients a copy (--psk on their side; the first USER:HEXKEY line is the key). Each connection proves it holds the key before anything else, and the server proves it back, so a client never sends its data to another process that took the port. Every TCP connection is TLS 1.3, and both proofs cover the TLS session (its exported keying material), so a man in the middle can neither read nor alter a backup, nor relay the proofs. With a key, TCP may listen on any address; without one (--no-auth), on loopback only unless --allow-remote.\n\nExamples:\n  dedup store serve ./repo --socket /run/dedup-backup.sock\n  tar -cf - DIR | dedup backup --server unix:/run/dedup-backup.sock NAME --stdin\n  dedup tls-psk backup.psk && dedup store serve ./repo --listen 127.0.0.1:7070 --psk backup.psk\n  dedup backup --server tcp:127.0.0.1:7070 --psk backup.psk NAME /home"
 )]
 pub struct Args {
     /// Repository directory.
@@ -40,10 +40,10 @@ pub struct Args {
     /// restore, add and delete backups.
     #[arg(long, conflicts_with = "psk", requires = "listen")]
     pub no_auth: bool,
-    /// Allow --listen on an address that is not loopback. There is no
-    /// TLS: the data crosses the network unencrypted, and the key proves
-    /// who connected but not that nobody on the path altered or took over
-    /// the connection afterwards.
+    /// Allow --listen --no-auth on an address that is not loopback: the
+    /// channel is TLS, but without a key anyone who reaches the address
+    /// gets in, and nothing proves to a client that it reached this
+    /// server. (With --psk any address is allowed.)
     #[arg(long, requires = "listen")]
     pub allow_remote: bool,
     /// Most client connections at once. With --psk, when all are taken a
@@ -68,11 +68,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             if a.psk.is_none() && !a.no_auth {
                 bail!("--listen needs a key: every local user can connect to {addr}, and without one could restore, add and delete backups. Make one with `dedup tls-psk FILE` and give --psk FILE here and to the clients (or --no-auth to serve without, on a machine whose users you trust)");
             }
-            if !addr.ip().is_loopback() {
+            if !addr.ip().is_loopback() && a.no_auth {
                 if !a.allow_remote {
-                    bail!("{addr} is not a loopback address: there is no TLS, so the backups would cross the network unencrypted, and whoever can intercept the traffic could alter or take over a connection after its handshake. Give --allow-remote to do it anyway, on a network you trust");
+                    bail!("{addr} is not a loopback address, and without a key anyone who reaches it could list, restore, add and delete backups, and a client could not tell this server from a man in the middle. Give --psk FILE, or --allow-remote to do it anyway, on a network you trust");
                 }
-                eprintln!("dedup: warning: listening on {addr} with no TLS: the data crosses the network unencrypted and unprotected after each connection's handshake");
+                eprintln!("dedup: warning: listening on {addr} without a key: the traffic is TLS, but anyone who reaches the address gets in");
             }
             if a.no_auth {
                 eprintln!("dedup: warning: serving {addr} with no key: every user who can reach it can list, restore, add and delete backups");

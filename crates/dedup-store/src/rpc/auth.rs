@@ -10,8 +10,10 @@
 //! server checks it and answers with its own proof over both, which the
 //! client checks. Both are fresh per connection, so a recorded proof is
 //! worth nothing on another connection, and a proof from one side can
-//! never be replayed as the other's (each names its side). The traffic
-//! after it is not encrypted: on loopback only root can read it.
+//! never be replayed as the other's (each names its side). Over TCP both
+//! proofs also cover the TLS session's exported keying material
+//! (`tls.rs`), which binds them to the one encrypted channel they were
+//! made in: a man in the middle cannot relay them.
 
 use zeroize::Zeroize;
 
@@ -51,54 +53,55 @@ impl Key {
         ))
     }
 
-    fn proof(&self, side: Side, challenge: &[u8; 32], nonce: &[u8; 32]) -> blake3::Hash {
+    fn proof(&self, side: Side, p: &Proved) -> blake3::Hash {
         let mut h = blake3::Hasher::new_keyed(&self.0);
         h.update(match side {
             Side::Client => b"client",
             Side::Server => b"server",
         });
-        h.update(challenge);
-        h.update(nonce);
+        h.update(p.challenge);
+        h.update(p.nonce);
+        h.update(p.binding);
         let proof = h.finalize();
         h.zeroize();
         proof
     }
 
-    /// The client's proof for the server's `challenge` and its own `nonce`.
-    pub fn client_proof(&self, challenge: &[u8; 32], nonce: &[u8; 32]) -> [u8; 32] {
-        *self.proof(Side::Client, challenge, nonce).as_bytes()
+    /// The client's proof over `p`.
+    pub fn client_proof(&self, p: &Proved) -> [u8; 32] {
+        *self.proof(Side::Client, p).as_bytes()
     }
 
     /// The server's proof, given back once the client's is checked.
-    pub fn server_proof(&self, challenge: &[u8; 32], nonce: &[u8; 32]) -> [u8; 32] {
-        *self.proof(Side::Server, challenge, nonce).as_bytes()
+    pub fn server_proof(&self, p: &Proved) -> [u8; 32] {
+        *self.proof(Side::Server, p).as_bytes()
     }
 
     /// Whether `proof` is the client's.
-    pub fn is_client_proof(
-        &self,
-        challenge: &[u8; 32],
-        nonce: &[u8; 32],
-        proof: &[u8; 32],
-    ) -> bool {
-        self.holds(Side::Client, challenge, nonce, proof)
+    pub fn is_client_proof(&self, p: &Proved, proof: &[u8; 32]) -> bool {
+        self.holds(Side::Client, p, proof)
     }
 
     /// Whether `proof` is the server's.
-    pub fn is_server_proof(
-        &self,
-        challenge: &[u8; 32],
-        nonce: &[u8; 32],
-        proof: &[u8; 32],
-    ) -> bool {
-        self.holds(Side::Server, challenge, nonce, proof)
+    pub fn is_server_proof(&self, p: &Proved, proof: &[u8; 32]) -> bool {
+        self.holds(Side::Server, p, proof)
     }
 
     /// `blake3::Hash` compares in constant time: a proof that fails
     /// tells nothing of how close it came.
-    fn holds(&self, side: Side, challenge: &[u8; 32], nonce: &[u8; 32], proof: &[u8; 32]) -> bool {
-        self.proof(side, challenge, nonce) == blake3::Hash::from_bytes(*proof)
+    fn holds(&self, side: Side, p: &Proved, proof: &[u8; 32]) -> bool {
+        self.proof(side, p) == blake3::Hash::from_bytes(*proof)
     }
+}
+
+/// What a proof covers: the server's challenge, the client's nonce, and
+/// the TLS session's exported keying material (`tls::Binding`; zeros on
+/// a Unix socket), so a proof made in one TLS session holds in no other
+/// and a man in the middle, who runs two, is found.
+pub struct Proved<'a> {
+    pub challenge: &'a [u8; 32],
+    pub nonce: &'a [u8; 32],
+    pub binding: &'a [u8; 32],
 }
 
 #[cfg(test)]
@@ -106,20 +109,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn proofs_hold_only_for_the_same_key_challenge_nonce_and_side() {
+    fn proofs_hold_only_for_the_same_key_challenge_nonce_binding_and_side() {
         let (k, other) = (Key::derive(b"secret"), Key::derive(b"secreT"));
-        let (c, n) = ([1u8; 32], [2u8; 32]);
-        let p = k.client_proof(&c, &n);
-        assert!(k.is_client_proof(&c, &n, &p));
-        assert!(!other.is_client_proof(&c, &n, &p), "another key");
-        assert!(!k.is_client_proof(&[3u8; 32], &n, &p), "another challenge");
-        assert!(!k.is_client_proof(&c, &[3u8; 32], &p), "another nonce");
+        let (c, n, b, three) = ([1u8; 32], [2u8; 32], [4u8; 32], [3u8; 32]);
+        let at = |challenge, nonce, binding| Proved {
+            challenge,
+            nonce,
+            binding,
+        };
+        let p = k.client_proof(&at(&c, &n, &b));
+        assert!(k.is_client_proof(&at(&c, &n, &b), &p));
+        assert!(!other.is_client_proof(&at(&c, &n, &b), &p), "another key");
         assert!(
-            !k.is_server_proof(&c, &n, &p),
+            !k.is_client_proof(&at(&three, &n, &b), &p),
+            "another challenge"
+        );
+        assert!(!k.is_client_proof(&at(&c, &three, &b), &p), "another nonce");
+        assert!(
+            !k.is_client_proof(&at(&c, &n, &three), &p),
+            "another TLS session"
+        );
+        assert!(
+            !k.is_server_proof(&at(&c, &n, &b), &p),
             "the client's proof is not the server's"
         );
-        let s = k.server_proof(&c, &n);
-        assert!(k.is_server_proof(&c, &n, &s));
+        let s = k.server_proof(&at(&c, &n, &b));
+        assert!(k.is_server_proof(&at(&c, &n, &b), &s));
         assert_ne!(p, s);
         assert_eq!(format!("{k:?}"), "Key(..)");
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::auth::Key;
+use super::auth::{Key, Proved};
 use super::frame::{decode, read_frame, write_frame};
 use super::item_ref::{AppendOut, ItemRef};
 use super::protocol::{
@@ -106,6 +106,9 @@ pub struct Client {
     segmenting: Segmenting,
     timeout: Option<Duration>,
     over_tcp: bool,
+    /// The TLS session's binding, which key proofs cover (zeros on a Unix
+    /// socket).
+    binding: super::tls::Binding,
 }
 
 /// An answer still on its way.
@@ -192,10 +195,11 @@ impl Client {
         key: Option<&Key>,
     ) -> Result<Client, ClientError> {
         let timeout = timeout.filter(|t| !t.is_zero());
-        let stream = Stream::connect(to, timeout).map_err(|cause| ClientError::Connect {
-            to: to.to_string(),
-            cause,
-        })?;
+        let (stream, binding) =
+            Stream::connect(to, timeout).map_err(|cause| ClientError::Connect {
+                to: to.to_string(),
+                cause,
+            })?;
         let io_err = |cause| ClientError::Connect {
             to: to.to_string(),
             cause,
@@ -223,6 +227,7 @@ impl Client {
             segmenting: Segmenting::DEFAULT,
             timeout,
             over_tcp: matches!(to, Endpoint::Tcp(_)),
+            binding,
         };
         let challenge = match client.call(Call::Hello {
             protocol: PROTOCOL_VERSION,
@@ -264,9 +269,14 @@ impl Client {
     ) -> Result<(), ClientError> {
         let nonce = crate::repo::random_bytes::<32>()
             .map_err(|e| ClientError::Local(format!("making a nonce: {e}")))?;
-        let proof = key.client_proof(challenge, &nonce);
+        let proved = Proved {
+            challenge,
+            nonce: &nonce,
+            binding: &self.binding,
+        };
+        let proof = key.client_proof(&proved);
         match self.call(Call::Authenticate { nonce, proof }) {
-            Ok(Reply::Authenticated { proof }) if key.is_server_proof(challenge, &nonce, &proof) => {
+            Ok(Reply::Authenticated { proof }) if key.is_server_proof(&proved, &proof) => {
                 Ok(())
             }
             Ok(Reply::Authenticated { .. }) => Err(ClientError::Auth(format!(

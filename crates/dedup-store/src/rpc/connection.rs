@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use dedup_common::fingerprint::Fingerprint;
 
+use super::auth::Proved;
 use super::found::Found;
 use super::frame::{decode, write_frame};
 use super::item_ref::{append_in_place, is_append, ItemRef};
@@ -25,6 +26,7 @@ use super::read_ahead::Frames;
 use super::serve_restore;
 use super::server::Shared;
 use super::stream::{Deadlined, Stream};
+use super::tls;
 use crate::error::repo::RepoError;
 use crate::repo::Repository;
 use crate::session::BackupSession;
@@ -68,6 +70,16 @@ type Answer = Result<Reply, WireError>;
 
 /// Serve connection `conn_id` until it ends.
 pub(crate) fn serve(repo: &Repository, stream: Stream, conn_id: u64, shared: &Shared) {
+    // TCP is TLS from its first byte (`tls.rs`); the rest of the
+    // connection reads and writes the plain end of its pump.
+    let (stream, binding) = match (stream, &shared.tls) {
+        (Stream::Tcp(tcp), Some(config)) => match tls::accept(tcp, config.clone()) {
+            Ok((plain, binding)) => (Stream::Unix(plain), binding),
+            Err(_) => return,
+        },
+        (Stream::Tcp(_), None) => return,
+        (unix, _) => (unix, [0u8; 32]),
+    };
     // A read or write that times out ends the connection like any error,
     // so a peer that vanished without closing frees its slot and its
     // backups' containers. (A zero timeout, which the socket refuses,
@@ -105,6 +117,7 @@ pub(crate) fn serve(repo: &Repository, stream: Stream, conn_id: u64, shared: &Sh
         shared,
         sessions: HashMap::new(),
         challenge,
+        binding,
         authenticated: false,
         greeted: false,
     };
@@ -245,6 +258,8 @@ struct Conn<'r> {
     sessions: HashMap<u64, Live<'r>>,
     /// This connection's challenge, if the server holds a key.
     challenge: Option<[u8; 32]>,
+    /// The TLS session's binding, which key proofs cover (`auth::Proved`).
+    binding: tls::Binding,
     /// Whether the peer may make calls other than the handshake: it
     /// proved the key, or, without a key, sent a whole frame.
     authenticated: bool,
@@ -350,7 +365,12 @@ impl<'r> Conn<'r> {
         if self.authenticated {
             return Err(bad("this connection has already authenticated"));
         }
-        if !key.is_client_proof(challenge, nonce, proof) {
+        let proved = Proved {
+            challenge,
+            nonce,
+            binding: &self.binding,
+        };
+        if !key.is_client_proof(&proved, proof) {
             return Err(WireError::new(
                 ErrorKind::Unauthorized,
                 "the key does not match the server's: give --psk a copy of the key file the server was started with",
@@ -358,7 +378,7 @@ impl<'r> Conn<'r> {
         }
         self.authenticated = true;
         Ok(Reply::Authenticated {
-            proof: key.server_proof(challenge, nonce),
+            proof: key.server_proof(&proved),
         })
     }
 

@@ -35,6 +35,7 @@ mod read_ahead;
 mod serve_restore;
 mod server;
 mod stream;
+pub mod tls;
 
 pub mod client;
 mod pipeline;

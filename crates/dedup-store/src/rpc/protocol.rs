@@ -29,7 +29,8 @@ use crate::segmenter::Segmenting;
 /// 8: `Damaged` among a restore's `Chunk`s: a restore goes on past
 /// damage, each damaged range named (and written as zeros by the client).
 /// 9: `Begun` carries the key of an encrypted repository's fingerprints.
-pub const PROTOCOL_VERSION: u32 = 9;
+/// 10: TCP is TLS 1.3, and key proofs cover the session's exporter.
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// Largest segment the server takes: what a container holds.
 pub const MAX_SEGMENT: usize = crate::format::MAX_SEGMENT_LEN;
@@ -219,9 +220,8 @@ pub enum Reply {
         session: u64,
         segmenting: WireSegmenting,
         /// The key of the repository's segment fingerprints if it is
-        /// encrypted (keyed BLAKE3), which the client hashes with. Sent
-        /// only over a Unix socket (0600): `serve` refuses TCP for an
-        /// encrypted repository until the channel is encrypted.
+        /// encrypted (keyed BLAKE3), which the client hashes with: over a
+        /// Unix socket (0600) or TLS (`tls.rs`), never in the clear.
         fingerprint_key: Option<WireKey>,
     },
     /// One answer per fingerprint, in order.

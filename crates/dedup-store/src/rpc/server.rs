@@ -11,7 +11,7 @@ use std::net::TcpListener;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -71,6 +71,10 @@ pub(crate) struct Shared {
     pub(crate) limits: ServerLimits,
     /// Clients must prove they hold it before anything else.
     pub(crate) key: Option<Key>,
+    /// TLS settings for a TCP endpoint (`tls.rs`); `None` on a Unix socket.
+    pub(crate) tls: Option<Arc<rustls::ServerConfig>>,
+    /// TCP peers being told they are refused (`refuse`).
+    refusing: AtomicUsize,
 }
 
 impl Shared {
@@ -159,17 +163,7 @@ impl Server {
                 "the repository must be opened to write to serve it",
             ));
         }
-        // A client hashes with the repository's fingerprint key, which
-        // `Begun` hands it: only over a socket no other user can reach,
-        // until the TCP channel is encrypted.
-        if repo.is_encrypted() && matches!(at, Endpoint::Tcp(_)) {
-            return Err(io::Error::other(
-                "an encrypted repository is served over a Unix socket only (--socket PATH): \
-                 over TCP its fingerprint key and the backups would cross the connection \
-                 unencrypted",
-            ));
-        }
-        let (listener, endpoint, socket) = match at {
+        let (listener, endpoint, socket, tls) = match at {
             Endpoint::Unix(path) => {
                 remove_stale_socket(path)?;
                 let l = UnixListener::bind(path)
@@ -177,13 +171,18 @@ impl Server {
                 // connect(2) needs write permission, which the usual umask
                 // already withholds from others before this chmod.
                 fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
-                (Listener::Unix(l), at.clone(), Some(path.clone()))
+                (Listener::Unix(l), at.clone(), Some(path.clone()), None)
             }
             Endpoint::Tcp(addr) => {
                 let l = TcpListener::bind(addr)
                     .map_err(|e| annotate(e, &format!("listening on {addr}")))?;
                 let bound = Endpoint::Tcp(l.local_addr()?);
-                (Listener::Tcp(l), bound, None)
+                (
+                    Listener::Tcp(l),
+                    bound,
+                    None,
+                    Some(super::tls::server_config()?),
+                )
             }
         };
         Ok(Server {
@@ -198,6 +197,8 @@ impl Server {
                 endpoint,
                 limits,
                 key,
+                tls,
+                refusing: AtomicUsize::new(0),
             }),
             socket,
         })
@@ -251,7 +252,11 @@ impl Server {
             if threads.len() >= max
                 && (threads.len() >= max.saturating_mul(2) || !self.shared.close_oldest_unproven())
             {
-                refuse(stream, "too many connections; try again later");
+                refuse(
+                    stream,
+                    "too many connections; try again later",
+                    &self.shared,
+                );
                 continue;
             }
             next_conn += 1;
@@ -330,14 +335,52 @@ impl Drop for Forget<'_> {
 }
 
 /// Answer a connection we will not serve, then close it.
-fn refuse(stream: Stream, why: &str) {
-    let mut w = BufWriter::new(stream);
-    let response = Response {
-        id: 0,
-        reply: Err(WireError::new(ErrorKind::Busy, why)),
+/// Tell a connection why it is refused, and close it. A TCP peer speaks
+/// TLS, so the answer goes through a handshake, on a thread of its own
+/// (bounded by the handshake's timeout) so that a slow peer cannot hold
+/// the accept loop; past `MOST_REFUSING` at once, a TCP peer is closed
+/// without a word.
+fn refuse(stream: Stream, why: &str, shared: &Arc<Shared>) {
+    let answer = move |stream: Stream, why: String| {
+        let mut w = BufWriter::new(stream);
+        let response = Response {
+            id: 0,
+            reply: Err(WireError::new(ErrorKind::Busy, why)),
+        };
+        let _ = write_frame(&mut w, &response).and_then(|()| w.flush());
     };
-    let _ = write_frame(&mut w, &response).and_then(|()| w.flush());
+    let (tcp, config) = match (stream, &shared.tls) {
+        (Stream::Tcp(tcp), Some(config)) => (tcp, config.clone()),
+        (other, _) => return answer(other, why.to_string()),
+    };
+    if shared.refusing.fetch_add(1, Ordering::SeqCst) >= MOST_REFUSING {
+        shared.refusing.fetch_sub(1, Ordering::SeqCst);
+        return;
+    }
+    let (why, counted) = (why.to_string(), shared.clone());
+    let spawned = std::thread::Builder::new()
+        .name("dedup-refuse".into())
+        .spawn(move || {
+            if let Ok((plain, _)) = super::tls::accept(tcp, config) {
+                // Until the peer has read the answer and closed (at most a
+                // few seconds): closing first could reset the connection
+                // under the answer.
+                let drain = plain.try_clone();
+                answer(Stream::Unix(plain), why);
+                if let Ok(mut d) = drain {
+                    let _ = d.set_read_timeout(Some(Duration::from_secs(2)));
+                    let _ = std::io::copy(&mut d, &mut std::io::sink());
+                }
+            }
+            counted.refusing.fetch_sub(1, Ordering::SeqCst);
+        });
+    if spawned.is_err() {
+        shared.refusing.fetch_sub(1, Ordering::SeqCst);
+    }
 }
+
+/// TCP peers being refused at once (each a TLS handshake on a thread).
+const MOST_REFUSING: usize = 16;
 
 /// Remove a socket file no server listens on; refuse a live one or a file
 /// that is not a socket.

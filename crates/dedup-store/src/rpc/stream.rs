@@ -3,6 +3,8 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
+
+use super::tls::Binding;
 use std::time::{Duration, Instant};
 
 use super::protocol::Endpoint;
@@ -21,7 +23,24 @@ pub(crate) enum Stream {
 impl Stream {
     /// Connect, giving up on a TCP host that does not answer within
     /// `timeout` (`None`: the kernel's own limit, about two minutes).
-    pub(crate) fn connect(to: &Endpoint, timeout: Option<Duration>) -> io::Result<Stream> {
+    /// TCP is TLS (`tls.rs`): the stream is the plain end of its pump,
+    /// with the session's binding; a Unix socket's binding is zeros.
+    pub(crate) fn connect(
+        to: &Endpoint,
+        timeout: Option<Duration>,
+    ) -> io::Result<(Stream, Binding)> {
+        let tcp = Stream::connect_plain(to, timeout)?;
+        match tcp {
+            Stream::Tcp(s) => {
+                let (plain, binding) = super::tls::connect(s)?;
+                Ok((Stream::Unix(plain), binding))
+            }
+            unix => Ok((unix, [0; 32])),
+        }
+    }
+
+    /// `connect` without TLS.
+    fn connect_plain(to: &Endpoint, timeout: Option<Duration>) -> io::Result<Stream> {
         match to {
             Endpoint::Unix(p) => {
                 let s = UnixStream::connect(p)?;
@@ -236,7 +255,7 @@ mod tests {
             unreachable!()
         };
         let to = Endpoint::Tcp(l.local_addr().unwrap());
-        let client = Stream::connect(&to, Some(Duration::from_secs(5))).unwrap();
+        let client = Stream::connect_plain(&to, Some(Duration::from_secs(5))).unwrap();
         let server = listener.accept().unwrap();
         let (time, interval, retries) = KEEPALIVE;
         for s in [&client, &server] {
