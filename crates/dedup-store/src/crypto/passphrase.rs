@@ -1,6 +1,6 @@
 //! Where an encrypted repository's passphrase comes from, in order: a
 //! file named on the command line (`--password-file`), the environment
-//! (`DEDUP_PASSWORD`, as restic's `RESTIC_PASSWORD`, or
+//! (`DEDUP_PASSWORD`, as restic's `RESTIC_PASSWORD`, unless empty, or
 //! `DEDUP_PASSWORD_FILE`), or nothing. Never from a prompt: backups run
 //! unattended, and a hung prompt is a missed backup.
 //!
@@ -62,7 +62,9 @@ pub fn given() -> RepoResult<Option<Passphrase>> {
     if let Some(path) = PASSWORD_FILE.get() {
         return read_file(path).map(Some);
     }
-    if let Some(p) = std::env::var_os("DEDUP_PASSWORD") {
+    // Empty is unset: `DEDUP_PASSWORD= dedup ...` reaches a repository in
+    // the clear from a shell that exports one.
+    if let Some(p) = std::env::var_os("DEDUP_PASSWORD").filter(|p| !p.is_empty()) {
         use std::os::unix::ffi::OsStringExt;
         return Ok(Some(Zeroizing::new(p.into_vec())));
     }
