@@ -41,7 +41,14 @@ pub fn objects(data: &[u8]) {
         _ => {
             use crate::crypto::sealed::{open, Layout, ObjectKey};
             if let Some(layout) = Layout::of_sealed(bytes.len() as u64) {
-                let _ = open(&ObjectKey::new(&[7; 32]), name, layout, 0, bytes);
+                let _ = open(
+                    &ObjectKey::new(&[7; 32]),
+                    name,
+                    layout,
+                    0,
+                    bytes.to_vec(),
+                    0,
+                );
             }
         }
     }

@@ -16,8 +16,7 @@
 //! associated data, so changing them fails the wrap's tag.
 
 use argon2::{Algorithm, Argon2, Params, Version};
-use chacha20poly1305::aead::{AeadInOut, KeyInit};
-use chacha20poly1305::{Key, Tag, XChaCha20Poly1305, XNonce};
+use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM_SIV};
 use zeroize::Zeroizing;
 
 use super::sealed::ObjectKey;
@@ -104,9 +103,9 @@ impl MasterKey {
     }
 }
 
-/// The header of a key object before its wrapped key: what the wrap
-/// authenticates.
-fn header(params: KdfParams, salt: &[u8; 32], nonce: &[u8; 24]) -> Vec<u8> {
+/// The header of a key object before its wrapped key (60 bytes): what the
+/// wrap authenticates.
+fn header(params: KdfParams, salt: &[u8; 32], nonce: &[u8; 12]) -> Vec<u8> {
     let mut h = Vec::with_capacity(72);
     for v in [KDF_ARGON2ID, params.memory_kib, params.passes, params.lanes] {
         h.extend_from_slice(&v.to_le_bytes());
@@ -121,13 +120,14 @@ fn key_from_passphrase(
     passphrase: &[u8],
     params: KdfParams,
     salt: &[u8; 32],
-) -> RepoResult<XChaCha20Poly1305> {
+) -> RepoResult<LessSafeKey> {
     let argon = Argon2::new(Algorithm::Argon2id, Version::V0x13, params.check(object)?);
     let mut key = Zeroizing::new([0u8; 32]);
     argon
         .hash_password_into(passphrase, salt, key.as_mut())
         .map_err(|e| Error::InvalidArgument(format!("deriving a key from the passphrase: {e}")))?;
-    Ok(XChaCha20Poly1305::new(&Key::from(*key)))
+    let key = UnboundKey::new(&AES_256_GCM_SIV, key.as_ref()).expect("a 32-byte AES-256 key");
+    Ok(LessSafeKey::new(key))
 }
 
 /// The key object `object` for `master` under `passphrase`.
@@ -137,22 +137,26 @@ pub fn wrap(
     passphrase: &[u8],
     params: KdfParams,
 ) -> RepoResult<Vec<u8>> {
-    let mut random = Zeroizing::new([0u8; 56]);
+    let mut random = Zeroizing::new([0u8; 44]);
     getrandom::fill(random.as_mut()).map_err(|e| RepoError::Io {
         context: "drawing a salt".into(),
         cause: e.into(),
     })?;
     let salt: [u8; 32] = random[..32].try_into().expect("32");
-    let nonce: [u8; 24] = random[32..].try_into().expect("24");
+    let nonce: [u8; 12] = random[32..].try_into().expect("12");
     let kek = key_from_passphrase(object, passphrase, params, &salt)?;
     let mut body = header(params, &salt, &nonce);
     let at = body.len();
     body.extend_from_slice(master.0.as_ref());
     let (authenticated, key) = body.split_at_mut(at);
     let tag = kek
-        .encrypt_inout_detached(&XNonce::from(nonce), authenticated, key.into())
+        .seal_in_place_separate_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(authenticated),
+            key,
+        )
         .map_err(|_| Error::InvalidArgument("wrapping the master key".into()))?;
-    body.extend_from_slice(&tag);
+    body.extend_from_slice(tag.as_ref());
     Ok(frame(MAGIC, VERSION, &body))
 }
 
@@ -165,7 +169,7 @@ struct Parsed<'a> {
     params: KdfParams,
     salt: [u8; 32],
     authenticated: &'a [u8],
-    nonce: [u8; 24],
+    nonce: [u8; 12],
     wrapped: &'a [u8],
     tag: &'a [u8],
 }
@@ -186,8 +190,8 @@ fn parse<'a>(object: &'a str, bytes: &'a [u8]) -> RepoResult<Parsed<'a>> {
         lanes: r.u32()?,
     };
     let salt = r.bytes(32)?.try_into().expect("32");
-    let nonce = r.bytes(24)?.try_into().expect("24");
-    let authenticated = &body[..72];
+    let nonce = r.bytes(12)?.try_into().expect("12");
+    let authenticated = &body[..60];
     let wrapped = r.bytes(32)?;
     let tag = r.bytes(16)?;
     r.finish()?;
@@ -208,12 +212,11 @@ pub fn unwrap(object: &str, bytes: &[u8], passphrase: &[u8]) -> RepoResult<Optio
     let kek = key_from_passphrase(object, passphrase, p.params, &p.salt)?;
     let mut master = Zeroizing::new([0u8; 32]);
     master.copy_from_slice(p.wrapped);
-    let tag = Tag::try_from(p.tag).expect("16 bytes");
-    let opened = kek.decrypt_inout_detached(
-        &XNonce::from(p.nonce),
-        p.authenticated,
-        master.as_mut_slice().into(),
-        &tag,
+    let opened = kek.open_in_place_separate_tag(
+        Nonce::assume_unique_for_key(p.nonce),
+        Aad::from(p.authenticated),
+        p.tag,
+        master.as_mut_slice(),
     );
     Ok(opened.is_ok().then_some(MasterKey(master)))
 }

@@ -3,7 +3,8 @@
 //! (`sealed.rs`, `sealed_store.rs`), the key wrapped under passphrases
 //! (`keys.rs`, `passphrase.rs`), and the segments' fingerprints keyed so
 //! that they reveal nothing about the bytes. The primitives are the
-//! RustCrypto crates' XChaCha20-Poly1305 and Argon2id and BLAKE3's keyed
+//! AES-256-GCM-SIV of aws-lc (through aws-lc-rs, as rustls uses it), the
+//! RustCrypto crate's Argon2id and BLAKE3's keyed
 //! mode and key derivation; nothing here is a cipher of our own.
 
 pub mod keys;

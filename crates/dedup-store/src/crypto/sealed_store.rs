@@ -9,10 +9,10 @@
 //! request that also brings the object's size (`get_upto`), because a
 //! frame's place depends on where the object ends.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::keys::MasterKey;
-use super::sealed::{open, seal, Layout, ObjectKey, FRAME, SEALED_FRAME};
+use super::sealed::{open, seal_into, Layout, ObjectKey, FRAME, SEALED_FRAME};
 use crate::error::{Error, Result};
 use crate::objects::ObjectStore;
 use crate::segment_hash::SegmentHash;
@@ -21,7 +21,12 @@ pub struct SealedStore {
     inner: Arc<dyn ObjectStore>,
     key: ObjectKey,
     hash: SegmentHash,
+    /// Buffers of earlier puts, sealed into again (`seal_into`).
+    spare: Mutex<Vec<Vec<u8>>>,
 }
+
+/// Buffers kept for puts: one per container being put at once, about.
+const SPARE_BUFFERS: usize = 4;
 
 impl SealedStore {
     /// `inner` with every object sealed under `master`'s object key, and
@@ -31,6 +36,7 @@ impl SealedStore {
             inner,
             key: master.object_key(),
             hash: SegmentHash::keyed(master.fingerprint_key()),
+            spare: Mutex::new(Vec::new()),
         }
     }
 
@@ -66,13 +72,21 @@ fn short(name: &str, got: usize) -> Error {
 
 impl ObjectStore for SealedStore {
     fn put(&self, name: &str, bytes: &[u8]) -> Result<()> {
-        self.inner.put(name, &seal(&self.key, name, bytes)?)
+        let spare = |s: &Mutex<Vec<Vec<u8>>>| s.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut buf = spare(&self.spare).unwrap_or_default();
+        seal_into(&self.key, name, bytes, &mut buf)?;
+        let put = self.inner.put(name, &buf);
+        let mut kept = self.spare.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.len() < SPARE_BUFFERS {
+            kept.push(buf);
+        }
+        put
     }
 
     fn get(&self, name: &str) -> Result<Vec<u8>> {
         let sealed = self.inner.get(name)?;
         let layout = self.layout(name, sealed.len() as u64)?;
-        open(&self.key, name, layout, 0, &sealed)
+        open(&self.key, name, layout, 0, sealed, 0)
     }
 
     fn get_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
@@ -102,13 +116,15 @@ impl ObjectStore for SealedStore {
         if offset > layout.plain {
             return Err(SealedStore::out_of_range(name, offset, len, layout.plain));
         }
-        let plain = open(&self.key, name, layout, first, &sealed)?;
+        let mut plain = open(&self.key, name, layout, first, sealed, 0)?;
         let from = (offset - first * FRAME) as usize;
         let to = (end.min(layout.plain) - first * FRAME) as usize;
-        match plain.get(from..to) {
-            Some(range) => Ok((range.to_vec(), layout.plain)),
-            None => Err(short(name, plain.len())),
+        if from > to || to > plain.len() {
+            return Err(short(name, plain.len()));
         }
+        plain.copy_within(from..to, 0);
+        plain.truncate(to - from);
+        Ok((plain, layout.plain))
     }
 
     fn get_tail(&self, name: &str, len: u64) -> Result<Vec<u8>> {
@@ -127,15 +143,16 @@ impl ObjectStore for SealedStore {
             (size.checked_sub(sealed.len() as u64)).ok_or_else(|| short(name, sealed.len()))?;
         let first = start.div_ceil(SEALED_FRAME);
         let skip = (first * SEALED_FRAME - start) as usize;
-        let frames = sealed
-            .get(skip..)
-            .ok_or_else(|| short(name, sealed.len()))?;
-        let plain = open(&self.key, name, layout, first, frames)?;
+        if skip > sealed.len() {
+            return Err(short(name, sealed.len()));
+        }
+        let mut plain = open(&self.key, name, layout, first, sealed, skip)?;
         let keep = len.min(layout.plain) as usize;
         if keep > plain.len() {
             return Err(short(name, plain.len()));
         }
-        Ok((plain[plain.len() - keep..].to_vec(), layout.plain))
+        plain.drain(..plain.len() - keep);
+        Ok((plain, layout.plain))
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<String>> {
