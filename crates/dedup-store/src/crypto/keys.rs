@@ -23,6 +23,7 @@ use super::sealed::ObjectKey;
 use crate::error::repo::{RepoError, RepoResult};
 use crate::error::Error;
 use crate::framed::{frame, unframe, Reader};
+use crate::repo::random_bytes;
 
 pub const KEYS_PREFIX: &str = "keys/";
 const MAGIC: [u8; 8] = *b"DDUPKEY_";
@@ -137,13 +138,9 @@ pub fn wrap(
     passphrase: &[u8],
     params: KdfParams,
 ) -> RepoResult<Vec<u8>> {
-    let mut random = Zeroizing::new([0u8; 44]);
-    getrandom::fill(random.as_mut()).map_err(|e| RepoError::Io {
-        context: "drawing a salt".into(),
-        cause: e.into(),
-    })?;
-    let salt: [u8; 32] = random[..32].try_into().expect("32");
-    let nonce: [u8; 12] = random[32..].try_into().expect("12");
+    // Not secret: the repository's own source of random bytes. (The
+    // master key is drawn into zeroed-on-drop memory instead.)
+    let (salt, nonce) = (random_bytes::<32>()?, random_bytes::<12>()?);
     let kek = key_from_passphrase(object, passphrase, params, &salt)?;
     let mut body = header(params, &salt, &nonce);
     let at = body.len();
