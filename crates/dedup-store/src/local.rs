@@ -21,7 +21,7 @@ use dedup_common::perms;
 use crate::direct_write::{write_new, Bounce};
 use crate::error::{Error, Result};
 use crate::name::validate;
-use crate::objects::ObjectStore;
+use crate::objects::{whole_range, ObjectStore};
 
 /// Prefix of in-flight `put` files; starts with `.` so it is never a name.
 pub const TEMP_PREFIX: &str = ".tmp-";
@@ -152,23 +152,7 @@ impl ObjectStore for LocalDir {
     }
 
     fn get_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
-        let (file, size) = self.open_object(name)?;
-        if offset.checked_add(len).is_none_or(|end| end > size) {
-            return Err(Error::OutOfRange {
-                name: name.to_string(),
-                offset,
-                len,
-                size,
-            });
-        }
-        let mut buf = vec![0u8; len as usize];
-        file.read_exact_at(&mut buf, offset).map_err(|e| {
-            Error::io(
-                format!("reading {len} bytes at {offset} of object {name}"),
-                e,
-            )
-        })?;
-        Ok(buf)
+        whole_range(name, offset, len, self.get_upto(name, offset, len)?)
     }
 
     fn get_tail(&self, name: &str, len: u64) -> Result<Vec<u8>> {
@@ -178,22 +162,9 @@ impl ObjectStore for LocalDir {
     fn get_upto(&self, name: &str, offset: u64, len: u64) -> Result<(Vec<u8>, u64)> {
         let (file, size) = self.open_object(name)?;
         if offset > size {
-            return Err(Error::OutOfRange {
-                name: name.to_string(),
-                offset,
-                len,
-                size,
-            });
+            return Err(Error::out_of_range(name, offset, len, size));
         }
-        let len = len.min(size - offset);
-        let mut buf = vec![0u8; len as usize];
-        file.read_exact_at(&mut buf, offset).map_err(|e| {
-            Error::io(
-                format!("reading {len} bytes at {offset} of object {name}"),
-                e,
-            )
-        })?;
-        Ok((buf, size))
+        Ok((read_at(&file, name, offset, len.min(size - offset))?, size))
     }
 
     /// One open file answers both the size and the bytes: a compaction
@@ -201,10 +172,7 @@ impl ObjectStore for LocalDir {
     fn get_tail_sized(&self, name: &str, len: u64) -> Result<(Vec<u8>, u64)> {
         let (file, size) = self.open_object(name)?;
         let len = len.min(size);
-        let mut buf = vec![0u8; len as usize];
-        file.read_exact_at(&mut buf, size - len)
-            .map_err(|e| Error::io(format!("reading the last {len} bytes of object {name}"), e))?;
-        Ok((buf, size))
+        Ok((read_at(&file, name, size - len, len)?, size))
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<String>> {
@@ -265,6 +233,18 @@ fn read_dir(dir: &Path) -> Result<Vec<(PathBuf, bool)>> {
         out.push((entry.path(), kind.is_dir()));
     }
     Ok(out)
+}
+
+/// `len` bytes of object `name`'s open `file` from `offset`.
+fn read_at(file: &File, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; len as usize];
+    file.read_exact_at(&mut buf, offset).map_err(|e| {
+        Error::io(
+            format!("reading {len} bytes at {offset} of object {name}"),
+            e,
+        )
+    })?;
+    Ok(buf)
 }
 
 /// Make a directory's entries (a rename, a new file) durable.

@@ -7,7 +7,7 @@
 //! until `delete`, and a second `put` of the name is refused. A reader
 //! therefore never sees half an object, and caches never go stale.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::segment_hash::SegmentHash;
 
 pub trait ObjectStore: Send + Sync {
@@ -36,12 +36,7 @@ pub trait ObjectStore: Send + Sync {
     fn get_upto(&self, name: &str, offset: u64, len: u64) -> Result<(Vec<u8>, u64)> {
         let size = self.size(name)?;
         if offset > size {
-            return Err(crate::error::Error::OutOfRange {
-                name: name.to_string(),
-                offset,
-                len,
-                size,
-            });
+            return Err(Error::out_of_range(name, offset, len, size));
         }
         let len = len.min(size - offset);
         Ok((self.get_range(name, offset, len)?, size))
@@ -91,4 +86,18 @@ pub trait ObjectStore: Send + Sync {
     /// that can tell: S3 cannot, and answers `Ok`, so callers treat both
     /// alike.
     fn delete(&self, name: &str) -> Result<()>;
+}
+
+/// `get_range` from a `get_upto`'s answer: its bytes if all `len` came,
+/// else `OutOfRange`. For stores whose one ranged read is `get_upto`.
+pub(crate) fn whole_range(
+    name: &str,
+    offset: u64,
+    len: u64,
+    (bytes, size): (Vec<u8>, u64),
+) -> Result<Vec<u8>> {
+    if (bytes.len() as u64) < len {
+        return Err(Error::out_of_range(name, offset, len, size));
+    }
+    Ok(bytes)
 }

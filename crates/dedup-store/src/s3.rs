@@ -35,7 +35,6 @@
 //! The store's callers are plain threads (rayon's, the server's), so each
 //! call blocks on a small runtime of the store's own.
 
-use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,7 +49,7 @@ use object_store::{
 
 use crate::error::{Error, Result};
 use crate::name::validate;
-use crate::objects::ObjectStore;
+use crate::objects::{whole_range, ObjectStore};
 
 /// Requests in flight at once per store: enough to keep a restore's
 /// ranged GETs and a backup's container PUTs busy without a burst of
@@ -321,39 +320,7 @@ impl ObjectStore for S3Store {
     }
 
     fn get_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
-        let out_of_range = |size| Error::OutOfRange {
-            name: name.to_string(),
-            offset,
-            len,
-            size,
-        };
-        let Some(end) = offset.checked_add(len) else {
-            return Err(out_of_range(self.size(name)?));
-        };
-        if len == 0 {
-            let size = self.size(name)?;
-            return if offset <= size {
-                Ok(Vec::new())
-            } else {
-                Err(out_of_range(size))
-            };
-        }
-        let range: Range<u64> = offset..end;
-        match self.fetch(name, Some(GetRange::Bounded(range))) {
-            Ok((bytes, _)) if bytes.len() as u64 == len => Ok(bytes),
-            Ok((_, size)) => Err(out_of_range(size)),
-            // A range starting past the end: 416 from the service.
-            Err(Error::Io { .. }) => {
-                let size = self.size(name)?;
-                if end > size {
-                    Err(out_of_range(size))
-                } else {
-                    self.fetch(name, Some(GetRange::Bounded(offset..end)))
-                        .map(|(bytes, _)| bytes)
-                }
-            }
-            Err(e) => Err(e),
-        }
+        whole_range(name, offset, len, self.get_upto(name, offset, len)?)
     }
 
     fn get_tail(&self, name: &str, len: u64) -> Result<Vec<u8>> {
@@ -379,12 +346,7 @@ impl ObjectStore for S3Store {
             if offset == size {
                 Ok((Vec::new(), size))
             } else {
-                Err(Error::OutOfRange {
-                    name: name.to_string(),
-                    offset,
-                    len,
-                    size,
-                })
+                Err(Error::out_of_range(name, offset, len, size))
             }
         };
         let end = offset.saturating_add(len);

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use super::keys::MasterKey;
 use super::sealed::{open, seal_into, Layout, ObjectKey, FRAME, SEALED_FRAME};
 use crate::error::{Error, Result};
-use crate::objects::ObjectStore;
+use crate::objects::{whole_range, ObjectStore};
 use crate::segment_hash::SegmentHash;
 
 pub struct SealedStore {
@@ -51,13 +51,10 @@ impl SealedStore {
         })
     }
 
-    fn out_of_range(name: &str, offset: u64, len: u64, size: u64) -> Error {
-        Error::OutOfRange {
-            name: name.to_string(),
-            offset,
-            len,
-            size,
-        }
+    /// The plain bytes of the whole sealed object `name`, read already.
+    pub(crate) fn open_whole(&self, name: &str, sealed: Vec<u8>) -> Result<Vec<u8>> {
+        let layout = self.layout(name, sealed.len() as u64)?;
+        open(&self.key, name, layout, 0, sealed, 0)
     }
 }
 
@@ -84,17 +81,11 @@ impl ObjectStore for SealedStore {
     }
 
     fn get(&self, name: &str) -> Result<Vec<u8>> {
-        let sealed = self.inner.get(name)?;
-        let layout = self.layout(name, sealed.len() as u64)?;
-        open(&self.key, name, layout, 0, sealed, 0)
+        self.open_whole(name, self.inner.get(name)?)
     }
 
     fn get_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
-        let (bytes, size) = self.get_upto(name, offset, len)?;
-        if (bytes.len() as u64) < len {
-            return Err(SealedStore::out_of_range(name, offset, len, size));
-        }
-        Ok(bytes)
+        whole_range(name, offset, len, self.get_upto(name, offset, len)?)
     }
 
     fn get_upto(&self, name: &str, offset: u64, len: u64) -> Result<(Vec<u8>, u64)> {
@@ -114,7 +105,7 @@ impl ObjectStore for SealedStore {
         };
         let layout = self.layout(name, size)?;
         if offset > layout.plain {
-            return Err(SealedStore::out_of_range(name, offset, len, layout.plain));
+            return Err(Error::out_of_range(name, offset, len, layout.plain));
         }
         let mut plain = open(&self.key, name, layout, first, sealed, 0)?;
         let from = (offset - first * FRAME) as usize;

@@ -55,6 +55,15 @@ impl Error {
         }
     }
 
+    pub fn out_of_range(name: &str, offset: u64, len: u64, size: u64) -> Error {
+        Error::OutOfRange {
+            name: name.to_string(),
+            offset,
+            len,
+            size,
+        }
+    }
+
     pub fn corrupt(container: impl Into<String>, detail: impl Into<String>) -> Error {
         Error::Corrupt {
             container: container.into(),

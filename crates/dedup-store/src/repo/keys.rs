@@ -19,6 +19,9 @@ pub(crate) struct Unlocked {
     master: MasterKey,
     /// The key object whose passphrase was given.
     key: String,
+    /// The store below the sealing, where key objects are kept in the
+    /// clear.
+    clear: Arc<dyn ObjectStore>,
 }
 
 /// A key object of a repository, as `store key list` shows it.
@@ -36,9 +39,14 @@ pub(crate) fn new_key_name() -> RepoResult<String> {
     Ok(format!("{KEYS_PREFIX}{id:016x}"))
 }
 
-/// The repository's objects as its readers see them, given its `config`
-/// object as stored: `store` itself if the config is in the clear,
-/// sealed under the master key the passphrase unwraps if not.
+/// What `objects_of` opens: the store, what unlocked it, the config's
+/// plain bytes.
+pub(crate) type Objects = (Arc<dyn ObjectStore>, Option<Unlocked>, Vec<u8>);
+
+/// The repository's objects as its readers see them, and its config's
+/// plain bytes, given the `config` object as stored: `store` itself if
+/// the config is in the clear, sealed under the master key the
+/// passphrase unwraps if not.
 ///
 /// Refused: a config in the clear beside key objects (the sealed config
 /// may have been replaced, to have new backups written unsealed), and an
@@ -49,16 +57,16 @@ pub(crate) fn new_key_name() -> RepoResult<String> {
 pub(crate) fn objects_of(
     location: &RepoLocation,
     store: Arc<dyn ObjectStore>,
-    config: &[u8],
+    config: Vec<u8>,
     to_write: bool,
-) -> RepoResult<(Arc<dyn ObjectStore>, Option<Unlocked>)> {
+) -> RepoResult<Objects> {
     let refuse = |detail: &str| RepoError::NotARepository {
         repo: location.to_string(),
         detail: detail.into(),
     };
-    if !RepoConfig::is_in_the_clear(config) {
-        let (sealed, unlocked) = unlock(location, store)?;
-        return Ok((Arc::new(sealed), Some(unlocked)));
+    if !RepoConfig::is_in_the_clear(&config) {
+        let (sealed, unlocked, config) = unlock(location, store, config)?;
+        return Ok((Arc::new(sealed), Some(unlocked), config));
     }
     if !store.list(KEYS_PREFIX)?.is_empty() {
         return Err(refuse(
@@ -73,18 +81,20 @@ pub(crate) fn objects_of(
              unset DEDUP_PASSWORD and DEDUP_PASSWORD_FILE and give no --password-file",
         ));
     }
-    Ok((store, None))
+    Ok((store, None, config))
 }
 
-/// Open the encrypted repository in `store` with the passphrase given:
-/// the first key object it opens whose master key also opens the sealed
-/// config (a key object left by a failed init, or put there by someone
-/// else, opens nothing). A damaged key object costs only itself, unless
-/// no other opens.
+/// Open the encrypted repository in `store`, whose sealed `config` was
+/// read already, with the passphrase given: the first key object it
+/// opens whose master key also opens that config (a key object left by a
+/// failed init, or put there by someone else, opens nothing); the config
+/// is opened in memory, not read again. A damaged key object costs only
+/// itself, unless no other opens.
 fn unlock(
     location: &RepoLocation,
     store: Arc<dyn ObjectStore>,
-) -> RepoResult<(SealedStore, Unlocked)> {
+    config: Vec<u8>,
+) -> RepoResult<(SealedStore, Unlocked, Vec<u8>)> {
     let repo = location.to_string();
     let names = store.list(KEYS_PREFIX)?;
     if names.is_empty() {
@@ -105,10 +115,11 @@ fn unlock(
         match opened {
             Ok(Some(master)) => {
                 let sealed = SealedStore::new(store.clone(), &master);
-                match sealed.get(CONFIG_OBJECT) {
-                    Ok(_) => {
+                match sealed.open_whole(CONFIG_OBJECT, config.clone()) {
+                    Ok(plain) => {
                         let key = name.clone();
-                        return Ok((sealed, Unlocked { master, key }));
+                        let clear = store.clone();
+                        return Ok((sealed, Unlocked { master, key, clear }, plain));
                     }
                     Err(e @ Error::Corrupt { .. }) => damaged = damaged.or(Some(e.into())),
                     Err(e) => return Err(e.into()),
@@ -179,11 +190,14 @@ impl Repository {
 
     /// The repository's key objects.
     pub fn list_keys(&self) -> RepoResult<Vec<KeyInfo>> {
-        let current = &self.unlocked()?.key;
-        let inner = self.location.open_store()?;
-        (inner.list(KEYS_PREFIX)?.into_iter())
+        let Unlocked {
+            key: current,
+            clear,
+            ..
+        } = self.unlocked()?;
+        (clear.list(KEYS_PREFIX)?.into_iter())
             .map(|name| {
-                let params = params_of(&name, &inner.get(&name)?)?;
+                let params = params_of(&name, &clear.get(&name)?)?;
                 Ok(KeyInfo {
                     current: name == *current,
                     name,
@@ -201,7 +215,7 @@ impl Repository {
         }
         let name = new_key_name()?;
         let object = wrap(&name, &unlocked.master, passphrase, params)?;
-        self.location.open_store()?.put(&name, &object)?;
+        unlocked.clear.put(&name, &object)?;
         Ok(name)
     }
 
@@ -222,9 +236,8 @@ impl Repository {
             ))
             .into());
         }
-        let inner = self.location.open_store()?;
-        inner.size(&name)?; // NotFound names it; S3's delete would not
-        inner.delete(&name)?;
+        unlocked.clear.size(&name)?; // NotFound names it; S3's delete would not
+        unlocked.clear.delete(&name)?;
         Ok(())
     }
 }
@@ -238,6 +251,6 @@ pub fn open_objects(location: &RepoLocation) -> RepoResult<Arc<dyn ObjectStore>>
     match store.get(CONFIG_OBJECT) {
         Err(Error::NotFound { .. }) => Ok(store),
         Err(e) => Err(e.into()),
-        Ok(raw) => objects_of(location, store, &raw, false).map(|(objects, _)| objects),
+        Ok(raw) => objects_of(location, store, raw, false).map(|(objects, ..)| objects),
     }
 }

@@ -264,13 +264,9 @@ impl Repository {
         // The writer's lock stays in the clear: `store unlock` reads its
         // holder without the key, and it holds no backed-up byte.
         let clear = inner.clone();
-        let (store, unlocked) = objects_of(&location, inner, &raw, make.is_some())?;
+        let (store, unlocked, config) = objects_of(&location, inner, raw, make.is_some())?;
         let store = wrap(store);
-        let config = match unlocked {
-            None => RepoConfig::decode(&raw),
-            Some(_) => RepoConfig::decode(&store.get(CONFIG_OBJECT)?),
-        }
-        .map_err(|e| foreign(e.to_string()))?;
+        let config = RepoConfig::decode(&config).map_err(|e| foreign(e.to_string()))?;
         let (index, covered, writer) = match make {
             None => (None, 0, None),
             Some(make) => {
