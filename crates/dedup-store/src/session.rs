@@ -26,13 +26,14 @@ use dedup_common::fingerprint::Fingerprint;
 
 use crate::backup::{validate_name, BackupRecord, BackupReport, RECIPES_PREFIX, TREES_PREFIX};
 use crate::container::{container_name, Catalog, Container};
+use crate::crypto::random::random_bytes;
 use crate::error::repo::{RepoError, RepoResult};
 use crate::error::Error;
 use crate::fp_map::FpMap;
 use crate::inflight::{Pending, Place, SettleGuard, State};
 use crate::recipe::parts::{part_digest, part_name, PartInfo, RecipeIndex};
 use crate::recipe::{Recipe, SegmentRef};
-use crate::repo::{random_bytes, Repository};
+use crate::repo::Repository;
 use crate::segment_hash::SegmentHash;
 use crate::writer::ContainerWriter;
 

@@ -20,10 +20,10 @@ use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM_SIV};
 use zeroize::Zeroizing;
 
 use super::sealed::ObjectKey;
+use crate::crypto::random::random_bytes;
 use crate::error::repo::{RepoError, RepoResult};
 use crate::error::Error;
 use crate::framed::{frame, unframe, Reader};
-use crate::repo::random_bytes;
 
 pub const KEYS_PREFIX: &str = "keys/";
 const MAGIC: [u8; 8] = *b"DDUPKEY_";

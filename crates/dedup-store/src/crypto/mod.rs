@@ -9,6 +9,7 @@
 
 pub mod keys;
 pub mod passphrase;
+pub mod random;
 pub mod sealed;
 pub mod sealed_store;
 

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use super::Repository;
 use crate::config::{RepoConfig, CONFIG_OBJECT};
 use crate::crypto::keys::{params_of, unwrap, wrap, KdfParams, MasterKey, KEYS_PREFIX};
+use crate::crypto::random::random_bytes;
 use crate::crypto::{passphrase, SealedStore};
 use crate::error::repo::{RepoError, RepoResult};
 use crate::error::Error;
 use crate::objects::ObjectStore;
-use crate::repo::random_bytes;
 use crate::repo_location::RepoLocation;
 
 /// What opened an encrypted repository.

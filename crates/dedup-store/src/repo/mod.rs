@@ -20,8 +20,7 @@ mod writer_lock;
 
 pub use writer_lock::{describe_holder, remove_lock_holding, Holder, LOCK_OBJECT};
 
-use std::fs::{self, File, Permissions};
-use std::io::Read;
+use std::fs::{self, Permissions};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -152,7 +151,7 @@ impl Repository {
                 .map_err(|e| io_err(dir, "restricting", e))?;
         }
         let config = RepoConfig {
-            uuid: random_bytes()?,
+            uuid: crate::crypto::random::random_bytes()?,
             segmenting: options.segmenting,
             container_target: options.container_target,
             compression: options.compression,
@@ -574,16 +573,4 @@ fn io_err(dir: &Path, doing: &str, cause: std::io::Error) -> RepoError {
         context: format!("{doing} {}", dir.display()),
         cause,
     }
-}
-
-/// Random bytes from the kernel, for the repository uuid and recipe nonces.
-pub(crate) fn random_bytes<const N: usize>() -> RepoResult<[u8; N]> {
-    let mut b = [0u8; N];
-    File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .map_err(|cause| RepoError::Io {
-            context: "reading /dev/urandom".into(),
-            cause,
-        })?;
-    Ok(b)
 }

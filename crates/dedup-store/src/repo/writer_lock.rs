@@ -159,7 +159,7 @@ pub fn remove_lock_holding(store: &dyn ObjectStore, bytes: &[u8]) -> crate::Resu
 
 /// 32 random hex digits.
 fn random_token() -> RepoResult<String> {
-    let token: [u8; 16] = crate::repo::random_bytes()?;
+    let token: [u8; 16] = crate::crypto::random::random_bytes()?;
     Ok(token.iter().map(|b| format!("{b:02x}")).collect())
 }
 

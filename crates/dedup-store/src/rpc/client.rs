@@ -267,7 +267,7 @@ impl Client {
         key: &Key,
         challenge: &[u8; 32],
     ) -> Result<(), ClientError> {
-        let nonce = crate::repo::random_bytes::<32>()
+        let nonce = crate::crypto::random::random_bytes::<32>()
             .map_err(|e| ClientError::Local(format!("making a nonce: {e}")))?;
         let proved = Proved {
             challenge,

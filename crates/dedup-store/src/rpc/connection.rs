@@ -107,7 +107,7 @@ pub(crate) fn serve(repo: &Repository, stream: Stream, conn_id: u64, shared: &Sh
     // owner-only); with one, a challenge for it to answer first.
     let challenge = match &shared.key {
         None => None,
-        Some(_) => match crate::repo::random_bytes::<32>() {
+        Some(_) => match crate::crypto::random::random_bytes::<32>() {
             Ok(c) => Some(c),
             Err(_) => return,
         },
