@@ -66,6 +66,13 @@ impl CatalogCache {
         self.epoch += 1;
     }
 
+    /// Forget every catalog (a process that missed collections must read
+    /// them again: a read finds a deleted container gone).
+    pub(crate) fn forget_all(&mut self) {
+        self.map.clear();
+        self.epoch += 1;
+    }
+
     /// The current epoch, to be given to `insert_read` with a catalog read
     /// after this call.
     pub(crate) fn epoch(&self) -> u64 {

@@ -6,8 +6,8 @@
 //! and with `data` every segment), then recipes, each checked as it is read
 //! against the catalog entries it names (catalogs read again, a bounded
 //! number kept: nothing the size of the store is held in RAM but a few
-//! bytes a container), and last the garbage (objects no committed backup
-//! needs). Another kind named by the backup
+//! bytes a container), then the garbage (objects no committed backup
+//! needs), and last the many-writers protocol's objects (`protocol.rs`). Another kind named by the backup
 //! object is one more function like `trees::check_trees`.
 //!
 //! Every failure to read or decode one object is recorded as that object's
@@ -17,6 +17,7 @@
 
 mod backups;
 mod containers;
+mod protocol;
 mod references;
 mod report;
 mod repository;
@@ -108,6 +109,7 @@ pub fn check(
         |object, recipe, owners, report| references.check(object, recipe, owners, report),
     );
     references.finish(&recipes, &mut report);
+    protocol::check_protocol(store, &mut report)?;
 
     report.garbage_complete = backups.damaged.is_empty() && recipes.complete;
     // Grouped by object; a container's segments stay in catalog order.

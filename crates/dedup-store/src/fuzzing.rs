@@ -12,7 +12,7 @@ use crate::rpc::protocol::{Request, Response, MAX_FRAME};
 use crate::{BackupRecord, Container, Recipe, RepoConfig};
 
 /// Decoders of repository objects, chosen by the first byte.
-pub const OBJECT_KINDS: u8 = 10;
+pub const OBJECT_KINDS: u8 = 12;
 
 /// Decode `data[1..]` as the kind of object `data[0]` names (modulo
 /// [`OBJECT_KINDS`]); a container that parses has every segment read.
@@ -38,6 +38,16 @@ pub fn objects(data: &[u8]) {
         7 => drop(Index::from_checkpoint(bytes, IndexConfig::default())),
         // The one object read in the clear in an encrypted repository.
         8 => drop(crate::crypto::keys::params_of(name, bytes)),
+        // Named as their first 8 body bytes say, so that a record that
+        // parses reaches the check of its name too.
+        10 => {
+            let name = crate::epochs::EpochRecord::object_name(epoch_in(bytes));
+            drop(crate::epochs::EpochRecord::decode(&name, bytes))
+        }
+        11 => {
+            let name = crate::epochs::PinRecord::object_name(epoch_in(bytes), "w", 0);
+            drop(crate::epochs::PinRecord::decode(&name, bytes))
+        }
         _ => {
             use crate::crypto::sealed::{open, Layout, ObjectKey};
             if let Some(layout) = Layout::of_sealed(bytes.len() as u64) {
@@ -52,6 +62,13 @@ pub fn objects(data: &[u8]) {
             }
         }
     }
+}
+
+/// The epoch an epoch record's or pin's frame holds first in its body.
+fn epoch_in(bytes: &[u8]) -> u64 {
+    bytes
+        .get(12..20)
+        .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
 }
 
 /// Read `data` as a connection's frames, each decoded as a request (as a

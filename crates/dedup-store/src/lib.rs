@@ -67,11 +67,11 @@
 //!
 //! A repository lives in a local directory or in an S3 bucket
 //! ([`RepoLocation`]; [`s3::S3Store`] implements the seam on the
-//! `object_store` crate: create-only puts, retries, request counts). In a
-//! bucket the one writer holds a lock object (`repo/writer_lock.rs`).
+//! `object_store` crate: create-only puts, retries, request counts). Any
+//! number of processes write into one repository at once, with garbage
+//! collection beside them and no lock (`epochs/`).
 //!
-//! Not built yet: an index choice recorded in the repository; writers
-//! without a lock and encryption in a bucket.
+//! Not built yet: an index choice recorded in the repository.
 
 pub mod backup;
 mod backup_stream;
@@ -82,6 +82,7 @@ pub mod config;
 pub mod container;
 pub mod crypto;
 pub mod direct_write;
+pub mod epochs;
 pub mod error;
 pub mod format;
 mod fp_map;
@@ -94,6 +95,8 @@ pub mod local;
 pub mod name;
 pub mod objects;
 pub mod parallel_cut;
+mod pinning;
+pub mod process;
 mod protection;
 pub mod recipe;
 pub mod repo;

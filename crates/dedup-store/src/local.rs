@@ -2,14 +2,16 @@
 //! subdirectories. Files are 0600 and directories 0700 (they hold every
 //! byte ever backed up; see `dedup_common::perms`).
 //!
-//! `put` writes a temporary file (named `.tmp-…`, which no valid object
-//! name can be) in the object's directory (a large object past the page
+//! `put` writes a temporary file (named `.tmp-<process>.…`, which no
+//! valid object name can be, `<process>` naming its writer as
+//! `process.rs` does) in the object's directory (a large object past the page
 //! cache: `direct_write.rs`), fsyncs it, renames it into place
 //! without replacing anything (so a racing `put` of the same name is refused,
 //! not overwritten), then fsyncs the directory so the rename itself is
 //! durable. A crash leaves at most a temporary file behind, which `list` and
-//! `get` never show; `sweep_temporaries` removes them (a repository calls
-//! it when it is opened to write, under the writer's lock).
+//! `get` never show; `sweep_temporaries` removes those of dead processes
+//! (a repository calls it when it is opened to write: other writers may
+//! be putting at the same time, and theirs stay).
 
 use std::fs::{self, DirBuilder, File, Permissions};
 use std::io::{self, ErrorKind};
@@ -28,6 +30,8 @@ pub const TEMP_PREFIX: &str = ".tmp-";
 
 pub struct LocalDir {
     root: PathBuf,
+    /// `.tmp-<this process>.`: the prefix of this process's temporaries.
+    temp_prefix: String,
     bounce: Bounce,
 }
 
@@ -41,6 +45,7 @@ impl LocalDir {
         }
         Ok(LocalDir {
             root,
+            temp_prefix: format!("{TEMP_PREFIX}{}.", crate::process::tag()),
             bounce: Bounce::default(),
         })
     }
@@ -49,10 +54,9 @@ impl LocalDir {
         &self.root
     }
 
-    /// Remove the temporary files crashed `put`s left behind; how many.
-    /// Only safe while no `put` is running on this directory: a
-    /// repository calls it only from the process that has just taken the
-    /// writer's lock, which every process that puts holds.
+    /// Remove the temporary files that `put`s of processes now dead left
+    /// behind; how many. Those of live processes (other writers, this
+    /// one) and those whose writer cannot be told stay.
     pub fn sweep_temporaries(&self) -> Result<usize> {
         let mut removed = 0;
         let mut dirs = vec![self.root.clone()];
@@ -62,7 +66,11 @@ impl LocalDir {
                 let file_name = path.file_name().unwrap_or_default().to_string_lossy();
                 if is_dir {
                     dirs.push(path);
-                } else if file_name.starts_with(TEMP_PREFIX) {
+                } else if file_name
+                    .strip_prefix(TEMP_PREFIX)
+                    .and_then(|rest| rest.split_once('.'))
+                    .is_some_and(|(tag, _)| crate::process::tag_is_dead_here(tag))
+                {
                     match fs::remove_file(&path) {
                         Ok(()) => removed += 1,
                         Err(e) if e.kind() == ErrorKind::NotFound => {}
@@ -125,7 +133,7 @@ impl ObjectStore for LocalDir {
         let ctx = |what: &str| format!("{what} object {name}");
         // tempfile creates the file 0600 and removes it if we fail below.
         let tmp = tempfile::Builder::new()
-            .prefix(TEMP_PREFIX)
+            .prefix(&self.temp_prefix)
             .tempfile_in(&dir)
             .map_err(|e| Error::io(ctx("creating a temporary file for"), e))?;
         perms::set_file_mode(tmp.as_file())

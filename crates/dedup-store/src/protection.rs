@@ -49,6 +49,12 @@ pub(crate) struct Protection {
     /// Containers a GC decided to delete: never reused, even if the
     /// deletion fails part-way.
     condemned: HashSet<u64>,
+    /// Sessions that held what a collection in another process may have
+    /// deleted since (`pinning.rs`): they must not commit.
+    lost: HashSet<u64>,
+    /// Containers a collection in another process means to compact, with
+    /// the entries it found live: the others are never handed out.
+    restricted: HashMap<u64, Vec<u8>>,
 }
 
 impl Protection {
@@ -89,6 +95,7 @@ impl Protection {
     /// object now, which a GC starting later will mark.
     pub(crate) fn commit_session(&mut self, session: u64) {
         self.pending.remove(&session);
+        self.lost.remove(&session);
         if let Some(held) = self.active.remove(&session) {
             if self.gc_running {
                 self.committed_during_gc.extend(held);
@@ -100,6 +107,53 @@ impl Protection {
     pub(crate) fn abort_session(&mut self, session: u64) {
         self.active.remove(&session);
         self.pending.remove(&session);
+        self.lost.remove(&session);
+    }
+
+    /// Every session holding one of `containers` or about to commit one
+    /// of `objects` is lost: a collection may have deleted it.
+    pub(crate) fn lose_holding(&mut self, containers: &[u64], objects: &[String]) {
+        for (&session, held) in &self.active {
+            let pending = self.pending.get(&session);
+            if containers.iter().any(|c| held.contains(c))
+                || pending.is_some_and(|p| p.iter().any(|o| objects.contains(o)))
+            {
+                self.lost.insert(session);
+            }
+        }
+    }
+
+    /// Hand out only the entries set in `live` of `container` from now on
+    /// (it is to be compacted down to them).
+    pub(crate) fn restrict(&mut self, container: u64, live: Vec<u8>) {
+        self.restricted.insert(container, live);
+    }
+
+    /// Whether entry `entry` of `container` may be handed out.
+    pub(crate) fn allows(&self, container: u64, entry: u32) -> bool {
+        self.restricted.get(&container).is_none_or(|live| {
+            let i = entry as usize;
+            live.get(i / 8).is_some_and(|b| b & (1 << (i % 8)) != 0)
+        })
+    }
+
+    /// Condemn `containers` even where sessions hold them (those sessions
+    /// are lost: a collection elsewhere may delete them).
+    pub(crate) fn condemn_even_held(&mut self, containers: &[u64]) {
+        self.condemned.extend(containers.iter().copied());
+    }
+
+    /// Every running session is lost, and what they hold is never handed
+    /// out again (a collection elsewhere may have deleted any of it).
+    pub(crate) fn lose_all(&mut self) {
+        self.lost.extend(self.active.keys().copied());
+        let held: Vec<u64> = self.active.values().flatten().copied().collect();
+        self.condemned.extend(held);
+    }
+
+    /// Whether `session` may no longer commit (see `lose_holding`).
+    pub(crate) fn is_lost(&self, session: u64) -> bool {
+        self.lost.contains(&session)
     }
 
     /// A GC starts; it must list the committed backups only after this.
@@ -136,7 +190,6 @@ impl Protection {
         self.condemned.remove(&container);
     }
 
-    #[allow(dead_code)] // for tests
     pub(crate) fn is_condemned(&self, container: u64) -> bool {
         self.condemned.contains(&container)
     }
@@ -152,9 +205,17 @@ impl Protection {
     }
 
     /// Containers the running sessions hold, for reports and tests.
-    #[allow(dead_code)] // for garbage collection, which lands next
     pub(crate) fn held(&self) -> HashSet<u64> {
         self.active.values().flatten().copied().collect()
+    }
+
+    /// What no collection may take from this process: the containers
+    /// running sessions hold and those of sessions that committed while
+    /// this process's GC ran. What its pins hold.
+    pub(crate) fn kept(&self) -> HashSet<u64> {
+        let mut out = self.held();
+        out.extend(self.committed_during_gc.iter().copied());
+        out
     }
 }
 

@@ -127,6 +127,8 @@ impl Repository {
             Err(e) => return Err(e.into()),
         }
         let nonce = u64::from_le_bytes(random_bytes()?);
+        // Every epoch's condemned list applied before the first lookup.
+        self.refresh_epochs()?;
         let id = self.protection().begin_session();
         Ok(BackupSession {
             repo: self,
@@ -179,8 +181,11 @@ impl BackupSession<'_> {
     /// GC cannot condemn it); `None` if it is condemned, unreadable, or has
     /// no such entry, or compaction removed it.
     fn held_entry(&self, container: u64, entry: u32) -> Option<crate::format::Entry> {
-        if !self.repo.protection().hold(self.id, container) {
-            return None;
+        {
+            let mut p = self.repo.protection();
+            if !p.allows(container, entry) || !p.hold(self.id, container) {
+                return None;
+            }
         }
         let catalog = self.repo.catalog(container).ok()?;
         catalog
@@ -280,7 +285,7 @@ impl BackupSession<'_> {
         let len = data.len() as u32;
         loop {
             if self.open.is_none() {
-                self.open = Some(self.new_container());
+                self.open = Some(self.new_container()?);
             }
             let o = self.open.as_mut().expect("just opened");
             let added = match o.pending.writer().as_mut() {
@@ -365,9 +370,11 @@ impl BackupSession<'_> {
     fn write_part(&mut self) -> RepoResult<()> {
         let recipe = self.recipe_name();
         if self.parts.is_empty() {
-            // Announced before the first part: a GC must not take the
-            // parts for orphans while the backup runs.
-            self.repo.protection().will_write(self.id, &recipe);
+            // Announced (and pinned) before the first part: a GC must not
+            // take the parts for orphans while the backup runs.
+            self.repo.announce(self.id, &[&recipe])?;
+        } else {
+            self.keep_up()?;
         }
         // The references stay until their part is durable: a failed put
         // loses none of them, and the part is tried again.
@@ -446,11 +453,16 @@ impl BackupSession<'_> {
         self.settle_shared()?;
         let repo = self.repo;
         let (nonce, recipe_name) = (self.nonce, self.recipe_name());
+        let tree_name = tree.map(|_| format!("{TREES_PREFIX}{}-{nonce:016x}", self.name));
+        // Announced (and pinned, in one pin) before their puts: a GC must
+        // not take them for orphans before the backup object names them
+        // (a recipe in parts was announced before its first part).
+        let mut announced: Vec<&str> = tree_name.iter().map(String::as_str).collect();
+        if self.parts.is_empty() {
+            announced.push(&recipe_name);
+        }
+        repo.announce(self.id, &announced)?;
         let recipe = if self.parts.is_empty() {
-            // Announced before the put: a GC must not take it for an
-            // orphan between its put and the backup object's (a recipe in
-            // parts was announced before its first part).
-            repo.protection().will_write(self.id, &recipe_name);
             self.recipe.stream_len = self.report.bytes_in;
             std::mem::take(&mut self.recipe).into_encoded()
         } else {
@@ -466,15 +478,9 @@ impl BackupSession<'_> {
             .encode()
         };
         repo.store.put(&recipe_name, &recipe)?;
-        let tree_name = match tree {
-            Some(bytes) => {
-                let name = format!("{TREES_PREFIX}{}-{nonce:016x}", self.name);
-                repo.protection().will_write(self.id, &name);
-                repo.store.put(&name, bytes)?;
-                Some(name)
-            }
-            None => None,
-        };
+        if let (Some(name), Some(bytes)) = (&tree_name, tree) {
+            repo.store.put(name, bytes)?;
+        }
         let time = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -487,6 +493,10 @@ impl BackupSession<'_> {
             report: self.report,
         };
         let object = BackupRecord::object_name(&self.name);
+        // The epoch at which everything it references is pinned (or held
+        // by nothing a collection could take).
+        let at = repo.refresh_epochs()?;
+        self.check_lost()?;
         match repo.store.put(&object, &record.encode()) {
             Ok(()) => {}
             Err(Error::Exists { .. }) => {
@@ -496,24 +506,55 @@ impl BackupSession<'_> {
             }
             Err(e) => return Err(e.into()),
         }
+        let holds = repo.commit_holds(at).map_err(|e| RepoError::Unconfirmed {
+            name: self.name.clone(),
+            detail: e.to_string(),
+        })?;
+        if !holds || repo.protection().is_lost(self.id) {
+            // Two collections began while it was put: the second may have
+            // missed it and deleted what only the pin protected.
+            if let Err(e) = repo.delete_if_there(&object) {
+                return Err(RepoError::Unconfirmed {
+                    name: self.name.clone(),
+                    detail: format!(
+                        "collections began while it committed, and deleting it failed: {e}"
+                    ),
+                });
+            }
+            return Err(RepoError::Overtaken {
+                name: self.name.clone(),
+            });
+        }
         self.ended = true;
         repo.protection().commit_session(self.id);
         Ok(record)
     }
 
-    fn new_container(&mut self) -> Open {
-        let id = self
-            .repo
-            .next_container
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    fn new_container(&mut self) -> RepoResult<Open> {
         // Held from birth: no committed backup references it yet.
-        self.repo.protection().hold(self.id, id);
+        let id = self.repo.take_container_id(self.id)?;
         let target = usize::try_from(self.repo.config.container_target).unwrap_or(usize::MAX);
         let writer = ContainerWriter::with_options(id, target, self.repo.config.compression);
-        Open {
+        Ok(Open {
             pending: self.repo.inflight().open(writer),
             holds: FpMap::default(),
+        })
+    }
+
+    /// Catch up with the collections other processes began; refused if
+    /// one may have deleted what this backup references.
+    fn keep_up(&self) -> RepoResult<()> {
+        self.repo.refresh_epochs()?;
+        self.check_lost()
+    }
+
+    fn check_lost(&self) -> RepoResult<()> {
+        if self.repo.protection().is_lost(self.id) {
+            return Err(RepoError::Overtaken {
+                name: self.name.clone(),
+            });
         }
+        Ok(())
     }
 
     /// Seal the open container, if any, and start putting it (after the
@@ -522,6 +563,7 @@ impl BackupSession<'_> {
         // Before the claim: a claimed container must be settled on every
         // path, or a backup reusing it would wait for ever.
         self.finish_writing()?;
+        self.keep_up()?;
         let Some(open) = self.open.take() else {
             return Ok(());
         };
@@ -655,9 +697,13 @@ fn put_container(
 /// Tell the index and the catalog cache of durable container `id`, and
 /// unlist it from the containers not yet durable.
 fn tell_index(repo: &Repository, id: u64, catalog: Catalog) -> RepoResult<()> {
-    let catalog = Arc::new(catalog);
-    repo.index()?.insert(id, catalog.entries());
-    repo.catalog_cache().insert(id, catalog);
+    // A container condemned meanwhile (its session lost: a collection in
+    // another process may have deleted it since its put) is not learnt.
+    if !repo.protection().is_condemned(id) {
+        let catalog = Arc::new(catalog);
+        repo.index()?.insert(id, catalog.entries());
+        repo.catalog_cache().insert(id, catalog);
+    }
     repo.inflight().forget(id);
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! The fuzz targets' entry points (`dedup_store::fuzzing`, run by
 //! `fuzz/fuzz_targets/store_*.rs`) over inputs a CI run can afford: every
 //! object of a real repository (containers, recipes whole and in parts,
-//! a tree, backups, marks, the config, an index checkpoint) given to every
+//! a tree, backups, marks, the config, an index checkpoint, epoch records,
+//! a pin, id reservations) given to every
 //! decoder, whole, cut short and with bytes flipped; real request and
 //! response frames (a restore's among them) mutated; and arbitrary bytes.
 
@@ -57,7 +58,22 @@ fn a_repository_s_objects() -> Vec<(String, Vec<u8>)> {
         let bytes = sealed.get(&n).unwrap();
         found.push((format!("sealed/{n}"), bytes));
     }
+    // A pin (its writer deletes its own at close).
+    let pin = dedup_store::epochs::PinRecord {
+        epoch: 3,
+        process: "0123456789abcdef-1-2".into(),
+        containers: vec![1, 2],
+        ranges: vec![(256, 250)],
+        objects: vec!["recipes/s3-0000000000000001".into()],
+    };
+    found.push((
+        dedup_store::epochs::PinRecord::object_name(3, "w", 0),
+        pin.encode(),
+    ));
     for prefix in [
+        "gc/epoch-",
+        "pins/",
+        "ids/",
         "sealed/keys/",
         "containers/",
         "recipes/",

@@ -164,6 +164,10 @@ fn one_collection_at_a_time() {
     let e = second.lock().unwrap().take().expect("progress was called");
     let e = e.expect_err("a second collection is refused");
     assert!(matches!(e, RepoError::GcRunning), "{e}");
-    assert_eq!(e.to_string(), "a garbage collection is already running");
+    assert!(
+        e.to_string()
+            .starts_with("a garbage collection is already running"),
+        "{e}"
+    );
     repo.gc(&GcOptions::default()).unwrap();
 }

@@ -79,8 +79,20 @@ fn an_interrupted_put_is_invisible_and_the_name_stays_free() {
     store.put("d/other", b"kept").unwrap();
     // What a crash between writing and renaming leaves: temporaries, in the
     // root and in an object's directory, holding part of the object.
-    fs::write(root.join(format!("{TEMP_PREFIX}abc123")), b"half of c").unwrap();
-    fs::write(root.join(format!("d/{TEMP_PREFIX}xyz789")), b"half of x").unwrap();
+    // Their writer is dead (a pid no longer running, of this machine).
+    let me = dedup_store::process::tag();
+    let (machine, rest) = me.split_once('-').unwrap();
+    let dead = format!("{machine}-4000000-{}", rest.split_once('-').unwrap().1);
+    fs::write(
+        root.join(format!("{TEMP_PREFIX}{dead}.abc123")),
+        b"half of c",
+    )
+    .unwrap();
+    fs::write(
+        root.join(format!("d/{TEMP_PREFIX}{dead}.xyz789")),
+        b"half of x",
+    )
+    .unwrap();
 
     assert_eq!(store.list("").unwrap(), ["d/other"]);
     assert_eq!(store.list("d/").unwrap(), ["d/other"]);

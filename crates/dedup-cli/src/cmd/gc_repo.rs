@@ -8,7 +8,6 @@ use std::process::ExitCode;
 use anyhow::bail;
 use dedup_core::size::format_size;
 use dedup_store::config::CONFIG_OBJECT;
-use dedup_store::error::repo::{in_use_by, unlock_hint};
 use dedup_store::gc::DEFAULT_COMPACT_BELOW;
 use dedup_store::index::IndexConfig;
 use dedup_store::{GcOptions, RepoError, RepoLocation, Repository};
@@ -50,11 +49,6 @@ pub fn run(
         // It has a config, so it is a repository whose config is damaged.
         Err(RepoError::NotARepository { repo, detail }) if location.dir().is_some() => bail!(
             "{repo}: this backup repository's config object ({CONFIG_OBJECT}) is damaged: {detail}. Nothing in the repository can be read or collected without it; `dedup store check {repo}` says what else is wrong"
-        ),
-        Err(RepoError::InUse { repo, holder }) => bail!(
-            "{repo}: {} is writing to this repository, so it cannot be collected from here; the server that holds it (dedup store serve) will run garbage collection for it, or wait for that process to finish{}",
-            in_use_by(&holder),
-            unlock_hint(&repo, &holder)
         ),
         other => other?,
     };

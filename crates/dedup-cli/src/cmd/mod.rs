@@ -33,7 +33,6 @@ mod store_check;
 mod store_key;
 mod store_remote;
 mod store_serve;
-mod store_unlock;
 pub mod tls;
 pub mod trace;
 mod write_behind;

@@ -1,8 +1,8 @@
 //! `dedup store`: the backup store's repository as a whole (issue 17):
 //! `init` creates one, `stats` sums up what it holds, `check` verifies it
 //! (in `store_check.rs`), `serve` serves it (`store_serve.rs`),
-//! `remote` reaches it through a server (`store_remote.rs`) and `unlock`
-//! removes a dead writer's lock from a bucket (`store_unlock.rs`).
+//! `remote` reaches it through a server (`store_remote.rs`) and `key`
+//! manages an encrypted repository's passphrases (`store_key.rs`).
 
 use std::process::ExitCode;
 
@@ -18,7 +18,7 @@ use super::shared::report::{print_json, segment_bytes, segments_label};
 
 #[derive(clap::Args)]
 #[command(
-    about = "Manage a backup repository: init, stats, check, serve, remote, unlock, key",
+    about = "Manage a backup repository: init, stats, check, serve, remote, key",
     after_help = "A repository is a directory, or a prefix in an S3 bucket (s3://BUCKET/PREFIX), of containers (compressed segments with catalogs), recipes and backups. serve holds it open for many concurrent backup clients; remote lists, restores, deletes, sums up and collects garbage through a server.\n\nExamples:\n  dedup store init ./repo\n  dedup store init s3://backups/hosts\n  dedup store init ./repo --segments fastcdc\n  dedup store stats ./repo --json\n  dedup store check ./repo --data\n  dedup store serve ./repo --socket /run/dedup-backup.sock"
 )]
 pub struct Args {
@@ -33,7 +33,6 @@ pub enum StoreCommand {
     Check(super::store_check::CheckArgs),
     Serve(super::store_serve::Args),
     Remote(super::store_remote::Args),
-    Unlock(super::store_unlock::Args),
     Key(super::store_key::Args),
 }
 
@@ -97,7 +96,6 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         StoreCommand::Check(a) => super::store_check::run(a),
         StoreCommand::Serve(a) => super::store_serve::run(a),
         StoreCommand::Remote(a) => super::store_remote::run(a),
-        StoreCommand::Unlock(a) => super::store_unlock::run(a),
         StoreCommand::Key(a) => super::store_key::run(a),
     }
 }

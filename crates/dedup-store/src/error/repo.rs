@@ -34,15 +34,6 @@ pub enum RepoError {
     #[error("no backup named {name}")]
     NoSuchBackup { name: String },
 
-    /// A second process opened the repository to write. `holder` names
-    /// the writer of a repository in a bucket, whose lock a dead process
-    /// can leave behind.
-    #[error("{repo}: the repository is in use by {} that writes to it; back up through that process (dedup store serve) or wait for it to finish{}", in_use_by(.holder), unlock_hint(.repo, .holder))]
-    InUse {
-        repo: String,
-        holder: Option<String>,
-    },
-
     /// An encrypted repository opened without a passphrase.
     #[error("{repo}: the repository is encrypted; give its passphrase in DEDUP_PASSWORD, or in a file with --password-file FILE or DEDUP_PASSWORD_FILE")]
     NeedsPassphrase { repo: String },
@@ -51,8 +42,20 @@ pub enum RepoError {
     #[error("{repo}: the passphrase opens none of the repository's {keys} key(s); check DEDUP_PASSWORD or the --password-file given")]
     WrongPassphrase { repo: String, keys: usize },
 
-    /// `gc` while another GC runs on the same handle.
-    #[error("a garbage collection is already running")]
+    /// A backup that reuses data a collection in another process condemned
+    /// (a backup deleted while it ran), which a later collection may have
+    /// deleted: it stopped before committing.
+    #[error("backup {name} was stopped before committing: a garbage collection running beside it condemned data it reuses (a backup deleted while it ran); nothing was committed, run it again")]
+    Overtaken { name: String },
+
+    /// A backup whose backup object was put, but the look at the epochs
+    /// that confirms it failed: it is listed, and almost surely whole.
+    #[error("backup {name} was committed but could not be confirmed ({detail}): a garbage collection running beside it may have removed data it reuses; `dedup store check` tells, or delete it and run it again")]
+    Unconfirmed { name: String, detail: String },
+
+    /// `gc` while another GC runs on the same handle, or one in another
+    /// process began the same epoch first.
+    #[error("a garbage collection is already running (in this process, or another process began the same collection first); the running one frees what is unreferenced, run gc again once it is done")]
     GcRunning,
 
     /// A write through a handle opened with `open_read_only`.
@@ -74,22 +77,6 @@ pub enum RepoError {
     /// Reading the stream to back up, or writing a restore, failed.
     #[error("{context}: {cause}")]
     Io { context: String, cause: io::Error },
-}
-
-/// Who writes to a repository that is in use, in words.
-pub fn in_use_by(holder: &Option<String>) -> &str {
-    holder.as_deref().unwrap_or("another process")
-}
-
-/// How to remove the lock of a named holder (one in a bucket, which a
-/// dead process can leave behind); nothing for a directory's.
-pub fn unlock_hint(repo: &str, holder: &Option<String>) -> String {
-    holder
-        .as_ref()
-        .map(|_| {
-            format!("; if that process is gone, remove its lock with `dedup store unlock {repo}`")
-        })
-        .unwrap_or_default()
 }
 
 impl RepoError {

@@ -15,23 +15,30 @@
 //! 3. put `containers/<id>` (the new version again);
 //! 4. delete `compacted/<id>`.
 //!
-//! `finish_compactions` (at a writable open and at the start of every GC)
-//! completes any that a crash interrupted: if `containers/<id>` is missing
-//! it puts it from `compacted/<id>`, then deletes `compacted/<id>`. Either
-//! version serves every live reference: the old one holds more.
+//! `repair_compactions` (at every writable open) puts `containers/<id>`
+//! back from `compacted/<id>` where a crash between steps 2 and 3 left
+//! only the latter: safe beside a compaction still running, whose step 3
+//! then finds the same bytes there. Either version serves every live
+//! reference: the old one holds more. Only a collection deletes a leftover
+//! `compacted/<id>` (`finish_compactions`), and never one of the
+//! containers the collection before it may still be compacting.
 //!
-//! Concurrency: the container is condemned in the protection map first,
-//! so a compaction never starts on a container a running backup holds
-//! (which may reference one of the dead entries: the back-up-X, delete-X,
-//! back-up-X-again race), and no lookup hands it out while it is replaced;
-//! after step 4 the catalog cache and the index learn the new catalog and
-//! it is released. Which containers to look at: those the old marks of
-//! changed groups referenced (only they can have lost entries), saved in
-//! `gc/candidates-<gen>` before the new marks are written, so a GC that
-//! dies before compacting leaves them for the next one; they stay there
-//! until compacted (`candidates.rs`).
+//! Across processes a container is compacted like it is deleted, in two
+//! collections (`epochs/`): collection *n* lists it in its epoch record
+//! (every writing process then stops handing it out, or pins it if its
+//! backups hold it), collection *n*+1 compacts it unless a pin or a backup
+//! of this process holds it. In the process, the container is condemned
+//! in the protection map first, so a compaction never starts on a
+//! container a running backup holds (which may reference one of the dead
+//! entries: the back-up-X, delete-X, back-up-X-again race), and no lookup
+//! hands it out while it is replaced; after step 4 the catalog cache and
+//! the index learn the new catalog and it is released. Which containers
+//! to look at: those the old marks of changed groups referenced (only they
+//! can have lost entries), saved in `gc/candidates-<gen>` before the new
+//! marks are written, so a GC that dies before compacting leaves them for
+//! the next one; they stay there until compacted (`candidates.rs`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use crate::container::{compacted_name, container_name, Container, COMPACTED_PREFIX};
@@ -51,8 +58,17 @@ use crate::writer::ContainerWriter;
 pub const DEFAULT_COMPACT_BELOW: f64 = 0.5;
 
 impl Repository {
-    /// Finish the compactions a crash interrupted (see the module doc).
-    pub(crate) fn finish_compactions(&self) -> RepoResult<()> {
+    /// Put back `containers/<id>` where only `compacted/<id>` is left
+    /// (see the module doc); deletes nothing.
+    pub(crate) fn repair_compactions(&self) -> RepoResult<()> {
+        self.finish_compactions(None)
+    }
+
+    /// Repair as `repair_compactions` does, then, with `Some(running)`,
+    /// delete every leftover `compacted/<id>` whose container is in place,
+    /// except those of `running` (a collection may still be replacing
+    /// them).
+    pub(crate) fn finish_compactions(&self, running: Option<&HashSet<u64>>) -> RepoResult<()> {
         for object in self.store.list(COMPACTED_PREFIX)? {
             let id = object
                 .strip_prefix(COMPACTED_PREFIX)
@@ -64,91 +80,182 @@ impl Repository {
             match self.store.size(&name) {
                 Ok(_) => {}
                 Err(Error::NotFound { .. }) => {
-                    let bytes = self.store.get(&object)?;
+                    let bytes = match self.store.get(&object) {
+                        Ok(bytes) => bytes,
+                        // Finished by its compactor meanwhile.
+                        Err(Error::NotFound { .. }) => continue,
+                        Err(e) => return Err(e.into()),
+                    };
                     match self.store.put(&name, &bytes) {
                         Ok(()) | Err(Error::Exists { .. }) => {}
                         Err(e) => return Err(e.into()),
                     }
+                    self.catalog_cache().forget(id);
                 }
                 Err(e) => return Err(e.into()),
             }
-            self.delete_if_there(&object)?;
-            self.catalog_cache().forget(id);
+            let Some(running) = running else {
+                continue;
+            };
+            // Past step 3 (both versions the same bytes), only step 4 is
+            // left, which anyone may do; before it, only once no
+            // collection may still be replacing it.
+            if !running.contains(&id) || self.same_bytes(&object, &name)? {
+                self.delete_if_there(&object)?;
+            }
         }
         Ok(())
     }
 
-    /// Compact the candidates that are live and mostly dead. Returns the
-    /// candidates left for a later collection: those a running backup
-    /// held (share unknown), and those not below this threshold (with the
-    /// share found; one found before and not below it is not read again).
-    pub(super) fn compact(
+    /// Whether objects `a` and `b` both exist and hold the same bytes.
+    fn same_bytes(&self, a: &str, b: &str) -> RepoResult<bool> {
+        let sizes = (self.store.size(a), self.store.size(b));
+        match sizes {
+            (Ok(x), Ok(y)) if x == y => {}
+            (Ok(_) | Err(Error::NotFound { .. }), Ok(_) | Err(Error::NotFound { .. })) => {
+                return Ok(false)
+            }
+            (Err(e), _) | (_, Err(e)) => return Err(e.into()),
+        }
+        match (self.store.get(a), self.store.get(b)) {
+            (Ok(x), Ok(y)) => Ok(x == y),
+            (Err(Error::NotFound { .. }), _) | (_, Err(Error::NotFound { .. })) => Ok(false),
+            (Err(e), _) | (_, Err(e)) => Err(e.into()),
+        }
+    }
+
+    /// Which candidates to compact: live, mostly dead, and not in `skip`
+    /// (pinned by another process or held here). Returns them and the
+    /// candidates left for a later collection (those to compact among
+    /// them, until they are).
+    pub(super) fn compaction_verdicts(
         &self,
         candidates: &CandidateIds,
         live: &BTreeMap<u64, Vec<u8>>,
+        skip: &dyn Fn(u64) -> bool,
         options: &GcOptions,
         report: &mut GcReport,
-    ) -> RepoResult<CandidateIds> {
+    ) -> RepoResult<(Vec<LiveEntries>, CandidateIds)> {
         let mut left = CandidateIds::new();
-        let total = candidates.len() as u64;
-        for (n, (&id, &share)) in candidates.iter().enumerate() {
+        let mut compact = Vec::new();
+        for (&id, &share) in candidates.iter() {
+            match self.verdict(id, share, live, options, report)? {
+                Verdict::Drop => {}
+                Verdict::Keep(share) => {
+                    left.insert(id, share);
+                }
+                Verdict::Compact(bits) => {
+                    left.insert(id, None);
+                    if !skip(id) {
+                        compact.push((id, bits));
+                    }
+                }
+            }
+        }
+        Ok((compact, left))
+    }
+
+    /// Compact those of `ids` that are still mostly dead under `live` and
+    /// not in `skip`; the ids that are settled (compacted, or no longer
+    /// candidates), to drop from the candidates.
+    pub(super) fn compact_now(
+        &self,
+        ids: &[u64],
+        live: &BTreeMap<u64, Vec<u8>>,
+        skip: &dyn Fn(u64) -> bool,
+        epoch: u64,
+        options: &GcOptions,
+        report: &mut GcReport,
+    ) -> RepoResult<Vec<u64>> {
+        let mut settled = Vec::new();
+        let total = ids.len() as u64;
+        for (n, &id) in ids.iter().enumerate() {
             if let Some(p) = options.progress {
                 p("compact", n as u64 + 1, total);
             }
-            let Some(bits) = live.get(&id) else {
-                continue; // swept, or never live
-            };
-            // Rounded down: a share at or above the threshold is surely so.
-            if share.is_some_and(|s| f64::from(s) >= options.compact_below * SHARE_SCALE as f64) {
-                left.insert(id, share);
+            if skip(id) {
                 continue;
             }
-            // The catalog says whether it is worth reading the container.
-            report.catalogs_read += 1;
-            let catalog = match self.catalog(id) {
-                Ok(c) => c,
-                Err(Error::NotFound { .. } | Error::Corrupt { .. }) => continue,
-                Err(e) => return Err(e.into()),
-            };
-            let (mut all, mut kept) = (0u64, 0u64);
-            // Raw bytes: segments share their frame's stored bytes.
-            for (i, e) in catalog.entries().iter().enumerate() {
-                if e.is_absent() {
+            let bits = match self.verdict(id, None, live, options, report)? {
+                Verdict::Drop => {
+                    settled.push(id);
                     continue;
                 }
-                let raw = u64::from(e.location.raw_len);
-                all += raw;
-                if is_marked(bits, i) {
-                    kept += raw;
-                }
-            }
-            if kept == all {
-                continue; // nothing dead: no longer a candidate
-            }
-            if kept as f64 >= options.compact_below * all as f64 {
-                left.insert(id, Some((kept * SHARE_SCALE / all) as u16));
-                continue;
+                Verdict::Keep(_) => continue,
+                Verdict::Compact(bits) => bits,
+            };
+            // A newer collection begun: it finishes what is left.
+            if !self.still_newest(epoch)? {
+                break;
             }
             if self.protection().condemn([id]).is_empty() {
-                left.insert(id, None);
-                continue;
+                continue; // a backup of this process holds it
             }
-            let result = self.replace(id, bits, report);
+            let result = self.replace(id, &bits, report);
             // Released even on failure: both versions serve every live
             // reference, and the next GC (or open) finishes the switch.
             self.catalog_cache().forget(id);
             self.protection().release(id);
-            result?;
+            if result? {
+                settled.push(id);
+            }
         }
-        Ok(left)
+        Ok(settled)
     }
 
-    /// Steps 1 to 4 for container `id`, keeping the entries set in `bits`.
-    fn replace(&self, id: u64, bits: &[u8], report: &mut GcReport) -> RepoResult<()> {
+    /// Whether candidate `id` (with the live share an earlier look found)
+    /// is to be compacted under `live`.
+    fn verdict(
+        &self,
+        id: u64,
+        share: Option<u16>,
+        live: &BTreeMap<u64, Vec<u8>>,
+        options: &GcOptions,
+        report: &mut GcReport,
+    ) -> RepoResult<Verdict> {
+        let Some(bits) = live.get(&id) else {
+            return Ok(Verdict::Drop); // swept, or never live
+        };
+        // Rounded down: a share at or above the threshold is surely so.
+        if share.is_some_and(|s| f64::from(s) >= options.compact_below * SHARE_SCALE as f64) {
+            return Ok(Verdict::Keep(share));
+        }
+        // The catalog says whether it is worth reading the container.
+        report.catalogs_read += 1;
+        let catalog = match self.catalog(id) {
+            Ok(c) => c,
+            Err(Error::NotFound { .. } | Error::Corrupt { .. }) => return Ok(Verdict::Drop),
+            Err(e) => return Err(e.into()),
+        };
+        let (mut all, mut kept) = (0u64, 0u64);
+        // Raw bytes: segments share their frame's stored bytes.
+        for (i, e) in catalog.entries().iter().enumerate() {
+            if e.is_absent() {
+                continue;
+            }
+            let raw = u64::from(e.location.raw_len);
+            all += raw;
+            if is_marked(bits, i) {
+                kept += raw;
+            }
+        }
+        if kept == all {
+            return Ok(Verdict::Drop); // nothing dead: no longer a candidate
+        }
+        if kept as f64 >= options.compact_below * all as f64 {
+            return Ok(Verdict::Keep(Some((kept * SHARE_SCALE / all) as u16)));
+        }
+        Ok(Verdict::Compact(bits.clone()))
+    }
+
+    /// Steps 1 to 4 for container `id`, keeping the entries set in `bits`;
+    /// false if it was left as it is (damaged, or a compacted version of
+    /// it is already there: an earlier compaction's, maybe still running).
+    fn replace(&self, id: u64, bits: &[u8], report: &mut GcReport) -> RepoResult<bool> {
         let old = match Container::read(&*self.store, id) {
             Ok(c) => c,
             // A damaged container is left for `check` to report.
-            Err(Error::Corrupt { .. }) => return Ok(()),
+            Err(Error::Corrupt { .. }) => return Ok(false),
             Err(e) => return Err(e.into()),
         };
         // Not read again: its size; 0 if only its compacted version is left.
@@ -159,9 +266,17 @@ impl Repository {
         };
         let (bytes, entries) = compacted(id, &old, bits, self.config.compression)?;
         let tmp = compacted_name(id);
-        self.store.put(&tmp, &bytes)?;
+        match self.store.put(&tmp, &bytes) {
+            Ok(()) => {}
+            Err(Error::Exists { .. }) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        }
         self.delete_if_there(&container_name(id))?;
-        self.store.put(&container_name(id), &bytes)?;
+        match self.store.put(&container_name(id), &bytes) {
+            // Put back from `compacted/<id>` by an open's repair.
+            Ok(()) | Err(Error::Exists { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
         self.delete_if_there(&tmp)?;
         report.containers_compacted += 1;
         report.bytes_reclaimed += old_len.saturating_sub(bytes.len() as u64);
@@ -175,8 +290,20 @@ impl Repository {
             .catalog()
             .clone();
         self.catalog_cache().insert(id, Arc::new(catalog));
-        Ok(())
+        Ok(true)
     }
+}
+
+/// A container to compact and a bitmap of its entries live now.
+pub(super) type LiveEntries = (u64, Vec<u8>);
+
+enum Verdict {
+    /// No longer a candidate.
+    Drop,
+    /// Not worth it now; the share found, if read.
+    Keep(Option<u16>),
+    /// Compact, keeping these entries.
+    Compact(Vec<u8>),
 }
 
 /// Container `id` with only the entries set in `bits` stored: the same

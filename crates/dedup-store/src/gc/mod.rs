@@ -6,24 +6,27 @@
 //!    same (names and recipe objects) reuses them without reading a recipe,
 //!    a changed group is marked again from its recipes, and the marks of a
 //!    group with no backups left are dropped. Work follows the change.
-//! 2. *Sweep.* A container is garbage when no group's marks reference it.
-//!    Those are the containers listed in the store (a cheap LIST; nothing
-//!    is read) minus the union of the marks: the containers a changed
-//!    group stopped referencing, and those no backup ever committed (a
-//!    crashed or refused backup, a GC that died before deleting).
-//!    Protection decides what may go (`sweep.rs`).
-//! 3. *Compaction* of the live containers that may have lost entries and
-//!    are now mostly dead (`compact.rs`).
-//! 4. *Orphans.* Recipes (with their parts) and trees no backup object
-//!    names (a backup that died between its recipe and its commit point, a
-//!    delete that died part-way) are removed, unless a running session is
-//!    about to commit them.
+//! 2. *Condemn.* A container is garbage when no group's marks reference
+//!    it and no writer pins it: the containers listed in the store (a cheap
+//!    LIST; nothing is read) minus the union of the marks and of the pins.
+//!    They go into this collection's epoch record (`collect.rs`), which
+//!    every writing process applies before it references anything again.
+//! 3. *Sweep* what the previous collection condemned and a second look,
+//!    made after this collection's epoch began, still finds unreferenced
+//!    (`sweep.rs`); *compact* the containers it marked for compaction
+//!    (`compact.rs`); delete the recipes (with their parts) and trees it
+//!    found orphaned (a backup that died between its recipe and its
+//!    commit point, a delete that died part-way) and still are.
 //!
-//! Why it is safe against backups running at the same time: see
-//! `protection.rs`. In short, the backups are listed only after the GC has
-//! begun (so a backup committed later keeps its containers held until the
-//! GC ends), and a container is deleted only once condemned, which no
-//! session holding it allows and after which no lookup hands it out.
+//! `gc` runs two collections, so what is unreferenced when it starts is
+//! gone when it ends unless a backup began to reuse it meanwhile.
+//!
+//! Why it is safe against backups running at the same time, in this
+//! process or in others on any host: see `epochs/` and FORMATS.md
+//! ("Epochs, pins and id ranges"); in the process, the protection map
+//! (`protection.rs`) holds what running backups reference, and a
+//! container is deleted only once condemned there, which no session
+//! holding it allows and after which no lookup hands it out.
 //!
 //! A damaged backup object does not stop the collection: its recipe and
 //! tree are unknown, so every recipe and tree no readable backup names is
@@ -36,19 +39,18 @@
 //! by listing.
 
 mod candidates;
+mod collect;
 mod compact;
 mod mark;
 pub mod marks;
 mod suspects;
 mod sweep;
 
-use std::collections::BTreeSet;
 use std::time::Instant;
 
 pub use compact::DEFAULT_COMPACT_BELOW;
 pub use marks::{Marks, MARKS_PREFIX};
 
-use crate::backup::{BackupRecord, RECIPES_PREFIX, TREES_PREFIX};
 use crate::error::repo::{RepoError, RepoResult};
 use crate::error::Error;
 use crate::repo::Repository;
@@ -130,6 +132,24 @@ impl Repository {
     /// (what it references cannot be known); a damaged backup object does
     /// not (what may be its is kept, see `suspects.rs`).
     pub fn gc(&self, options: &GcOptions) -> RepoResult<GcReport> {
+        // Two collections (`collect.rs`): the first condemns what is
+        // unreferenced now, the second deletes it if a look made after the
+        // first's epoch began still finds it so.
+        self.collections(options, 2)
+    }
+
+    /// One collection only (one epoch): what a collection running beside
+    /// others does between two of theirs. For tests that interleave
+    /// collections with backups step by step.
+    #[doc(hidden)]
+    pub fn gc_one_epoch(&self, options: &GcOptions) -> RepoResult<GcReport> {
+        self.collections(options, 1)
+    }
+
+    /// `count` collections in a row. The report is the first's, with what
+    /// the later ones read and freed added (their marks are the first's,
+    /// reused).
+    fn collections(&self, options: &GcOptions, count: usize) -> RepoResult<GcReport> {
         if !self.is_writable() {
             return Err(RepoError::ReadOnly);
         }
@@ -139,77 +159,26 @@ impl Repository {
         }
         let _running = Running(self);
         let mut report = GcReport::default();
-        self.finish_compactions()?;
         // Loaded and kept up to date even when nothing is compacted, so
         // a later collection compacts what this one left.
         let mut candidates = self.load_candidates()?;
-
-        // Recipes and trees first, then what sessions are about to commit,
-        // then the backups: an object listed here either belongs to a
-        // session still pending, or to a backup object already put (and so
-        // listed below), or to none.
-        let mut named = self.store.list(RECIPES_PREFIX)?;
-        named.extend(self.store.list(TREES_PREFIX)?);
-        let pending = self.protection().pending_objects();
-        let (backups, damaged) = self.committed_backups()?;
-        report.backups = backups.len() as u64;
-        report.backups_damaged = damaged as u64;
-
-        let referenced: BTreeSet<&str> = backups
-            .iter()
-            .flat_map(|b| std::iter::once(b.recipe.as_str()).chain(b.tree.as_deref()))
-            .collect();
-        // Recipes (a recipe's parts live and die with it) and trees no
-        // readable backup names, and no session is about to commit.
-        let unnamed: Vec<&str> = named
-            .iter()
-            .map(String::as_str)
-            .filter(|o| {
-                let owner = crate::recipe::parts::recipe_of(o);
-                !referenced.contains(owner) && !pending.contains(owner)
-            })
-            .collect();
-        // With a damaged backup object, any of them may be its.
-        let suspects = (damaged > 0).then(|| self.mark_suspects(&unnamed));
-
-        let marks = self.mark(&backups, &mut candidates, options, &mut report)?;
-        let mut union = Marks::default();
-        for m in marks.values().chain(suspects.as_ref().map(|s| &s.marks)) {
-            union.merge(m);
-        }
-        let union = union.containers;
-        if suspects.as_ref().is_some_and(|s| s.unknown) {
-            report.sweep_withheld = true;
-        } else {
-            let live: BTreeSet<u64> = union.keys().copied().collect();
-            self.sweep_containers(&live, options, &mut report)?;
-            if options.compact_below > 0.0 {
-                let ids = candidates.ids.clone();
-                let left = self.compact(&ids, &union, options, &mut report)?;
-                if left != candidates.ids {
-                    self.save_candidates(&mut candidates, &left)?;
-                }
+        self.collect(&mut candidates, options, &mut report)?;
+        for _ in 1..count {
+            if report.sweep_withheld {
+                break;
             }
-        }
-
-        for object in unnamed {
-            if suspects.is_some() {
-                report.orphans_kept += 1;
-                continue;
-            }
-            if self.delete_if_there(object)? {
-                report.orphans_removed += 1;
-            }
+            let mut next = GcReport::default();
+            self.collect(&mut candidates, options, &mut next)?;
+            report.recipes_read += next.recipes_read;
+            report.catalogs_read += next.catalogs_read;
+            report.containers_swept += next.containers_swept;
+            report.containers_compacted += next.containers_compacted;
+            report.bytes_reclaimed += next.bytes_reclaimed;
+            report.orphans_removed += next.orphans_removed;
+            report.sweep_withheld = next.sweep_withheld;
         }
         report.seconds = start.elapsed().as_secs_f64();
         Ok(report)
-    }
-
-    /// The committed backups that read, and how many backup objects did
-    /// not; one deleted while listing is left out.
-    fn committed_backups(&self) -> RepoResult<(Vec<BackupRecord>, usize)> {
-        let listing = self.list_backups_all()?;
-        Ok((listing.backups, listing.damaged.len()))
     }
 
     /// Delete `object`; false if it was already gone.

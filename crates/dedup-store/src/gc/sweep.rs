@@ -1,14 +1,17 @@
-//! The sweep: delete the containers no group's marks reference, once the
-//! protection map condemns them.
+//! The sweep: delete the containers the previous collection condemned
+//! that are still unreferenced and unpinned (`collect.rs` decides which),
+//! once the protection map condemns them here too.
 //!
 //! Order per container, each step repeatable: condemn (under the
 //! protection lock: from then on no lookup hands it out, and a session
 //! holding it keeps it), forget its catalog and its index hints (and its
-//! fingerprints from the index's count), delete.
+//! fingerprints from the index's count), delete. Before each batch the
+//! collection checks that its epoch is still the newest: one that finds a
+//! newer stops, and the newer collection finishes the job.
 //! A GC that dies after condemning leaves the container for the next GC,
-//! which lists it again; `condemn` returns it again.
+//! which condemns it again.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 
 use crate::container::container_name;
 use crate::error::repo::RepoResult;
@@ -16,18 +19,21 @@ use crate::error::Error;
 use crate::gc::{GcOptions, GcReport};
 use crate::repo::Repository;
 
+/// Deletions between two looks at the newest epoch.
+const BATCH: usize = 64;
+
 impl Repository {
+    /// Delete `candidates` (but those a backup of this process holds) as
+    /// collection `epoch`; false if a newer collection began and this one
+    /// stopped.
     pub(super) fn sweep_containers(
         &self,
-        live: &BTreeSet<u64>,
+        candidates: &[u64],
+        epoch: u64,
         options: &GcOptions,
         report: &mut GcReport,
-    ) -> RepoResult<()> {
-        let all = self.store_container_ids()?;
-        report.containers = all.len() as u64;
-        let candidates: Vec<u64> = all.into_iter().filter(|id| !live.contains(id)).collect();
+    ) -> RepoResult<bool> {
         let condemned = self.protection().condemn(candidates.iter().copied());
-        report.containers_protected = (candidates.len() - condemned.len()) as u64;
         // The fingerprints they store, for the index's count (each
         // catalog from the cache, or read: only the deleted ones are).
         let fingerprints: u64 = condemned
@@ -49,6 +55,9 @@ impl Repository {
         }
         let total = condemned.len() as u64;
         for (i, &id) in condemned.iter().enumerate() {
+            if i % BATCH == 0 && !self.still_newest(epoch)? {
+                return Ok(false);
+            }
             let name = container_name(id);
             // The size from the directory or a HEAD, not a read of the
             // container; one already gone is not counted.
@@ -65,6 +74,11 @@ impl Repository {
                 p("sweep", i as u64 + 1, total);
             }
         }
-        Ok(())
+        Ok(true)
+    }
+
+    /// Whether no collection after `epoch` has begun.
+    pub(super) fn still_newest(&self, epoch: u64) -> RepoResult<bool> {
+        Ok(crate::epochs::epochs_after(&*self.store, Some(epoch))?.is_empty())
     }
 }

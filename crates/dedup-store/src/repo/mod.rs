@@ -14,16 +14,14 @@
 //! Backing up is in `session.rs` and `backup_stream.rs`, restoring in
 //! `restore/`.
 
+mod create_only;
 mod keys;
 pub mod listing;
-mod writer_lock;
-
-pub use writer_lock::{describe_holder, remove_lock_holding, Holder, LOCK_OBJECT};
 
 use std::fs::{self, Permissions};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use dedup_common::compress::Compression;
@@ -34,6 +32,7 @@ use crate::config::{RepoConfig, CONFIG_OBJECT};
 use crate::container::Catalog;
 use crate::crypto::keys::KdfParams;
 use crate::crypto::passphrase;
+use crate::epochs::Epochs;
 use crate::error::repo::{RepoError, RepoResult};
 use crate::error::Error;
 use crate::index::checkpoint_objects::Opened;
@@ -47,9 +46,9 @@ use crate::repo_location::RepoLocation;
 use crate::segment_hash::SegmentHash;
 use crate::segmenter::Segmenting;
 use crate::writer::DEFAULT_TARGET;
+use create_only::probe_create_only;
 use keys::{objects_of, Unlocked};
 pub use keys::{open_objects, KeyInfo};
-use writer_lock::WriterLock;
 
 pub const CONTAINERS_PREFIX: &str = "containers/";
 
@@ -89,7 +88,9 @@ pub struct Repository {
     /// The fingerprint index; `None` when opened read-only.
     index: Option<Mutex<Box<dyn SegmentIndex>>>,
     catalogs: Mutex<CatalogCache>,
-    pub(crate) next_container: AtomicU64,
+    /// This process's place in the many-writers protocol and its
+    /// container ids (`epochs/`).
+    pub(crate) epochs: Mutex<Epochs>,
     pub(crate) protection: Mutex<Protection>,
     /// Containers of running backups not yet durable (`inflight.rs`).
     inflight: Mutex<InFlight>,
@@ -99,8 +100,6 @@ pub struct Repository {
     pub(crate) part_segments: AtomicUsize,
     /// The master key and the key object it came from, if encrypted.
     unlocked: Option<Unlocked>,
-    /// Held by the one process that may write; `None` when read-only.
-    _writer: Option<WriterLock>,
 }
 
 impl Repository {
@@ -260,42 +259,47 @@ impl Repository {
             }
             other => other?,
         };
-        // The writer's lock stays in the clear: `store unlock` reads its
-        // holder without the key, and it holds no backed-up byte.
+        // The create-only probe goes to the bucket as it is: it holds a
+        // word, and must test the service, not the sealing.
         let clear = inner.clone();
         let (store, unlocked, config) = objects_of(&location, inner, raw, make.is_some())?;
         let store = wrap(store);
         let config = RepoConfig::decode(&config).map_err(|e| foreign(e.to_string()))?;
-        let (index, covered, writer) = match make {
-            None => (None, 0, None),
+        let (index, covered) = match make {
+            None => (None, 0),
             Some(make) => {
-                let lock = WriterLock::acquire(&location, &clear)?;
-                if let Some(dir) = location.dir() {
-                    // Holding the writer's lock, before this process puts
-                    // anything: only the lock's holder puts, so every
-                    // temporary file is a dead writer's (a killed backup or
-                    // server), never a live one's.
-                    LocalDir::open(dir)?.sweep_temporaries()?;
+                match location.dir() {
+                    // Only the temporary files of processes known dead
+                    // (`local.rs`): other writers may be putting now.
+                    Some(dir) => {
+                        LocalDir::open(dir)?.sweep_temporaries()?;
+                    }
+                    None => probe_create_only(&location, &clear)?,
                 }
                 let opened = make(store.clone());
-                (Some(Mutex::new(opened.index)), opened.covered, Some(lock))
+                (Some(Mutex::new(opened.index)), opened.covered)
             }
         };
+        let writer: [u8; 8] = crate::crypto::random::random_bytes()?;
+        let writer: String = writer.iter().map(|b| format!("{b:02x}")).collect();
         let mut repo = Repository {
             location,
             store,
             index,
             config,
             catalogs: Mutex::new(CatalogCache::new(DEFAULT_CATALOGS)),
-            next_container: AtomicU64::new(0),
+            epochs: Mutex::new(Epochs::new(writer, 0)),
             protection: Mutex::new(Protection::default()),
             inflight: Mutex::new(InFlight::default()),
             damaged: Vec::new(),
             part_segments: AtomicUsize::new(crate::recipe::parts::PART_SEGMENTS),
             unlocked,
-            _writer: writer,
         };
         repo.load_catalogs(covered)?;
+        if repo.is_writable() {
+            // What the kept epochs condemned is never handed out.
+            repo.refresh_epochs()?;
+        }
         Ok(repo)
     }
 
@@ -318,8 +322,9 @@ impl Repository {
             return Ok(());
         }
         // A compaction a crash interrupted may have left an id with only
-        // its compacted version: finish it before listing the ids.
-        self.finish_compactions()?;
+        // its compacted version: put it back under its name (safe beside
+        // a collection still compacting, see `gc/compact.rs`).
+        self.repair_compactions()?;
         // Only the containers the checkpoint does not cover: a listing of
         // every container would cost a request per 1,000 of them.
         let ids = self.container_ids_from(covered)?;
@@ -345,7 +350,8 @@ impl Repository {
                 Err(e) => return Err(e.into()),
             }
         }
-        *self.next_container.get_mut() = next;
+        let epochs = self.epochs.get_mut().unwrap_or_else(|p| p.into_inner());
+        *epochs = Epochs::new(std::mem::take(epochs.writer_mut()), next);
         Ok(())
     }
 
@@ -473,7 +479,7 @@ impl Repository {
         self.index().ok().map(|i| i.ram())
     }
 
-    /// Whether this handle may write (it holds the writer's lock).
+    /// Whether this handle may write (opened to write, not read-only).
     pub fn is_writable(&self) -> bool {
         self.index.is_some()
     }
@@ -541,14 +547,14 @@ impl Repository {
         if !self.is_writable() {
             return Ok(false);
         }
-        // Under the protection lock, which `begin_backup` takes: no session
-        // can start and take an id between the check and the snapshot.
+        // Read before the check: a session that starts after it takes ids
+        // at or above it, which the next open lists.
+        let covered = self.epochs().covered();
         let (covered, bytes) = {
             let protection = self.protection();
             if protection.sessions() > 0 {
                 return Ok(false);
             }
-            let covered = self.next_container.load(Ordering::SeqCst);
             let Some(bytes) = self.index()?.checkpoint() else {
                 return Ok(false);
             };
@@ -565,6 +571,9 @@ impl Drop for Repository {
     /// quick; failing to is harmless (the next open rebuilds).
     fn drop(&mut self) {
         let _ = self.save_index();
+        if self.is_writable() {
+            self.drop_own_pins();
+        }
     }
 }
 

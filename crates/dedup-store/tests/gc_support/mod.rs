@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
 use dedup_store::error::{Error, Result};
+use dedup_store::gc::{GcOptions, GcReport};
 use dedup_store::recipe::parts::{part_name, RecipeObject};
 use dedup_store::{ObjectStore, Repository};
 use rand::{rngs::StdRng, Rng, RngCore};
@@ -181,6 +182,16 @@ pub fn container_bytes(dir: &Path) -> u64 {
         .iter()
         .map(|o| std::fs::metadata(dir.join(o)).unwrap().len())
         .sum()
+}
+
+/// A collection, then another whose report is dropped: what a writer
+/// killed mid-backup left is pinned for one epoch after its last pin, so
+/// its garbage goes one collection later (a killed process of this
+/// machine is known dead at once, but a handle dropped in a test is not).
+pub fn gc_settled(repo: &Repository, options: &GcOptions) -> GcReport {
+    let r = repo.gc(options).unwrap();
+    repo.gc(options).unwrap();
+    r
 }
 
 /// What a finished GC with no backup running must leave: exactly the

@@ -1,0 +1,58 @@
+//! A writing process's place in the protocol: the newest epoch it
+//! applied, its pins, and the container ids it hands out (`ids.rs`). The
+//! steps that move it are `pinning.rs`'s, beside the repository.
+
+pub(crate) struct Epochs {
+    /// The newest epoch whose record this process applied (and pinned at,
+    /// if it held anything); 0 before any.
+    pub(crate) applied: u64,
+    /// Whether the epochs were read once (the first read applies every
+    /// record still kept).
+    pub(crate) started: bool,
+    /// This process's name in its pins (random, per open).
+    pub(crate) writer: String,
+    /// Pins written so far: the next one's number.
+    pub(crate) pins: u64,
+    /// A range or an object joined what the pin must hold: pin before
+    /// using it.
+    pub(crate) dirty: bool,
+    /// The id range being handed out, `(start, len)`, and the next id.
+    pub(crate) range: Option<(u64, u64)>,
+    pub(crate) next_id: u64,
+    /// No id below this may be reserved (containers and checkpoints hold
+    /// them).
+    pub(crate) floor: u64,
+    /// The broken protocol, for the test that must catch it: no pins.
+    pub(crate) skip_pins: bool,
+}
+
+impl Epochs {
+    pub(crate) fn new(writer: String, floor: u64) -> Epochs {
+        Epochs {
+            applied: 0,
+            started: false,
+            writer,
+            pins: 0,
+            dirty: false,
+            range: None,
+            next_id: floor,
+            floor,
+            skip_pins: false,
+        }
+    }
+
+    pub(crate) fn writer_mut(&mut self) -> &mut String {
+        &mut self.writer
+    }
+
+    /// This process's name in its pins.
+    pub(crate) fn writer(&self) -> &str {
+        &self.writer
+    }
+
+    /// Ids below this were handed out by this process or known taken at
+    /// open: what an index checkpoint taken now may say it covers.
+    pub(crate) fn covered(&self) -> u64 {
+        self.next_id
+    }
+}

@@ -1,0 +1,273 @@
+//! One collection, epoch *n* (see `epochs/` and FORMATS.md): find what is
+//! referenced (marks of the committed backups, pins of epoch *n*-1 and
+//! later, this process's running backups), condemn the rest in the epoch
+//! record `gc/epoch-<n>`, whose creation begins the epoch, then delete
+//! what collection *n*-1 condemned that a second look, made after epoch
+//! *n* began, still finds unreferenced.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use crate::backup::{RECIPES_PREFIX, TREES_PREFIX};
+use crate::epochs::{self, pinned_from, read_epoch, EpochRecord, Pinned};
+use crate::error::repo::{RepoError, RepoResult};
+use crate::error::Error;
+use crate::gc::candidates::Candidates;
+use crate::gc::marks::Marks;
+use crate::gc::{GcOptions, GcReport};
+use crate::repo::Repository;
+
+/// What one look at the repository found referenced.
+struct View {
+    /// Each live container's entries in use (a bitmap).
+    live: BTreeMap<u64, Vec<u8>>,
+    /// Recipes (standing for their parts) and trees no readable backup
+    /// names, no pin holds and no session of this process is writing.
+    unnamed: BTreeSet<String>,
+    /// The objects listed that they stand for (parts included).
+    orphans: BTreeSet<String>,
+    pinned: Pinned,
+    /// What is referenced cannot be known (a damaged backup's suspect
+    /// recipe or a pin did not read): nothing may be deleted.
+    withheld: bool,
+}
+
+impl View {
+    fn keeps(&self, kept: &HashSet<u64>, id: u64) -> bool {
+        self.live.contains_key(&id) || self.pinned.holds(id) || kept.contains(&id)
+    }
+}
+
+impl Repository {
+    /// Collection `newest + 1`. Refused with `GcRunning` if another
+    /// collector created that epoch first.
+    pub(super) fn collect(
+        &self,
+        candidates: &mut Candidates,
+        options: &GcOptions,
+        report: &mut GcReport,
+    ) -> RepoResult<()> {
+        let prev = epochs::newest(&*self.store)?;
+        let n = prev + 1;
+        // `None`: unreadable or gone, and what it condemned is never
+        // deleted.
+        let previous = match prev {
+            0 => None,
+            _ => read_epoch(&*self.store, prev)?,
+        };
+        // Listed before the pins: a container put after its writer's pin
+        // was visible is then listed only if the pin is too.
+        let all = self.store_container_ids()?;
+        let view = self.look(prev, candidates, options, report)?;
+        if view.withheld {
+            report.sweep_withheld = true;
+            return Ok(());
+        }
+        report.containers = all.len() as u64;
+        let kept = self.protection().kept();
+        let condemned: Vec<u64> = all
+            .iter()
+            .copied()
+            .filter(|&id| !view.keeps(&kept, id))
+            .collect();
+        report.containers_protected = all
+            .iter()
+            .filter(|id| !view.live.contains_key(id) && view.keeps(&kept, **id))
+            .count() as u64;
+        let skip = |id: u64| view.pinned.holds(id) || kept.contains(&id);
+        // Compacting candidates, each with the entries live now.
+        // Not those this collection compacts below (looked at again by
+        // the next, if still candidates).
+        let compacting: HashSet<u64> = previous
+            .iter()
+            .flat_map(|p| p.compact.iter().map(|(id, _)| *id))
+            .collect();
+        let (compact, left) = if options.compact_below > 0.0 {
+            let mut ids = candidates.ids.clone();
+            ids.retain(|id, _| !compacting.contains(id));
+            let (compact, mut left) =
+                self.compaction_verdicts(&ids, &view.live, &skip, options, report)?;
+            for id in candidates.ids.keys().filter(|id| compacting.contains(id)) {
+                left.insert(*id, None);
+            }
+            (compact, left)
+        } else {
+            (Vec::new(), candidates.ids.clone())
+        };
+        let record = EpochRecord {
+            epoch: n,
+            condemned,
+            compact,
+            objects: view.unnamed.iter().cloned().collect(),
+        };
+        match self
+            .store
+            .put(&EpochRecord::object_name(n), &record.encode())
+        {
+            Ok(()) => {}
+            Err(Error::Exists { .. }) => return Err(RepoError::GcRunning),
+            Err(e) => return Err(e.into()),
+        }
+        // This process's own backups learn of it at once.
+        self.refresh_epochs()?;
+        if left != candidates.ids {
+            self.save_candidates(candidates, &left)?;
+        }
+        let Some(previous) = previous else {
+            return self.expire(n, &view.pinned);
+        };
+        // The second look, made after epoch n began.
+        let mut scratch = GcReport::default();
+        let again = self.look(prev, candidates, options, &mut scratch)?;
+        report.recipes_read += scratch.recipes_read;
+        if again.withheld {
+            report.sweep_withheld = true;
+            return Ok(());
+        }
+        // Compacted versions left by crashes, but of the containers the
+        // collection before the previous may still be compacting.
+        let running = match prev.checked_sub(1).filter(|&e| e > 0) {
+            None => Some(HashSet::new()),
+            Some(e) => read_epoch(&*self.store, e)?
+                .map(|r| r.compact.into_iter().map(|(id, _)| id).collect()),
+        };
+        if let Some(running) = running {
+            self.finish_compactions(Some(&running))?;
+        }
+        let kept = self.protection().kept();
+        let doomed: Vec<u64> = previous
+            .condemned
+            .iter()
+            .copied()
+            .filter(|&id| !again.keeps(&kept, id))
+            .collect();
+        if !self.sweep_containers(&doomed, n, options, report)? {
+            return Ok(());
+        }
+        if options.compact_below > 0.0 && self.still_newest(n)? {
+            let skip = |id: u64| again.pinned.holds(id);
+            // An entry goes only if it was dead at both looks: one dead at
+            // the first was refused by every writer since it applied the
+            // epoch (and a writer holding the container pinned it).
+            let mut live = BTreeMap::new();
+            for (id, first) in &previous.compact {
+                if let Some(now) = again.live.get(id) {
+                    let len = first.len().max(now.len());
+                    let bits = (0..len)
+                        .map(|i| {
+                            first.get(i).copied().unwrap_or(0) | now.get(i).copied().unwrap_or(0)
+                        })
+                        .collect();
+                    live.insert(*id, bits);
+                }
+            }
+            let ids: Vec<u64> = previous.compact.iter().map(|(id, _)| *id).collect();
+            let settled = self.compact_now(&ids, &live, &skip, n, options, report)?;
+            if !settled.is_empty() {
+                let mut ids = candidates.ids.clone();
+                for id in settled {
+                    ids.remove(&id);
+                }
+                self.save_candidates(candidates, &ids)?;
+            }
+        }
+        // Orphaned then and now (parts of a recipe with it).
+        let pending = self.protection().pending_objects();
+        let orphaned: BTreeSet<&str> = previous
+            .objects
+            .iter()
+            .map(String::as_str)
+            .filter(|o| again.unnamed.contains(*o) && !pending.contains(*o))
+            .collect();
+        for object in &again.orphans {
+            if orphaned.contains(crate::recipe::parts::recipe_of(object))
+                && self.delete_if_there(object)?
+            {
+                report.orphans_removed += 1;
+            }
+        }
+        self.expire(n, &again.pinned)
+    }
+
+    /// Look at what is referenced now: recipes and trees listed first,
+    /// then what this process's sessions are about to commit, then the
+    /// pins, then the backups (an object listed here either belongs to a
+    /// writer still running, which announced and pinned it before putting
+    /// it, or to a backup object already put, or to none).
+    fn look(
+        &self,
+        prev: u64,
+        candidates: &mut Candidates,
+        options: &GcOptions,
+        report: &mut GcReport,
+    ) -> RepoResult<View> {
+        let mut named = self.store.list(RECIPES_PREFIX)?;
+        named.extend(self.store.list(TREES_PREFIX)?);
+        let pending = self.protection().pending_objects();
+        let own = self.epochs().writer().to_string();
+        let pinned = pinned_from(&*self.store, prev, &own)?;
+        let listing = self.list_backups_all()?;
+        let (backups, damaged) = (listing.backups, listing.damaged.len());
+        report.backups = backups.len() as u64;
+        report.backups_damaged = damaged as u64;
+        let referenced: BTreeSet<&str> = backups
+            .iter()
+            .flat_map(|b| std::iter::once(b.recipe.as_str()).chain(b.tree.as_deref()))
+            .collect();
+        // Recipes (a recipe's parts live and die with it) and trees no
+        // readable backup names, and no writer is about to commit.
+        let owners: BTreeSet<&str> = named
+            .iter()
+            .map(|o| crate::recipe::parts::recipe_of(o))
+            .collect();
+        let unnamed: Vec<&str> = owners
+            .into_iter()
+            .filter(|o| {
+                !referenced.contains(o) && !pending.contains(*o) && !pinned.objects.contains(*o)
+            })
+            .collect();
+        let orphans: Vec<&str> = named
+            .iter()
+            .map(String::as_str)
+            .filter(|o| unnamed.contains(&crate::recipe::parts::recipe_of(o)))
+            .collect();
+        // With a damaged backup object, any of them may be its.
+        let suspects = (damaged > 0).then(|| self.mark_suspects(&orphans));
+        let marks = self.mark(&backups, candidates, options, report)?;
+        let mut union = Marks::default();
+        for m in marks.values().chain(suspects.as_ref().map(|s| &s.marks)) {
+            union.merge(m);
+        }
+        let keep_all = suspects.is_some();
+        if keep_all {
+            // Kept while a damaged backup may own them.
+            report.orphans_kept = orphans.len() as u64;
+        }
+        let owned = |v: Vec<&str>| match keep_all {
+            true => Default::default(),
+            false => v.into_iter().map(str::to_string).collect(),
+        };
+        Ok(View {
+            live: union.containers,
+            unnamed: owned(unnamed),
+            orphans: owned(orphans),
+            withheld: suspects.as_ref().is_some_and(|s| s.unknown) || !pinned.damaged.is_empty(),
+            pinned,
+        })
+    }
+
+    /// Delete the pins no collection from `n` on honours (older than
+    /// epoch `n`-1) and the epoch records older than `n`-3 (four kept).
+    fn expire(&self, n: u64, pinned: &Pinned) -> RepoResult<()> {
+        for (epoch, name) in &pinned.all {
+            if epoch + 1 < n {
+                self.delete_if_there(name)?;
+            }
+        }
+        for epoch in epochs::epochs_after(&*self.store, None)? {
+            if epoch + 3 < n {
+                self.delete_if_there(&EpochRecord::object_name(epoch))?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,266 @@
+//! A writing process's side of the many-writers protocol (see
+//! `epochs/mod.rs`): apply each
+//! new epoch's condemned lists, pin what its backups hold, hand out
+//! container ids from reserved ranges, and check a commit against the
+//! epochs that began around it.
+//!
+//! Lock order: the epochs state, then the protection map, then the index
+//! and the catalog cache. Nothing takes the epochs state while holding one
+//! of the others.
+
+use std::collections::HashSet;
+use std::sync::MutexGuard;
+
+use crate::epochs::ids::{self, RANGE};
+use crate::epochs::{epochs_after, read_epoch, EpochRecord, Epochs, PinRecord};
+use crate::error::repo::RepoResult;
+use crate::repo::Repository;
+
+impl Repository {
+    pub(crate) fn epochs(&self) -> MutexGuard<'_, Epochs> {
+        self.epochs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Write no pins from now on: the protocol broken on purpose, for the
+    /// test that shows the model catches it. Never for use.
+    #[doc(hidden)]
+    pub fn break_protocol_skip_pins(&self) {
+        self.epochs().skip_pins = true;
+    }
+
+    /// A container id no process has or will hand out, held for
+    /// `session` before any pin can leave it out: from this process's
+    /// range, or from a new range, reserved and pinned first.
+    pub(crate) fn take_container_id(&self, session: u64) -> RepoResult<u64> {
+        let mut e = self.epochs();
+        let exhausted = e.range.is_none_or(|(start, len)| e.next_id >= start + len);
+        if exhausted {
+            let floor = e.floor.max(e.next_id);
+            let start = ids::reserve(&*self.store, floor, e.writer.as_bytes())?;
+            e.range = Some((start, RANGE));
+            e.next_id = start;
+            e.floor = start + RANGE;
+            e.dirty = true;
+            // The pin holds the whole range, its first id too.
+            self.refresh_locked(&mut e)?;
+        }
+        let id = e.next_id;
+        e.next_id += 1;
+        // Held from birth, under the epochs lock: a pin written after
+        // this (which no longer has it in its range) holds it as held.
+        self.protection().hold(session, id);
+        Ok(id)
+    }
+
+    /// Apply the epochs begun since the last call and pin what this
+    /// process holds if they condemned any of it (or if something new
+    /// must be pinned); backups holding what an epoch condemned that the
+    /// next one may already have deleted are lost (`Protection::is_lost`).
+    /// The epoch this process is at.
+    pub(crate) fn refresh_epochs(&self) -> RepoResult<u64> {
+        let mut e = self.epochs();
+        self.refresh_locked(&mut e)?;
+        Ok(e.applied)
+    }
+
+    /// A session is about to put `objects`, which its backup object will
+    /// name: announced in the protection map and pinned before the puts.
+    pub(crate) fn announce(&self, session: u64, objects: &[&str]) -> RepoResult<()> {
+        if objects.is_empty() {
+            return self.refresh_epochs().map(drop);
+        }
+        let mut e = self.epochs();
+        {
+            let mut p = self.protection();
+            for object in objects {
+                p.will_write(session, object);
+            }
+        }
+        e.dirty = true;
+        self.refresh_locked(&mut e)
+    }
+
+    fn refresh_locked(&self, e: &mut Epochs) -> RepoResult<()> {
+        // What the last pin held that its epoch condemned: safe only if
+        // no collection began before the pin was visible.
+        let mut at_risk: (Vec<u64>, Vec<String>) = Default::default();
+        loop {
+            let after = e.started.then_some(e.applied);
+            let newer = epochs_after(&*self.store, after)?;
+            if !newer.is_empty() {
+                self.lose(&at_risk);
+                at_risk = Default::default();
+                if e.started && newer[0] != e.applied + 1 {
+                    // Epochs were begun and deleted as old while this
+                    // process looked away: what it holds may be gone, and
+                    // so may any container it has a catalog of (a read
+                    // finds a deleted one gone; what those epochs
+                    // condemned was deleted by the next, long begun).
+                    self.protection().lose_all();
+                    self.catalog_cache().forget_all();
+                }
+                let newest = *newer.last().expect("not empty");
+                for &epoch in &newer {
+                    let Some(record) = read_epoch(&*self.store, epoch)? else {
+                        continue; // gone or unreadable: nothing it lists is deleted
+                    };
+                    let held = self.apply_condemned(&record)?;
+                    if epoch < newest {
+                        self.lose(&held);
+                    } else {
+                        at_risk = held;
+                    }
+                }
+                e.applied = newest;
+            } else if !e.dirty {
+                e.started = true;
+                return Ok(());
+            }
+            e.started = true;
+            e.dirty = false;
+            if !self.write_pin(e)? || (at_risk.0.is_empty() && at_risk.1.is_empty()) {
+                // Nothing condemned is held: the pin only keeps what is
+                // held pinned (a collection that looked before it was
+                // visible and condemns something held is seen at the
+                // next look, which pins it then). Held and condemned: the
+                // epochs are listed again, to know whether the pin was
+                // visible before the next collection began.
+                return Ok(());
+            }
+        }
+    }
+
+    /// The backups holding `held` (containers, objects) are lost, and
+    /// the containers, which a collection may have deleted, are never
+    /// handed out again.
+    fn lose(&self, held: &(Vec<u64>, Vec<String>)) {
+        if held.0.is_empty() && held.1.is_empty() {
+            return;
+        }
+        {
+            let mut p = self.protection();
+            p.lose_holding(&held.0, &held.1);
+            p.condemn_even_held(&held.0);
+        }
+        let gone: HashSet<u64> = held.0.iter().copied().collect();
+        {
+            let mut cache = self.catalog_cache();
+            for &id in &gone {
+                cache.forget(id);
+            }
+        }
+        if let Ok(mut index) = self.index() {
+            index.forget(&gone);
+        }
+    }
+
+    /// Condemn here what `record` condemned and this process does not
+    /// hold (never handed out again, dropped from the index and the
+    /// catalog cache); the containers and objects it holds of them.
+    fn apply_condemned(&self, record: &EpochRecord) -> RepoResult<(Vec<u64>, Vec<String>)> {
+        let (unheld, held_objects, mut held) = {
+            let mut p = self.protection();
+            let unheld: HashSet<u64> = p
+                .condemn(record.condemned.iter().copied())
+                .into_iter()
+                .collect();
+            // To be compacted: its dead entries are never handed out; a
+            // container held here must be pinned (its backups may
+            // reference one of them).
+            let kept = p.kept();
+            let mut held: Vec<u64> = Vec::new();
+            for (id, live) in &record.compact {
+                p.restrict(*id, live.clone());
+                if kept.contains(id) {
+                    held.push(*id);
+                }
+            }
+            let pending = p.pending_objects();
+            let held_objects: Vec<String> = record
+                .objects
+                .iter()
+                .filter(|o| pending.contains(*o))
+                .cloned()
+                .collect();
+            (unheld, held_objects, held)
+        };
+        held.extend(record.condemned.iter().filter(|c| !unheld.contains(c)));
+        // Those to delete leave the index and the cache; those to compact
+        // stay, their live entries still found.
+        let doomed = unheld;
+        {
+            let mut cache = self.catalog_cache();
+            for &id in &doomed {
+                cache.forget(id);
+            }
+        }
+        if let Ok(mut index) = self.index() {
+            index.forget(&doomed);
+        }
+        Ok((held, held_objects))
+    }
+
+    /// Pin what this process holds at its epoch; false if it holds
+    /// nothing (no pin written).
+    fn write_pin(&self, e: &mut Epochs) -> RepoResult<bool> {
+        let (mut containers, mut objects) = {
+            let p = self.protection();
+            (
+                p.kept().into_iter().collect::<Vec<_>>(),
+                p.pending_objects().into_iter().collect::<Vec<_>>(),
+            )
+        };
+        // The ids not handed out yet: one handed out is held by its
+        // session from birth, and pinned as held while it is.
+        let ranges: Vec<(u64, u64)> = e
+            .range
+            .map(|(start, len)| (e.next_id, start + len - e.next_id))
+            .filter(|&(_, len)| len > 0)
+            .into_iter()
+            .collect();
+        if containers.is_empty() && objects.is_empty() && ranges.is_empty() {
+            return Ok(false);
+        }
+        if e.skip_pins {
+            return Ok(true);
+        }
+        containers.sort_unstable();
+        objects.sort_unstable();
+        let pin = PinRecord {
+            epoch: e.applied,
+            process: crate::process::tag(),
+            containers,
+            ranges,
+            objects,
+        };
+        let name = PinRecord::object_name(e.applied, &e.writer, e.pins);
+        e.pins += 1;
+        self.store.put(&name, &pin.encode())?;
+        Ok(true)
+    }
+
+    /// Whether a backup whose object was just put, by a process that was
+    /// at epoch `at` while it held everything the backup references, is
+    /// committed: no two collections began since (the second could have
+    /// listed the backups before the object was visible, and deleted
+    /// what only the pin at `at` protected).
+    pub(crate) fn commit_holds(&self, at: u64) -> RepoResult<bool> {
+        let newest = crate::epochs::newest(&*self.store)?;
+        Ok(newest <= at.max(self.epochs().applied) + 1)
+    }
+
+    /// The pins this process wrote, deleted at close (when no backup
+    /// runs): best effort, as collections expire them anyway.
+    pub(crate) fn drop_own_pins(&self) {
+        let e = self.epochs();
+        if e.pins == 0 || e.skip_pins {
+            return;
+        }
+        let mine = format!("-{}-", e.writer);
+        if let Ok(names) = self.store.list(crate::epochs::PINS_PREFIX) {
+            for name in names.iter().filter(|n| n.contains(&mine)) {
+                let _ = self.store.delete(name);
+            }
+        }
+    }
+}
