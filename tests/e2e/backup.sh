@@ -238,9 +238,11 @@ head -c 5000000 /dev/urandom >"$WORK/s.bin"
 flip() { python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(int(sys.argv[2])); b = f.read(1)[0]; f.seek(int(sys.argv[2])); f.write(bytes([b ^ 0x55]))' "$1" "$2"; }
 # Random data in fixed segments is stored as is, in 1 MiB frames after the
 # 32-byte header:
-# this byte is in a's second frame, and the stream's in its first.
+# this byte is in a's second frame, and the stream's in its first (the
+# stream's backup, another process, takes its container ids from a range
+# of its own: its container is the second listed).
 flip "$R3/containers/0000000000000000" 1500032
-flip "$R3/containers/0000000000000001" 100000
+flip "$R3/containers/$(ls "$R3/containers" | sort | sed -n 2p)" 100000
 rc=0
 "$DEDUP" restore "$R3" f "$WORK/d3out" --json >"$WORK/d3.json" 2>"$WORK/d3.err" || rc=$?
 [ "$rc" -eq 1 ] || { cat "$WORK/d3.err"; fail "a damaged restore exited $rc, not 1"; }
@@ -350,10 +352,31 @@ flip "$D/backups/a"
 [ "$(field "$WORK/dgc.json" orphans_removed)" -ge 1 ] || fail "a's recipe was not collected"
 "$DEDUP" store check "$D" >/dev/null || fail "store check after the damaged backup went"
 
-log "a killed writer's temporary files go at the next backup"
-head -c 1M /dev/urandom >"$D/containers/.tmp-killed"
+log "a killed writer's temporary files go at the next backup; a live one's stay"
+# A backup killed with -9 while it writes a container leaves its
+# temporary file (named after its process); tried until one is caught.
+head -c 200M /dev/urandom >"$WORK/big.bin"
+left=
+for _ in 1 2 3 4 5 6 7 8; do
+    "$DEDUP" backup "$D" "killed-$RANDOM" --stdin <"$WORK/big.bin" >/dev/null 2>&1 &
+    kpid=$!
+    for _ in $(seq 200); do
+        compgen -G "$D/containers/.tmp-*-$kpid-*" >/dev/null && break
+        sleep 0.01
+    done
+    kill -9 "$kpid" 2>/dev/null || true
+    wait "$kpid" 2>/dev/null || true
+    left=$(compgen -G "$D/containers/.tmp-*-$kpid-*" | head -1) || true
+    [ -n "$left" ] && break
+done
+[ -n "$left" ] || fail "no killed backup left a temporary file in 8 tries"
+# One of a process that runs (this shell's) stays.
+live="$D/containers/.tmp-$(basename "$left" | cut -d- -f2)-$$-$(awk '{print $22}' /proc/$$/stat).abc"
+head -c 1000 /dev/urandom >"$live"
 echo c | "$DEDUP" backup "$D" c --stdin >/dev/null || fail "backup c"
-[ -e "$D/containers/.tmp-killed" ] && fail "a killed writer's temporary file is still there"
+[ -e "$left" ] && fail "a killed writer's temporary file is still there"
+[ -e "$live" ] || fail "a live process's temporary file was removed"
+rm -f "$live"
 
 log "gc of a repository whose config is damaged names the config"
 cp "$D/config" "$WORK/config.good"

@@ -41,7 +41,11 @@ impl Repository {
             e.next_id = start;
             e.floor = start + RANGE;
             e.dirty = true;
-            // The pin holds the whole range, its first id too.
+        }
+        if e.dirty {
+            // The pin holds the range's ids not handed out yet: none is
+            // handed out before a pin (this one, or one that failed
+            // before) holds it.
             self.refresh_locked(&mut e)?;
         }
         let id = e.next_id;
@@ -81,53 +85,75 @@ impl Repository {
     }
 
     fn refresh_locked(&self, e: &mut Epochs) -> RepoResult<()> {
-        // What the last pin held that its epoch condemned: safe only if
-        // no collection began before the pin was visible.
-        let mut at_risk: (Vec<u64>, Vec<String>) = Default::default();
         loop {
             let after = e.started.then_some(e.applied);
             let newer = epochs_after(&*self.store, after)?;
-            if !newer.is_empty() {
-                self.lose(&at_risk);
-                at_risk = Default::default();
+            if newer.is_empty() {
+                let first = !e.started;
+                e.started = true;
+                if !e.dirty {
+                    if !first {
+                        // Listed after the pin at `applied` was written:
+                        // the next collection began after it was visible.
+                        e.at_risk = Default::default();
+                    }
+                    return Ok(());
+                }
+            } else {
+                // Past `applied` before its pin was known visible: what
+                // was at risk there may be deleted.
+                let risk = std::mem::take(&mut e.at_risk);
+                self.lose(&risk);
                 if e.started && newer[0] != e.applied + 1 {
                     // Epochs were begun and deleted as old while this
-                    // process looked away: what it holds may be gone, and
-                    // so may any container it has a catalog of (a read
-                    // finds a deleted one gone; what those epochs
-                    // condemned was deleted by the next, long begun).
-                    self.protection().lose_all();
-                    self.catalog_cache().forget_all();
+                    // process looked away.
+                    self.lost_track();
                 }
                 let newest = *newer.last().expect("not empty");
                 for &epoch in &newer {
                     let Some(record) = read_epoch(&*self.store, epoch)? else {
-                        continue; // gone or unreadable: nothing it lists is deleted
+                        // Deleted as old since the listing, or unreadable
+                        // here: what it condemned is unknown.
+                        self.lost_track();
+                        continue;
                     };
                     let held = self.apply_condemned(&record)?;
                     if epoch < newest {
                         self.lose(&held);
                     } else {
-                        at_risk = held;
+                        e.at_risk = held;
                     }
                 }
                 e.applied = newest;
-            } else if !e.dirty {
                 e.started = true;
-                return Ok(());
+                // A pin at the new epoch is due.
+                e.dirty = true;
             }
-            e.started = true;
+            // Stays dirty (and at risk) if the put fails: the next look
+            // pins again, or loses what was at risk.
+            let pinned = self.write_pin(e)?;
             e.dirty = false;
-            if !self.write_pin(e)? || (at_risk.0.is_empty() && at_risk.1.is_empty()) {
+            if !pinned || (e.at_risk.0.is_empty() && e.at_risk.1.is_empty()) {
                 // Nothing condemned is held: the pin only keeps what is
                 // held pinned (a collection that looked before it was
                 // visible and condemns something held is seen at the
                 // next look, which pins it then). Held and condemned: the
                 // epochs are listed again, to know whether the pin was
                 // visible before the next collection began.
+                e.at_risk = Default::default();
                 return Ok(());
             }
         }
+    }
+
+    /// This process no longer knows what collections condemned (epochs
+    /// it missed, or a record it cannot read): what its running backups
+    /// hold may be gone, and so may any container it has a catalog of (a
+    /// read finds a deleted one gone; what a missed epoch condemned was
+    /// deleted by the next, long begun).
+    fn lost_track(&self) {
+        self.protection().lose_all();
+        self.catalog_cache().forget_all();
     }
 
     /// The backups holding `held` (containers, objects) are lost, and

@@ -21,7 +21,9 @@
 //! Compaction uses the same lock: it condemns a container before
 //! rewriting it (so it never rewrites one a session holds, which may
 //! reference an entry the marks call dead, and no lookup hands it out
-//! meanwhile) and releases it once the new version is in place.
+//! meanwhile) and releases it once the new version is in place, unless
+//! it was condemned already (by an epoch of another collection, which
+//! keeps it out of reach for good).
 //!
 //! The same holds for the recipe and tree a session puts before its backup
 //! object, and for the recipe's parts, which it puts as it goes:

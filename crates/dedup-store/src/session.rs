@@ -91,6 +91,10 @@ pub struct BackupSession<'r> {
     /// references: `commit` makes them durable (sealing one still open)
     /// before the backup object names them.
     borrowed: HashMap<u64, Arc<Pending>>,
+    /// A container of this backup that did not become durable (its put
+    /// failed): segments the recipe already references are in it, so the
+    /// backup may no longer commit.
+    broken: Option<String>,
     ended: bool,
 }
 
@@ -145,6 +149,7 @@ impl Repository {
             writing: None,
             sealed_by_others: Vec::new(),
             borrowed: HashMap::new(),
+            broken: None,
             ended: false,
         })
     }
@@ -448,6 +453,12 @@ impl BackupSession<'_> {
     /// Commit, `tree` (if any) already checked (`tree/commit.rs` checks
     /// it).
     pub(crate) fn commit_checked(mut self, tree: Option<&[u8]>) -> RepoResult<BackupRecord> {
+        if let Some(cause) = &self.broken {
+            return Err(RepoError::Incomplete {
+                name: self.name.clone(),
+                detail: cause.clone(),
+            });
+        }
         self.seal()?;
         self.finish_writing()?;
         self.settle_shared()?;
@@ -497,14 +508,31 @@ impl BackupSession<'_> {
         // by nothing a collection could take).
         let at = repo.refresh_epochs()?;
         self.check_lost()?;
-        match repo.store.put(&object, &record.encode()) {
+        let encoded = record.encode();
+        match repo.store.put(&object, &encoded) {
             Ok(()) => {}
             Err(Error::Exists { .. }) => {
                 return Err(RepoError::BackupExists {
                     name: self.name.clone(),
                 })
             }
-            Err(e) => return Err(e.into()),
+            // It may have landed all the same: then it is checked like any
+            // commit; if that cannot be known, it is unconfirmed.
+            Err(e) => match repo.store.get(&object) {
+                Ok(there) if there == encoded => {}
+                Ok(_) => {
+                    return Err(RepoError::BackupExists {
+                        name: self.name.clone(),
+                    })
+                }
+                Err(Error::NotFound { .. }) => return Err(e.into()),
+                _ => {
+                    return Err(RepoError::Unconfirmed {
+                        name: self.name.clone(),
+                        detail: e.to_string(),
+                    })
+                }
+            },
         }
         let holds = repo.commit_holds(at).map_err(|e| RepoError::Unconfirmed {
             name: self.name.clone(),
@@ -581,6 +609,7 @@ impl BackupSession<'_> {
         let Some(writer) = writer else {
             let e = writer_gone(id);
             lose(self.repo, &open.pending, &e);
+            self.broken = Some(e.to_string());
             return Err(e);
         };
         let bytes = writer.seal();
@@ -612,6 +641,7 @@ impl BackupSession<'_> {
             }
             Err(e) => {
                 lose(self.repo, &watch, &e);
+                self.broken = Some(e.to_string());
                 Err(e)
             }
         }
@@ -645,6 +675,7 @@ impl BackupSession<'_> {
             Err(e) => {
                 // Settled lost by the thread (or its guard): unlisted too.
                 self.repo.inflight().forget(w.id);
+                self.broken = Some(e.to_string());
                 return Err(e);
             }
         };

@@ -107,7 +107,7 @@ fn killed_at(base: &Path, dir: &Path, n: u64) -> std::path::PathBuf {
 }
 
 #[test]
-fn a_collection_killed_at_every_step_is_finished_by_the_next() {
+fn a_collection_killed_at_every_step_is_finished_by_the_next_ones() {
     let tmp = tempfile::tempdir().unwrap();
     let base = tmp.path().join("base");
     let model = template(&base);
@@ -127,8 +127,14 @@ fn a_collection_killed_at_every_step_is_finished_by_the_next() {
         let dir = killed_at(&base, &tmp.path().join(format!("crash-{n}")), n);
         let repo = Repository::open(&dir).unwrap();
         check_backups(&repo, &model);
-        repo.gc(&GcOptions::default()).unwrap();
-        check_backups(&repo, &model);
+        // A compaction killed between its first two steps leaves a
+        // compacted version that only a collection sure no other is
+        // replacing that container deletes (two collections on), after
+        // which the container is compacted again: three `gc`s.
+        for _ in 0..3 {
+            repo.gc(&GcOptions::default()).unwrap();
+            check_backups(&repo, &model);
+        }
         drop(repo);
         check_collected(&dir);
         check_compacted(&dir);

@@ -49,6 +49,17 @@ fn writer(dir: &Path, skip_pins: bool) -> Writer {
     }
 }
 
+/// A repository of small containers (16 KiB): many seals, many looks at
+/// the epochs.
+fn init_small(dir: &Path) {
+    let options = RepoOptions {
+        segmenting: Segmenting::DEFAULT,
+        container_target: 16 << 10,
+        ..RepoOptions::default()
+    };
+    drop(Repository::init_with(dir, options).unwrap());
+}
+
 /// The first committed backup that does not restore byte-exact, if any.
 fn first_broken(dir: &Path, model: &BTreeMap<String, Vec<u8>>) -> Option<String> {
     let reader = Repository::open_read_only(dir).unwrap();
@@ -67,17 +78,7 @@ fn first_broken(dir: &Path, model: &BTreeMap<String, Vec<u8>>) -> Option<String>
 fn run(seed: u64, steps: usize, skip_pins: bool) -> Option<String> {
     let tmp = Box::leak(Box::new(tempfile::tempdir().unwrap()));
     let dir = tmp.path().to_path_buf();
-    drop(
-        Repository::init_with(
-            &dir,
-            RepoOptions {
-                segmenting: Segmenting::DEFAULT,
-                container_target: 16 << 10,
-                ..RepoOptions::default()
-            },
-        )
-        .unwrap(),
-    );
+    init_small(&dir);
     let mut rng = StdRng::seed_from_u64(seed);
     let shared = blocks(&mut rng, 12);
     let mut writers: Vec<Writer> = (0..WRITERS).map(|_| writer(&dir, skip_pins)).collect();
@@ -174,6 +175,50 @@ fn run(seed: u64, steps: usize, skip_pins: bool) -> Option<String> {
             16 => {
                 collector.gc(&GcOptions::default()).unwrap();
             }
+            // A fault that passes: a few of a writer's requests fail (a
+            // pin, a listing, a put), and it goes on.
+            17 => {
+                let wr = &mut writers[w];
+                wr.store.fail_after(rng.random_range(0..4));
+                if let Some((s, name, data)) = wr.running.take() {
+                    let chunk = stream(&mut rng, &shared);
+                    let mut s = s;
+                    let mut data = data;
+                    let mut ok = true;
+                    for piece in chunk[..chunk.len().min(24 << 10)].chunks(4096) {
+                        if s.append(piece).is_err() {
+                            ok = false;
+                            break;
+                        }
+                        data.extend_from_slice(piece);
+                    }
+                    wr.store.recover();
+                    if ok {
+                        wr.running = Some((s, name, data));
+                    } else {
+                        match s.commit() {
+                            Ok(_) => {
+                                model.insert(name, data);
+                            }
+                            Err(RepoError::Unconfirmed { .. })
+                                if collector.backup(&name).is_ok() =>
+                            {
+                                model.insert(name, data);
+                            }
+                            Err(e) => {
+                                let listed = collector.backup(&name).is_ok();
+                                assert!(
+                                    !listed,
+                                    "seed {seed} step {step}: {name} failed ({e}) but listed"
+                                );
+                            }
+                        }
+                    }
+                } else {
+                    let _ = wr.repo.gc_one_epoch(&GcOptions::default());
+                    wr.store.recover();
+                }
+            }
             // A writer dies at some later request (maybe mid-backup): its
             // handle is abandoned as a killed process's would be.
             _ => {
@@ -236,4 +281,105 @@ fn without_pins_the_model_catches_lost_data() {
         "no seed lost data with the protocol broken: the model cannot see a broken protocol"
     );
     eprintln!("caught: {}", caught.unwrap());
+}
+
+/// A writer whose pin put fails goes on: what its backup holds that a
+/// collection condemned stays at risk (not forgotten with the failed
+/// pin), so when the next collection began before any pin held it, the
+/// backup stops instead of committing references to what that collection
+/// deleted.
+#[test]
+fn a_failed_pin_leaves_what_it_held_at_risk() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    init_small(dir);
+    let mut rng = StdRng::seed_from_u64(5);
+    let old_blocks = blocks(&mut rng, 8);
+    let old = stream(&mut rng, &old_blocks);
+    let collector = Repository::open(dir).unwrap();
+    collector.backup_stream("old", "g", &old[..]).unwrap();
+    let (writer, store) = open_faulty(dir);
+    // Reuses every container of "old".
+    let mut s = writer.begin_backup("new", "g").unwrap();
+    for piece in old.chunks(4096) {
+        s.append(piece).unwrap();
+    }
+    // "old" goes, and a collection condemns its containers, which the
+    // running backup holds.
+    collector.delete_backup("old").unwrap();
+    collector.gc_one_epoch(&GcOptions::default()).unwrap();
+    // The writer sees the epoch as it seals, but its pin put fails.
+    store.fail_puts_under("pins/");
+    let fresh_blocks = blocks(&mut rng, 8);
+    let fresh = stream(&mut rng, &fresh_blocks);
+    let failed = fresh.chunks(4096).any(|piece| s.append(piece).is_err());
+    assert!(failed, "the pin put never failed");
+    store.allow_puts();
+    // The next collection deletes what no pin held.
+    collector.gc_one_epoch(&GcOptions::default()).unwrap();
+    match s.commit() {
+        Err(RepoError::Overtaken { .. }) => {}
+        Ok(_) => {
+            let mut out = Vec::new();
+            let restored = Repository::open_read_only(dir)
+                .unwrap()
+                .restore("new", &mut out);
+            panic!("committed over a deleted container: restore gives {restored:?}");
+        }
+        Err(e) => panic!("{e}"),
+    }
+    assert!(
+        collector.backup("new").is_err(),
+        "a stopped backup is listed"
+    );
+}
+
+/// A pin that does not read holds what cannot be known: collections
+/// delete nothing while it counts, but still begin their epochs, so it
+/// expires and is deleted, and collecting goes on after.
+#[test]
+fn a_damaged_pin_withholds_deletion_only_until_it_expires() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let repo = Repository::init(dir).unwrap();
+    repo.backup_stream("gone", "g", &vec![3u8; 200_000][..])
+        .unwrap();
+    repo.delete_backup("gone").unwrap();
+    let store = dedup_store::LocalDir::open(dir).unwrap();
+    let pin = dedup_store::epochs::PinRecord::object_name(0, "elsewhere", 0);
+    use dedup_store::ObjectStore;
+    store.put(&pin, b"not a pin").unwrap();
+    let r = repo.gc(&GcOptions::default()).unwrap();
+    assert!(r.sweep_withheld && r.containers_swept == 0, "{r:?}");
+    assert!(store.get(&pin).is_ok(), "expired too early");
+    let mut swept = 0;
+    for _ in 0..3 {
+        swept += repo.gc(&GcOptions::default()).unwrap().containers_swept;
+    }
+    assert!(store.get(&pin).is_err(), "the damaged pin never expired");
+    assert!(swept > 0, "nothing collected after it expired");
+}
+
+/// A backup goes on after one of its container puts failed (a fault that
+/// passed, as a writer beside others sees them): it must not commit, as
+/// its recipe already names segments of the container that never landed.
+#[test]
+fn a_backup_whose_container_put_failed_does_not_commit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    init_small(dir);
+    let mut rng = StdRng::seed_from_u64(9);
+    let pool = blocks(&mut rng, 64);
+    let data: Vec<u8> = pool.concat();
+    let (writer, store) = open_faulty(dir);
+    let mut s = writer.begin_backup("b", "g").unwrap();
+    store.fail_puts_under("containers/");
+    let failed = data.chunks(4096).any(|piece| s.append(piece).is_err());
+    assert!(failed, "no container put failed");
+    store.allow_puts();
+    match s.commit() {
+        Err(RepoError::Incomplete { .. }) => {}
+        other => panic!("committed over a container that never landed: {other:?}"),
+    }
+    assert!(writer.backup("b").is_err());
 }

@@ -2,13 +2,13 @@
 //! back up into one repository while `gc` runs beside them, with nothing
 //! but create-only puts and read-after-write listings (S3's, and a
 //! directory's). The argument why no live segment is deleted is in
-//! FORMATS.md ("Epochs, pins and id ranges"); in short:
+//! FORMATS.md ("Many writers: epochs, pins and id ranges"); in short:
 //!
 //! - A collection *n* condemns what no committed backup and no pin of
 //!   epoch ≥ *n*-1 references, and creates `gc/epoch-<n>` holding that
 //!   list (`record.rs`). It deletes only what collection *n*-1 condemned
 //!   and a listing made after epoch *n* began still finds unreferenced
-//!   and unpinned (`gc/epochs.rs`).
+//!   and unpinned (`gc/collect.rs`).
 //! - A writing process applies every epoch's list before it references
 //!   anything again (what it does not hold is never handed out again),
 //!   and when an epoch condemned something it holds, pins it at that

@@ -22,6 +22,12 @@ pub(crate) struct Epochs {
     /// No id below this may be reserved (containers and checkpoints hold
     /// them).
     pub(crate) floor: u64,
+    /// What this process held that epoch `applied` condemned: pinned at
+    /// `applied` once `dirty` is false, and safe once a listing made after
+    /// that pin finds no newer epoch; lost if one does. Kept here, not on
+    /// the stack, so that a pin or listing that fails leaves it for the
+    /// next look instead of forgetting it.
+    pub(crate) at_risk: (Vec<u64>, Vec<String>),
     /// The broken protocol, for the test that must catch it: no pins.
     pub(crate) skip_pins: bool,
 }
@@ -37,6 +43,7 @@ impl Epochs {
             range: None,
             next_id: floor,
             floor,
+            at_risk: Default::default(),
             skip_pins: false,
         }
     }

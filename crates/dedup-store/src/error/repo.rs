@@ -48,6 +48,11 @@ pub enum RepoError {
     #[error("backup {name} was stopped before committing: a garbage collection running beside it condemned data it reuses (a backup deleted while it ran); nothing was committed, run it again")]
     Overtaken { name: String },
 
+    /// A backup asked to commit after one of its containers failed to be
+    /// written: what it references is not all stored.
+    #[error("backup {name} cannot be committed: writing one of its containers failed earlier ({detail}); nothing was committed, run it again")]
+    Incomplete { name: String, detail: String },
+
     /// A backup whose backup object was put, but the look at the epochs
     /// that confirms it failed: it is listed, and almost surely whole.
     #[error("backup {name} was committed but could not be confirmed ({detail}): a garbage collection running beside it may have removed data it reuses; `dedup store check` tells, or delete it and run it again")]

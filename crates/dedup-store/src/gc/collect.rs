@@ -27,7 +27,7 @@ struct View {
     orphans: BTreeSet<String>,
     pinned: Pinned,
     /// What is referenced cannot be known (a damaged backup's suspect
-    /// recipe or a pin did not read): nothing may be deleted.
+    /// recipe did not read): nothing may be condemned or deleted.
     withheld: bool,
 }
 
@@ -64,16 +64,32 @@ impl Repository {
         }
         report.containers = all.len() as u64;
         let kept = self.protection().kept();
+        // A pin that does not read may hold anything: nothing is condemned
+        // or deleted, but the epoch still begins, so that the pin expires
+        // two collections on (and is deleted) instead of stopping every
+        // collection for ever.
+        let unsure = !view.pinned.damaged.is_empty();
         let condemned: Vec<u64> = all
             .iter()
             .copied()
-            .filter(|&id| !view.keeps(&kept, id))
+            .filter(|&id| !unsure && !view.keeps(&kept, id))
             .collect();
         report.containers_protected = all
             .iter()
             .filter(|id| !view.live.contains_key(id) && view.keeps(&kept, **id))
             .count() as u64;
-        let skip = |id: u64| view.pinned.holds(id) || kept.contains(&id);
+        // Not those with a compacted version already there: a compaction
+        // that died, or one still running. Out of the epochs' lists, they
+        // are soon not one a collection may be compacting, and the
+        // leftover goes (`finish_compactions`); then they are listed again.
+        let leftovers: HashSet<u64> = self
+            .store
+            .list(crate::container::COMPACTED_PREFIX)?
+            .iter()
+            .filter_map(|o| o.strip_prefix(crate::container::COMPACTED_PREFIX))
+            .filter_map(|h| u64::from_str_radix(h, 16).ok())
+            .collect();
+        let skip = |id: u64| view.pinned.holds(id) || kept.contains(&id) || leftovers.contains(&id);
         // Compacting candidates, each with the entries live now.
         // Not those this collection compacts below (looked at again by
         // the next, if still candidates).
@@ -81,7 +97,7 @@ impl Repository {
             .iter()
             .flat_map(|p| p.compact.iter().map(|(id, _)| *id))
             .collect();
-        let (compact, left) = if options.compact_below > 0.0 {
+        let (compact, left) = if options.compact_below > 0.0 && !unsure {
             let mut ids = candidates.ids.clone();
             ids.retain(|id, _| !compacting.contains(id));
             let (compact, mut left) =
@@ -97,7 +113,10 @@ impl Repository {
             epoch: n,
             condemned,
             compact,
-            objects: view.unnamed.iter().cloned().collect(),
+            objects: match unsure {
+                true => Vec::new(),
+                false => view.unnamed.iter().cloned().collect(),
+            },
         };
         match self
             .store
@@ -112,26 +131,35 @@ impl Repository {
         if left != candidates.ids {
             self.save_candidates(candidates, &left)?;
         }
-        let Some(previous) = previous else {
+        let Some(previous) = previous.filter(|_| !unsure) else {
+            report.sweep_withheld |= unsure;
             return self.expire(n, &view.pinned);
         };
         // The second look, made after epoch n began.
         let mut scratch = GcReport::default();
         let again = self.look(prev, candidates, options, &mut scratch)?;
         report.recipes_read += scratch.recipes_read;
-        if again.withheld {
+        if again.withheld || !again.pinned.damaged.is_empty() {
             report.sweep_withheld = true;
-            return Ok(());
+            return self.expire(n, &again.pinned);
         }
-        // Compacted versions left by crashes, but of the containers the
-        // collection before the previous may still be compacting.
-        let running = match prev.checked_sub(1).filter(|&e| e > 0) {
-            None => Some(HashSet::new()),
-            Some(e) => read_epoch(&*self.store, e)?
-                .map(|r| r.compact.into_iter().map(|(id, _)| id).collect()),
+        // Compacted versions left by crashes, but of the containers a
+        // collection may be compacting now: the previous (epoch n-2's
+        // list), this one (n-1's) and the next (n's).
+        let older = match prev.checked_sub(1).filter(|&e| e > 0) {
+            None => Some(Vec::new()),
+            Some(e) => read_epoch(&*self.store, e)?.map(|r| r.compact),
         };
-        if let Some(running) = running {
-            self.finish_compactions(Some(&running))?;
+        if let Some(older) = older {
+            let running: HashSet<u64> = older
+                .iter()
+                .chain(&previous.compact)
+                .chain(&record.compact)
+                .map(|(id, _)| *id)
+                .collect();
+            if self.still_newest(n)? {
+                self.finish_compactions(Some(&running))?;
+            }
         }
         let kept = self.protection().kept();
         let doomed: Vec<u64> = previous
@@ -250,7 +278,7 @@ impl Repository {
             live: union.containers,
             unnamed: owned(unnamed),
             orphans: owned(orphans),
-            withheld: suspects.as_ref().is_some_and(|s| s.unknown) || !pinned.damaged.is_empty(),
+            withheld: suspects.as_ref().is_some_and(|s| s.unknown),
             pinned,
         })
     }

@@ -188,14 +188,24 @@ impl Repository {
             if !self.still_newest(epoch)? {
                 break;
             }
-            if self.protection().condemn([id]).is_empty() {
+            // Condemned here while it is replaced; released after unless it
+            // was condemned already (by an epoch this process applied: then
+            // it stays out of reach, whatever this compaction does).
+            let (held, already) = {
+                let mut p = self.protection();
+                let already = p.is_condemned(id);
+                (p.condemn([id]).is_empty(), already)
+            };
+            if held {
                 continue; // a backup of this process holds it
             }
-            let result = self.replace(id, &bits, report);
+            let result = self.replace(id, &bits, epoch, report);
             // Released even on failure: both versions serve every live
             // reference, and the next GC (or open) finishes the switch.
             self.catalog_cache().forget(id);
-            self.protection().release(id);
+            if !already {
+                self.protection().release(id);
+            }
             if result? {
                 settled.push(id);
             }
@@ -251,7 +261,7 @@ impl Repository {
     /// Steps 1 to 4 for container `id`, keeping the entries set in `bits`;
     /// false if it was left as it is (damaged, or a compacted version of
     /// it is already there: an earlier compaction's, maybe still running).
-    fn replace(&self, id: u64, bits: &[u8], report: &mut GcReport) -> RepoResult<bool> {
+    fn replace(&self, id: u64, bits: &[u8], epoch: u64, report: &mut GcReport) -> RepoResult<bool> {
         let old = match Container::read(&*self.store, id) {
             Ok(c) => c,
             // A damaged container is left for `check` to report.
@@ -270,6 +280,14 @@ impl Repository {
             Ok(()) => {}
             Err(Error::Exists { .. }) => return Ok(false),
             Err(e) => return Err(e.into()),
+        }
+        // Looked at again between the two puts' halves: a newer collection
+        // may take a `compacted/<id>` that is not yet the only copy for a
+        // leftover (`finish_compactions`), so this one stops first, and
+        // takes its own back.
+        if !self.still_newest(epoch)? {
+            self.delete_if_there(&tmp)?;
+            return Ok(false);
         }
         self.delete_if_there(&container_name(id))?;
         match self.store.put(&container_name(id), &bytes) {

@@ -23,7 +23,7 @@
 //!
 //! Why it is safe against backups running at the same time, in this
 //! process or in others on any host: see `epochs/` and FORMATS.md
-//! ("Epochs, pins and id ranges"); in the process, the protection map
+//! ("Many writers: epochs, pins and id ranges"); in the process, the protection map
 //! (`protection.rs`) holds what running backups reference, and a
 //! container is deleted only once condemned there, which no session
 //! holding it allows and after which no lookup hands it out.
@@ -162,13 +162,21 @@ impl Repository {
         // Loaded and kept up to date even when nothing is compacted, so
         // a later collection compacts what this one left.
         let mut candidates = self.load_candidates()?;
-        self.collect(&mut candidates, options, &mut report)?;
+        // Another collector running beside this one may put the next
+        // generation of a group's marks or of the candidates first.
+        let beside = |e| match e {
+            RepoError::Store(Error::Exists { .. }) => RepoError::GcRunning,
+            other => other,
+        };
+        self.collect(&mut candidates, options, &mut report)
+            .map_err(beside)?;
         for _ in 1..count {
             if report.sweep_withheld {
                 break;
             }
             let mut next = GcReport::default();
-            self.collect(&mut candidates, options, &mut next)?;
+            self.collect(&mut candidates, options, &mut next)
+                .map_err(beside)?;
             report.recipes_read += next.recipes_read;
             report.catalogs_read += next.catalogs_read;
             report.containers_swept += next.containers_swept;

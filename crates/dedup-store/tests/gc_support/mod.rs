@@ -55,6 +55,11 @@ impl Faulty {
             .store(self.ops.load(SeqCst).saturating_add(n), SeqCst);
     }
 
+    /// Let every operation succeed again (a fault that passed).
+    pub fn recover(&self) {
+        self.budget.store(u64::MAX, SeqCst);
+    }
+
     pub fn ops(&self) -> u64 {
         self.ops.load(SeqCst)
     }
