@@ -3,6 +3,9 @@
 //! sockets alike, and a client holding a key sends nothing to a server
 //! that cannot prove it holds the same one (an impostor on the port).
 
+mod rpc_support;
+use rpc_support::Running;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
@@ -15,23 +18,8 @@ use dedup_store::rpc::auth::Proved;
 use dedup_store::rpc::protocol::{
     Call, ErrorKind, Reply, Request, Response, WireSegmenting, PROTOCOL_VERSION,
 };
-use dedup_store::rpc::{BackupOptions, Client, ClientError, Endpoint, Key, Server, ServerLimits};
+use dedup_store::rpc::{BackupOptions, Client, ClientError, Endpoint, Key, ServerLimits};
 use dedup_store::Repository;
-
-struct Running {
-    at: Endpoint,
-    stop: dedup_store::rpc::StopHandle,
-    thread: Option<JoinHandle<std::io::Result<()>>>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.stop.stop();
-        if let Some(t) = self.thread.take() {
-            t.join().unwrap().unwrap();
-        }
-    }
-}
 
 /// A new repository served at `at` (a TCP port 0 is resolved) with `key`.
 fn serve(dir: &Path, at: Endpoint, key: Option<Key>) -> Running {
@@ -40,13 +28,7 @@ fn serve(dir: &Path, at: Endpoint, key: Option<Key>) -> Running {
 
 fn serve_with(dir: &Path, at: Endpoint, key: Option<Key>, limits: ServerLimits) -> Running {
     let repo = Repository::init(dir.join("repo")).unwrap();
-    let server = Server::bind_with_key(repo, &at, limits, key).unwrap();
-    let (at, stop) = (server.endpoint().clone(), server.stop_handle());
-    Running {
-        at,
-        stop,
-        thread: Some(std::thread::spawn(move || server.run())),
-    }
+    Running::bound(repo, &at, limits, key)
 }
 
 fn tcp() -> Endpoint {

@@ -5,42 +5,23 @@
 //! cannot pass the key proofs on, so the client refuses the server and
 //! the server the client. An encrypted repository is served over TCP.
 
+mod rpc_support;
+use rpc_support::Running;
+
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 
 use dedup_store::crypto::passphrase::for_this_thread;
 use dedup_store::crypto::KdfParams;
 use dedup_store::rpc::tls;
-use dedup_store::rpc::{BackupOptions, Client, ClientError, Endpoint, Key, Server, ServerLimits};
+use dedup_store::rpc::{BackupOptions, Client, ClientError, Endpoint, Key, ServerLimits};
 use dedup_store::{RepoOptions, Repository};
-
-struct Running {
-    at: Endpoint,
-    stop: dedup_store::rpc::StopHandle,
-    thread: Option<JoinHandle<std::io::Result<()>>>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.stop.stop();
-        if let Some(t) = self.thread.take() {
-            t.join().unwrap().unwrap();
-        }
-    }
-}
 
 fn serve(repo: Repository, key: Option<Key>) -> Running {
     let at = Endpoint::Tcp("127.0.0.1:0".parse().unwrap());
-    let server = Server::bind_with_key(repo, &at, ServerLimits::default(), key).unwrap();
-    let (at, stop) = (server.endpoint().clone(), server.stop_handle());
-    Running {
-        at,
-        stop,
-        thread: Some(std::thread::spawn(move || server.run())),
-    }
+    Running::bound(repo, &at, ServerLimits::default(), key)
 }
 
 /// Bytes to find: a line a backup holds many times.

@@ -48,8 +48,10 @@ impl Epochs {
         }
     }
 
-    pub(crate) fn writer_mut(&mut self) -> &mut String {
-        &mut self.writer
+    /// No id below `floor` is handed out (found taken at open).
+    pub(crate) fn raise_floor(&mut self, floor: u64) {
+        self.floor = self.floor.max(floor);
+        self.next_id = self.next_id.max(floor);
     }
 
     /// This process's name in its pins.

@@ -351,7 +351,7 @@ impl Repository {
             }
         }
         let epochs = self.epochs.get_mut().unwrap_or_else(|p| p.into_inner());
-        *epochs = Epochs::new(std::mem::take(epochs.writer_mut()), next);
+        epochs.raise_floor(next);
         Ok(())
     }
 

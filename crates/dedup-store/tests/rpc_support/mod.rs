@@ -7,13 +7,15 @@ use std::path::Path;
 use std::thread::JoinHandle;
 
 use dedup_store::rpc::protocol::{Call, Reply};
-use dedup_store::rpc::{Client, Endpoint, Server, ServerLimits, StopHandle};
+use dedup_store::rpc::{Client, Endpoint, Key, Server, ServerLimits, StopHandle};
 use dedup_store::{Container, LocalDir, ObjectStore, Repository};
 
 pub struct Running {
     pub at: Endpoint,
     pub stop: StopHandle,
     thread: Option<JoinHandle<std::io::Result<()>>>,
+    /// The server must have stopped without an error (checked at drop).
+    strict: bool,
 }
 
 impl Running {
@@ -27,11 +29,28 @@ impl Running {
     /// Serve `repo` on a socket in `dir`.
     pub fn serving(repo: Repository, dir: &Path, limits: ServerLimits) -> Running {
         let server = Server::bind(repo, &Endpoint::Unix(dir.join("s.sock")), limits).unwrap();
+        Running::run(server, false)
+    }
+
+    /// Serve `repo` at `at` (a TCP port 0 is resolved) with `key`; at drop
+    /// the server must stop without an error.
+    pub fn bound(
+        repo: Repository,
+        at: &Endpoint,
+        limits: ServerLimits,
+        key: Option<Key>,
+    ) -> Running {
+        let server = Server::bind_with_key(repo, at, limits, key).unwrap();
+        Running::run(server, true)
+    }
+
+    fn run(server: Server, strict: bool) -> Running {
         let (at, stop) = (server.endpoint().clone(), server.stop_handle());
         Running {
             at,
             stop,
             thread: Some(std::thread::spawn(move || server.run())),
+            strict,
         }
     }
 
@@ -49,7 +68,10 @@ impl Drop for Running {
     fn drop(&mut self) {
         if let Some(t) = self.thread.take() {
             self.stop.stop();
-            let _ = t.join();
+            let ended = t.join();
+            if self.strict {
+                ended.unwrap().unwrap();
+            }
         }
     }
 }
