@@ -56,6 +56,40 @@ impl Repository {
         Ok(id)
     }
 
+    /// Hold `containers` for `session` (false if one is condemned: the
+    /// caller must then not reference it; those before it stay held).
+    /// One no backup of this process holds yet is pinned first, and the
+    /// epochs listed again until none began since the pin: no collection
+    /// after the epoch it is held at can condemn it, so a backup is never
+    /// stopped for reusing what a deleted backup left, however many
+    /// collections run before its next look. A collection that condemned
+    /// it before the pin was visible is applied here, and the container
+    /// refused, before any backup references it.
+    pub(crate) fn hold_pinned(&self, session: u64, containers: &[u64]) -> RepoResult<bool> {
+        let mut e = self.epochs();
+        let fresh: Vec<u64> = {
+            let p = self.protection();
+            let mut fresh: Vec<u64> = containers
+                .iter()
+                .copied()
+                .filter(|&c| !p.is_condemned(c) && !p.kept_here(c))
+                .collect();
+            fresh.sort_unstable();
+            fresh.dedup();
+            fresh
+        };
+        if !fresh.is_empty() {
+            e.about_to_hold = fresh;
+            e.dirty = true;
+            let pinned = self.refresh_locked(&mut e);
+            e.about_to_hold.clear();
+            pinned?;
+        }
+        // Under the epochs lock: no pin written meanwhile left them out.
+        let mut p = self.protection();
+        Ok(containers.iter().all(|&c| p.hold(session, c)))
+    }
+
     /// Apply the epochs begun since the last call and pin what this
     /// process holds if they condemned any of it (or if something new
     /// must be pinned); backups holding what an epoch condemned that the
@@ -133,16 +167,16 @@ impl Repository {
             // pins again, or loses what was at risk.
             let pinned = self.write_pin(e)?;
             e.dirty = false;
-            if !pinned || (e.at_risk.0.is_empty() && e.at_risk.1.is_empty()) {
-                // Nothing condemned is held: the pin only keeps what is
-                // held pinned (a collection that looked before it was
-                // visible and condemns something held is seen at the
-                // next look, which pins it then). Held and condemned: the
-                // epochs are listed again, to know whether the pin was
-                // visible before the next collection began.
+            if !pinned {
+                // Nothing held: nothing to pin, nothing at risk.
                 e.at_risk = Default::default();
                 return Ok(());
             }
+            // The epochs are listed again after every pin, to know whether
+            // it was visible before the next collection began: then that
+            // collection honours it, and what is held (or about to be) is
+            // safe until the one after; if not, what was at risk at the
+            // pinned epoch is lost, and the pin is put again at the newest.
         }
     }
 
@@ -231,8 +265,10 @@ impl Repository {
     fn write_pin(&self, e: &mut Epochs) -> RepoResult<bool> {
         let (mut containers, mut objects) = {
             let p = self.protection();
+            let mut kept = p.kept();
+            kept.extend(e.about_to_hold.iter().copied());
             (
-                p.kept().into_iter().collect::<Vec<_>>(),
+                kept.into_iter().collect::<Vec<_>>(),
                 p.pending_objects().into_iter().collect::<Vec<_>>(),
             )
         };
@@ -262,17 +298,52 @@ impl Repository {
         let name = PinRecord::object_name(e.applied, &e.writer, e.pins);
         e.pins += 1;
         self.store.put(&name, &pin.encode())?;
+        // The newer pin holds all the older held that is still held (a
+        // backup released since committed, its object put first, or gave
+        // up), at an epoch no older: a collection that listed the older
+        // and finds it gone lists the pins again (`pinned_from`). Best
+        // effort: collections expire it anyway.
+        if let Some(old) = e.last_pin.replace(name) {
+            let _ = self.store.delete(&old);
+        }
         Ok(true)
     }
 
     /// Whether a backup whose object was just put, by a process that was
     /// at epoch `at` while it held everything the backup references, is
-    /// committed: no two collections began since (the second could have
-    /// listed the backups before the object was visible, and deleted
-    /// what only the pin at `at` protected).
+    /// committed: at most two collections began since. The pin at `at`
+    /// was visible before the first began (every pin is followed by a
+    /// look), which so condemns nothing the backup holds; the second may
+    /// have listed the backups before the object was visible and condemn,
+    /// but only a third deletes what the second condemned, and its look
+    /// sees the object. With three, the third may have deleted it.
     pub(crate) fn commit_holds(&self, at: u64) -> RepoResult<bool> {
         let newest = crate::epochs::newest(&*self.store)?;
-        Ok(newest <= at.max(self.epochs().applied) + 1)
+        Ok(newest <= at.max(self.epochs().applied) + 2)
+    }
+
+    /// This process outlives its backups (a server): from now on, when
+    /// its last running backup ends, its pin is replaced.
+    pub(crate) fn repin_when_idle(&self) {
+        self.epochs().repin_when_idle = true;
+    }
+
+    /// A backup ended. When it was the last and this process lives on,
+    /// its pin, which may hold what the backups held, is replaced by one
+    /// that holds only the id range (or deleted if there is none): else
+    /// every collection would wait for this process to look
+    /// (`gc/pace.rs`), which it does only when a backup runs. Best
+    /// effort: collections expire the old pin anyway.
+    pub(crate) fn backup_ended(&self) {
+        let mut e = self.epochs();
+        if !e.repin_when_idle || e.last_pin.is_none() || self.protection().sessions() > 0 {
+            return;
+        }
+        if let Ok(false) = self.write_pin(&mut e) {
+            if let Some(old) = e.last_pin.take() {
+                let _ = self.store.delete(&old);
+            }
+        }
     }
 
     /// The pins this process wrote, deleted at close (when no backup

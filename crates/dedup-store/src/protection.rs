@@ -211,6 +211,14 @@ impl Protection {
         self.active.values().flatten().copied().collect()
     }
 
+    /// Whether a collection in another process must already leave
+    /// `container` to this one: a running session holds it (and so a pin
+    /// does), or this process's GC keeps it.
+    pub(crate) fn kept_here(&self, container: u64) -> bool {
+        self.committed_during_gc.contains(&container)
+            || self.active.values().any(|held| held.contains(&container))
+    }
+
     /// What no collection may take from this process: the containers
     /// running sessions hold and those of sessions that committed while
     /// this process's GC ran. What its pins hold.

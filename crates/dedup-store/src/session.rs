@@ -183,21 +183,23 @@ impl BackupSession<'_> {
 
     /// Catalog entry `entry` of `container`, once the container is
     /// protected for this session (protect first, then confirm: once held,
-    /// GC cannot condemn it); `None` if it is condemned, unreadable, or has
-    /// no such entry, or compaction removed it.
-    fn held_entry(&self, container: u64, entry: u32) -> Option<crate::format::Entry> {
+    /// GC cannot condemn it; see `Repository::hold_pinned`); `None` if it
+    /// is condemned, unreadable, or has no such entry, or compaction
+    /// removed it.
+    fn held_entry(&self, container: u64, entry: u32) -> RepoResult<Option<crate::format::Entry>> {
+        if !self.repo.protection().allows(container, entry)
+            || !self.repo.hold_pinned(self.id, &[container])?
         {
-            let mut p = self.repo.protection();
-            if !p.allows(container, entry) || !p.hold(self.id, container) {
-                return None;
-            }
+            return Ok(None);
         }
-        let catalog = self.repo.catalog(container).ok()?;
-        catalog
+        let Ok(catalog) = self.repo.catalog(container) else {
+            return Ok(None);
+        };
+        Ok(catalog
             .entries()
             .get(entry as usize)
             .copied()
-            .filter(|e| !e.is_absent())
+            .filter(|e| !e.is_absent()))
     }
 
     /// [`lookup`](Self::lookup), answered as the full reference (with the
@@ -220,7 +222,7 @@ impl BackupSession<'_> {
         let hint = self.repo.index()?.lookup(fp);
         if let Some((container, entry)) = hint {
             let confirmed = self
-                .held_entry(container, entry)
+                .held_entry(container, entry)?
                 .filter(|e| e.fingerprint == *fp);
             if let Some(e) = confirmed {
                 return Ok(Some(at(container, entry, e.location.raw_len)));
@@ -256,9 +258,17 @@ impl BackupSession<'_> {
     /// `reuse` for a whole file's segments: all of them or none (false,
     /// nothing pushed), so a file is never half reused, half read.
     pub fn reuse_all(&mut self, refs: &[SegmentRef]) -> RepoResult<bool> {
+        // The file's containers held (and pinned) together: one pin, not
+        // one per container.
+        let mut containers: Vec<u64> = refs.iter().map(|r| r.container).collect();
+        containers.sort_unstable();
+        containers.dedup();
+        if !self.repo.hold_pinned(self.id, &containers)? {
+            return Ok(false);
+        }
         for r in refs {
             let confirmed = self
-                .held_entry(r.container, r.entry)
+                .held_entry(r.container, r.entry)?
                 .is_some_and(|e| r.is(&e.fingerprint, e.location.raw_len));
             if !confirmed {
                 return Ok(false);
@@ -820,6 +830,7 @@ impl Drop for BackupSession<'_> {
         if !self.ended {
             self.repo.protection().abort_session(self.id);
         }
+        self.repo.backup_ended();
     }
 }
 

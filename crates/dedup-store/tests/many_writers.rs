@@ -304,9 +304,12 @@ fn a_failed_pin_leaves_what_it_held_at_risk() {
     for piece in old.chunks(4096) {
         s.append(piece).unwrap();
     }
-    // "old" goes, and a collection condemns its containers, which the
-    // running backup holds.
+    // "old" goes. The first collection honours the pin the writer put
+    // as it first held the containers; the second, looking after the
+    // writer last did, reads no pin of the first's epoch and condemns
+    // them, which the running backup holds.
     collector.delete_backup("old").unwrap();
+    collector.gc_one_epoch(&GcOptions::default()).unwrap();
     collector.gc_one_epoch(&GcOptions::default()).unwrap();
     // The writer sees the epoch as it seals, but its pin put fails.
     store.fail_puts_under("pins/");
@@ -382,4 +385,132 @@ fn a_backup_whose_container_put_failed_does_not_commit() {
         other => panic!("committed over a container that never landed: {other:?}"),
     }
     assert!(writer.backup("b").is_err());
+}
+
+/// A backup that reuses what a deleted backup left is not stopped by a
+/// whole `gc` (two collections) run between its looks: it pinned each
+/// container as it first held it, so the first collection leaves them,
+/// and it sees the second's condemnation while that epoch is the newest.
+/// (Pinned only at its next look, the first collection would condemn
+/// them and the second begin before that look: the backup stopped.)
+#[test]
+fn a_backup_reusing_a_deleted_backups_containers_outlives_a_gc_between_its_looks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    init_small(dir);
+    let mut rng = StdRng::seed_from_u64(11);
+    let old_blocks = blocks(&mut rng, 8);
+    let old = stream(&mut rng, &old_blocks);
+    let collector = Repository::open(dir).unwrap();
+    collector.backup_stream("old", "g", &old[..]).unwrap();
+    let (writer, _store) = open_faulty(dir);
+    let mut s = writer.begin_backup("new", "g").unwrap();
+    for piece in old.chunks(4096) {
+        s.append(piece).unwrap();
+    }
+    assert_eq!(s.report().segments_new, 0, "the data was not reused");
+    collector.delete_backup("old").unwrap();
+    collector.gc(&GcOptions::default()).unwrap();
+    let fresh_blocks = blocks(&mut rng, 8);
+    let fresh = stream(&mut rng, &fresh_blocks);
+    for piece in fresh.chunks(4096) {
+        s.append(piece).unwrap();
+    }
+    s.commit().expect("stopped by a gc between its looks");
+    collector.gc(&GcOptions::default()).unwrap();
+    collector.gc(&GcOptions::default()).unwrap();
+    let mut out = Vec::new();
+    Repository::open_read_only(dir)
+        .unwrap()
+        .restore("new", &mut out)
+        .unwrap();
+    assert_eq!(out, [old, fresh].concat());
+}
+
+/// A collection waits for a writer in another process that is still
+/// pinned at the epoch before the newest: a writer that looks (here a
+/// thread that pins at each new epoch, as a backup does when it looks)
+/// is waited for only until it has, and one that never looks costs one
+/// wait of the bound, and is reported.
+#[test]
+fn a_collection_waits_for_writers_behind_only_until_they_look() {
+    use dedup_store::epochs::{EpochRecord, PinRecord, EPOCH_PREFIX};
+    use dedup_store::ObjectStore;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    let repo = Repository::init(&dir).unwrap();
+    repo.backup_stream("x", "g", &vec![5u8; 100_000][..])
+        .unwrap();
+    repo.gc(&GcOptions::default()).unwrap(); // epochs 1 and 2
+    let store = dedup_store::LocalDir::open(&dir).unwrap();
+    let newest = |s: &dedup_store::LocalDir| {
+        s.list(EPOCH_PREFIX)
+            .unwrap()
+            .iter()
+            .filter_map(|n| EpochRecord::epoch_of(n))
+            .max()
+            .unwrap_or(0)
+    };
+    assert_eq!(newest(&store), 2);
+    // Another machine's process (never known dead here), pinned at 1.
+    let pin = |epoch: u64, k: u64| {
+        let record = PinRecord {
+            epoch,
+            process: "elsewhere-1-1".into(),
+            containers: vec![1 << 40],
+            ranges: Vec::new(),
+            objects: Vec::new(),
+        };
+        (
+            PinRecord::object_name(epoch, "00000000000000aa", k),
+            record.encode(),
+        )
+    };
+    let (name, bytes) = pin(1, 0);
+    store.put(&name, &bytes).unwrap();
+    let stop = AtomicBool::new(false);
+    let report = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let store = dedup_store::LocalDir::open(&dir).unwrap();
+            let (mut seen, mut k) = (1, 1);
+            while !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(100));
+                let now = newest(&store);
+                if now > seen {
+                    let (name, bytes) = pin(now, k);
+                    store.put(&name, &bytes).unwrap();
+                    (seen, k) = (now, k + 1);
+                }
+            }
+        });
+        let r = repo.gc(&GcOptions {
+            writer_wait: Duration::from_secs(20),
+            ..Default::default()
+        });
+        stop.store(true, Ordering::SeqCst);
+        r.unwrap()
+    });
+    assert_eq!(report.writers_not_caught_up, 0, "{report:?}");
+    assert!(
+        report.seconds_waiting_for_writers > 0.05 && report.seconds_waiting_for_writers < 10.0,
+        "{report:?}"
+    );
+    // The writer stops looking: one wait of the bound, reported.
+    let r = repo
+        .gc(&GcOptions {
+            writer_wait: Duration::from_millis(300),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(r.writers_not_caught_up, 1, "{r:?}");
+    assert!(r.seconds_waiting_for_writers >= 0.3, "{r:?}");
+    let r = repo
+        .gc(&GcOptions {
+            writer_wait: Duration::from_millis(300),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(r.writers_not_caught_up, 0, "its pins expired: {r:?}");
 }

@@ -17,7 +17,7 @@ use crate::render;
 #[derive(clap::Args)]
 #[command(
     about = "Run garbage collection: free chunks no LBN references any more, or a backup repository's unreferenced containers",
-    after_help = "On a device: works while the device is served (online) or stopped (offline).\n\nOn a backup repository: deletes the containers, recipes and trees no backup needs any more (after `dedup delete`) and rewrites containers that are mostly dead (--compact-below), marking again only the backup groups that changed since the last collection. Backups may run in the process that collects (a server); another process writing to the repository must run the collection itself.\n\nExamples:\n  dedup gc ./dev\n  dedup gc ./dev --json\n  dedup gc ./repo --json\n  dedup gc ./repo --compact-below 30"
+    after_help = "On a device: works while the device is served (online) or stopped (offline).\n\nOn a backup repository: deletes the containers, recipes and trees no backup needs any more (after `dedup delete`) and rewrites containers that are mostly dead (--compact-below), marking again only the backup groups that changed since the last collection. Backups may run beside it in any process on any host (there is no lock): before each of its two collections it waits (at most --writer-wait seconds) for writers still behind to look at the newest one, so that a collection does not stop their backups.\n\nExamples:\n  dedup gc ./dev\n  dedup gc ./dev --json\n  dedup gc ./repo --json\n  dedup gc ./repo --compact-below 30"
 )]
 pub struct Args {
     /// Device directory, or backup repository (a directory or
@@ -30,11 +30,25 @@ pub struct Args {
     /// bytes is below PERCENT (default 50; 0 never compacts; `%` allowed).
     #[arg(long, value_name = "PERCENT", value_parser = percent)]
     pub compact_below: Option<f64>,
+    /// Repositories only: wait at most SECONDS, before each collection,
+    /// for backups in other processes to look at the newest (pacing
+    /// only: a backup that does not is stopped, never loses data).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = seconds)]
+    pub writer_wait: f64,
+}
+
+/// A non-negative number of seconds.
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=86_400.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s} is not a number of seconds from 0 to 86400")),
+    }
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if let Some(repo) = super::gc_repo::repository_at(&a.dir)? {
-        return super::gc_repo::run(&repo, a.compact_below, a.json);
+        let wait = std::time::Duration::from_secs_f64(a.writer_wait);
+        return super::gc_repo::run(&repo, a.compact_below, wait, a.json);
     }
     if a.compact_below.is_some() {
         anyhow::bail!(

@@ -34,6 +34,7 @@ pub fn repository_at(target: &Path) -> anyhow::Result<Option<RepoLocation>> {
 pub fn run(
     location: &RepoLocation,
     compact_below: Option<f64>,
+    writer_wait: std::time::Duration,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     // The sampled index from its checkpoint: no catalog is read at open,
@@ -71,6 +72,7 @@ pub fn run(
     let result = repo.gc(&GcOptions {
         progress: Some(&progress),
         compact_below: compact_below.map_or(DEFAULT_COMPACT_BELOW, |p| p / 100.0),
+        writer_wait,
     });
     bar.finish_and_clear();
     let r = result?;
@@ -100,6 +102,18 @@ pub fn run(
         println!(
             "{} unreferenced containers were kept because a running backup uses them; the next collection takes them if they are still unreferenced.",
             r.containers_protected
+        );
+    }
+    if r.seconds_waiting_for_writers >= 0.1 {
+        println!(
+            "Waited {:.1} s for backups in other processes to catch up with the collections.",
+            r.seconds_waiting_for_writers
+        );
+    }
+    if r.writers_not_caught_up > 0 {
+        println!(
+            "{} writers did not look at the newest collection within --writer-wait: a backup of theirs that reuses what it condemned stops (\"run it again\"); none loses data.",
+            r.writers_not_caught_up
         );
     }
     Ok(ExitCode::SUCCESS)

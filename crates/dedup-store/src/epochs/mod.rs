@@ -98,32 +98,138 @@ impl Pinned {
 /// Read the pins of epoch `from` or later but those of writer `own`
 /// (older ones, and `own`'s, are listed in `all` only: a process's own
 /// backups are protected in its protection map).
+///
+/// A pin listed but gone when read was replaced by its writer's newer pin
+/// (put before the older is deleted, and holding all the older held that
+/// is still held) or deleted as its writer closed: the pins are listed
+/// again and the new ones read, until a round finds none gone. After
+/// `ROUNDS` rounds one still gone counts as damaged (what it held is
+/// unknown).
 pub(crate) fn pinned_from(store: &dyn ObjectStore, from: u64, own: &str) -> RepoResult<Pinned> {
+    const ROUNDS: usize = 16;
     let mut out = Pinned::default();
-    for name in store.list(PINS_PREFIX)? {
-        let Some(epoch) = PinRecord::epoch_of(&name) else {
-            continue; // not a pin: a stranger's object
-        };
-        out.all.push((epoch, name.clone()));
-        if epoch < from || PinRecord::writer_of(&name) == Some(own) {
-            continue;
-        }
-        let pin = match store.get(&name) {
-            Ok(bytes) => PinRecord::decode(&name, &bytes).ok(),
-            Err(Error::NotFound { .. }) => continue, // its writer closed
-            Err(Error::Corrupt { .. }) => None,
-            Err(e) => return Err(e.into()),
-        };
-        match pin {
-            // Its writer was killed on this machine: it holds nothing.
-            Some(pin) if crate::process::tag_is_dead_here(&pin.process) => {}
-            Some(pin) => {
-                out.containers.extend(pin.containers);
-                out.ranges.extend(pin.ranges);
-                out.objects.extend(pin.objects);
+    let mut read: HashSet<String> = HashSet::new();
+    let mut listed: HashSet<String> = HashSet::new();
+    for round in 1..=ROUNDS {
+        let mut gone = Vec::new();
+        for name in store.list(PINS_PREFIX)? {
+            if read.contains(&name) {
+                continue;
             }
-            None => out.damaged.push(name),
+            let Some(epoch) = PinRecord::epoch_of(&name) else {
+                continue; // not a pin: a stranger's object
+            };
+            if listed.insert(name.clone()) {
+                out.all.push((epoch, name.clone()));
+            }
+            if epoch < from || PinRecord::writer_of(&name) == Some(own) {
+                read.insert(name);
+                continue;
+            }
+            let pin = match store.get(&name) {
+                Ok(bytes) => PinRecord::decode(&name, &bytes).ok(),
+                Err(Error::NotFound { .. }) => {
+                    gone.push(name);
+                    continue;
+                }
+                Err(Error::Corrupt { .. }) => None,
+                Err(e) => return Err(e.into()),
+            };
+            read.insert(name.clone());
+            match pin {
+                // Its writer was killed on this machine: it holds nothing.
+                Some(pin) if crate::process::tag_is_dead_here(&pin.process) => {}
+                Some(pin) => {
+                    out.containers.extend(pin.containers);
+                    out.ranges.extend(pin.ranges);
+                    out.objects.extend(pin.objects);
+                }
+                None => out.damaged.push(name),
+            }
+        }
+        if gone.is_empty() {
+            break;
+        }
+        if round == ROUNDS {
+            out.damaged.extend(gone);
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::local::LocalDir;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// A directory store whose first read of a pin finds it replaced, as
+    /// when its writer puts a newer pin and deletes the older between a
+    /// collection's listing and its read.
+    struct Replacing {
+        dir: LocalDir,
+        replaced: AtomicBool,
+    }
+
+    impl ObjectStore for Replacing {
+        fn put(&self, name: &str, bytes: &[u8]) -> crate::error::Result<()> {
+            self.dir.put(name, bytes)
+        }
+        fn get(&self, name: &str) -> crate::error::Result<Vec<u8>> {
+            if name.starts_with(PINS_PREFIX) && !self.replaced.swap(true, Ordering::SeqCst) {
+                self.dir.put(&pin_name(1), &pin(vec![7, 9]).encode())?;
+                self.dir.delete(name)?;
+            }
+            self.dir.get(name)
+        }
+        fn get_range(&self, name: &str, offset: u64, len: u64) -> crate::error::Result<Vec<u8>> {
+            self.dir.get_range(name, offset, len)
+        }
+        fn get_tail(&self, name: &str, len: u64) -> crate::error::Result<Vec<u8>> {
+            self.dir.get_tail(name, len)
+        }
+        fn list(&self, prefix: &str) -> crate::error::Result<Vec<String>> {
+            self.dir.list(prefix)
+        }
+        fn size(&self, name: &str) -> crate::error::Result<u64> {
+            self.dir.size(name)
+        }
+        fn segment_hash(&self) -> crate::segment_hash::SegmentHash {
+            self.dir.segment_hash()
+        }
+        fn delete(&self, name: &str) -> crate::error::Result<()> {
+            self.dir.delete(name)
+        }
+    }
+
+    fn pin(containers: Vec<u64>) -> PinRecord {
+        PinRecord {
+            epoch: 3,
+            // A live process elsewhere: never known dead here.
+            process: "elsewhere-1-1".into(),
+            containers,
+            ranges: Vec::new(),
+            objects: Vec::new(),
+        }
+    }
+
+    fn pin_name(k: u64) -> String {
+        PinRecord::object_name(3, "00000000000000aa", k)
+    }
+
+    #[test]
+    fn a_pin_replaced_between_listing_and_reading_is_found_in_its_successor() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Replacing {
+            dir: LocalDir::open(tmp.path()).unwrap(),
+            replaced: AtomicBool::new(false),
+        };
+        store.dir.put(&pin_name(0), &pin(vec![7]).encode()).unwrap();
+        let pinned = pinned_from(&store, 2, "00000000000000bb").unwrap();
+        assert!(
+            pinned.holds(7) && pinned.holds(9),
+            "the newer pin was not read"
+        );
+        assert!(pinned.damaged.is_empty());
+    }
 }

@@ -28,6 +28,15 @@ pub(crate) struct Epochs {
     /// the stack, so that a pin or listing that fails leaves it for the
     /// next look instead of forgetting it.
     pub(crate) at_risk: (Vec<u64>, Vec<String>),
+    /// Containers about to be held that no backup here holds yet: the
+    /// next pin holds them too (`Repository::hold_pinned`).
+    pub(crate) about_to_hold: Vec<u64>,
+    /// This process's newest pin, deleted once a newer one is put (the
+    /// newer holds all it held that still needs holding).
+    pub(crate) last_pin: Option<String>,
+    /// A long-lived process (a server): when its last backup ends, its
+    /// pin is replaced by one holding only its id range.
+    pub(crate) repin_when_idle: bool,
     /// The broken protocol, for the test that must catch it: no pins.
     pub(crate) skip_pins: bool,
 }
@@ -44,6 +53,9 @@ impl Epochs {
             next_id: floor,
             floor,
             at_risk: Default::default(),
+            about_to_hold: Vec::new(),
+            last_pin: None,
+            repin_when_idle: false,
             skip_pins: false,
         }
     }

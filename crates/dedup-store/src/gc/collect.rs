@@ -46,6 +46,10 @@ impl Repository {
         options: &GcOptions,
         report: &mut GcReport,
     ) -> RepoResult<()> {
+        let waited = std::time::Instant::now();
+        report.writers_not_caught_up +=
+            self.wait_for_writers(epochs::newest(&*self.store)?, options.writer_wait)?;
+        report.seconds_waiting_for_writers += waited.elapsed().as_secs_f64();
         let prev = epochs::newest(&*self.store)?;
         let n = prev + 1;
         // `None`: unreadable or gone, and what it condemned is never

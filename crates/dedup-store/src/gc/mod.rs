@@ -43,10 +43,11 @@ mod collect;
 mod compact;
 mod mark;
 pub mod marks;
+mod pace;
 mod suspects;
 mod sweep;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub use compact::DEFAULT_COMPACT_BELOW;
 pub use marks::{Marks, MARKS_PREFIX};
@@ -64,13 +65,22 @@ pub struct GcOptions<'a> {
     /// Rewrite a container whose live share of stored bytes is below this
     /// fraction (0 never compacts; default [`DEFAULT_COMPACT_BELOW`]).
     pub compact_below: f64,
+    /// How long a collection waits for writers in other processes to
+    /// look at the newest epoch before it begins the next (`pace.rs`):
+    /// pacing only, never safety. Default [`DEFAULT_WRITER_WAIT`].
+    pub writer_wait: Duration,
     pub progress: Option<&'a Progress<'a>>,
 }
+
+/// How long a collection waits, at most, for a writer still pinned at the
+/// epoch before the newest.
+pub const DEFAULT_WRITER_WAIT: Duration = Duration::from_secs(30);
 
 impl Default for GcOptions<'_> {
     fn default() -> Self {
         GcOptions {
             compact_below: DEFAULT_COMPACT_BELOW,
+            writer_wait: DEFAULT_WRITER_WAIT,
             progress: None,
         }
     }
@@ -113,6 +123,12 @@ pub struct GcReport {
     /// No container was deleted or compacted: a damaged backup's recipe
     /// may be one that could not be read either.
     pub sweep_withheld: bool,
+    /// Seconds spent waiting for writers in other processes to look at
+    /// the newest epoch before a collection began (`pace.rs`).
+    pub seconds_waiting_for_writers: f64,
+    /// Writers still not caught up when a wait reached its bound (their
+    /// backups may be stopped, never lose data).
+    pub writers_not_caught_up: u64,
     pub seconds: f64,
 }
 
@@ -184,6 +200,8 @@ impl Repository {
             report.bytes_reclaimed += next.bytes_reclaimed;
             report.orphans_removed += next.orphans_removed;
             report.sweep_withheld = next.sweep_withheld;
+            report.seconds_waiting_for_writers += next.seconds_waiting_for_writers;
+            report.writers_not_caught_up += next.writers_not_caught_up;
         }
         report.seconds = start.elapsed().as_secs_f64();
         Ok(report)

@@ -553,7 +553,7 @@ impl<'r> Conn<'r> {
         }
         let options = crate::gc::GcOptions {
             compact_below,
-            progress: None,
+            ..Default::default()
         };
         let report = self.repo.gc(&options).map_err(repo_err)?;
         Ok(Reply::Collected(report))

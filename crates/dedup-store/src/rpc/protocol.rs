@@ -30,7 +30,8 @@ use crate::segmenter::Segmenting;
 /// damage, each damaged range named (and written as zeros by the client).
 /// 9: `Begun` carries the key of an encrypted repository's fingerprints.
 /// 10: TCP is TLS 1.3, and key proofs cover the session's exporter.
-pub const PROTOCOL_VERSION: u32 = 10;
+/// 11: a GC's report says how long it waited for writers.
+pub const PROTOCOL_VERSION: u32 = 11;
 
 /// Largest segment the server takes: what a container holds.
 pub const MAX_SEGMENT: usize = crate::format::MAX_SEGMENT_LEN;

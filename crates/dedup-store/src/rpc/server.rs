@@ -163,6 +163,9 @@ impl Server {
                 "the repository must be opened to write to serve it",
             ));
         }
+        // A server outlives its backups: it must not leave a pin holding
+        // what they held for collections to wait on.
+        repo.repin_when_idle();
         let (listener, endpoint, socket, tls) = match at {
             Endpoint::Unix(path) => {
                 remove_stale_socket(path)?;
