@@ -22,6 +22,7 @@ run sparse security
 run sparse backup
 run sparse store-serve
 run sparse s3
+run sparse s3-faults
 for t in nbdcopy qemu-io fio lifecycle ext4 bench replay analyze; do
     run inram "$t"
 done
