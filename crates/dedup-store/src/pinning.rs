@@ -57,14 +57,17 @@ impl Repository {
     }
 
     /// Hold `containers` for `session` (false if one is condemned: the
-    /// caller must then not reference it; those before it stay held).
+    /// caller must then not reference it; the others are held).
     /// One no backup of this process holds yet is pinned first, and the
-    /// epochs listed again until none began since the pin: no collection
-    /// after the epoch it is held at can condemn it, so a backup is never
-    /// stopped for reusing what a deleted backup left, however many
-    /// collections run before its next look. A collection that condemned
-    /// it before the pin was visible is applied here, and the container
-    /// refused, before any backup references it.
+    /// epochs listed again until none began since the pin: a collection
+    /// that looks after that does not condemn it, and one that began
+    /// before is applied here, the container refused if it condemned it,
+    /// before any backup references it. Only a collection already looking
+    /// as the pin was put can still condemn it, seen at the next look
+    /// (pinned there while its epoch is the newest). Pinned only at the
+    /// next look, any collection before that could condemn what a
+    /// deleted backup left and a backup reused, and one more stop the
+    /// backup.
     pub(crate) fn hold_pinned(&self, session: u64, containers: &[u64]) -> RepoResult<bool> {
         let mut e = self.epochs();
         let fresh: Vec<u64> = {
@@ -86,8 +89,10 @@ impl Repository {
             pinned?;
         }
         // Under the epochs lock: no pin written meanwhile left them out.
+        // Each is held that can be, even past one condemned.
         let mut p = self.protection();
-        Ok(containers.iter().all(|&c| p.hold(session, c)))
+        let held = containers.iter().filter(|&&c| p.hold(session, c)).count();
+        Ok(held == containers.len())
     }
 
     /// Apply the epochs begun since the last call and pin what this
@@ -307,19 +312,6 @@ impl Repository {
             let _ = self.store.delete(&old);
         }
         Ok(true)
-    }
-
-    /// Whether a backup whose object was just put, by a process that was
-    /// at epoch `at` while it held everything the backup references, is
-    /// committed: at most two collections began since. The pin at `at`
-    /// was visible before the first began (every pin is followed by a
-    /// look), which so condemns nothing the backup holds; the second may
-    /// have listed the backups before the object was visible and condemn,
-    /// but only a third deletes what the second condemned, and its look
-    /// sees the object. With three, the third may have deleted it.
-    pub(crate) fn commit_holds(&self, at: u64) -> RepoResult<bool> {
-        let newest = crate::epochs::newest(&*self.store)?;
-        Ok(newest <= at.max(self.epochs().applied) + 2)
     }
 
     /// This process outlives its backups (a server): from now on, when

@@ -280,6 +280,12 @@ impl BackupSession<'_> {
         Ok(true)
     }
 
+    /// Hold `containers` for this backup ahead of reusing them (a parent
+    /// recipe part's), pinned together; those condemned are left out.
+    pub(crate) fn hold_ahead(&mut self, containers: &[u64]) -> RepoResult<()> {
+        self.repo.hold_pinned(self.id, containers).map(drop)
+    }
+
     /// Store `data` as a new segment in this session's container, unless
     /// the container already holds it; its location and fingerprint.
     pub fn store(&mut self, data: &[u8]) -> RepoResult<(u64, u32, Fingerprint)> {
@@ -514,9 +520,9 @@ impl BackupSession<'_> {
             report: self.report,
         };
         let object = BackupRecord::object_name(&self.name);
-        // The epoch at which everything it references is pinned (or held
-        // by nothing a collection could take).
-        let at = repo.refresh_epochs()?;
+        // Everything it references pinned (or held by nothing a
+        // collection could take), at the newest epoch.
+        repo.refresh_epochs()?;
         self.check_lost()?;
         let encoded = record.encode();
         match repo.store.put(&object, &encoded) {
@@ -544,13 +550,17 @@ impl BackupSession<'_> {
                 }
             },
         }
-        let holds = repo.commit_holds(at).map_err(|e| RepoError::Unconfirmed {
+        // The epochs begun meanwhile, applied: one that condemned what
+        // the backup references, and is not the newest, may have been
+        // followed by a collection that looked before the object was
+        // visible and deleted it; the backup is then lost. One the newest
+        // condemned is safe: the next collection begins after this look,
+        // so after the object was visible, and sees it.
+        repo.refresh_epochs().map_err(|e| RepoError::Unconfirmed {
             name: self.name.clone(),
             detail: e.to_string(),
         })?;
-        if !holds || repo.protection().is_lost(self.id) {
-            // Two collections began while it was put: the second may have
-            // missed it and deleted what only the pin protected.
+        if repo.protection().is_lost(self.id) {
             if let Err(e) = repo.delete_if_there(&object) {
                 return Err(RepoError::Unconfirmed {
                     name: self.name.clone(),

@@ -12,8 +12,9 @@ mod gc_support;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use dedup_store::epochs::EPOCH_PREFIX;
 use dedup_store::session::BackupSession;
 use dedup_store::{GcOptions, RepoError, RepoOptions, Repository, Segmenting};
 use gc_support::*;
@@ -27,6 +28,10 @@ struct Writer {
     store: Arc<Faulty>,
     /// The running backup: its session, name and the bytes appended.
     running: Option<(BackupSession<'static>, String, Vec<u8>)>,
+    /// Requests of the running backup failed (a fault that passed): a
+    /// put in the background may have failed, and its commit may then
+    /// fail with that error (never commit over it).
+    faulted: bool,
 }
 
 /// A handle that lives for the rest of the test run (leaked: sessions
@@ -46,6 +51,7 @@ fn writer(dir: &Path, skip_pins: bool) -> Writer {
         repo,
         store,
         running: None,
+        faulted: false,
     }
 }
 
@@ -74,6 +80,56 @@ fn first_broken(dir: &Path, model: &BTreeMap<String, Vec<u8>>) -> Option<String>
     None
 }
 
+/// A running backup handed to a step that runs inside a collection, and
+/// what became of it.
+struct Between {
+    running: Option<(BackupSession<'static>, String, Vec<u8>)>,
+    /// Its writer's requests failed earlier (see `Writer::faulted`).
+    faulted: bool,
+    outcome: Option<Outcome>,
+}
+
+enum Outcome {
+    Committed(String, Vec<u8>),
+    /// Not committed: must not be listed.
+    Stopped(String),
+    /// Committed if listed (unconfirmed).
+    Maybe(String, Vec<u8>),
+    Failed(String, String),
+}
+
+impl Between {
+    fn step(&mut self, chunk: &[u8], commit: bool) {
+        let Some((mut s, name, mut data)) = self.running.take() else {
+            return;
+        };
+        for piece in chunk.chunks(4096) {
+            match s.append(piece) {
+                Ok(()) => data.extend_from_slice(piece),
+                Err(RepoError::Overtaken { .. }) => {
+                    self.outcome = Some(Outcome::Stopped(name));
+                    return;
+                }
+                Err(e) => {
+                    self.outcome = Some(Outcome::Failed(name, format!("append: {e}")));
+                    return;
+                }
+            }
+        }
+        if !commit {
+            self.running = Some((s, name, data));
+            return;
+        }
+        self.outcome = Some(match s.commit() {
+            Ok(_) => Outcome::Committed(name, data),
+            Err(RepoError::Overtaken { .. }) => Outcome::Stopped(name),
+            Err(RepoError::Unconfirmed { .. }) if self.faulted => Outcome::Maybe(name, data),
+            Err(_) if self.faulted => Outcome::Stopped(name),
+            Err(e) => Outcome::Failed(name, format!("commit: {e}")),
+        });
+    }
+}
+
 /// One run of `steps` random steps; the first broken backup, if any.
 fn run(seed: u64, steps: usize, skip_pins: bool) -> Option<String> {
     let tmp = Box::leak(Box::new(tempfile::tempdir().unwrap()));
@@ -85,7 +141,7 @@ fn run(seed: u64, steps: usize, skip_pins: bool) -> Option<String> {
     for w in &writers {
         w.repo.set_recipe_part_segments(4);
     }
-    let (collector, _) = open(&dir, skip_pins);
+    let (collector, collector_store) = open(&dir, skip_pins);
     let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     let mut next_name = 0;
     let trace = std::env::var("TRACE").is_ok();
@@ -109,6 +165,7 @@ fn run(seed: u64, steps: usize, skip_pins: bool) -> Option<String> {
                     let name = format!("b{next_name}");
                     next_name += 1;
                     let group = format!("g{}", rng.random_range(0..2));
+                    wr.faulted = false;
                     match wr.repo.begin_backup(&name, &group) {
                         Ok(s) => wr.running = Some((s, name, Vec::new())),
                         Err(e) => panic!("seed {seed} step {step}: begin: {e}"),
@@ -132,10 +189,21 @@ fn run(seed: u64, steps: usize, skip_pins: bool) -> Option<String> {
                     wr.running = None;
                 }
             }
-            // Commit the running backup.
+            // Commit the running backup; sometimes with a collection or
+            // two begun between its last look and its backup object's put.
             8..=10 => {
                 if let Some((s, name, data)) = writers[w].running.take() {
-                    match s.commit() {
+                    if rng.random_bool(0.3) {
+                        let n = rng.random_range(1..=2);
+                        writers[w].store.before_put_under("backups/", move || {
+                            for _ in 0..n {
+                                let _ = collector.gc_one_epoch(&GcOptions::default());
+                            }
+                        });
+                    }
+                    let committed = s.commit();
+                    writers[w].store.clear_hook();
+                    match committed {
                         Ok(_) => {
                             model.insert(name, data);
                         }
@@ -144,6 +212,18 @@ fn run(seed: u64, steps: usize, skip_pins: bool) -> Option<String> {
                             assert!(
                                 !listed,
                                 "seed {seed} step {step}: {name} overtaken but listed"
+                            );
+                        }
+                        Err(RepoError::Unconfirmed { .. }) if writers[w].faulted => {
+                            if collector.backup(&name).is_ok() {
+                                model.insert(name, data);
+                            }
+                        }
+                        Err(e) if writers[w].faulted => {
+                            let listed = collector.backup(&name).is_ok();
+                            assert!(
+                                !listed,
+                                "seed {seed} step {step}: {name} failed ({e}) but listed"
                             );
                         }
                         Err(e) => panic!("seed {seed} step {step}: commit: {e}"),
@@ -157,6 +237,51 @@ fn run(seed: u64, steps: usize, skip_pins: bool) -> Option<String> {
                     let name = &names[rng.random_range(0..names.len())];
                     writers[w].repo.delete_backup(name).unwrap();
                     model.remove(name);
+                }
+            }
+            // A collection by the collector, with a writer's step between
+            // its first look and the creation of its epoch: the look
+            // missed what the writer did then (went on, maybe committed).
+            13..=15 if writers[w].running.is_some() && rng.random_bool(0.3) => {
+                let chunk = stream(&mut rng, &shared);
+                let chunk = chunk[..chunk.len().min(24 << 10)].to_vec();
+                let commit = rng.random_bool(0.5);
+                let slot = Arc::new(Mutex::new(Between {
+                    running: writers[w].running.take(),
+                    faulted: writers[w].faulted,
+                    outcome: None,
+                }));
+                let inside = slot.clone();
+                collector_store.before_put_under(EPOCH_PREFIX, move || {
+                    inside.lock().unwrap().step(&chunk, commit);
+                });
+                let r = collector.gc_one_epoch(&GcOptions::default());
+                collector_store.clear_hook();
+                match r {
+                    Ok(_) | Err(RepoError::GcRunning) => {}
+                    Err(e) => panic!("seed {seed} step {step}: gc: {e}"),
+                }
+                let mut between = slot.lock().unwrap();
+                writers[w].running = between.running.take();
+                match between.outcome.take() {
+                    None => {}
+                    Some(Outcome::Committed(name, data)) => {
+                        model.insert(name, data);
+                    }
+                    Some(Outcome::Maybe(name, data)) if collector.backup(&name).is_ok() => {
+                        model.insert(name, data);
+                    }
+                    Some(Outcome::Maybe(..)) => {}
+                    Some(Outcome::Stopped(name)) => {
+                        let listed = collector.backup(&name).is_ok();
+                        assert!(
+                            !listed,
+                            "seed {seed} step {step}: {name} stopped but listed"
+                        );
+                    }
+                    Some(Outcome::Failed(name, e)) => {
+                        panic!("seed {seed} step {step}: {name} beside a collection: {e}")
+                    }
                 }
             }
             // One collection (one epoch), by the collector or a writer.
@@ -194,6 +319,7 @@ fn run(seed: u64, steps: usize, skip_pins: bool) -> Option<String> {
                     }
                     wr.store.recover();
                     if ok {
+                        wr.faulted = true;
                         wr.running = Some((s, name, data));
                     } else {
                         match s.commit() {
@@ -513,4 +639,136 @@ fn a_collection_waits_for_writers_behind_only_until_they_look() {
         })
         .unwrap();
     assert_eq!(r.writers_not_caught_up, 0, "its pins expired: {r:?}");
+}
+
+/// A backup "new" running in a faulty handle that reuses every container
+/// of backup "old", which a collector (another handle) then deleted; and
+/// an epoch-1 record condemning those containers, as a collection that
+/// looked before the writer's pin would have made it.
+struct Reusing {
+    _tmp: tempfile::TempDir,
+    dir: std::path::PathBuf,
+    collector: &'static Repository,
+    writer: &'static Repository,
+    store: Arc<Faulty>,
+    session: BackupSession<'static>,
+    condemning: Vec<u8>,
+}
+
+fn reusing_a_deleted_backup(seed: u64) -> Reusing {
+    use dedup_store::epochs::EpochRecord;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    init_small(&dir);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let old_blocks = blocks(&mut rng, 8);
+    let old = stream(&mut rng, &old_blocks);
+    let collector: &'static Repository = Box::leak(Box::new(Repository::open(&dir).unwrap()));
+    collector.backup_stream("old", "g", &old[..]).unwrap();
+    let condemned: Vec<u64> = objects(&dir, "containers/")
+        .iter()
+        .filter_map(|n| u64::from_str_radix(n.strip_prefix("containers/")?, 16).ok())
+        .collect();
+    assert!(!condemned.is_empty());
+    let (writer, store) = open_faulty(&dir);
+    let writer: &'static Repository = Box::leak(Box::new(writer));
+    let mut session = writer.begin_backup("new", "g").unwrap();
+    for piece in old.chunks(4096) {
+        session.append(piece).unwrap();
+    }
+    assert_eq!(session.report().segments_new, 0, "the data was not reused");
+    collector.delete_backup("old").unwrap();
+    let condemning = EpochRecord {
+        epoch: 1,
+        condemned,
+        compact: Vec::new(),
+        objects: Vec::new(),
+    }
+    .encode();
+    Reusing {
+        _tmp: tmp,
+        dir,
+        collector,
+        writer,
+        store,
+        session,
+        condemning,
+    }
+}
+
+impl Reusing {
+    /// Commit "new": it must be stopped, and not listed.
+    fn commit_is_stopped(self) {
+        match self.session.commit() {
+            Err(RepoError::Overtaken { .. }) => {}
+            Ok(_) => {
+                let mut out = Vec::new();
+                let restored = Repository::open_read_only(&self.dir)
+                    .unwrap()
+                    .restore("new", &mut out);
+                panic!("committed over deleted containers: restore gives {restored:?}");
+            }
+            Err(e) => panic!("{e}"),
+        }
+        assert!(
+            self.writer.backup("new").is_err(),
+            "a lost backup is listed"
+        );
+    }
+}
+
+/// A collection whose first look came before a backup's pin of what it
+/// reuses was visible may condemn it (its epoch begun after the pin was
+/// listed); the next collection, looking before the backup object is
+/// visible and reading only pins of that epoch or later, deletes it. A
+/// commit that checked only how many epochs began since its pin (two)
+/// committed over the deleted container; the look after the put applies
+/// the epochs and finds the condemnation was not the newest.
+#[test]
+fn a_commit_after_a_collection_that_condemned_what_it_reuses_and_another_that_deleted_it_is_lost() {
+    use dedup_store::epochs::EpochRecord;
+    use dedup_store::ObjectStore;
+    let r = reusing_a_deleted_backup(13);
+    // Between the writer's last look and its backup object's put: epoch
+    // 1 condemns the old containers; collection 2 deletes them.
+    let (dir, condemning, collector) = (r.dir.clone(), r.condemning.clone(), r.collector);
+    r.store.before_put_under("backups/", move || {
+        dedup_store::LocalDir::open(&dir)
+            .unwrap()
+            .put(&EpochRecord::object_name(1), &condemning)
+            .unwrap();
+        collector.gc_one_epoch(&GcOptions::default()).unwrap();
+    });
+    r.commit_is_stopped();
+}
+
+/// Another backup of the same process applies an epoch that condemned
+/// what this one reuses, and its pin put fails; the next collection
+/// deletes it, all while this one puts its backup object. The commit's
+/// look after the put finds the condemnation still at risk and a newer
+/// epoch: lost. (Counting epochs from the newest applied, which had moved
+/// on without its pin landing, committed over the deleted container.)
+#[test]
+fn a_commit_does_not_trust_an_epoch_whose_pin_failed_in_another_backup() {
+    use dedup_store::epochs::EpochRecord;
+    use dedup_store::ObjectStore;
+    let r = reusing_a_deleted_backup(17);
+    let (dir, condemning, collector) = (r.dir.clone(), r.condemning.clone(), r.collector);
+    let (writer, store) = (r.writer, r.store.clone());
+    r.store.before_put_under("backups/", move || {
+        dedup_store::LocalDir::open(&dir)
+            .unwrap()
+            .put(&EpochRecord::object_name(1), &condemning)
+            .unwrap();
+        // Another backup here applies it; its pin put fails.
+        store.fail_puts_under("pins/");
+        assert!(
+            writer.begin_backup("other", "g").is_err(),
+            "the pin put did not fail"
+        );
+        store.allow_puts();
+        // Collection 2 reads no pin of epoch 1 and deletes them.
+        collector.gc_one_epoch(&GcOptions::default()).unwrap();
+    });
+    r.commit_is_stopped();
 }

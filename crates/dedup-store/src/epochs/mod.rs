@@ -31,7 +31,7 @@ mod state;
 pub use record::{EpochRecord, PinRecord, EPOCH_PREFIX, PINS_PREFIX};
 pub(crate) use state::Epochs;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use crate::error::repo::RepoResult;
 use crate::error::Error;
@@ -101,15 +101,28 @@ impl Pinned {
 ///
 /// A pin listed but gone when read was replaced by its writer's newer pin
 /// (put before the older is deleted, and holding all the older held that
-/// is still held) or deleted as its writer closed: the pins are listed
-/// again and the new ones read, until a round finds none gone. After
-/// `ROUNDS` rounds one still gone counts as damaged (what it held is
-/// unknown).
+/// is still held) or deleted as its writer closed. One older than a pin
+/// of its writer read here is covered by that one; for the others the
+/// pins are listed again and their writers' new ones read, until a round
+/// leaves none uncovered. After `ROUNDS` rounds one still uncovered counts as
+/// damaged (what it held is unknown).
 pub(crate) fn pinned_from(store: &dyn ObjectStore, from: u64, own: &str) -> RepoResult<Pinned> {
     const ROUNDS: usize = 16;
     let mut out = Pinned::default();
     let mut read: HashSet<String> = HashSet::new();
     let mut listed: HashSet<String> = HashSet::new();
+    // Each writer's highest pin count read.
+    let mut newest_read: HashMap<String, u64> = HashMap::new();
+    let covered = |newest_read: &HashMap<String, u64>, name: &str| {
+        let (Some(w), Some(k)) = (PinRecord::writer_of(name), PinRecord::count_of(name)) else {
+            return false;
+        };
+        newest_read.get(w).is_some_and(|&read_k| read_k > k)
+    };
+    // After the first round, only the writers of pins found gone and not
+    // covered are read again: a pin put since the first listing began was
+    // not visible to this look, and its writer learns so from the epochs.
+    let mut wanted: Option<HashSet<String>> = None;
     for round in 1..=ROUNDS {
         let mut gone = Vec::new();
         for name in store.list(PINS_PREFIX)? {
@@ -122,8 +135,15 @@ pub(crate) fn pinned_from(store: &dyn ObjectStore, from: u64, own: &str) -> Repo
             if listed.insert(name.clone()) {
                 out.all.push((epoch, name.clone()));
             }
-            if epoch < from || PinRecord::writer_of(&name) == Some(own) {
+            let writer = PinRecord::writer_of(&name);
+            if epoch < from || writer == Some(own) {
                 read.insert(name);
+                continue;
+            }
+            if wanted
+                .as_ref()
+                .is_some_and(|w| writer.is_none_or(|writer| !w.contains(writer)))
+            {
                 continue;
             }
             let pin = match store.get(&name) {
@@ -136,6 +156,10 @@ pub(crate) fn pinned_from(store: &dyn ObjectStore, from: u64, own: &str) -> Repo
                 Err(e) => return Err(e.into()),
             };
             read.insert(name.clone());
+            if let (Some(w), Some(k)) = (PinRecord::writer_of(&name), PinRecord::count_of(&name)) {
+                let e = newest_read.entry(w.to_string()).or_insert(k);
+                *e = (*e).max(k);
+            }
             match pin {
                 // Its writer was killed on this machine: it holds nothing.
                 Some(pin) if crate::process::tag_is_dead_here(&pin.process) => {}
@@ -147,9 +171,16 @@ pub(crate) fn pinned_from(store: &dyn ObjectStore, from: u64, own: &str) -> Repo
                 None => out.damaged.push(name),
             }
         }
+        gone.retain(|name| !covered(&newest_read, name));
         if gone.is_empty() {
             break;
         }
+        wanted = Some(
+            gone.iter()
+                .filter_map(|n| PinRecord::writer_of(n))
+                .map(str::to_string)
+                .collect(),
+        );
         if round == ROUNDS {
             out.damaged.extend(gone);
         }
@@ -161,24 +192,40 @@ pub(crate) fn pinned_from(store: &dyn ObjectStore, from: u64, own: &str) -> Repo
 mod tests {
     use super::*;
     use crate::local::LocalDir;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicU64, Ordering};
 
-    /// A directory store whose first read of a pin finds it replaced, as
-    /// when its writer puts a newer pin and deletes the older between a
-    /// collection's listing and its read.
-    struct Replacing {
+    type Act = Box<dyn Fn(&LocalDir, &str, u64) -> crate::error::Result<()> + Send + Sync>;
+
+    /// A directory store where other writers act as a collection reads:
+    /// `on_get` runs before each read of a pin (with how many reads came
+    /// before), `on_list` before each listing (with how many listings).
+    struct Scripted {
         dir: LocalDir,
-        replaced: AtomicBool,
+        gets: AtomicU64,
+        lists: AtomicU64,
+        on_get: Act,
+        on_list: Act,
     }
 
-    impl ObjectStore for Replacing {
+    impl Scripted {
+        fn new(dir: &std::path::Path, on_get: Act, on_list: Act) -> Scripted {
+            Scripted {
+                dir: LocalDir::open(dir).unwrap(),
+                gets: AtomicU64::new(0),
+                lists: AtomicU64::new(0),
+                on_get,
+                on_list,
+            }
+        }
+    }
+
+    impl ObjectStore for Scripted {
         fn put(&self, name: &str, bytes: &[u8]) -> crate::error::Result<()> {
             self.dir.put(name, bytes)
         }
         fn get(&self, name: &str) -> crate::error::Result<Vec<u8>> {
-            if name.starts_with(PINS_PREFIX) && !self.replaced.swap(true, Ordering::SeqCst) {
-                self.dir.put(&pin_name(1), &pin(vec![7, 9]).encode())?;
-                self.dir.delete(name)?;
+            if name.starts_with(PINS_PREFIX) {
+                (self.on_get)(&self.dir, name, self.gets.fetch_add(1, Ordering::SeqCst))?;
             }
             self.dir.get(name)
         }
@@ -189,6 +236,7 @@ mod tests {
             self.dir.get_tail(name, len)
         }
         fn list(&self, prefix: &str) -> crate::error::Result<Vec<String>> {
+            (self.on_list)(&self.dir, prefix, self.lists.fetch_add(1, Ordering::SeqCst))?;
             self.dir.list(prefix)
         }
         fn size(&self, name: &str) -> crate::error::Result<u64> {
@@ -202,7 +250,7 @@ mod tests {
         }
     }
 
-    fn pin(containers: Vec<u64>) -> PinRecord {
+    fn pin(containers: Vec<u64>) -> Vec<u8> {
         PinRecord {
             epoch: 3,
             // A live process elsewhere: never known dead here.
@@ -211,25 +259,67 @@ mod tests {
             ranges: Vec::new(),
             objects: Vec::new(),
         }
+        .encode()
     }
 
-    fn pin_name(k: u64) -> String {
-        PinRecord::object_name(3, "00000000000000aa", k)
+    fn pin_name(writer: u64, k: u64) -> String {
+        PinRecord::object_name(3, &format!("{writer:016x}"), k)
+    }
+
+    /// Its writer replaces pin `name` (count 0) by its next, holding
+    /// `100 + writer` and `containers`.
+    fn replace(dir: &LocalDir, name: &str, containers: &[u64]) -> crate::error::Result<()> {
+        let w = u64::from_str_radix(PinRecord::writer_of(name).unwrap(), 16).unwrap();
+        let mut held = vec![100 + w];
+        held.extend_from_slice(containers);
+        dir.put(&pin_name(w, 1), &pin(held))?;
+        dir.delete(name)
     }
 
     #[test]
     fn a_pin_replaced_between_listing_and_reading_is_found_in_its_successor() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = Replacing {
-            dir: LocalDir::open(tmp.path()).unwrap(),
-            replaced: AtomicBool::new(false),
-        };
-        store.dir.put(&pin_name(0), &pin(vec![7]).encode()).unwrap();
+        // The first pin read was replaced just before.
+        let store = Scripted::new(
+            tmp.path(),
+            Box::new(|dir, name, n| match n {
+                0 => replace(dir, name, &[9]),
+                _ => Ok(()),
+            }),
+            Box::new(|_, _, _| Ok(())),
+        );
+        store.dir.put(&pin_name(0xaa, 0), &pin(vec![7])).unwrap();
         let pinned = pinned_from(&store, 2, "00000000000000bb").unwrap();
         assert!(
-            pinned.holds(7) && pinned.holds(9),
+            pinned.holds(0xaa + 100) && pinned.holds(9),
             "the newer pin was not read"
         );
         assert!(pinned.damaged.is_empty());
+    }
+
+    /// Writers replacing their pins as fast as a collection lists them:
+    /// at every listing a new writer puts its first pin, and every first
+    /// pin read is found replaced by its second. Each round used to meet
+    /// a new gone pin and list again, until the 16th counted it damaged
+    /// (and the collection deleted nothing); only the writers of gone
+    /// pins are read again now, and a successor read covers its
+    /// predecessor.
+    #[test]
+    fn writers_replacing_pins_as_fast_as_they_are_listed_do_not_make_them_damaged() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Scripted::new(
+            tmp.path(),
+            Box::new(|dir, name, _| match PinRecord::count_of(name) {
+                Some(0) => replace(dir, name, &[]),
+                _ => Ok(()),
+            }),
+            Box::new(|dir, _, n| dir.put(&pin_name(n, 0), &pin(vec![100 + n]))),
+        );
+        let pinned = pinned_from(&store, 2, "00000000000000bb").unwrap();
+        assert!(pinned.damaged.is_empty(), "{:?}", pinned.damaged);
+        assert!(
+            pinned.holds(100),
+            "the first writer's successor pin was not read"
+        );
     }
 }

@@ -134,6 +134,15 @@ impl PinRecord {
         rest.rsplit_once('-').map(|(writer, _)| writer)
     }
 
+    /// The writer's pin count a pin's object name holds: a later pin of
+    /// the same writer has a higher one.
+    pub fn count_of(name: &str) -> Option<u64> {
+        PinRecord::epoch_of(name)?;
+        let rest = &name[PINS_PREFIX.len() + 17..];
+        let (_, k) = rest.rsplit_once('-')?;
+        u64::from_str_radix(k, 16).ok()
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut body = self.epoch.to_le_bytes().to_vec();
         put_str(&mut body, &self.process);

@@ -38,7 +38,11 @@ impl Repository {
         let own = self.epochs().writer().to_string();
         let start = Instant::now();
         loop {
-            let behind = self.writers_behind(newest, &own)?;
+            // The wait only paces: a listing or read that fails ends it
+            // (the collection's own requests then say what is wrong).
+            let Ok(behind) = self.writers_behind(newest, &own) else {
+                return Ok(0);
+            };
             if behind == 0 || start.elapsed() >= bound {
                 return Ok(behind);
             }

@@ -217,6 +217,10 @@ pub(crate) struct ParentRecipe {
     /// Where each part starts in the stream, then the stream's end.
     part_starts: Vec<u64>,
     loaded: Option<Part>,
+    /// The containers of the part just loaded, to be held (and pinned,
+    /// in one pin) before any of its files is reused: one pin per part
+    /// instead of one per container.
+    hold_ahead: Vec<u64>,
     /// Parts that could not be read, not tried again.
     broken: HashSet<usize>,
 }
@@ -264,9 +268,16 @@ impl ParentRecipe {
         let end = file.offset + file.size;
         let mut at = file.offset;
         while at < end {
-            let Some(part) = self.part_at(repo, at) else {
+            if self.part_at(repo, at).is_none() {
                 break;
-            };
+            }
+            let ahead = std::mem::take(&mut self.hold_ahead);
+            if !ahead.is_empty() {
+                // Whether all were held does not matter here: each file's
+                // reuse checks its own containers.
+                session.hold_ahead(&ahead)?;
+            }
+            let part = self.loaded.as_ref().expect("part_at loaded it");
             // The slice must start and end on segment boundaries: it
             // always ends at the file's end or the part's.
             let stop = end.min(part.end());
@@ -302,6 +313,7 @@ impl ParentRecipe {
             head,
             part_starts,
             loaded: None,
+            hold_ahead: Vec::new(),
             broken: HashSet::new(),
         }
     }
@@ -330,6 +342,10 @@ impl ParentRecipe {
                     }
                 }
             };
+            let mut containers: Vec<u64> = refs.iter().map(|r| r.container).collect();
+            containers.sort_unstable();
+            containers.dedup();
+            self.hold_ahead = containers;
             self.loaded = Some(Part::new(k, self.part_starts[k], refs));
         }
         self.loaded.as_ref()

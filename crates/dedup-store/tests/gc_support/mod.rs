@@ -25,7 +25,12 @@ pub struct Faulty {
     pub reads: Mutex<Vec<String>>,
     /// Puts of names under this prefix fail.
     fail_puts_under: Mutex<Option<String>>,
+    /// Run once before the first put of a name under the prefix (another
+    /// process acting between two requests of this one).
+    before_put_under: Mutex<Option<(String, Hook)>>,
 }
+
+type Hook = Box<dyn FnOnce() + Send>;
 
 impl Faulty {
     pub fn new(inner: Arc<dyn ObjectStore>) -> Faulty {
@@ -35,7 +40,19 @@ impl Faulty {
             budget: AtomicU64::new(u64::MAX),
             reads: Mutex::new(Vec::new()),
             fail_puts_under: Mutex::new(None),
+            before_put_under: Mutex::new(None),
         }
+    }
+
+    /// Run `hook` once, just before the first put of a name under
+    /// `prefix`.
+    pub fn before_put_under(&self, prefix: &str, hook: impl FnOnce() + Send + 'static) {
+        *self.before_put_under.lock().unwrap() = Some((prefix.to_string(), Box::new(hook)));
+    }
+
+    /// Forget a hook that has not run.
+    pub fn clear_hook(&self) {
+        *self.before_put_under.lock().unwrap() = None;
     }
 
     /// Fail every put of a name under `prefix` (e.g. `backups/`: a backup
@@ -98,6 +115,16 @@ impl Faulty {
 impl ObjectStore for Faulty {
     fn put(&self, name: &str, bytes: &[u8]) -> Result<()> {
         self.step(name)?;
+        let hook = {
+            let mut slot = self.before_put_under.lock().unwrap();
+            match slot.as_ref() {
+                Some((p, _)) if name.starts_with(p.as_str()) => slot.take().map(|(_, h)| h),
+                _ => None,
+            }
+        };
+        if let Some(hook) = hook {
+            hook();
+        }
         let refused = self.fail_puts_under.lock().unwrap();
         if refused
             .as_ref()
