@@ -229,6 +229,19 @@ impl Repository {
                 .condemn(record.condemned.iter().copied())
                 .into_iter()
                 .collect();
+            // Those held here too are never handed out again to a backup
+            // that does not hold them yet: its hold would rest on this
+            // process's pins, and once their holders end (a commit, or
+            // giving up) the next pin no longer lists them, while a
+            // collection that honoured the old pin may delete them after
+            // reading the new one.
+            let held_condemned: Vec<u64> = record
+                .condemned
+                .iter()
+                .copied()
+                .filter(|c| !unheld.contains(c))
+                .collect();
+            p.condemn_even_held(&held_condemned);
             // To be compacted: its dead entries are never handed out; a
             // container held here must be pinned (its backups may
             // reference one of them).

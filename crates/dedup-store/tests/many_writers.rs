@@ -653,6 +653,8 @@ struct Reusing {
     store: Arc<Faulty>,
     session: BackupSession<'static>,
     condemning: Vec<u8>,
+    /// The bytes of "old", which "new" reused.
+    old: Vec<u8>,
 }
 
 fn reusing_a_deleted_backup(seed: u64) -> Reusing {
@@ -693,6 +695,7 @@ fn reusing_a_deleted_backup(seed: u64) -> Reusing {
         store,
         session,
         condemning,
+        old,
     }
 }
 
@@ -771,4 +774,57 @@ fn a_commit_does_not_trust_an_epoch_whose_pin_failed_in_another_backup() {
         collector.gc_one_epoch(&GcOptions::default()).unwrap();
     });
     r.commit_is_stopped();
+}
+
+/// A container an epoch condemned while a backup of this process held it
+/// stays held by that backup (pinned), but is never handed out again to
+/// another: once its holder gives up, the process's next pin no longer
+/// lists it, and a collection that honoured the old pin at its first
+/// look deletes it after reading the new one at its second. Handed out
+/// again (the catalog still cached), a later backup committed over the
+/// deleted container.
+#[test]
+fn a_container_condemned_while_held_is_never_reused_by_another_backup_of_the_process() {
+    use dedup_store::epochs::EpochRecord;
+    use dedup_store::ObjectStore;
+    let Reusing {
+        _tmp,
+        dir,
+        writer,
+        session: mut s1,
+        condemning,
+        old,
+        ..
+    } = reusing_a_deleted_backup(19);
+    // Epoch 1 (a collection that looked before the pin) condemns the old
+    // containers; "new" looks as it seals fresh data, and pins them at 1.
+    dedup_store::LocalDir::open(&dir)
+        .unwrap()
+        .put(&EpochRecord::object_name(1), &condemning)
+        .unwrap();
+    let mut rng = StdRng::seed_from_u64(23);
+    let fresh_blocks = blocks(&mut rng, 8);
+    for piece in stream(&mut rng, &fresh_blocks).chunks(4096) {
+        s1.append(piece).unwrap();
+    }
+    drop(s1); // gives up
+              // Collection 2 honours that pin at its first look; just after its
+              // epoch is put, a backup of the writer begins (its pin replaces the
+              // old, no longer holding them), and the second look deletes them.
+    let (collector, store) = open_faulty(&dir);
+    store.after_put_under("gc/epoch-", move || {
+        drop(writer.begin_backup("s2", "g").unwrap());
+    });
+    collector.gc_one_epoch(&GcOptions::default()).unwrap();
+    let mut s3 = writer.begin_backup("s3", "g").unwrap();
+    for piece in old.chunks(4096) {
+        s3.append(piece).unwrap();
+    }
+    s3.commit().unwrap();
+    let mut out = Vec::new();
+    Repository::open_read_only(&dir)
+        .unwrap()
+        .restore("s3", &mut out)
+        .expect("committed over a deleted container");
+    assert_eq!(out, old);
 }

@@ -10,14 +10,14 @@
 //!   and a listing made after epoch *n* began still finds unreferenced
 //!   and unpinned (`gc/collect.rs`).
 //! - A writing process applies every epoch's list before it references
-//!   anything again (what it does not hold is never handed out again),
-//!   and when an epoch condemned something it holds, pins it at that
-//!   epoch and reads the newest epoch again: still the same, the pin was
-//!   visible before the next collection began, which honours it. Moved on
-//!   by two, the backups holding it stop, nothing committed (`pinning.rs`).
-//! - A backup is committed once its backup object is put and the newest
-//!   epoch is at most one past the one its process had pinned at; if two
-//!   collections began in between, it deletes the object and fails.
+//!   anything again (what it condemned is never handed out again), and
+//!   when an epoch condemned something it holds, pins it at that epoch
+//!   and reads the newest epoch again: still the same, the pin was visible
+//!   before the next collection began, whose second look sees it. Moved
+//!   on, the backups holding it stop, nothing committed (`pinning.rs`).
+//! - A backup is committed once its backup object is put and a look at
+//!   the epochs after that finds no epoch but the newest condemned what
+//!   it holds; else it deletes the object and fails.
 //! - Container ids come from ranges reserved with create-only puts
 //!   (`ids.rs`), pinned before the first id is used.
 //!

@@ -28,9 +28,26 @@ pub struct Faulty {
     /// Run once before the first put of a name under the prefix (another
     /// process acting between two requests of this one).
     before_put_under: Mutex<Option<(String, Hook)>>,
+    /// Run once after the first put of a name under the prefix.
+    after_put_under: Mutex<Option<(String, Hook)>>,
 }
 
 type Hook = Box<dyn FnOnce() + Send>;
+
+/// Run (once) the hook in `slot` if `name` is under its prefix; the lock
+/// is let go first, so the hook may use the store.
+fn run_hook(slot: &Mutex<Option<(String, Hook)>>, name: &str) {
+    let hook = {
+        let mut slot = slot.lock().unwrap();
+        match slot.as_ref() {
+            Some((p, _)) if name.starts_with(p.as_str()) => slot.take().map(|(_, h)| h),
+            _ => None,
+        }
+    };
+    if let Some(hook) = hook {
+        hook();
+    }
+}
 
 impl Faulty {
     pub fn new(inner: Arc<dyn ObjectStore>) -> Faulty {
@@ -41,6 +58,7 @@ impl Faulty {
             reads: Mutex::new(Vec::new()),
             fail_puts_under: Mutex::new(None),
             before_put_under: Mutex::new(None),
+            after_put_under: Mutex::new(None),
         }
     }
 
@@ -50,9 +68,16 @@ impl Faulty {
         *self.before_put_under.lock().unwrap() = Some((prefix.to_string(), Box::new(hook)));
     }
 
+    /// Run `hook` once, just after the first put of a name under
+    /// `prefix` succeeded.
+    pub fn after_put_under(&self, prefix: &str, hook: impl FnOnce() + Send + 'static) {
+        *self.after_put_under.lock().unwrap() = Some((prefix.to_string(), Box::new(hook)));
+    }
+
     /// Forget a hook that has not run.
     pub fn clear_hook(&self) {
         *self.before_put_under.lock().unwrap() = None;
+        *self.after_put_under.lock().unwrap() = None;
     }
 
     /// Fail every put of a name under `prefix` (e.g. `backups/`: a backup
@@ -115,16 +140,7 @@ impl Faulty {
 impl ObjectStore for Faulty {
     fn put(&self, name: &str, bytes: &[u8]) -> Result<()> {
         self.step(name)?;
-        let hook = {
-            let mut slot = self.before_put_under.lock().unwrap();
-            match slot.as_ref() {
-                Some((p, _)) if name.starts_with(p.as_str()) => slot.take().map(|(_, h)| h),
-                _ => None,
-            }
-        };
-        if let Some(hook) = hook {
-            hook();
-        }
+        run_hook(&self.before_put_under, name);
         let refused = self.fail_puts_under.lock().unwrap();
         if refused
             .as_ref()
@@ -136,7 +152,9 @@ impl ObjectStore for Faulty {
             ));
         }
         drop(refused);
-        self.inner.put(name, bytes)
+        self.inner.put(name, bytes)?;
+        run_hook(&self.after_put_under, name);
+        Ok(())
     }
     fn get(&self, name: &str) -> Result<Vec<u8>> {
         self.read(name)?;
