@@ -234,14 +234,9 @@ impl Repository {
             // process's pins, and once their holders end (a commit, or
             // giving up) the next pin no longer lists them, while a
             // collection that honoured the old pin may delete them after
-            // reading the new one.
-            let held_condemned: Vec<u64> = record
-                .condemned
-                .iter()
-                .copied()
-                .filter(|c| !unheld.contains(c))
-                .collect();
-            p.condemn_even_held(&held_condemned);
+            // reading the new one. All for good: a compaction here that
+            // condemned one first must not release it.
+            p.condemn_even_held(&record.condemned);
             // To be compacted: its dead entries are never handed out; a
             // container held here must be pinned (its backups may
             // reference one of them).

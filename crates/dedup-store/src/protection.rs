@@ -51,6 +51,9 @@ pub(crate) struct Protection {
     /// Containers a GC decided to delete: never reused, even if the
     /// deletion fails part-way.
     condemned: HashSet<u64>,
+    /// Of those, the ones another process's collection condemned (or may
+    /// have deleted): a compaction here never releases them.
+    for_good: HashSet<u64>,
     /// Sessions that held what a collection in another process may have
     /// deleted since (`pinning.rs`): they must not commit.
     lost: HashSet<u64>,
@@ -139,10 +142,13 @@ impl Protection {
         })
     }
 
-    /// Condemn `containers` even where sessions hold them (those sessions
-    /// are lost: a collection elsewhere may delete them).
+    /// Condemn `containers` for good, even where sessions hold them (an
+    /// epoch condemned them, or a collection elsewhere may have deleted
+    /// them): never handed out again, even when a compaction here that
+    /// condemned one first releases it.
     pub(crate) fn condemn_even_held(&mut self, containers: &[u64]) {
         self.condemned.extend(containers.iter().copied());
+        self.for_good.extend(containers.iter().copied());
     }
 
     /// Every running session is lost, and what they hold is never handed
@@ -150,7 +156,7 @@ impl Protection {
     pub(crate) fn lose_all(&mut self) {
         self.lost.extend(self.active.keys().copied());
         let held: Vec<u64> = self.active.values().flatten().copied().collect();
-        self.condemned.extend(held);
+        self.condemn_even_held(&held);
     }
 
     /// Whether `session` may no longer commit (see `lose_holding`).
@@ -171,8 +177,9 @@ impl Protection {
 
     /// Of `candidates` (containers the GC found unreferenced), condemn and
     /// return those no session protects. One condemned by an earlier GC
-    /// whose deletion failed is returned again (no session can have held
-    /// it since), so the next GC of this process finishes the job.
+    /// whose deletion failed is returned again once no session holds it
+    /// (none took it since: a condemned container is never held anew), so
+    /// the next GC of this process finishes the job.
     pub(crate) fn condemn(&mut self, candidates: impl IntoIterator<Item = u64>) -> Vec<u64> {
         let mut out = Vec::new();
         for c in candidates {
@@ -187,9 +194,12 @@ impl Protection {
     }
 
     /// A compaction condemned `container` to keep sessions off it while
-    /// it replaced it; the new version may be handed out again.
+    /// it replaced it; the new version may be handed out again, unless an
+    /// epoch condemned it meanwhile.
     pub(crate) fn release(&mut self, container: u64) {
-        self.condemned.remove(&container);
+        if !self.for_good.contains(&container) {
+            self.condemned.remove(&container);
+        }
     }
 
     pub(crate) fn is_condemned(&self, container: u64) -> bool {
@@ -245,6 +255,22 @@ mod tests {
         p.end_gc();
         p.abort_session(s);
         assert!(p.held().is_empty());
+    }
+
+    /// An epoch applied while this process compacted a container
+    /// condemns it for good: the compaction's release does not hand it
+    /// out again (a collection elsewhere may delete it).
+    #[test]
+    fn a_release_never_hands_out_what_an_epoch_condemned() {
+        let mut p = Protection::default();
+        assert_eq!(p.condemn([5]), vec![5], "the compaction's own condemning");
+        p.condemn_even_held(&[5]);
+        p.release(5);
+        let s = p.begin_session();
+        assert!(!p.hold(s, 5), "handed out again after the release");
+        assert_eq!(p.condemn([6]), vec![6]);
+        p.release(6);
+        assert!(p.hold(s, 6), "a compaction's own condemning is released");
     }
 
     #[test]
