@@ -192,14 +192,18 @@ impl BackupSession<'_> {
         {
             return Ok(None);
         }
-        let Ok(catalog) = self.repo.catalog(container) else {
-            return Ok(None);
-        };
-        Ok(catalog
+        Ok(self.catalog_entry(container, entry))
+    }
+
+    /// Catalog entry `entry` of `container`, which this session holds;
+    /// `None` if the catalog does not read or has no such entry.
+    fn catalog_entry(&self, container: u64, entry: u32) -> Option<crate::format::Entry> {
+        let catalog = self.repo.catalog(container).ok()?;
+        catalog
             .entries()
             .get(entry as usize)
             .copied()
-            .filter(|e| !e.is_absent()))
+            .filter(|e| !e.is_absent())
     }
 
     /// [`lookup`](Self::lookup), answered as the full reference (with the
@@ -260,16 +264,17 @@ impl BackupSession<'_> {
     pub fn reuse_all(&mut self, refs: &[SegmentRef]) -> RepoResult<bool> {
         // The file's containers held (and pinned) together: one pin, not
         // one per container.
-        let mut containers: Vec<u64> = refs.iter().map(|r| r.container).collect();
-        containers.sort_unstable();
-        containers.dedup();
-        if !self.repo.hold_pinned(self.id, &containers)? {
+        if !self
+            .repo
+            .hold_pinned(self.id, &SegmentRef::containers(refs))?
+        {
             return Ok(false);
         }
         for r in refs {
-            let confirmed = self
-                .held_entry(r.container, r.entry)?
-                .is_some_and(|e| r.is(&e.fingerprint, e.location.raw_len));
+            let confirmed = self.repo.protection().allows(r.container, r.entry)
+                && self
+                    .catalog_entry(r.container, r.entry)
+                    .is_some_and(|e| r.is(&e.fingerprint, e.location.raw_len));
             if !confirmed {
                 return Ok(false);
             }

@@ -416,51 +416,28 @@ fn without_pins_the_model_catches_lost_data() {
 /// deleted.
 #[test]
 fn a_failed_pin_leaves_what_it_held_at_risk() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
-    init_small(dir);
-    let mut rng = StdRng::seed_from_u64(5);
-    let old_blocks = blocks(&mut rng, 8);
-    let old = stream(&mut rng, &old_blocks);
-    let collector = Repository::open(dir).unwrap();
-    collector.backup_stream("old", "g", &old[..]).unwrap();
-    let (writer, store) = open_faulty(dir);
-    // Reuses every container of "old".
-    let mut s = writer.begin_backup("new", "g").unwrap();
-    for piece in old.chunks(4096) {
-        s.append(piece).unwrap();
-    }
-    // "old" goes. The first collection honours the pin the writer put
-    // as it first held the containers; the second, looking after the
-    // writer last did, reads no pin of the first's epoch and condemns
-    // them, which the running backup holds.
-    collector.delete_backup("old").unwrap();
-    collector.gc_one_epoch(&GcOptions::default()).unwrap();
-    collector.gc_one_epoch(&GcOptions::default()).unwrap();
+    // "new" reuses every container of "old", which then goes.
+    let mut r = reusing_a_deleted_backup(5);
+    // The first collection honours the pin the writer put as it first
+    // held the containers; the second, looking after the writer last
+    // did, reads no pin of the first's epoch and condemns them, which the
+    // running backup holds.
+    r.collector.gc_one_epoch(&GcOptions::default()).unwrap();
+    r.collector.gc_one_epoch(&GcOptions::default()).unwrap();
     // The writer sees the epoch as it seals, but its pin put fails.
-    store.fail_puts_under("pins/");
+    r.store.fail_puts_under("pins/");
+    // Data of its own (another seed than "old"'s): it seals, and looks.
+    let mut rng = StdRng::seed_from_u64(1005);
     let fresh_blocks = blocks(&mut rng, 8);
     let fresh = stream(&mut rng, &fresh_blocks);
-    let failed = fresh.chunks(4096).any(|piece| s.append(piece).is_err());
+    let failed = fresh
+        .chunks(4096)
+        .any(|piece| r.session.append(piece).is_err());
     assert!(failed, "the pin put never failed");
-    store.allow_puts();
+    r.store.allow_puts();
     // The next collection deletes what no pin held.
-    collector.gc_one_epoch(&GcOptions::default()).unwrap();
-    match s.commit() {
-        Err(RepoError::Overtaken { .. }) => {}
-        Ok(_) => {
-            let mut out = Vec::new();
-            let restored = Repository::open_read_only(dir)
-                .unwrap()
-                .restore("new", &mut out);
-            panic!("committed over a deleted container: restore gives {restored:?}");
-        }
-        Err(e) => panic!("{e}"),
-    }
-    assert!(
-        collector.backup("new").is_err(),
-        "a stopped backup is listed"
-    );
+    r.collector.gc_one_epoch(&GcOptions::default()).unwrap();
+    r.commit_is_stopped();
 }
 
 /// A pin that does not read holds what cannot be known: collections
@@ -521,22 +498,17 @@ fn a_backup_whose_container_put_failed_does_not_commit() {
 /// them and the second begin before that look: the backup stopped.)
 #[test]
 fn a_backup_reusing_a_deleted_backups_containers_outlives_a_gc_between_its_looks() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
-    init_small(dir);
-    let mut rng = StdRng::seed_from_u64(11);
-    let old_blocks = blocks(&mut rng, 8);
-    let old = stream(&mut rng, &old_blocks);
-    let collector = Repository::open(dir).unwrap();
-    collector.backup_stream("old", "g", &old[..]).unwrap();
-    let (writer, _store) = open_faulty(dir);
-    let mut s = writer.begin_backup("new", "g").unwrap();
-    for piece in old.chunks(4096) {
-        s.append(piece).unwrap();
-    }
-    assert_eq!(s.report().segments_new, 0, "the data was not reused");
-    collector.delete_backup("old").unwrap();
+    let Reusing {
+        _tmp,
+        dir,
+        collector,
+        session: mut s,
+        old,
+        ..
+    } = reusing_a_deleted_backup(11);
     collector.gc(&GcOptions::default()).unwrap();
+    // Data of its own (another seed than "old"'s): it seals, and looks.
+    let mut rng = StdRng::seed_from_u64(1011);
     let fresh_blocks = blocks(&mut rng, 8);
     let fresh = stream(&mut rng, &fresh_blocks);
     for piece in fresh.chunks(4096) {
@@ -546,7 +518,7 @@ fn a_backup_reusing_a_deleted_backups_containers_outlives_a_gc_between_its_looks
     collector.gc(&GcOptions::default()).unwrap();
     collector.gc(&GcOptions::default()).unwrap();
     let mut out = Vec::new();
-    Repository::open_read_only(dir)
+    Repository::open_read_only(&dir)
         .unwrap()
         .restore("new", &mut out)
         .unwrap();

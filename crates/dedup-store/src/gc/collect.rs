@@ -46,11 +46,16 @@ impl Repository {
         options: &GcOptions,
         report: &mut GcReport,
     ) -> RepoResult<()> {
+        let newest = epochs::newest(&*self.store)?;
         let waited = std::time::Instant::now();
-        report.writers_not_caught_up +=
-            self.wait_for_writers(epochs::newest(&*self.store)?, options.writer_wait)?;
+        let (behind, slept) = self.wait_for_writers(newest, options.writer_wait)?;
+        report.writers_not_caught_up += behind;
         report.seconds_waiting_for_writers += waited.elapsed().as_secs_f64();
-        let prev = epochs::newest(&*self.store)?;
+        // Another collector may have begun an epoch while this one waited.
+        let prev = match slept {
+            true => epochs::newest(&*self.store)?,
+            false => newest,
+        };
         let n = prev + 1;
         // `None`: unreadable or gone, and what it condemned is never
         // deleted.

@@ -29,24 +29,26 @@ const POLL: Duration = Duration::from_millis(50);
 impl Repository {
     /// Wait up to `bound` until no writer (other than this process, its
     /// other handles, and those known dead here) has its newest pin at
-    /// epoch `newest`-1;
-    /// how many still had when the wait ended.
-    pub(super) fn wait_for_writers(&self, newest: u64, bound: Duration) -> RepoResult<u64> {
+    /// epoch `newest`-1: how many still had when the wait ended, and
+    /// whether it slept at all.
+    pub(super) fn wait_for_writers(&self, newest: u64, bound: Duration) -> RepoResult<(u64, bool)> {
         if newest == 0 || bound.is_zero() {
-            return Ok(0);
+            return Ok((0, false));
         }
         let own = self.epochs().writer().to_string();
         let start = Instant::now();
+        let mut slept = false;
         loop {
             // The wait only paces: a listing or read that fails ends it
             // (the collection's own requests then say what is wrong).
             let Ok(behind) = self.writers_behind(newest, &own) else {
-                return Ok(0);
+                return Ok((0, slept));
             };
             if behind == 0 || start.elapsed() >= bound {
-                return Ok(behind);
+                return Ok((behind, slept));
             }
             std::thread::sleep(POLL.min(bound.saturating_sub(start.elapsed())));
+            slept = true;
         }
     }
 
@@ -74,7 +76,7 @@ impl Repository {
             if epoch + 1 != newest {
                 continue;
             }
-            let dead = match self.store.get(&name) {
+            let not_waited_for = match self.store.get(&name) {
                 // Not waited for: this process's other handles (tests open
                 // several), which cannot look while this one waits; a
                 // writer that holds no container or object (an idle
@@ -93,7 +95,7 @@ impl Repository {
                 Err(Error::Corrupt { .. }) => true,
                 Err(e) => return Err(e.into()),
             };
-            if !dead {
+            if !not_waited_for {
                 behind += 1;
             }
         }

@@ -84,6 +84,14 @@ impl SegmentRef {
     pub fn is(&self, fp: &Fingerprint, len: u32) -> bool {
         self.check == fingerprint_check(fp) && self.len == len
     }
+
+    /// The containers `refs` name, each once, in order.
+    pub fn containers(refs: &[SegmentRef]) -> Vec<u64> {
+        let mut ids: Vec<u64> = refs.iter().map(|r| r.container).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -342,10 +342,7 @@ impl ParentRecipe {
                     }
                 }
             };
-            let mut containers: Vec<u64> = refs.iter().map(|r| r.container).collect();
-            containers.sort_unstable();
-            containers.dedup();
-            self.hold_ahead = containers;
+            self.hold_ahead = SegmentRef::containers(&refs);
             self.loaded = Some(Part::new(k, self.part_starts[k], refs));
         }
         self.loaded.as_ref()
