@@ -23,6 +23,7 @@ run sparse backup
 run sparse store-serve
 run sparse s3
 run sparse s3-faults
+run sparse s3-volume-kill
 for t in nbdcopy qemu-io fio lifecycle ext4 bench replay analyze; do
     run inram "$t"
 done
