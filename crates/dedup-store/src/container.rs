@@ -18,6 +18,7 @@ use crate::format::{
     MAX_SEGMENT_LEN, OLDEST_VERSION, TRAILER_LEN,
 };
 use crate::objects::ObjectStore;
+use crate::read_windows::Windows;
 use crate::segment_hash::SegmentHash;
 
 /// The object name of container `id`.
@@ -305,10 +306,16 @@ impl Catalog {
             }
         }
         let (start, bytes) = match (missing.first(), missing.last()) {
-            (Some(a), Some(b)) => (
-                a.offset,
-                self.get_range(store, a.offset, b.frame_end() - a.offset)?,
-            ),
+            (Some(a), Some(b)) => {
+                let len = b.frame_end() - a.offset;
+                let exact = || self.get_range(store, a.offset, len);
+                (
+                    a.offset,
+                    cache
+                        .windows
+                        .read(store, &self.name, a.offset, len, exact)?,
+                )
+            }
             _ => (0, Vec::new()),
         };
         let mut frame: Option<(u64, Decoded)> = None;
@@ -424,15 +431,31 @@ struct FrameKey {
 pub struct FrameCache {
     frames: Mutex<VecDeque<(FrameKey, Arc<Vec<u8>>)>>,
     capacity: usize,
+    /// The stored bytes read ahead, where requests are dear.
+    windows: Windows,
 }
 
 impl FrameCache {
-    /// A cache of up to `capacity` frames (0: none kept).
+    /// A cache of up to `capacity` frames (0: none kept); every read
+    /// exact.
     pub fn new(capacity: usize) -> FrameCache {
+        FrameCache::reading_ahead(capacity, 0, 0)
+    }
+
+    /// As `new`, and an object read in sequence is read in windows of
+    /// `granule` bytes, up to `windows` of them kept (`read_windows.rs`).
+    pub fn reading_ahead(capacity: usize, granule: u64, windows: usize) -> FrameCache {
         FrameCache {
             frames: Mutex::new(VecDeque::with_capacity(capacity)),
             capacity,
+            windows: Windows::new(granule, windows),
         }
+    }
+
+    /// Drop what was read ahead (a read is tried again after a
+    /// compaction may have rewritten a container under it).
+    pub fn forget_read_ahead(&self) {
+        self.windows.forget();
     }
 
     fn frames(&self) -> std::sync::MutexGuard<'_, VecDeque<(FrameKey, Arc<Vec<u8>>)>> {

@@ -98,6 +98,7 @@ pub mod parallel_cut;
 mod pinning;
 pub mod process;
 mod protection;
+mod read_windows;
 pub mod recipe;
 pub mod repo;
 pub mod repo_location;

@@ -82,6 +82,15 @@ pub trait ObjectStore: Send + Sync {
     /// wraps, and a default would silently answer plain.
     fn segment_hash(&self) -> SegmentHash;
 
+    /// The size of read a restore prefers when it reads an object in
+    /// sequence (`read_windows.rs`): 0, the default, for exact reads
+    /// where a read costs little (a directory's `pread`); more where each
+    /// request is dear (S3). A store that wraps another answers as the
+    /// one it wraps.
+    fn read_granule(&self) -> u64 {
+        0
+    }
+
     /// Remove the object. `Error::NotFound` if there is none, on a store
     /// that can tell: S3 cannot, and answers `Ok`, so callers treat both
     /// alike.

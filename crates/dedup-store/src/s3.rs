@@ -59,6 +59,12 @@ pub const MAX_IN_FLIGHT: usize = 16;
 /// Tries of a put whose outcome was unknown and that had not landed.
 const PUT_TRIES: u32 = 4;
 
+/// A restore's reads of a container in sequence, in windows of this many
+/// bytes (`read_windows.rs`): a request costs a service far more than a
+/// few MiB more of one (SeaweedFS: about 3 ms of CPU a GET), and on AWS
+/// each GET is billed.
+const READ_GRANULE: u64 = 4 << 20;
+
 /// How long one request may take unless `AWS_TIMEOUT` says otherwise (the
 /// crate's own default, 30 s, fails a 16 MiB PUT below 4.5 Mbit/s).
 pub const DEFAULT_TIMEOUT: &str = "15min";
@@ -399,6 +405,10 @@ impl ObjectStore for S3Store {
 
     fn segment_hash(&self) -> crate::segment_hash::SegmentHash {
         crate::segment_hash::SegmentHash::PLAIN
+    }
+
+    fn read_granule(&self) -> u64 {
+        READ_GRANULE
     }
 
     fn delete(&self, name: &str) -> Result<()> {

@@ -23,7 +23,10 @@ fn own(rng: &mut StdRng, blocks: usize) -> Vec<u8> {
     v
 }
 
-fn run(seed: u64) -> u64 {
+/// One run; with `granule`, the store asks restores to read in windows
+/// of that many bytes (as S3 does), so windows read before a compaction
+/// meet the container rewritten under them.
+fn run(seed: u64, granule: Option<u64>) -> u64 {
     let mut rng = StdRng::seed_from_u64(seed);
     let shared = Arc::new(blocks(&mut rng, 8));
     let tmp = tempfile::tempdir().unwrap();
@@ -33,7 +36,16 @@ fn run(seed: u64) -> u64 {
         force: false,
         ..RepoOptions::default()
     };
-    let repo = Arc::new(Repository::init_with(tmp.path(), options).unwrap());
+    let repo = Repository::init_with(tmp.path(), options).unwrap();
+    let repo = Arc::new(match granule {
+        None => repo,
+        Some(g) => {
+            drop(repo);
+            let (repo, store) = open_faulty(tmp.path());
+            store.set_read_granule(g);
+            repo
+        }
+    });
     // Recipes in parts of 3 segments: the backups put parts while the
     // collections list and remove orphans.
     repo.set_recipe_part_segments(3);
@@ -137,8 +149,14 @@ fn run(seed: u64) -> u64 {
 
 #[test]
 fn gc_beside_backups_that_reuse_segments_of_deleted_ones() {
-    let compacted: u64 = (0..20).map(run).sum();
+    let compacted: u64 = (0..20).map(|seed| run(seed, None)).sum();
     eprintln!("{compacted} containers compacted beside backups and restores");
+}
+
+#[test]
+fn restores_reading_in_windows_beside_compaction() {
+    let compacted: u64 = (100..110).map(|seed| run(seed, Some(4096))).sum();
+    eprintln!("{compacted} containers compacted beside restores reading 4 KiB windows");
 }
 
 #[test]

@@ -168,6 +168,10 @@ impl ObjectStore for SealedStore {
         self.hash
     }
 
+    fn read_granule(&self) -> u64 {
+        self.inner.read_granule()
+    }
+
     fn delete(&self, name: &str) -> Result<()> {
         self.inner.delete(name)
     }

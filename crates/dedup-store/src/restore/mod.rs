@@ -27,6 +27,9 @@ const MAX_RUN: u64 = 4 << 20;
 const FRAMES_KEPT: usize = 16;
 /// Runs being read ahead of the one being written (each at most `MAX_RUN`).
 const RUNS_AHEAD: usize = 8;
+/// Windows of stored bytes kept where the store reads in windows
+/// (`read_windows.rs`; S3: 16 of 4 MiB, 64 MiB at most).
+const WINDOWS_KEPT: usize = 16;
 
 impl Repository {
     /// Backup `name`'s record and whole recipe (all its parts at once),
@@ -100,7 +103,8 @@ impl Repository {
         wanted: Option<&Wanted>,
         sink: &mut dyn FnMut(Piece) -> RepoResult<()>,
     ) -> RepoResult<()> {
-        let frames = FrameCache::new(FRAMES_KEPT);
+        let frames =
+            FrameCache::reading_ahead(FRAMES_KEPT, self.store.read_granule(), WINDOWS_KEPT);
         let mut at = 0u64;
         while let Some(len) = parts.next_part_bytes() {
             let range = at..at + len;
@@ -223,8 +227,9 @@ impl Repository {
         }
         // A garbage collection may have compacted the container since its
         // catalog was read (same entries, new offsets): read the catalog
-        // again, once.
+        // again, once, and the container's bytes too.
         self.catalog_cache().forget(first.container);
+        frames.forget_read_ahead();
         let fresh = self.catalog(first.container)?;
         check_run(&fresh, run, recipe)?;
         Ok(fresh.read_run_cached(&*self.store, first.entry as usize, run.len(), frames)?)

@@ -30,6 +30,9 @@ pub struct Faulty {
     before_put_under: Mutex<Option<(String, Hook)>>,
     /// Run once after the first put of a name under the prefix.
     after_put_under: Mutex<Option<(String, Hook)>>,
+    /// The read granule answered (restores read in windows of it), or
+    /// u64::MAX for the inner store's.
+    granule: AtomicU64,
 }
 
 type Hook = Box<dyn FnOnce() + Send>;
@@ -59,7 +62,14 @@ impl Faulty {
             fail_puts_under: Mutex::new(None),
             before_put_under: Mutex::new(None),
             after_put_under: Mutex::new(None),
+            granule: AtomicU64::new(u64::MAX),
         }
+    }
+
+    /// Answer `granule` as the read granule: restores then read what
+    /// they read again in windows of it, as from S3.
+    pub fn set_read_granule(&self, granule: u64) {
+        self.granule.store(granule, SeqCst);
     }
 
     /// Run `hook` once, just before the first put of a name under
@@ -182,6 +192,13 @@ impl ObjectStore for Faulty {
     }
     fn segment_hash(&self) -> dedup_store::segment_hash::SegmentHash {
         self.inner.segment_hash()
+    }
+
+    fn read_granule(&self) -> u64 {
+        match self.granule.load(SeqCst) {
+            u64::MAX => self.inner.read_granule(),
+            g => g,
+        }
     }
 }
 
