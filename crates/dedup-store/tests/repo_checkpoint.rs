@@ -139,6 +139,52 @@ fn no_checkpoint_is_taken_while_a_backup_runs() {
     assert_eq!(checkpoints(dir), before);
 }
 
+/// A backup of what is stored already adds no hook: the handle leaves the
+/// checkpoint it opened from as it was (no put, delete, put again and
+/// listing, four requests of a bucket); one that stored something new
+/// writes a new one.
+#[test]
+fn an_unchanged_index_is_not_saved_again() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    init(dir);
+    let data = random(1 << 20, 7);
+    let repo = sampled(dir);
+    repo.backup_stream("a", "g", &data[..]).unwrap();
+    assert!(repo.save_index().unwrap());
+    assert!(!repo.save_index().unwrap(), "saved twice with nothing new");
+    drop(repo);
+    let [only] = &checkpoints(dir)[..] else {
+        panic!("one checkpoint: {:?}", checkpoints(dir))
+    };
+    let inode = |name: &str| {
+        std::fs::metadata(dir.join("index").join(name))
+            .unwrap()
+            .ino()
+    };
+    let before = inode(only);
+    let repo = sampled(dir);
+    repo.backup_stream("b", "g", &data[..]).unwrap();
+    drop(repo);
+    assert_eq!(checkpoints(dir), std::slice::from_ref(only));
+    assert_eq!(inode(only), before, "the checkpoint was written again");
+    // New data: a new checkpoint, which the next open starts from.
+    let repo = sampled(dir);
+    repo.backup_stream("c", "g", &random(1 << 20, 8)[..])
+        .unwrap();
+    drop(repo);
+    let after = checkpoints(dir);
+    assert_eq!(after.len(), 1);
+    assert!(after[0] != *only || inode(&after[0]) != before);
+    let repo = sampled(dir);
+    for (name, seed) in [("a", 7), ("b", 7), ("c", 8)] {
+        let mut out = Vec::new();
+        repo.restore(name, &mut out).unwrap();
+        assert!(out == random(1 << 20, seed), "{name}");
+    }
+}
+
 #[test]
 fn container_ids_are_never_handed_out_twice_after_a_collection() {
     let tmp = tempfile::tempdir().unwrap();

@@ -59,6 +59,27 @@ pub(crate) fn highest_covered(store: &dyn ObjectStore) -> u64 {
 pub(crate) struct Opened {
     pub(crate) index: Box<dyn SegmentIndex>,
     pub(crate) covered: u64,
+    /// The checkpoint it was loaded from, if any (`Saved::of`).
+    pub(crate) saved: Option<Saved>,
+}
+
+/// A checkpoint object's `covered` and its bytes' digest: a handle that
+/// would save the same again (a backup of unchanged data adds no hook)
+/// sends nothing, where it sent a put, a delete, a put again and a
+/// listing.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Saved {
+    covered: u64,
+    digest: [u8; 32],
+}
+
+impl Saved {
+    pub(crate) fn of(covered: u64, bytes: &[u8]) -> Saved {
+        Saved {
+            covered,
+            digest: *blake3::hash(bytes).as_bytes(),
+        }
+    }
 }
 
 /// A sampled index from the newest checkpoint in `store` that loads.
@@ -71,6 +92,7 @@ pub(crate) fn load(store: Arc<dyn ObjectStore>, config: IndexConfig) -> Option<O
             return Some(Opened {
                 index: Box::new(index),
                 covered,
+                saved: Some(Saved::of(covered, &bytes)),
             });
         }
     }

@@ -35,7 +35,7 @@ use crate::crypto::passphrase;
 use crate::epochs::Epochs;
 use crate::error::repo::{RepoError, RepoResult};
 use crate::error::Error;
-use crate::index::checkpoint_objects::Opened;
+use crate::index::checkpoint_objects::{Opened, Saved};
 use crate::index::seam::{ExactIndex, SegmentIndex};
 use crate::index::{IndexConfig, SampledSegmentIndex};
 use crate::inflight::InFlight;
@@ -100,6 +100,9 @@ pub struct Repository {
     pub(crate) part_segments: AtomicUsize,
     /// The master key and the key object it came from, if encrypted.
     unlocked: Option<Unlocked>,
+    /// The index checkpoint in the store known to hold what this handle
+    /// would save now: loaded at open, or saved since.
+    saved_checkpoint: Mutex<Option<Saved>>,
 }
 
 impl Repository {
@@ -202,6 +205,7 @@ impl Repository {
                     Opened {
                         index: Box::new(SampledSegmentIndex::new(store, config)),
                         covered: 0,
+                        saved: None,
                     }
                 })
             }),
@@ -214,7 +218,12 @@ impl Repository {
         location: impl Into<RepoLocation>,
         index: Box<dyn SegmentIndex>,
     ) -> RepoResult<Repository> {
-        Repository::open_as(location, Some(|_| Opened { index, covered: 0 }), |s| s)
+        let opened = |_| Opened {
+            index,
+            covered: 0,
+            saved: None,
+        };
+        Repository::open_as(location, Some(opened), |s| s)
     }
 
     /// Open to write (exact index) with every object operation going
@@ -228,6 +237,7 @@ impl Repository {
         let exact = |_: Arc<dyn ObjectStore>| Opened {
             index: Box::new(ExactIndex::new()),
             covered: 0,
+            saved: None,
         };
         Repository::open_as(location, Some(exact), wrap)
     }
@@ -265,8 +275,8 @@ impl Repository {
         let (store, unlocked, config) = objects_of(&location, inner, raw, make.is_some())?;
         let store = wrap(store);
         let config = RepoConfig::decode(&config).map_err(|e| foreign(e.to_string()))?;
-        let (index, covered) = match make {
-            None => (None, 0),
+        let (index, covered, saved) = match make {
+            None => (None, 0, None),
             Some(make) => {
                 match location.dir() {
                     // Only the temporary files of processes known dead
@@ -277,7 +287,7 @@ impl Repository {
                     None => probe_create_only(&location, &clear)?,
                 }
                 let opened = make(store.clone());
-                (Some(Mutex::new(opened.index)), opened.covered)
+                (Some(Mutex::new(opened.index)), opened.covered, opened.saved)
             }
         };
         let writer: [u8; 8] = crate::crypto::random::random_bytes()?;
@@ -294,6 +304,7 @@ impl Repository {
             damaged: Vec::new(),
             part_segments: AtomicUsize::new(crate::recipe::parts::PART_SEGMENTS),
             unlocked,
+            saved_checkpoint: Mutex::new(saved),
         };
         repo.load_catalogs(covered)?;
         if repo.is_writable() {
@@ -561,7 +572,16 @@ impl Repository {
             drop(protection);
             (covered, bytes)
         };
+        let saved = Saved::of(covered, &bytes);
+        let mut last = self
+            .saved_checkpoint
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if *last == Some(saved) {
+            return Ok(false);
+        }
         crate::index::checkpoint_objects::save(&*self.store, covered, &bytes)?;
+        *last = Some(saved);
         Ok(true)
     }
 }
