@@ -442,7 +442,7 @@ impl FrameCache {
         FrameCache::reading_ahead(capacity, 0, 0)
     }
 
-    /// As `new`, and an object read in sequence is read in windows of
+    /// As `new`, and an object read before is read again in windows of
     /// `granule` bytes, up to `windows` of them kept (`read_windows.rs`).
     pub fn reading_ahead(capacity: usize, granule: u64, windows: usize) -> FrameCache {
         FrameCache {

@@ -82,8 +82,8 @@ pub trait ObjectStore: Send + Sync {
     /// wraps, and a default would silently answer plain.
     fn segment_hash(&self) -> SegmentHash;
 
-    /// The size of read a restore prefers when it reads an object in
-    /// sequence (`read_windows.rs`): 0, the default, for exact reads
+    /// The size of read a restore prefers when it reads an object again
+    /// (`read_windows.rs`): 0, the default, for exact reads
     /// where a read costs little (a directory's `pread`); more where each
     /// request is dear (S3). A store that wraps another answers as the
     /// one it wraps.
