@@ -210,8 +210,11 @@ impl S3Store {
         })
     }
 
-    /// Count one request of the kind `pick` chooses, here and process-wide.
-    fn count(&self, pick: fn(&Requests) -> &AtomicU64) {
+    /// Count one request of the kind `pick` chooses, here and process-wide,
+    /// and trace it (`DEDUP_LOG=dedup_store::s3=debug` shows every request,
+    /// to see where an operation's requests go).
+    fn count(&self, pick: fn(&Requests) -> &AtomicU64, kind: &str, name: &str) {
+        tracing::debug!(target: "dedup_store::s3", "{kind} {name}");
         self.count_n(pick, 1);
     }
 
@@ -223,7 +226,7 @@ impl S3Store {
     /// The object's bytes in `range` (`None`: all), and its size.
     fn fetch(&self, name: &str, range: Option<GetRange>) -> Result<(Vec<u8>, u64)> {
         let key = self.key(name)?;
-        self.count(|r| &r.get);
+        self.count(|r| &r.get, "GET", name);
         let options = GetOptions {
             range,
             ..Default::default()
@@ -244,7 +247,7 @@ impl S3Store {
     }
 
     fn try_put(&self, key: &Path, bytes: &[u8]) -> object_store::Result<()> {
-        self.count(|r| &r.put);
+        self.count(|r| &r.put, "PUT", key.as_ref());
         let options = PutOptions {
             mode: PutMode::Create,
             ..Default::default()
@@ -396,7 +399,7 @@ impl ObjectStore for S3Store {
     /// By a HEAD request.
     fn size(&self, name: &str) -> Result<u64> {
         let key = self.key(name)?;
-        self.count(|r| &r.head);
+        self.count(|r| &r.head, "HEAD", name);
         self.runtime
             .block_on(self.inner.head(&key))
             .map(|meta| meta.size)
@@ -413,7 +416,7 @@ impl ObjectStore for S3Store {
 
     fn delete(&self, name: &str) -> Result<()> {
         let key = self.key(name)?;
-        self.count(|r| &r.delete);
+        self.count(|r| &r.delete, "DELETE", name);
         self.runtime
             .block_on(self.inner.delete(&key))
             .map_err(|e| self.error(name, "deleting", e))
@@ -472,7 +475,7 @@ impl S3Store {
                 name: after.unwrap_or_default().to_string(),
                 reason: e.to_string(),
             })?;
-        self.count(|r| &r.list);
+        self.count(|r| &r.list, "LIST", prefix);
         let stream = match &offset {
             Some(offset) => self.inner.list_with_offset(under.as_ref(), offset),
             None => self.inner.list(under.as_ref()),
