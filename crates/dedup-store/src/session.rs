@@ -187,8 +187,13 @@ impl BackupSession<'_> {
     /// is condemned, unreadable, or has no such entry, or compaction
     /// removed it.
     fn held_entry(&self, container: u64, entry: u32) -> RepoResult<Option<crate::format::Entry>> {
+        // Asked again once held: holding may apply an epoch (the pin's
+        // look) that found the entry dead, and one found dead by a
+        // collection this process applied is never handed out (a
+        // compaction removes it if it is dead at its own look too).
         if !self.repo.protection().allows(container, entry)
             || !self.repo.hold_pinned(self.id, &[container])?
+            || !self.repo.protection().allows(container, entry)
         {
             return Ok(None);
         }

@@ -800,3 +800,59 @@ fn a_container_condemned_while_held_is_never_reused_by_another_backup_of_the_pro
         .expect("committed over a deleted container");
     assert_eq!(out, old);
 }
+
+/// A lookup whose pin applies an epoch that found the hinted entry dead
+/// (its container to compact) must not hand it out: asked only before the
+/// pin, it was, and a backup could reference an entry a collection had
+/// found dead without knowing (the model lost a segment to compaction so,
+/// seed 240, once looks came at most every second).
+#[test]
+fn an_entry_found_dead_by_the_epoch_a_lookup_applies_is_not_handed_out() {
+    use dedup_store::epochs::EpochRecord;
+    use dedup_store::ObjectStore;
+    let tmp = tempfile::tempdir().unwrap();
+    init_small(tmp.path());
+    let mut rng = StdRng::seed_from_u64(5);
+    let (a, b): (Vec<u8>, Vec<u8>) = (
+        (0..4096).map(|_| rng.random()).collect(),
+        (0..4096).map(|_| rng.random()).collect(),
+    );
+    let collector = Repository::open(tmp.path()).unwrap();
+    collector
+        .backup_stream("old", "g", &[a.clone(), b.clone()].concat()[..])
+        .unwrap();
+    let x = u64::from_str_radix(
+        objects(tmp.path(), "containers/")
+            .first()
+            .unwrap()
+            .strip_prefix("containers/")
+            .unwrap(),
+        16,
+    )
+    .unwrap();
+    let writer = Repository::open(tmp.path()).unwrap();
+    let mut session = writer.begin_backup("new", "g").unwrap();
+    // Epoch 1 begins: x to compact, only entry 0 (a) live at its look.
+    let record = EpochRecord {
+        epoch: 1,
+        condemned: Vec::new(),
+        compact: vec![(x, vec![0b01])],
+        objects: Vec::new(),
+    };
+    dedup_store::LocalDir::open(tmp.path())
+        .unwrap()
+        .put(&EpochRecord::object_name(1), &record.encode())
+        .unwrap();
+    let fp = writer.segment_hash().of(&b);
+    assert_ne!(
+        session.lookup(&fp).unwrap(),
+        Some((x, 1)),
+        "entry 1, dead at epoch 1's look, handed out after the lookup applied epoch 1"
+    );
+    let a_fp = writer.segment_hash().of(&a);
+    assert_eq!(
+        session.lookup(&a_fp).unwrap(),
+        Some((x, 0)),
+        "a live entry refused"
+    );
+}
