@@ -106,6 +106,25 @@ impl Repository {
         Ok(e.applied)
     }
 
+    /// `refresh_epochs`, unless the epochs were listed within the look
+    /// interval and nothing is due (`Epochs::looked_lately`): for the
+    /// looks that only keep a backup paced with collections.
+    pub(crate) fn keep_up_epochs(&self) -> RepoResult<u64> {
+        let mut e = self.epochs();
+        if !e.looked_lately() {
+            self.refresh_locked(&mut e)?;
+        }
+        Ok(e.applied)
+    }
+
+    /// List the epochs for keeping up at most every `interval` (0: at
+    /// every seal and recipe part), instead of `LOOK_INTERVAL`: for the
+    /// model tests, which run both ways.
+    #[doc(hidden)]
+    pub fn set_look_interval(&self, interval: std::time::Duration) {
+        self.epochs().look_interval = interval;
+    }
+
     /// A session is about to put `objects`, which its backup object will
     /// name: announced in the protection map and pinned before the puts.
     pub(crate) fn announce(&self, session: u64, objects: &[&str]) -> RepoResult<()> {
@@ -124,9 +143,18 @@ impl Repository {
     }
 
     fn refresh_locked(&self, e: &mut Epochs) -> RepoResult<()> {
+        // A pin due within the look interval of the last listing is put
+        // at once: the listing after it finds any epoch begun meanwhile,
+        // as one before it would have (and one begun just after that
+        // listing is the same case), so the listing before is only a
+        // request more.
+        if e.dirty && e.listed_lately() && !self.pin_and_look_again(e)? {
+            return Ok(());
+        }
         loop {
             let after = e.started.then_some(e.applied);
             let newer = epochs_after(&*self.store, after)?;
+            e.listed = Some(std::time::Instant::now());
             if newer.is_empty() {
                 let first = !e.started;
                 e.started = true;
@@ -168,21 +196,30 @@ impl Repository {
                 // A pin at the new epoch is due.
                 e.dirty = true;
             }
-            // Stays dirty (and at risk) if the put fails: the next look
-            // pins again, or loses what was at risk.
-            let pinned = self.write_pin(e)?;
-            e.dirty = false;
-            if !pinned {
-                // Nothing held: nothing to pin, nothing at risk.
-                e.at_risk = Default::default();
+            if !self.pin_and_look_again(e)? {
                 return Ok(());
             }
-            // The epochs are listed again after every pin, to know whether
-            // it was visible before the next collection began: then that
-            // collection honours it, and what is held (or about to be) is
-            // safe until the one after; if not, what was at risk at the
-            // pinned epoch is lost, and the pin is put again at the newest.
         }
+    }
+
+    /// Pin what is held at `e.applied`; whether the epochs must be listed
+    /// again (false: nothing held, so nothing pinned and nothing at
+    /// risk).
+    fn pin_and_look_again(&self, e: &mut Epochs) -> RepoResult<bool> {
+        // Stays dirty (and at risk) if the put fails: the next look pins
+        // again, or loses what was at risk.
+        let pinned = self.write_pin(e)?;
+        e.dirty = false;
+        if !pinned {
+            e.at_risk = Default::default();
+            return Ok(false);
+        }
+        // The epochs are listed again after every pin, to know whether it
+        // was visible before the next collection began: then that
+        // collection honours it, and what is held (or about to be) is safe
+        // until the one after; if not, what was at risk at the pinned
+        // epoch is lost, and the pin is put again at the newest.
+        Ok(true)
     }
 
     /// This process no longer knows what collections condemned (epochs
@@ -310,14 +347,19 @@ impl Repository {
         };
         let name = PinRecord::object_name(e.applied, &e.writer, e.pins);
         e.pins += 1;
-        self.store.put(&name, &pin.encode())?;
+        if let Err(err) = self.store.put(&name, &pin.encode()) {
+            e.stray_pins.push(name);
+            return Err(err.into());
+        }
         // The newer pin holds all the older held that is still held (a
         // backup released since committed, its object put first, or gave
         // up), at an epoch no older: a collection that listed the older
         // and finds it gone lists the pins again (`pinned_from`). Best
         // effort: collections expire it anyway.
         if let Some(old) = e.last_pin.replace(name) {
-            let _ = self.store.delete(&old);
+            if self.store.delete(&old).is_err() {
+                e.stray_pins.push(old);
+            }
         }
         Ok(true)
     }
@@ -341,7 +383,9 @@ impl Repository {
         }
         if let Ok(false) = self.write_pin(&mut e) {
             if let Some(old) = e.last_pin.take() {
-                let _ = self.store.delete(&old);
+                if self.store.delete(&old).is_err() {
+                    e.stray_pins.push(old);
+                }
             }
         }
     }
@@ -349,15 +393,14 @@ impl Repository {
     /// The pins this process wrote, deleted at close (when no backup
     /// runs): best effort, as collections expire them anyway.
     pub(crate) fn drop_own_pins(&self) {
-        let e = self.epochs();
+        let mut e = self.epochs();
         if e.pins == 0 || e.skip_pins {
             return;
         }
-        let mine = format!("-{}-", e.writer);
-        if let Ok(names) = self.store.list(crate::epochs::PINS_PREFIX) {
-            for name in names.iter().filter(|n| n.contains(&mine)) {
-                let _ = self.store.delete(name);
-            }
+        let mut mine = std::mem::take(&mut e.stray_pins);
+        mine.extend(e.last_pin.take());
+        for name in &mine {
+            let _ = self.store.delete(name);
         }
     }
 }

@@ -131,8 +131,10 @@ impl Repository {
             Err(e) => return Err(e.into()),
         }
         let nonce = u64::from_le_bytes(random_bytes()?);
-        // Every epoch's condemned list applied before the first lookup.
-        self.refresh_epochs()?;
+        // Every epoch's condemned list applied before the first lookup
+        // (unless listed within the look interval: an open just did; a
+        // lookup's reuse is pinned and confirmed by a listing anyway).
+        self.keep_up_epochs()?;
         let id = self.protection().begin_session();
         Ok(BackupSession {
             repo: self,
@@ -531,8 +533,10 @@ impl BackupSession<'_> {
         };
         let object = BackupRecord::object_name(&self.name);
         // Everything it references pinned (or held by nothing a
-        // collection could take), at the newest epoch.
-        repo.refresh_epochs()?;
+        // collection could take), at the newest epoch: listed again unless
+        // within the look interval with nothing due (an epoch begun since
+        // is applied by the look after the put, which is what decides).
+        repo.keep_up_epochs()?;
         self.check_lost()?;
         let encoded = record.encode();
         match repo.store.put(&object, &encoded) {
@@ -599,10 +603,11 @@ impl BackupSession<'_> {
         })
     }
 
-    /// Catch up with the collections other processes began; refused if
-    /// one may have deleted what this backup references.
+    /// Catch up with the collections other processes began (listing the
+    /// epochs at most every look interval); refused if one may have
+    /// deleted what this backup references.
     fn keep_up(&self) -> RepoResult<()> {
-        self.repo.refresh_epochs()?;
+        self.repo.keep_up_epochs()?;
         self.check_lost()
     }
 
