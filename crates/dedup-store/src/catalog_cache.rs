@@ -9,10 +9,15 @@
 //! must not put it back, or a backup could confirm a removed entry
 //! against it. So every `forget` starts a new epoch, and a catalog read in
 //! an older epoch is not cached (`insert_read`).
+//!
+//! A catalog let go is kept on local disk (`catalog_spill.rs`) and comes
+//! back from there instead of the repository; `forget` forgets it there
+//! too.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::catalog_spill::CatalogSpill;
 use crate::container::Catalog;
 
 /// Catalogs kept by default: 16 catalogs of full containers (16 MiB of
@@ -28,6 +33,9 @@ pub(crate) struct CatalogCache {
     tick: u64,
     map: HashMap<u64, (Arc<Catalog>, u64)>,
     epoch: u64,
+    /// Made at the first catalog let go; `Err` if it could not be (then
+    /// nothing is spilled).
+    spill: Option<Result<CatalogSpill, ()>>,
 }
 
 impl CatalogCache {
@@ -37,32 +45,64 @@ impl CatalogCache {
             tick: 0,
             map: HashMap::new(),
             epoch: 0,
+            spill: None,
         }
     }
 
     pub(crate) fn get(&mut self, id: u64) -> Option<Arc<Catalog>> {
         self.tick += 1;
         let tick = self.tick;
-        self.map.get_mut(&id).map(|(c, used)| {
+        if let Some((c, used)) = self.map.get_mut(&id) {
             *used = tick;
-            c.clone()
-        })
+            return Some(c.clone());
+        }
+        let spilled = Arc::new(self.spill.as_mut()?.as_mut().ok()?.get(id)?);
+        self.keep(id, spilled.clone());
+        Some(spilled)
     }
 
+    /// Cache `catalog`, which supersedes any spilled one of `id` (a
+    /// compaction's).
     pub(crate) fn insert(&mut self, id: u64, catalog: Arc<Catalog>) {
+        if let Some(Ok(spill)) = &mut self.spill {
+            spill.forget(id);
+        }
+        self.keep(id, catalog);
+    }
+
+    /// Keep `catalog` in memory, the least recently used one out to disk.
+    fn keep(&mut self, id: u64, catalog: Arc<Catalog>) {
         self.tick += 1;
         if !self.map.contains_key(&id) && self.map.len() >= self.capacity {
             // O(capacity), and the capacity is small.
             let oldest = self.map.iter().min_by_key(|(_, (_, used))| *used);
             if let Some(&id) = oldest.map(|(id, _)| id) {
-                self.map.remove(&id);
+                if let Some((catalog, _)) = self.map.remove(&id) {
+                    self.spill(&catalog);
+                }
             }
         }
         self.map.insert(id, (catalog, self.tick));
     }
 
+    /// Keep `catalog`, let go from memory, on local disk (once: a spilled
+    /// record stays what the memory held until `insert` or `forget`).
+    fn spill(&mut self, catalog: &Catalog) {
+        let spill = self
+            .spill
+            .get_or_insert_with(|| CatalogSpill::new().ok_or(()));
+        if let Ok(spill) = spill {
+            if !spill.contains(catalog.container_id()) {
+                spill.put(catalog);
+            }
+        }
+    }
+
     pub(crate) fn forget(&mut self, id: u64) {
         self.map.remove(&id);
+        if let Some(Ok(spill)) = &mut self.spill {
+            spill.forget(id);
+        }
         self.epoch += 1;
     }
 
@@ -70,6 +110,9 @@ impl CatalogCache {
     /// them again: a read finds a deleted container gone).
     pub(crate) fn forget_all(&mut self) {
         self.map.clear();
+        if let Some(Ok(spill)) = &mut self.spill {
+            spill.clear();
+        }
         self.epoch += 1;
     }
 
@@ -100,31 +143,53 @@ mod tests {
     use crate::writer::ContainerWriter;
 
     fn catalog(id: u64) -> Arc<Catalog> {
+        catalog_of(id, 1)
+    }
+
+    fn catalog_of(id: u64, segments: u64) -> Arc<Catalog> {
         let dir = tempfile::tempdir().unwrap();
         let store = crate::LocalDir::open(dir.path()).unwrap();
         let mut w = ContainerWriter::new(id);
-        w.add(&id.to_le_bytes()).unwrap();
+        for i in 0..segments {
+            w.add(&(id * 100 + i).to_le_bytes()).unwrap();
+        }
         store.put(&crate::container_name(id), &w.seal()).unwrap();
         Arc::new(Catalog::read(&store, id).unwrap())
     }
 
     #[test]
-    fn the_least_recently_used_catalog_goes_first() {
+    fn the_least_recently_used_catalog_goes_first_to_disk() {
         let mut cache = CatalogCache::new(2);
         cache.insert(1, catalog(1));
         cache.insert(2, catalog(2));
         assert!(cache.get(1).is_some());
         cache.insert(3, catalog(3));
-        assert!(cache.get(2).is_none(), "2 was the least recently used");
+        assert!(!cache.map.contains_key(&2), "2 was the least recently used");
         assert!(cache.get(1).is_some() && cache.get(3).is_some());
+        // Back from the spill file, into memory (and 1 out to disk).
+        assert_eq!(cache.get(2).unwrap().container_id(), 2);
+        assert!(cache.map.contains_key(&2) && !cache.map.contains_key(&1));
         let before = cache.epoch();
         cache.forget(1);
-        assert!(cache.get(1).is_none());
-        assert_eq!(cache.len(), 1);
+        assert!(cache.get(1).is_none(), "forgotten in memory and on disk");
+        assert_eq!(cache.len(), 2);
         // A catalog read before a forget is not cached after it.
         cache.insert_read(4, catalog(4), before);
         assert!(cache.get(4).is_none());
         cache.insert_read(4, catalog(4), cache.epoch());
         assert!(cache.get(4).is_some());
+        cache.forget_all();
+        assert!((1..=4).all(|id| cache.get(id).is_none()));
+    }
+
+    #[test]
+    fn an_inserted_catalog_supersedes_the_spilled_one() {
+        let mut cache = CatalogCache::new(1);
+        cache.insert(1, catalog(1));
+        cache.insert(2, catalog(2)); // 1 spilled
+        let newer = catalog_of(1, 3); // a compaction's, say; 2 spilled
+        cache.insert(1, newer.clone());
+        cache.insert(3, catalog(3)); // 1 spilled again: the newer one
+        assert_eq!(cache.get(1).unwrap().entries(), newer.entries());
     }
 }

@@ -400,6 +400,30 @@ impl Catalog {
         &self.name
     }
 
+    /// What `catalog_spill.rs` keeps beside the id and the entries: the
+    /// object name, the format version and the stored catalog's length.
+    pub(crate) fn spill_parts(&self) -> (&str, u32, u64) {
+        (&self.name, self.version, self.catalog_len)
+    }
+
+    /// A catalog kept by `catalog_spill.rs` (which read it from the
+    /// repository and checks its own record).
+    pub(crate) fn from_spill(
+        name: String,
+        container_id: u64,
+        version: u32,
+        catalog_len: u64,
+        entries: Vec<Entry>,
+    ) -> Catalog {
+        Catalog {
+            name,
+            container_id,
+            version,
+            catalog_len,
+            entries,
+        }
+    }
+
     fn entry(&self, i: usize) -> Result<&Entry> {
         self.entries.get(i).ok_or_else(|| {
             Error::InvalidArgument(format!(
