@@ -15,10 +15,12 @@
 //! too.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::catalog_spill::CatalogSpill;
 use crate::container::Catalog;
+use crate::error::{Error, Result};
+use crate::objects::ObjectStore;
 
 /// Catalogs kept by default: 16 catalogs of full containers (16 MiB of
 /// compressed segments, some 8,000 segments of 4 KiB at zstd's ratio on
@@ -28,6 +30,33 @@ use crate::container::Catalog;
 /// for few containers at a time.
 pub const DEFAULT_CATALOGS: usize = 16;
 
+/// Container `id`'s catalog, from `cache` or read from `store` (without
+/// holding the cache's lock over the read) and kept.
+pub(crate) fn cached_catalog(
+    store: &dyn ObjectStore,
+    cache: &Mutex<CatalogCache>,
+    id: u64,
+) -> Result<Arc<Catalog>> {
+    let lock = || cache.lock().unwrap_or_else(|p| p.into_inner());
+    let epoch = {
+        let mut cache = lock();
+        if let Some(c) = cache.get(id) {
+            return Ok(c);
+        }
+        cache.epoch()
+    };
+    let catalog = match Catalog::read(store, id) {
+        // A compaction replacing the container between the two ranged
+        // reads of a catalog (or between its two names) looks like
+        // damage or absence: read once more before saying so.
+        Err(Error::Corrupt { .. } | Error::NotFound { .. }) => Catalog::read(store, id)?,
+        other => other?,
+    };
+    let catalog = Arc::new(catalog);
+    lock().insert_read(id, catalog.clone(), epoch);
+    Ok(catalog)
+}
+
 pub(crate) struct CatalogCache {
     capacity: usize,
     tick: u64,
@@ -35,7 +64,7 @@ pub(crate) struct CatalogCache {
     epoch: u64,
     /// Made at the first catalog let go; `Err` if it could not be (then
     /// nothing is spilled).
-    spill: Option<Result<CatalogSpill, ()>>,
+    spill: Option<std::result::Result<CatalogSpill, ()>>,
 }
 
 impl CatalogCache {

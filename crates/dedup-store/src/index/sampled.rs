@@ -1,6 +1,6 @@
 //! [`SampledSegmentIndex`]: the sampled [`Index`] behind the repository's
 //! [`SegmentIndex`] seam, prefetching catalogs through the repository's
-//! [`ObjectStore`].
+//! catalog cache (or, on its own, from an [`ObjectStore`]).
 //!
 //! It answers with a (container, entry) pair only when it knows the entry:
 //! from the fingerprint cache, or from the catalog of the container a hook
@@ -16,7 +16,7 @@ use dedup_common::fingerprint::Fingerprint;
 use crate::container::Catalog;
 use crate::error::Result;
 use crate::format::Entry;
-use crate::index::seam::{IndexRam, SegmentIndex};
+use crate::index::seam::{CatalogLoader, IndexRam, SegmentIndex};
 use crate::objects::ObjectStore;
 
 use super::{Index, IndexConfig};
@@ -24,6 +24,8 @@ use super::{Index, IndexConfig};
 pub struct SampledSegmentIndex {
     index: Index,
     store: Arc<dyn ObjectStore>,
+    /// The repository's catalog cache, once given (`read_catalogs_through`).
+    load: Option<CatalogLoader>,
     /// Hook hits the cache could not resolve and that were resolved (or
     /// refused) by reading the container's catalog.
     catalog_reads: u64,
@@ -38,6 +40,7 @@ impl SampledSegmentIndex {
         SampledSegmentIndex {
             index: Index::new(config),
             store,
+            load: None,
             catalog_reads: 0,
         }
     }
@@ -53,6 +56,7 @@ impl SampledSegmentIndex {
         Ok(SampledSegmentIndex {
             index,
             store,
+            load: None,
             catalog_reads: 0,
         })
     }
@@ -67,6 +71,7 @@ impl SampledSegmentIndex {
         Ok(SampledSegmentIndex {
             index: Index::from_checkpoint(bytes, config)?,
             store,
+            load: None,
             catalog_reads: 0,
         })
     }
@@ -81,7 +86,19 @@ impl SampledSegmentIndex {
     }
 
     fn read_catalog(&self, id: u64) -> Result<Vec<Entry>> {
-        Ok(Catalog::read(&*self.store, id)?.entries().to_vec())
+        read_entries(&self.store, self.load.as_ref(), id)
+    }
+}
+
+/// Container `id`'s catalog entries, through `load` if given.
+fn read_entries(
+    store: &Arc<dyn ObjectStore>,
+    load: Option<&CatalogLoader>,
+    id: u64,
+) -> Result<Vec<Entry>> {
+    match load {
+        Some(load) => Ok(load(id)?.entries().to_vec()),
+        None => Ok(Catalog::read(&**store, id)?.entries().to_vec()),
     }
 }
 
@@ -96,11 +113,11 @@ fn position(entries: &[Entry], fp: &Fingerprint) -> Option<u32> {
 impl SegmentIndex for SampledSegmentIndex {
     fn lookup(&mut self, fp: &Fingerprint) -> Option<(u64, u32)> {
         let mut prefetched: Option<(u64, Vec<Entry>)> = None;
-        let store = &self.store;
+        let (store, load) = (&self.store, self.load.as_ref());
         let advice = self
             .index
             .lookup(fp, |id| {
-                let entries = Catalog::read(&**store, id)?.entries().to_vec();
+                let entries = read_entries(store, load, id)?;
                 prefetched = Some((id, entries.clone()));
                 Ok(entries)
             })
@@ -119,6 +136,10 @@ impl SegmentIndex for SampledSegmentIndex {
             }
         }?;
         Some((advice.container, entry))
+    }
+
+    fn read_catalogs_through(&mut self, load: CatalogLoader) {
+        self.load = Some(load);
     }
 
     fn insert(&mut self, container: u64, entries: &[Entry]) {

@@ -8,10 +8,18 @@
 //! index that forgets, samples or lies costs dedup, never correctness.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use dedup_common::fingerprint::Fingerprint;
 
+use crate::container::Catalog;
+use crate::error::Result;
 use crate::format::Entry;
+
+/// Reads container `id`'s catalog the way its repository does: through
+/// its catalog cache (memory, then local disk), so that an index's
+/// prefetch and the backup's confirmation after it read it once.
+pub type CatalogLoader = Arc<dyn Fn(u64) -> Result<Arc<Catalog>> + Send + Sync>;
 
 pub trait SegmentIndex: Send {
     /// A container and catalog entry that may hold the segment `fp`.
@@ -35,6 +43,11 @@ pub trait SegmentIndex: Send {
     fn ram(&self) -> IndexRam {
         IndexRam::default()
     }
+
+    /// Read catalogs through `load` from now on instead of from the
+    /// object store directly (the repository hands it its catalog cache
+    /// at open). The default reads none.
+    fn read_catalogs_through(&mut self, _load: CatalogLoader) {}
 
     /// Garbage collection deleted `containers`: drop hints into them, so a
     /// segment stored again elsewhere is found there. The default keeps

@@ -27,7 +27,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use dedup_common::compress::Compression;
 
 use crate::backup::{validate_name, BackupRecord, BACKUPS_PREFIX};
-use crate::catalog_cache::{CatalogCache, DEFAULT_CATALOGS};
+use crate::catalog_cache::{cached_catalog, CatalogCache, DEFAULT_CATALOGS};
+use crate::index::seam::CatalogLoader;
 use crate::config::{RepoConfig, CONFIG_OBJECT};
 use crate::container::Catalog;
 use crate::crypto::keys::KdfParams;
@@ -87,7 +88,8 @@ pub struct Repository {
     pub(crate) config: RepoConfig,
     /// The fingerprint index; `None` when opened read-only.
     index: Option<Mutex<Box<dyn SegmentIndex>>>,
-    catalogs: Mutex<CatalogCache>,
+    /// Shared with the index (`SegmentIndex::read_catalogs_through`).
+    catalogs: Arc<Mutex<CatalogCache>>,
     /// This process's place in the many-writers protocol and its
     /// container ids (`epochs/`).
     pub(crate) epochs: Mutex<Epochs>,
@@ -179,8 +181,8 @@ impl Repository {
     }
 
     /// Open the repository in `dir` with the sampled index of §3.2
-    /// ([`SampledSegmentIndex`]), prefetching catalogs through the repository's
-    /// own object store. It starts from the newest index checkpoint that
+    /// ([`SampledSegmentIndex`]), prefetching catalogs through the
+    /// repository's catalog cache. It starts from the newest index checkpoint that
     /// loads and reads only the catalogs of containers sealed after it;
     /// without one it reads every catalog.
     pub fn open_sampled(
@@ -297,7 +299,7 @@ impl Repository {
             store,
             index,
             config,
-            catalogs: Mutex::new(CatalogCache::new(DEFAULT_CATALOGS)),
+            catalogs: Arc::new(Mutex::new(CatalogCache::new(DEFAULT_CATALOGS))),
             epochs: Mutex::new(Epochs::new(writer, 0)),
             protection: Mutex::new(Protection::default()),
             inflight: Mutex::new(InFlight::default()),
@@ -306,6 +308,9 @@ impl Repository {
             unlocked,
             saved_checkpoint: Mutex::new(saved),
         };
+        if let Ok(mut index) = repo.index() {
+            index.read_catalogs_through(repo.catalog_loader());
+        }
         repo.load_catalogs(covered)?;
         if repo.is_writable() {
             // What the kept epochs condemned is never handed out.
@@ -439,6 +444,7 @@ impl Repository {
                 index.insert(id, catalog.entries());
             }
         }
+        index.read_catalogs_through(self.catalog_loader());
         let slot = self.index.as_mut().expect("writable");
         *slot.get_mut().unwrap_or_else(|p| p.into_inner()) = index;
         Ok(())
@@ -461,23 +467,13 @@ impl Repository {
     /// Container `id`'s catalog, from the cache or read (without holding
     /// the cache's lock over the read).
     pub(crate) fn catalog(&self, id: u64) -> crate::error::Result<Arc<Catalog>> {
-        let epoch = {
-            let mut cache = self.catalog_cache();
-            if let Some(c) = cache.get(id) {
-                return Ok(c);
-            }
-            cache.epoch()
-        };
-        let catalog = match Catalog::read(&*self.store, id) {
-            // A compaction replacing the container between the two ranged
-            // reads of a catalog (or between its two names) looks like
-            // damage or absence: read once more before saying so.
-            Err(Error::Corrupt { .. } | Error::NotFound { .. }) => Catalog::read(&*self.store, id)?,
-            other => other?,
-        };
-        let catalog = Arc::new(catalog);
-        self.catalog_cache().insert_read(id, catalog.clone(), epoch);
-        Ok(catalog)
+        cached_catalog(&*self.store, &self.catalogs, id)
+    }
+
+    /// How the index reads catalogs: through the cache, as `catalog`.
+    fn catalog_loader(&self) -> CatalogLoader {
+        let (store, cache) = (self.store.clone(), self.catalogs.clone());
+        Arc::new(move |id| cached_catalog(&*store, &cache, id))
     }
 
     pub(crate) fn catalog_cache(&self) -> MutexGuard<'_, CatalogCache> {
