@@ -48,6 +48,12 @@ fn with_fallback<T>(id: u64, mut read: impl FnMut(&str) -> Result<T>) -> Result<
     }
 }
 
+/// Bytes read from a container's end to find its catalog in a store where
+/// requests are dear: the trailer and the catalog before it in one request
+/// when the catalog is at most this less the trailer (a full 16 MiB container of 4 KiB segments has a
+/// catalog of some 150 KiB, compressed). Past it, a second read.
+const CATALOG_READ: u64 = 256 << 10;
+
 /// A container's catalog: each segment's fingerprint and location.
 #[derive(Clone, Debug)]
 pub struct Catalog {
@@ -69,35 +75,46 @@ impl Catalog {
     fn read_object(store: &dyn ObjectStore, id: u64, name: &str) -> Result<Catalog> {
         let name = name.to_string();
         let corrupt = |detail: String| Error::corrupt(&name, detail);
-        let tail = store.get_tail(&name, TRAILER_LEN as u64)?;
-        let tail: &[u8; TRAILER_LEN] = tail.as_slice().try_into().map_err(|_| {
+        // Where a request is dear (`read_granule`), one read of the
+        // object's last bytes holds the trailer and, most often, the whole
+        // catalog before it; only a larger catalog costs a second, ranged
+        // read. A directory reads the trailer, then exactly the catalog.
+        let guess = match store.read_granule() {
+            0 => TRAILER_LEN as u64,
+            _ => CATALOG_READ,
+        };
+        let (tail, size) = store.get_tail_sized(&name, guess)?;
+        let short = || {
             corrupt(format!(
-                "it is {} bytes, shorter than a {TRAILER_LEN}-byte trailer",
-                tail.len()
+                "it is {size} bytes, shorter than a {TRAILER_LEN}-byte trailer"
             ))
-        })?;
-        let trailer = decode_trailer(&name, tail)?;
+        };
+        let at = tail.len().checked_sub(TRAILER_LEN).ok_or_else(short)?;
+        let trailer_bytes: &[u8; TRAILER_LEN] = tail[at..].try_into().map_err(|_| short())?;
+        let trailer = decode_trailer(&name, trailer_bytes)?;
         let catalog_len = checked_catalog_len(&name, &trailer)?;
-        // Read the catalog with the trailer after it: finding the same
-        // trailer there proves the catalog offset is where the object ends.
-        let with_trailer = catalog_len + TRAILER_LEN as u64;
-        let bytes = match store.get_range(&name, trailer.catalog_offset, with_trailer) {
-            Err(Error::OutOfRange { size, .. }) => {
-                return Err(corrupt(format!(
+        // The catalog ends where the trailer begins, which ends the object.
+        let catalog_end = trailer.catalog_offset.checked_add(catalog_len);
+        if catalog_end.and_then(|e| e.checked_add(TRAILER_LEN as u64)) != Some(size) {
+            return Err(corrupt(if trailer.catalog_offset >= size {
+                format!(
                     "the trailer puts a {catalog_len}-byte catalog at offset {}, past the end of the {size}-byte object",
                     trailer.catalog_offset
-                )))
-            }
-            other => other?,
-        };
-        let (catalog, found) = bytes.split_at(catalog_len as usize);
-        if found != tail {
-            return Err(corrupt(format!(
-                "the catalog offset {} and length {catalog_len} do not end at the trailer",
-                trailer.catalog_offset
-            )));
+                )
+            } else {
+                format!(
+                    "the catalog offset {} and length {catalog_len} do not end at the trailer of the {size}-byte object",
+                    trailer.catalog_offset
+                )
+            }));
         }
-        let catalog = Catalog::parse(&name, &trailer, catalog)?;
+        let catalog = match at.checked_sub(catalog_len as usize) {
+            Some(start) => Catalog::parse(&name, &trailer, &tail[start..at])?,
+            None => {
+                let bytes = store.get_range(&name, trailer.catalog_offset, catalog_len)?;
+                Catalog::parse(&name, &trailer, &bytes)?
+            }
+        };
         catalog.check_id(id)?;
         Ok(catalog)
     }

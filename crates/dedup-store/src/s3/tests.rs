@@ -264,3 +264,55 @@ fn requests_are_counted_by_kind() {
     let sent = requests_sent();
     assert!(sent.put >= 1 && sent.get >= 2 && sent.list >= 1, "{sent:?}");
 }
+
+/// A catalog comes with its trailer in one GET when it fits in the tail
+/// read (`container.rs`, `CATALOG_READ`), in two when it does not; both
+/// read the same catalog a directory reads. Plain and sealed.
+#[test]
+fn a_catalog_is_read_in_one_request_when_it_fits_the_tail() {
+    use crate::container::Catalog;
+    use crate::crypto::sealed_store::SealedStore;
+    use crate::writer::ContainerWriter;
+    let container = |id: u64, segments: u64| {
+        let mut w = ContainerWriter::new(id);
+        for i in 0..segments {
+            w.add(&(id << 32 | i).to_le_bytes()).unwrap();
+        }
+        w.seal()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let local = crate::LocalDir::open(dir.path()).unwrap();
+    let s3 =
+        Arc::new(S3Store::over(Arc::new(InMemory::new()), "p", "s3://memory/p".into()).unwrap());
+    let key = crate::crypto::keys::MasterKey::random().unwrap();
+    let sealed = SealedStore::new(s3.clone(), &key);
+    // 40 segments: a catalog of a few KiB; 12,000: over 256 KiB (32
+    // bytes of fingerprint each do not compress).
+    for (id, segments, gets) in [(1, 40, 1), (2, 12_000, 2)] {
+        let bytes = container(id, segments);
+        local.put(&crate::container_name(id), &bytes).unwrap();
+        s3.put(&crate::container_name(id), &bytes).unwrap();
+        let expected = Catalog::read(&local, id).unwrap();
+        let before = s3.requests().counts().get;
+        let got = Catalog::read(&*s3, id).unwrap();
+        assert_eq!(
+            s3.requests().counts().get - before,
+            gets,
+            "{segments} segments"
+        );
+        assert_eq!(got.entries(), expected.entries());
+        // Sealed: under another id's name, so both live in one bucket.
+        let id = id + 100;
+        let bytes = container(id, segments);
+        local.put(&crate::container_name(id), &bytes).unwrap();
+        sealed.put(&crate::container_name(id), &bytes).unwrap();
+        let before = s3.requests().counts().get;
+        let got = Catalog::read(&sealed, id).unwrap();
+        assert_eq!(
+            s3.requests().counts().get - before,
+            gets,
+            "sealed, {segments} segments"
+        );
+        assert_eq!(got.entries(), Catalog::read(&local, id).unwrap().entries());
+    }
+}
