@@ -26,8 +26,11 @@ fn name(covered: u64) -> String {
     format!("{INDEX_PREFIX}{covered:016x}")
 }
 
+/// Checkpoints as listed: `covered` and object name, newest first.
+pub(crate) type Listed = Vec<(u64, String)>;
+
 /// The checkpoints in `store`, newest (highest `covered`) first.
-fn checkpoints(store: &dyn ObjectStore) -> Vec<(u64, String)> {
+pub(crate) fn checkpoints(store: &dyn ObjectStore) -> Listed {
     let mut found: Vec<_> = store
         .list(INDEX_PREFIX)
         .unwrap_or_default()
@@ -48,10 +51,8 @@ fn checkpoints(store: &dyn ObjectStore) -> Vec<(u64, String)> {
 /// it were handed out once, so a writable open never hands them out again
 /// (a stale hook into a reused id would cost dedup, and a checkpoint that
 /// covers a reused id would hide the new container from the index).
-pub(crate) fn highest_covered(store: &dyn ObjectStore) -> u64 {
-    checkpoints(store)
-        .first()
-        .map_or(0, |(covered, _)| *covered)
+pub(crate) fn highest_covered(listed: &Listed) -> u64 {
+    listed.first().map_or(0, |(covered, _)| *covered)
 }
 
 /// An index made at open, and the container ids below which it already
@@ -61,6 +62,10 @@ pub(crate) struct Opened {
     pub(crate) covered: u64,
     /// The checkpoint it was loaded from, if any (`Saved::of`).
     pub(crate) saved: Option<Saved>,
+    /// The checkpoints listed to find it (`None`: not listed), which the
+    /// open needs again (`highest_covered`) and a save deletes: one
+    /// listing serves all three.
+    pub(crate) listed: Option<Listed>,
 }
 
 /// A checkpoint object's `covered` and its bytes' digest: a handle that
@@ -82,21 +87,29 @@ impl Saved {
     }
 }
 
-/// A sampled index from the newest checkpoint in `store` that loads.
-pub(crate) fn load(store: Arc<dyn ObjectStore>, config: IndexConfig) -> Option<Opened> {
-    for (covered, name) in checkpoints(&*store) {
-        let Ok(bytes) = store.get(&name) else {
+/// A sampled index from the newest checkpoint in `store` that loads, or
+/// an empty one (the open then reads every catalog).
+pub(crate) fn load(store: Arc<dyn ObjectStore>, config: IndexConfig) -> Opened {
+    let listed = checkpoints(&*store);
+    for (covered, name) in &listed {
+        let Ok(bytes) = store.get(name) else {
             continue;
         };
         if let Ok(index) = SampledSegmentIndex::from_checkpoint(store.clone(), &bytes, config) {
-            return Some(Opened {
+            return Opened {
                 index: Box::new(index),
-                covered,
-                saved: Some(Saved::of(covered, &bytes)),
-            });
+                covered: *covered,
+                saved: Some(Saved::of(*covered, &bytes)),
+                listed: Some(listed),
+            };
         }
     }
-    None
+    Opened {
+        index: Box::new(SampledSegmentIndex::new(store, config)),
+        covered: 0,
+        saved: None,
+        listed: Some(listed),
+    }
 }
 
 /// The figures of the newest checkpoint that loads (hooks, R, their RAM),
@@ -119,8 +132,15 @@ pub fn newest_figures(store: &dyn ObjectStore) -> Option<crate::index::Figures> 
 }
 
 /// Save checkpoint `bytes` of an index that knows every container below
-/// `covered`, and drop older checkpoints.
-pub(crate) fn save(store: &dyn ObjectStore, covered: u64, bytes: &[u8]) -> Result<()> {
+/// `covered`, and drop the older checkpoints in `known` (what the handle
+/// listed at open, and saved since; one another writer saved meanwhile
+/// is left for the next writer that lists it): `known` is then this one.
+pub(crate) fn save(
+    store: &dyn ObjectStore,
+    covered: u64,
+    bytes: &[u8],
+    known: &mut Listed,
+) -> Result<()> {
     let object = name(covered);
     match store.put(&object, bytes) {
         Ok(()) => {}
@@ -132,10 +152,16 @@ pub(crate) fn save(store: &dyn ObjectStore, covered: u64, bytes: &[u8]) -> Resul
         }
         Err(e) => return Err(e),
     }
-    for (older, stale) in checkpoints(store) {
-        if older < covered {
-            store.delete(&stale)?;
+    for (older, stale) in known.iter() {
+        if *older < covered {
+            match store.delete(stale) {
+                Ok(()) | Err(Error::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
         }
     }
+    known.retain(|(older, _)| *older > covered);
+    known.push((covered, object));
+    known.sort_unstable_by(|a, b| b.cmp(a));
     Ok(())
 }

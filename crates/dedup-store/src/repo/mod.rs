@@ -28,7 +28,6 @@ use dedup_common::compress::Compression;
 
 use crate::backup::{validate_name, BackupRecord, BACKUPS_PREFIX};
 use crate::catalog_cache::{cached_catalog, CatalogCache, DEFAULT_CATALOGS};
-use crate::index::seam::CatalogLoader;
 use crate::config::{RepoConfig, CONFIG_OBJECT};
 use crate::container::Catalog;
 use crate::crypto::keys::KdfParams;
@@ -36,9 +35,10 @@ use crate::crypto::passphrase;
 use crate::epochs::Epochs;
 use crate::error::repo::{RepoError, RepoResult};
 use crate::error::Error;
-use crate::index::checkpoint_objects::{Opened, Saved};
+use crate::index::checkpoint_objects::{self, Listed, Opened, Saved};
+use crate::index::seam::CatalogLoader;
 use crate::index::seam::{ExactIndex, SegmentIndex};
-use crate::index::{IndexConfig, SampledSegmentIndex};
+use crate::index::IndexConfig;
 use crate::inflight::InFlight;
 use crate::local::LocalDir;
 use crate::objects::ObjectStore;
@@ -81,7 +81,8 @@ impl Default for RepoOptions {
 
 pub struct Repository {
     location: RepoLocation,
-    /// Shared with an index that prefetches catalogs ([`SampledSegmentIndex`]).
+    /// Shared with an index that prefetches catalogs
+    /// ([`crate::index::SampledSegmentIndex`]).
     /// A `LocalDir` or an `S3Store`, seen through the seam (tests wrap it
     /// to count reads or fail writes).
     pub(crate) store: Arc<dyn ObjectStore>,
@@ -105,6 +106,9 @@ pub struct Repository {
     /// The index checkpoint in the store known to hold what this handle
     /// would save now: loaded at open, or saved since.
     saved_checkpoint: Mutex<Option<Saved>>,
+    /// The index checkpoints this handle listed at open and saved since:
+    /// the older ones its next save deletes.
+    checkpoints: Mutex<Listed>,
 }
 
 impl Repository {
@@ -181,8 +185,8 @@ impl Repository {
     }
 
     /// Open the repository in `dir` with the sampled index of §3.2
-    /// ([`SampledSegmentIndex`]), prefetching catalogs through the
-    /// repository's catalog cache. It starts from the newest index checkpoint that
+    /// ([`crate::index::SampledSegmentIndex`]), prefetching catalogs
+    /// through the repository's catalog cache. It starts from the newest index checkpoint that
     /// loads and reads only the catalogs of containers sealed after it;
     /// without one it reads every catalog.
     pub fn open_sampled(
@@ -203,13 +207,7 @@ impl Repository {
         Repository::open_as(
             location,
             Some(|store: Arc<dyn ObjectStore>| {
-                crate::index::checkpoint_objects::load(store.clone(), config).unwrap_or_else(|| {
-                    Opened {
-                        index: Box::new(SampledSegmentIndex::new(store, config)),
-                        covered: 0,
-                        saved: None,
-                    }
-                })
+                crate::index::checkpoint_objects::load(store, config)
             }),
             wrap,
         )
@@ -224,6 +222,7 @@ impl Repository {
             index,
             covered: 0,
             saved: None,
+            listed: None,
         };
         Repository::open_as(location, Some(opened), |s| s)
     }
@@ -240,6 +239,7 @@ impl Repository {
             index: Box::new(ExactIndex::new()),
             covered: 0,
             saved: None,
+            listed: None,
         };
         Repository::open_as(location, Some(exact), wrap)
     }
@@ -277,8 +277,8 @@ impl Repository {
         let (store, unlocked, config) = objects_of(&location, inner, raw, make.is_some())?;
         let store = wrap(store);
         let config = RepoConfig::decode(&config).map_err(|e| foreign(e.to_string()))?;
-        let (index, covered, saved) = match make {
-            None => (None, 0, None),
+        let (index, covered, saved, listed) = match make {
+            None => (None, 0, None, None),
             Some(make) => {
                 match location.dir() {
                     // Only the temporary files of processes known dead
@@ -289,7 +289,12 @@ impl Repository {
                     None => probe_create_only(&location, &clear)?,
                 }
                 let opened = make(store.clone());
-                (Some(Mutex::new(opened.index)), opened.covered, opened.saved)
+                (
+                    Some(Mutex::new(opened.index)),
+                    opened.covered,
+                    opened.saved,
+                    opened.listed,
+                )
             }
         };
         let writer: [u8; 8] = crate::crypto::random::random_bytes()?;
@@ -307,11 +312,12 @@ impl Repository {
             part_segments: AtomicUsize::new(crate::recipe::parts::PART_SEGMENTS),
             unlocked,
             saved_checkpoint: Mutex::new(saved),
+            checkpoints: Mutex::new(Vec::new()),
         };
         if let Ok(mut index) = repo.index() {
             index.read_catalogs_through(repo.catalog_loader());
         }
-        repo.load_catalogs(covered)?;
+        repo.load_catalogs(covered, listed)?;
         if repo.is_writable() {
             // What the kept epochs condemned is never handed out.
             repo.refresh_epochs()?;
@@ -333,10 +339,11 @@ impl Repository {
     /// segments are stored again if seen again) and listed in `damaged`;
     /// the restores that need it fail naming it.
     /// A read-only handle reads none.
-    fn load_catalogs(&mut self, covered: u64) -> RepoResult<()> {
+    fn load_catalogs(&mut self, covered: u64, listed: Option<Listed>) -> RepoResult<()> {
         if self.index.is_none() {
             return Ok(());
         }
+        let listed = listed.unwrap_or_else(|| checkpoint_objects::checkpoints(&*self.store));
         // A compaction a crash interrupted may have left an id with only
         // its compacted version: put it back under its name (safe beside
         // a collection still compacting, see `gc/compact.rs`).
@@ -348,9 +355,11 @@ impl Repository {
         let index = index.get_mut().unwrap_or_else(|p| p.into_inner());
         // Ids are never reused, even after GC deleted the newest: no lower
         // than any checkpoint says was handed out.
-        let mut next = covered.max(crate::index::checkpoint_objects::highest_covered(
-            &*self.store,
-        ));
+        let mut next = covered.max(checkpoint_objects::highest_covered(&listed));
+        *self
+            .checkpoints
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner()) = listed;
         for id in ids.into_iter().filter(|&id| id >= covered) {
             if id > crate::index::hooks::MAX_CONTAINER {
                 // An id no repository hands out (a foreign or damaged
@@ -576,7 +585,8 @@ impl Repository {
         if *last == Some(saved) {
             return Ok(false);
         }
-        crate::index::checkpoint_objects::save(&*self.store, covered, &bytes)?;
+        let mut known = self.checkpoints.lock().unwrap_or_else(|p| p.into_inner());
+        checkpoint_objects::save(&*self.store, covered, &bytes, &mut known)?;
         *last = Some(saved);
         Ok(true)
     }
