@@ -43,7 +43,15 @@ impl Repository {
     /// Backup `name`'s record and its recipe, to read part by part; the
     /// recipe's length checked against the record's.
     pub fn recipe_parts(&self, name: &str) -> RepoResult<(BackupRecord, RecipeParts)> {
-        let record = self.backup(name)?;
+        self.recipe_parts_of(self.backup(name)?)
+    }
+
+    /// `recipe_parts` of a backup whose record was read already.
+    pub(crate) fn recipe_parts_of(
+        &self,
+        record: BackupRecord,
+    ) -> RepoResult<(BackupRecord, RecipeParts)> {
+        let name = &record.name;
         let parts = match RecipeParts::open(&*self.store, &record.recipe) {
             Err(RepoError::Store(Error::NotFound { .. })) => {
                 return Err(RepoError::corrupt(

@@ -488,8 +488,9 @@ impl<'r> Conn<'r> {
             let newest = repo
                 .newest_files_backup(live.session.group())
                 .map_err(repo_err)?;
-            live.parent = newest.and_then(|name| {
-                let (tree, recipe) = parent_for_client(repo, &name, MAX_TREE).ok()??;
+            live.parent = newest.and_then(|record| {
+                let name = record.name.clone();
+                let (tree, recipe) = parent_for_client(repo, record, MAX_TREE).ok()??;
                 Some(Parent {
                     name,
                     total: tree.len() as u64,

@@ -22,6 +22,7 @@ use crate::repo::Repository;
 use crate::tree::cut::FileCutter;
 use crate::tree::parent::ParentFiles;
 use crate::tree::walk::{TreeWalk, WalkCounts};
+use crate::BackupRecord;
 
 /// What a backup of files cost, what it held, and what it skipped.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -63,20 +64,19 @@ impl Repository {
     /// file is then read (never a reason to fail the backup).
     fn parent_files(&self, group: &str) -> RepoResult<Option<ParentFiles>> {
         let newest = self.newest_files_backup(group)?;
-        Ok(newest.and_then(|name| ParentFiles::load(self, &name).ok()))
+        Ok(newest.and_then(|record| ParentFiles::load(self, record).ok()))
     }
 
-    /// The name of the newest backup of files in `group`: the parent of
+    /// The record of the newest backup of files in `group`: the parent of
     /// the next one. A damaged backup object is passed over (it cannot be
     /// a parent, and must not stop the next backup; `list` names it).
-    pub(crate) fn newest_files_backup(&self, group: &str) -> RepoResult<Option<String>> {
-        let newest = self
+    pub(crate) fn newest_files_backup(&self, group: &str) -> RepoResult<Option<BackupRecord>> {
+        Ok(self
             .list_backups_all()?
             .backups
             .into_iter()
             .filter(|b| b.group == group && b.tree.is_some())
-            .max_by_key(|b| b.time);
-        Ok(newest.map(|b| b.name))
+            .max_by_key(|b| b.time))
     }
 
     /// Back up `paths` (files or directories, see [`TreeWalk`] for how

@@ -43,6 +43,7 @@ use crate::session::BackupSession;
 use crate::tree::reader::TreeReader;
 use crate::tree::walk::walk_order;
 use crate::tree::{Kind, Node, Time, Tree};
+use crate::BackupRecord;
 
 /// What the parent recorded of a file: what says it is unchanged, and
 /// where its bytes are in the parent's stream.
@@ -128,10 +129,12 @@ pub(crate) struct Unchanged {
 }
 
 impl ParentFiles {
-    pub(crate) fn load(repo: &Repository, name: &str) -> RepoResult<ParentFiles> {
-        let (object, stream_len, recipe) = parent_parts(repo, name)?;
+    /// The files of backup `record` (read already: not read again).
+    pub(crate) fn load(repo: &Repository, record: BackupRecord) -> RepoResult<ParentFiles> {
+        let name = record.name.clone();
+        let (object, stream_len, recipe) = parent_parts(repo, record)?;
         Ok(ParentFiles {
-            name: name.to_string(),
+            name,
             tree: TreeReader::open(repo, &object, stream_len)?,
             ahead: None,
             recipe,
@@ -166,10 +169,10 @@ impl ParentFiles {
 /// `max_tree` bytes.
 pub(crate) fn parent_for_client(
     repo: &Repository,
-    name: &str,
+    record: BackupRecord,
     max_tree: usize,
 ) -> RepoResult<Option<(Vec<u8>, ParentRecipe)>> {
-    Ok(read_parent(repo, name, max_tree)?.map(|(stored, _, recipe)| (stored, recipe)))
+    Ok(read_parent(repo, record, max_tree)?.map(|(stored, _, recipe)| (stored, recipe)))
 }
 
 /// Backup `name`'s tree object, as stored and decoded, checked against
@@ -177,10 +180,11 @@ pub(crate) fn parent_for_client(
 /// `max_tree` bytes.
 fn read_parent(
     repo: &Repository,
-    name: &str,
+    record: BackupRecord,
     max_tree: usize,
 ) -> RepoResult<Option<(Vec<u8>, Tree, ParentRecipe)>> {
-    let (object, stream_len, recipe) = parent_parts(repo, name)?;
+    let name = record.name.clone();
+    let (object, stream_len, recipe) = parent_parts(repo, record)?;
     let stored = repo.store.get(&object)?;
     if stored.len() > max_tree {
         return Ok(None);
@@ -189,15 +193,18 @@ fn read_parent(
     // A tree that is not of this recipe's stream (whose length
     // `recipe_parts` checked against the backup's) places its files
     // wrongly: no parent (every file is read).
-    tree.check_stream_len(name, stream_len)
+    tree.check_stream_len(&name, stream_len)
         .map_err(|d| RepoError::corrupt(&object, d))?;
     Ok(Some((stored, tree, recipe)))
 }
 
 /// Backup `name`'s tree object name, the bytes its stream holds, and its
 /// recipe, to read a part at a time.
-fn parent_parts(repo: &Repository, name: &str) -> RepoResult<(String, u64, ParentRecipe)> {
-    let (record, parts) = repo.recipe_parts(name)?;
+fn parent_parts(
+    repo: &Repository,
+    record: BackupRecord,
+) -> RepoResult<(String, u64, ParentRecipe)> {
+    let (record, parts) = repo.recipe_parts_of(record)?;
     let object = record
         .tree
         .clone()
