@@ -91,6 +91,14 @@ pub trait ObjectStore: Send + Sync {
         0
     }
 
+    /// The service and place this store's objects are in, as a stable
+    /// string (an S3 store: its endpoint and bucket URL), for remembering
+    /// on this machine what was found out about the service once
+    /// (`repo/create_only.rs`); `None`, the default, remembers nothing.
+    fn service(&self) -> Option<String> {
+        None
+    }
+
     /// Remove the object. `Error::NotFound` if there is none, on a store
     /// that can tell: S3 cannot, and answers `Ok`, so callers treat both
     /// alike.

@@ -75,6 +75,9 @@ pub struct S3Store {
     prefix: String,
     /// `s3://BUCKET/PREFIX`, for messages.
     url: String,
+    /// The service's endpoint as configured (`None` for a store made
+    /// `over` another in a test).
+    endpoint: Option<String>,
     runtime: tokio::runtime::Runtime,
     requests: Requests,
 }
@@ -158,10 +161,15 @@ impl S3Store {
             fill(AmazonS3ConfigKey::Region, p.region);
             fill(AmazonS3ConfigKey::Endpoint, p.endpoint_url);
         }
+        let endpoint = builder
+            .get_config_value(&AmazonS3ConfigKey::Endpoint)
+            .unwrap_or_else(|| "AWS".into());
         let s3 = builder
             .build()
             .map_err(|e| s3_error(&url, "configuring the S3 client for", e))?;
-        S3Store::over(Arc::new(LimitStore::new(s3, MAX_IN_FLIGHT)), prefix, url)
+        let mut store = S3Store::over(Arc::new(LimitStore::new(s3, MAX_IN_FLIGHT)), prefix, url)?;
+        store.endpoint = Some(endpoint);
+        Ok(store)
     }
 
     /// A store over any `object_store` implementation: for tests (the
@@ -189,6 +197,7 @@ impl S3Store {
                 format!("{prefix}/")
             },
             url,
+            endpoint: None,
             runtime,
             requests: Requests::new(),
         })
@@ -412,6 +421,10 @@ impl ObjectStore for S3Store {
 
     fn read_granule(&self) -> u64 {
         READ_GRANULE
+    }
+
+    fn service(&self) -> Option<String> {
+        Some(format!("{} {}", self.endpoint.as_deref()?, self.url))
     }
 
     fn delete(&self, name: &str) -> Result<()> {
