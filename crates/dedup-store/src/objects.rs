@@ -72,6 +72,15 @@ pub trait ObjectStore: Send + Sync {
             .collect()
     }
 
+    /// The names that start with `prefix`, sorted, each with a tag that
+    /// changes whenever the object under that name does (S3's ETag), or
+    /// `None` where the store has no such tag (a directory: the default).
+    /// What a handle read of an object it may trust again while the tag
+    /// is the same (`repo/listing.rs`).
+    fn list_tagged(&self, prefix: &str) -> Result<Vec<(String, Option<String>)>> {
+        Ok(self.list(prefix)?.into_iter().map(|n| (n, None)).collect())
+    }
+
     /// The object's size in bytes, without reading it. `Error::NotFound`
     /// if there is none.
     fn size(&self, name: &str) -> Result<u64>;

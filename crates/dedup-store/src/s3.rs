@@ -405,6 +405,14 @@ impl ObjectStore for S3Store {
         self.names(prefix, Some(after))
     }
 
+    fn list_tagged(&self, prefix: &str) -> Result<Vec<(String, Option<String>)>> {
+        Ok(self
+            .listing_meta(prefix, None)?
+            .into_iter()
+            .map(|(name, meta)| (name, meta.e_tag))
+            .collect())
+    }
+
     /// By a HEAD request.
     fn size(&self, name: &str) -> Result<u64> {
         let key = self.key(name)?;
@@ -466,6 +474,19 @@ impl S3Store {
     /// `after`: S3's start-after, so the pages before it are never sent),
     /// sorted, with their sizes.
     fn listing(&self, prefix: &str, after: Option<&str>) -> Result<Vec<(String, u64)>> {
+        Ok(self
+            .listing_meta(prefix, after)?
+            .into_iter()
+            .map(|(name, meta)| (name, meta.size))
+            .collect())
+    }
+
+    /// `listing` with each object's whole metadata.
+    fn listing_meta(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+    ) -> Result<Vec<(String, object_store::ObjectMeta)>> {
         // The crate lists whole path components: list the directory the
         // prefix's full components name and filter by the rest.
         let dir = prefix.rsplit_once('/').map_or("", |(dir, _)| dir);
@@ -499,7 +520,7 @@ impl S3Store {
             .map_err(|e| s3_error(&self.url, &format!("listing {prefix:?} in"), e))?;
         // One request per page of 1,000 names; the first is counted above.
         self.count_n(|r| &r.list, (listed.len() as u64).saturating_sub(1) / 1000);
-        let mut names: Vec<(String, u64)> = listed
+        let mut names: Vec<(String, object_store::ObjectMeta)> = listed
             .into_iter()
             .filter_map(|meta| {
                 let name = meta.location.as_ref().strip_prefix(&self.prefix)?;
@@ -507,10 +528,11 @@ impl S3Store {
                 (name.starts_with(prefix)
                     && after.is_none_or(|after| name > after)
                     && validate(name).is_ok())
-                .then(|| (name.to_string(), meta.size))
+                .then(|| name.to_string())
+                .map(|name| (name, meta))
             })
             .collect();
-        names.sort();
+        names.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(names)
     }
 }

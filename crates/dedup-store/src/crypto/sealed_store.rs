@@ -154,6 +154,10 @@ impl ObjectStore for SealedStore {
         self.inner.list_after(prefix, after)
     }
 
+    fn list_tagged(&self, prefix: &str) -> Result<Vec<(String, Option<String>)>> {
+        self.inner.list_tagged(prefix)
+    }
+
     fn list_sized(&self, prefix: &str) -> Result<Vec<(String, u64)>> {
         Ok((self.inner.list_sized(prefix)?.into_iter())
             .map(|(name, size)| (name, Layout::plain_size(size)))

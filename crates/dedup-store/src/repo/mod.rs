@@ -18,6 +18,7 @@ mod create_only;
 mod keys;
 pub mod listing;
 
+use std::collections::HashMap;
 use std::fs::{self, Permissions};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -106,6 +107,9 @@ pub struct Repository {
     /// The index checkpoint in the store known to hold what this handle
     /// would save now: loaded at open, or saved since.
     saved_checkpoint: Mutex<Option<Saved>>,
+    /// Backup records read, by object name, with the listing's tag they
+    /// were read under (`listing.rs`).
+    pub(crate) records: Mutex<HashMap<String, (String, crate::backup::BackupRecord)>>,
     /// The index checkpoints this handle listed at open and saved since:
     /// the older ones its next save deletes.
     checkpoints: Mutex<Listed>,
@@ -313,6 +317,7 @@ impl Repository {
             unlocked,
             saved_checkpoint: Mutex::new(saved),
             checkpoints: Mutex::new(Vec::new()),
+            records: Mutex::new(HashMap::new()),
         };
         if let Ok(mut index) = repo.index() {
             index.read_catalogs_through(repo.catalog_loader());
