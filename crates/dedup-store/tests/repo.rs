@@ -236,3 +236,65 @@ fn a_backup_dead_before_its_commit_point_is_absent_and_retryable() {
         3
     );
 }
+
+/// A handle opened to delete deletes backups (recipe and tree with them)
+/// and does nothing else: no backup, no collection, and it leaves no pin,
+/// checkpoint or id reservation behind; a read-only handle still refuses.
+#[test]
+fn a_handle_opened_to_delete_deletes_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::init(dir.path()).unwrap();
+    for name in ["a", "b"] {
+        repo.backup_stream(name, "g", &random(100_000, 3)[..])
+            .unwrap();
+    }
+    drop(repo);
+    let listing = |sub: &str| -> Vec<String> {
+        match std::fs::read_dir(dir.path().join(sub)) {
+            Ok(d) => d
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    };
+    let before: Vec<Vec<String>> = ["ids", "pins", "index", "recipes", "trees"]
+        .iter()
+        .map(|s| listing(s))
+        .collect();
+    let reader = Repository::open_read_only(dir.path()).unwrap();
+    assert!(matches!(
+        reader.delete_backup("a"),
+        Err(RepoError::ReadOnly)
+    ));
+    let deleter = Repository::open_to_delete(dir.path()).unwrap();
+    assert!(matches!(
+        deleter.begin_backup("c", "g"),
+        Err(RepoError::ReadOnly)
+    ));
+    assert!(matches!(
+        deleter.gc(&Default::default()),
+        Err(RepoError::ReadOnly)
+    ));
+    deleter.delete_backup("a").unwrap();
+    drop(deleter);
+    let names: Vec<String> = Repository::open_read_only(dir.path())
+        .unwrap()
+        .list_backups()
+        .unwrap()
+        .into_iter()
+        .map(|b| b.name)
+        .collect();
+    assert_eq!(names, ["b"]);
+    for (i, sub) in ["ids", "pins", "index"].iter().enumerate() {
+        assert_eq!(listing(sub), before[i], "{sub}/ changed");
+    }
+    // Its recipe and tree went with it.
+    assert_eq!(listing("recipes").len(), before[3].len() - 1);
+    assert_eq!(listing("trees").len(), before[4].len());
+    let mut out = Vec::new();
+    Repository::open_read_only(dir.path())
+        .unwrap()
+        .restore("b", &mut out)
+        .unwrap();
+    assert_eq!(out, random(100_000, 3));
+}

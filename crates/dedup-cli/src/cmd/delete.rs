@@ -33,15 +33,8 @@ struct Report<'a> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    // Deleting needs no index: the sampled one from its checkpoint reads
-    // no catalog at open.
-    let repo = dedup_store::Repository::open_sampled(
-        &a.repo,
-        dedup_store::index::IndexConfig {
-            cache_entries: 0,
-            ..Default::default()
-        },
-    )?;
+    // Deleting needs no index and no part in the writers' protocol.
+    let repo = dedup_store::Repository::open_to_delete(&a.repo)?;
     repo.delete_backup(&a.name)?;
     if a.json {
         print_json(&Report {
