@@ -40,6 +40,10 @@ impl ObjectStore for Recording<'_> {
         self.tails.lock().unwrap().push((name.into(), len));
         self.inner.get_tail(name, len)
     }
+    fn get_tail_sized(&self, name: &str, len: u64) -> dedup_store::Result<(Vec<u8>, u64)> {
+        self.tails.lock().unwrap().push((name.into(), len));
+        self.inner.get_tail_sized(name, len)
+    }
     fn list(&self, prefix: &str) -> dedup_store::Result<Vec<String>> {
         self.inner.list(prefix)
     }
@@ -118,8 +122,10 @@ fn segments_survive_containers_in_a_local_dir() {
     let names = dir.list("containers/").unwrap();
     assert_eq!(names, (0..=last).map(container_name).collect::<Vec<_>>());
 
-    // Catalogs: one tail read, one ranged read of catalog + trailer, and
-    // nothing of the segments.
+    // Catalogs in a directory: one tail read of the trailer (with the
+    // object's size), one ranged read of exactly the catalog, and nothing
+    // of the segments. (In a bucket the tail read holds the catalog too:
+    // `s3::tests`.)
     let rec = Recording {
         inner: &dir,
         tails: Mutex::default(),
@@ -153,7 +159,7 @@ fn segments_survive_containers_in_a_local_dir() {
         );
         assert_eq!(
             rec.ranges.lock().unwrap().pop(),
-            Some((name, catalog_offset, catalog_len + TRAILER_LEN as u64))
+            Some((name, catalog_offset, catalog_len))
         );
         compressed += catalog
             .entries()
