@@ -210,9 +210,9 @@ impl Repository {
 
     /// Open the repository in `dir` with the sampled index of §3.2
     /// ([`crate::index::SampledSegmentIndex`]), prefetching catalogs
-    /// through the repository's catalog cache. It starts from the newest index checkpoint that
-    /// loads and reads only the catalogs of containers sealed after it;
-    /// without one it reads every catalog.
+    /// through the repository's catalog cache. It starts from the newest
+    /// index checkpoint that loads and reads only the catalogs of
+    /// containers sealed after it; without one it reads every catalog.
     pub fn open_sampled(
         location: impl Into<RepoLocation>,
         config: IndexConfig,
