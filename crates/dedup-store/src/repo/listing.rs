@@ -42,8 +42,11 @@ impl Repository {
         let mut out = Listing::default();
         let listed = self.store.list_tagged(BACKUPS_PREFIX)?;
         let mut kept = self.records.lock().unwrap_or_else(|p| p.into_inner());
-        // Only what is still listed: as many as the backups.
-        kept.retain(|object, _| listed.iter().any(|(o, _)| o == object));
+        // Only what is still listed: as many as the backups (looked up in
+        // a set: a scan of the listing per record is quadratic in them).
+        let names: std::collections::HashSet<&str> =
+            listed.iter().map(|(o, _)| o.as_str()).collect();
+        kept.retain(|object, _| names.contains(object.as_str()));
         for (object, tag) in listed {
             let same = |(was, _): &&(String, BackupRecord)| Some(was) == tag.as_ref();
             if let Some((_, record)) = kept.get(&object).filter(same) {
