@@ -168,22 +168,13 @@ impl CatalogCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::objects::ObjectStore;
-    use crate::writer::ContainerWriter;
 
     fn catalog(id: u64) -> Arc<Catalog> {
         catalog_of(id, 1)
     }
 
     fn catalog_of(id: u64, segments: u64) -> Arc<Catalog> {
-        let dir = tempfile::tempdir().unwrap();
-        let store = crate::LocalDir::open(dir.path()).unwrap();
-        let mut w = ContainerWriter::new(id);
-        for i in 0..segments {
-            w.add(&(id * 100 + i).to_le_bytes()).unwrap();
-        }
-        store.put(&crate::container_name(id), &w.seal()).unwrap();
-        Arc::new(Catalog::read(&store, id).unwrap())
+        Arc::new(crate::catalog_spill::test_catalog(id, segments))
     }
 
     #[test]

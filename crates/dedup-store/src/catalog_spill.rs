@@ -146,21 +146,28 @@ fn decode(b: &[u8]) -> Option<Catalog> {
     ))
 }
 
+/// The catalog of a container `id` of `segments` distinct segments, as
+/// read back from a directory: for the tests of this tier and of the
+/// cache above it.
+#[cfg(test)]
+pub(crate) fn test_catalog(id: u64, segments: u64) -> Catalog {
+    use crate::objects::ObjectStore;
+    let dir = tempfile::tempdir().unwrap();
+    let store = crate::LocalDir::open(dir.path()).unwrap();
+    let mut w = crate::writer::ContainerWriter::new(id);
+    for i in 0..segments {
+        w.add(&(id * 1000 + i).to_le_bytes().repeat(100)).unwrap();
+    }
+    store.put(&crate::container_name(id), &w.seal()).unwrap();
+    Catalog::read(&store, id).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::objects::ObjectStore;
-    use crate::writer::ContainerWriter;
 
     fn catalog(id: u64, segments: u64) -> Catalog {
-        let dir = tempfile::tempdir().unwrap();
-        let store = crate::LocalDir::open(dir.path()).unwrap();
-        let mut w = ContainerWriter::new(id);
-        for i in 0..segments {
-            w.add(&(id * 1000 + i).to_le_bytes().repeat(100)).unwrap();
-        }
-        store.put(&crate::container_name(id), &w.seal()).unwrap();
-        Catalog::read(&store, id).unwrap()
+        test_catalog(id, segments)
     }
 
     fn same(a: &Catalog, b: &Catalog) {
