@@ -343,7 +343,10 @@ pub fn open(paths: &DevicePaths, opts: &OpenOptions) -> Result<Device> {
     };
     // To inspect, read-only: what the engines write while opening
     // (recovery) goes to a RAM overlay (`Engine::open`).
-    let data = FileBlockFile::open(&paths.data, opts.writable)?;
+    let mut data = FileBlockFile::open(&paths.data, opts.writable)?;
+    if opts.writable {
+        data = data.with_early_writeback();
+    }
     let meta = FileBlockFile::open(&paths.meta, opts.writable)?;
     Device::open(Box::new(data), Box::new(meta), opts, Some(lock))
 }

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use parking_lot::RwLock;
 
+pub mod early_writeback;
 pub mod latch;
 pub mod overlay;
 pub mod sim;
@@ -138,6 +139,9 @@ pub struct FileBlockFile {
     file: File,
     path: PathBuf,
     block_device: bool,
+    /// Writeback started as the writes arrive (the data device a server
+    /// writes: `with_early_writeback`).
+    early: Option<early_writeback::EarlyWriteback>,
 }
 
 impl FileBlockFile {
@@ -155,6 +159,7 @@ impl FileBlockFile {
             file,
             path: path.to_path_buf(),
             block_device,
+            early: None,
         })
     }
 
@@ -175,7 +180,22 @@ impl FileBlockFile {
             file,
             path: path.to_path_buf(),
             block_device: false,
+            early: None,
         })
+    }
+
+    /// Start writeback of what is written as it arrives, every
+    /// `early_writeback::EVERY` bytes (see there), instead of leaving it
+    /// all to the next sync.
+    pub fn with_early_writeback(mut self) -> Self {
+        self.early = early_writeback::EarlyWriteback::new(&self.file, early_writeback::EVERY);
+        self
+    }
+
+    fn wrote(&self, bytes: usize) {
+        if let Some(e) = &self.early {
+            e.wrote(bytes as u64);
+        }
     }
 
     /// The underlying file, for locking.
@@ -202,7 +222,9 @@ impl BlockFile for FileBlockFile {
                 buf.len(),
                 self.path.display()
             )
-        })
+        })?;
+        self.wrote(buf.len());
+        Ok(())
     }
 
     fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> Result<()> {
@@ -239,6 +261,7 @@ impl BlockFile for FileBlockFile {
             at += written as u64;
             io::IoSlice::advance_slices(&mut rest, written);
         }
+        self.wrote((at - offset) as usize);
         Ok(())
     }
 
