@@ -151,22 +151,21 @@ const RANDOM_DISTINCT: u32 = 144;
 
 /// Does `sample` look like random bytes (compressed, encrypted)?
 fn looks_random(sample: &[u8]) -> bool {
-    // Eight bitmaps, byte i marking the (i mod 8)th: with one, each byte's
-    // read-modify-write of a word waited for the previous byte's store to
-    // the same few words, and the test cost as much as the data's BLAKE3.
-    let mut seen = [[0u64; 4]; 8];
-    let lanes = sample.chunks_exact(8);
-    let rest = lanes.remainder();
-    for lane in lanes {
-        for (map, &b) in seen.iter_mut().zip(lane) {
-            map[(b >> 6) as usize] |= 1 << (b & 63);
-        }
+    // One byte per value, set with a plain store: no store waits for an
+    // earlier one, where setting bits in shared words is a read-modify-
+    // write that waits for the last store to its word (eight interleaved
+    // bitmaps hid half of that wait; this is a quarter faster again). The
+    // flags are then summed eight at a time: a word of eight 0/1 bytes
+    // times 0x0101... holds their sum in its top byte.
+    let mut flags = [0u8; 256];
+    for &b in sample {
+        flags[b as usize] = 1;
     }
-    for &b in rest {
-        seen[0][(b >> 6) as usize] |= 1 << (b & 63);
-    }
-    (0..4)
-        .map(|w| seen.iter().fold(0, |acc, map| acc | map[w]).count_ones())
+    (flags.chunks_exact(8))
+        .map(|w| {
+            let w = u64::from_ne_bytes(w.try_into().expect("eight bytes"));
+            (w.wrapping_mul(0x0101_0101_0101_0101) >> 56) as u32
+        })
         .sum::<u32>()
         >= RANDOM_DISTINCT
 }
