@@ -121,8 +121,11 @@ pub struct OpenOptions {
     /// index before open returns (default 1 M, 4 GiB of 4 KiB chunks); the
     /// rest are read in the background.
     pub open_warm_records: Option<usize>,
-    /// The caller forks after opening (nbdkit): start no thread at open;
-    /// it calls `Device::start_write_back` and `start_index_warm` after.
+    /// The caller starts write-back and the index warm-up itself
+    /// (`Device::start_write_back`, `start_index_warm`) once the process
+    /// that serves is running (nbdkit: after its fork). The I/O helpers
+    /// (the metadata's background sync, early writeback) start at open
+    /// either way, so open in the process that serves.
     pub defer_threads: bool,
     /// Directory for a backend that keeps files of its own (lsm); see `aux_dir`.
     pub aux_dir: Option<PathBuf>,

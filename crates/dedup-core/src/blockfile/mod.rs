@@ -139,8 +139,8 @@ pub struct FileBlockFile {
     file: File,
     path: PathBuf,
     block_device: bool,
-    /// Writeback started as the writes arrive (the data device a server
-    /// writes: `with_early_writeback`).
+    /// Writeback started as the writes arrive (the data device of a
+    /// device opened writable: `with_early_writeback`).
     early: Option<early_writeback::EarlyWriteback>,
 }
 
@@ -189,6 +189,12 @@ impl FileBlockFile {
     /// all to the next sync.
     pub fn with_early_writeback(mut self) -> Self {
         self.early = early_writeback::EarlyWriteback::new(&self.file, early_writeback::EVERY);
+        if self.early.is_none() {
+            tracing::warn!(
+                "{}: no thread to start writeback early; FLUSHes after long writes will take longer",
+                self.path.display()
+            );
+        }
         self
     }
 
