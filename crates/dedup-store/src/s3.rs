@@ -80,6 +80,9 @@ pub struct S3Store {
     endpoint: Option<String>,
     runtime: tokio::runtime::Runtime,
     requests: Requests,
+    /// This machine's copies of objects read by their listed tag, made
+    /// at the first such read (`None`: no cache directory, or no endpoint).
+    listed: std::sync::OnceLock<Option<listed_cache::ListedCache>>,
 }
 
 /// Requests sent, by kind (a list counts each page of up to 1,000 names;
@@ -200,6 +203,7 @@ impl S3Store {
             endpoint: None,
             runtime,
             requests: Requests::new(),
+            listed: std::sync::OnceLock::new(),
         })
     }
 
@@ -234,6 +238,16 @@ impl S3Store {
 
     /// The object's bytes in `range` (`None`: all), and its size.
     fn fetch(&self, name: &str, range: Option<GetRange>) -> Result<(Vec<u8>, u64)> {
+        self.fetch_tagged(name, range)
+            .map(|(bytes, size, _)| (bytes, size))
+    }
+
+    /// `fetch`, with the tag (ETag) the service gave the object it read.
+    fn fetch_tagged(
+        &self,
+        name: &str,
+        range: Option<GetRange>,
+    ) -> Result<(Vec<u8>, u64, Option<String>)> {
         let key = self.key(name)?;
         self.count(|r| &r.get, "GET", name);
         let options = GetOptions {
@@ -247,11 +261,12 @@ impl S3Store {
                 .await
                 .map_err(|e| self.error(name, "reading", e))?;
             let size = got.meta.size;
+            let tag = got.meta.e_tag.clone();
             let bytes = got
                 .bytes()
                 .await
                 .map_err(|e| self.error(name, "reading", e))?;
-            Ok((bytes.to_vec(), size))
+            Ok((bytes.to_vec(), size, tag))
         })
     }
 
@@ -335,6 +350,26 @@ impl ObjectStore for S3Store {
 
     fn get(&self, name: &str) -> Result<Vec<u8>> {
         self.fetch(name, None).map(|(bytes, _)| bytes)
+    }
+
+    /// From this machine's copy under `tag` if there is one; else read,
+    /// and kept if the answer carries `tag` (`s3/listed_cache.rs`).
+    fn get_listed(&self, name: &str, tag: &str) -> Result<Vec<u8>> {
+        let cache = self.listed.get_or_init(|| {
+            self.service()
+                .and_then(|s| listed_cache::ListedCache::open(&s))
+        });
+        let Some(cache) = cache else {
+            return self.get(name);
+        };
+        if let Some(bytes) = cache.get(name, tag) {
+            return Ok(bytes);
+        }
+        let (bytes, _, got) = self.fetch_tagged(name, None)?;
+        if got.as_deref() == Some(tag) {
+            cache.put(name, tag, &bytes);
+        }
+        Ok(bytes)
     }
 
     fn get_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
@@ -575,6 +610,7 @@ fn s3_error(url: &str, doing: &str, e: object_store::Error) -> Error {
     )
 }
 
+mod listed_cache;
 mod profile;
 
 #[cfg(test)]

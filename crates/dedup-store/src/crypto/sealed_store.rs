@@ -84,6 +84,12 @@ impl ObjectStore for SealedStore {
         self.open_whole(name, self.inner.get(name)?)
     }
 
+    /// The copy the store below keeps is the sealed one: opened (and so
+    /// authenticated) here as a read would be.
+    fn get_listed(&self, name: &str, tag: &str) -> Result<Vec<u8>> {
+        self.open_whole(name, self.inner.get_listed(name, tag)?)
+    }
+
     fn get_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
         whole_range(name, offset, len, self.get_upto(name, offset, len)?)
     }

@@ -53,7 +53,11 @@ impl Repository {
                 out.backups.push(record.clone());
                 continue;
             }
-            let read = match self.store.get(&object) {
+            let got = match &tag {
+                Some(tag) => self.store.get_listed(&object, tag),
+                None => self.store.get(&object),
+            };
+            let read = match got {
                 Err(Error::NotFound { .. }) => continue,
                 other => other
                     .map_err(RepoError::from)
