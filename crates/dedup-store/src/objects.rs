@@ -73,7 +73,9 @@ pub trait ObjectStore: Send + Sync {
     }
 
     /// The names that start with `prefix`, sorted, each with a tag that
-    /// changes whenever the object under that name does (S3's ETag), or
+    /// changes whenever the object under that name does, and never names
+    /// other bytes at this service (S3's ETag, the MD5 of an object put
+    /// whole, which `s3/listed_cache.rs` checks before trusting it), or
     /// `None` where the store has no such tag (a directory: the default).
     /// What a handle read of an object it may trust again while the tag
     /// is the same (`repo/listing.rs`).
@@ -84,10 +86,13 @@ pub trait ObjectStore: Send + Sync {
     /// The whole object, to which the listing just gave `tag`
     /// (`list_tagged`): a store may answer from this machine's copy of
     /// it under that tag (S3: `s3/listed_cache.rs`). The default reads it.
-    fn get_listed(&self, name: &str, tag: &str) -> Result<Vec<u8>> {
-        let _ = tag;
+    fn get_listed(&self, name: &str, _tag: &str) -> Result<Vec<u8>> {
         self.get(name)
     }
+
+    /// What `get_listed` answered for `name` under `tag` did not open or
+    /// decode: a store that keeps a copy drops it. The default keeps none.
+    fn forget_listed(&self, _name: &str, _tag: &str) {}
 
     /// The object's size in bytes, without reading it. `Error::NotFound`
     /// if there is none.

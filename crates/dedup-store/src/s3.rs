@@ -366,10 +366,16 @@ impl ObjectStore for S3Store {
             return Ok(bytes);
         }
         let (bytes, _, got) = self.fetch_tagged(name, None)?;
-        if got.as_deref() == Some(tag) {
+        if got.as_deref() == Some(tag) && listed_cache::is_md5_of(tag, &bytes) {
             cache.put(name, tag, &bytes);
         }
         Ok(bytes)
+    }
+
+    fn forget_listed(&self, name: &str, tag: &str) {
+        if let Some(Some(cache)) = self.listed.get() {
+            cache.forget(name, tag);
+        }
     }
 
     fn get_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {

@@ -6,8 +6,10 @@
 
 use std::io::Cursor;
 
+use dedup_store::crypto::passphrase::for_this_thread;
+use dedup_store::crypto::KdfParams;
 use dedup_store::s3::requests_sent;
-use dedup_store::Repository;
+use dedup_store::{RepoOptions, Repository};
 
 mod s3_support;
 use s3_support::bucket_prefix;
@@ -35,7 +37,7 @@ fn own_cache() -> std::sync::MutexGuard<'static, std::path::PathBuf> {
 
 #[test]
 fn backup_records_are_read_again_only_when_their_objects_change() {
-    let _cache = own_cache();
+    let cache = own_cache();
     let Some(location) = bucket_prefix("records") else {
         return;
     };
@@ -83,19 +85,40 @@ fn backup_records_are_read_again_only_when_their_objects_change() {
         .map(|r| r.name)
         .collect();
     assert_eq!(names, ["a", "b"], "a deleted backup is not kept");
+    let _ = std::fs::remove_dir_all(&*cache);
 }
 
 /// A new handle (a new `dedup backup`, say) reads no record this machine
 /// read before under the same tag; a damaged or lost copy is read again.
 #[test]
 fn a_new_handle_finds_the_records_in_the_machines_cache() {
+    new_handle_finds_the_records(false);
+}
+
+/// The same with the records sealed: the copies kept are the sealed
+/// bytes, opened as a read would.
+#[test]
+fn a_new_handle_finds_sealed_records_in_the_machines_cache() {
+    new_handle_finds_the_records(true);
+}
+
+fn new_handle_finds_the_records(sealed: bool) {
     let cache = own_cache();
     let Some(location) = bucket_prefix("records-new-handle") else {
         return;
     };
     // Only this test's copies from here on.
     let _ = std::fs::remove_dir_all(&*cache);
-    let repo = Repository::init(&location).unwrap();
+    let _passphrase = sealed.then(|| for_this_thread(b"records in a bucket"));
+    let repo = Repository::init_with(
+        &location,
+        RepoOptions {
+            encryption: sealed.then_some(KdfParams::FOR_TESTS),
+            ..RepoOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(repo.is_encrypted(), sealed);
     for (name, byte) in [("a", 1u8), ("b", 2), ("c", 3)] {
         repo.backup_stream(name, "g", Cursor::new(vec![byte; 100_000]))
             .unwrap();
@@ -125,9 +148,22 @@ fn a_new_handle_finds_the_records_in_the_machines_cache() {
     assert_eq!(list(3, "damaged copies are read again"), first);
     assert_eq!(list(0, "and kept again"), first);
 
+    // Copies whole by their digest whose records do not open (what a bad
+    // answer kept before it was checked would look like): dropped and
+    // read again, then kept again.
+    for path in cached_files(&cache) {
+        let garbage = b"not a backup record".to_vec();
+        let mut entry = blake3::hash(&garbage).as_bytes().to_vec();
+        entry.extend_from_slice(&garbage);
+        std::fs::write(path, entry).unwrap();
+    }
+    assert_eq!(list(3, "copies that do not open are read again"), first);
+    assert_eq!(list(0, "and kept again, whole"), first);
+
     // The machine's cache lost: read again, never wrong.
     std::fs::remove_dir_all(&*cache).unwrap();
     assert_eq!(list(3, "a lost cache is read again"), first);
+    let _ = std::fs::remove_dir_all(&*cache);
 }
 
 /// The files of the machine's cache of listed objects.

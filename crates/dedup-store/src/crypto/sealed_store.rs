@@ -90,6 +90,10 @@ impl ObjectStore for SealedStore {
         self.open_whole(name, self.inner.get_listed(name, tag)?)
     }
 
+    fn forget_listed(&self, name: &str, tag: &str) {
+        self.inner.forget_listed(name, tag)
+    }
+
     fn get_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
         whole_range(name, offset, len, self.get_upto(name, offset, len)?)
     }

@@ -37,7 +37,9 @@ pub struct Listing {
 impl Repository {
     /// Every committed backup that reads, and the names of those whose
     /// backup objects do not (with why). Only a failure to list the store
-    /// is an error; a backup deleted while listing is left out.
+    /// is an error. A backup deleted after the listing is left out when
+    /// its object is read, and kept when it is known by its tag (here, or
+    /// in this machine's cache), as in any listing taken just before.
     pub fn list_backups_all(&self) -> RepoResult<Listing> {
         let mut out = Listing::default();
         let listed = self.store.list_tagged(BACKUPS_PREFIX)?;
@@ -53,15 +55,30 @@ impl Repository {
                 out.backups.push(record.clone());
                 continue;
             }
-            let got = match &tag {
-                Some(tag) => self.store.get_listed(&object, tag),
-                None => self.store.get(&object),
+            let decode = |got: crate::error::Result<Vec<u8>>| match got {
+                Err(Error::NotFound { .. }) => None,
+                other => Some(
+                    other
+                        .map_err(RepoError::from)
+                        .and_then(|bytes| BackupRecord::decode(&object, &bytes)),
+                ),
             };
-            let read = match got {
-                Err(Error::NotFound { .. }) => continue,
-                other => other
-                    .map_err(RepoError::from)
-                    .and_then(|bytes| BackupRecord::decode(&object, &bytes)),
+            let read = match &tag {
+                Some(tag) => match decode(self.store.get_listed(&object, tag)) {
+                    // This machine's copy did not open: dropped, and the
+                    // object read again (and kept again if it proves
+                    // itself), so a bad copy is not kept for every later
+                    // process.
+                    Some(Err(_)) => {
+                        self.store.forget_listed(&object, tag);
+                        decode(self.store.get_listed(&object, tag))
+                    }
+                    other => other,
+                },
+                None => decode(self.store.get(&object)),
+            };
+            let Some(read) = read else {
+                continue;
             };
             match read {
                 Ok(record) => {

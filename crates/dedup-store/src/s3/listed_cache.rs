@@ -9,22 +9,29 @@
 //! keeps its snapshots in `~/.cache/restic` for the same reason).
 //!
 //! What is kept is exactly the bytes the bucket answered for that name
-//! and tag: sealed (encrypted, authenticated) where the repository is, so
-//! the cache holds nothing the bucket does not. It is trusted only for
-//! the tag it was read under: bytes are kept only when the answer's own
-//! tag is the listed one (the object may be replaced between the listing
-//! and the read), and a name whose tag changes is read again. Each entry
-//! carries the BLAKE3 digest of its bytes; an entry that does not match
-//! it (a bad disk, a torn copy) is removed and the object read again.
-//! Losing the cache costs requests, never data. It lives in the user's
-//! private cache directory (`local_cache.rs`), one directory per service
-//! and bucket URL, entries of at most `MAX_BYTES`; past `MAX_ENTRIES`, a
-//! process that opens it removes the least recently used half.
+//! and tag, sealed (encrypted, authenticated) where the repository is.
+//! It is trusted only for the tag it was read under, and kept only when
+//! that answer proves itself: its own tag is the listed one (the object
+//! may be replaced between the listing and the read) and the tag is the
+//! MD5 of the bytes, as S3's ETag of an object put whole is (a bad answer
+//! on the way, which S3 clients do not check against it, is not kept; a
+//! service whose tags are not MD5s keeps nothing here). A name whose tag
+//! changes is read again. Each entry carries the BLAKE3 digest of its
+//! bytes; an entry that does not match it (a bad disk, a torn copy) is
+//! removed and the object read again, and so is one whose record does not
+//! open (`forget`). Losing the cache costs requests, never data. It lives
+//! in the user's private cache directory (`local_cache.rs`), one directory
+//! per service and bucket URL, entries of at most `MAX_BYTES`; past
+//! `MAX_ENTRIES`, a process that opens it removes the least recently used
+//! half.
 
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use md5::{Digest, Md5};
 
 /// Entries kept per service and bucket; past it, the older half (by last
 /// use) is removed.
@@ -85,20 +92,28 @@ impl ListedCache {
         Some(kept)
     }
 
+    /// Drop the entry for `name` under `tag`, if any.
+    pub(crate) fn forget(&self, name: &str, tag: &str) {
+        let _ = fs::remove_file(self.path(name, tag));
+    }
+
     /// Keep `bytes` as `name`'s under `tag` (best effort: a failure keeps
-    /// nothing). Written to a temporary name and renamed, so a reader sees
-    /// a whole entry or none.
+    /// nothing). Written to a new temporary name of this process and
+    /// thread (never through a link found there) and renamed, so a reader
+    /// sees a whole entry or none.
     pub(crate) fn put(&self, name: &str, tag: &str, bytes: &[u8]) {
+        static TEMPORARIES: AtomicU64 = AtomicU64::new(0);
         if bytes.len() > MAX_BYTES {
             return;
         }
         let path = self.path(name, tag);
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let n = TEMPORARIES.fetch_add(1, Ordering::Relaxed);
+        let tmp = path.with_extension(format!("tmp-{}-{n}", std::process::id()));
         let written = fs::File::options()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp)
             .and_then(|mut f| {
                 f.write_all(blake3::hash(bytes).as_bytes())?;
@@ -135,6 +150,12 @@ impl ListedCache {
     fn entries(&self) -> usize {
         fs::read_dir(&self.dir).map(|d| d.count()).unwrap_or(0)
     }
+}
+
+/// Whether `tag` (an ETag, quoted or not) is the MD5 of `bytes` in hex.
+pub(crate) fn is_md5_of(tag: &str, bytes: &[u8]) -> bool {
+    let hex = tag.trim_matches('"');
+    hex.len() == 32 && hex.eq_ignore_ascii_case(&format!("{:032x}", Md5::digest(bytes)))
 }
 
 #[cfg(test)]
@@ -187,9 +208,39 @@ mod tests {
         for len in 0..whole.len() {
             fs::write(&path, &whole[..len]).unwrap();
             assert_eq!(c.get("backups/a", "t"), None, "cut to {len}");
+            assert!(!path.exists(), "cut to {len}: the bad entry stays");
         }
         fs::write(&path, &whole).unwrap();
         assert_eq!(c.get("backups/a", "t"), Some(bytes));
+    }
+
+    /// Only an answer whose tag is its MD5 proves itself.
+    #[test]
+    fn a_tag_is_checked_as_the_md5_of_the_bytes() {
+        // MD5("abc"), as S3 quotes it.
+        let tag = "\"900150983cd24fb0d6963f7d28e17f72\"";
+        assert!(is_md5_of(tag, b"abc"));
+        assert!(is_md5_of(&tag.to_uppercase(), b"abc"));
+        assert!(!is_md5_of(tag, b"abd"), "other bytes");
+        assert!(
+            !is_md5_of("W/\"900150983cd24fb0d6963f7d28e17f72\"", b"abc"),
+            "weak"
+        );
+        assert!(
+            !is_md5_of("\"900150983cd24fb0d6963f7d28e17f72-2\"", b"abc"),
+            "multipart"
+        );
+        assert!(!is_md5_of("\"\"", b""), "empty");
+    }
+
+    #[test]
+    fn an_entry_forgotten_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = ListedCache::at(dir.path().to_path_buf());
+        c.put("backups/a", "t", b"bad answer");
+        c.forget("backups/a", "t");
+        assert_eq!(c.get("backups/a", "t"), None);
+        assert_eq!(c.entries(), 0, "no temporary left either");
     }
 
     #[test]
