@@ -78,8 +78,9 @@ pub struct Args {
     /// streams need does not grow with the data the way the table does.
     #[arg(long, value_parser = size_arg)]
     pub index_cache: Option<u64>,
-    /// nbdkit worker threads (requests in flight).
-    #[arg(long, default_value_t = 16)]
+    /// nbdkit worker threads per connection (requests in flight on
+    /// each). Default: twice the CPUs, 4 to 16.
+    #[arg(long, default_value_t = default_threads())]
     pub threads: u32,
     /// Write-back queue: a write that arrives alone is acknowledged once
     /// copied here, up to SIZE in all, and applied in the background;
@@ -358,6 +359,20 @@ fn stop_on_signals(signals: &mut signal_hook::iterator::Signals, pid: libc::pid_
 fn eprintln_safe(msg: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "{msg}");
+}
+
+/// nbdkit's threads per connection when `--threads` is not given: twice
+/// the CPUs, at least 4 and at most 16 (nbdkit's own default). Each
+/// thread waits its turn to read the connection's next request, and the
+/// work a request brings is CPU (fingerprints, compression): with 16 on
+/// 2 CPUs, idle threads woke and slept around every request. Measured on
+/// 2 CPUs, 4 against 16, alternating, 2 rounds each: the unique GiB
+/// copied with `nbdcopy` 0.82-0.88 s against 0.93 (server CPU 1.08-1.14 s
+/// against 1.17-1.21), fio's 4 KiB random writes with a FLUSH every 8
+/// 10,170-10,914 IOPS against 8,948-9,298.
+fn default_threads() -> u32 {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (2 * cpus).clamp(4, 16) as u32
 }
 
 #[cfg(test)]
