@@ -37,7 +37,7 @@ use md5::{Digest, Md5};
 /// use) is removed.
 const MAX_ENTRIES: usize = 4096;
 /// Objects larger than this are not kept (records are a few KiB).
-pub(crate) const MAX_BYTES: usize = 1 << 20;
+const MAX_BYTES: usize = 1 << 20;
 /// Bytes of the digest in front of each entry.
 const DIGEST: usize = 32;
 
@@ -49,12 +49,8 @@ impl ListedCache {
     /// The cache for objects of `service` (`ObjectStore::service`), or
     /// `None` where this machine has no cache directory.
     pub(crate) fn open(service: &str) -> Option<ListedCache> {
-        let base = crate::local_cache::dir("listed")?;
         let id = blake3::hash(service.as_bytes()).to_hex();
-        let dir = base.join(&id.as_str()[..32]);
-        std::os::unix::fs::DirBuilderExt::mode(fs::DirBuilder::new().recursive(true), 0o700)
-            .create(&dir)
-            .ok()?;
+        let dir = crate::local_cache::dir(&format!("listed/{}", &id.as_str()[..32]))?;
         let cache = ListedCache { dir };
         // Once a process, not at every put: a first listing of a large
         // repository puts one entry per backup.
