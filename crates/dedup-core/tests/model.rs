@@ -345,33 +345,51 @@ proptest! {
 
     #[test]
     fn every_backend_matches_a_plain_disk(setup in setup(), ops in proptest::collection::vec(op(LOGICAL_CHUNKS * 8192), 1..60)) {
-        let cs = setup.chunk_size as u64;
-        let size = LOGICAL_CHUNKS * cs;
-        let cfg = common::config(setup.backend, setup.chunk_size, LOGICAL_CHUNKS, setup.physical_chunks, setup.hash, setup.verify);
-        let params = common::params(setup.backend, BackendParams { txn_writes: setup.txn_writes, cache_bytes: 1 << 20, ..Default::default() });
-        let mut md = MemDevice::format(cfg, &params);
-        md.write_back_bytes = setup.write_back;
-        let dev = md.open().unwrap();
-        let crash_safe = dedup_core::registry::crash_safe(common::base(setup.backend));
-        let chunks = LOGICAL_CHUNKS as usize;
-        let mut h = Harness {
-            md,
-            dev: Some(dev),
-            crash_safe,
-            model: ModelDisk::new(size as usize, cs as usize),
-            saved: ModelDisk::new(size as usize, cs as usize),
-            possible: vec![HashSet::from([vec![0u8; cs as usize]]); chunks],
-            patterns: Patterns::new(PATTERNS, cs as usize),
-            write_back: setup.write_back > 0,
-            index_budgeted: params.index_memory != BackendParams::default().index_memory,
-        };
-        for op in &ops {
-            // Ops are generated for the largest chunk size; fold them into this device.
-            let op = fold(op, size);
-            h.step(&op);
-        }
-        assert_eq!(common::read_all(h.dev()), h.model.bytes);
+        run_case(setup, ops);
     }
+}
+
+fn run_case(setup: Setup, ops: Vec<Op>) {
+    let cs = setup.chunk_size as u64;
+    let size = LOGICAL_CHUNKS * cs;
+    let cfg = common::config(
+        setup.backend,
+        setup.chunk_size,
+        LOGICAL_CHUNKS,
+        setup.physical_chunks,
+        setup.hash,
+        setup.verify,
+    );
+    let params = common::params(
+        setup.backend,
+        BackendParams {
+            txn_writes: setup.txn_writes,
+            cache_bytes: 1 << 20,
+            ..Default::default()
+        },
+    );
+    let mut md = MemDevice::format(cfg, &params);
+    md.write_back_bytes = setup.write_back;
+    let dev = md.open().unwrap();
+    let crash_safe = dedup_core::registry::crash_safe(common::base(setup.backend));
+    let chunks = LOGICAL_CHUNKS as usize;
+    let mut h = Harness {
+        md,
+        dev: Some(dev),
+        crash_safe,
+        model: ModelDisk::new(size as usize, cs as usize),
+        saved: ModelDisk::new(size as usize, cs as usize),
+        possible: vec![HashSet::from([vec![0u8; cs as usize]]); chunks],
+        patterns: Patterns::new(PATTERNS, cs as usize),
+        write_back: setup.write_back > 0,
+        index_budgeted: params.index_memory != BackendParams::default().index_memory,
+    };
+    for op in &ops {
+        // Ops are generated for the largest chunk size; fold them into this device.
+        let op = fold(op, size);
+        h.step(&op);
+    }
+    assert_eq!(common::read_all(h.dev()), h.model.bytes);
 }
 
 fn fold(op: &Op, size: u64) -> Op {
@@ -406,4 +424,187 @@ fn fold(op: &Op, size: u64) -> Op {
         }
         ref other => other.clone(),
     }
+}
+
+/// A case CI found (2026-11-30): with write-back over 5 chunks, a large
+/// write arrived while the applier of the one before was committing, was
+/// applied directly, and took the last free chunk; the next write was
+/// queued against the room read before it, acknowledged, and then found
+/// the device full. It failed about 9 runs in 10 before the fix (the
+/// commit must overlap the write); `writeback_tests.rs` has the
+/// deterministic form.
+#[test]
+fn a_direct_write_during_a_commit_leaves_no_room_to_queue_against() {
+    let setup = Setup {
+        backend: "cowbtree",
+        chunk_size: 4096,
+        physical_chunks: 5,
+        hash: HashAlgo::Blake3,
+        verify: false,
+        txn_writes: 1,
+        write_back: 16384,
+    };
+    let ops = vec![
+        Op::Crash,
+        Op::Trim {
+            offset: 31566,
+            len: 12744,
+        },
+        Op::Trim {
+            offset: 47379,
+            len: 30544,
+        },
+        Op::WriteBytes {
+            offset: 95211,
+            len: 3093,
+            pattern: 0,
+        },
+        Op::WriteBytes {
+            offset: 66647,
+            len: 8765,
+            pattern: 4,
+        },
+        Op::WriteBytes {
+            offset: 89299,
+            len: 9005,
+            pattern: 3,
+        },
+        Op::Flush,
+        Op::WriteZeroes {
+            offset: 50513,
+            len: 37175,
+            fua: false,
+        },
+        Op::Crash,
+        Op::Trim {
+            offset: 48730,
+            len: 15036,
+        },
+        Op::WriteZeroes {
+            offset: 74128,
+            len: 24176,
+            fua: true,
+        },
+        Op::WriteChunks {
+            lbn: 6,
+            chunks: 3,
+            pattern: 1,
+            fua: true,
+        },
+        Op::WriteChunks {
+            lbn: 6,
+            chunks: 2,
+            pattern: 4,
+            fua: false,
+        },
+        Op::WriteChunks {
+            lbn: 2,
+            chunks: 3,
+            pattern: 4,
+            fua: false,
+        },
+        Op::WriteBytes {
+            offset: 80022,
+            len: 18282,
+            pattern: 3,
+        },
+        Op::Read {
+            offset: 26494,
+            len: 36819,
+        },
+        Op::WriteZeroes {
+            offset: 33564,
+            len: 2957,
+            fua: false,
+        },
+        Op::WriteChunks {
+            lbn: 6,
+            chunks: 2,
+            pattern: 0,
+            fua: true,
+        },
+        Op::WriteBytes {
+            offset: 37705,
+            len: 32058,
+            pattern: 2,
+        },
+        Op::Read {
+            offset: 69114,
+            len: 29190,
+        },
+        Op::Read {
+            offset: 21474,
+            len: 22089,
+        },
+        Op::Trim {
+            offset: 89470,
+            len: 8834,
+        },
+        Op::Flush,
+        Op::WriteBytes {
+            offset: 83732,
+            len: 14572,
+            pattern: 1,
+        },
+        Op::WriteZeroes {
+            offset: 12562,
+            len: 22372,
+            fua: true,
+        },
+        Op::WriteChunks {
+            lbn: 6,
+            chunks: 1,
+            pattern: 3,
+            fua: true,
+        },
+        Op::Gc,
+        Op::WriteChunks {
+            lbn: 10,
+            chunks: 2,
+            pattern: 3,
+            fua: false,
+        },
+        Op::WriteBytes {
+            offset: 73272,
+            len: 25032,
+            pattern: 0,
+        },
+        Op::Trim {
+            offset: 71110,
+            len: 27194,
+        },
+        Op::WriteChunks {
+            lbn: 8,
+            chunks: 1,
+            pattern: 4,
+            fua: true,
+        },
+        Op::WriteBytes {
+            offset: 76500,
+            len: 21804,
+            pattern: 4,
+        },
+        Op::WriteChunks {
+            lbn: 4,
+            chunks: 1,
+            pattern: 3,
+            fua: false,
+        },
+        Op::WriteBytes {
+            offset: 23689,
+            len: 43160,
+            pattern: 2,
+        },
+        Op::Read {
+            offset: 39650,
+            len: 34168,
+        },
+        Op::WriteChunks {
+            lbn: 11,
+            chunks: 1,
+            pattern: 1,
+            fua: true,
+        },
+    ];
+    run_case(setup, ops);
 }

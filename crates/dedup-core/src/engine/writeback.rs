@@ -165,6 +165,15 @@ impl State {
         None
     }
 
+    /// Hold room for a mutation about to be queued or applied directly.
+    /// `spare` shrinks with it whichever way it goes: a direct mutation
+    /// allocates too, and until it is done nothing may be queued against
+    /// the room it takes (nothing marks `spare` stale after it).
+    fn hold(&mut self, need: u64) {
+        self.room_held += need;
+        self.spare = self.spare.saturating_sub(need);
+    }
+
     /// Whether a mutation queued before `seq` still touches `chunks`.
     fn pending(&self, seq: u64, chunks: &Range<u64>) -> bool {
         self.queue
@@ -279,6 +288,26 @@ pub(crate) struct WriteBack {
 impl WriteBack {
     pub fn start(engine: &Arc<Engine>, limit_bytes: u64, queue_from: u64) -> WriteBack {
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 4));
+        let mut wb = WriteBack::unstarted(
+            limit_bytes,
+            queue_from,
+            engine.config().chunk_size as u64,
+            engine.host_dir.clone(),
+        );
+        wb.appliers = (0..threads)
+            .map(|i| {
+                let (shared, engine) = (wb.shared.clone(), engine.clone());
+                std::thread::Builder::new()
+                    .name(format!("dedup-writeback-{i}"))
+                    .spawn(move || apply_queued(&shared, &engine))
+                    .expect("the system can start a thread")
+            })
+            .collect();
+        wb
+    }
+
+    /// The queue with no appliers yet (tests drive `submit` on it alone).
+    fn unstarted(limit_bytes: u64, queue_from: u64, chunk_size: u64, host: String) -> WriteBack {
         let shared = Arc::new(Shared {
             users: AtomicUsize::new(0),
             stale: AtomicBool::new(false),
@@ -286,22 +315,13 @@ impl WriteBack {
             work: Condvar::new(),
             changed: Condvar::new(),
             limit_bytes: limit_bytes.min(usize::MAX as u64) as usize,
-            chunk_size: engine.config().chunk_size as u64,
-            host: engine.host_dir.clone(),
+            chunk_size,
+            host,
         });
-        let appliers = (0..threads)
-            .map(|i| {
-                let (shared, engine) = (shared.clone(), engine.clone());
-                std::thread::Builder::new()
-                    .name(format!("dedup-writeback-{i}"))
-                    .spawn(move || apply_queued(&shared, &engine))
-                    .expect("the system can start a thread")
-            })
-            .collect();
         WriteBack {
             queue_from,
             shared,
-            appliers,
+            appliers: Vec::new(),
         }
     }
 
@@ -353,7 +373,7 @@ impl WriteBack {
         // frees, and its commit (`Device::mutate`) gives space back
         // through the device while writes wait for space.
         if s.stalled.is_some() && what != Mutation::Write && !s.pending(u64::MAX, &chunks) {
-            s.room_held += need;
+            s.hold(need);
             return Admit::Direct {
                 held: need,
                 after: Wait::Overlapping,
@@ -371,9 +391,8 @@ impl WriteBack {
             // queued, as the device might be full.
             let full = s.queue.len() >= MAX_QUEUED || s.bytes + req.buf.len() > sh.limit_bytes;
             let fits = s.room_held + need <= room;
-            s.room_held += need;
+            s.hold(need);
             if what == Mutation::Write && s.stalled.is_none() && !s.stop && !full && fits {
-                s.spare = s.spare.saturating_sub(need);
                 s.from_commit += 1;
                 return self.enqueue(s, user, req, chunks, need, true);
             }
@@ -393,13 +412,13 @@ impl WriteBack {
         }
         // Held either way: a direct write allocates too, and queued ones
         // admitted meanwhile must not count on its room.
-        s.room_held += need;
+        let fits = need <= s.spare;
+        s.hold(need);
         let direct = |after| Admit::Direct { held: need, after };
-        if s.stalled.is_some() || s.stop || need > s.spare {
+        if s.stalled.is_some() || s.stop || !fits {
             s.spare = 0;
             return direct(Wait::All);
         }
-        s.spare -= need;
         let full = s.queue.len() >= MAX_QUEUED || s.bytes + req.buf.len() > sh.limit_bytes;
         if !alone || (full && !s.queue.is_empty()) {
             return direct(Wait::Overlapping);
@@ -669,3 +688,7 @@ fn apply_queued(sh: &Shared, engine: &Engine) {
         sh.changed.notify_all();
     }
 }
+
+#[cfg(test)]
+#[path = "writeback_tests.rs"]
+mod tests;
