@@ -1,6 +1,12 @@
 //! `dedup`: create, serve and inspect deduplicating block devices.
 //! Each subcommand lives in `cmd/`; this file only parses and dispatches.
 
+// Reports go through `out!`/`outln!` (`stdout.rs`), which a closed pipe
+// cannot panic.
+#![deny(clippy::print_stdout)]
+
+#[macro_use]
+mod stdout;
 mod cmd;
 mod prometheus;
 mod render;
@@ -82,11 +88,17 @@ fn main() -> ExitCode {
         Command::List(a) => cmd::list::run(a),
         Command::Delete(a) => cmd::delete::run(a),
     };
-    match result {
+    let code = match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("dedup: error: {e:#}");
             ExitCode::from(cmd::shared::EXIT_FAILURE)
         }
+    };
+    // A report that could not be written whole fails the command (said on
+    // stderr when it happened); a reader that went away does not.
+    if stdout::failed() && code == ExitCode::SUCCESS {
+        return ExitCode::from(cmd::shared::EXIT_FAILURE);
     }
+    code
 }

@@ -221,9 +221,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if a.json {
         print_json(&r)?;
     } else if a.csv {
-        print!("{}", dedup_analyze::report::csv(&r));
+        out!("{}", dedup_analyze::report::csv(&r));
     } else {
-        print!("{}", dedup_analyze::report::table(&r));
+        out!("{}", dedup_analyze::report::table(&r));
     }
     // The report is out first: a plot that cannot be drawn loses nothing.
     if let Some(p) = &a.plot {

@@ -82,7 +82,7 @@ pub fn run(
         print_json(&report)?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    outln!(
         "Backed up {} into {} (group {}): {}{} in, {} new ({} written), dedup ratio {}; {:.1} s, {:.1} MB/s{}.",
         name,
         location,
@@ -97,7 +97,7 @@ pub fn run(
         skipped_text(report.warnings.len())
     );
     if let Some(p) = &report.parent {
-        println!(
+        outln!(
             "{}",
             reused_text(p, report.files_unchanged, report.bytes_unchanged)
         );

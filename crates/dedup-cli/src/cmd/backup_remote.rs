@@ -142,7 +142,7 @@ fn report(
         return Ok(ExitCode::SUCCESS);
     }
     let files = report.counts.as_ref().map_or(String::new(), counts_text);
-    println!(
+    outln!(
         "Backed up {} through {} (group {}): {files}{} in, {} new ({} written), {} segments new, {} duplicate; {:.1} s, {:.1} MB/s{}.",
         report.name,
         server,
@@ -163,7 +163,7 @@ fn report(
         ..
     }) = &report.parent
     {
-        println!("{}", reused_text(p, *files_unchanged, *bytes_unchanged));
+        outln!("{}", reused_text(p, *files_unchanged, *bytes_unchanged));
     }
     Ok(ExitCode::SUCCESS)
 }

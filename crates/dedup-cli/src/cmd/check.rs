@@ -103,16 +103,16 @@ fn repair(a: &Args) -> anyhow::Result<ExitCode> {
     if a.json {
         print_json(&r)?;
     } else {
-        print!("{}", render::check(&r.before));
-        println!(
+        out!("{}", render::check(&r.before));
+        outln!(
             "repaired: {} LBNs unmapped, {} hash index entries removed, {} reference counts set, {} fingerprints rebuilt",
             r.changed.lbns_unmapped,
             r.changed.index_entries_removed,
             r.changed.refcounts_set,
             r.changed.fingerprints_rebuilt
         );
-        print!("{}", render::lost(&r.changed.lost));
-        print!("after repair: {}", render::check(&r.after));
+        out!("{}", render::lost(&r.changed.lost));
+        out!("after repair: {}", render::check(&r.after));
     }
     Ok(ExitCode::from(if clean_before { 0 } else { 1 }))
 }
@@ -132,7 +132,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if a.json {
         print_json(&report)?;
     } else {
-        print!("{}", render::check(&report));
+        out!("{}", render::check(&report));
     }
     Ok(if report.is_clean() {
         ExitCode::SUCCESS

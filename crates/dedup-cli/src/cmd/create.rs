@@ -117,7 +117,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         }
         print_json(&v)?;
     } else {
-        println!(
+        outln!(
             "Created a dedup device in {}: {} logical, {} of chunk space, {} chunks, {} fingerprints{}, {} compression, {} backend.",
             a.dir.display(),
             format_size(cfg.logical_size),
@@ -129,9 +129,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             cfg.backend
         );
         if let Some(s) = sizing {
-            print!("{}", render::sizing(&s));
+            out!("{}", render::sizing(&s));
         }
-        println!("Serve it with:  dedup serve {}", a.dir.display());
+        outln!("Serve it with:  dedup serve {}", a.dir.display());
     }
     Ok(ExitCode::SUCCESS)
 }

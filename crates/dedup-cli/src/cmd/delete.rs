@@ -43,7 +43,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             note: SPACE_NOTE,
         })?;
     } else {
-        println!("Deleted backup {}; {SPACE_NOTE}.", a.name);
+        outln!("Deleted backup {}; {SPACE_NOTE}.", a.name);
     }
     Ok(ExitCode::SUCCESS)
 }

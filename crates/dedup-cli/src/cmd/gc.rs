@@ -74,7 +74,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if a.json {
         print_json(&report)?;
     } else {
-        println!("{}", render::gc(&report));
+        outln!("{}", render::gc(&report));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -80,7 +80,7 @@ pub fn run(
         print_json(&r)?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    outln!(
         "Collected {}: {} containers deleted and {} compacted ({} reclaimed), {} orphan recipes, recipe parts and trees removed; {} groups marked again ({} recipes read), {} reused, {} dropped; {} backups, {} containers; {:.2} s.",
         location,
         r.containers_swept,
@@ -96,22 +96,22 @@ pub fn run(
         r.seconds
     );
     if let Some(note) = damaged_note(&r) {
-        println!("{note}");
+        outln!("{note}");
     }
     if r.containers_protected > 0 {
-        println!(
+        outln!(
             "{} unreferenced containers were kept because a running backup uses them; the next collection takes them if they are still unreferenced.",
             r.containers_protected
         );
     }
     if r.seconds_waiting_for_writers >= 0.1 {
-        println!(
+        outln!(
             "Waited {:.1} s for backups in other processes to catch up with the collections.",
             r.seconds_waiting_for_writers
         );
     }
     if r.writers_not_caught_up > 0 {
-        println!(
+        outln!(
             "{} writers did not look at the newest collection within --writer-wait: a backup of theirs that reuses what it condemned stops (\"run it again\"); none loses data.",
             r.writers_not_caught_up
         );

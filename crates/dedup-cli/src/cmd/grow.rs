@@ -55,7 +55,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         print_json(&report)?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    outln!(
         "Grew {}: {} -> {} logical, {} -> {} of chunk space ({}, {:.1} s{}).",
         a.dir.display(),
         format_size(report.logical_size_before),
@@ -74,10 +74,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         }
     );
     if let Some(s) = report.sizing {
-        print!("{}", render::sizing(&s));
+        out!("{}", render::sizing(&s));
     }
     if report.logical_size > report.logical_size_before {
-        println!(
+        outln!(
             "Serve it again (`dedup serve {}`), reconnect, then grow the filesystem on it (e.g. resize2fs).",
             a.dir.display()
         );

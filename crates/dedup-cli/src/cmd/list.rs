@@ -56,7 +56,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         return Ok(status);
     }
     if entries.is_empty() && status == ExitCode::SUCCESS {
-        println!("{}: no backups yet.", a.repo);
+        outln!("{}: no backups yet.", a.repo);
         return Ok(status);
     }
     // A table can be long and is often piped into `head` or `grep -q`:

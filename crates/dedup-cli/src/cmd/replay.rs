@@ -373,7 +373,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if a.json {
         print_json(&out)?;
     } else {
-        print!("{}", render(&out, &a.trace));
+        out!("{}", render(&out, &a.trace));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -103,7 +103,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         }))?;
         return Ok(code);
     }
-    println!(
+    outln!(
         "Restored {} of backup {} to {} ({:.1} s, {:.1} MB/s).",
         format_size(n),
         a.name,

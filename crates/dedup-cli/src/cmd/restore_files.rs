@@ -79,7 +79,7 @@ pub fn run(
         return Ok(code);
     }
     let c = &report.report.counts;
-    println!(
+    outln!(
         "Restored backup {} into {}: {} files ({}), {} directories, {} symlinks, {} hard links, {} special files; {:.1} s, {:.1} MB/s.",
         name,
         target.display(),

@@ -186,7 +186,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         TlsMode::Require => access.tls_uri(&listen),
         TlsMode::Off | TlsMode::Allow => listen.uri(),
     };
-    println!(
+    outln!(
         "dedup: serving {} ({} logical, {} backend, {} chunks{}) at {uri}",
         dir.display(),
         format_size(cfg.logical_size),
@@ -195,7 +195,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         if access.read_only { ", read-only" } else { "" }
     );
     print_attach(&listen, &access);
-    println!(
+    outln!(
         "Status: dedup status {}    Stop: Ctrl-C or SIGTERM (metadata is saved on a clean stop)",
         dir.display()
     );
@@ -257,49 +257,49 @@ fn print_attach(listen: &Listen, access: &Access) {
             Listen::Unix(sock) => format!("nbd-client -unix {} /dev/nbd0", sock.display()),
             Listen::Tcp { bind, port } => format!("nbd-client {bind} {port} /dev/nbd0"),
         };
-        println!("Attach it:");
-        println!("  kernel NBD client:  modprobe nbd && {attach}");
-        println!("  without nbd module: mkdir -p /mnt/dedup && nbdfuse /mnt/dedup/ '{uri}' &");
-        println!("                      losetup -f --show /mnt/dedup/nbd   # then mkfs.ext4 / mount the loop device");
-        println!(
+        outln!("Attach it:");
+        outln!("  kernel NBD client:  modprobe nbd && {attach}");
+        outln!("  without nbd module: mkdir -p /mnt/dedup && nbdfuse /mnt/dedup/ '{uri}' &");
+        outln!("                      losetup -f --show /mnt/dedup/nbd   # then mkfs.ext4 / mount the loop device");
+        outln!(
             "  or with qemu-nbd:   modprobe nbd && qemu-nbd --connect=/dev/nbd0 --format=raw '{uri}'"
         );
-        println!("  qemu:               qemu-img info '{uri}'  (or -drive file={uri},format=raw)");
+        outln!("  qemu:               qemu-img info '{uri}'  (or -drive file={uri},format=raw)");
     }
     if access.tls != TlsMode::Off {
         let uri = access.tls_uri(listen);
         match &access.creds {
-            Credentials::Psk { file, .. } => println!(
+            Credentials::Psk { file, .. } => outln!(
                 "Attach it with TLS (clients need a copy of {}, kept 0600):",
                 file.display()
             ),
-            _ => println!(
+            _ => outln!(
                 "Attach it with TLS (clients check the server against their CA: libnbd looks in /etc/pki/libnbd, or add &tls-certificates=DIR to the URI):"
             ),
         }
-        println!("  libnbd tools:       nbdinfo '{uri}'   (nbdcopy, nbdfuse take the same URI)");
-        println!("  without nbd module: mkdir -p /mnt/dedup && nbdfuse /mnt/dedup/ '{uri}' &");
-        println!("                      losetup -f --show /mnt/dedup/nbd");
-        println!(
+        outln!("  libnbd tools:       nbdinfo '{uri}'   (nbdcopy, nbdfuse take the same URI)");
+        outln!("  without nbd module: mkdir -p /mnt/dedup && nbdfuse /mnt/dedup/ '{uri}' &");
+        outln!("                      losetup -f --show /mnt/dedup/nbd");
+        outln!(
             "  qemu:               {}",
             access::qemu_tls_command(access, listen)
         );
         if let Credentials::Psk { file, .. } = &access.creds {
             if file.file_name().is_none_or(|n| n != "keys.psk") {
-                println!(
+                outln!(
                     "                      (qemu reads the key as KEYDIR/keys.psk: copy {} there)",
                     file.display()
                 );
             }
         }
-        println!("  kernel NBD client:  nbd-client has no PSK; use nbdfuse, or certificates (see docs/operations.md, Security)");
+        outln!("  kernel NBD client:  nbd-client has no PSK; use nbdfuse, or certificates (see docs/operations.md, Security)");
     }
     // Plain NBD over TCP: say who else can reach it (check_exposure let
     // a non-loopback address through only with --insecure).
     match listen {
         Listen::Tcp { bind, port } if access.tls != TlsMode::Require => {
             if access::is_loopback(bind) {
-                println!(
+                outln!(
                     "Note: every local user can connect to TCP port {port} without TLS; the Unix socket (the default) is yours alone."
                 );
             } else {

@@ -60,9 +60,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if a.json {
         print_json(&report)?;
     } else if let (true, Some(text)) = (a.prometheus, &metrics) {
-        print!("{text}");
+        out!("{text}");
     } else if a.prometheus_file.is_none() {
-        print!("{}", render::status(&report));
+        out!("{}", render::status(&report));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -138,7 +138,7 @@ fn init(a: InitArgs) -> anyhow::Result<ExitCode> {
     if a.json {
         print_json(&report)?;
     } else {
-        println!(
+        outln!(
             "Created {}backup repository {} ({} segments, {} compression, {} containers).\nBack up a stream into it: tar -cf - DIR | dedup backup {} NAME --stdin",
             if report.encrypted { "encrypted " } else { "" },
             a.repo,
@@ -148,7 +148,7 @@ fn init(a: InitArgs) -> anyhow::Result<ExitCode> {
             a.repo
         );
         if report.encrypted {
-            println!("Keep the passphrase safe: without it nothing in the repository can be read. Add another with: dedup store key add {}", a.repo);
+            outln!("Keep the passphrase safe: without it nothing in the repository can be read. Add another with: dedup store key add {}", a.repo);
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -234,7 +234,7 @@ fn stats(a: StatsArgs) -> anyhow::Result<ExitCode> {
         print_json(&report)?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    outln!(
         "{}: {} backups, {} logical, {} stored in {} containers{} ({} segments).",
         a.repo,
         report.backups,
@@ -248,13 +248,13 @@ fn stats(a: StatsArgs) -> anyhow::Result<ExitCode> {
         report.segments
     );
     if !report.damaged_containers.is_empty() {
-        println!(
+        outln!(
             "Damaged containers (restores that need them fail): {}",
             report.damaged_containers.join(", ")
         );
     }
     if let Some(i) = &report.index {
-        println!(
+        outln!(
             "Index (as last checkpointed): {} hooks at R = 1/{:.0} for {} segments: {} of RAM{}.",
             i.hooks,
             1.0 / i.sampling_rate,

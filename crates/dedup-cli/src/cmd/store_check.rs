@@ -63,7 +63,7 @@ pub fn run(a: CheckArgs) -> anyhow::Result<ExitCode> {
             affected_backups: report.affected_backups().into_iter().collect(),
         })?;
     } else {
-        print!("{}", render(&a.repo, &report));
+        out!("{}", render(&a.repo, &report));
     }
     Ok(if report.is_clean() {
         ExitCode::SUCCESS

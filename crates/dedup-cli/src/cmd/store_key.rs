@@ -101,7 +101,7 @@ fn list(a: RepoArgs) -> anyhow::Result<ExitCode> {
         print_json(&keys)?;
     } else {
         for k in &keys {
-            println!(
+            outln!(
                 "{}  Argon2id {} MiB x {} passes{}",
                 k.name,
                 k.argon2id_memory_kib / 1024,
@@ -157,9 +157,9 @@ fn report(
             removed,
         })?;
     } else if let Some(name) = added {
-        println!("Added key {name} to {}.", a.repo);
+        outln!("Added key {name} to {}.", a.repo);
     } else if let Some(name) = removed {
-        println!(
+        outln!(
             "Removed key {name} from {}: its passphrase no longer opens it.",
             a.repo
         );

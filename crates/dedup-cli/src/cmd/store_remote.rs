@@ -126,7 +126,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 print_json(&v)?;
             } else {
                 for b in backups {
-                    println!(
+                    outln!(
                         "{} {} {} {}",
                         b.name,
                         b.group,
@@ -141,7 +141,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             if a.json {
                 print_json(&serde_json::json!({ "deleted": name }))?;
             } else {
-                println!("Deleted backup {name} (its containers stay until a garbage collection).");
+                outln!("Deleted backup {name} (its containers stay until a garbage collection).");
             }
         }
         RemoteCommand::Stats => {
@@ -156,7 +156,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                     "connections": s.connections,
                 }))?;
             } else {
-                println!(
+                outln!(
                     "{}: {} backups, {} logical in {} containers; {} backups running, {} connections.",
                     a.server,
                     s.backups,
@@ -184,7 +184,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                     "seconds": r.seconds,
                 }))?;
             } else {
-                println!(
+                outln!(
                     "Collected: {} of {} containers deleted, {} compacted, {} kept for running backups; {} reclaimed ({:.1} s).",
                     r.containers_swept,
                     r.containers,
@@ -194,7 +194,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                     r.seconds
                 );
                 if let Some(note) = damaged_note(&r) {
-                    println!("{note}");
+                    outln!("{note}");
                 }
             }
         }
@@ -263,7 +263,7 @@ fn restore(
         }))?;
         return Ok(code);
     }
-    println!(
+    outln!(
         "Restored {} of backup {name} to {}.",
         format_size(n),
         target.display()

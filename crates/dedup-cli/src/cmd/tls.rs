@@ -37,16 +37,16 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let key = random_key()?;
     write_psk_file(&a.file, &a.user, &key, a.force)?;
     let file = std::path::absolute(&a.file).unwrap_or_else(|_| a.file.clone());
-    println!(
+    outln!(
         "Wrote a TLS pre-shared key for user {} to {} (mode 0600).",
         a.user,
         file.display()
     );
-    println!(
+    outln!(
         "Serve with:  dedup serve DIR --tls require --tls-psk {}",
         file.display()
     );
-    println!(
+    outln!(
         "Clients need a copy of the file (keep it 0600) and name it in the URI, e.g.\n  nbdinfo 'nbds+unix://{}@/?socket=DIR/nbd.sock&tls-psk-file={}'",
         a.user,
         file.display()

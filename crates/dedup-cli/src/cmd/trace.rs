@@ -129,7 +129,7 @@ fn gen(a: GenArgs) -> anyhow::Result<ExitCode> {
     if a.json {
         print_json(&s)?;
     } else {
-        print!("{}", table(&s));
+        out!("{}", table(&s));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -141,7 +141,7 @@ fn stats(a: StatsArgs) -> anyhow::Result<ExitCode> {
     if a.json {
         print_json(&s)?;
     } else {
-        print!("{}", table(&s));
+        out!("{}", table(&s));
     }
     Ok(ExitCode::SUCCESS)
 }

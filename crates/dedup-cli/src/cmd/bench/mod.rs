@@ -156,7 +156,7 @@ fn report_out(a: &Args, settings: &Settings, summary: &[report::Summary]) -> any
     if a.json {
         print_json(&summary)?;
     } else {
-        print!("{}", report::table(summary, settings));
+        out!("{}", report::table(summary, settings));
     }
     Ok(())
 }

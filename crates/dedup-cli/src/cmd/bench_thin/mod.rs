@@ -237,7 +237,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if a.json {
         print_json(&results)?;
     } else {
-        print!("{}", table(&results));
+        out!("{}", table(&results));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -20,11 +20,11 @@ pub fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
         let mut value = serde_json::to_value(v)?;
         if let Some(fields) = value.as_object_mut() {
             fields.insert("requests".into(), serde_json::to_value(sent)?);
-            println!("{}", serde_json::to_string_pretty(&value)?);
+            outln!("{}", serde_json::to_string_pretty(&value)?);
             return Ok(());
         }
     }
-    println!("{}", serde_json::to_string_pretty(v)?);
+    outln!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
 
@@ -108,7 +108,7 @@ impl IndexJson {
     }
 
     pub fn print(&self) {
-        println!("{}", self.text());
+        outln!("{}", self.text());
     }
 }
 
