@@ -15,7 +15,7 @@
 //! too.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::catalog_spill::CatalogSpill;
 use crate::container::Catalog;
@@ -38,24 +38,53 @@ pub(crate) fn cached_catalog(
     id: u64,
 ) -> Result<Arc<Catalog>> {
     let lock = || cache.lock().unwrap_or_else(|p| p.into_inner());
-    let epoch = {
+    let (epoch, load) = {
         let mut cache = lock();
         if let Some(c) = cache.get(id) {
             return Ok(c);
         }
-        cache.epoch()
+        (cache.epoch(), cache.load_of(id))
     };
-    let catalog = match Catalog::read(store, id) {
+    // One read however many threads want it at once (a restore's runs of
+    // one container start together): the others wait for it.
+    let mut failed = None;
+    let got = load
+        .get_or_init(|| match read(store, id) {
+            Ok(c) => Some(Arc::new(c)),
+            Err(e) => {
+                failed = Some(e);
+                None
+            }
+        })
+        .clone();
+    {
+        let mut cache = lock();
+        cache.loaded(id, &load);
+        if let Some(c) = &got {
+            cache.insert_read(id, c.clone(), epoch);
+        }
+    }
+    match (got, failed) {
+        (Some(c), _) => Ok(c),
+        (None, Some(e)) => Err(e),
+        // The read this one waited for failed: its own says why.
+        (None, None) => read(store, id).map(Arc::new),
+    }
+}
+
+/// Container `id`'s catalog from `store`.
+fn read(store: &dyn ObjectStore, id: u64) -> Result<Catalog> {
+    match Catalog::read(store, id) {
         // A compaction replacing the container between the two ranged
         // reads of a catalog (or between its two names) looks like
         // damage or absence: read once more before saying so.
-        Err(Error::Corrupt { .. } | Error::NotFound { .. }) => Catalog::read(store, id)?,
-        other => other?,
-    };
-    let catalog = Arc::new(catalog);
-    lock().insert_read(id, catalog.clone(), epoch);
-    Ok(catalog)
+        Err(Error::Corrupt { .. } | Error::NotFound { .. }) => Catalog::read(store, id),
+        other => other,
+    }
 }
+
+/// A catalog's read under way: its result once done (`None`: it failed).
+type Load = Arc<OnceLock<Option<Arc<Catalog>>>>;
 
 pub(crate) struct CatalogCache {
     capacity: usize,
@@ -65,6 +94,10 @@ pub(crate) struct CatalogCache {
     /// Made at the first catalog let go; `Err` if it could not be (then
     /// nothing is spilled).
     spill: Option<std::result::Result<CatalogSpill, ()>>,
+    /// Reads under way, each with the epoch it began in: a reader joins
+    /// one only in the same epoch (one begun before a `forget` may bring
+    /// back what was forgotten).
+    loading: HashMap<u64, (u64, Load)>,
 }
 
 impl CatalogCache {
@@ -75,6 +108,31 @@ impl CatalogCache {
             map: HashMap::new(),
             epoch: 0,
             spill: None,
+            loading: HashMap::new(),
+        }
+    }
+
+    /// The read of `id`'s catalog under way in this epoch, or a new one.
+    fn load_of(&mut self, id: u64) -> Load {
+        let epoch = self.epoch;
+        match self.loading.get(&id) {
+            Some((e, load)) if *e == epoch => load.clone(),
+            _ => {
+                let load = Load::default();
+                self.loading.insert(id, (epoch, load.clone()));
+                load
+            }
+        }
+    }
+
+    /// `load` is done: later readers read again unless it was cached.
+    fn loaded(&mut self, id: u64, load: &Load) {
+        if self
+            .loading
+            .get(&id)
+            .is_some_and(|(_, l)| Arc::ptr_eq(l, load))
+        {
+            self.loading.remove(&id);
         }
     }
 
@@ -200,6 +258,98 @@ mod tests {
         assert!(cache.get(4).is_some());
         cache.forget_all();
         assert!((1..=4).all(|id| cache.get(id).is_none()));
+    }
+
+    /// Reads of one catalog at once are one read; a `forget` starts
+    /// another, which readers after it join.
+    #[test]
+    fn readers_of_one_catalog_at_once_read_it_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = crate::repo::Repository::init(tmp.path()).unwrap();
+        repo.backup_stream("b", "g", &dedup_common::testdata::noise(1, 1 << 20)[..])
+            .unwrap();
+        let store = Slow {
+            inner: crate::local::LocalDir::open(tmp.path()).unwrap(),
+            reads: Default::default(),
+        };
+        let reads = || store.reads.swap(0, std::sync::atomic::Ordering::SeqCst);
+        let alone = {
+            let cache = Mutex::new(CatalogCache::new(4));
+            cached_catalog(&store, &cache, 0).unwrap();
+            reads()
+        };
+        assert!(alone > 0);
+        let cache = Mutex::new(CatalogCache::new(4));
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| cached_catalog(&store, &cache, 0).unwrap());
+            }
+        });
+        assert_eq!(reads(), alone, "eight readers at once");
+        let mut c = cache.lock().unwrap();
+        let load = c.load_of(0);
+        assert!(Arc::ptr_eq(&load, &c.load_of(0)), "joined");
+        c.forget(0);
+        let after = c.load_of(0);
+        assert!(!Arc::ptr_eq(&load, &after), "a forget starts another");
+        c.loaded(0, &load);
+        assert!(
+            Arc::ptr_eq(&after, &c.load_of(0)),
+            "the old one's end leaves it"
+        );
+        c.loaded(0, &after);
+        assert!(c.loading.is_empty());
+    }
+
+    /// A directory whose reads take a while and are counted.
+    struct Slow {
+        inner: crate::local::LocalDir,
+        reads: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Slow {
+        fn read(&self) {
+            self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    impl ObjectStore for Slow {
+        fn put(&self, name: &str, bytes: &[u8]) -> Result<()> {
+            self.inner.put(name, bytes)
+        }
+        fn get(&self, name: &str) -> Result<Vec<u8>> {
+            self.read();
+            self.inner.get(name)
+        }
+        fn get_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+            self.read();
+            self.inner.get_range(name, offset, len)
+        }
+        fn get_tail(&self, name: &str, len: u64) -> Result<Vec<u8>> {
+            self.read();
+            self.inner.get_tail(name, len)
+        }
+        fn get_upto(&self, name: &str, offset: u64, len: u64) -> Result<(Vec<u8>, u64)> {
+            self.read();
+            self.inner.get_upto(name, offset, len)
+        }
+        fn get_tail_sized(&self, name: &str, len: u64) -> Result<(Vec<u8>, u64)> {
+            self.read();
+            self.inner.get_tail_sized(name, len)
+        }
+        fn list(&self, prefix: &str) -> Result<Vec<String>> {
+            self.inner.list(prefix)
+        }
+        fn size(&self, name: &str) -> Result<u64> {
+            self.inner.size(name)
+        }
+        fn segment_hash(&self) -> crate::segment_hash::SegmentHash {
+            self.inner.segment_hash()
+        }
+        fn delete(&self, name: &str) -> Result<()> {
+            self.inner.delete(name)
+        }
     }
 
     #[test]
