@@ -44,6 +44,8 @@ head -c 30000000 /dev/urandom >"$WORK/stream"
 "$DEDUP" restore "$R" files-1 "$WORK/out" >/dev/null || fail "restore of files under faults"
 diff -r "$WORK/tree" "$WORK/out/${WORK#/}/tree" || fail "files restored differently under faults"
 "$DEDUP" restore "$R" stream-1 - 2>/dev/null | cmp - "$WORK/stream" || fail "stream restored differently under faults"
+"$DEDUP" restore "$R" stream-1 "$WORK/stream.out" 2>/dev/null || fail "stream restore into a file under faults"
+cmp "$WORK/stream.out" "$WORK/stream" || fail "stream restored into a file differently under faults"
 
 log "under faults: three backups at once, a delete and a gc beside them"
 for i in 1 2 3; do

@@ -493,6 +493,16 @@ impl FrameCache {
         }
     }
 
+    /// `reading_ahead` for a restore that reads containers in order: an
+    /// object's first read goes through windows too (`Windows::always`).
+    pub fn reading_in_order(capacity: usize, granule: u64, windows: usize) -> FrameCache {
+        FrameCache {
+            frames: Mutex::new(VecDeque::with_capacity(capacity)),
+            capacity,
+            windows: Windows::always(granule, windows),
+        }
+    }
+
     /// Drop what was read ahead (a read is tried again after a
     /// compaction may have rewritten a container under it).
     pub fn forget_read_ahead(&self) {
@@ -544,6 +554,23 @@ impl Container {
                 Container::parse(name, store.get(name)?)?.hashed_with(store.segment_hash());
             container.catalog.check_id(id)?;
             Ok(container)
+        })
+    }
+
+    /// Read container `id` whole in one request if it is at most `max`
+    /// bytes (`None` if it is larger). Only its structure is checked
+    /// (`parse_structure`): `segment` checks each body as it reads it, so
+    /// one damaged frame costs only its segments.
+    pub fn read_upto(store: &dyn ObjectStore, id: u64, max: u64) -> Result<Option<Container>> {
+        with_fallback(id, |name| {
+            let (bytes, size) = store.get_upto(name, 0, max)?;
+            if size > max {
+                return Ok(None);
+            }
+            let container =
+                Container::parse_structure(name, bytes)?.hashed_with(store.segment_hash());
+            container.catalog.check_id(id)?;
+            Ok(Some(container))
         })
     }
 

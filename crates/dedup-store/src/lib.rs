@@ -132,6 +132,7 @@ pub use index::seam::{ExactIndex, IndexRam, SegmentIndex};
 pub use recipe::{Recipe, SegmentRef};
 pub use repo::listing::{DamagedBackup, Listing};
 pub use repo::{RepoOptions, Repository};
+pub use restore::at_offsets::WriteAt;
 pub use restore::salvage::{DamagedRange, Salvage};
 pub use segmenter::Segmenting;
 pub use session::BackupSession;

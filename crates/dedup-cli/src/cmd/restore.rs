@@ -11,6 +11,7 @@ use dedup_store::RepoLocation;
 use anyhow::{bail, Context};
 use dedup_core::size::format_size;
 
+use super::restore_target::FillAt;
 use super::shared::repo::open_read_only;
 use super::shared::report::{mb_per_sec, name_damage, print_json};
 
@@ -79,6 +80,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         );
         return Ok(name_damage(&a.name, &salvage.damaged, &check_hint(&a)));
     }
+    let damaged_at = std::cell::RefCell::new(Vec::new());
     let n = super::restore_target::restore_to(
         &a.target,
         a.force,
@@ -89,7 +91,15 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             damaged = salvage.damaged;
             Ok(salvage.bytes)
         },
+        repo.restores_at_offsets().then(|| -> FillAt {
+            Box::new(|out| {
+                let salvage = repo.restore_salvage_at(&a.name, out)?;
+                *damaged_at.borrow_mut() = salvage.damaged;
+                Ok(salvage.bytes)
+            })
+        }),
     )?;
+    damaged.append(&mut damaged_at.into_inner());
     let s = start.elapsed().as_secs_f64();
     let code = name_damage(&a.name, &damaged, &check_hint(&a));
     if a.json {

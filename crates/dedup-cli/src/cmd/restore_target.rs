@@ -19,19 +19,30 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use dedup_core::size::format_size;
+use dedup_store::WriteAt;
 
 /// Restore backup `name`'s stream into `target` with `fill`, which writes
 /// it and returns its length; `need`, its length if known beforehand
 /// (needed for a block device: one smaller is refused, and no more than
 /// that is written to it). The bytes restored.
+///
+/// Where the target is a new file (every case but a device), `fill_at`,
+/// if given, writes it instead, at any offset and from several threads:
+/// a repository then reads each container once, not once per return of
+/// the stream to it (`Repository::restore_salvage_at`).
 pub fn restore_to(
     target: &Path,
     force: bool,
     name: &str,
     need: Option<u64>,
     fill: impl FnOnce(&mut dyn Write) -> anyhow::Result<u64>,
+    fill_at: Option<FillAt<'_>>,
 ) -> anyhow::Result<u64> {
     let stop = Stop::install()?;
+    let fill_at = fill_at.map(|f| {
+        let stop = &stop.flag;
+        move |file: &File| f(&super::write_behind::WriteBehindAt::new(file, stop))
+    });
     // Bytes handed to the target's writer, for an error part-way onto a
     // device: at most these reached it.
     let taken = Cell::new(0u64);
@@ -109,7 +120,7 @@ pub fn restore_to(
             "{} already exists (a symbolic link); refusing to replace it (use --force to replace the link itself with the restored file; what it points at is left alone)",
             target.display()
         ),
-        _ if link => replace_file(name, target, Old::Link, fill),
+        _ if link => replace_file(name, target, Old::Link, fill, fill_at),
         Ok(m) if m.is_dir() => bail!(
             "{} is a directory; backup {name} is a stream: give a file to restore it into",
             target.display()
@@ -118,8 +129,10 @@ pub fn restore_to(
             "{} already exists; refusing to overwrite it (use --force to replace it)",
             target.display()
         ),
-        Ok(_) => replace_file(name, target, Old::File, fill),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => replace_file(name, target, Old::None, fill),
+        Ok(_) => replace_file(name, target, Old::File, fill, fill_at),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            replace_file(name, target, Old::None, fill, fill_at)
+        }
         Err(e) => Err(anyhow::anyhow!("looking at {}: {e}", target.display())),
     }
 }
@@ -257,6 +270,9 @@ impl Write for Interruptible<'_> {
     }
 }
 
+/// A restore that writes its target at any offset: the bytes restored.
+pub type FillAt<'f> = Box<dyn FnOnce(&dyn WriteAt) -> anyhow::Result<u64> + 'f>;
+
 /// A writer that takes at most `left` bytes more: a stream longer than
 /// its backup was listed with (the backup replaced on the server between
 /// the listing and the restore) must not run over the device's checked
@@ -303,6 +319,7 @@ fn replace_file(
     target: &Path,
     old: Old,
     fill: impl FnOnce(&mut dyn Write) -> anyhow::Result<u64>,
+    fill_at: Option<impl FnOnce(&File) -> anyhow::Result<u64>>,
 ) -> anyhow::Result<u64> {
     let as_it_was = |e: anyhow::Error| {
         e.context(format!(
@@ -319,7 +336,14 @@ fn replace_file(
             .prefix(".dedup-restore-")
             .tempfile_in(dir)
             .with_context(|| format!("creating a file in {}", dir.display()))?;
-        let n = super::write_behind::write_synced(tmp.as_file().try_clone()?, fill)?;
+        let n = match fill_at {
+            Some(fill_at) => {
+                let n = fill_at(tmp.as_file())?;
+                tmp.as_file().sync_all()?;
+                n
+            }
+            None => super::write_behind::write_synced(tmp.as_file().try_clone()?, fill)?,
+        };
         if old == Old::Link {
             // rename(2) replaces the link, not what it points at.
             tmp.persist(target)?;
@@ -397,10 +421,17 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let t = dir.path().join("new");
-        let n = restore_to(&t, false, "b", None, |out| {
-            out.write_all(b"stream")?;
-            Ok(6)
-        })
+        let n = restore_to(
+            &t,
+            false,
+            "b",
+            None,
+            |out| {
+                out.write_all(b"stream")?;
+                Ok(6)
+            },
+            None,
+        )
         .unwrap();
         assert_eq!((n, fs::read(&t).unwrap()), (6, b"stream".to_vec()));
         assert_eq!(
@@ -408,10 +439,17 @@ mod tests {
             0o600
         );
         let gone = dir.path().join("gone");
-        let e = restore_to(&gone, false, "b", None, |out| {
-            out.write_all(b"half")?;
-            bail!("the repository failed")
-        })
+        let e = restore_to(
+            &gone,
+            false,
+            "b",
+            None,
+            |out| {
+                out.write_all(b"half")?;
+                bail!("the repository failed")
+            },
+            None,
+        )
         .unwrap_err();
         assert!(format!("{e:#}").contains("is as it was"), "{e:#}");
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "only `new`");

@@ -248,11 +248,19 @@ fn restore(
         false => None,
     };
     let mut damaged = Vec::new();
-    let n = super::restore_target::restore_to(target, force, name, need, |mut out| {
-        let s = c.restore(name, &mut out)?;
-        damaged = s.damaged;
-        Ok(s.bytes)
-    })?;
+    // The server sends the stream in order: nothing to gain at offsets.
+    let n = super::restore_target::restore_to(
+        target,
+        force,
+        name,
+        need,
+        |mut out| {
+            let s = c.restore(name, &mut out)?;
+            damaged = s.damaged;
+            Ok(s.bytes)
+        },
+        None,
+    )?;
     let code = name_damage(name, &damaged, check);
     if json {
         print_json(&serde_json::json!({

@@ -15,7 +15,10 @@ use std::fs::File;
 use std::io::{self, BufWriter, Seek, Write};
 use std::os::unix::fs::FileTypeExt;
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
 use dedup_store::direct_write::{self, DirectWriter};
+use dedup_store::WriteAt;
 use std::os::fd::AsRawFd;
 
 /// Bytes written before their write-back is started: large enough for the
@@ -49,27 +52,63 @@ impl WriteBehind {
     }
 
     fn start_writeback(&mut self) {
-        let (Ok(offset), Ok(len)) = (
-            libc::off64_t::try_from(self.started),
-            libc::off64_t::try_from(self.at - self.started),
-        ) else {
-            return;
-        };
-        if len == 0 {
-            return;
-        }
-        // SAFETY: sync_file_range reads no memory of ours. A file it cannot
-        // write back (a fifo, a device that refuses) answers an error,
-        // which is ignored: the caller's fsync decides.
-        unsafe {
-            libc::sync_file_range(
-                self.file.as_raw_fd(),
-                offset,
-                len,
-                libc::SYNC_FILE_RANGE_WRITE,
-            );
+        if self.at > self.started {
+            start_writeback(&self.file, self.started, self.at - self.started);
         }
         self.started = self.at;
+    }
+}
+
+/// Ask the kernel to start writing back `len` bytes of `file` from
+/// `offset` (0: to its end). A hint: a file it cannot write back (a fifo,
+/// a device that refuses) answers an error, which is ignored; the
+/// caller's fsync decides.
+pub fn start_writeback(file: &File, offset: u64, len: u64) {
+    let (Ok(offset), Ok(len)) = (
+        libc::off64_t::try_from(offset),
+        libc::off64_t::try_from(len),
+    ) else {
+        return;
+    };
+    // SAFETY: sync_file_range reads no memory of ours.
+    unsafe {
+        libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE);
+    }
+}
+
+/// A new file written at any offset, from several threads, with its
+/// write-back started every `WINDOW` bytes (all of it written so far: the
+/// writes land anywhere), so the `fsync` at the end finds little left.
+/// Stopped by `stop` (a signal) at its next write.
+pub struct WriteBehindAt<'f> {
+    pub file: &'f File,
+    pub stop: &'f AtomicBool,
+    written: AtomicU64,
+}
+
+impl<'f> WriteBehindAt<'f> {
+    pub fn new(file: &'f File, stop: &'f AtomicBool) -> WriteBehindAt<'f> {
+        WriteBehindAt {
+            file,
+            stop,
+            written: AtomicU64::new(0),
+        }
+    }
+}
+
+impl WriteAt for WriteBehindAt<'_> {
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        if self.stop.load(Ordering::SeqCst) {
+            // Not ErrorKind::Interrupted, which callers may retry.
+            return Err(io::Error::other("stopped by a signal (Ctrl-C or SIGTERM)"));
+        }
+        self.file.write_at(offset, data)?;
+        let n = data.len() as u64;
+        let before = self.written.fetch_add(n, Ordering::Relaxed);
+        if before / WINDOW != (before + n) / WINDOW {
+            start_writeback(self.file, 0, 0);
+        }
+        Ok(())
     }
 }
 

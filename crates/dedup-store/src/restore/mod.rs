@@ -6,6 +6,7 @@
 //! part at a time (`recipe/parts.rs`), so a restore of any size holds at
 //! most one part of it.
 
+pub(crate) mod at_offsets;
 pub(crate) mod salvage;
 
 use std::io::Write;

@@ -30,7 +30,7 @@ pub struct DamagedRange {
 }
 
 /// Zeros to write in place of damaged bytes.
-static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+pub(crate) static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
 impl Repository {
     /// Write backup `name`'s stream to `out`, going on past damage: a
