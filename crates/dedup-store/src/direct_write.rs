@@ -22,6 +22,7 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 /// Alignment of memory, offsets and lengths: the largest logical block
@@ -219,6 +220,91 @@ impl Drop for DirectWriter<'_> {
 }
 
 /// A file system's "no direct I/O here", as opposed to a failed write.
+/// Writes at any offset, from several threads, past the page cache where
+/// it can: each write's aligned interior goes directly, through a second
+/// descriptor of the file opened with `O_DIRECT`, and its unaligned ends
+/// (under a block each) through the cache, as does all of a write with
+/// less than `MIN_DIRECT_AT` of interior. Writes must not overlap (a
+/// restore's runs do not), so no block is written both ways. The caller
+/// still `fsync`s the file, which writes the ends.
+pub struct DirectAt<'f> {
+    file: &'f File,
+    /// The same file opened again with `O_DIRECT`; `None`: all through the
+    /// cache.
+    direct: Option<File>,
+    /// The file system refused a direct write: all through the cache on.
+    refused: AtomicBool,
+    bounce: Bounce,
+}
+
+/// Least aligned interior written directly: below it, a direct write's
+/// wait for the device costs more than the copy into the cache.
+pub const MIN_DIRECT_AT: u64 = 64 << 10;
+
+impl<'f> DirectAt<'f> {
+    /// Writes of `file`, directly through `direct` (the same file opened
+    /// with `O_DIRECT`: `reopen_direct`) where it is given.
+    pub fn new(file: &'f File, direct: Option<File>) -> DirectAt<'f> {
+        DirectAt {
+            file,
+            direct,
+            refused: AtomicBool::new(false),
+            bounce: Bounce::default(),
+        }
+    }
+
+    /// Write `data` at `offset`.
+    pub fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let align = ALIGN as u64;
+        let start = offset.next_multiple_of(align);
+        let end = (offset + data.len() as u64) / align * align;
+        let direct = match &self.direct {
+            Some(d) if end >= start + MIN_DIRECT_AT && !self.refused.load(Ordering::Relaxed) => d,
+            _ => return self.file.write_all_at(data, offset),
+        };
+        let (head, rest) = data.split_at((start - offset) as usize);
+        let (body, tail) = rest.split_at((end - start) as usize);
+        self.file.write_all_at(head, offset)?;
+        self.file.write_all_at(tail, end)?;
+        let mut buf = self.bounce.take();
+        let window = buf.as_ptr().align_offset(ALIGN);
+        let mut done = 0;
+        while done < body.len() {
+            let n = (body.len() - done).min(CHUNK);
+            buf[window..window + n].copy_from_slice(&body[done..done + n]);
+            match direct.write_at(&buf[window..window + n], start + done as u64) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                // A short write leaves the rest unaligned: through the cache.
+                Ok(w) if w % ALIGN != 0 => {
+                    done += w;
+                    break;
+                }
+                Ok(w) => done += w,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if refused(&e) => {
+                    self.refused.store(true, Ordering::Relaxed);
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.bounce.give_back(buf);
+        self.file.write_all_at(&body[done..], start + done as u64)
+    }
+}
+
+/// `file` opened again to write with `O_DIRECT`, through
+/// `/proc/self/fd` (the same file, whatever its path now names); `None`
+/// where that cannot be (no /proc, a file system without direct I/O).
+pub fn reopen_direct(file: &File) -> Option<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .ok()
+}
+
 fn refused(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP))
 }
@@ -275,6 +361,60 @@ mod tests {
         let back = std::fs::read(tmp.path()).unwrap();
         assert!(back[..start as usize].iter().all(|&b| b == b'h'));
         (back[start as usize..].to_vec(), direct)
+    }
+
+    /// Pieces of every shape around the alignments, written at their
+    /// offsets in a shuffled order, directly where they can be and through
+    /// the cache: the file reads back whole.
+    #[test]
+    fn pieces_written_at_offsets_in_any_order_read_back_whole() {
+        let a = ALIGN;
+        let min = MIN_DIRECT_AT as usize;
+        let lens = [
+            1,
+            a - 1,
+            a,
+            a + 1,
+            min - 1,
+            min + a,
+            min + 2 * a - 1,
+            3 * min + 17,
+            CHUNK + 3 * a + 5,
+            2 * CHUNK,
+            7,
+        ];
+        let total: usize = lens.iter().sum();
+        let bytes = pattern(total);
+        let mut pieces = Vec::new();
+        let mut at = 0;
+        for len in lens {
+            pieces.push(at..at + len);
+            at += len;
+        }
+        // A fixed shuffle: every other piece, then the rest backwards.
+        let order: Vec<_> = (0..pieces.len())
+            .step_by(2)
+            .chain((1..pieces.len()).step_by(2).rev())
+            .collect();
+        let tmp = temp();
+        let file = tmp.as_file();
+        for direct in [reopen_direct(file), None] {
+            file.set_len(0).unwrap();
+            let w = DirectAt::new(file, direct);
+            std::thread::scope(|s| {
+                for half in order.chunks(order.len().div_ceil(2)) {
+                    let (w, pieces, bytes) = (&w, &pieces, &bytes);
+                    s.spawn(move || {
+                        for &i in half {
+                            let r = pieces[i].clone();
+                            w.write_at(r.start as u64, &bytes[r]).unwrap();
+                        }
+                    });
+                }
+            });
+            file.sync_all().unwrap();
+            assert!(std::fs::read(tmp.path()).unwrap() == bytes);
+        }
     }
 
     #[test]

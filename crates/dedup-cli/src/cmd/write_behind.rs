@@ -17,7 +17,7 @@ use std::os::unix::fs::FileTypeExt;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use dedup_store::direct_write::{self, DirectWriter};
+use dedup_store::direct_write::{self, DirectAt, DirectWriter};
 use dedup_store::WriteAt;
 use std::os::fd::AsRawFd;
 
@@ -76,13 +76,16 @@ pub fn start_writeback(file: &File, offset: u64, len: u64) {
     }
 }
 
-/// A new file written at any offset, from several threads, with its
-/// write-back started every `WINDOW` bytes (all of it written so far: the
-/// writes land anywhere), so the `fsync` at the end finds little left.
-/// Stopped by `stop` (a signal) at its next write.
+/// A new file written at any offset, from several threads: each write's
+/// aligned interior past the page cache where the file system allows it
+/// (`DirectAt`), the rest through it with its write-back started every
+/// `WINDOW` bytes (of the whole file: the writes land anywhere), so the
+/// `fsync` at the end finds little left. Stopped by `stop` (a signal) at
+/// its next write.
 pub struct WriteBehindAt<'f> {
-    pub file: &'f File,
-    pub stop: &'f AtomicBool,
+    file: &'f File,
+    out: DirectAt<'f>,
+    stop: &'f AtomicBool,
     written: AtomicU64,
 }
 
@@ -90,6 +93,7 @@ impl<'f> WriteBehindAt<'f> {
     pub fn new(file: &'f File, stop: &'f AtomicBool) -> WriteBehindAt<'f> {
         WriteBehindAt {
             file,
+            out: DirectAt::new(file, direct_write::reopen_direct(file)),
             stop,
             written: AtomicU64::new(0),
         }
@@ -102,7 +106,7 @@ impl WriteAt for WriteBehindAt<'_> {
             // Not ErrorKind::Interrupted, which callers may retry.
             return Err(io::Error::other("stopped by a signal (Ctrl-C or SIGTERM)"));
         }
-        self.file.write_at(offset, data)?;
+        self.out.write_at(offset, data)?;
         let n = data.len() as u64;
         let before = self.written.fetch_add(n, Ordering::Relaxed);
         if before / WINDOW != (before + n) / WINDOW {
