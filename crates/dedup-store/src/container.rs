@@ -493,16 +493,6 @@ impl FrameCache {
         }
     }
 
-    /// `reading_ahead` for a restore that reads containers in order: an
-    /// object's first read goes through windows too (`Windows::always`).
-    pub fn reading_in_order(capacity: usize, granule: u64, windows: usize) -> FrameCache {
-        FrameCache {
-            frames: Mutex::new(VecDeque::with_capacity(capacity)),
-            capacity,
-            windows: Windows::always(granule, windows),
-        }
-    }
-
     /// Drop what was read ahead (a read is tried again after a
     /// compaction may have rewritten a container under it).
     pub fn forget_read_ahead(&self) {
@@ -661,21 +651,50 @@ impl Container {
     pub fn segment(&self, i: usize) -> Result<Vec<u8>> {
         let entry = self.catalog.entry(i)?;
         self.catalog.check_present(i, entry)?;
-        let l = &entry.location;
         let name = &self.catalog.name;
-        let mut last = self.last_frame.lock().unwrap_or_else(|p| p.into_inner());
-        let frame = match &*last {
-            Some((at, frame)) if *at == l.offset => Arc::clone(frame),
-            _ => {
-                let stored = &self.bytes[l.offset as usize..][..l.stored_len as usize];
-                let frame =
-                    Arc::new(decode_frame(i, l, stored).map_err(|d| Error::corrupt(name, d))?);
-                *last = Some((l.offset, Arc::clone(&frame)));
-                frame
-            }
-        };
-        drop(last);
+        let frame = self
+            .frame(i, &entry.location)
+            .map_err(|d| Error::corrupt(name, d))?;
         segment_of(self.hash, name, i, entry, &frame)
+    }
+
+    /// Segments `first..first + count`, each checked, as
+    /// `Catalog::read_run_cached` gives them: a frame that does not decode
+    /// fails each of its segments in the run with the error of the first
+    /// (one damaged frame, one error); every other check is each
+    /// segment's own.
+    pub fn run(&self, first: usize, count: usize) -> Vec<Result<Vec<u8>>> {
+        let name = &self.catalog.name;
+        let mut frame: Option<(u64, Decoded)> = None;
+        (first..first.saturating_add(count))
+            .map(|i| {
+                let entry = self.catalog.entry(i)?;
+                self.catalog.check_present(i, entry)?;
+                let l = &entry.location;
+                if frame.as_ref().is_some_and(|(at, _)| *at != l.offset) {
+                    frame = None;
+                }
+                let (_, decoded) = frame.get_or_insert_with(|| (l.offset, self.frame(i, l)));
+                match decoded {
+                    Ok(f) => segment_of(self.hash, name, i, entry, f),
+                    Err(d) => Err(Error::corrupt(name, d.as_str())),
+                }
+            })
+            .collect()
+    }
+
+    /// The decoded frame at `l` (segment `i`'s), the last one kept.
+    fn frame(&self, i: usize, l: &Location) -> Decoded {
+        let mut last = self.last_frame.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, frame)) = &*last {
+            if *at == l.offset {
+                return Ok(Arc::clone(frame));
+            }
+        }
+        let stored = &self.bytes[l.offset as usize..][..l.stored_len as usize];
+        let frame = Arc::new(decode_frame(i, l, stored)?);
+        *last = Some((l.offset, Arc::clone(&frame)));
+        Ok(frame)
     }
 }
 

@@ -219,7 +219,6 @@ impl Drop for DirectWriter<'_> {
     }
 }
 
-/// A file system's "no direct I/O here", as opposed to a failed write.
 /// Writes at any offset, from several threads, past the page cache where
 /// it can: each write's aligned interior goes directly, through a second
 /// descriptor of the file opened with `O_DIRECT`, and its unaligned ends
@@ -295,9 +294,17 @@ impl<'f> DirectAt<'f> {
 
 /// `file` opened again to write with `O_DIRECT`, through
 /// `/proc/self/fd` (the same file, whatever its path now names); `None`
-/// where that cannot be (no /proc, a file system without direct I/O).
+/// where that cannot be (no /proc, a file system without direct I/O), and
+/// where pages or the file system's blocks are larger than `ALIGN`: a
+/// direct write would then share a page or block with a neighbour's
+/// cached ends, which the kernel does not keep coherent.
 pub fn reopen_direct(file: &File) -> Option<File> {
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    // SAFETY: sysconf reads no memory of ours.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if page != ALIGN as libc::c_long || file.metadata().ok()?.blksize() > ALIGN as u64 {
+        return None;
+    }
     std::fs::OpenOptions::new()
         .write(true)
         .custom_flags(libc::O_DIRECT)
@@ -305,6 +312,7 @@ pub fn reopen_direct(file: &File) -> Option<File> {
         .ok()
 }
 
+/// A file system's "no direct I/O here", as opposed to a failed write.
 fn refused(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP))
 }

@@ -37,10 +37,6 @@ pub(crate) struct Windows {
     /// Window size in bytes; 0 reads everything exactly.
     granule: u64,
     capacity: usize,
-    /// Every read through windows, an object's first too: for a restore
-    /// that reads containers in order (`restore/at_offsets.rs`), where a
-    /// window is fetched once and used whole.
-    always: bool,
     state: Mutex<State>,
 }
 
@@ -59,16 +55,7 @@ impl Windows {
         Windows {
             granule: if capacity == 0 { 0 } else { granule },
             capacity,
-            always: false,
             state: Mutex::new(State::default()),
-        }
-    }
-
-    /// `new`, but every read goes through windows, an object's first too.
-    pub(crate) fn always(granule: u64, capacity: usize) -> Windows {
-        Windows {
-            always: true,
-            ..Windows::new(granule, capacity)
         }
     }
 
@@ -87,7 +74,7 @@ impl Windows {
         exact: impl Fn() -> Result<Vec<u8>>,
     ) -> Result<Vec<u8>> {
         let g = self.granule;
-        if g == 0 || len == 0 || !(self.always || self.read_before(name)) {
+        if g == 0 || len == 0 || !self.read_before(name) {
             return exact();
         }
         let end = offset + len;

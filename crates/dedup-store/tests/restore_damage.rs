@@ -368,7 +368,9 @@ fn check_stream(dir: &Path, k: &Known, cost: &Cost, flip: &str) {
     }
 }
 
-/// A target written at offsets, in memory.
+/// A target written at offsets, in memory. Bytes it grows past are 0xAA
+/// until written, so a range left unwritten (damaged ranges must be
+/// written as zeros) does not pass for zeros.
 #[derive(Default)]
 struct Positioned(std::sync::Mutex<Vec<u8>>);
 
@@ -377,7 +379,7 @@ impl WriteAt for Positioned {
         let mut v = self.0.lock().unwrap();
         let end = offset as usize + data.len();
         if v.len() < end {
-            v.resize(end, 0);
+            v.resize(end, 0xAA);
         }
         v[offset as usize..end].copy_from_slice(data);
         Ok(())

@@ -263,3 +263,75 @@ fn a_catalog_read_mid_compaction_reads_after_it() {
     assert_eq!(run[1].as_ref().unwrap(), &[7u8; 5000]);
     catalog.check_header(&dir).unwrap();
 }
+
+/// A run read from a whole container (`Container::run`, how a restore
+/// from a bucket reads) gives what the ranged read of the same run gives
+/// (`Catalog::read_run`), segment by segment: an entry compaction removed
+/// fails alone and the segments after it are read; a damaged frame fails
+/// each of its segments with one error.
+#[test]
+fn a_run_read_from_a_whole_container_fails_only_what_is_removed_or_damaged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = LocalDir::open(tmp.path()).unwrap();
+    // The entry a compaction left of a removed segment.
+    let mut other = ContainerWriter::new(4);
+    other.add(&[b'b'; 3000]).unwrap();
+    let removed = Container::parse("other", other.seal())
+        .unwrap()
+        .catalog()
+        .entries()[0];
+    let mut w = ContainerWriter::new(3).with_frame_target(1 << 20);
+    let segments: Vec<Vec<u8>> = (0..4u8)
+        .map(|i| vec![b'c' + i; 3000 + i as usize])
+        .collect();
+    w.add(&segments[0]).unwrap();
+    w.add_absent(&removed);
+    // These two share a frame, which starts where the removed entry is
+    // recorded.
+    w.add(&segments[2]).unwrap();
+    w.add(&segments[3]).unwrap();
+    let bytes = w.seal();
+    let both = |bytes: &[u8]| {
+        dir.put(&container_name(3), bytes).unwrap();
+        let ranged = Catalog::read(&dir, 3)
+            .unwrap()
+            .read_run(&dir, 0, 4)
+            .unwrap();
+        let whole = Container::parse_structure("containers/0000000000000003", bytes.to_vec())
+            .unwrap()
+            .run(0, 4);
+        dir.delete(&container_name(3)).unwrap();
+        let show = |r: Vec<dedup_store::Result<Vec<u8>>>| -> Vec<Result<Vec<u8>, String>> {
+            r.into_iter()
+                .map(|s| s.map_err(|e| e.to_string()))
+                .collect()
+        };
+        let (ranged, whole) = (show(ranged), show(whole));
+        assert_eq!(whole, ranged);
+        whole
+    };
+    let intact = both(&bytes);
+    assert_eq!(intact[0].as_deref().unwrap(), &segments[0][..]);
+    assert!(intact[1]
+        .as_ref()
+        .unwrap_err()
+        .contains("removed by garbage collection"));
+    assert_eq!(intact[2].as_deref().unwrap(), &segments[2][..]);
+    assert_eq!(intact[3].as_deref().unwrap(), &segments[3][..]);
+    // A byte flipped in the shared frame.
+    let catalog = Container::parse("c", bytes.clone())
+        .unwrap()
+        .catalog()
+        .clone();
+    let frame = catalog.entries()[2].location;
+    let mut bad = bytes.clone();
+    bad[frame.offset as usize + 10] ^= 0x5a;
+    let damaged = both(&bad);
+    assert!(damaged[0].is_ok() && damaged[1].is_err());
+    let e = damaged[2].as_ref().unwrap_err();
+    assert_eq!(
+        damaged[3].as_ref().unwrap_err(),
+        e,
+        "one error for the frame"
+    );
+}

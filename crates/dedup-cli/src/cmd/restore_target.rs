@@ -120,7 +120,7 @@ pub fn restore_to(
             "{} already exists (a symbolic link); refusing to replace it (use --force to replace the link itself with the restored file; what it points at is left alone)",
             target.display()
         ),
-        _ if link => replace_file(name, target, Old::Link, fill, fill_at),
+        _ if link => replace_file(name, target, Old::Link, need, fill, fill_at),
         Ok(m) if m.is_dir() => bail!(
             "{} is a directory; backup {name} is a stream: give a file to restore it into",
             target.display()
@@ -129,9 +129,9 @@ pub fn restore_to(
             "{} already exists; refusing to overwrite it (use --force to replace it)",
             target.display()
         ),
-        Ok(_) => replace_file(name, target, Old::File, fill, fill_at),
+        Ok(_) => replace_file(name, target, Old::File, need, fill, fill_at),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            replace_file(name, target, Old::None, fill, fill_at)
+            replace_file(name, target, Old::None, need, fill, fill_at)
         }
         Err(e) => Err(anyhow::anyhow!("looking at {}: {e}", target.display())),
     }
@@ -318,6 +318,7 @@ fn replace_file(
     name: &str,
     target: &Path,
     old: Old,
+    need: Option<u64>,
     fill: impl FnOnce(&mut dyn Write) -> anyhow::Result<u64>,
     fill_at: Option<impl FnOnce(&File) -> anyhow::Result<u64>>,
 ) -> anyhow::Result<u64> {
@@ -338,7 +339,16 @@ fn replace_file(
             .with_context(|| format!("creating a file in {}", dir.display()))?;
         let n = match fill_at {
             Some(fill_at) => {
+                // Made its full length first: a direct write that extends
+                // a file takes it exclusively (ext4, XFS), one inside it
+                // need not.
+                if let Some(len) = need {
+                    tmp.as_file().set_len(len)?;
+                }
                 let n = fill_at(tmp.as_file())?;
+                if need != Some(n) {
+                    tmp.as_file().set_len(n)?;
+                }
                 tmp.as_file().sync_all()?;
                 n
             }

@@ -8,13 +8,16 @@
 //! of containers in stream order, with windows of 4 MiB kept for the reads
 //! that follow (`read_windows.rs`); keeping whole containers (8 of 16 MiB)
 //! still cost 298. Here the runs of a pass over the recipe (up to
-//! `PASS_SEGMENTS` references) are sorted by container, each container is
-//! read whole in one request (up to `WHOLE_MAX`; its catalog with it), and
-//! every run of it is written at its own offset: one GET per container, 44
-//! for that image. A container that is larger, or cannot be read whole,
-//! is read run by run as in stream order (`read_checked`, which knows a
-//! compaction's fallbacks and names the damage). Memory stays bounded:
-//! the pass's references and `CONTAINERS_AHEAD` containers.
+//! `PASS_SEGMENTS` references) are sorted by container, each container the
+//! pass needs a fair share of is read whole in one request (up to
+//! `WHOLE_MAX`; its catalog with it), and every run of it is written at
+//! its own offset: one GET per container, 44 for that image. A container
+//! the pass needs little of (a few duplicates in an old one) is read run
+//! by run as in stream order, and so is one that is larger or cannot be
+//! read whole (`read_checked`, which knows a compaction's fallbacks and
+//! names the damage). Memory stays bounded: the pass's references (24
+//! bytes each) and its runs (about 40 bytes each), `CONTAINERS_AHEAD`
+//! containers, and the stream-order reads' windows and frames.
 //!
 //! Damage is handled as the stream-order salvage does it: a damaged range
 //! is written as zeros (the target may be a device holding other bytes)
@@ -22,25 +25,27 @@
 
 use crate::container::{Container, FrameCache};
 use crate::error::repo::{RepoError, RepoResult};
-use crate::error::Error;
 use crate::recipe::{Recipe, SegmentRef};
 use crate::repo::Repository;
 use crate::restore::salvage::{note, DamagedRange, Salvage};
-use crate::restore::{bytes_of, check_run, run_len, writing, Run, FRAMES_KEPT};
+use crate::restore::{bytes_of, check_run, run_len, writing, Run, FRAMES_KEPT, WINDOWS_KEPT};
 
 /// References read per pass: their runs are sorted by container. At
 /// 24 bytes a reference, 1 Mi of them hold 24 MiB, about 8 GiB of stream
 /// at 8 KiB segments; a longer stream reads each container once per pass.
 const PASS_SEGMENTS: usize = 1 << 20;
-/// Largest container read whole (a full one is 16 MiB or so).
+/// Largest container read whole (a full one is 16 MiB or so; a larger one
+/// is read up to this and then run by run).
 const WHOLE_MAX: u64 = 32 << 20;
+/// A container is read whole when the pass needs at least this many runs
+/// of it, or raw bytes of at least this share of the repository's
+/// container target: reading 16 MiB for one duplicate segment would cost
+/// more in bytes than the requests it saves.
+const WHOLE_MIN_RUNS: usize = 16;
+const WHOLE_MIN_SHARE: u64 = 4;
 /// Containers being read and written at once (each task decompresses its
 /// container's frames in turn).
 const CONTAINERS_AHEAD: usize = 4;
-/// For containers read run by run: windows of this many times the store's
-/// read granule, read in order so each is used whole, and as many kept.
-const GRANULE_FACTOR: u64 = 4;
-const WINDOWS_KEPT: usize = 4;
 
 /// A target that takes writes at any offset, from several threads.
 pub trait WriteAt: Sync {
@@ -80,7 +85,8 @@ impl Repository {
 
     /// `restore_salvage` into a target written at any offset, reading the
     /// containers in order (see the module's notes). The damaged ranges
-    /// come back in stream order, written as zeros.
+    /// come back in stream order, written as zeros. It waits for jobs on
+    /// the rayon pool: not for use on a pool thread.
     pub fn restore_salvage_at(&self, name: &str, out: &dyn WriteAt) -> RepoResult<Salvage> {
         // Where a read costs little (a directory), reading a container
         // whole for a few of its segments would cost more than it saves.
@@ -89,8 +95,8 @@ impl Repository {
     }
 
     /// `restore_salvage_at` in passes of `pass_segments` references,
-    /// reading containers `whole` where it can (for tests: several passes
-    /// over a small recipe, both ways of reading).
+    /// reading containers `whole` where it is worth it (for tests: several
+    /// passes over a small recipe, both ways of reading).
     #[doc(hidden)]
     pub fn restore_salvage_at_in(
         &self,
@@ -100,8 +106,9 @@ impl Repository {
         whole: bool,
     ) -> RepoResult<Salvage> {
         let (_, mut parts) = self.recipe_parts(name)?;
-        let granule = self.store.read_granule().saturating_mul(GRANULE_FACTOR);
-        let frames = &FrameCache::reading_in_order(FRAMES_KEPT, granule, WINDOWS_KEPT);
+        let pass_segments = pass_segments.max(1);
+        let frames =
+            &FrameCache::reading_ahead(FRAMES_KEPT, self.store.read_granule(), WINDOWS_KEPT);
         let mut s = Salvage {
             bytes: parts.stream_len(),
             damaged: Vec::new(),
@@ -145,7 +152,15 @@ impl Repository {
             }
             runs.sort_unstable_by_key(|p| (p.run[0].container, p.run[0].entry, p.at));
             let read = Reading { frames, whole };
+            let before = s.damaged.len();
             self.write_containers(name, &runs, &read, out, &mut s.damaged)?;
+            // Containers gone under the pass may mean the backup went (a
+            // delete, then a collection).
+            if s.damaged.len() > before {
+                if let Err(gone @ RepoError::NoSuchBackup { .. }) = self.backup(name) {
+                    return Err(gone);
+                }
+            }
         }
         s.damaged.sort_unstable_by_key(|d| d.offset);
         let mut merged = Vec::with_capacity(s.damaged.len());
@@ -202,9 +217,12 @@ impl Repository {
         out: &dyn WriteAt,
     ) -> RepoResult<Vec<DamagedRange>> {
         let id = group[0].run[0].container;
+        let raw: u64 = group.iter().map(|p| bytes_of(p.run)).sum();
+        let worth =
+            group.len() >= WHOLE_MIN_RUNS || raw >= self.config.container_target / WHOLE_MIN_SHARE;
         // Any failure here (too large, missing, damaged) is left to the
         // run-by-run reads, which name it.
-        let whole = match read.whole {
+        let whole = match read.whole && worth {
             true => Container::read_upto(&*self.store, id, WHOLE_MAX)
                 .ok()
                 .flatten(),
@@ -213,38 +231,15 @@ impl Repository {
         let mut lost = Vec::new();
         for p in group {
             let read = match &whole {
-                Some(c) if check_run(c.catalog(), p.run, p.recipe).is_ok() => Ok(run_of(c, p.run)),
+                Some(c) if check_run(c.catalog(), p.run, p.recipe).is_ok() => {
+                    Ok(c.run(p.run[0].entry as usize, p.run.len()))
+                }
                 _ => self.read_checked(name, p.recipe, p.run, read.frames),
             };
             lost.extend(write_run(name, p, read, out)?);
         }
         Ok(lost)
     }
-}
-
-/// The segments of `run` from container `c` (its catalog checked against
-/// the run). A damaged frame fails each of its segments in the run with
-/// the error of the first, as `Catalog::read_run_cached` does, so the
-/// frame is named once, as one range.
-fn run_of(c: &Container, run: &[SegmentRef]) -> Run {
-    // The damaged frame's offset, and its container and detail.
-    let mut failed: Option<(u64, String, String)> = None;
-    run.iter()
-        .map(|s| {
-            let i = s.entry as usize;
-            let frame = c.catalog().entries()[i].location.offset;
-            match &failed {
-                Some((at, container, detail)) if *at == frame => {
-                    Err(Error::corrupt(container.as_str(), detail.as_str()))
-                }
-                _ => c.segment(i).inspect_err(|e| {
-                    if let Error::Corrupt { container, detail } = e {
-                        failed = Some((frame, container.clone(), detail.clone()));
-                    }
-                }),
-            }
-        })
-        .collect()
 }
 
 /// Write a run's segments at their offsets, zeros in place of the damaged
