@@ -315,6 +315,11 @@ pub trait Upkeep {
     fn warm_index(&mut self, _max: usize) -> Result<bool> {
         Ok(false)
     }
+    /// A hint that `fp` is about to be looked up (`hash_index_lookup`): a
+    /// store whose index outgrows the CPU caches (sparse's table) loads
+    /// where it will look, so a batch's lookups wait for memory together,
+    /// not one after another. Write path (phase A). Others ignore it.
+    fn touch_for_lookup(&self, _fp: &Fingerprint) {}
     /// Table blocks found failing their checksum since a store opened for
     /// check, now read as empty (`LostBlock`). Check reports them; repair
     /// rebuilds what they held. Stores that keep no such blocks, or refuse

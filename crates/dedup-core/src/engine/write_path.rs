@@ -304,6 +304,9 @@ impl Engine {
     fn phase_a(&self, m: &mut Meta, chunks: &mut [Chunk], defer: bool) -> Result<()> {
         let mut batch_new: FxHashMap<Fingerprint, usize> = FxHashMap::default();
         let mut allocated = false;
+        for fp in chunks.iter().filter_map(|c| c.fp.as_ref()) {
+            m.store.touch_for_lookup(fp);
+        }
         for (i, c) in chunks.iter_mut().enumerate() {
             let Some(fp) = c.fp else { continue };
             if let Some(&j) = batch_new.get(&fp) {

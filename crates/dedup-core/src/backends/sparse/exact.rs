@@ -51,6 +51,15 @@ impl ExactTable {
         self.len
     }
 
+    /// Load the slot where `get` or `put` of `key` starts: a plain read
+    /// whose value is thrown away, so a loop of them has many misses in
+    /// flight at once.
+    pub fn touch(&self, key: u64) {
+        if let Some(s) = self.slots.get(bucket(key, self.slots.len())) {
+            std::hint::black_box(s.key);
+        }
+    }
+
     pub fn slots(&self) -> usize {
         self.slots.len()
     }

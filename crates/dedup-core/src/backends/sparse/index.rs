@@ -214,6 +214,13 @@ impl SampledIndex {
         self.cached.get(&key).copied()
     }
 
+    /// `ExactTable::touch` for a key about to be looked up.
+    pub fn touch(&self, key: u64) {
+        if let (true, Table::Exact(t)) = (self.sampled(key), &self.table) {
+            t.touch(key);
+        }
+    }
+
     /// The table's hints for a fingerprint key (each to be confirmed by the
     /// caller), at most `MAX_HINTS`.
     pub fn hints(&self, key: u64) -> ([Hint; MAX_HINTS], usize) {

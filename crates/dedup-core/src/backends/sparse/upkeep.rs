@@ -1,12 +1,13 @@
 //! sparse beyond the metadata seam's 18 methods (`Upkeep`): commits beside
 //! the data device's sync, filling a partial index in the background,
-//! giving the journal's reserve back to a full host, naming damaged table
-//! blocks.
+//! loading the index's slots ahead of a batch's lookups, giving the
+//! journal's reserve back to a full host, naming damaged table blocks.
 
 use super::{cursor_at, Sparse};
 use crate::backend::{LostBlock, ScanCursor, Upkeep};
 use crate::blockfile::written::Listed;
 use crate::error::Result;
+use crate::fingerprint::Fingerprint;
 
 impl Upkeep for Sparse {
     fn commit_beside_data(
@@ -16,6 +17,10 @@ impl Upkeep for Sparse {
         data_durable: &mut dyn FnMut() -> Result<()>,
     ) -> Option<Result<()>> {
         Some(self.commit_with(private, listed, data_durable))
+    }
+
+    fn touch_for_lookup(&self, fp: &Fingerprint) {
+        self.index.touch(fp.prefix_u64());
     }
 
     fn warm_index(&mut self, max: usize) -> Result<bool> {
