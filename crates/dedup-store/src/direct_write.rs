@@ -151,27 +151,18 @@ impl<'f> DirectWriter<'f> {
     /// while direct) and move what follows them to its start.
     fn write_gathered(&mut self, n: usize) -> io::Result<()> {
         let mut done = 0;
-        while done < n {
-            let bytes = &self.buf[self.window + done..self.window + n];
-            if self.direct.is_none() {
-                self.file.write_all_at(bytes, self.at + done as u64)?;
-                break;
-            }
-            match (self.pwrite)(self.file, bytes, self.at + done as u64) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(w) => {
-                    done += w;
-                    // A short write leaves the next one unaligned: the
-                    // rest goes through the cache.
-                    if w % ALIGN != 0 {
-                        self.end_direct()?;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if refused(&e) => self.end_direct()?,
-                Err(e) => return Err(e),
+        if self.direct.is_some() {
+            let bytes = &self.buf[self.window..self.window + n];
+            let (w, halt) = write_direct(self.pwrite, self.file, bytes, self.at)?;
+            done = w;
+            if halt.is_some() {
+                self.end_direct()?;
             }
         }
+        self.file.write_all_at(
+            &self.buf[self.window + done..self.window + n],
+            self.at + done as u64,
+        )?;
         self.buf
             .copy_within(self.window + n..self.window + self.len, self.window);
         self.len -= n;
@@ -271,25 +262,61 @@ impl<'f> DirectAt<'f> {
         while done < body.len() {
             let n = (body.len() - done).min(CHUNK);
             buf[window..window + n].copy_from_slice(&body[done..done + n]);
-            match direct.write_at(&buf[window..window + n], start + done as u64) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                // A short write leaves the rest unaligned: through the cache.
-                Ok(w) if w % ALIGN != 0 => {
-                    done += w;
-                    break;
-                }
-                Ok(w) => done += w,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if refused(&e) => {
+            let (w, halt) = write_direct(
+                pwrite,
+                direct,
+                &buf[window..window + n],
+                start + done as u64,
+            )?;
+            done += w;
+            match halt {
+                None => {}
+                Some(Halt::Short) => break,
+                Some(Halt::Refused) => {
                     self.refused.store(true, Ordering::Relaxed);
                     break;
                 }
-                Err(e) => return Err(e),
             }
         }
         self.bounce.give_back(buf);
         self.file.write_all_at(&body[done..], start + done as u64)
     }
+}
+
+/// Why direct writes stopped short of their bytes.
+enum Halt {
+    /// A short write left the rest unaligned: it goes through the cache.
+    Short,
+    /// The file system refuses direct I/O.
+    Refused,
+}
+
+/// Write `bytes` (a whole number of blocks, from aligned memory) at `at`
+/// with `pwrite` on a descriptor in direct mode, as far as direct I/O
+/// goes: the bytes written, and why it stopped short if it did (the
+/// caller writes the rest through the cache). Any other error is returned.
+fn write_direct(
+    pwrite: Pwrite,
+    file: &File,
+    bytes: &[u8],
+    at: u64,
+) -> io::Result<(usize, Option<Halt>)> {
+    let mut done = 0;
+    while done < bytes.len() {
+        match pwrite(file, &bytes[done..], at + done as u64) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(w) => {
+                done += w;
+                if w % ALIGN != 0 {
+                    return Ok((done, Some(Halt::Short)));
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if refused(&e) => return Ok((done, Some(Halt::Refused))),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((done, None))
 }
 
 /// `file` opened again to write with `O_DIRECT`, through
