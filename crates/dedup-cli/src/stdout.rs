@@ -22,11 +22,17 @@ pub fn write(args: Arguments) {
         return;
     }
     if let Err(e) = std::io::stdout().lock().write_fmt(args) {
-        if e.kind() != ErrorKind::BrokenPipe {
-            eprintln!("dedup: error: writing to standard output: {e}");
-        }
-        *stopped = Some(e);
+        stop(&mut stopped, e);
     }
+}
+
+/// Standard output failed with `e`: said on stderr unless its reader
+/// went away, and nothing more is printed.
+fn stop(stopped: &mut Option<std::io::Error>, e: std::io::Error) {
+    if e.kind() != ErrorKind::BrokenPipe {
+        eprintln!("dedup: error: writing to standard output: {e}");
+    }
+    *stopped = Some(e);
 }
 
 /// Whether writing standard output failed other than by its reader going
@@ -36,10 +42,7 @@ pub fn failed() -> bool {
     let mut stopped = STOPPED.lock().unwrap_or_else(|p| p.into_inner());
     if stopped.is_none() {
         if let Err(e) = std::io::stdout().lock().flush() {
-            if e.kind() != ErrorKind::BrokenPipe {
-                eprintln!("dedup: error: writing to standard output: {e}");
-            }
-            *stopped = Some(e);
+            stop(&mut stopped, e);
         }
     }
     stopped

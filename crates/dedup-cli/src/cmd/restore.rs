@@ -63,8 +63,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     let start = Instant::now();
     // Past damage: what is intact is written, each damaged range as zeros
-    // (what follows keeps its offset) and named; the exit status is 1.
-    let mut damaged = Vec::new();
+    // (what follows keeps its offset) and named, by whichever way wrote
+    // the stream (in order, or at offsets); the exit status is 1.
+    let damaged = std::cell::RefCell::new(Vec::new());
     if a.target.as_os_str() == "-" {
         let stdout = io::stdout();
         let mut out = BufWriter::with_capacity(1 << 20, stdout.lock());
@@ -80,7 +81,6 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         );
         return Ok(name_damage(&a.name, &salvage.damaged, &check_hint(&a)));
     }
-    let damaged_at = std::cell::RefCell::new(Vec::new());
     let n = super::restore_target::restore_to(
         &a.target,
         a.force,
@@ -88,18 +88,18 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         Some(record.report.bytes_in),
         |out| {
             let salvage = repo.restore_salvage(&a.name, out)?;
-            damaged = salvage.damaged;
+            *damaged.borrow_mut() = salvage.damaged;
             Ok(salvage.bytes)
         },
         repo.restores_at_offsets().then(|| -> FillAt {
             Box::new(|out| {
                 let salvage = repo.restore_salvage_at(&a.name, out)?;
-                *damaged_at.borrow_mut() = salvage.damaged;
+                *damaged.borrow_mut() = salvage.damaged;
                 Ok(salvage.bytes)
             })
         }),
     )?;
-    damaged.append(&mut damaged_at.into_inner());
+    let damaged = damaged.into_inner();
     let s = start.elapsed().as_secs_f64();
     let code = name_damage(&a.name, &damaged, &check_hint(&a));
     if a.json {
