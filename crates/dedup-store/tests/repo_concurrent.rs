@@ -181,6 +181,9 @@ fn a_tree_is_committed_with_its_backup_and_deleted_with_it() {
     assert_eq!(std::fs::read(tmp.path().join(&object)).unwrap(), bytes);
     repo.delete_backup("files").unwrap();
     assert!(!tmp.path().join(&object).exists());
+    // The recipe is the collection's to remove.
+    assert!(tmp.path().join(&record.recipe).exists());
+    repo.gc(&dedup_store::GcOptions::default()).unwrap();
     assert!(!tmp.path().join(&record.recipe).exists());
 }
 

@@ -243,9 +243,10 @@ impl Repository {
         let own = self.epochs().writer().to_string();
         let pinned = pinned_from(&*self.store, prev, &own)?;
         let listing = self.list_backups_all()?;
-        let (backups, damaged) = (listing.backups, listing.damaged.len());
+        let damaged: BTreeSet<&str> = listing.damaged.iter().map(|d| d.name.as_str()).collect();
+        let backups = &listing.backups;
         report.backups = backups.len() as u64;
-        report.backups_damaged = damaged as u64;
+        report.backups_damaged = damaged.len() as u64;
         let referenced: BTreeSet<&str> = backups
             .iter()
             .flat_map(|b| std::iter::once(b.recipe.as_str()).chain(b.tree.as_deref()))
@@ -262,27 +263,29 @@ impl Repository {
                 !referenced.contains(o) && !pending.contains(*o) && !pinned.objects.contains(*o)
             })
             .collect();
-        let orphans: Vec<&str> = named
-            .iter()
-            .map(String::as_str)
-            .filter(|o| unnamed.contains(&crate::recipe::parts::recipe_of(o)))
-            .collect();
-        // With a damaged backup object, any of them may be its.
-        let suspects = (damaged > 0).then(|| self.mark_suspects(&orphans));
-        let marks = self.mark(&backups, candidates, options, report)?;
+        // Those named for a damaged backup object (`<prefix><name>-<nonce>`,
+        // as every writer names them) may be its: they are suspects, kept
+        // with what they reference. A recipe a delete left for the
+        // collection is an orphan like any other.
+        let suspect = |o: &str| owner_name(o).is_some_and(|n| damaged.contains(n));
+        let (unnamed, suspected): (Vec<&str>, Vec<&str>) =
+            unnamed.into_iter().partition(|o| !suspect(o));
+        let orphan_of = |set: &[&str]| -> Vec<&str> {
+            named
+                .iter()
+                .map(String::as_str)
+                .filter(|o| set.contains(&crate::recipe::parts::recipe_of(o)))
+                .collect()
+        };
+        let (orphans, kept) = (orphan_of(&unnamed), orphan_of(&suspected));
+        let suspects = (!damaged.is_empty()).then(|| self.mark_suspects(&kept));
+        report.orphans_kept = kept.len() as u64;
+        let marks = self.mark(backups, candidates, options, report)?;
         let mut union = Marks::default();
         for m in marks.values().chain(suspects.as_ref().map(|s| &s.marks)) {
             union.merge(m);
         }
-        let keep_all = suspects.is_some();
-        if keep_all {
-            // Kept while a damaged backup may own them.
-            report.orphans_kept = orphans.len() as u64;
-        }
-        let owned = |v: Vec<&str>| match keep_all {
-            true => Default::default(),
-            false => v.into_iter().map(str::to_string).collect(),
-        };
+        let owned = |v: Vec<&str>| v.into_iter().map(str::to_string).collect();
         Ok(View {
             live: union.containers,
             unnamed: owned(unnamed),
@@ -307,4 +310,14 @@ impl Repository {
         }
         Ok(())
     }
+}
+
+/// The backup a recipe or tree object (`recipes/<name>-<nonce>`,
+/// `trees/<name>-<nonce>`, nonce 16 hex digits) was written for.
+fn owner_name(object: &str) -> Option<&str> {
+    let rest = object
+        .strip_prefix(RECIPES_PREFIX)
+        .or_else(|| object.strip_prefix(TREES_PREFIX))?;
+    let (name, nonce) = rest.rsplit_once('-')?;
+    (nonce.len() == 16 && nonce.bytes().all(|b| b.is_ascii_hexdigit())).then_some(name)
 }

@@ -54,8 +54,17 @@ impl Repository {
         let to_read: u64 = groups
             .iter()
             .filter(|(g, _)| !unchanged(g))
-            .map(|(_, set)| set.len() as u64)
+            .map(|(g, set)| match &old[g].1 {
+                Some(m) if m.counts.is_some() => changes(m, set).count() as u64,
+                _ => set.len() as u64,
+            })
             .sum();
+        let tick = |report: &mut GcReport| {
+            report.recipes_read += 1;
+            if let Some(p) = options.progress {
+                p("mark", report.recipes_read, to_read);
+            }
+        };
         // Mark the changed groups (in memory for now).
         let mut out = BTreeMap::new();
         let mut remarked = Vec::new();
@@ -65,28 +74,42 @@ impl Repository {
                 out.insert(group.to_string(), m.clone());
                 continue;
             }
-            let mut m = Marks::new(group);
-            for (name, recipe) in set {
-                // Marked apart and merged only if the backup is still
-                // there: a delete seen half-way leaves no marks behind.
-                let mut one = Marks::new(group);
-                if self.mark_recipe(&mut one, name, recipe)? {
-                    m.merge(&one);
-                    m.backups.insert(name.clone(), recipe.clone());
+            let by_change = match &old[group].1 {
+                Some(before) if before.counts.is_some() => {
+                    self.mark_changes(before, set, &mut |r| tick(r), report)?
                 }
-                report.recipes_read += 1;
-                if let Some(p) = options.progress {
-                    p("mark", report.recipes_read, to_read);
+                _ => None,
+            };
+            let m = match by_change {
+                Some(m) => m,
+                None => {
+                    let mut m = Marks::counted(group);
+                    for (name, recipe) in set {
+                        // Marked apart and added only if the backup is
+                        // still there: a delete seen half-way leaves no
+                        // marks behind.
+                        let mut one = Marks::new(group);
+                        if self.mark_recipe(&mut one, name, recipe)? {
+                            m.add_backup(name, recipe, &one);
+                        }
+                        tick(report);
+                    }
+                    m
                 }
-            }
+            };
             remarked.push(*group);
             out.insert(group.to_string(), m);
         }
         // Containers that may have lost entries since the last collection:
-        // those the old marks of changed and emptied groups reference, and
+        // those whose entries in a changed group's marks differ from its
+        // old marks', those the marks of emptied groups reference, and
         // those no old marks reference (written since; a backup that used
-        // them may already be deleted). Saved before any marks change, so
-        // a GC that dies before compacting leaves them for the next.
+        // them may already be deleted). A container whose entries are the
+        // same in every group's old and new marks lost none, and its
+        // catalog is not read again: the work follows the change (one
+        // version deleted of ten read every catalog of the group before).
+        // Saved before any marks change, so a GC that dies before
+        // compacting leaves them for the next.
         {
             let dropped: Vec<Marks> = saved
                 .values()
@@ -103,14 +126,15 @@ impl Repository {
                 ids.insert(*id, None);
             };
             for g in &remarked {
-                old[g]
-                    .1
-                    .iter()
-                    .flat_map(|m| m.containers.keys())
-                    .for_each(&mut add);
-                out[*g]
-                    .containers
-                    .keys()
+                let now = &out[*g].containers;
+                if let Some(before) = &old[g].1 {
+                    before
+                        .containers
+                        .iter()
+                        .filter(|(id, bits)| !same_entries(bits, now.get(id)))
+                        .for_each(|(id, _)| add(id));
+                }
+                now.keys()
                     .filter(|id| !known.contains(id))
                     .for_each(&mut add);
             }
@@ -141,6 +165,50 @@ impl Repository {
             report.groups_dropped += 1;
         }
         Ok(out)
+    }
+
+    /// The group's marks from its counted marks `before`, changed to the
+    /// backups `set`: the references of the backups `before` counted that
+    /// are gone are taken out (their recipes, which `delete` leaves to the
+    /// collection, read once more), those of new backups added. `None` if
+    /// a gone backup's recipe does not read or its references do not
+    /// match the counts: the group is then marked from all its recipes.
+    fn mark_changes(
+        &self,
+        before: &Marks,
+        set: &BTreeMap<String, String>,
+        tick: &mut dyn FnMut(&mut GcReport),
+        report: &mut GcReport,
+    ) -> RepoResult<Option<Marks>> {
+        let mut m = before.clone();
+        for (name, recipe) in changes(before, set) {
+            let mut one = Marks::new(&before.group);
+            tick(report);
+            if before.backups.get(name) == Some(recipe) {
+                // Gone (or another backup by that name now).
+                if !(self.recipe_marks(&mut one, recipe) && m.remove_backup(name, &one)) {
+                    return Ok(None);
+                }
+            } else if self.mark_recipe(&mut one, name, recipe)? {
+                m.add_backup(name, recipe, &one);
+            }
+        }
+        Ok(Some(m))
+    }
+
+    /// Mark what `recipe` references, however it ends; false if any of it
+    /// did not read (for a backup already gone, whose recipe only counts).
+    fn recipe_marks(&self, m: &mut Marks, recipe: &str) -> bool {
+        let Ok(mut parts) = RecipeParts::open(&*self.store, recipe) else {
+            return false;
+        };
+        while let Some(part) = parts.next_part(&*self.store) {
+            match part {
+                Ok((_, part)) => m.mark(&part),
+                Err(_) => return false,
+            }
+        }
+        true
     }
 
     /// The newest readable marks among `versions`; damaged ones are only
@@ -198,6 +266,31 @@ impl Repository {
         }
         Ok(true)
     }
+}
+
+/// The backups (name, recipe) counted in `before` that `set` no longer
+/// has, then those of `set` that `before` did not count: the backups whose
+/// recipes a change of the group reads.
+fn changes<'a>(
+    before: &'a Marks,
+    set: &'a BTreeMap<String, String>,
+) -> impl Iterator<Item = (&'a String, &'a String)> {
+    let gone = before
+        .backups
+        .iter()
+        .filter(|(name, recipe)| set.get(*name) != Some(*recipe));
+    let new = set
+        .iter()
+        .filter(|(name, recipe)| before.backups.get(*name) != Some(*recipe));
+    gone.chain(new)
+}
+
+/// Whether `before` and `now` mark the same entries of a container
+/// (trailing zero bytes aside; `None`: none now).
+fn same_entries(before: &[u8], now: Option<&Vec<u8>>) -> bool {
+    let now = now.map_or(&[][..], |v| v.as_slice());
+    let trim = |b: &[u8]| b.len() - b.iter().rev().take_while(|&&x| x == 0).count();
+    before[..trim(before)] == now[..trim(now)]
 }
 
 /// The object of the highest generation.

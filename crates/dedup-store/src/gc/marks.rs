@@ -12,22 +12,43 @@
 //! are deleted by the next GC). A damaged marks object is only a cost: the
 //! group is marked again.
 //!
-//! Body after the frame (magic `DDUPMARK`, version 1): group (u16 length +
-//! UTF-8), backup count b (u64), b × (name, recipe) as u16-length strings,
-//! container count c (u64), then c × (container id u64, bitmap length n
-//! u32, n bytes: bit i of byte i/8 (least significant first) set if entry
-//! i is referenced), ids strictly ascending, every bitmap non-empty with
-//! its last byte non-zero.
+//! Marks also *count*, per entry, how many of the group's backups
+//! reference it, so that a changed group is marked again from the recipes
+//! of the backups that changed only: a deleted backup's references are
+//! taken out, a new one's added, and an entry is live while its count is
+//! above zero (`mark.rs`). Counts are kept only while they fit
+//! (`MAX_COUNTED` entries a group, a count below `u16::MAX`); marks
+//! without them are exact all the same, and a changed group is then
+//! marked again from all its recipes, as before counts.
+//!
+//! Body after the frame (magic `DDUPMARK`): group (u16 length + UTF-8),
+//! backup count b (u64), b × (name, recipe) as u16-length strings,
+//! container count c (u64), then, in version 1 (no counts), c × (container
+//! id u64, bitmap length n u32, n bytes: bit i of byte i/8 (least
+//! significant first) set if entry i is referenced), every bitmap
+//! non-empty with its last byte non-zero; in version 2 (counted), c ×
+//! (container id u64, entry count n u32, n × u16: how many of the
+//! backups reference entry i), n non-zero and the last count non-zero.
+//! Ids strictly ascending in both.
 
 use std::collections::BTreeMap;
 
 use crate::error::repo::{RepoError, RepoResult};
-use crate::framed::{frame, put_str, unframe, Reader};
+use crate::framed::{frame, put_str, unframe_any, Reader};
 use crate::recipe::Recipe;
 
 const MAGIC: [u8; 8] = *b"DDUPMARK";
-const VERSION: u32 = 1;
+const BITMAPS: u32 = 1;
+const COUNTED: u32 = 2;
 pub const MARKS_PREFIX: &str = "gc/marks/";
+
+/// Entries a group's counts may cover (2 bytes each: 64 MiB while a GC
+/// marks it, 128 GiB of distinct 4 KiB segments). A larger group keeps
+/// bitmaps only, and is marked again from all its recipes when it changes.
+const MAX_COUNTED: usize = 32 << 20;
+
+/// Per container, how many backups reference each entry.
+pub type Counts = BTreeMap<u64, Vec<u16>>;
 
 /// One group's marks.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -37,14 +58,90 @@ pub struct Marks {
     pub backups: BTreeMap<String, String>,
     /// Container id → bitmap of referenced catalog entries.
     pub containers: BTreeMap<u64, Vec<u8>>,
+    /// How many of `backups` reference each entry, where kept (an entry
+    /// is marked exactly when its count is above zero).
+    pub counts: Option<Counts>,
 }
 
 impl Marks {
+    /// Marks that keep bitmaps only: one recipe's, or a union.
     pub fn new(group: &str) -> Marks {
         Marks {
             group: group.to_string(),
             ..Marks::default()
         }
+    }
+
+    /// A group's marks, counting from no backup.
+    pub fn counted(group: &str) -> Marks {
+        Marks {
+            counts: Some(Counts::new()),
+            ..Marks::new(group)
+        }
+    }
+
+    /// Add backup `name` (recipe object `recipe`), whose own marks are
+    /// `one`. Counts that would no longer fit are dropped.
+    pub fn add_backup(&mut self, name: &str, recipe: &str, one: &Marks) {
+        self.merge(one);
+        self.backups.insert(name.to_string(), recipe.to_string());
+        let Some(counts) = self.counts.as_mut() else {
+            return;
+        };
+        let mut fits = true;
+        for (id, bits) in &one.containers {
+            let c = counts.entry(*id).or_default();
+            for i in set_entries(bits) {
+                if c.len() <= i {
+                    c.resize(i + 1, 0);
+                }
+                c[i] += 1;
+                fits &= c[i] < u16::MAX;
+            }
+        }
+        if !fits || counts.values().map(Vec::len).sum::<usize>() > MAX_COUNTED {
+            self.counts = None;
+        }
+    }
+
+    /// Take backup `name` out, given its own marks `one` (from its
+    /// recipe). False, with nothing changed, if the counts cannot say:
+    /// none are kept, the backup is not among these marks', or `one`
+    /// references an entry no counted backup does. The group must then be
+    /// marked again from its recipes.
+    pub fn remove_backup(&mut self, name: &str, one: &Marks) -> bool {
+        let Some(counts) = self.counts.as_mut() else {
+            return false;
+        };
+        let counted = |id: &u64, i: usize| {
+            counts
+                .get(id)
+                .and_then(|c| c.get(i))
+                .is_some_and(|&n| n > 0)
+        };
+        if !self.backups.contains_key(name)
+            || !one
+                .containers
+                .iter()
+                .all(|(id, bits)| set_entries(bits).all(|i| counted(id, i)))
+        {
+            return false;
+        }
+        for (id, bits) in &one.containers {
+            let c = counts.get_mut(id).expect("checked above");
+            set_entries(bits).for_each(|i| c[i] -= 1);
+            while c.last() == Some(&0) {
+                c.pop();
+            }
+            if c.is_empty() {
+                counts.remove(id);
+                self.containers.remove(id);
+            } else {
+                self.containers.insert(*id, bitmap(c));
+            }
+        }
+        self.backups.remove(name);
+        true
     }
 
     /// Add `other`'s marked entries to these.
@@ -93,16 +190,25 @@ impl Marks {
             put_str(&mut body, recipe);
         }
         body.extend_from_slice(&(self.containers.len() as u64).to_le_bytes());
-        for (id, bits) in &self.containers {
+        let Some(counts) = &self.counts else {
+            for (id, bits) in &self.containers {
+                body.extend_from_slice(&id.to_le_bytes());
+                body.extend_from_slice(&(bits.len() as u32).to_le_bytes());
+                body.extend_from_slice(bits);
+            }
+            return frame(MAGIC, BITMAPS, &body);
+        };
+        for (id, c) in counts {
             body.extend_from_slice(&id.to_le_bytes());
-            body.extend_from_slice(&(bits.len() as u32).to_le_bytes());
-            body.extend_from_slice(bits);
+            body.extend_from_slice(&(c.len() as u32).to_le_bytes());
+            c.iter()
+                .for_each(|n| body.extend_from_slice(&n.to_le_bytes()));
         }
-        frame(MAGIC, VERSION, &body)
+        frame(MAGIC, COUNTED, &body)
     }
 
     pub fn decode(object: &str, bytes: &[u8]) -> RepoResult<Marks> {
-        let body = unframe(object, MAGIC, VERSION, bytes)?;
+        let (version, body) = unframe_any(object, MAGIC, BITMAPS..=COUNTED, bytes)?;
         let corrupt = |d: &str| RepoError::corrupt(object, d);
         let mut r = Reader::new(object, body);
         let group = r.str()?;
@@ -117,27 +223,66 @@ impl Marks {
             }
         }
         let mut containers = BTreeMap::new();
+        let mut counts = (version == COUNTED).then(Counts::new);
         let mut last = None;
         for _ in 0..r.u64()? {
             let id = r.u64()?;
             let n = r.u32()? as usize;
-            let bits = r.bytes(n)?.to_vec();
             if last.is_some_and(|l| l >= id) {
                 return Err(corrupt("container ids are not ascending"));
             }
-            if bits.last().is_none_or(|&b| b == 0) {
-                return Err(corrupt("a bitmap is empty or ends in a zero byte"));
-            }
             last = Some(id);
-            containers.insert(id, bits);
+            let Some(counts) = counts.as_mut() else {
+                let bits = r.bytes(n)?.to_vec();
+                if bits.last().is_none_or(|&b| b == 0) {
+                    return Err(corrupt("a bitmap is empty or ends in a zero byte"));
+                }
+                containers.insert(id, bits);
+                continue;
+            };
+            let c: Vec<u16> = r
+                .bytes(
+                    n.checked_mul(2)
+                        .ok_or_else(|| corrupt("too many entries"))?,
+                )?
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            if c.last().is_none_or(|&n| n == 0) {
+                return Err(corrupt("a container's counts are empty or end in a zero"));
+            }
+            containers.insert(id, bitmap(&c));
+            counts.insert(id, c);
         }
         r.finish()?;
         Ok(Marks {
             group,
             backups,
             containers,
+            counts,
         })
     }
+}
+
+/// The entries set in `bits`.
+fn set_entries(bits: &[u8]) -> impl Iterator<Item = usize> + '_ {
+    bits.iter().enumerate().flat_map(|(byte, &b)| {
+        (0..8)
+            .filter(move |k| b & (1 << k) != 0)
+            .map(move |k| byte * 8 + k)
+    })
+}
+
+/// The bitmap of the entries counted above zero (its last byte non-zero
+/// when the last count is).
+fn bitmap(counts: &[u16]) -> Vec<u8> {
+    let mut bits = vec![0u8; counts.len().div_ceil(8)];
+    for (i, &n) in counts.iter().enumerate() {
+        if n > 0 {
+            bits[i / 8] |= 1 << (i % 8);
+        }
+    }
+    bits
 }
 
 /// Whether entry `i` is set in `bits`.
@@ -171,5 +316,63 @@ mod tests {
         let mut bad = bytes.clone();
         bad[20] ^= 1;
         assert!(Marks::decode(&name, &bad).is_err());
+    }
+
+    fn recipe(refs: &[(u64, u32)]) -> Marks {
+        let seg = |&(container, entry)| SegmentRef::new(container, entry, 1, &Fingerprint([0; 32]));
+        let mut m = Marks::new("g");
+        m.mark(&Recipe {
+            stream_len: refs.len() as u64,
+            segments: refs.iter().map(seg).collect(),
+        });
+        m
+    }
+
+    #[test]
+    fn counts_take_a_backup_out_exactly_and_refuse_what_they_cannot_say() {
+        let (a, b) = (recipe(&[(5, 0), (5, 9), (2, 3)]), recipe(&[(5, 9), (7, 1)]));
+        let mut m = Marks::counted("g");
+        m.add_backup("a", "recipes/a-1", &a);
+        m.add_backup("b", "recipes/b-2", &b);
+        assert_eq!(m.counts.as_ref().unwrap()[&5][9], 2);
+        let name = Marks::object_name("g", 1);
+        let bytes = m.encode();
+        assert_eq!(Marks::decode(&name, &bytes).unwrap(), m);
+        for i in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x10;
+            assert!(Marks::decode(&name, &bad).is_err(), "flip at {i}");
+        }
+        // Not among the marks, or references they do not count: refused,
+        // nothing changed.
+        let before = m.clone();
+        assert!(!m.remove_backup("c", &a));
+        assert!(!m.remove_backup("b", &recipe(&[(5, 9), (8, 0)])));
+        assert_eq!(m, before);
+        // a out: what b alone references, counted once.
+        assert!(m.remove_backup("a", &a));
+        let mut want = Marks::counted("g");
+        want.add_backup("b", "recipes/b-2", &b);
+        assert_eq!(m, want);
+        assert!(m.remove_backup("b", &b));
+        assert_eq!(m, Marks::counted("g"));
+        // Without counts (version 1, a union): nothing can be taken out.
+        let mut union = Marks::new("g");
+        union.add_backup("a", "recipes/a-1", &a);
+        let back = Marks::decode(&name, &union.encode()).unwrap();
+        assert!(back.counts.is_none() && back == union);
+        assert!(!union.remove_backup("a", &a));
+    }
+
+    #[test]
+    fn a_count_that_would_overflow_drops_the_counts_not_the_marks() {
+        let one = recipe(&[(1, 0)]);
+        let mut m = Marks::counted("g");
+        for i in 0..u16::MAX as usize {
+            m.add_backup(&format!("b{i}"), &format!("recipes/b{i}-1"), &one);
+        }
+        assert!(m.counts.is_none());
+        assert!(is_marked(&m.containers[&1], 0));
+        assert_eq!(m.backups.len(), u16::MAX as usize);
     }
 }

@@ -2,10 +2,14 @@
 //! §3.3) under the protection map.
 //!
 //! 1. *Mark changed groups.* Each backup group's marks (`marks.rs`) record
-//!    the backups they were computed from; a group whose backups are the
-//!    same (names and recipe objects) reuses them without reading a recipe,
-//!    a changed group is marked again from its recipes, and the marks of a
-//!    group with no backups left are dropped. Work follows the change.
+//!    the backups they were computed from and count, per entry, the
+//!    backups that reference it; a group whose backups are the same (names
+//!    and recipe objects) reuses them without reading a recipe, a changed
+//!    group reads the recipes of the backups that changed only (a deleted
+//!    backup's references taken out, a new one's added; marks without
+//!    counts, or a deleted recipe that does not read, mark it again from
+//!    all its recipes), and the marks of a group with no backups left are
+//!    dropped. Work follows the change.
 //! 2. *Condemn.* A container is garbage when no group's marks reference
 //!    it and no writer pins it: the containers listed in the store (a cheap
 //!    LIST; nothing is read) minus the union of the marks and of the pins.
@@ -29,8 +33,9 @@
 //! holding it allows and after which no lookup hands it out.
 //!
 //! A damaged backup object does not stop the collection: its recipe and
-//! tree are unknown, so every recipe and tree no readable backup names is
-//! kept and what those recipes reference stays live (`suspects.rs`).
+//! tree are unknown, so every unnamed recipe and tree written for its
+//! name is kept and what those recipes reference stays live
+//! (`suspects.rs`).
 //!
 //! Why it is restartable: marks are derived data, written put-new-then-
 //! delete-old before anything is deleted; every deletion is repeatable and

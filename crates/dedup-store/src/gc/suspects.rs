@@ -1,12 +1,16 @@
 //! What a damaged backup object may still need. Its bytes name its recipe
 //! and tree, so while one does not read, the collection cannot tell which
-//! unnamed recipes and trees are its and which are orphans. It keeps every
-//! recipe, recipe part and tree no readable backup names (they are the
-//! *suspects*), and treats every segment they reference as live, so
-//! nothing the damaged backup may reference is deleted or compacted away:
-//! a repaired (or rewritten) backup object restores as before. If a
-//! suspect recipe cannot be read either, what it references is unknown,
-//! and no container is deleted or compacted at all in that collection.
+//! of the unnamed recipes and trees written for its name
+//! (`recipes/<name>-<nonce>`, as every writer names them) is its. It keeps
+//! every recipe, recipe part and tree no readable backup names that was
+//! written for a damaged backup's name (they are the *suspects*), and
+//! treats every segment they reference as live, so nothing the damaged
+//! backup may reference is deleted or compacted away: a repaired (or
+//! rewritten) backup object restores as before. Other unnamed objects
+//! (a deleted backup's recipe, which `delete` leaves to the collection)
+//! are orphans as always. If a suspect recipe cannot be read either, what
+//! it references is unknown, and no container is deleted or compacted at
+//! all in that collection.
 
 use crate::backup::RECIPES_PREFIX;
 use crate::error::repo::RepoError;

@@ -44,8 +44,6 @@ const COLUMNS_VERSION: u32 = 3;
 const ROWS_VERSION: u32 = 2;
 /// Rows, plain (read only).
 pub(crate) const ROWS_PLAIN_VERSION: u32 = 1;
-/// The versions of a whole recipe (4 is an index of parts).
-pub(crate) const WHOLE_VERSIONS: [u32; 5] = [1, 2, 3, 5, 6];
 /// The lowest and highest version of any recipe object.
 pub(crate) const VERSIONS: std::ops::RangeInclusive<u32> = ROWS_PLAIN_VERSION..=PLAIN_VERSION;
 /// A reference's bytes in versions 1 to 3.
@@ -140,7 +138,7 @@ impl Recipe {
     }
 
     /// `decode` of a frame already checked: its version (one of
-    /// `WHOLE_VERSIONS`) and body.
+    /// the whole-recipe versions, not 4) and body.
     pub(crate) fn decode_body(object: &str, version: u32, framed: &[u8]) -> RepoResult<Recipe> {
         let (stream_len, segments) = match version {
             ROWS_PLAIN_VERSION => decode_rows(object, framed)?,

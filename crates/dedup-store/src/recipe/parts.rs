@@ -27,7 +27,7 @@ use crate::error::repo::{RepoError, RepoResult};
 use crate::error::Error;
 use crate::framed::{frame, unframe_any};
 use crate::objects::ObjectStore;
-use crate::recipe::{Recipe, MAGIC, VERSIONS, WHOLE_VERSIONS};
+use crate::recipe::{Recipe, MAGIC, VERSIONS};
 use crate::writer::HASH;
 
 /// The recipe object as an index of parts.
@@ -165,37 +165,6 @@ pub fn part_of(object: &str) -> Option<(&str, usize)> {
 /// the object itself.
 pub fn recipe_of(object: &str) -> &str {
     part_of(object).map_or(object, |(recipe, _)| recipe)
-}
-
-/// The part objects of recipe `recipe`, for deleting it: those its index
-/// names (the frame's first 12 bytes tell whether it is one, so a whole
-/// recipe is not read), or, if it is missing or damaged, those listed
-/// under its name.
-pub(crate) fn parts_to_delete(store: &dyn ObjectStore, recipe: &str) -> RepoResult<Vec<String>> {
-    let head = match store.get_range(recipe, 0, 12) {
-        Ok(head) => head,
-        // Missing, or too short for a frame: damaged.
-        Err(Error::NotFound { .. } | Error::OutOfRange { .. }) => Vec::new(),
-        Err(e) => return Err(e.into()),
-    };
-    if head.len() == 12 && head[..8] == MAGIC {
-        let version = u32::from_le_bytes(head[8..].try_into().expect("4"));
-        if WHOLE_VERSIONS.contains(&version) {
-            return Ok(Vec::new()); // a whole recipe has no parts
-        }
-        let index = store
-            .get(recipe)
-            .map_err(RepoError::from)
-            .and_then(|b| RecipeObject::decode(recipe, &b));
-        if let Ok(RecipeObject::Index(i)) = index {
-            return Ok((0..i.parts.len()).map(|k| part_name(recipe, k)).collect());
-        }
-    }
-    let listed = store.list(&format!("{recipe}.p"))?;
-    Ok(listed
-        .into_iter()
-        .filter(|p| recipe_of(p) == recipe)
-        .collect())
 }
 
 /// Digest of a part object's bytes, as the index records it.

@@ -557,10 +557,14 @@ impl Repository {
     }
 
     /// Remove a backup: its backup object first (after which it is gone),
-    /// then its recipe and tree. Its containers stay until a garbage
-    /// collection ([`Repository::gc`]). A damaged backup object is removed
-    /// alone: the recipe and tree it named cannot be known from it, and
-    /// the next collection removes them as orphans.
+    /// then its tree. Its recipe (and the recipe's parts) and its
+    /// containers stay until a garbage collection ([`Repository::gc`]),
+    /// which reads the recipe once more to take the backup's references
+    /// out of its group's counted marks (`gc/marks.rs`) instead of reading
+    /// the recipes of every backup the group keeps, then removes it as an
+    /// orphan. A damaged backup object is removed alone: the recipe and
+    /// tree it named cannot be known from it, and the next collection
+    /// removes them as orphans.
     pub fn delete_backup(&self, name: &str) -> RepoResult<()> {
         if !self.is_writable() && !self.deletes {
             return Err(RepoError::ReadOnly);
@@ -575,15 +579,8 @@ impl Repository {
             other => other?,
         };
         self.store.delete(&BackupRecord::object_name(name))?;
-        // The recipe's parts before the recipe, which names them: one that
-        // a crash leaves is an orphan for GC either way.
-        let parts = crate::recipe::parts::parts_to_delete(&*self.store, &record.recipe)?;
-        for object in parts
-            .iter()
-            .chain(std::iter::once(&record.recipe))
-            .chain(&record.tree)
-        {
-            match self.store.delete(object) {
+        if let Some(tree) = &record.tree {
+            match self.store.delete(tree) {
                 Ok(()) | Err(Error::NotFound { .. }) => {}
                 Err(e) => return Err(e.into()),
             }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
 use dedup_store::error::{Error, Result};
-use dedup_store::gc::{GcOptions, GcReport};
+use dedup_store::gc::{GcOptions, GcReport, Marks};
 use dedup_store::recipe::parts::{part_name, RecipeObject};
 use dedup_store::{ObjectStore, Repository};
 use rand::{rngs::StdRng, Rng, RngCore};
@@ -295,6 +295,23 @@ pub fn check_collected(dir: &Path) {
         groups.len(),
         "marks objects {marks:?} for groups {groups:?}"
     );
+    // Each group's marks are exactly its backups' references, and their
+    // counts (taken out and added as backups went and came) exactly how
+    // many of the backups reference each entry.
+    for object in &marks {
+        let m = Marks::decode(object, &std::fs::read(dir.join(object)).unwrap()).unwrap();
+        let mut want = Marks::counted(&m.group);
+        for b in backups.iter().filter(|b| b.group == m.group) {
+            let mut one = Marks::new(&m.group);
+            one.mark(&repo.recipe(&b.name).unwrap().1);
+            want.add_backup(&b.name, &b.recipe, &one);
+        }
+        assert_eq!(m.backups, want.backups, "{object}");
+        assert_eq!(m.containers, want.containers, "{object}");
+        if m.counts.is_some() {
+            assert_eq!(m.counts, want.counts, "{object}");
+        }
+    }
     assert!(objects(dir, "compacted/").is_empty());
     let candidates: Vec<String> = objects(dir, "gc/")
         .into_iter()
