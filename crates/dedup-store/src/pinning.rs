@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use std::sync::MutexGuard;
 
 use crate::epochs::ids::{self, RANGE};
-use crate::epochs::{epochs_after, read_epoch, EpochRecord, Epochs, PinRecord};
+use crate::epochs::{epochs_after, read_epoch_kept, EpochRecord, Epochs, PinRecord};
 use crate::error::repo::RepoResult;
 use crate::repo::Repository;
 
@@ -178,7 +178,7 @@ impl Repository {
                 }
                 let newest = *newer.last().expect("not empty");
                 for &epoch in &newer {
-                    let Some(record) = read_epoch(&*self.store, epoch)? else {
+                    let Some(record) = read_epoch_kept(&*self.store, &mut e.records, epoch)? else {
                         // Deleted as old since the listing, or unreadable
                         // here: what it condemned is unknown.
                         self.lost_track();

@@ -55,13 +55,15 @@ fn only_changed_groups_are_marked_again() {
     );
     assert_eq!(read.len(), 8);
 
-    // Nothing changed: both groups' marks reused, no recipe read.
+    // Nothing changed: both groups' marks reused, no recipe read, and
+    // each group's marks read once for the GC's four looks.
     let (r, read) = gc(&repo, &store);
     assert_eq!(
         (r.groups_remarked, r.groups_reused, r.recipes_read),
         (0, 2, 0)
     );
     assert!(read.is_empty(), "{read:?}");
+    assert_eq!(store.reads_under("gc/marks/").len(), 2);
     assert_eq!(r.containers_swept, 0);
 
     // A backup of A deleted: A alone is marked again, by taking A1's

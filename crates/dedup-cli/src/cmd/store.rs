@@ -63,7 +63,7 @@ pub struct InitArgs {
     /// Create the repository even if the directory holds other files.
     #[arg(long)]
     pub force: bool,
-    /// Encrypt every object (XChaCha20-Poly1305 under a random master
+    /// Encrypt every object (AES-256-GCM-SIV under a random master
     /// key, wrapped under the passphrase with Argon2id) and key the
     /// segments' fingerprints: on (the default for s3://) or off (the
     /// default for a directory). The passphrase comes from

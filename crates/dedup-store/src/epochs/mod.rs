@@ -31,7 +31,7 @@ mod state;
 pub use record::{EpochRecord, PinRecord, EPOCH_PREFIX, PINS_PREFIX};
 pub(crate) use state::Epochs;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::error::repo::RepoResult;
 use crate::error::Error;
@@ -70,6 +70,39 @@ pub(crate) fn read_epoch(store: &dyn ObjectStore, epoch: u64) -> RepoResult<Opti
         Err(Error::NotFound { .. }) => Ok(None),
         Err(Error::Corrupt { .. }) => Ok(None),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// Records `read_epoch_kept` keeps: a collection reads its epoch's, the
+/// one before and the one before that.
+const RECORDS_KEPT: usize = 8;
+
+/// `read_epoch`, through `kept`: a record is put create-only and never
+/// changed, so one read (or written) before is the record. (One deleted
+/// since as old is still returned: only a collection that is no longer
+/// the newest could ask for it, and it checks that it is the newest
+/// before it deletes or compacts anything.) A record that is gone or
+/// does not read is not kept, and asked for again.
+pub(crate) fn read_epoch_kept(
+    store: &dyn ObjectStore,
+    kept: &mut BTreeMap<u64, EpochRecord>,
+    epoch: u64,
+) -> RepoResult<Option<EpochRecord>> {
+    if let Some(record) = kept.get(&epoch) {
+        return Ok(Some(record.clone()));
+    }
+    let record = read_epoch(store, epoch)?;
+    if let Some(r) = &record {
+        keep_epoch(kept, r.clone());
+    }
+    Ok(record)
+}
+
+/// Keep `record` (read, or just put by this process) among the newest.
+pub(crate) fn keep_epoch(kept: &mut BTreeMap<u64, EpochRecord>, record: EpochRecord) {
+    kept.insert(record.epoch, record);
+    while kept.len() > RECORDS_KEPT {
+        kept.pop_first();
     }
 }
 
@@ -274,6 +307,49 @@ mod tests {
         held.extend_from_slice(containers);
         dir.put(&pin_name(w, 1), &pin(held))?;
         dir.delete(name)
+    }
+
+    #[test]
+    fn epoch_records_are_read_once_the_newest_kept_and_a_missing_one_asked_again() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = LocalDir::open(tmp.path()).unwrap();
+        let record = |epoch| EpochRecord {
+            epoch,
+            condemned: vec![epoch * 10],
+            ..EpochRecord::default()
+        };
+        for e in 1..=10 {
+            dir.put(&EpochRecord::object_name(e), &record(e).encode())
+                .unwrap();
+        }
+        let mut kept = BTreeMap::new();
+        assert_eq!(
+            read_epoch_kept(&dir, &mut kept, 1).unwrap(),
+            Some(record(1))
+        );
+        // Kept: deleted since, it is still the record it was.
+        dir.delete(&EpochRecord::object_name(1)).unwrap();
+        assert_eq!(
+            read_epoch_kept(&dir, &mut kept, 1).unwrap(),
+            Some(record(1))
+        );
+        // The newest eight only.
+        for e in 2..=10 {
+            read_epoch_kept(&dir, &mut kept, e).unwrap();
+        }
+        assert_eq!(
+            kept.keys().copied().collect::<Vec<_>>(),
+            (3..=10).collect::<Vec<_>>()
+        );
+        assert_eq!(read_epoch_kept(&dir, &mut kept, 1).unwrap(), None);
+        // Not there yet: not kept as missing.
+        assert_eq!(read_epoch_kept(&dir, &mut kept, 11).unwrap(), None);
+        dir.put(&EpochRecord::object_name(11), &record(11).encode())
+            .unwrap();
+        assert_eq!(
+            read_epoch_kept(&dir, &mut kept, 11).unwrap(),
+            Some(record(11))
+        );
     }
 
     #[test]

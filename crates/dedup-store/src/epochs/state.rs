@@ -45,6 +45,9 @@ pub(crate) struct Epochs {
     pub(crate) repin_when_idle: bool,
     /// The broken protocol, for the test that must catch it: no pins.
     pub(crate) skip_pins: bool,
+    /// The newest epoch records this process read or wrote
+    /// (`read_epoch_kept`).
+    pub(crate) records: std::collections::BTreeMap<u64, super::EpochRecord>,
     /// When the epochs were last listed, and how long a look made only to
     /// keep up (at a seal or a recipe part) may wait after it
     /// (`Repository::keep_up_epochs`).
@@ -79,6 +82,7 @@ impl Epochs {
             stray_pins: Vec::new(),
             repin_when_idle: false,
             skip_pins: false,
+            records: Default::default(),
             listed: None,
             look_interval: LOOK_INTERVAL,
         }

@@ -8,10 +8,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use crate::backup::{RECIPES_PREFIX, TREES_PREFIX};
-use crate::epochs::{self, pinned_from, read_epoch, EpochRecord, Pinned};
+use crate::epochs::{self, pinned_from, EpochRecord, Pinned};
 use crate::error::repo::{RepoError, RepoResult};
 use crate::error::Error;
 use crate::gc::candidates::Candidates;
+use crate::gc::mark::SeenMarks;
 use crate::gc::marks::Marks;
 use crate::gc::{GcOptions, GcReport};
 use crate::repo::Repository;
@@ -43,6 +44,7 @@ impl Repository {
     pub(super) fn collect(
         &self,
         candidates: &mut Candidates,
+        seen: &mut SeenMarks,
         options: &GcOptions,
         report: &mut GcReport,
     ) -> RepoResult<()> {
@@ -61,12 +63,12 @@ impl Repository {
         // deleted.
         let previous = match prev {
             0 => None,
-            _ => read_epoch(&*self.store, prev)?,
+            _ => self.epoch_record(prev)?,
         };
         // Listed before the pins: a container put after its writer's pin
         // was visible is then listed only if the pin is too.
         let all = self.store_container_ids()?;
-        let view = self.look(prev, candidates, options, report)?;
+        let view = self.look(prev, candidates, seen, options, report)?;
         if view.withheld {
             report.sweep_withheld = true;
             return Ok(());
@@ -131,7 +133,7 @@ impl Repository {
             .store
             .put(&EpochRecord::object_name(n), &record.encode())
         {
-            Ok(()) => {}
+            Ok(()) => epochs::keep_epoch(&mut self.epochs().records, record.clone()),
             Err(Error::Exists { .. }) => return Err(RepoError::GcRunning),
             Err(e) => return Err(e.into()),
         }
@@ -146,7 +148,7 @@ impl Repository {
         };
         // The second look, made after epoch n began.
         let mut scratch = GcReport::default();
-        let again = self.look(prev, candidates, options, &mut scratch)?;
+        let again = self.look(prev, candidates, seen, options, &mut scratch)?;
         report.recipes_read += scratch.recipes_read;
         if again.withheld || !again.pinned.damaged.is_empty() {
             report.sweep_withheld = true;
@@ -157,7 +159,7 @@ impl Repository {
         // list), this one (n-1's) and the next (n's).
         let older = match prev.checked_sub(1).filter(|&e| e > 0) {
             None => Some(Vec::new()),
-            Some(e) => read_epoch(&*self.store, e)?.map(|r| r.compact),
+            Some(e) => self.epoch_record(e)?.map(|r| r.compact),
         };
         if let Some(older) = older {
             let running: HashSet<u64> = older
@@ -234,6 +236,7 @@ impl Repository {
         &self,
         prev: u64,
         candidates: &mut Candidates,
+        seen: &mut SeenMarks,
         options: &GcOptions,
         report: &mut GcReport,
     ) -> RepoResult<View> {
@@ -280,7 +283,7 @@ impl Repository {
         let (orphans, kept) = (orphan_of(&unnamed), orphan_of(&suspected));
         let suspects = (!damaged.is_empty()).then(|| self.mark_suspects(&kept));
         report.orphans_kept = kept.len() as u64;
-        let marks = self.mark(backups, candidates, options, report)?;
+        let marks = self.mark(backups, candidates, seen, options, report)?;
         let mut union = Marks::default();
         for m in marks.values().chain(suspects.as_ref().map(|s| &s.marks)) {
             union.merge(m);
@@ -293,6 +296,12 @@ impl Repository {
             withheld: suspects.as_ref().is_some_and(|s| s.unknown),
             pinned,
         })
+    }
+
+    /// Epoch `epoch`'s record, read once by this process
+    /// (`epochs::read_epoch_kept`).
+    fn epoch_record(&self, epoch: u64) -> RepoResult<Option<EpochRecord>> {
+        epochs::read_epoch_kept(&*self.store, &mut self.epochs().records, epoch)
     }
 
     /// Delete the pins no collection from `n` on honours (older than

@@ -17,6 +17,14 @@ use crate::repo::Repository;
 /// A group's saved marks objects (generation, name), every generation.
 type Versions = Vec<(u64, String)>;
 
+/// Each group's marks objects and newest readable marks, as the last look
+/// of this GC left them, so that its later looks neither list nor read
+/// them again. Marks are exact for the backups they name whoever wrote
+/// them, and each look still lists the backups; a collector beside this
+/// one that put a newer generation only makes this one's next put of that
+/// generation fail (`GcRunning`).
+pub(super) type SeenMarks = Option<BTreeMap<String, (Versions, Option<Marks>)>>;
+
 impl Repository {
     /// Every group's current marks: saved ones reused where the group's
     /// backups are unchanged, the others computed and saved (new
@@ -26,6 +34,7 @@ impl Repository {
         &self,
         backups: &[BackupRecord],
         c: &mut Candidates,
+        seen: &mut SeenMarks,
         options: &GcOptions,
         report: &mut GcReport,
     ) -> RepoResult<BTreeMap<String, Marks>> {
@@ -36,19 +45,30 @@ impl Repository {
                 .or_default()
                 .insert(b.name.clone(), b.recipe.clone());
         }
-        // Saved marks objects by group, every generation.
-        let mut saved: BTreeMap<String, Versions> = BTreeMap::new();
-        for object in self.store.list(MARKS_PREFIX)? {
-            if let Some((group, generation)) = Marks::parse_name(&object) {
-                saved.entry(group).or_default().push((generation, object));
+        // Saved marks objects by group, every generation, with the newest
+        // readable marks.
+        let mut saved = match seen.take() {
+            Some(known) => known,
+            None => {
+                let mut listed: BTreeMap<String, Versions> = BTreeMap::new();
+                for object in self.store.list(MARKS_PREFIX)? {
+                    if let Some((group, generation)) = Marks::parse_name(&object) {
+                        listed.entry(group).or_default().push((generation, object));
+                    }
+                }
+                listed
+                    .into_iter()
+                    .map(|(g, versions)| {
+                        let m = self.newest_marks(&versions);
+                        (g, (versions, m))
+                    })
+                    .collect()
             }
-        }
-        // The newest readable marks of each group that has backups.
+        };
+        // Those of each group that has backups; the rest are dropped.
         let mut old: BTreeMap<&str, (Versions, Option<Marks>)> = BTreeMap::new();
         for group in groups.keys() {
-            let versions = saved.remove(*group).unwrap_or_default();
-            let m = self.newest_marks(&versions);
-            old.insert(group, (versions, m));
+            old.insert(group, saved.remove(*group).unwrap_or_default());
         }
         let unchanged = |g: &str| old[g].1.as_ref().is_some_and(|m| m.backups == groups[g]);
         let to_read: u64 = groups
@@ -111,11 +131,12 @@ impl Repository {
         // Saved before any marks change, so a GC that dies before
         // compacting leaves them for the next.
         {
-            let dropped: Vec<Marks> = saved
-                .values()
-                .filter_map(|v| self.newest_marks(v))
-                .collect();
-            let old_marks = || old.values().filter_map(|(_, m)| m.as_ref()).chain(&dropped);
+            let dropped: Vec<&Marks> = saved.values().filter_map(|(_, m)| m.as_ref()).collect();
+            let old_marks = || {
+                old.values()
+                    .filter_map(|(_, m)| m.as_ref())
+                    .chain(dropped.iter().copied())
+            };
             let known: BTreeSet<u64> = old_marks()
                 .flat_map(|m| m.containers.keys().copied())
                 .collect();
@@ -146,24 +167,28 @@ impl Repository {
             }
         }
         // Save: the changed groups' new marks first, then old versions go.
+        let mut left = BTreeMap::new();
         for (group, (versions, _)) in &old {
-            if remarked.contains(group) {
+            let kept = if remarked.contains(group) {
                 let generation = versions.iter().map(|(g, _)| g + 1).max().unwrap_or(0);
-                self.store.put(
-                    &Marks::object_name(group, generation),
-                    &out[*group].encode(),
-                )?;
+                let object = Marks::object_name(group, generation);
+                self.store.put(&object, &out[*group].encode())?;
                 self.delete_marks(versions, None)?;
                 report.groups_remarked += 1;
+                (generation, object)
             } else {
-                self.delete_marks(versions, Some(newest(versions)))?;
-            }
+                let kept = newest(versions);
+                self.delete_marks(versions, Some(&kept.1))?;
+                kept.clone()
+            };
+            left.insert(group.to_string(), (vec![kept], Some(out[*group].clone())));
         }
         // Groups with no backups left.
-        for versions in saved.values() {
+        for (versions, _) in saved.values() {
             self.delete_marks(versions, None)?;
             report.groups_dropped += 1;
         }
+        *seen = Some(left);
         Ok(out)
     }
 
@@ -294,10 +319,9 @@ fn same_entries(before: &[u8], now: Option<&Vec<u8>>) -> bool {
 }
 
 /// The object of the highest generation.
-fn newest(versions: &[(u64, String)]) -> &str {
+fn newest(versions: &[(u64, String)]) -> &(u64, String) {
     versions
         .iter()
         .max_by_key(|(g, _)| *g)
-        .map(|(_, o)| o.as_str())
         .expect("a saved group has at least one marks object")
 }

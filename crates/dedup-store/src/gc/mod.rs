@@ -183,20 +183,21 @@ impl Repository {
         // Loaded and kept up to date even when nothing is compacted, so
         // a later collection compacts what this one left.
         let mut candidates = self.load_candidates()?;
+        let mut seen = None;
         // Another collector running beside this one may put the next
         // generation of a group's marks or of the candidates first.
         let beside = |e| match e {
             RepoError::Store(Error::Exists { .. }) => RepoError::GcRunning,
             other => other,
         };
-        self.collect(&mut candidates, options, &mut report)
+        self.collect(&mut candidates, &mut seen, options, &mut report)
             .map_err(beside)?;
         for _ in 1..count {
             if report.sweep_withheld {
                 break;
             }
             let mut next = GcReport::default();
-            self.collect(&mut candidates, options, &mut next)
+            self.collect(&mut candidates, &mut seen, options, &mut next)
                 .map_err(beside)?;
             report.recipes_read += next.recipes_read;
             report.catalogs_read += next.catalogs_read;
