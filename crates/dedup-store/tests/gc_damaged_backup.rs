@@ -147,3 +147,39 @@ fn a_files_backup_goes_on_beside_a_damaged_backup_object() {
         .collect();
     assert_eq!(names, ["two"]);
 }
+
+/// A backup counted in its group's marks whose object is then damaged:
+/// the collection takes it out of the counts (it is no longer listed) but
+/// keeps its recipe as a suspect, with what that references; repaired, it
+/// is counted again and restores as it was. A deleted backup beside it
+/// still goes.
+#[test]
+fn a_counted_backup_damaged_later_keeps_its_segments_and_is_counted_again_once_repaired() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("r");
+    let repo = Repository::init(&dir).unwrap();
+    let (a, b, c) = (noise(1, 300_000), noise(2, 300_000), noise(3, 300_000));
+    for (name, data) in [("a", &a), ("b", &b), ("c", &c)] {
+        repo.backup_stream(name, "g", &data[..]).unwrap();
+    }
+    repo.gc(&GcOptions::default()).unwrap();
+    let good = std::fs::read(dir.join("backups/a")).unwrap();
+    let mut bad = good.clone();
+    bad[40] ^= 1;
+    std::fs::write(dir.join("backups/a"), bad).unwrap();
+    repo.delete_backup("c").unwrap();
+    let r = repo.gc(&GcOptions::default()).unwrap();
+    assert_eq!((r.backups_damaged, r.orphans_kept), (1, 1), "{r:?}");
+    assert!(r.containers_swept > 0 && !r.sweep_withheld, "{r:?}");
+    let recipes = objects(&dir, "recipes/");
+    assert!(
+        recipes.iter().all(|o| !o.starts_with("recipes/c-")),
+        "{recipes:?}"
+    );
+    std::fs::write(dir.join("backups/a"), &good).unwrap();
+    let r = repo.gc(&GcOptions::default()).unwrap();
+    assert_eq!((r.backups_damaged, r.recipes_read), (0, 1), "{r:?}");
+    assert!(restored(&repo, "a") == a && restored(&repo, "b") == b);
+    drop(repo);
+    gc_support::check_collected(&dir);
+}

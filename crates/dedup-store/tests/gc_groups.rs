@@ -191,3 +191,32 @@ fn a_deleted_recipe_that_is_gone_or_damaged_marks_the_group_from_all_its_recipes
         }
     }
 }
+
+#[test]
+fn a_backup_deleted_and_made_again_under_its_name_is_counted_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    Repository::init(tmp.path()).unwrap();
+    let (repo, store) = open_faulty(tmp.path());
+    for i in 0..3 {
+        repo.backup_stream(&format!("A{i}"), "A", &data(i, 30_000)[..])
+            .unwrap();
+    }
+    gc(&repo, &store);
+    // A1 again, other bytes, before any collection: A1's old recipe is
+    // taken out and its new one added.
+    repo.delete_backup("A1").unwrap();
+    repo.backup_stream("A1", "A", &data(7, 30_000)[..]).unwrap();
+    let (r, read) = gc(&repo, &store);
+    assert_eq!((r.groups_remarked, r.recipes_read), (1, 2), "{r:?}");
+    assert!(
+        read.iter().all(|o| o.starts_with("recipes/A1-")),
+        "{read:?}"
+    );
+    assert!(r.containers_swept > 0, "{r:?}");
+    check_collected(tmp.path());
+    for (name, seed) in [("A0", 0), ("A1", 7), ("A2", 2)] {
+        let mut out = Vec::new();
+        repo.restore(name, &mut out).unwrap();
+        assert!(out == data(seed, 30_000), "{name}");
+    }
+}

@@ -78,11 +78,14 @@ pub(crate) fn read_epoch(store: &dyn ObjectStore, epoch: u64) -> RepoResult<Opti
 const RECORDS_KEPT: usize = 8;
 
 /// `read_epoch`, through `kept`: a record is put create-only and never
-/// changed, so one read (or written) before is the record. (One deleted
-/// since as old is still returned: only a collection that is no longer
-/// the newest could ask for it, and it checks that it is the newest
-/// before it deletes or compacts anything.) A record that is gone or
-/// does not read is not kept, and asked for again.
+/// changed, so one read (or written) before is the record, as if read
+/// again at that earlier instant. A kept record may have been deleted as
+/// old since; a collection asks for the newest record (never old: three
+/// newer epochs must exist before one is deleted) and, after its own
+/// epoch began, for the one before it, whose list only says which
+/// compaction leftovers to finish, after a check that its epoch is still
+/// the newest. A record that is gone or does not read is not kept, and
+/// asked for again.
 pub(crate) fn read_epoch_kept(
     store: &dyn ObjectStore,
     kept: &mut BTreeMap<u64, EpochRecord>,

@@ -21,8 +21,9 @@ type Versions = Vec<(u64, String)>;
 /// of this GC left them, so that its later looks neither list nor read
 /// them again. Marks are exact for the backups they name whoever wrote
 /// them, and each look still lists the backups; a collector beside this
-/// one that put a newer generation only makes this one's next put of that
-/// generation fail (`GcRunning`).
+/// one that put a newer generation (or a group's first, for a group that
+/// appeared between this GC's looks) only makes this one's next put of
+/// that generation fail (`GcRunning`).
 pub(super) type SeenMarks = Option<BTreeMap<String, (Versions, Option<Marks>)>>;
 
 impl Repository {

@@ -1,7 +1,8 @@
 //! A backup group's mark results (§3.3, "G1, G2…" in the paper's Figure
-//! 2): for every container the group's backups reference, a bitmap of the
-//! catalog entries they use, together with the backups (name and recipe
-//! object) it was computed from. Recipes are immutable and a backup's
+//! 2): for every container the group's backups reference, the catalog
+//! entries they use (a bitmap, and where kept how many of the backups use
+//! each), together with the backups (name and recipe object) they were
+//! computed from. Recipes are immutable and a backup's
 //! recipe name carries a nonce, so marks whose backup set equals the
 //! group's current one are still exact and are reused without reading a
 //! recipe.
@@ -28,18 +29,26 @@
 //! significant first) set if entry i is referenced), every bitmap
 //! non-empty with its last byte non-zero; in version 2 (counted), c ×
 //! (container id u64, entry count n u32, n × u16: how many of the
-//! backups reference entry i), n non-zero and the last count non-zero.
-//! Ids strictly ascending in both.
+//! backups reference entry i, at most b), n non-zero and the last count
+//! non-zero; version 3 is version 2 with its body compressed (zstd, as
+//! `framed::frame_compressed` makes it; counts of versions of one stream
+//! are mostly one value). Ids strictly ascending in all.
+//!
+//! Counts stay exact because a recipe never changes once written and its
+//! name carries a nonce: the references taken out for a backup are the
+//! ones added for it.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use crate::error::repo::{RepoError, RepoResult};
-use crate::framed::{frame, put_str, unframe_any, Reader};
+use crate::framed::{frame, frame_compressed, put_str, unframe_any, unzstd, Reader};
 use crate::recipe::Recipe;
 
 const MAGIC: [u8; 8] = *b"DDUPMARK";
 const BITMAPS: u32 = 1;
 const COUNTED: u32 = 2;
+const COUNTED_ZSTD: u32 = 3;
 pub const MARKS_PREFIX: &str = "gc/marks/";
 
 /// Entries a group's counts may cover (2 bytes each: 64 MiB while a GC
@@ -95,7 +104,7 @@ impl Marks {
                 if c.len() <= i {
                     c.resize(i + 1, 0);
                 }
-                c[i] += 1;
+                c[i] = c[i].saturating_add(1);
                 fits &= c[i] < u16::MAX;
             }
         }
@@ -204,13 +213,17 @@ impl Marks {
             c.iter()
                 .for_each(|n| body.extend_from_slice(&n.to_le_bytes()));
         }
-        frame(MAGIC, COUNTED, &body)
+        frame_compressed(MAGIC, COUNTED, COUNTED_ZSTD, &body)
     }
 
     pub fn decode(object: &str, bytes: &[u8]) -> RepoResult<Marks> {
-        let (version, body) = unframe_any(object, MAGIC, BITMAPS..=COUNTED, bytes)?;
+        let (version, framed) = unframe_any(object, MAGIC, BITMAPS..=COUNTED_ZSTD, bytes)?;
+        let body = match version {
+            COUNTED_ZSTD => Cow::Owned(unzstd(object, framed)?),
+            _ => Cow::Borrowed(framed),
+        };
         let corrupt = |d: &str| RepoError::corrupt(object, d);
-        let mut r = Reader::new(object, body);
+        let mut r = Reader::new(object, &body);
         let group = r.str()?;
         if Marks::parse_name(object).is_none_or(|(g, _)| g != group) {
             return Err(corrupt("it holds another group's marks"));
@@ -223,7 +236,7 @@ impl Marks {
             }
         }
         let mut containers = BTreeMap::new();
-        let mut counts = (version == COUNTED).then(Counts::new);
+        let mut counts = (version != BITMAPS).then(Counts::new);
         let mut last = None;
         for _ in 0..r.u64()? {
             let id = r.u64()?;
@@ -250,6 +263,11 @@ impl Marks {
                 .collect();
             if c.last().is_none_or(|&n| n == 0) {
                 return Err(corrupt("a container's counts are empty or end in a zero"));
+            }
+            if c.iter()
+                .any(|&n| usize::from(n) > backups.len() || n == u16::MAX)
+            {
+                return Err(corrupt("a count is above the number of backups"));
             }
             containers.insert(id, bitmap(&c));
             counts.insert(id, c);
@@ -362,6 +380,41 @@ mod tests {
         let back = Marks::decode(&name, &union.encode()).unwrap();
         assert!(back.counts.is_none() && back == union);
         assert!(!union.remove_backup("a", &a));
+    }
+
+    #[test]
+    fn counts_that_no_encoder_writes_are_refused() {
+        let name = Marks::object_name("g", 1);
+        let with = |counts: Vec<u16>| {
+            let mut m = Marks::counted("g");
+            m.add_backup("a", "recipes/a-1", &recipe(&[(1, 0)]));
+            m.counts = Some([(1, counts)].into());
+            Marks::decode(&name, &m.encode())
+        };
+        assert!(with(vec![1]).is_ok());
+        for bad in [vec![1, 0], vec![], vec![2], vec![u16::MAX]] {
+            assert!(with(bad.clone()).is_err(), "{bad:?}");
+        }
+        // Versions sharing most entries: stored compressed (version 3),
+        // read back.
+        let mut m = Marks::counted("g");
+        let mut x = 1u64;
+        for b in 0..10 {
+            let refs: Vec<(u64, u32)> = (0..4096)
+                .filter(|_| {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    x >> 60 != 0
+                })
+                .map(|e| (1, e))
+                .collect();
+            m.add_backup(&format!("b{b}"), &format!("recipes/b{b}-1"), &recipe(&refs));
+        }
+        let bytes = m.encode();
+        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 3);
+        assert!(bytes.len() < 2 * 4096 / 2, "{}", bytes.len());
+        assert_eq!(Marks::decode(&name, &bytes).unwrap(), m);
     }
 
     #[test]

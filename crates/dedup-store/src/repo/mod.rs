@@ -558,11 +558,12 @@ impl Repository {
 
     /// Remove a backup: its backup object first (after which it is gone),
     /// then its tree. Its recipe (and the recipe's parts) and its
-    /// containers stay until a garbage collection ([`Repository::gc`]),
-    /// which reads the recipe once more to take the backup's references
-    /// out of its group's counted marks (`gc/marks.rs`) instead of reading
-    /// the recipes of every backup the group keeps, then removes it as an
-    /// orphan. A damaged backup object is removed alone: the recipe and
+    /// containers stay for garbage collection ([`Repository::gc`]): where
+    /// its group's marks are counted (`gc/marks.rs`), the collection reads
+    /// the recipe once more to take the backup's references out, instead
+    /// of reading the recipes of every backup the group keeps; the
+    /// collection after the one that first finds the recipe unnamed (the
+    /// same `gc`, which runs two) removes it as an orphan. A damaged backup object is removed alone: the recipe and
     /// tree it named cannot be known from it, and the next collection
     /// removes them as orphans.
     pub fn delete_backup(&self, name: &str) -> RepoResult<()> {
