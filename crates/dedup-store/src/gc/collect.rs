@@ -168,7 +168,9 @@ impl Repository {
                 .chain(&record.compact)
                 .map(|(id, _)| *id)
                 .collect();
-            if self.still_newest(n)? {
+            // Only where this collection listed leftovers before its
+            // epoch: one left since is the next collection's to finish.
+            if !leftovers.is_empty() && self.still_newest(n)? {
                 self.finish_compactions(Some(&running))?;
             }
         }
@@ -182,7 +184,7 @@ impl Repository {
         if !self.sweep_containers(&doomed, n, options, report)? {
             return Ok(());
         }
-        if options.compact_below > 0.0 && self.still_newest(n)? {
+        if options.compact_below > 0.0 && !previous.compact.is_empty() && self.still_newest(n)? {
             let skip = |id: u64| again.pinned.holds(id);
             // An entry goes only if it was dead at both looks: one dead at
             // the first was refused by every writer since it applied the
