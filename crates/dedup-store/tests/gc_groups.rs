@@ -149,17 +149,24 @@ fn work_follows_the_change_not_the_repository_size() {
     check_collected(tmp.path());
 }
 
+/// A repository with backups A0..A`n` of group A (`data(i, 30_000)`),
+/// collected once, so that A's marks are counted.
+fn group_a_collected(n: u64) -> (tempfile::TempDir, Repository, std::sync::Arc<Faulty>) {
+    let tmp = tempfile::tempdir().unwrap();
+    Repository::init(tmp.path()).unwrap();
+    let (repo, store) = open_faulty(tmp.path());
+    for i in 0..n {
+        repo.backup_stream(&format!("A{i}"), "A", &data(i, 30_000)[..])
+            .unwrap();
+    }
+    gc(&repo, &store);
+    (tmp, repo, store)
+}
+
 #[test]
 fn a_deleted_recipe_that_is_gone_or_damaged_marks_the_group_from_all_its_recipes() {
     for damage in ["gone", "damaged"] {
-        let tmp = tempfile::tempdir().unwrap();
-        Repository::init(tmp.path()).unwrap();
-        let (repo, store) = open_faulty(tmp.path());
-        for i in 0..4 {
-            repo.backup_stream(&format!("A{i}"), "A", &data(i, 30_000)[..])
-                .unwrap();
-        }
-        gc(&repo, &store);
+        let (tmp, repo, store) = group_a_collected(4);
         let recipe = repo.backup("A2").unwrap().recipe;
         repo.delete_backup("A2").unwrap();
         // As a delete by an earlier version left it (recipe removed), or
@@ -194,14 +201,7 @@ fn a_deleted_recipe_that_is_gone_or_damaged_marks_the_group_from_all_its_recipes
 
 #[test]
 fn a_backup_deleted_and_made_again_under_its_name_is_counted_once() {
-    let tmp = tempfile::tempdir().unwrap();
-    Repository::init(tmp.path()).unwrap();
-    let (repo, store) = open_faulty(tmp.path());
-    for i in 0..3 {
-        repo.backup_stream(&format!("A{i}"), "A", &data(i, 30_000)[..])
-            .unwrap();
-    }
-    gc(&repo, &store);
+    let (tmp, repo, store) = group_a_collected(3);
     // A1 again, other bytes, before any collection: A1's old recipe is
     // taken out and its new one added.
     repo.delete_backup("A1").unwrap();

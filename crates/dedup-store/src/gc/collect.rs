@@ -285,9 +285,12 @@ impl Repository {
         let (orphans, kept) = (orphan_of(&unnamed), orphan_of(&suspected));
         let suspects = (!damaged.is_empty()).then(|| self.mark_suspects(&kept));
         report.orphans_kept = kept.len() as u64;
-        let marks = self.mark(backups, candidates, seen, options, report)?;
+        self.mark(backups, candidates, seen, options, report)?;
+        let marks = seen
+            .iter()
+            .flat_map(|s| s.values().filter_map(|(_, m)| m.as_ref()));
         let mut union = Marks::default();
-        for m in marks.values().chain(suspects.as_ref().map(|s| &s.marks)) {
+        for m in marks.chain(suspects.as_ref().map(|s| &s.marks)) {
             union.merge(m);
         }
         let owned = |v: Vec<&str>| v.into_iter().map(str::to_string).collect();

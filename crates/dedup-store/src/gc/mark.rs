@@ -27,10 +27,10 @@ type Versions = Vec<(u64, String)>;
 pub(super) type SeenMarks = Option<BTreeMap<String, (Versions, Option<Marks>)>>;
 
 impl Repository {
-    /// Every group's current marks: saved ones reused where the group's
-    /// backups are unchanged, the others computed and saved (new
-    /// generation first, then the old ones deleted); marks of groups with
-    /// no backups deleted.
+    /// Every group's current marks, left in `seen`: saved ones reused
+    /// where the group's backups are unchanged, the others computed and
+    /// saved (new generation first, then the old ones deleted); marks of
+    /// groups with no backups deleted.
     pub(super) fn mark(
         &self,
         backups: &[BackupRecord],
@@ -38,7 +38,7 @@ impl Repository {
         seen: &mut SeenMarks,
         options: &GcOptions,
         report: &mut GcReport,
-    ) -> RepoResult<BTreeMap<String, Marks>> {
+    ) -> RepoResult<()> {
         let mut groups: BTreeMap<&str, BTreeMap<String, String>> = BTreeMap::new();
         for b in backups {
             groups
@@ -170,10 +170,13 @@ impl Repository {
         // Save: the changed groups' new marks first, then old versions go.
         let mut left = BTreeMap::new();
         for (group, (versions, _)) in &old {
+            let m = out
+                .remove(*group)
+                .expect("every group with backups is marked");
             let kept = if remarked.contains(group) {
                 let generation = versions.iter().map(|(g, _)| g + 1).max().unwrap_or(0);
                 let object = Marks::object_name(group, generation);
-                self.store.put(&object, &out[*group].encode())?;
+                self.store.put(&object, &m.encode())?;
                 self.delete_marks(versions, None)?;
                 report.groups_remarked += 1;
                 (generation, object)
@@ -182,7 +185,7 @@ impl Repository {
                 self.delete_marks(versions, Some(&kept.1))?;
                 kept.clone()
             };
-            left.insert(group.to_string(), (vec![kept], Some(out[*group].clone())));
+            left.insert(group.to_string(), (vec![kept], Some(m)));
         }
         // Groups with no backups left.
         for (versions, _) in saved.values() {
@@ -190,7 +193,7 @@ impl Repository {
             report.groups_dropped += 1;
         }
         *seen = Some(left);
-        Ok(out)
+        Ok(())
     }
 
     /// The group's marks from its counted marks `before`, changed to the
@@ -225,16 +228,16 @@ impl Repository {
     /// Mark what `recipe` references, however it ends; false if any of it
     /// did not read (for a backup already gone, whose recipe only counts).
     fn recipe_marks(&self, m: &mut Marks, recipe: &str) -> bool {
-        let Ok(mut parts) = RecipeParts::open(&*self.store, recipe) else {
-            return false;
-        };
+        RecipeParts::open(&*self.store, recipe).is_ok_and(|p| self.mark_parts(m, p).is_ok())
+    }
+
+    /// Mark what every part of `parts` references; the first part that
+    /// does not read stops it.
+    fn mark_parts(&self, m: &mut Marks, mut parts: RecipeParts) -> RepoResult<()> {
         while let Some(part) = parts.next_part(&*self.store) {
-            match part {
-                Ok((_, part)) => m.mark(&part),
-                Err(_) => return false,
-            }
+            m.mark(&part?.1);
         }
-        true
+        Ok(())
     }
 
     /// The newest readable marks among `versions`; damaged ones are only
@@ -271,7 +274,7 @@ impl Repository {
             },
             e => e,
         };
-        let mut parts = match RecipeParts::open(&*self.store, recipe) {
+        let parts = match RecipeParts::open(&*self.store, recipe) {
             Ok(parts) => parts,
             Err(RepoError::Store(Error::NotFound { .. })) if deleted()? => return Ok(false),
             Err(RepoError::Store(Error::NotFound { .. })) => {
@@ -282,15 +285,13 @@ impl Repository {
             }
             Err(e) => return Err(stopped(e)),
         };
-        while let Some(part) = parts.next_part(&*self.store) {
-            match part {
-                Ok((_, part)) => m.mark(&part),
-                // A delete removes the parts after the backup object.
-                Err(_) if deleted()? => return Ok(false),
-                Err(e) => return Err(stopped(e)),
-            }
+        match self.mark_parts(m, parts) {
+            Ok(()) => Ok(true),
+            // Deleted since it was listed, and its parts collected by a
+            // collection beside this one.
+            Err(_) if deleted()? => Ok(false),
+            Err(e) => Err(stopped(e)),
         }
-        Ok(true)
     }
 }
 

@@ -97,18 +97,21 @@ impl Marks {
         let Some(counts) = self.counts.as_mut() else {
             return;
         };
-        let mut fits = true;
+        let (mut fits, mut grown) = (true, false);
         for (id, bits) in &one.containers {
             let c = counts.entry(*id).or_default();
             for i in set_entries(bits) {
                 if c.len() <= i {
                     c.resize(i + 1, 0);
+                    grown = true;
                 }
                 c[i] = c[i].saturating_add(1);
                 fits &= c[i] < u16::MAX;
             }
         }
-        if !fits || counts.values().map(Vec::len).sum::<usize>() > MAX_COUNTED {
+        // Summed only when it grew: versions of one stream mostly count
+        // entries already counted.
+        if !fits || (grown && counts.values().map(Vec::len).sum::<usize>() > MAX_COUNTED) {
             self.counts = None;
         }
     }

@@ -563,9 +563,9 @@ impl Repository {
     /// the recipe once more to take the backup's references out, instead
     /// of reading the recipes of every backup the group keeps; the
     /// collection after the one that first finds the recipe unnamed (the
-    /// same `gc`, which runs two) removes it as an orphan. A damaged backup object is removed alone: the recipe and
-    /// tree it named cannot be known from it, and the next collection
-    /// removes them as orphans.
+    /// same `gc`, which runs two) removes it as an orphan. A damaged
+    /// backup object is removed alone: the recipe and tree it named cannot
+    /// be known from it, and the next collection removes them as orphans.
     pub fn delete_backup(&self, name: &str) -> RepoResult<()> {
         if !self.is_writable() && !self.deletes {
             return Err(RepoError::ReadOnly);
