@@ -316,3 +316,20 @@ fn a_catalog_is_read_in_one_request_when_it_fits_the_tail() {
         assert_eq!(got.entries(), Catalog::read(&local, id).unwrap().entries());
     }
 }
+
+#[test]
+fn bodies_go_unsigned_over_tls_only() {
+    for (endpoint, unsigned) in [
+        ("AWS", true),
+        ("https://s3.example.net", true),
+        ("HTTPS://s3.example.net:9000", true),
+        ("http://127.0.0.1:9000", false),
+        ("HTTP://localhost", false),
+    ] {
+        assert_eq!(
+            payload_unsigned_by_default(endpoint),
+            unsigned,
+            "{endpoint}"
+        );
+    }
+}
