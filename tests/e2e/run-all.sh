@@ -24,6 +24,10 @@ run sparse store-serve
 run sparse s3
 run sparse s3-faults
 run sparse s3-volume-kill
+# A device backed up by its fingerprints (the default store keeps one per
+# chunk); uncompressed too, where a test can damage a chunk in place.
+run sparse device-backup
+run sparse device-backup none
 for t in nbdcopy qemu-io fio lifecycle ext4 bench replay analyze; do
     run inram "$t"
 done

@@ -320,6 +320,14 @@ pub trait Upkeep {
     /// where it will look, so a batch's lookups wait for memory together,
     /// not one after another. Write path (phase A). Others ignore it.
     fn touch_for_lookup(&self, _fp: &Fingerprint) {}
+    /// The fingerprint the store keeps for chunk `pbn`, if it keeps one
+    /// by PBN (sparse's chunk records); `None` when it does not, or has
+    /// none for this chunk. A backup by fingerprint (`Engine::block_map`)
+    /// reads and hashes a chunk without one, so a store that cannot say
+    /// costs reads, never a wrong answer.
+    fn chunk_fingerprint(&mut self, _pbn: Pbn) -> Result<Option<Fingerprint>> {
+        Ok(None)
+    }
     /// Table blocks found failing their checksum since a store opened for
     /// check, now read as empty (`LostBlock`). Check reports them; repair
     /// rebuilds what they held. Stores that keep no such blocks, or refuse

@@ -37,5 +37,5 @@ pub mod zeroed;
 pub use dedup_common::{blake3_batch, compress, fingerprint, lock, perms, size, testdata};
 
 pub use backends::OpenOptions;
-pub use engine::Device;
+pub use engine::{ChunkState, Device};
 pub use error::{Error, Result};

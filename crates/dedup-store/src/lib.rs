@@ -74,6 +74,7 @@
 //! Not built yet: an index choice recorded in the repository.
 
 pub mod backup;
+pub mod backup_blocks;
 mod backup_stream;
 pub mod catalog_bytes;
 mod catalog_cache;

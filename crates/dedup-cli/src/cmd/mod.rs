@@ -9,6 +9,7 @@ pub mod access;
 pub mod analyze;
 mod analyze_plot;
 pub mod backup;
+mod backup_device;
 mod backup_files;
 mod backup_remote;
 pub mod bench;

@@ -10,7 +10,9 @@ use parking_lot::Mutex;
 
 use super::write_path::Mutation;
 use super::writeback::{Admission, Admit, Request, Wait, WriteBack, CLOSE_PATIENCE};
-use super::{CheckReport, Engine, Extent, GcReport, OnDrop, RecoveryReport, RepairReport};
+use super::{
+    CheckReport, ChunkState, Engine, Extent, GcReport, OnDrop, RecoveryReport, RepairReport,
+};
 use crate::blockfile::BlockFile;
 use crate::config::{DeviceConfig, Lbn, Pbn};
 use crate::error::Result;
@@ -292,6 +294,16 @@ impl Device {
             wb.wait_range(offset, buf.len() as u64)?;
         }
         self.engine.read(offset, buf)
+    }
+
+    /// What logical chunks `first..first + count` hold, after the queued
+    /// mutations of that range (see `Engine::block_map`).
+    pub fn block_map(&self, first: Lbn, count: u64) -> Result<Vec<ChunkState>> {
+        if let Some(wb) = self.write_back.get() {
+            let cs = u64::from(self.config().chunk_size);
+            wb.wait_range(first.saturating_mul(cs), count.saturating_mul(cs))?;
+        }
+        self.engine.block_map(first, count)
     }
 
     /// Mapped and unmapped extents from `offset` (see `Engine::extents`).

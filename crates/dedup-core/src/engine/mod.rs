@@ -50,7 +50,7 @@ pub use check::{CheckReport, LostRange, Problem, ProblemKind, RepairReport};
 pub use chunking::{is_zero, overwrite_reserve_chunks};
 pub use device::Device;
 pub use gc::GcReport;
-pub use read_path::{Extent, EXTENT_SCAN_CHUNKS};
+pub use read_path::{ChunkState, Extent, EXTENT_SCAN_CHUNKS};
 pub use recover::RecoveryReport;
 
 use locks::{FingerprintLocks, LbnLocks};

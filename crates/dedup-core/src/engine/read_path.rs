@@ -4,8 +4,9 @@
 
 use super::chunking;
 use super::Engine;
-use crate::config::Pbn;
+use crate::config::{Lbn, Pbn};
 use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
 use crate::placement::ReadPiece;
 use crate::stats::Counters;
 
@@ -21,7 +22,52 @@ pub struct Extent {
     pub mapped: bool,
 }
 
+/// What one logical chunk holds, as a backup by fingerprint sees it
+/// (`Engine::block_map`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChunkState {
+    /// Never written, trimmed or zeroed: reads as zeros.
+    Unmapped,
+    /// Mapped to a stored chunk whose fingerprint (the device's hash of
+    /// its bytes) the metadata keeps.
+    Known(Fingerprint),
+    /// Mapped to a stored chunk the metadata keeps no fingerprint for:
+    /// read it to know.
+    Unknown,
+}
+
 impl Engine {
+    /// The state of logical chunks `first..first + count`, in order: what
+    /// a backup needs to name them without reading them. The metadata's
+    /// word, not the data's: a chunk whose bytes no longer match its
+    /// fingerprint is found only by reading it (the backup checks every
+    /// chunk it reads against its fingerprint).
+    pub fn block_map(&self, first: Lbn, count: u64) -> Result<Vec<ChunkState>> {
+        let _g = self.enter()?;
+        let cs = self.cfg.chunk_size as u64;
+        let offset = first
+            .checked_mul(cs)
+            .ok_or_else(|| Error::InvalidArgument(format!("LBN {first} is past any device")))?;
+        self.check_range(offset, count.saturating_mul(cs))?;
+        let mut out = Vec::with_capacity(count as usize);
+        let lbns: Vec<Lbn> = (first..first + count).collect();
+        for batch in lbns.chunks(chunking::batch_chunks(cs as usize)) {
+            let _guards = self.lbn_locks.read_many(batch.iter().copied());
+            let _moving = self.move_gate.read();
+            let mut m = self.meta.lock();
+            for &lbn in batch {
+                out.push(match m.store.lbn_map_lookup(lbn)? {
+                    None => ChunkState::Unmapped,
+                    Some(pbn) => match m.store.chunk_fingerprint(pbn)? {
+                        Some(fp) => ChunkState::Known(fp),
+                        None => ChunkState::Unknown,
+                    },
+                });
+            }
+        }
+        Ok(out)
+    }
+
     /// Fill `buf` from byte `offset`.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let _g = self.enter()?;

@@ -79,6 +79,11 @@ pub enum RepoError {
     #[error("nothing in backup {name} is at or under {path}")]
     NoSuchPath { name: String, path: String },
 
+    /// A backup by fingerprint read a block whose bytes do not match the
+    /// fingerprint its device recorded for it.
+    #[error("backup {name} stopped: {what}; nothing was stored under that fingerprint and nothing was committed")]
+    SourceMismatch { name: String, what: String },
+
     /// Reading the stream to back up, or writing a restore, failed.
     #[error("{context}: {cause}")]
     Io { context: String, cause: io::Error },

@@ -6,6 +6,7 @@
 use super::{cursor_at, Sparse};
 use crate::backend::{LostBlock, ScanCursor, Upkeep};
 use crate::blockfile::written::Listed;
+use crate::config::Pbn;
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;
 
@@ -21,6 +22,11 @@ impl Upkeep for Sparse {
 
     fn touch_for_lookup(&self, fp: &Fingerprint) {
         self.index.touch(fp.prefix_u64());
+    }
+
+    fn chunk_fingerprint(&mut self, pbn: Pbn) -> Result<Option<Fingerprint>> {
+        self.check_pbn(pbn)?;
+        self.record(pbn)
     }
 
     fn warm_index(&mut self, max: usize) -> Result<bool> {

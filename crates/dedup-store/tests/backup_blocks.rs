@@ -1,0 +1,292 @@
+//! Backups of a block source by its fingerprints (issue 39), against a
+//! plain model of the device: random writes, trims and chunks without a
+//! fingerprint, backed up again and again with deletes and collections
+//! between; every backup restores as the device's image at that instant,
+//! and only chunks the repository lacked were read. A chunk whose bytes do
+//! not match its recorded fingerprint stops the backup, named, with
+//! nothing committed; a repository whose segments the device's chunks
+//! cannot be is backed up by reading, exactly.
+
+use std::collections::HashSet;
+use std::io;
+
+use dedup_common::fingerprint::{Fingerprint, HashAlgo};
+use dedup_store::backup_blocks::{BlockSource, BlockState, BlocksReport};
+use dedup_store::crypto::passphrase::for_this_thread;
+use dedup_store::crypto::KdfParams;
+use dedup_store::{CheckOptions, GcOptions, RepoError, RepoOptions, Repository, Segmenting};
+use rand::{rngs::StdRng, Rng, RngCore, SeedableRng};
+
+const BS: usize = 4096;
+
+/// A device in RAM: each block zero (`None`) or its bytes, with the
+/// fingerprint its metadata recorded (`None`: it keeps none).
+struct Model {
+    block_size: usize,
+    blocks: Vec<Option<(Vec<u8>, Option<Fingerprint>)>>,
+    reads: u64,
+}
+
+impl Model {
+    fn new(blocks: usize, block_size: usize) -> Model {
+        Model {
+            block_size,
+            blocks: vec![None; blocks],
+            reads: 0,
+        }
+    }
+
+    fn write(&mut self, block: usize, bytes: Vec<u8>, recorded: bool) {
+        let fp = recorded.then(|| HashAlgo::Blake3.fingerprint(&bytes));
+        self.blocks[block] = Some((bytes, fp));
+    }
+
+    /// Blocks with bytes and no fingerprint.
+    fn unknown(&self) -> usize {
+        self.blocks
+            .iter()
+            .flatten()
+            .filter(|b| b.1.is_none())
+            .count()
+    }
+
+    fn image(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.blocks.len() * self.block_size);
+        for b in &self.blocks {
+            match b {
+                Some((bytes, _)) => out.extend_from_slice(bytes),
+                None => out.resize(out.len() + self.block_size, 0),
+            }
+        }
+        out
+    }
+}
+
+impl BlockSource for Model {
+    fn block_size(&self) -> u32 {
+        self.block_size as u32
+    }
+    fn blocks(&self) -> u64 {
+        self.blocks.len() as u64
+    }
+    fn hash(&self) -> HashAlgo {
+        HashAlgo::Blake3
+    }
+    fn map(&mut self, first: u64, count: u64) -> io::Result<Vec<BlockState>> {
+        Ok(self.blocks[first as usize..(first + count) as usize]
+            .iter()
+            .map(|b| match b {
+                None => BlockState::Zero,
+                Some((_, Some(fp))) => BlockState::Known(*fp),
+                Some((_, None)) => BlockState::Unknown,
+            })
+            .collect())
+    }
+    fn read(&mut self, first: u64, buf: &mut [u8]) -> io::Result<()> {
+        for (i, out) in buf.chunks_mut(self.block_size).enumerate() {
+            self.reads += 1;
+            match &self.blocks[first as usize + i] {
+                Some((bytes, _)) => out.copy_from_slice(bytes),
+                None => out.fill(0),
+            }
+        }
+        Ok(())
+    }
+    fn describe(&self, block: u64) -> String {
+        format!("model block {block}")
+    }
+}
+
+fn options(segmenting: Segmenting) -> RepoOptions {
+    RepoOptions {
+        segmenting,
+        container_target: 256 << 10,
+        ..RepoOptions::default()
+    }
+}
+
+fn restore(repo: &Repository, name: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    repo.restore(name, &mut out).unwrap();
+    out
+}
+
+fn backup(repo: &Repository, name: &str, model: &mut Model) -> BlocksReport {
+    let mut last = 0;
+    let (_, report) = repo
+        .backup_blocks(name, "dev", model, &mut |done| {
+            assert!(done > last);
+            last = done;
+        })
+        .unwrap();
+    assert_eq!(last, model.blocks.len() as u64, "progress reaches the end");
+    report
+}
+
+/// Random contents from a small pool (so blocks repeat), never all zeros.
+fn content(rng: &mut StdRng, pool: u64) -> Vec<u8> {
+    let mut b = vec![0u8; BS];
+    StdRng::seed_from_u64(rng.random_range(0..pool)).fill_bytes(&mut b);
+    b[0] |= 1;
+    b
+}
+
+#[test]
+fn backups_by_fingerprint_restore_the_image_and_read_only_what_is_new() {
+    for seed in 0..3u64 {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo =
+            Repository::init_with(tmp.path(), options(Segmenting::Fixed { size: 4096 })).unwrap();
+        let mut rng = StdRng::seed_from_u64(seed);
+        // Three steps of blocks and a part of one.
+        let mut model = Model::new(3 * 1024 + 300, BS);
+        let mut live: Vec<(String, Vec<u8>)> = Vec::new();
+        for round in 0..6 {
+            for _ in 0..rng.random_range(1..2000) {
+                let block = rng.random_range(0..model.blocks.len());
+                match rng.random_range(0..10) {
+                    0 => model.blocks[block] = None,
+                    1 => model.write(block, content(&mut rng, 5000), false),
+                    _ => model.write(block, content(&mut rng, 5000), true),
+                }
+            }
+            // What the repository holds through its live backups.
+            let stored: HashSet<Vec<u8>> = live
+                .iter()
+                .flat_map(|(_, image)| image.chunks(BS).map(<[u8]>::to_vec))
+                .collect();
+            let unknown = model.unknown();
+            let new_known = (model.blocks.iter().flatten())
+                .filter(|(bytes, fp)| fp.is_some() && !stored.contains(bytes))
+                .map(|(bytes, _)| bytes)
+                .collect::<HashSet<_>>()
+                .len();
+            let name = format!("dev-{round}");
+            model.reads = 0;
+            let report = backup(&repo, &name, &mut model);
+            assert!(report.by_fingerprint, "{report:?}");
+            assert_eq!(report.blocks_read, model.reads);
+            assert!(
+                report.blocks_read <= (unknown + new_known) as u64,
+                "seed {seed} round {round}: read {} blocks, {unknown} without a fingerprint and {} new",
+                report.blocks_read,
+                new_known
+            );
+            let zero = model.blocks.iter().filter(|b| b.is_none()).count() as u64;
+            assert_eq!(report.zero_blocks, zero);
+            live.push((name, model.image()));
+            for (name, image) in &live {
+                assert!(
+                    restore(&repo, name) == *image,
+                    "seed {seed} round {round}: {name}"
+                );
+            }
+            // Drop the oldest now and then, and collect.
+            if round % 2 == 1 {
+                let (name, _) = live.remove(0);
+                repo.delete_backup(&name).unwrap();
+                repo.gc(&GcOptions::default()).unwrap();
+            }
+        }
+        // Unchanged: nothing read at all.
+        model.reads = 0;
+        let report = backup(&repo, "again", &mut model);
+        assert_eq!(report.blocks_read, model.unknown() as u64);
+        assert!(restore(&repo, "again") == model.image());
+        let check = repo.check(CheckOptions { data: true }, &|_| {}).unwrap();
+        assert!(check.is_clean(), "{check:?}");
+    }
+}
+
+#[test]
+fn a_chunk_that_does_not_match_its_fingerprint_stops_the_backup_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo =
+        Repository::init_with(tmp.path(), options(Segmenting::Fixed { size: 4096 })).unwrap();
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut model = Model::new(2000, BS);
+    for block in 0..1500 {
+        model.write(block, content(&mut rng, 1 << 40), true);
+    }
+    backup(&repo, "good", &mut model);
+    let image = model.image();
+    // Block 1700: new bytes, and its metadata names other bytes (a chunk
+    // damaged on disk after it was written).
+    model.write(1700, content(&mut rng, 1 << 40), true);
+    let lie = HashAlgo::Blake3.fingerprint(&content(&mut rng, 1 << 40));
+    model.blocks[1700].as_mut().unwrap().1 = Some(lie);
+    let e = repo
+        .backup_blocks("bad", "dev", &mut model, &mut |_| {})
+        .expect_err("refused");
+    assert!(matches!(e, RepoError::SourceMismatch { .. }), "{e}");
+    assert!(e.to_string().contains("model block 1700"), "{e}");
+    assert!(e.to_string().contains("nothing was committed"), "{e}");
+    let names: Vec<String> = (repo.list_backups().unwrap().into_iter())
+        .map(|b| b.name)
+        .collect();
+    assert_eq!(names, ["good"]);
+    // The lie was stored under no name: an honest device with those bytes
+    // under the fingerprint of the lie's bytes is not served them.
+    assert!(restore(&repo, "good") == image);
+    let check = repo.check(CheckOptions { data: true }, &|_| {}).unwrap();
+    assert!(check.is_clean(), "{check:?}");
+    // Repaired (the right fingerprint), it backs up.
+    let bytes = model.blocks[1700].as_ref().unwrap().0.clone();
+    model.write(1700, bytes, true);
+    backup(&repo, "repaired", &mut model);
+    assert!(restore(&repo, "repaired") == model.image());
+}
+
+#[test]
+fn a_repository_the_chunks_cannot_name_is_backed_up_by_reading() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut rng = StdRng::seed_from_u64(11);
+    let fill = |model: &mut Model, rng: &mut StdRng| {
+        for block in 0..model.blocks.len() {
+            if rng.random_range(0..4) > 0 {
+                let mut bytes = vec![0u8; model.block_size];
+                for piece in bytes.chunks_mut(BS) {
+                    piece.copy_from_slice(&content(rng, 300));
+                }
+                model.write(block, bytes, true);
+            }
+        }
+    };
+    let fastcdc =
+        Repository::init_with(tmp.path().join("cdc"), options(Segmenting::fastcdc(8192))).unwrap();
+    let fixed8k = Repository::init_with(
+        tmp.path().join("8k"),
+        options(Segmenting::Fixed { size: 8192 }),
+    )
+    .unwrap();
+    let _p = for_this_thread(b"device backups");
+    let encrypted = Repository::init_with(
+        tmp.path().join("enc"),
+        RepoOptions {
+            encryption: Some(KdfParams::FOR_TESTS),
+            ..options(Segmenting::Fixed { size: 4096 })
+        },
+    )
+    .unwrap();
+    for (repo, why) in [
+        (&fastcdc, "content-defined"),
+        (&fixed8k, "segments 8192"),
+        (&encrypted, "encrypted"),
+    ] {
+        let mut model = Model::new(2500, BS);
+        fill(&mut model, &mut rng);
+        let report = backup(repo, "img", &mut model);
+        assert!(!report.by_fingerprint);
+        let because = report.read_because.clone().unwrap();
+        assert!(because.contains(why), "{because}");
+        assert_eq!(report.blocks_read, 2500);
+        assert_eq!(model.reads, 2500);
+        assert!(restore(repo, "img") == model.image(), "{why}");
+    }
+    // A device of 8 KiB chunks into the 8 KiB repository: by fingerprint.
+    let mut model = Model::new(600, 8192);
+    fill(&mut model, &mut rng);
+    let report = backup(&fixed8k, "eight", &mut model);
+    assert!(report.by_fingerprint, "{report:?}");
+    assert!(restore(&fixed8k, "eight") == model.image());
+}

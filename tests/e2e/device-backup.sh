@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# A stopped device backed up by its fingerprints (issue 39): an ext4 image
+# written onto a device, backed up with `dedup backup --device`, restores
+# byte for byte and fscks clean; after a small change only the changed
+# chunks are read; a served device is refused; a chunk damaged on disk
+# stops the backup by name with nothing committed; a repository of
+# content-defined segments is backed up by reading, and says so.
+. "$(dirname "$0")/lib.sh"
+
+json() { python3 -c "import json,sys; print(json.load(sys.stdin)[sys.argv[1]])" "$1"; }
+
+log "an ext4 image onto a device"
+mkdir -p "$WORK/tree"
+for i in $(seq 40); do
+    head -c $((RANDOM * 8)) /dev/urandom >"$WORK/tree/f$i"
+    cp "$WORK/tree/f$i" "$WORK/tree/copy$i"
+done
+truncate -s 96M "$WORK/v1.img"
+mkfs.ext4 -q -F -d "$WORK/tree" "$WORK/v1.img"
+"$DEDUP" create "$WORK/dev" --size 128M --backend "$BACKEND" --compression "$COMPRESSION" >/dev/null
+serve "$WORK/dev"
+nbdcopy "$WORK/v1.img" "$(uri "$WORK/dev")"
+
+log "a served device is refused"
+"$DEDUP" store init "$WORK/repo" --segments fixed:4K >/dev/null
+if "$DEDUP" backup "$WORK/repo" served --device "$WORK/dev" 2>"$WORK/err"; then
+    fail "a served device was backed up under its server"
+fi
+grep -q "stop its server first" "$WORK/err" || { cat "$WORK/err"; fail "no hint to stop the server"; }
+stop "$WORK/dev"
+
+log "first backup by fingerprint"
+"$DEDUP" backup "$WORK/repo" v1 --device "$WORK/dev" --json >"$WORK/v1.json"
+[ "$(json by_fingerprint <"$WORK/v1.json")" = True ] || fail "not by fingerprint: $(cat "$WORK/v1.json")"
+[ "$(json blocks <"$WORK/v1.json")" = 32768 ] || fail "blocks walked: $(cat "$WORK/v1.json")"
+"$DEDUP" restore "$WORK/repo" v1 "$WORK/v1.out"
+cp "$WORK/v1.img" "$WORK/v1.want"
+truncate -s 128M "$WORK/v1.want"
+cmp "$WORK/v1.out" "$WORK/v1.want" || fail "v1 restored differs from the device"
+e2fsck -fn "$WORK/v1.out" >/dev/null || fail "the restored image does not fsck clean"
+
+log "a small change: only its chunks are read"
+serve "$WORK/dev"
+qemu-io -f raw -c "write -P 0x5a 80M 64K" "$(uri "$WORK/dev")" >/dev/null
+stop "$WORK/dev"
+"$DEDUP" backup "$WORK/repo" v2 --device "$WORK/dev" --json >"$WORK/v2.json"
+read2=$(json blocks_read <"$WORK/v2.json")
+[ "$read2" -le 16 ] || fail "the second backup read $read2 chunks for a 64 KiB change"
+"$DEDUP" restore "$WORK/repo" v2 "$WORK/v2.out"
+cp "$WORK/v1.want" "$WORK/v2.want"
+python3 - "$WORK/v2.want" <<'EOF'
+import sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(80 << 20)
+    f.write(b"\x5a" * (64 << 10))
+EOF
+cmp "$WORK/v2.out" "$WORK/v2.want" || fail "v2 restored differs from the device"
+
+log "a repository of content-defined segments: read, and says why"
+"$DEDUP" store init "$WORK/cdc" >/dev/null
+"$DEDUP" backup "$WORK/cdc" v2 --device "$WORK/dev" >"$WORK/cdc.out"
+grep -q "read and hashed whole, because the repository cuts content-defined segments" "$WORK/cdc.out" ||
+    { cat "$WORK/cdc.out"; fail "the fallback is not named"; }
+"$DEDUP" restore "$WORK/cdc" v2 "$WORK/cdc.img"
+cmp "$WORK/cdc.img" "$WORK/v2.want" || fail "the read backup differs from the device"
+
+if [ "$COMPRESSION" = none ]; then
+    log "a chunk damaged on disk stops the backup by name"
+    serve "$WORK/dev"
+    printf 'DEDUP-MARKER-%04000d' 7 >"$WORK/marker"
+    qemu-io -f raw -c "write -s $WORK/marker 100M 4K" "$(uri "$WORK/dev")" >/dev/null
+    stop "$WORK/dev"
+    at=$(grep -obUa "DEDUP-MARKER-" "$WORK/dev/data" | head -1 | cut -d: -f1)
+    [ -n "$at" ] || fail "the marker is not in the data file"
+    printf 'X' | dd of="$WORK/dev/data" bs=1 seek=$((at + 100)) conv=notrunc status=none
+    if "$DEDUP" backup "$WORK/repo" v3 --device "$WORK/dev" 2>"$WORK/err"; then
+        fail "a damaged chunk was backed up"
+    fi
+    grep -q "does not hold the bytes its recorded fingerprint names" "$WORK/err" ||
+        { cat "$WORK/err"; fail "the damaged chunk is not named"; }
+    grep -q "chunk 25600 " "$WORK/err" || { cat "$WORK/err"; fail "not the chunk at 100 MiB"; }
+    "$DEDUP" list "$WORK/repo" --json | python3 -c '
+import json, sys
+names = sorted(b["name"] for b in json.load(sys.stdin))
+assert names == ["v1", "v2"], names'
+fi
+log "device backup passed"
