@@ -33,11 +33,17 @@ pub fn frame_compressed(magic: [u8; 8], plain_version: u32, version: u32, body: 
 /// Frame `body` compressed as `version` (as [`frame_compressed`] does), or
 /// `None` when it would expand more than `MAX_EXPANSION` times.
 pub fn frame_zstd(magic: [u8; 8], version: u32, body: &[u8]) -> Option<Vec<u8>> {
+    let out = frame_zstd_any(magic, version, body);
+    // The frame's head and checksum: magic, version, raw length, crc.
+    let packed = out.len() - 8 - 4 - 8 - 4;
+    expansion_allowed(body.len() as u64, packed).then_some(out)
+}
+
+/// [`frame_zstd`] however much the body shrinks: for a version whose
+/// reader bounds the raw length another way (`unzstd_reader_within`).
+pub fn frame_zstd_any(magic: [u8; 8], version: u32, body: &[u8]) -> Vec<u8> {
     // zstd in memory fails only on a bad level, and this one is good.
     let mut out = zstd::bulk::compress(body, OBJECT_LEVEL).expect("zstd compresses in memory");
-    if !expansion_allowed(body.len() as u64, out.len()) {
-        return None;
-    }
     // The frame is made around the compressed bytes in place, not copied
     // twice more: a recipe's is several bytes a segment of the backup.
     let mut head = magic.to_vec();
@@ -46,7 +52,7 @@ pub fn frame_zstd(magic: [u8; 8], version: u32, body: &[u8]) -> Option<Vec<u8>> 
     out.splice(0..0, head);
     let sum = crc(&out);
     out.extend_from_slice(&sum.to_le_bytes());
-    Some(out)
+    out
 }
 
 fn expansion_allowed(raw_len: u64, packed_len: usize) -> bool {
@@ -108,6 +114,33 @@ pub fn unzstd_reader<'a>(object: &str, body: &'a [u8]) -> RepoResult<(u64, impl 
             ),
         ));
     }
+    zstd_reader(object, body, raw_len)
+}
+
+/// [`unzstd_reader`] of a body [`frame_zstd_any`] made, whose raw length
+/// may be any ratio to its bytes but at most `max_raw` (what the version
+/// can hold), so no body makes its reader decompress without end.
+pub fn unzstd_reader_within<'a>(
+    object: &str,
+    body: &'a [u8],
+    max_raw: u64,
+) -> RepoResult<(u64, impl Read + 'a)> {
+    let raw_len = Reader::new(object, body).u64()?;
+    if raw_len > max_raw {
+        return Err(RepoError::corrupt(
+            object,
+            format!("its compressed body names {raw_len} bytes, over the {max_raw} it may hold"),
+        ));
+    }
+    zstd_reader(object, body, raw_len)
+}
+
+/// The raw length and a reader of the zstd stream after it.
+fn zstd_reader<'a>(
+    object: &str,
+    body: &'a [u8],
+    raw_len: u64,
+) -> RepoResult<(u64, impl Read + 'a)> {
     let decoder =
         zstd::stream::read::Decoder::new(&body[8..]).map_err(|e| undecompressable(object, &e))?;
     Ok((raw_len, decoder))

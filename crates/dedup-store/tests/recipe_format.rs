@@ -71,14 +71,15 @@ proptest! {
         let bytes = recipe.encode();
         let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
         let stored = bytes[12..bytes.len() - 4].to_vec();
-        // Version 6 is plain, version 5 compressed.
+        // Version 6 is plain, versions 5 and 7 compressed.
+        let compressed = version == 5 || version == 7;
         let mut bodies = vec![(version, stored.clone())];
-        if version == 5 {
+        if compressed {
             bodies.push((version, packed(&zstd::decode_all(&stored[8..]).unwrap())));
         }
         // The raw body damaged, then compressed: it decompresses, so the
         // column decoder itself meets the damage.
-        if version == 5 {
+        if compressed {
             let mut raw = zstd::decode_all(&stored[8..]).unwrap();
             let i = at.index(raw.len());
             raw[i] = value;
@@ -98,18 +99,44 @@ proptest! {
     }
 }
 
-/// A stream of one repeated segment (zeros) compresses too well to be
-/// allowed to expand on reading: it is written plain (version 6), and
-/// reads.
+/// A stream of one repeated segment (zeros, a device's unmapped blocks)
+/// compresses too well for version 5's bound on expansion: a part's worth
+/// of references is written as version 7 (compressed, its raw length
+/// bounded by the references a part holds), a larger body plain (version
+/// 6); both read.
 #[test]
-fn a_recipe_too_compressible_is_written_plain() {
-    let zeros = Recipe {
-        stream_len: 4096 * 50_000,
-        segments: vec![SegmentRef::new(1, 0, 4096, &Fingerprint([9; 32])); 50_000],
+fn a_run_of_one_reference_is_written_small() {
+    let run = |n: usize| Recipe {
+        stream_len: 4096 * n as u64,
+        segments: vec![SegmentRef::new(1, 0, 4096, &Fingerprint([9; 32])); n],
     };
-    let bytes = zeros.encode();
+    let part = run(50_000);
+    let bytes = part.encode();
+    assert_eq!(&bytes[8..12], &7u32.to_le_bytes());
+    assert!(
+        bytes.len() < 2_000,
+        "{} bytes for 50,000 references",
+        bytes.len()
+    );
+    assert_eq!(Recipe::decode("r", &bytes).unwrap(), part);
+    let over = run(70_000);
+    let bytes = over.encode();
     assert_eq!(&bytes[8..12], &6u32.to_le_bytes());
     // Magic and version, the body, the crc32c.
-    assert_eq!(bytes.len(), 12 + 16 + 24 * 50_000 + 4, "plain columns");
-    assert_eq!(Recipe::decode("r", &bytes).unwrap(), zeros);
+    assert_eq!(bytes.len(), 12 + 16 + 24 * 70_000 + 4, "plain columns");
+    assert_eq!(Recipe::decode("r", &bytes).unwrap(), over);
+}
+
+/// A version 7 body that names more than a part's references is refused
+/// before it is decompressed, by name.
+#[test]
+fn a_run_body_past_a_part_is_refused() {
+    let n = 70_000u64;
+    let mut raw = Vec::new();
+    raw.extend_from_slice(&(4096 * n).to_le_bytes());
+    raw.extend_from_slice(&n.to_le_bytes());
+    raw.resize(16 + 24 * n as usize, 0);
+    let e = Recipe::decode("recipes/x", &frame(7, &packed(&raw))).unwrap_err();
+    assert!(e.to_string().contains("recipes/x"), "{e}");
+    assert!(e.to_string().contains("over the"), "{e}");
 }

@@ -288,7 +288,7 @@ fn compressed_recipes_and_trees_and_plain_ones_from_before() {
     // version: not zstd, or decompressing to one byte fewer or more than
     // they name.
     let v5_raw = zstd::decode_all(&v5[8..]).unwrap();
-    for (version, body) in [(2u32, &rows), (3, &columns), (5, &v5_raw)] {
+    for (version, body) in [(2u32, &rows), (3, &columns), (5, &v5_raw), (7, &v5_raw)] {
         let mut not_zstd = 100u64.to_le_bytes().to_vec();
         not_zstd.extend_from_slice(b"not zstd at all");
         let err =
@@ -309,8 +309,8 @@ fn compressed_recipes_and_trees_and_plain_ones_from_before() {
     }
     let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 4, &packed(&rows))).unwrap_err();
     assert!(err.to_string().contains("format version 4"), "{err}");
-    let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 7, &v5)).unwrap_err();
-    assert!(err.to_string().contains("version 7"), "{err}");
+    let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 8, &v5)).unwrap_err();
+    assert!(err.to_string().contains("version 8"), "{err}");
     // A body naming more than 64 times its compressed bytes is refused
     // before it is decompressed.
     let mut bomb = (1u64 << 40).to_le_bytes().to_vec();
@@ -319,6 +319,10 @@ fn compressed_recipes_and_trees_and_plain_ones_from_before() {
         let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", version, &bomb)).unwrap_err();
         assert!(err.to_string().contains("over 64 times"), "{err}");
     }
+    // Version 7 may expand any number of times, but to no more than a
+    // part's references.
+    let err = Recipe::decode("recipes/x", &frame(*b"DDUPRCPE", 7, &bomb)).unwrap_err();
+    assert!(err.to_string().contains("over the"), "{err}");
     // A body that would expand more than that (a stream of zeros: every
     // reference the same) is written plain, as version 6, and reads.
     let zeros = Recipe {

@@ -15,9 +15,13 @@
 //! (3.2 MB for a GiB of unique data at 8 KiB segments, and as much again
 //! for every unchanged re-backup), where a 64-bit check catches a wrong
 //! entry all the same (the catalog keeps the whole fingerprint, which the
-//! segment's bytes are checked against). Version 6 is version 5's body
-//! plain, written for a body that would expand more than 64 times on
-//! reading (the recipe of a stream of zeros). Still read: version 3, the
+//! segment's bytes are checked against). Version 7 (since 2026-11-30) is
+//! version 5's body compressed however well, written for a body of at most
+//! a part's references (65,536) that would expand more than 64 times on
+//! reading (a run of one reference: a device's unmapped blocks, an
+//! image's zeros); its reader bounds the raw length by that count. Version
+//! 6 is version 5's body plain, written for a larger such body (only a
+//! test makes one). Still read: version 3, the
 //! same columns with whole fingerprints; version 2, rows of 48 bytes
 //! (container u64, entry u32, length u32, fingerprint 32) compressed;
 //! version 1, those rows plain. A recipe too long for one part is written
@@ -31,13 +35,25 @@ use std::io::Read;
 use dedup_common::fingerprint::Fingerprint;
 
 use crate::error::repo::{RepoError, RepoResult};
-use crate::framed::{frame, frame_zstd, undecompressable, unframe_any, unzstd, unzstd_reader};
+use crate::framed::{
+    frame, frame_zstd, frame_zstd_any, undecompressable, unframe_any, unzstd, unzstd_reader,
+    unzstd_reader_within,
+};
 
 pub(crate) const MAGIC: [u8; 8] = *b"DDUPRCPE";
 /// Columns with fingerprint checks, compressed.
 pub(crate) const VERSION: u32 = 5;
 /// Columns with fingerprint checks, plain.
 const PLAIN_VERSION: u32 = 6;
+/// Columns with fingerprint checks, compressed however well, of at most
+/// `RUNS_MAX_REFS` references.
+const RUNS_VERSION: u32 = 7;
+/// The most references a version 7 body holds: a recipe part's. Its raw
+/// length is bounded by this, not by its compressed bytes, so a body of
+/// one reference repeated (a device's unmapped blocks, an image's zeros)
+/// is stored in hundreds of bytes instead of 24 a reference, and still
+/// no forged one can make its reader decompress without end.
+const RUNS_MAX_REFS: usize = parts::PART_SEGMENTS;
 /// Columns with whole fingerprints, compressed (read only).
 const COLUMNS_VERSION: u32 = 3;
 /// Rows, compressed (read only).
@@ -45,7 +61,7 @@ const ROWS_VERSION: u32 = 2;
 /// Rows, plain (read only).
 pub(crate) const ROWS_PLAIN_VERSION: u32 = 1;
 /// The lowest and highest version of any recipe object.
-pub(crate) const VERSIONS: std::ops::RangeInclusive<u32> = ROWS_PLAIN_VERSION..=PLAIN_VERSION;
+pub(crate) const VERSIONS: std::ops::RangeInclusive<u32> = ROWS_PLAIN_VERSION..=RUNS_VERSION;
 /// A reference's bytes in versions 1 to 3.
 const OLD_REF_LEN: usize = 48;
 /// A reference's bytes in versions 5 and 6.
@@ -152,6 +168,11 @@ impl Recipe {
                 let (raw_len, raw) = unzstd_reader(object, framed)?;
                 decode_columns(object, raw_len, raw, 8)?
             }
+            RUNS_VERSION => {
+                let max_raw = 16 + (RUNS_MAX_REFS * REF_LEN) as u64;
+                let (raw_len, raw) = unzstd_reader_within(object, framed, max_raw)?;
+                decode_columns(object, raw_len, raw, 8)?
+            }
             _ => {
                 return Err(RepoError::corrupt(
                     object,
@@ -173,10 +194,17 @@ impl Recipe {
     }
 }
 
-/// Frame a version 5 body compressed, or, if it would expand too much on
-/// reading (the recipe of a stream of zeros), plain as version 6.
+/// Frame a version 5 body compressed; if it would expand too much on
+/// reading for version 5 (a run of one reference), as version 7 when it
+/// holds few enough references, else plain as version 6.
 fn encode_body(body: Vec<u8>) -> Vec<u8> {
-    frame_zstd(MAGIC, VERSION, &body).unwrap_or_else(|| frame(MAGIC, PLAIN_VERSION, &body))
+    frame_zstd(MAGIC, VERSION, &body).unwrap_or_else(|| {
+        if body.len() <= 16 + RUNS_MAX_REFS * REF_LEN {
+            frame_zstd_any(MAGIC, RUNS_VERSION, &body)
+        } else {
+            frame(MAGIC, PLAIN_VERSION, &body)
+        }
+    })
 }
 
 /// The stream length and count of a body `len` bytes long, refused unless
