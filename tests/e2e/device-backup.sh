@@ -46,6 +46,8 @@ stop "$WORK/dev"
 "$DEDUP" backup "$WORK/repo" v2 --device "$WORK/dev" --json >"$WORK/v2.json"
 read2=$(json blocks_read <"$WORK/v2.json")
 [ "$read2" -le 16 ] || fail "the second backup read $read2 chunks for a 64 KiB change"
+[ "$(json parent <"$WORK/v2.json")" = v1 ] || fail "v1 is not v2's parent: $(cat "$WORK/v2.json")"
+[ "$(json blocks_from_parent <"$WORK/v2.json")" -gt 1000 ] || fail "nothing taken from v1"
 "$DEDUP" restore "$WORK/repo" v2 "$WORK/v2.out"
 cp "$WORK/v1.want" "$WORK/v2.want"
 python3 - "$WORK/v2.want" <<'EOF'

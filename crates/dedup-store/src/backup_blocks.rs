@@ -15,7 +15,8 @@
 //! hashing its image, and the report says why.
 
 use std::collections::HashMap;
-use std::io::{self, Read};
+use std::io;
+use std::sync::mpsc;
 
 use dedup_common::fingerprint::{Fingerprint, HashAlgo};
 use serde::Serialize;
@@ -27,6 +28,7 @@ use crate::recipe::SegmentRef;
 use crate::repo::Repository;
 use crate::segmenter::Segmenting;
 use crate::session::BackupSession;
+use crate::tree::parent::ParentRecipe;
 use crate::writer::HASH;
 
 /// What a source knows of one block without reading it.
@@ -42,7 +44,7 @@ pub enum BlockState {
 
 /// A device as a backup by fingerprint sees it: blocks of one size, each
 /// known by its state, readable in runs.
-pub trait BlockSource: Send {
+pub trait BlockSource: Sync {
     /// Bytes in a block.
     fn block_size(&self) -> u32;
     /// Blocks in the device.
@@ -50,9 +52,10 @@ pub trait BlockSource: Send {
     /// The hash behind `BlockState::Known` fingerprints.
     fn hash(&self) -> HashAlgo;
     /// The states of blocks `first..first + count`, in order.
-    fn map(&mut self, first: u64, count: u64) -> io::Result<Vec<BlockState>>;
+    fn map(&self, first: u64, count: u64) -> io::Result<Vec<BlockState>>;
     /// Fill `buf` (whole blocks) from block `first` on.
-    fn read(&mut self, first: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Called from another thread than `map` (a reader runs ahead).
+    fn read(&self, first: u64, buf: &mut [u8]) -> io::Result<()>;
     /// Block `block` named for a message (the device, the block and its
     /// byte offset) and what to do about a chunk that fails its check.
     fn describe(&self, block: u64) -> String;
@@ -74,6 +77,13 @@ pub struct BlocksReport {
     /// source kept no fingerprint), and their bytes.
     pub blocks_read: u64,
     pub bytes_read: u64,
+    /// The backup whose recipe named blocks as they were (the newest
+    /// stream backup of the group, of the device's size), and the blocks
+    /// taken from it, each confirmed against its container's catalog
+    /// without a lookup.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    pub blocks_from_parent: u64,
 }
 
 /// Blocks looked up, read and stored as one step: 4 MiB of 4 KiB blocks.
@@ -87,7 +97,7 @@ impl Repository {
         &self,
         name: &str,
         group: &str,
-        source: &mut dyn BlockSource,
+        source: &dyn BlockSource,
         progress: &mut (dyn FnMut(u64) + Send),
     ) -> RepoResult<(BackupReport, BlocksReport)> {
         let mut session = self.begin_backup(name, group)?;
@@ -98,7 +108,17 @@ impl Repository {
         match self.why_not_by_fingerprint(source) {
             None => {
                 report.by_fingerprint = true;
-                append_by_fingerprint(&mut session, source, &mut report, progress)?;
+                let size = report.blocks * u64::from(source.block_size());
+                let mut parent = self.parent_image(group, size)?;
+                report.parent = parent.as_ref().map(|(name, _)| name.clone());
+                append_by_fingerprint(
+                    self,
+                    &mut session,
+                    source,
+                    parent.as_mut().map(|(_, p)| p),
+                    &mut report,
+                    progress,
+                )?;
             }
             Some(why) => {
                 report.read_because = Some(why);
@@ -122,6 +142,25 @@ impl Repository {
             }
         }
         Ok((session.commit()?.report, report))
+    }
+
+    /// The newest stream backup in `group` of `size` bytes and its recipe,
+    /// to take unchanged blocks from. A parent that cannot be read is no
+    /// parent (every block is then looked up, never a reason to fail), nor
+    /// one of another device: each block taken from it is confirmed by its
+    /// whole fingerprint in the container's catalog.
+    fn parent_image(&self, group: &str, size: u64) -> RepoResult<Option<(String, ParentRecipe)>> {
+        let newest = self
+            .list_backups_all()?
+            .backups
+            .into_iter()
+            .filter(|b| b.group == group && b.tree.is_none() && b.report.bytes_in == size)
+            .max_by_key(|b| b.time);
+        Ok(newest.and_then(|record| {
+            let name = record.name.clone();
+            let (record, parts) = self.recipe_parts_of(record).ok()?;
+            Some((name, ParentRecipe::new(record.recipe, parts.into_head())))
+        }))
     }
 
     /// Why `source`'s fingerprints cannot name this repository's segments,
@@ -163,15 +202,59 @@ impl Repository {
 /// to store it.
 enum Step {
     Found(SegmentRef),
-    /// To store: its fingerprint if known, and the block whose bytes to
-    /// store (an earlier block of the step with the same fingerprint, or
-    /// itself); `None`: the zero block.
-    Store(Option<Fingerprint>, Option<usize>),
+    /// To store: its fingerprint if known, and where its bytes are.
+    Store(Option<Fingerprint>, Bytes),
 }
 
+/// Where the bytes of a block to store are.
+#[derive(Clone, Copy)]
+enum Bytes {
+    /// The zero block's.
+    Zero,
+    /// Read in this step, at this block (itself, or an earlier block of
+    /// the step with the same fingerprint).
+    Here(usize),
+    /// Read in the step before, at this block: that step stores it
+    /// first, so this one finds it stored (the bytes are the fallback).
+    Before(usize),
+}
+
+/// A step looked up: its first block, what each block needs, and which
+/// blocks to read.
+struct Planned {
+    first: u64,
+    steps: Vec<Step>,
+    wanted: Vec<bool>,
+    /// Each fingerprint this step reads to store, at its first block.
+    reads: HashMap<Fingerprint, usize>,
+    /// The zero block's reference, if this step or one before found it.
+    zero_ref: Option<SegmentRef>,
+}
+
+/// A step's blocks read (those wanted) and hashed.
+struct Read {
+    bytes: Vec<u8>,
+    hashed: HashMap<usize, Fingerprint>,
+    blocks_read: u64,
+}
+
+impl Read {
+    /// Block `j` of the step (of `bs` bytes).
+    fn block(&self, j: usize, bs: usize) -> &[u8] {
+        &self.bytes[j * bs..(j + 1) * bs]
+    }
+}
+
+/// Steps read ahead of the one being stored: the reader reads and hashes
+/// the next while this thread looks up and stores (its containers
+/// compress on the thread pool), so the three overlap.
+const READ_AHEAD: usize = 2;
+
 fn append_by_fingerprint(
+    repo: &Repository,
     session: &mut BackupSession<'_>,
-    source: &mut dyn BlockSource,
+    source: &dyn BlockSource,
+    mut parent: Option<&mut ParentRecipe>,
     report: &mut BlocksReport,
     progress: &mut (dyn FnMut(u64) + Send),
 ) -> RepoResult<()> {
@@ -183,104 +266,289 @@ fn append_by_fingerprint(
         context: format!("{what} the device for backup {name}"),
         cause,
     };
-    let mut buf = Vec::new();
-    let mut first = 0;
-    while first < report.blocks {
-        let count = STEP_BLOCKS.min(report.blocks - first);
-        let states = source.map(first, count).map_err(|e| io("mapping", e))?;
-        if states.len() as u64 != count {
-            return Err(io(
-                "mapping",
-                io::Error::other(format!("{} states for {count} blocks", states.len())),
-            ));
-        }
-        // Look every named block up; the first of each missing fingerprint
-        // is read, later ones store from it (or find it stored by then).
-        let mut steps = Vec::with_capacity(states.len());
-        let mut first_missing: HashMap<Fingerprint, usize> = HashMap::new();
-        for (i, state) in states.iter().enumerate() {
-            let fp = match *state {
-                BlockState::Zero => {
-                    report.zero_blocks += 1;
-                    zero_fp
+    std::thread::scope(|scope| {
+        let (ask, asked) = mpsc::sync_channel::<(u64, Vec<bool>, Vec<u8>)>(READ_AHEAD);
+        let (give, given) = mpsc::sync_channel::<io::Result<Read>>(READ_AHEAD);
+        std::thread::Builder::new()
+            .name("dedup-blocks".into())
+            .spawn_scoped(scope, move || {
+                for (first, wanted, buf) in asked {
+                    if give.send(read_wanted(source, first, &wanted, buf)).is_err() {
+                        return;
+                    }
                 }
-                BlockState::Known(fp) => fp,
-                BlockState::Unknown => {
-                    steps.push(Step::Store(None, Some(i)));
+            })
+            .map_err(|e| io("starting a thread to read", e))?;
+        let mut planned: std::collections::VecDeque<Planned> = Default::default();
+        let mut spare = Vec::new();
+        let mut before: Option<Read> = None;
+        let mut zero_ref = None;
+        let mut first = 0;
+        loop {
+            if first < report.blocks {
+                let count = STEP_BLOCKS.min(report.blocks - first);
+                let earlier = planned.back().map(|p| &p.reads);
+                let at = Window {
+                    first,
+                    count,
+                    zero_fp,
+                    zero_ref,
+                };
+                let parent = parent.as_deref_mut().map(|p| (repo, p));
+                let p = plan(session, source, at, parent, earlier, report)
+                    .map_err(|e| e.into_repo(&io))?;
+                zero_ref = p.zero_ref;
+                // The reader is gone only if it panicked (a bug).
+                let buf = std::mem::take(&mut spare);
+                ask.send((first, p.wanted.clone(), buf))
+                    .map_err(|_| io("reading", io::Error::other("the reading thread died")))?;
+                planned.push_back(p);
+                first += count;
+                if planned.len() < READ_AHEAD {
                     continue;
                 }
-            };
-            steps.push(match session.lookup_ref(&fp)? {
-                Some(r) => Step::Found(r),
-                None if *state == BlockState::Zero => Step::Store(Some(fp), None),
-                None => Step::Store(Some(fp), Some(*first_missing.entry(fp).or_insert(i))),
-            });
-        }
-        // Read what must be read, in runs of consecutive blocks.
-        let mut wanted = vec![false; states.len()];
-        for step in &steps {
-            if let Step::Store(_, Some(j)) = step {
-                wanted[*j] = true;
             }
+            let Some(p) = planned.pop_front() else { break };
+            let read = given
+                .recv()
+                .map_err(|_| io("reading", io::Error::other("the reading thread died")))?
+                .map_err(|e| io("reading", e))?;
+            report.blocks_read += read.blocks_read;
+            report.bytes_read += read.blocks_read * bs as u64;
+            let end = p.first + p.steps.len() as u64;
+            store(session, source, p, &read, before.as_ref(), &zeros, &name)?;
+            // The step before's bytes are free now; this one's stay for
+            // the next step's `Bytes::Before`.
+            if let Some(b) = before.replace(read) {
+                spare = b.bytes;
+            }
+            progress(end);
         }
-        buf.resize(states.len() * bs, 0);
-        let mut i = 0;
-        while i < wanted.len() {
-            if !wanted[i] {
-                i += 1;
+        Ok(())
+    })
+}
+
+/// Why planning a step failed: the source or the repository.
+enum PlanError {
+    Source(io::Error),
+    Repo(RepoError),
+}
+
+impl PlanError {
+    fn into_repo(self, io: &impl Fn(&str, io::Error) -> RepoError) -> RepoError {
+        match self {
+            PlanError::Source(e) => io("mapping", e),
+            PlanError::Repo(e) => e,
+        }
+    }
+}
+
+/// The blocks a step walks, and the zero block's fingerprint.
+struct Window {
+    first: u64,
+    count: u64,
+    zero_fp: Fingerprint,
+    /// Where the zero block is stored, once found: held for the session,
+    /// so every later zero block names it without a lookup.
+    zero_ref: Option<SegmentRef>,
+}
+
+/// Map the window's blocks and name each: as the parent had it where its
+/// segment there has the block's fingerprint (confirmed), else by a
+/// lookup; the first block of each missing fingerprint is to be read,
+/// later ones store from it (or find it stored by then).
+fn plan(
+    session: &mut BackupSession<'_>,
+    source: &dyn BlockSource,
+    Window {
+        first,
+        count,
+        zero_fp,
+        mut zero_ref,
+    }: Window,
+    parent: Option<(&Repository, &mut ParentRecipe)>,
+    earlier: Option<&HashMap<Fingerprint, usize>>,
+    report: &mut BlocksReport,
+) -> Result<Planned, PlanError> {
+    let states = source.map(first, count).map_err(PlanError::Source)?;
+    if states.len() as u64 != count {
+        return Err(PlanError::Source(io::Error::other(format!(
+            "{} states for {count} blocks",
+            states.len()
+        ))));
+    }
+    let from_parent =
+        unchanged(session, source, first, &states, parent).map_err(PlanError::Repo)?;
+    report.blocks_from_parent += from_parent.iter().flatten().count() as u64;
+    let mut steps = Vec::with_capacity(states.len());
+    let mut first_missing: HashMap<Fingerprint, usize> = HashMap::new();
+    for (i, state) in states.iter().enumerate() {
+        if let Some(r) = from_parent.get(i).copied().flatten() {
+            steps.push(Step::Found(r));
+            continue;
+        }
+        let fp = match *state {
+            BlockState::Zero => {
+                report.zero_blocks += 1;
+                zero_fp
+            }
+            BlockState::Known(fp) => fp,
+            BlockState::Unknown => {
+                steps.push(Step::Store(None, Bytes::Here(i)));
                 continue;
             }
-            let end = (i..wanted.len())
-                .find(|&j| !wanted[j])
-                .unwrap_or(wanted.len());
-            source
-                .read(first + i as u64, &mut buf[i * bs..end * bs])
-                .map_err(|e| io("reading", e))?;
-            report.blocks_read += (end - i) as u64;
-            report.bytes_read += ((end - i) * bs) as u64;
-            i = end;
+        };
+        let found = match (state, zero_ref) {
+            (BlockState::Zero, Some(r)) => Some(r),
+            _ => session.lookup_ref(&fp).map_err(PlanError::Repo)?,
+        };
+        if *state == BlockState::Zero && zero_ref.is_none() {
+            zero_ref = found;
         }
-        // Every block read is hashed: a known one must match its
-        // fingerprint, an unknown one is named by its hash.
-        let read: Vec<usize> = (0..wanted.len()).filter(|&i| wanted[i]).collect();
-        let hashed = HASH.fingerprint_many(
-            &read
-                .iter()
-                .map(|&i| &buf[i * bs..(i + 1) * bs])
-                .collect::<Vec<_>>(),
-        );
-        let actual: HashMap<usize, Fingerprint> = read.into_iter().zip(hashed).collect();
-        for (i, step) in steps.into_iter().enumerate() {
-            match step {
-                Step::Found(r) => session.push(r, false)?,
-                Step::Store(fp, from) => {
-                    let (data, fp) = match from {
-                        None => (&zeros[..], fp.unwrap_or(zero_fp)),
-                        Some(j) => {
-                            let got = actual[&j];
-                            if fp.is_some_and(|fp| fp != got) {
-                                return Err(RepoError::SourceMismatch {
-                                    name,
-                                    what: source.describe(first + j as u64),
-                                });
-                            }
-                            (&buf[j * bs..(j + 1) * bs], got)
-                        }
-                    };
-                    debug_assert!(from.is_none_or(|j| j <= i));
-                    session.append_hashed(data, fp)?;
-                }
+        let before = earlier.and_then(|e| e.get(&fp));
+        steps.push(match (found, before) {
+            (Some(r), _) => Step::Found(r),
+            (None, _) if *state == BlockState::Zero => Step::Store(Some(fp), Bytes::Zero),
+            (None, Some(&j)) => Step::Store(Some(fp), Bytes::Before(j)),
+            (None, None) => {
+                Step::Store(Some(fp), Bytes::Here(*first_missing.entry(fp).or_insert(i)))
+            }
+        });
+    }
+    let mut wanted = vec![false; steps.len()];
+    for step in &steps {
+        if let Step::Store(_, Bytes::Here(j)) = step {
+            wanted[*j] = true;
+        }
+    }
+    Ok(Planned {
+        first,
+        steps,
+        wanted,
+        reads: first_missing,
+        zero_ref,
+    })
+}
+
+/// For each block of a step, the parent's reference if the parent's
+/// recipe names the block as it is now: its segment at the block's offset has the block's fingerprint
+/// (its 8-byte check and length, then the whole fingerprint in the
+/// container's catalog, held for the session).
+fn unchanged(
+    session: &mut BackupSession<'_>,
+    source: &dyn BlockSource,
+    first: u64,
+    states: &[BlockState],
+    parent: Option<(&Repository, &mut ParentRecipe)>,
+) -> RepoResult<Vec<Option<SegmentRef>>> {
+    let mut out = vec![None; states.len()];
+    let Some((repo, parent)) = parent else {
+        return Ok(out);
+    };
+    let bs = source.block_size();
+    let (mut at, mut refs, mut fps) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, state) in states.iter().enumerate() {
+        // Zero blocks name the session's zero reference, found once.
+        let BlockState::Known(fp) = *state else {
+            continue;
+        };
+        let offset = (first + i as u64) * u64::from(bs);
+        if let Some(r) = parent.segment_at(repo, session, offset)? {
+            if r.is(&fp, bs) {
+                at.push(i);
+                refs.push(r);
+                fps.push(fp);
             }
         }
-        first += count;
-        progress(first);
+    }
+    let confirmed = session.confirm(&refs, &fps)?;
+    for ((i, r), ok) in at.into_iter().zip(refs).zip(confirmed) {
+        if ok {
+            out[i] = Some(r);
+        }
+    }
+    Ok(out)
+}
+
+/// Read the wanted blocks of the step at `first` into `buf` (in runs of
+/// consecutive blocks) and hash each.
+fn read_wanted(
+    source: &dyn BlockSource,
+    first: u64,
+    wanted: &[bool],
+    mut buf: Vec<u8>,
+) -> io::Result<Read> {
+    let bs = source.block_size() as usize;
+    buf.resize(wanted.len() * bs, 0);
+    let mut blocks_read = 0;
+    let mut i = 0;
+    while i < wanted.len() {
+        if !wanted[i] {
+            i += 1;
+            continue;
+        }
+        let end = (i..wanted.len())
+            .find(|&j| !wanted[j])
+            .unwrap_or(wanted.len());
+        source.read(first + i as u64, &mut buf[i * bs..end * bs])?;
+        blocks_read += (end - i) as u64;
+        i = end;
+    }
+    let read: Vec<usize> = (0..wanted.len()).filter(|&i| wanted[i]).collect();
+    let hashed = HASH.fingerprint_many(
+        &read
+            .iter()
+            .map(|&i| &buf[i * bs..(i + 1) * bs])
+            .collect::<Vec<_>>(),
+    );
+    Ok(Read {
+        hashed: read.into_iter().zip(hashed).collect(),
+        bytes: buf,
+        blocks_read,
+    })
+}
+
+/// Push a step's blocks in order: each found one by reference, each other
+/// stored from the bytes read, once they match its fingerprint.
+fn store(
+    session: &mut BackupSession<'_>,
+    source: &dyn BlockSource,
+    p: Planned,
+    read: &Read,
+    before: Option<&Read>,
+    zeros: &[u8],
+    name: &str,
+) -> RepoResult<()> {
+    let bs = source.block_size() as usize;
+    for step in p.steps {
+        match step {
+            Step::Found(r) => session.push(r, false)?,
+            // Known, and checked by the step before (which stopped the
+            // backup had it not matched).
+            Step::Store(Some(fp), Bytes::Zero) => session.append_hashed(zeros, fp)?,
+            Step::Store(Some(fp), Bytes::Before(j)) => {
+                let before = before.expect("a step before the one that names it");
+                session.append_hashed(before.block(j, bs), fp)?;
+            }
+            Step::Store(fp, Bytes::Here(j)) => {
+                let got = read.hashed[&j];
+                if fp.is_some_and(|fp| fp != got) {
+                    return Err(RepoError::SourceMismatch {
+                        name: name.into(),
+                        what: source.describe(p.first + j as u64),
+                    });
+                }
+                session.append_hashed(read.block(j, bs), got)?;
+            }
+            Step::Store(None, _) => unreachable!("only blocks read are unnamed"),
+        }
     }
     Ok(())
 }
 
 /// A source's image as a stream, for a backup that reads it.
 struct Image<'a> {
-    source: &'a mut dyn BlockSource,
+    source: &'a dyn BlockSource,
     /// The next block to read.
     next: u64,
     /// Blocks read and not all taken yet: `block[taken..]`.
@@ -290,7 +558,7 @@ struct Image<'a> {
     progress: &'a mut (dyn FnMut(u64) + Send),
 }
 
-impl Read for Image<'_> {
+impl io::Read for Image<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if self.taken == self.block.len() {
             let bs = self.source.block_size() as usize;

@@ -80,6 +80,13 @@ impl Protection {
         true
     }
 
+    /// Whether `session` holds `container`.
+    pub(crate) fn holds(&self, session: u64, container: u64) -> bool {
+        self.active
+            .get(&session)
+            .is_some_and(|held| held.contains(&container))
+    }
+
     /// `session` is about to put `object` (its recipe, the first of the
     /// recipe's parts, or its tree), which its backup object will name: GC
     /// must not take it, or the recipe's parts, for an orphan.

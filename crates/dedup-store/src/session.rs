@@ -292,6 +292,43 @@ impl BackupSession<'_> {
         Ok(true)
     }
 
+    /// Which of `refs` (each a candidate for the segment of fingerprint
+    /// `fps[i]`) are confirmed: held for this session, allowed (no
+    /// collection this process applied found the entry dead), and its
+    /// container's catalog holding exactly that fingerprint and length at
+    /// that entry. Nothing is pushed: a confirmed reference is the
+    /// caller's to `push`.
+    pub(crate) fn confirm(
+        &mut self,
+        refs: &[SegmentRef],
+        fps: &[Fingerprint],
+    ) -> RepoResult<Vec<bool>> {
+        if refs.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Every container that can be is held, even past one condemned;
+        // a reference into one this session does not hold is refused.
+        self.repo
+            .hold_pinned(self.id, &SegmentRef::containers(refs))?;
+        let allowed: Vec<bool> = {
+            let p = self.repo.protection();
+            (refs.iter())
+                .map(|r| p.holds(self.id, r.container) && p.allows(r.container, r.entry))
+                .collect()
+        };
+        Ok(refs
+            .iter()
+            .zip(fps)
+            .zip(allowed)
+            .map(|((r, fp), allowed)| {
+                allowed
+                    && self
+                        .catalog_entry(r.container, r.entry)
+                        .is_some_and(|e| e.fingerprint == *fp && e.location.raw_len == r.len)
+            })
+            .collect())
+    }
+
     /// Hold `containers` for this backup ahead of reusing them (a parent
     /// recipe part's), pinned together; those condemned are left out.
     pub(crate) fn hold_ahead(&mut self, containers: &[u64]) -> RepoResult<()> {

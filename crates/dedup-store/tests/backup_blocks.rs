@@ -9,6 +9,7 @@
 
 use std::collections::HashSet;
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use dedup_common::fingerprint::{Fingerprint, HashAlgo};
 use dedup_store::backup_blocks::{BlockSource, BlockState, BlocksReport};
@@ -24,7 +25,7 @@ const BS: usize = 4096;
 struct Model {
     block_size: usize,
     blocks: Vec<Option<(Vec<u8>, Option<Fingerprint>)>>,
-    reads: u64,
+    reads: AtomicU64,
 }
 
 impl Model {
@@ -32,7 +33,7 @@ impl Model {
         Model {
             block_size,
             blocks: vec![None; blocks],
-            reads: 0,
+            reads: AtomicU64::new(0),
         }
     }
 
@@ -72,7 +73,7 @@ impl BlockSource for Model {
     fn hash(&self) -> HashAlgo {
         HashAlgo::Blake3
     }
-    fn map(&mut self, first: u64, count: u64) -> io::Result<Vec<BlockState>> {
+    fn map(&self, first: u64, count: u64) -> io::Result<Vec<BlockState>> {
         Ok(self.blocks[first as usize..(first + count) as usize]
             .iter()
             .map(|b| match b {
@@ -82,9 +83,9 @@ impl BlockSource for Model {
             })
             .collect())
     }
-    fn read(&mut self, first: u64, buf: &mut [u8]) -> io::Result<()> {
+    fn read(&self, first: u64, buf: &mut [u8]) -> io::Result<()> {
         for (i, out) in buf.chunks_mut(self.block_size).enumerate() {
-            self.reads += 1;
+            self.reads.fetch_add(1, Ordering::Relaxed);
             match &self.blocks[first as usize + i] {
                 Some((bytes, _)) => out.copy_from_slice(bytes),
                 None => out.fill(0),
@@ -111,7 +112,7 @@ fn restore(repo: &Repository, name: &str) -> Vec<u8> {
     out
 }
 
-fn backup(repo: &Repository, name: &str, model: &mut Model) -> BlocksReport {
+fn backup(repo: &Repository, name: &str, model: &Model) -> BlocksReport {
     let mut last = 0;
     let (_, report) = repo
         .backup_blocks(name, "dev", model, &mut |done| {
@@ -162,10 +163,10 @@ fn backups_by_fingerprint_restore_the_image_and_read_only_what_is_new() {
                 .collect::<HashSet<_>>()
                 .len();
             let name = format!("dev-{round}");
-            model.reads = 0;
-            let report = backup(&repo, &name, &mut model);
+            model.reads.store(0, Ordering::Relaxed);
+            let report = backup(&repo, &name, &model);
             assert!(report.by_fingerprint, "{report:?}");
-            assert_eq!(report.blocks_read, model.reads);
+            assert_eq!(report.blocks_read, model.reads.load(Ordering::Relaxed));
             assert!(
                 report.blocks_read <= (unknown + new_known) as u64,
                 "seed {seed} round {round}: read {} blocks, {unknown} without a fingerprint and {} new",
@@ -189,9 +190,14 @@ fn backups_by_fingerprint_restore_the_image_and_read_only_what_is_new() {
             }
         }
         // Unchanged: nothing read at all.
-        model.reads = 0;
-        let report = backup(&repo, "again", &mut model);
+        model.reads.store(0, Ordering::Relaxed);
+        let report = backup(&repo, "again", &model);
         assert_eq!(report.blocks_read, model.unknown() as u64);
+        // Every block with a fingerprint taken from the newest backup of
+        // the group without a lookup (zero blocks name the zero segment).
+        assert_eq!(report.parent.as_deref(), Some("dev-5"));
+        let known = model.blocks.iter().flatten().count() - model.unknown();
+        assert_eq!(report.blocks_from_parent, known as u64);
         assert!(restore(&repo, "again") == model.image());
         let check = repo.check(CheckOptions { data: true }, &|_| {}).unwrap();
         assert!(check.is_clean(), "{check:?}");
@@ -208,7 +214,7 @@ fn a_chunk_that_does_not_match_its_fingerprint_stops_the_backup_by_name() {
     for block in 0..1500 {
         model.write(block, content(&mut rng, 1 << 40), true);
     }
-    backup(&repo, "good", &mut model);
+    backup(&repo, "good", &model);
     let image = model.image();
     // Block 1700: new bytes, and its metadata names other bytes (a chunk
     // damaged on disk after it was written).
@@ -216,7 +222,7 @@ fn a_chunk_that_does_not_match_its_fingerprint_stops_the_backup_by_name() {
     let lie = HashAlgo::Blake3.fingerprint(&content(&mut rng, 1 << 40));
     model.blocks[1700].as_mut().unwrap().1 = Some(lie);
     let e = repo
-        .backup_blocks("bad", "dev", &mut model, &mut |_| {})
+        .backup_blocks("bad", "dev", &model, &mut |_| {})
         .expect_err("refused");
     assert!(matches!(e, RepoError::SourceMismatch { .. }), "{e}");
     assert!(e.to_string().contains("model block 1700"), "{e}");
@@ -233,7 +239,7 @@ fn a_chunk_that_does_not_match_its_fingerprint_stops_the_backup_by_name() {
     // Repaired (the right fingerprint), it backs up.
     let bytes = model.blocks[1700].as_ref().unwrap().0.clone();
     model.write(1700, bytes, true);
-    backup(&repo, "repaired", &mut model);
+    backup(&repo, "repaired", &model);
     assert!(restore(&repo, "repaired") == model.image());
 }
 
@@ -275,18 +281,18 @@ fn a_repository_the_chunks_cannot_name_is_backed_up_by_reading() {
     ] {
         let mut model = Model::new(2500, BS);
         fill(&mut model, &mut rng);
-        let report = backup(repo, "img", &mut model);
+        let report = backup(repo, "img", &model);
         assert!(!report.by_fingerprint);
         let because = report.read_because.clone().unwrap();
         assert!(because.contains(why), "{because}");
         assert_eq!(report.blocks_read, 2500);
-        assert_eq!(model.reads, 2500);
+        assert_eq!(model.reads.load(Ordering::Relaxed), 2500);
         assert!(restore(repo, "img") == model.image(), "{why}");
     }
     // A device of 8 KiB chunks into the 8 KiB repository: by fingerprint.
     let mut model = Model::new(600, 8192);
     fill(&mut model, &mut rng);
-    let report = backup(&fixed8k, "eight", &mut model);
+    let report = backup(&fixed8k, "eight", &model);
     assert!(report.by_fingerprint, "{report:?}");
     assert!(restore(&fixed8k, "eight") == model.image());
 }

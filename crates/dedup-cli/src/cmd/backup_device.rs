@@ -63,7 +63,7 @@ impl BlockSource for DeviceSource {
         self.device.config().hash
     }
 
-    fn map(&mut self, first: u64, count: u64) -> io::Result<Vec<BlockState>> {
+    fn map(&self, first: u64, count: u64) -> io::Result<Vec<BlockState>> {
         let states = self.device.block_map(first, count).map_err(io_error)?;
         Ok(states
             .into_iter()
@@ -75,7 +75,7 @@ impl BlockSource for DeviceSource {
             .collect())
     }
 
-    fn read(&mut self, first: u64, buf: &mut [u8]) -> io::Result<()> {
+    fn read(&self, first: u64, buf: &mut [u8]) -> io::Result<()> {
         let offset = first * u64::from(self.block_size());
         self.device.read(offset, buf).map_err(io_error)
     }
@@ -113,11 +113,11 @@ pub fn run(
     dir: &Path,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let mut source = DeviceSource::open(dir)?;
+    let source = DeviceSource::open(dir)?;
     let repo = open_indexed(repo_at, index)?;
     let bar = blocks_bar(name, source.blocks(), json)?;
     let start = Instant::now();
-    let result = repo.backup_blocks(name, group, &mut source, &mut |done| bar.set_position(done));
+    let result = repo.backup_blocks(name, group, &source, &mut |done| bar.set_position(done));
     bar.finish_and_clear();
     let (r, blocks): (BackupReport, BlocksReport) = result?;
     let seconds = start.elapsed().as_secs_f64();

@@ -302,6 +302,31 @@ impl ParentRecipe {
         Ok(at - file.offset)
     }
 
+    /// The parent's segment that starts at stream byte `at`, if one does
+    /// and its part reads; its part's containers are held (and pinned
+    /// together) for `session` the first time the part is loaded. The
+    /// caller confirms the segment before it references it.
+    pub(crate) fn segment_at(
+        &mut self,
+        repo: &Repository,
+        session: &mut BackupSession<'_>,
+        at: u64,
+    ) -> RepoResult<Option<SegmentRef>> {
+        if self.part_at(repo, at).is_none() {
+            return Ok(None);
+        }
+        let ahead = std::mem::take(&mut self.hold_ahead);
+        if !ahead.is_empty() {
+            session.hold_ahead(&ahead)?;
+        }
+        let part = self.loaded.as_ref().expect("part_at loaded it");
+        Ok(part
+            .starts
+            .binary_search(&at)
+            .ok()
+            .and_then(|i| part.refs.get(i).copied()))
+    }
+
     pub(crate) fn new(object: String, head: RecipeObject) -> ParentRecipe {
         let mut part_starts = vec![0u64];
         let mut at = 0u64;
