@@ -66,6 +66,25 @@ grep -q "read and hashed whole, because the repository cuts content-defined segm
 "$DEDUP" restore "$WORK/cdc" v2 "$WORK/cdc.img"
 cmp "$WORK/cdc.img" "$WORK/v2.want" || fail "the read backup differs from the device"
 
+if [ -n "${DEDUP_TEST_S3:-}" ]; then
+    log "into a bucket: by fingerprint in the clear, read and hashed encrypted"
+    B="$DEDUP_TEST_S3/device-$$-$RANDOM"
+    "$DEDUP" store init "$B/clear" --segments fixed:4K --encryption off >/dev/null
+    "$DEDUP" backup "$B/clear" v2 --device "$WORK/dev" --json >"$WORK/s3.json"
+    [ "$(json by_fingerprint <"$WORK/s3.json")" = True ] || fail "not by fingerprint: $(cat "$WORK/s3.json")"
+    "$DEDUP" restore "$B/clear" v2 "$WORK/s3.img"
+    cmp "$WORK/s3.img" "$WORK/v2.want" || fail "the bucket's backup differs from the device"
+    rm -f "$WORK/s3.img"
+    pass="device e2e $RANDOM$RANDOM"
+    DEDUP_PASSWORD=$pass "$DEDUP" store init "$B/sealed" --segments fixed:4K >/dev/null
+    DEDUP_PASSWORD=$pass "$DEDUP" backup "$B/sealed" v2 --device "$WORK/dev" >"$WORK/sealed.out"
+    grep -q "because the repository is encrypted" "$WORK/sealed.out" ||
+        { cat "$WORK/sealed.out"; fail "the encrypted fallback is not named"; }
+    DEDUP_PASSWORD=$pass "$DEDUP" restore "$B/sealed" v2 "$WORK/s3.img"
+    cmp "$WORK/s3.img" "$WORK/v2.want" || fail "the encrypted backup differs from the device"
+    rm -f "$WORK/s3.img"
+fi
+
 if [ "$COMPRESSION" = none ]; then
     log "a chunk damaged on disk stops the backup by name"
     serve "$WORK/dev"
