@@ -3,7 +3,8 @@
 # written onto a device, backed up with `dedup backup --device`, restores
 # byte for byte and fscks clean; after a small change only the changed
 # chunks are read; a served device is refused; a chunk damaged on disk
-# stops the backup by name with nothing committed; a repository of
+# that the backup reads (the repository lacks it) stops the backup by name
+# with nothing committed; a repository of
 # content-defined segments is backed up by reading, and says so.
 . "$(dirname "$0")/lib.sh"
 

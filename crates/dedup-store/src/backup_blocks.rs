@@ -4,8 +4,11 @@
 //! size, plain BLAKE3) a backup needs only the device's map. Each block is
 //! named by its fingerprint and looked up; only a chunk the repository
 //! lacks is read, and its bytes are hashed again before they are stored:
-//! a chunk whose bytes do not match its recorded fingerprint stops the
-//! backup, named, and is never stored under a wrong name.
+//! a chunk read whose bytes do not match its recorded fingerprint stops
+//! the backup, named, and is never stored under a wrong name. A chunk not
+//! read (the repository holds its fingerprint) is backed up as the bytes
+//! that fingerprint names, the ones written: damage to it on the device
+//! is `dedup check --data`'s to find, not the backup's.
 //!
 //! The backup is a stream backup of the device's image (restored as an
 //! image, like `nbdcopy | dedup backup --stdin`): an unmapped block is the
@@ -109,7 +112,7 @@ impl Repository {
             None => {
                 report.by_fingerprint = true;
                 let size = report.blocks * u64::from(source.block_size());
-                let mut parent = self.parent_image(group, size)?;
+                let mut parent = self.parent_image(group, size);
                 report.parent = parent.as_ref().map(|(name, _)| name.clone());
                 append_by_fingerprint(
                     self,
@@ -149,18 +152,13 @@ impl Repository {
     /// parent (every block is then looked up, never a reason to fail), nor
     /// one of another device: each block taken from it is confirmed by its
     /// whole fingerprint in the container's catalog.
-    fn parent_image(&self, group: &str, size: u64) -> RepoResult<Option<(String, ParentRecipe)>> {
-        let newest = self
-            .list_backups_all()?
-            .backups
-            .into_iter()
+    fn parent_image(&self, group: &str, size: u64) -> Option<(String, ParentRecipe)> {
+        let newest = (self.list_backups_all().ok()?.backups.into_iter())
             .filter(|b| b.group == group && b.tree.is_none() && b.report.bytes_in == size)
-            .max_by_key(|b| b.time);
-        Ok(newest.and_then(|record| {
-            let name = record.name.clone();
-            let (record, parts) = self.recipe_parts_of(record).ok()?;
-            Some((name, ParentRecipe::new(record.recipe, parts.into_head())))
-        }))
+            .max_by_key(|b| b.time)?;
+        let name = newest.name.clone();
+        let (record, parts) = self.recipe_parts_of(newest).ok()?;
+        Some((name, ParentRecipe::new(record.recipe, parts.into_head())))
     }
 
     /// Why `source`'s fingerprints cannot name this repository's segments,
@@ -490,7 +488,7 @@ fn read_wanted(
         let end = (i..wanted.len())
             .find(|&j| !wanted[j])
             .unwrap_or(wanted.len());
-        source.read(first + i as u64, &mut buf[i * bs..end * bs])?;
+        read_caught(source, first + i as u64, &mut buf[i * bs..end * bs])?;
         blocks_read += (end - i) as u64;
         i = end;
     }
@@ -506,6 +504,21 @@ fn read_wanted(
         bytes: buf,
         blocks_read,
     })
+}
+
+/// `source.read`, tried again while it is `Interrupted`, with a panic in
+/// it (a bug in a source) an error that fails the backup rather than the
+/// process.
+fn read_caught(source: &dyn BlockSource, first: u64, buf: &mut [u8]) -> io::Result<()> {
+    loop {
+        let read =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| source.read(first, buf)))
+                .unwrap_or_else(|_| Err(io::Error::other("reading the device panicked")));
+        match read {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
 }
 
 /// Push a step's blocks in order: each found one by reference, each other
@@ -567,7 +580,11 @@ impl io::Read for Image<'_> {
                 return Ok(0);
             }
             self.block.resize(count as usize * bs, 0);
-            self.source.read(self.next, &mut self.block)?;
+            // Nothing to hand out until the read succeeds: a read that
+            // fails (even `Interrupted`, which callers try again) reads
+            // the same blocks next time.
+            self.taken = self.block.len();
+            read_caught(self.source, self.next, &mut self.block)?;
             self.taken = 0;
             self.next += count;
             self.report.blocks_read += count;

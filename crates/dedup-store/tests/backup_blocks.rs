@@ -10,6 +10,7 @@
 use std::collections::HashSet;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use dedup_common::fingerprint::{Fingerprint, HashAlgo};
 use dedup_store::backup_blocks::{BlockSource, BlockState, BlocksReport};
@@ -26,6 +27,18 @@ struct Model {
     block_size: usize,
     blocks: Vec<Option<(Vec<u8>, Option<Fingerprint>)>>,
     reads: AtomicU64,
+    /// What the next read does instead of reading, once.
+    fault: Mutex<Option<Fault>>,
+    /// Called with each window's first block as it is mapped.
+    on_map: Option<Box<dyn Fn(u64) + Sync>>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// `ErrorKind::Interrupted`: try again.
+    Interrupted,
+    Fails,
+    Panics,
 }
 
 impl Model {
@@ -34,6 +47,8 @@ impl Model {
             block_size,
             blocks: vec![None; blocks],
             reads: AtomicU64::new(0),
+            fault: Mutex::new(None),
+            on_map: None,
         }
     }
 
@@ -74,6 +89,9 @@ impl BlockSource for Model {
         HashAlgo::Blake3
     }
     fn map(&self, first: u64, count: u64) -> io::Result<Vec<BlockState>> {
+        if let Some(hook) = &self.on_map {
+            hook(first);
+        }
         Ok(self.blocks[first as usize..(first + count) as usize]
             .iter()
             .map(|b| match b {
@@ -84,6 +102,13 @@ impl BlockSource for Model {
             .collect())
     }
     fn read(&self, first: u64, buf: &mut [u8]) -> io::Result<()> {
+        let fault = self.fault.lock().unwrap().take();
+        match fault {
+            None => {}
+            Some(Fault::Interrupted) => return Err(io::ErrorKind::Interrupted.into()),
+            Some(Fault::Fails) => return Err(io::Error::other("the disk said no")),
+            Some(Fault::Panics) => panic!("a source that panics"),
+        }
         for (i, out) in buf.chunks_mut(self.block_size).enumerate() {
             self.reads.fetch_add(1, Ordering::Relaxed);
             match &self.blocks[first as usize + i] {
@@ -138,6 +163,10 @@ fn backups_by_fingerprint_restore_the_image_and_read_only_what_is_new() {
         let tmp = tempfile::tempdir().unwrap();
         let repo =
             Repository::init_with(tmp.path(), options(Segmenting::Fixed { size: 4096 })).unwrap();
+        // Parents of many parts (a part's containers held as it loads).
+        if seed == 1 {
+            repo.set_recipe_part_segments(300);
+        }
         let mut rng = StdRng::seed_from_u64(seed);
         // Three steps of blocks and a part of one.
         let mut model = Model::new(3 * 1024 + 300, BS);
@@ -145,9 +174,11 @@ fn backups_by_fingerprint_restore_the_image_and_read_only_what_is_new() {
         for round in 0..6 {
             for _ in 0..rng.random_range(1..2000) {
                 let block = rng.random_range(0..model.blocks.len());
-                match rng.random_range(0..10) {
-                    0 => model.blocks[block] = None,
-                    1 => model.write(block, content(&mut rng, 5000), false),
+                match rng.random_range(0..20) {
+                    0 | 1 => model.blocks[block] = None,
+                    2 | 3 => model.write(block, content(&mut rng, 5000), false),
+                    // A chunk of zeros the device stored (mapped).
+                    4 => model.write(block, vec![0; BS], true),
                     _ => model.write(block, content(&mut rng, 5000), true),
                 }
             }
@@ -295,4 +326,87 @@ fn a_repository_the_chunks_cannot_name_is_backed_up_by_reading() {
     let report = backup(&fixed8k, "eight", &model);
     assert!(report.by_fingerprint, "{report:?}");
     assert!(restore(&fixed8k, "eight") == model.image());
+}
+
+/// A source that fails a read: the backup fails naming the device and
+/// commits nothing, by fingerprint and read whole; one that panics fails
+/// it with an error; one interrupted is read again, and the image is exact.
+#[test]
+fn a_source_that_fails_commits_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fixed = Repository::init_with(
+        tmp.path().join("fixed"),
+        options(Segmenting::Fixed { size: 4096 }),
+    )
+    .unwrap();
+    let cdc =
+        Repository::init_with(tmp.path().join("cdc"), options(Segmenting::fastcdc(8192))).unwrap();
+    let mut rng = StdRng::seed_from_u64(21);
+    let mut model = Model::new(2600, BS);
+    for block in 0..2600 {
+        if rng.random_range(0..5) > 0 {
+            model.write(block, content(&mut rng, 1 << 40), true);
+        }
+    }
+    for repo in [&fixed, &cdc] {
+        for fault in [Fault::Fails, Fault::Panics] {
+            *model.fault.lock().unwrap() = Some(fault);
+            let e = repo
+                .backup_blocks("broken", "dev", &model, &mut |_| {})
+                .expect_err("a failed read");
+            let text = e.to_string();
+            assert!(
+                text.contains("the device for backup broken"),
+                "{fault:?}: {text}"
+            );
+            assert!(repo.list_backups().unwrap().is_empty(), "{fault:?}");
+        }
+        *model.fault.lock().unwrap() = Some(Fault::Interrupted);
+        let (_, report) = repo
+            .backup_blocks("whole", "dev", &model, &mut |_| {})
+            .unwrap();
+        assert!(model.fault.lock().unwrap().is_none(), "the fault was met");
+        assert!(restore(repo, "whole") == model.image(), "{report:?}");
+    }
+}
+
+/// The parent deleted and collected, by another handle, while a backup
+/// that takes blocks from it runs: what it took stays (held), what it had
+/// not is read again, and the backup restores exactly.
+#[test]
+fn a_collection_beside_a_device_backup_takes_nothing_it_holds() {
+    for compact_below in [0.0, 0.99] {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo =
+            Repository::init_with(tmp.path(), options(Segmenting::Fixed { size: 4096 })).unwrap();
+        repo.set_recipe_part_segments(500);
+        let mut rng = StdRng::seed_from_u64(33);
+        let mut model = Model::new(4 * 1024, BS);
+        for block in 0..model.blocks.len() {
+            model.write(block, content(&mut rng, 1 << 40), true);
+        }
+        backup(&repo, "parent", &model);
+        for block in (0..model.blocks.len()).step_by(7) {
+            model.write(block, content(&mut rng, 1 << 40), true);
+        }
+        let other = Arc::new(Mutex::new(Repository::open(tmp.path()).unwrap()));
+        let beside = other.clone();
+        model.on_map = Some(Box::new(move |first| {
+            if first == 2 * 1024 {
+                let other = beside.lock().unwrap();
+                other.delete_backup("parent").unwrap();
+                let opts = GcOptions {
+                    compact_below,
+                    ..GcOptions::default()
+                };
+                other.gc(&opts).unwrap();
+            }
+        }));
+        let report = backup(&repo, "child", &model);
+        assert!(report.blocks_from_parent > 0, "{report:?}");
+        assert!(restore(&repo, "child") == model.image());
+        let check = repo.check(CheckOptions { data: true }, &|_| {}).unwrap();
+        assert!(check.is_clean(), "{check:?}");
+        drop(other);
+    }
 }
