@@ -93,3 +93,28 @@ fn a_store_without_fingerprints_by_chunk_says_unknown() {
     assert_eq!(known, 0);
     assert!(unmapped > 0 && unknown > 0, "{unmapped} {unknown}");
 }
+
+/// After an unclean stop (the device dropped without a close), a device
+/// opened only to read recovers in RAM, and its map is what it reads.
+#[test]
+fn after_an_unclean_stop_the_map_is_what_the_device_reads() {
+    let mem = MemDevice::new(CS as u32, CHUNKS, CHUNKS);
+    let mut rng = StdRng::seed_from_u64(9);
+    {
+        let dev = mem.open().unwrap();
+        churn(&dev, &mut rng);
+        dev.flush().unwrap();
+        churn(&dev, &mut rng);
+        // Dropped without `close`: what was written since the flush is
+        // recovered or not, as a crash leaves it.
+    }
+    let dev = mem
+        .open_opts(dedup_core::OpenOptions {
+            writable: false,
+            ..mem.options()
+        })
+        .unwrap();
+    let (unmapped, known, unknown) = check(&dev, 0, CHUNKS);
+    assert!(unmapped > 0 && known > 0, "{unmapped} {known}");
+    assert_eq!(unknown, 0);
+}

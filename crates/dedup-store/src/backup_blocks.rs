@@ -81,7 +81,7 @@ pub struct BlocksReport {
     pub blocks_read: u64,
     pub bytes_read: u64,
     /// The backup whose recipe named blocks as they were (the newest
-    /// stream backup of the group, of the device's size), and the blocks
+    /// stream backup of the group no longer than the device), and the blocks
     /// taken from it, each confirmed against its container's catalog
     /// without a lookup.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -147,14 +147,15 @@ impl Repository {
         Ok((session.commit()?.report, report))
     }
 
-    /// The newest stream backup in `group` of `size` bytes and its recipe,
-    /// to take unchanged blocks from. A parent that cannot be read is no
-    /// parent (every block is then looked up, never a reason to fail), nor
-    /// one of another device: each block taken from it is confirmed by its
-    /// whole fingerprint in the container's catalog.
+    /// The newest stream backup in `group` of at most `size` bytes (the
+    /// device's, or before it grew) and its recipe, to take unchanged
+    /// blocks from. A parent that cannot be read is no parent (every
+    /// block is then looked up, never a reason to fail), nor is one of
+    /// another device a danger: each block taken from it is confirmed by
+    /// its whole fingerprint in the container's catalog.
     fn parent_image(&self, group: &str, size: u64) -> Option<(String, ParentRecipe)> {
         let newest = (self.list_backups_all().ok()?.backups.into_iter())
-            .filter(|b| b.group == group && b.tree.is_none() && b.report.bytes_in == size)
+            .filter(|b| b.group == group && b.tree.is_none() && b.report.bytes_in <= size)
             .max_by_key(|b| b.time)?;
         let name = newest.name.clone();
         let (record, parts) = self.recipe_parts_of(newest).ok()?;

@@ -410,3 +410,28 @@ fn a_collection_beside_a_device_backup_takes_nothing_it_holds() {
         drop(other);
     }
 }
+
+/// A device grown since its last backup: that backup is still the parent
+/// for the blocks it covers, and the grown image restores exactly.
+#[test]
+fn a_grown_device_keeps_its_parent() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo =
+        Repository::init_with(tmp.path(), options(Segmenting::Fixed { size: 4096 })).unwrap();
+    let mut rng = StdRng::seed_from_u64(44);
+    let mut model = Model::new(1500, BS);
+    for block in 0..1500 {
+        model.write(block, content(&mut rng, 1 << 40), true);
+    }
+    backup(&repo, "small", &model);
+    model.blocks.resize(2600, None);
+    for block in 1500..2000 {
+        model.write(block, content(&mut rng, 1 << 40), true);
+    }
+    model.reads.store(0, Ordering::Relaxed);
+    let report = backup(&repo, "grown", &model);
+    assert_eq!(report.parent.as_deref(), Some("small"));
+    assert_eq!(report.blocks_from_parent, 1500);
+    assert_eq!(report.blocks_read, 500);
+    assert!(restore(&repo, "grown") == model.image());
+}
