@@ -149,6 +149,13 @@ fn backup(repo: &Repository, name: &str, model: &Model) -> BlocksReport {
     report
 }
 
+/// Blocks `range` of `model` written with unique contents, recorded.
+fn unique(model: &mut Model, range: std::ops::Range<usize>, rng: &mut StdRng) {
+    for block in range {
+        model.write(block, content(rng, 1 << 40), true);
+    }
+}
+
 /// Random contents from a small pool (so blocks repeat), never all zeros.
 fn content(rng: &mut StdRng, pool: u64) -> Vec<u8> {
     let mut b = vec![0u8; BS];
@@ -242,9 +249,7 @@ fn a_chunk_that_does_not_match_its_fingerprint_stops_the_backup_by_name() {
         Repository::init_with(tmp.path(), options(Segmenting::Fixed { size: 4096 })).unwrap();
     let mut rng = StdRng::seed_from_u64(7);
     let mut model = Model::new(2000, BS);
-    for block in 0..1500 {
-        model.write(block, content(&mut rng, 1 << 40), true);
-    }
+    unique(&mut model, 0..1500, &mut rng);
     backup(&repo, "good", &model);
     let image = model.image();
     // Block 1700: new bytes, and its metadata names other bytes (a chunk
@@ -420,14 +425,10 @@ fn a_grown_device_keeps_its_parent() {
         Repository::init_with(tmp.path(), options(Segmenting::Fixed { size: 4096 })).unwrap();
     let mut rng = StdRng::seed_from_u64(44);
     let mut model = Model::new(1500, BS);
-    for block in 0..1500 {
-        model.write(block, content(&mut rng, 1 << 40), true);
-    }
+    unique(&mut model, 0..1500, &mut rng);
     backup(&repo, "small", &model);
     model.blocks.resize(2600, None);
-    for block in 1500..2000 {
-        model.write(block, content(&mut rng, 1 << 40), true);
-    }
+    unique(&mut model, 1500..2000, &mut rng);
     model.reads.store(0, Ordering::Relaxed);
     let report = backup(&repo, "grown", &model);
     assert_eq!(report.parent.as_deref(), Some("small"));
