@@ -25,7 +25,7 @@ use dedup_common::fingerprint::{Fingerprint, HashAlgo};
 use serde::Serialize;
 
 use crate::backup::BackupReport;
-use crate::backup_stream::{append_stream, StreamError};
+use crate::backup_stream::append_stream;
 use crate::error::repo::{RepoError, RepoResult};
 use crate::recipe::SegmentRef;
 use crate::repo::Repository;
@@ -133,15 +133,8 @@ impl Repository {
                     report: &mut report,
                     progress,
                 };
-                append_stream(&mut session, self.config.segmenting, &mut image).map_err(
-                    |e| match e {
-                        StreamError::Read(cause) => RepoError::Io {
-                            context: format!("reading the device for backup {name}"),
-                            cause,
-                        },
-                        StreamError::Repo(e) => e,
-                    },
-                )?;
+                append_stream(&mut session, self.config.segmenting, &mut image)
+                    .map_err(|e| e.into_repo(|| format!("reading the device for backup {name}")))?;
             }
         }
         Ok((session.commit()?.report, report))
@@ -218,12 +211,10 @@ enum Bytes {
     Before(usize),
 }
 
-/// A step looked up: its first block, what each block needs, and which
-/// blocks to read.
+/// A step looked up: its first block and what each block needs.
 struct Planned {
     first: u64,
     steps: Vec<Step>,
-    wanted: Vec<bool>,
     /// Each fingerprint this step reads to store, at its first block.
     reads: HashMap<Fingerprint, usize>,
     /// The zero block's reference, if this step or one before found it.
@@ -233,8 +224,22 @@ struct Planned {
 /// A step's blocks read (those wanted) and hashed.
 struct Read {
     bytes: Vec<u8>,
-    hashed: HashMap<usize, Fingerprint>,
+    /// By block of the step: the hash of each block read.
+    hashed: Vec<Option<Fingerprint>>,
     blocks_read: u64,
+}
+
+impl Planned {
+    /// Which blocks of the step are to be read: those others store from.
+    fn wanted(&self) -> Vec<bool> {
+        let mut wanted = vec![false; self.steps.len()];
+        for step in &self.steps {
+            if let Step::Store(_, Bytes::Here(j)) = step {
+                wanted[*j] = true;
+            }
+        }
+        wanted
+    }
 }
 
 impl Read {
@@ -299,7 +304,7 @@ fn append_by_fingerprint(
                 zero_ref = p.zero_ref;
                 // The reader is gone only if it panicked (a bug).
                 let buf = std::mem::take(&mut spare);
-                ask.send((first, p.wanted.clone(), buf))
+                ask.send((first, p.wanted(), buf))
                     .map_err(|_| io("reading", io::Error::other("the reading thread died")))?;
                 planned.push_back(p);
                 first += count;
@@ -414,16 +419,9 @@ fn plan(
             }
         });
     }
-    let mut wanted = vec![false; steps.len()];
-    for step in &steps {
-        if let Step::Store(_, Bytes::Here(j)) = step {
-            wanted[*j] = true;
-        }
-    }
     Ok(Planned {
         first,
         steps,
-        wanted,
         reads: first_missing,
         zero_ref,
     })
@@ -494,14 +492,18 @@ fn read_wanted(
         i = end;
     }
     let read: Vec<usize> = (0..wanted.len()).filter(|&i| wanted[i]).collect();
-    let hashed = HASH.fingerprint_many(
+    let fps = HASH.fingerprint_many(
         &read
             .iter()
             .map(|&i| &buf[i * bs..(i + 1) * bs])
             .collect::<Vec<_>>(),
     );
+    let mut hashed = vec![None; wanted.len()];
+    for (i, fp) in read.into_iter().zip(fps) {
+        hashed[i] = Some(fp);
+    }
     Ok(Read {
-        hashed: read.into_iter().zip(hashed).collect(),
+        hashed,
         bytes: buf,
         blocks_read,
     })
@@ -545,7 +547,7 @@ fn store(
                 session.append_hashed(before.block(j, bs), fp)?;
             }
             Step::Store(fp, Bytes::Here(j)) => {
-                let got = read.hashed[&j];
+                let got = read.hashed[j].expect("every block to store from was read");
                 if fp.is_some_and(|fp| fp != got) {
                     return Err(RepoError::SourceMismatch {
                         name: name.into(),

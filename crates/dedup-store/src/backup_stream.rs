@@ -43,13 +43,8 @@ impl Repository {
         reader: impl Read + Send,
     ) -> RepoResult<BackupReport> {
         let mut session = self.begin_backup(name, group)?;
-        append_stream(&mut session, self.config.segmenting, reader).map_err(|e| match e {
-            StreamError::Read(cause) => RepoError::Io {
-                context: format!("reading the stream of backup {name}"),
-                cause,
-            },
-            StreamError::Repo(e) => e,
-        })?;
+        append_stream(&mut session, self.config.segmenting, reader)
+            .map_err(|e| e.into_repo(|| format!("reading the stream of backup {name}")))?;
         Ok(session.commit()?.report)
     }
 }
@@ -57,6 +52,19 @@ impl Repository {
 pub(crate) enum StreamError {
     Read(io::Error),
     Repo(RepoError),
+}
+
+impl StreamError {
+    /// As the repository's error, a failed read named by `context`.
+    pub(crate) fn into_repo(self, context: impl FnOnce() -> String) -> RepoError {
+        match self {
+            StreamError::Read(cause) => RepoError::Io {
+                context: context(),
+                cause,
+            },
+            StreamError::Repo(e) => e,
+        }
+    }
 }
 
 /// Cut `reader` into segments with `how` and append them all to `session`.

@@ -33,26 +33,50 @@ pub fn frame_compressed(magic: [u8; 8], plain_version: u32, version: u32, body: 
 /// Frame `body` compressed as `version` (as [`frame_compressed`] does), or
 /// `None` when it would expand more than `MAX_EXPANSION` times.
 pub fn frame_zstd(magic: [u8; 8], version: u32, body: &[u8]) -> Option<Vec<u8>> {
-    let out = frame_zstd_any(magic, version, body);
-    // The frame's head and checksum: magic, version, raw length, crc.
-    let packed = out.len() - 8 - 4 - 8 - 4;
-    expansion_allowed(body.len() as u64, packed).then_some(out)
+    let packed = zstd_packed(body);
+    expansion_allowed(body.len() as u64, packed.len())
+        .then(|| frame_packed(magic, version, body.len(), packed))
 }
 
-/// [`frame_zstd`] however much the body shrinks: for a version whose
-/// reader bounds the raw length another way (`unzstd_reader_within`).
-pub fn frame_zstd_any(magic: [u8; 8], version: u32, body: &[u8]) -> Vec<u8> {
+/// [`frame_zstd`], or, for a body that shrinks more than `MAX_EXPANSION`
+/// times, compressed all the same as `runs_version` if it is at most
+/// `max_raw` bytes (that version's reader bounds the raw length so,
+/// `unzstd_reader_within`); `None` for a larger one. Compressed once.
+pub fn frame_zstd_bounded(
+    magic: [u8; 8],
+    version: u32,
+    runs_version: u32,
+    max_raw: u64,
+    body: &[u8],
+) -> Option<Vec<u8>> {
+    let packed = zstd_packed(body);
+    let raw = body.len() as u64;
+    if expansion_allowed(raw, packed.len()) {
+        Some(frame_packed(magic, version, body.len(), packed))
+    } else if raw <= max_raw {
+        Some(frame_packed(magic, runs_version, body.len(), packed))
+    } else {
+        None
+    }
+}
+
+/// `body` compressed at the objects' level.
+fn zstd_packed(body: &[u8]) -> Vec<u8> {
     // zstd in memory fails only on a bad level, and this one is good.
-    let mut out = zstd::bulk::compress(body, OBJECT_LEVEL).expect("zstd compresses in memory");
+    zstd::bulk::compress(body, OBJECT_LEVEL).expect("zstd compresses in memory")
+}
+
+/// The frame of `packed`, a body of `raw_len` bytes compressed.
+fn frame_packed(magic: [u8; 8], version: u32, raw_len: usize, mut packed: Vec<u8>) -> Vec<u8> {
     // The frame is made around the compressed bytes in place, not copied
     // twice more: a recipe's is several bytes a segment of the backup.
     let mut head = magic.to_vec();
     head.extend_from_slice(&version.to_le_bytes());
-    head.extend_from_slice(&(body.len() as u64).to_le_bytes());
-    out.splice(0..0, head);
-    let sum = crc(&out);
-    out.extend_from_slice(&sum.to_le_bytes());
-    out
+    head.extend_from_slice(&(raw_len as u64).to_le_bytes());
+    packed.splice(0..0, head);
+    let sum = crc(&packed);
+    packed.extend_from_slice(&sum.to_le_bytes());
+    packed
 }
 
 fn expansion_allowed(raw_len: u64, packed_len: usize) -> bool {
@@ -117,7 +141,7 @@ pub fn unzstd_reader<'a>(object: &str, body: &'a [u8]) -> RepoResult<(u64, impl 
     zstd_reader(object, body, raw_len)
 }
 
-/// [`unzstd_reader`] of a body [`frame_zstd_any`] made, whose raw length
+/// [`unzstd_reader`] of a body [`frame_zstd_bounded`] made, whose raw length
 /// may be any ratio to its bytes but at most `max_raw` (what the version
 /// can hold), so no body makes its reader decompress without end.
 pub fn unzstd_reader_within<'a>(

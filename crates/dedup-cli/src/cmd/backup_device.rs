@@ -16,6 +16,7 @@ use dedup_store::{BackupReport, RepoLocation};
 use serde::Serialize;
 
 use super::shared::args::IndexArgs;
+use super::shared::progress::blocks_bar;
 use super::shared::repo::open_indexed;
 use super::shared::report::{mb_per_sec, print_json, ratio_text, IndexJson, ReportJson};
 
@@ -164,21 +165,4 @@ pub fn run(
         seconds,
     );
     Ok(ExitCode::SUCCESS)
-}
-
-/// Blocks walked out of the device's (hidden for --json or when stderr is
-/// not a terminal).
-fn blocks_bar(name: &str, blocks: u64, json: bool) -> anyhow::Result<indicatif::ProgressBar> {
-    use std::io::IsTerminal;
-    let bar = indicatif::ProgressBar::new(blocks).with_style(
-        indicatif::ProgressStyle::with_template(
-            "backing up {msg} [{bar:30}] {pos}/{len} blocks, {per_sec}, {eta} left",
-        )?
-        .progress_chars("=> "),
-    );
-    bar.set_message(name.to_string());
-    if json || !io::stderr().is_terminal() {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
-    Ok(bar)
 }

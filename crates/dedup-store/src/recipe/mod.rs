@@ -36,7 +36,7 @@ use dedup_common::fingerprint::Fingerprint;
 
 use crate::error::repo::{RepoError, RepoResult};
 use crate::framed::{
-    frame, frame_zstd, frame_zstd_any, undecompressable, unframe_any, unzstd, unzstd_reader,
+    frame, frame_zstd_bounded, undecompressable, unframe_any, unzstd, unzstd_reader,
     unzstd_reader_within,
 };
 
@@ -54,6 +54,8 @@ const RUNS_VERSION: u32 = 7;
 /// is stored in hundreds of bytes instead of 24 a reference, and still
 /// no forged one can make its reader decompress without end.
 const RUNS_MAX_REFS: usize = parts::PART_SEGMENTS;
+/// A version 7 body's most bytes: the head and `RUNS_MAX_REFS` references.
+const RUNS_MAX_RAW: u64 = 16 + (RUNS_MAX_REFS * REF_LEN) as u64;
 /// Columns with whole fingerprints, compressed (read only).
 const COLUMNS_VERSION: u32 = 3;
 /// Rows, compressed (read only).
@@ -169,8 +171,7 @@ impl Recipe {
                 decode_columns(object, raw_len, raw, 8)?
             }
             RUNS_VERSION => {
-                let max_raw = 16 + (RUNS_MAX_REFS * REF_LEN) as u64;
-                let (raw_len, raw) = unzstd_reader_within(object, framed, max_raw)?;
+                let (raw_len, raw) = unzstd_reader_within(object, framed, RUNS_MAX_RAW)?;
                 decode_columns(object, raw_len, raw, 8)?
             }
             _ => {
@@ -198,13 +199,8 @@ impl Recipe {
 /// reading for version 5 (a run of one reference), as version 7 when it
 /// holds few enough references, else plain as version 6.
 fn encode_body(body: Vec<u8>) -> Vec<u8> {
-    frame_zstd(MAGIC, VERSION, &body).unwrap_or_else(|| {
-        if body.len() <= 16 + RUNS_MAX_REFS * REF_LEN {
-            frame_zstd_any(MAGIC, RUNS_VERSION, &body)
-        } else {
-            frame(MAGIC, PLAIN_VERSION, &body)
-        }
-    })
+    frame_zstd_bounded(MAGIC, VERSION, RUNS_VERSION, RUNS_MAX_RAW, &body)
+        .unwrap_or_else(|| frame(MAGIC, PLAIN_VERSION, &body))
 }
 
 /// The stream length and count of a body `len` bytes long, refused unless

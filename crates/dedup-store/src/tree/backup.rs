@@ -89,14 +89,12 @@ impl Repository {
         paths: &[impl AsRef<Path>],
         mut progress: impl FnMut(u64),
     ) -> RepoResult<TreeBackupReport> {
+        let context = || format!("backing up files as {name}");
         let io = |cause| RepoError::Io {
-            context: format!("backing up files as {name}"),
+            context: context(),
             cause,
         };
-        let stream = |e| match e {
-            StreamError::Read(cause) => io(cause),
-            StreamError::Repo(e) => e,
-        };
+        let stream = |e: StreamError| e.into_repo(context);
         let mut walk = TreeWalk::new(paths).map_err(io)?;
         let mut cutter = FileCutter::new(self.config.segmenting, self.segment_hash());
         let mut session = self.begin_backup(name, group)?;

@@ -275,16 +275,9 @@ impl ParentRecipe {
         let end = file.offset + file.size;
         let mut at = file.offset;
         while at < end {
-            if self.part_at(repo, at).is_none() {
+            let Some(part) = self.held_part_at(repo, session, at)? else {
                 break;
-            }
-            let ahead = std::mem::take(&mut self.hold_ahead);
-            if !ahead.is_empty() {
-                // Whether all were held does not matter here: each file's
-                // reuse checks its own containers.
-                session.hold_ahead(&ahead)?;
-            }
-            let part = self.loaded.as_ref().expect("part_at loaded it");
+            };
             // The slice must start and end on segment boundaries: it
             // always ends at the file's end or the part's.
             let stop = end.min(part.end());
@@ -312,6 +305,25 @@ impl ParentRecipe {
         session: &mut BackupSession<'_>,
         at: u64,
     ) -> RepoResult<Option<SegmentRef>> {
+        let Some(part) = self.held_part_at(repo, session, at)? else {
+            return Ok(None);
+        };
+        Ok(part
+            .starts
+            .binary_search(&at)
+            .ok()
+            .and_then(|i| part.refs.get(i).copied()))
+    }
+
+    /// `part_at`, its containers held for `session` (pinned together) the
+    /// first time the part is loaded. Whether all were held does not
+    /// matter here: each reuse checks its own containers.
+    fn held_part_at(
+        &mut self,
+        repo: &Repository,
+        session: &mut BackupSession<'_>,
+        at: u64,
+    ) -> RepoResult<Option<&Part>> {
         if self.part_at(repo, at).is_none() {
             return Ok(None);
         }
@@ -319,12 +331,7 @@ impl ParentRecipe {
         if !ahead.is_empty() {
             session.hold_ahead(&ahead)?;
         }
-        let part = self.loaded.as_ref().expect("part_at loaded it");
-        Ok(part
-            .starts
-            .binary_search(&at)
-            .ok()
-            .and_then(|i| part.refs.get(i).copied()))
+        Ok(self.loaded.as_ref())
     }
 
     pub(crate) fn new(object: String, head: RecipeObject) -> ParentRecipe {

@@ -33,13 +33,32 @@ pub fn server_backup_spinner(name: &str, json: bool) -> anyhow::Result<indicatif
     )
 }
 
+/// A bar of the blocks a backup of device `name` has walked out of
+/// `blocks` (hidden as `backup_spinner`).
+pub fn blocks_bar(name: &str, blocks: u64, json: bool) -> anyhow::Result<indicatif::ProgressBar> {
+    let bar = indicatif::ProgressBar::new(blocks).with_style(
+        indicatif::ProgressStyle::with_template(
+            "backing up {msg} [{bar:30}] {pos}/{len} blocks, {per_sec}, {eta} left",
+        )?
+        .progress_chars("=> "),
+    );
+    bar.set_message(name.to_string());
+    hide_unless_drawn(&bar, json);
+    Ok(bar)
+}
+
+/// Hide `bar` for --json, or when stderr is not a terminal.
+fn hide_unless_drawn(bar: &indicatif::ProgressBar, json: bool) {
+    if json || !io::stderr().is_terminal() {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+}
+
 fn spinner(template: &str, name: &str, json: bool) -> anyhow::Result<indicatif::ProgressBar> {
     let bar = indicatif::ProgressBar::new_spinner()
         .with_style(indicatif::ProgressStyle::with_template(template)?);
     bar.set_message(name.to_string());
-    if json || !io::stderr().is_terminal() {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
+    hide_unless_drawn(&bar, json);
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
     Ok(bar)
 }
