@@ -296,6 +296,17 @@ impl Device {
         self.engine.read(offset, buf)
     }
 
+    /// Point each LBN at the stored chunk of its fingerprint where the
+    /// hash index holds one, with no data written; per block, whether it
+    /// now holds that content (else its bytes must be written). See
+    /// `map_known.rs`: the fingerprints must come from checked bytes.
+    pub fn map_known(
+        &self,
+        blocks: &[(Lbn, crate::fingerprint::Fingerprint)],
+    ) -> Result<Vec<bool>> {
+        self.settled().map_known(blocks)
+    }
+
     /// What logical chunks `first..first + count` hold, after the queued
     /// mutations of that range (see `Engine::block_map`).
     pub fn block_map(&self, first: Lbn, count: u64) -> Result<Vec<ChunkState>> {

@@ -15,6 +15,7 @@ mod device;
 mod gc;
 mod group_commit;
 mod locks;
+mod map_known;
 mod meta;
 mod read_path;
 mod recover;

@@ -395,7 +395,7 @@ impl Engine {
 
     /// Drop one reference. A chunk left with count 1 is held by the hash
     /// index alone: garbage for the next collection.
-    fn release(&self, m: &mut Meta, pbn: Pbn) -> Result<()> {
+    pub(super) fn release(&self, m: &mut Meta, pbn: Pbn) -> Result<()> {
         if m.release(self.placement.as_ref(), pbn)? == 1 {
             self.releases.fetch_add(1, Ordering::Relaxed);
         }
