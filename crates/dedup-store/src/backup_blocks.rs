@@ -45,9 +45,10 @@ pub enum BlockState {
     Unknown,
 }
 
-/// A device as a backup by fingerprint sees it: blocks of one size, each
-/// known by its state, readable in runs.
-pub trait BlockSource: Sync {
+/// A device as blocks of one size, each known by its state: what a
+/// backup by fingerprint reads (`BlockSource`) and a restore by
+/// fingerprint writes (`restore::blocks::BlockTarget`) share.
+pub trait BlockMap {
     /// Bytes in a block.
     fn block_size(&self) -> u32;
     /// Blocks in the device.
@@ -56,6 +57,11 @@ pub trait BlockSource: Sync {
     fn hash(&self) -> HashAlgo;
     /// The states of blocks `first..first + count`, in order.
     fn map(&self, first: u64, count: u64) -> io::Result<Vec<BlockState>>;
+}
+
+/// A device as a backup by fingerprint sees it: its map, and its blocks
+/// readable in runs.
+pub trait BlockSource: BlockMap + Sync {
     /// Fill `buf` (whole blocks) from block `first` on.
     /// Called from another thread than `map` (a reader runs ahead).
     fn read(&self, first: u64, buf: &mut [u8]) -> io::Result<()>;
@@ -108,7 +114,7 @@ impl Repository {
             blocks: source.blocks(),
             ..BlocksReport::default()
         };
-        match self.why_not_by_fingerprint(source) {
+        match self.why_not_by_fingerprint(source.block_size(), source.hash()) {
             None => {
                 report.by_fingerprint = true;
                 let size = report.blocks * u64::from(source.block_size());
@@ -155,10 +161,10 @@ impl Repository {
         Some((name, ParentRecipe::new(record.recipe, parts.into_head())))
     }
 
-    /// Why `source`'s fingerprints cannot name this repository's segments,
-    /// if they cannot.
-    fn why_not_by_fingerprint(&self, source: &dyn BlockSource) -> Option<String> {
-        let size = source.block_size();
+    /// Why a device's fingerprints (of `size`-byte chunks, by `hash`)
+    /// cannot name this repository's segments, if they cannot: for a
+    /// backup by fingerprint, and for a restore by fingerprint.
+    pub(crate) fn why_not_by_fingerprint(&self, size: u32, hash: HashAlgo) -> Option<String> {
         match self.config.segmenting {
             Segmenting::Fixed { size: s } if s == size => {}
             Segmenting::Fixed { size: s } => {
@@ -174,10 +180,9 @@ impl Repository {
                 )
             }
         }
-        if source.hash() != HASH {
+        if hash != HASH {
             return Some(format!(
-                "the device fingerprints chunks with {} and the repository with {HASH}",
-                source.hash()
+                "the device fingerprints chunks with {hash} and the repository with {HASH}"
             ));
         }
         if self.segment_hash().is_keyed() {

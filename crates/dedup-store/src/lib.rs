@@ -134,6 +134,7 @@ pub use recipe::{Recipe, SegmentRef};
 pub use repo::listing::{DamagedBackup, Listing};
 pub use repo::{RepoOptions, Repository};
 pub use restore::at_offsets::WriteAt;
+pub use restore::blocks::{BlockTarget, BlocksRestored, RestorePass};
 pub use restore::salvage::{DamagedRange, Salvage};
 pub use segmenter::Segmenting;
 pub use session::BackupSession;

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use dedup_common::fingerprint::{Fingerprint, HashAlgo};
-use dedup_store::backup_blocks::{BlockSource, BlockState, BlocksReport};
+use dedup_store::backup_blocks::{BlockMap, BlockSource, BlockState, BlocksReport};
 use dedup_store::crypto::passphrase::for_this_thread;
 use dedup_store::crypto::KdfParams;
 use dedup_store::{CheckOptions, GcOptions, RepoError, RepoOptions, Repository, Segmenting};
@@ -78,7 +78,7 @@ impl Model {
     }
 }
 
-impl BlockSource for Model {
+impl BlockMap for Model {
     fn block_size(&self) -> u32 {
         self.block_size as u32
     }
@@ -101,6 +101,9 @@ impl BlockSource for Model {
             })
             .collect())
     }
+}
+
+impl BlockSource for Model {
     fn read(&self, first: u64, buf: &mut [u8]) -> io::Result<()> {
         let fault = self.fault.lock().unwrap().take();
         match fault {

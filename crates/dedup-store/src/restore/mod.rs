@@ -7,6 +7,7 @@
 //! most one part of it.
 
 pub(crate) mod at_offsets;
+pub(crate) mod blocks;
 pub(crate) mod salvage;
 
 use std::io::Write;
