@@ -5,10 +5,24 @@
 # chunks are read; a served device is refused; a chunk damaged on disk
 # that the backup reads (the repository lacks it) stops the backup by name
 # with nothing committed; a repository of
-# content-defined segments is backed up by reading, and says so.
+# content-defined segments is backed up by reading, and says so. The
+# backups restore onto the same device by fingerprint (only the change
+# written back), onto a new one, and from the content-defined repository
+# whole; a served device, one holding data without --force and one too
+# small are refused.
 . "$(dirname "$0")/lib.sh"
 
 json() { python3 -c "import json,sys; print(json.load(sys.stdin)[sys.argv[1]])" "$1"; }
+# same_image DIR WANT: the stopped device in DIR, read through its server,
+# holds the bytes of the file WANT (an ext4 image), and fscks clean.
+same_image() {
+    serve "$1"
+    nbdcopy "$(uri "$1")" "$WORK/read.img"
+    stop "$1"
+    cmp "$WORK/read.img" "$2" || fail "device $1 differs from $2"
+    e2fsck -fn "$WORK/read.img" >/dev/null || fail "device $1 does not fsck clean"
+    rm -f "$WORK/read.img"
+}
 
 log "an ext4 image onto a device"
 mkdir -p "$WORK/tree"
@@ -59,6 +73,41 @@ with open(sys.argv[1], "r+b") as f:
 EOF
 cmp "$WORK/v2.out" "$WORK/v2.want" || fail "v2 restored differs from the device"
 
+log "restored onto the same device by fingerprint: the change put back, nothing else written"
+serve "$WORK/dev"
+if "$DEDUP" restore "$WORK/repo" v1 --device "$WORK/dev" 2>"$WORK/err"; then
+    fail "a restore wrote onto a served device"
+fi
+grep -q "stop its server first" "$WORK/err" || { cat "$WORK/err"; fail "no hint to stop the server"; }
+stop "$WORK/dev"
+if "$DEDUP" restore "$WORK/repo" v1 --device "$WORK/dev" 2>"$WORK/err"; then
+    fail "a device holding data was replaced without --force"
+fi
+grep -q "add --force" "$WORK/err" || { cat "$WORK/err"; fail "no hint to add --force"; }
+"$DEDUP" restore "$WORK/repo" v1 --device "$WORK/dev" --force --json >"$WORK/r1.json"
+[ "$(json by_fingerprint <"$WORK/r1.json")" = True ] || fail "not by fingerprint: $(cat "$WORK/r1.json")"
+written=$(json bytes_written <"$WORK/r1.json")
+[ "$written" -le $((128 << 10)) ] || fail "wrote $written bytes to put back 64 KiB: $(cat "$WORK/r1.json")"
+[ "$(json blocks_unchanged <"$WORK/r1.json")" -ge $((32768 - 16)) ] || fail "$(cat "$WORK/r1.json")"
+"$DEDUP" check "$WORK/dev" --data >/dev/null || fail "the device does not check clean after the restore"
+same_image "$WORK/dev" "$WORK/v1.want"
+"$DEDUP" restore "$WORK/repo" v2 --device "$WORK/dev" --force --json >"$WORK/r1.json"
+[ "$(json bytes_written <"$WORK/r1.json")" -le $((128 << 10)) ] || fail "v2 put back: $(cat "$WORK/r1.json")"
+
+log "restored onto a new device: every chunk written once; a device too small is refused"
+"$DEDUP" create "$WORK/dev2" --size 128M --backend "$BACKEND" --compression "$COMPRESSION" >/dev/null
+"$DEDUP" restore "$WORK/repo" v2 --device "$WORK/dev2" --json >"$WORK/r2.json"
+"$DEDUP" status "$WORK/dev2" --json >"$WORK/s2.json"
+[ "$(json chunks_stored <"$WORK/s2.json")" -lt "$(json chunks_mapped <"$WORK/s2.json")" ] ||
+    fail "the copies are not stored once: $(cat "$WORK/s2.json")"
+"$DEDUP" check "$WORK/dev2" --data >/dev/null || fail "the new device does not check clean"
+same_image "$WORK/dev2" "$WORK/v2.want"
+"$DEDUP" create "$WORK/small" --size 64M --backend "$BACKEND" --compression "$COMPRESSION" >/dev/null
+if "$DEDUP" restore "$WORK/repo" v2 --device "$WORK/small" 2>"$WORK/err"; then
+    fail "a 128 MiB image was restored onto a 64 MiB device"
+fi
+grep -q "grow it first" "$WORK/err" || { cat "$WORK/err"; fail "no hint to grow"; }
+
 log "a repository of content-defined segments: read, and says why"
 "$DEDUP" store init "$WORK/cdc" >/dev/null
 "$DEDUP" backup "$WORK/cdc" v2 --device "$WORK/dev" >"$WORK/cdc.out"
@@ -66,6 +115,11 @@ grep -q "read and hashed whole, because the repository cuts content-defined segm
     { cat "$WORK/cdc.out"; fail "the fallback is not named"; }
 "$DEDUP" restore "$WORK/cdc" v2 "$WORK/cdc.img"
 cmp "$WORK/cdc.img" "$WORK/v2.want" || fail "the read backup differs from the device"
+"$DEDUP" create "$WORK/dev3" --size 128M --backend "$BACKEND" --compression "$COMPRESSION" >/dev/null
+"$DEDUP" restore "$WORK/cdc" v2 --device "$WORK/dev3" >"$WORK/cdc-dev.out"
+grep -q "written whole, because the repository cuts content-defined segments" "$WORK/cdc-dev.out" ||
+    { cat "$WORK/cdc-dev.out"; fail "the restore's fallback is not named"; }
+same_image "$WORK/dev3" "$WORK/v2.want"
 
 if [ -n "${DEDUP_TEST_S3:-}" ]; then
     log "into a bucket: by fingerprint in the clear, read and hashed encrypted"
@@ -76,6 +130,8 @@ if [ -n "${DEDUP_TEST_S3:-}" ]; then
     "$DEDUP" restore "$B/clear" v2 "$WORK/s3.img"
     cmp "$WORK/s3.img" "$WORK/v2.want" || fail "the bucket's backup differs from the device"
     rm -f "$WORK/s3.img"
+    "$DEDUP" restore "$B/clear" v2 --device "$WORK/dev" --force --json >"$WORK/s3r.json"
+    [ "$(json bytes_written <"$WORK/s3r.json")" = 0 ] || fail "restored from the bucket: $(cat "$WORK/s3r.json")"
     pass="device e2e $RANDOM$RANDOM"
     DEDUP_PASSWORD=$pass "$DEDUP" store init "$B/sealed" --segments fixed:4K >/dev/null
     DEDUP_PASSWORD=$pass "$DEDUP" backup "$B/sealed" v2 --device "$WORK/dev" >"$WORK/sealed.out"
@@ -84,6 +140,10 @@ if [ -n "${DEDUP_TEST_S3:-}" ]; then
     DEDUP_PASSWORD=$pass "$DEDUP" restore "$B/sealed" v2 "$WORK/s3.img"
     cmp "$WORK/s3.img" "$WORK/v2.want" || fail "the encrypted backup differs from the device"
     rm -f "$WORK/s3.img"
+    DEDUP_PASSWORD=$pass "$DEDUP" restore "$B/sealed" v2 --device "$WORK/dev" --force >"$WORK/sealed.out"
+    grep -q "written whole, because the repository is encrypted" "$WORK/sealed.out" ||
+        { cat "$WORK/sealed.out"; fail "the encrypted restore's fallback is not named"; }
+    same_image "$WORK/dev" "$WORK/v2.want"
 fi
 
 if [ "$COMPRESSION" = none ]; then

@@ -24,6 +24,7 @@ pub mod list;
 pub mod nbdkit;
 pub mod replay;
 pub mod restore;
+mod restore_device;
 mod restore_files;
 mod restore_target;
 pub mod serve;

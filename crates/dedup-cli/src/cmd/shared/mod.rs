@@ -1,6 +1,7 @@
 //! What the commands share, one layer below all of them: clap arguments
 //! and their value parsers (`args`), report types and their text
-//! (`report`), reaching a device (`device`) or a backup repository, here
+//! (`report`), reaching a device (`device`), a stopped device as blocks
+//! (`device_blocks`), or a backup repository, here
 //! or through a server (`repo`), key files (`psk`), progress bars
 //! (`progress`) and a trace's statistics (`trace_stats`). A command module
 //! imports these and never another command, nor do these import a command,
@@ -8,6 +9,7 @@
 
 pub mod args;
 pub mod device;
+pub mod device_blocks;
 pub mod progress;
 pub mod psk;
 pub mod repo;

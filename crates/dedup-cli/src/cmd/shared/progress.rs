@@ -47,6 +47,21 @@ pub fn blocks_bar(name: &str, blocks: u64, json: bool) -> anyhow::Result<indicat
     Ok(bar)
 }
 
+/// A bar of the image bytes a restore by fingerprint of backup `name`
+/// has compared, then written (the message says which; hidden as
+/// `backup_spinner`).
+pub fn restore_bar(name: &str, bytes: u64, json: bool) -> anyhow::Result<indicatif::ProgressBar> {
+    let bar = indicatif::ProgressBar::new(bytes).with_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "restoring {name}: {{msg}} [{{bar:30}}] {{bytes}}/{{total_bytes}}, {{bytes_per_sec}}, {{eta}} left"
+        ))?
+        .progress_chars("=> "),
+    );
+    bar.set_message("comparing");
+    hide_unless_drawn(&bar, json);
+    Ok(bar)
+}
+
 /// Hide `bar` for --json, or when stderr is not a terminal.
 fn hide_unless_drawn(bar: &indicatif::ProgressBar, json: bool) {
     if json || !io::stderr().is_terminal() {
