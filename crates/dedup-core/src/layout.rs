@@ -339,6 +339,10 @@ pub fn open(paths: &DevicePaths, opts: &OpenOptions) -> Result<Device> {
             .aux_dir
             .clone()
             .or_else(|| Some(backends::aux_dir(&paths.meta))),
+        changes: Some(crate::options::ChangesAt {
+            file: paths.meta.with_file_name(crate::changes::CHANGES_NAME),
+            meta: paths.meta.clone(),
+        }),
         ..opts.clone()
     };
     // To inspect, read-only: what the engines write while opening

@@ -8,6 +8,7 @@
 pub mod backend;
 pub mod backends;
 pub mod blockfile;
+pub mod changes;
 mod codec;
 pub mod config;
 pub mod control;
@@ -37,5 +38,6 @@ pub mod zeroed;
 pub use dedup_common::{blake3_batch, compress, fingerprint, lock, perms, size, testdata};
 
 pub use backends::OpenOptions;
+pub use changes::Changes;
 pub use engine::{ChunkState, Device};
 pub use error::{Error, Result};

@@ -142,4 +142,15 @@ pub struct OpenOptions {
     /// even with write-back on: for them a copy and a hand-over to an
     /// applier cost more than the write (0: every size may be queued).
     pub write_back_from_bytes: u64,
+    /// Where changed-block tracking is saved at a clean stop, and the
+    /// metadata file whose superblock it is bound to (`changes.rs`; set
+    /// by `layout::open`). `None`: untracked.
+    pub changes: Option<ChangesAt>,
+}
+
+/// The changed-block tracking file and the metadata file it belongs with.
+#[derive(Clone, Debug)]
+pub struct ChangesAt {
+    pub file: PathBuf,
+    pub meta: PathBuf,
 }

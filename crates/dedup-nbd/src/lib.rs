@@ -361,6 +361,8 @@ impl Server for DedupPlugin {
                 write_back_from_bytes: 0,
                 open_warm_records: None,
                 defer_threads: true,
+                // layout::open names the changed-block tracking file.
+                changes: None,
             };
             // The trace file first: failing after the open would drop the
             // device unclosed, which an INRAM device takes for a crash.

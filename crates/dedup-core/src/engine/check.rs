@@ -127,6 +127,8 @@ impl Engine {
         let _quiet = self.lbn_locks.write_all();
         let (before, fixes) = {
             let mut m = self.meta.lock();
+            // What a repair changes is not tracked: untracked from here.
+            m.changes.forget();
             let data = |pbn, buf: &mut [u8]| self.read_stored(pbn, buf);
             let how = How {
                 verify_data,

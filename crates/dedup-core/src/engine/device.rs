@@ -307,6 +307,18 @@ impl Device {
         self.settled().map_known(blocks)
     }
 
+    /// What changed since the changed-block tracking's mark, if the
+    /// device tracks it and trusts it (`changes.rs`).
+    pub fn changes(&self) -> Option<crate::changes::Changes> {
+        self.settled().changes()
+    }
+
+    /// Track changed blocks anew from `mark` (a backup that walked the
+    /// device as it is now records it).
+    pub fn start_changes(&self, mark: u64) -> Result<()> {
+        self.settled().start_changes(mark)
+    }
+
     /// What logical chunks `first..first + count` hold, after the queued
     /// mutations of that range (see `Engine::block_map`).
     pub fn block_map(&self, first: Lbn, count: u64) -> Result<Vec<ChunkState>> {

@@ -19,6 +19,8 @@ pub(crate) struct Meta {
     /// until a collection frees it or a duplicate write takes it again.
     /// Moved where counts cross 1 (`release`, `pin`, `unindex`).
     pub(crate) awaiting_gc: u64,
+    /// The regions of the LBN map changed since the tracking's mark.
+    pub(crate) changes: crate::changes::ChangeMap,
 }
 
 impl Meta {
@@ -31,6 +33,7 @@ impl Meta {
         fp: Option<&Fingerprint>,
     ) -> Result<Option<Pbn>> {
         let old = self.store.lbn_map_insert(lbn, pbn)?;
+        self.changes.note(lbn);
         self.totals.lbns_mapped += old.is_none() as u64;
         p.mapped(lbn, Some(pbn), fp);
         Ok(old)
@@ -40,6 +43,7 @@ impl Meta {
     pub(crate) fn unmap(&mut self, p: &dyn Placement, lbn: Lbn) -> Result<Option<Pbn>> {
         let old = self.store.lbn_map_delete(lbn)?;
         if old.is_some() {
+            self.changes.note(lbn);
             self.totals.lbns_mapped = self.totals.lbns_mapped.saturating_sub(1);
             p.mapped(lbn, None, None);
         }

@@ -8,6 +8,7 @@
 //! `flush` and `gc` at once. Hashing and data I/O happen outside the metadata
 //! mutex; see `locks.rs` for the lock order.
 
+mod changes;
 mod check;
 mod chunking;
 mod commit;
@@ -117,6 +118,10 @@ pub(crate) struct Engine {
     /// `releases` when an inline collection last found nothing to free.
     fruitless_gc_at: AtomicU64,
     recovery: Option<RecoveryReport>,
+    /// Where changed-block tracking is saved, and who it belonged to at
+    /// open (the superblock read then) and whether that was a clean stop.
+    changes_at: Option<crate::options::ChangesAt>,
+    opened: Option<(crate::changes::Owner, bool)>,
     /// Where the data file is (its directory), for errors that say what
     /// to free when the host filesystem fills.
     pub(crate) host_dir: String,
@@ -165,6 +170,12 @@ impl Engine {
         };
         let mut sb = Superblock::read(meta.as_ref(), &meta_name)?;
         let cfg = sb.config.clone();
+        let owner = crate::changes::Owner {
+            uuid: cfg.uuid,
+            generation: sb.generation,
+            logical_size: cfg.logical_size,
+        };
+        let clean = sb.state == crate::superblock::DeviceState::Clean;
         let mut opts = opts.clone();
         let is_stale = match sb.check_data(data.as_ref(), &meta_name, &data_name) {
             Ok(()) => false,
@@ -204,6 +215,7 @@ impl Engine {
         if let Some(w) = witness.filter(|w| w.is_held()) {
             w.release()?;
         }
+        engine.take_changes(&opts, owner, clean && !is_stale);
         Ok(engine)
     }
 
@@ -224,6 +236,7 @@ impl Engine {
                 store: pair.store,
                 totals: known.unwrap_or_default(),
                 awaiting_gc: pair.record.awaiting_gc.unwrap_or(0),
+                changes: Default::default(),
             }),
             placement: pair.placement,
             gate: RwLock::new(false),
@@ -246,6 +259,8 @@ impl Engine {
             releases: AtomicU64::new(0),
             fruitless_gc_at: AtomicU64::new(u64::MAX),
             recovery: None,
+            changes_at: None,
+            opened: None,
             host_dir: "the data file".to_string(),
             _lock: lock,
         };
@@ -455,6 +470,7 @@ impl Engine {
             return Err(e);
         }
         m.store.close(&record)?;
+        self.save_changes(&m);
         *g = true;
         info!("device closed cleanly, metadata saved");
         Ok(())
