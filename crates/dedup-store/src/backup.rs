@@ -8,13 +8,16 @@
 //! new, bytes written to containers, segments new, segments duplicate,
 //! containers written), then name, group, recipe object name and tree
 //! object name (empty for a stream), each a u16 length and UTF-8 bytes.
-//! Version 1 (still read) has no tree name.
+//! Version 1 (still read) has no tree name. Version 3 adds the device mark
+//! of a backup by fingerprint (the device's UUID, 16 bytes, and the
+//! changed-block tracking mark, u64); a record without one is still
+//! written as version 2, so older builds read every other backup.
 
 use crate::error::repo::{RepoError, RepoResult};
 use crate::framed::{frame, put_str, unframe_any, Reader};
 
 const MAGIC: [u8; 8] = *b"DDUPBKUP";
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 pub const BACKUPS_PREFIX: &str = "backups/";
 pub const RECIPES_PREFIX: &str = "recipes/";
 /// Tree objects: a backup of files and directories keeps their metadata
@@ -64,6 +67,18 @@ pub struct BackupRecord {
     /// stream.
     pub tree: Option<String>,
     pub report: BackupReport,
+    /// A backup of a dedup device by its fingerprints: the device, and the
+    /// mark its changed-block tracking started from once this backup had
+    /// walked it (`backup_blocks.rs`).
+    pub device_mark: Option<DeviceMark>,
+}
+
+/// Which device a backup by fingerprint walked, and the changed-block
+/// tracking mark the device started from then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceMark {
+    pub device: [u8; 16],
+    pub mark: u64,
 }
 
 impl BackupRecord {
@@ -89,7 +104,14 @@ impl BackupRecord {
         put_str(&mut body, &self.group);
         put_str(&mut body, &self.recipe);
         put_str(&mut body, self.tree.as_deref().unwrap_or(""));
-        frame(MAGIC, VERSION, &body)
+        match self.device_mark {
+            None => frame(MAGIC, 2, &body),
+            Some(m) => {
+                body.extend_from_slice(&m.device);
+                body.extend_from_slice(&m.mark.to_le_bytes());
+                frame(MAGIC, VERSION, &body)
+            }
+        }
     }
 
     /// Decode `object`, which must be the backup object of the name inside.
@@ -110,6 +132,15 @@ impl BackupRecord {
             r.str()?
         } else {
             String::new()
+        };
+        let device_mark = if version >= 3 {
+            let device: [u8; 16] = r.bytes(16)?.try_into().expect("16 bytes");
+            Some(DeviceMark {
+                device,
+                mark: r.u64()?,
+            })
+        } else {
+            None
         };
         r.finish()?;
         let corrupt = |d: String| RepoError::corrupt(object, d);
@@ -143,6 +174,7 @@ impl BackupRecord {
             recipe,
             tree,
             report,
+            device_mark,
         })
     }
 }
@@ -183,6 +215,7 @@ mod tests {
                 bytes_in: 1,
                 ..BackupReport::default()
             },
+            device_mark: None,
         }
     }
 
@@ -192,6 +225,16 @@ mod tests {
             let r = record(tree);
             assert_eq!(BackupRecord::decode("backups/b", &r.encode()).unwrap(), r);
         }
+        // Version 3 only with a device mark.
+        let mut r = record(None);
+        assert_eq!(r.encode()[8..12], 2u32.to_le_bytes());
+        r.device_mark = Some(DeviceMark {
+            device: [7; 16],
+            mark: 0x1234_5678_9abc_def0,
+        });
+        let v3 = r.encode();
+        assert_eq!(v3[8..12], 3u32.to_le_bytes());
+        assert_eq!(BackupRecord::decode("backups/b", &v3).unwrap(), r);
         // Version 1: the same body without the tree name.
         let v2 = record(None).encode();
         let body = &v2[12..v2.len() - 4 - 2];

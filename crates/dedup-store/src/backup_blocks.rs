@@ -24,8 +24,9 @@ use std::sync::mpsc;
 use dedup_common::fingerprint::{Fingerprint, HashAlgo};
 use serde::Serialize;
 
-use crate::backup::BackupReport;
+use crate::backup::{BackupReport, DeviceMark};
 use crate::backup_stream::append_stream;
+use crate::crypto::random::random_bytes;
 use crate::error::repo::{RepoError, RepoResult};
 use crate::recipe::SegmentRef;
 use crate::repo::Repository;
@@ -68,6 +69,26 @@ pub trait BlockSource: BlockMap + Sync {
     /// Block `block` named for a message (the device, the block and its
     /// byte offset) and what to do about a chunk that fails its check.
     fn describe(&self, block: u64) -> String;
+    /// The device's identity for changed-block tracking (its UUID);
+    /// `None`: it tracks nothing, and every backup walks every block.
+    fn device_id(&self) -> Option<[u8; 16]> {
+        None
+    }
+    /// The mark the device's tracking runs from, if it tracks and trusts
+    /// its tracking.
+    fn tracking_mark(&self) -> Option<u64> {
+        None
+    }
+    /// Whether blocks `first..first + count` may have changed since the
+    /// tracking's mark (always, where nothing is tracked).
+    fn changed_since_mark(&self, _first: u64, _count: u64) -> bool {
+        true
+    }
+    /// Track changes anew from `mark`: called once a backup that walked
+    /// the device as it is now, and recorded `mark`, has committed.
+    fn start_tracking(&self, _mark: u64) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// What a backup of a block source did beyond a stream backup's report.
@@ -93,6 +114,13 @@ pub struct BlocksReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
     pub blocks_from_parent: u64,
+    /// Of those, the blocks taken without walking the device's map: its
+    /// changed-block tracking says they did not change since the parent
+    /// (which recorded the tracking's mark).
+    pub blocks_unwalked: u64,
+    /// Whether the device's tracking restarted from this backup, so the
+    /// next one can skip what does not change (else it walks every block).
+    pub tracking: bool,
 }
 
 /// Blocks looked up, read and stored as one step: 4 MiB of 4 KiB blocks.
@@ -119,15 +147,36 @@ impl Repository {
                 report.by_fingerprint = true;
                 let size = report.blocks * u64::from(source.block_size());
                 let mut parent = self.parent_image(group, size);
-                report.parent = parent.as_ref().map(|(name, _)| name.clone());
+                report.parent = parent.as_ref().map(|p| p.name.clone());
+                // The device's tracking counts only from the parent's walk:
+                // its mark is the one the parent recorded.
+                let tracked = match (&parent, source.device_id(), source.tracking_mark()) {
+                    (Some(p), Some(device), Some(mark)) => {
+                        p.mark == Some(DeviceMark { device, mark })
+                    }
+                    _ => false,
+                };
+                let mark = source.device_id().map(|device| DeviceMark {
+                    device,
+                    mark: u64::from_le_bytes(random_bytes().unwrap_or_default()),
+                });
                 append_by_fingerprint(
                     self,
                     &mut session,
                     source,
-                    parent.as_mut().map(|(_, p)| p),
+                    parent.as_mut().map(|p| &mut p.recipe),
+                    tracked,
                     &mut report,
                     progress,
                 )?;
+                if let Some(mark) = mark {
+                    session.set_device_mark(mark);
+                    let committed = session.commit()?.report;
+                    // After the commit: a tracking restarted for a backup
+                    // that then failed would skip what only it walked.
+                    report.tracking = source.start_tracking(mark.mark).is_ok();
+                    return Ok((committed, report));
+                }
             }
             Some(why) => {
                 report.read_because = Some(why);
@@ -152,13 +201,17 @@ impl Repository {
     /// block is then looked up, never a reason to fail), nor is one of
     /// another device a danger: each block taken from it is confirmed by
     /// its whole fingerprint in the container's catalog.
-    fn parent_image(&self, group: &str, size: u64) -> Option<(String, ParentRecipe)> {
+    fn parent_image(&self, group: &str, size: u64) -> Option<ParentImage> {
         let newest = (self.list_backups_all().ok()?.backups.into_iter())
             .filter(|b| b.group == group && b.tree.is_none() && b.report.bytes_in <= size)
             .max_by_key(|b| b.time)?;
-        let name = newest.name.clone();
+        let (name, mark) = (newest.name.clone(), newest.device_mark);
         let (record, parts) = self.recipe_parts_of(newest).ok()?;
-        Some((name, ParentRecipe::new(record.recipe, parts.into_head())))
+        Some(ParentImage {
+            name,
+            mark,
+            recipe: ParentRecipe::new(record.recipe, parts.into_head()),
+        })
     }
 
     /// Why a device's fingerprints (of `size`-byte chunks, by `hash`)
@@ -193,6 +246,14 @@ impl Repository {
         }
         None
     }
+}
+
+/// A device backup's parent: its name, the device mark it recorded, and
+/// its recipe.
+struct ParentImage {
+    name: String,
+    mark: Option<DeviceMark>,
+    recipe: ParentRecipe,
 }
 
 /// One block of a step: where it is stored already, or what must be read
@@ -264,6 +325,7 @@ fn append_by_fingerprint(
     session: &mut BackupSession<'_>,
     source: &dyn BlockSource,
     mut parent: Option<&mut ParentRecipe>,
+    tracked: bool,
     report: &mut BlocksReport,
     progress: &mut (dyn FnMut(u64) + Send),
 ) -> RepoResult<()> {
@@ -302,6 +364,7 @@ fn append_by_fingerprint(
                     count,
                     zero_fp,
                     zero_ref,
+                    unchanged: tracked && !source.changed_since_mark(first, count),
                 };
                 let parent = parent.as_deref_mut().map(|p| (repo, p));
                 let p = plan(session, source, at, parent, earlier, report)
@@ -360,6 +423,9 @@ struct Window {
     /// Where the zero block is stored, once found: held for the session,
     /// so every later zero block names it without a lookup.
     zero_ref: Option<SegmentRef>,
+    /// The device's tracking says no block here changed since the
+    /// parent's walk: take the parent's references without walking.
+    unchanged: bool,
 }
 
 /// Map the window's blocks and name each: as the parent had it where its
@@ -374,11 +440,27 @@ fn plan(
         count,
         zero_fp,
         mut zero_ref,
+        unchanged: untouched,
     }: Window,
-    parent: Option<(&Repository, &mut ParentRecipe)>,
+    mut parent: Option<(&Repository, &mut ParentRecipe)>,
     earlier: Option<&HashMap<Fingerprint, usize>>,
     report: &mut BlocksReport,
 ) -> Result<Planned, PlanError> {
+    if untouched {
+        let bs = source.block_size();
+        let taken =
+            as_parent_had(session, parent.as_mut(), first, count, bs).map_err(PlanError::Repo)?;
+        if let Some(refs) = taken {
+            report.blocks_from_parent += count;
+            report.blocks_unwalked += count;
+            return Ok(Planned {
+                first,
+                steps: refs.into_iter().map(Step::Found).collect(),
+                reads: HashMap::new(),
+                zero_ref,
+            });
+        }
+    }
     let states = source.map(first, count).map_err(PlanError::Source)?;
     if states.len() as u64 != count {
         return Err(PlanError::Source(io::Error::other(format!(
@@ -470,6 +552,32 @@ fn unchanged(
         }
     }
     Ok(out)
+}
+
+/// The parent's references for blocks `first..first + count` (which the
+/// device's tracking says did not change since the parent walked them),
+/// if the parent has one whole block's segment at each and every one is
+/// confirmed (held for the session, its catalog entry with the
+/// reference's check and length); else `None`, and the window is walked.
+fn as_parent_had(
+    session: &mut BackupSession<'_>,
+    parent: Option<&mut (&Repository, &mut ParentRecipe)>,
+    first: u64,
+    count: u64,
+    bs: u32,
+) -> RepoResult<Option<Vec<SegmentRef>>> {
+    let Some((repo, parent)) = parent else {
+        return Ok(None);
+    };
+    let mut refs = Vec::with_capacity(count as usize);
+    for block in first..first + count {
+        match parent.segment_at(repo, session, block * u64::from(bs))? {
+            Some(r) if r.len == bs => refs.push(r),
+            _ => return Ok(None),
+        }
+    }
+    let confirmed = session.confirm_refs(&refs)?;
+    Ok(confirmed.iter().all(|&ok| ok).then_some(refs))
 }
 
 /// Read the wanted blocks of the step at `first` into `buf` (in runs of

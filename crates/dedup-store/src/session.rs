@@ -24,7 +24,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use dedup_common::fingerprint::Fingerprint;
 
-use crate::backup::{validate_name, BackupRecord, BackupReport, RECIPES_PREFIX, TREES_PREFIX};
+use crate::backup::{
+    validate_name, BackupRecord, BackupReport, DeviceMark, RECIPES_PREFIX, TREES_PREFIX,
+};
 use crate::container::{container_name, Catalog, Container};
 use crate::crypto::random::random_bytes;
 use crate::error::repo::{RepoError, RepoResult};
@@ -95,6 +97,9 @@ pub struct BackupSession<'r> {
     /// failed): segments the recipe already references are in it, so the
     /// backup may no longer commit.
     broken: Option<String>,
+    /// The device and changed-block tracking mark a backup by fingerprint
+    /// saw, recorded with the backup (`backup_blocks.rs`).
+    device_mark: Option<DeviceMark>,
     ended: bool,
 }
 
@@ -152,6 +157,7 @@ impl Repository {
             sealed_by_others: Vec::new(),
             borrowed: HashMap::new(),
             broken: None,
+            device_mark: None,
             ended: false,
         })
     }
@@ -160,6 +166,11 @@ impl Repository {
 impl BackupSession<'_> {
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Record with the backup the device and tracking mark it saw.
+    pub fn set_device_mark(&mut self, mark: DeviceMark) {
+        self.device_mark = Some(mark);
     }
 
     /// The group the backup belongs to.
@@ -303,6 +314,26 @@ impl BackupSession<'_> {
         refs: &[SegmentRef],
         fps: &[Fingerprint],
     ) -> RepoResult<Vec<bool>> {
+        self.confirm_with(refs, |i, e| {
+            e.fingerprint == fps[i] && e.location.raw_len == refs[i].len
+        })
+    }
+
+    /// `confirm` of references taken as they are (a parent's, for blocks
+    /// a device's tracking says did not change): the catalog entry must
+    /// have the reference's 8-byte check and length.
+    pub(crate) fn confirm_refs(&mut self, refs: &[SegmentRef]) -> RepoResult<Vec<bool>> {
+        self.confirm_with(refs, |i, e| refs[i].is(&e.fingerprint, e.location.raw_len))
+    }
+
+    /// Hold, allow and check each of `refs` against its catalog entry
+    /// with `matches(i, entry)`; a run of equal references (a device's
+    /// zero blocks) is looked up once.
+    fn confirm_with(
+        &mut self,
+        refs: &[SegmentRef],
+        matches: impl Fn(usize, &crate::format::Entry) -> bool,
+    ) -> RepoResult<Vec<bool>> {
         if refs.is_empty() {
             return Ok(Vec::new());
         }
@@ -316,17 +347,17 @@ impl BackupSession<'_> {
                 .map(|r| p.holds(self.id, r.container) && p.allows(r.container, r.entry))
                 .collect()
         };
-        Ok(refs
-            .iter()
-            .zip(fps)
-            .zip(allowed)
-            .map(|((r, fp), allowed)| {
-                allowed
-                    && self
-                        .catalog_entry(r.container, r.entry)
-                        .is_some_and(|e| e.fingerprint == *fp && e.location.raw_len == r.len)
-            })
-            .collect())
+        let mut last: Option<(SegmentRef, Option<crate::format::Entry>)> = None;
+        let mut out = Vec::with_capacity(refs.len());
+        for (i, (r, allowed)) in refs.iter().zip(allowed).enumerate() {
+            let entry = match &last {
+                Some((l, e)) if l == r => *e,
+                _ => self.catalog_entry(r.container, r.entry),
+            };
+            last = Some((*r, entry));
+            out.push(allowed && entry.is_some_and(|e| matches(i, &e)));
+        }
+        Ok(out)
     }
 
     /// Hold `containers` for this backup ahead of reusing them (a parent
@@ -567,6 +598,7 @@ impl BackupSession<'_> {
             recipe: recipe_name,
             tree: tree_name,
             report: self.report,
+            device_mark: self.device_mark,
         };
         let object = BackupRecord::object_name(&self.name);
         // Everything it references pinned (or held by nothing a

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use dedup_core::fingerprint::{Fingerprint, HashAlgo};
 use dedup_core::layout::{self, DevicePaths};
-use dedup_core::{ChunkState, Device, OpenOptions};
+use dedup_core::{Changes, ChunkState, Device, OpenOptions};
 use dedup_store::backup_blocks::{BlockMap, BlockSource, BlockState};
 use dedup_store::BlockTarget;
 
@@ -24,6 +24,8 @@ const WALK_CACHE_BYTES: u64 = 4 << 20;
 pub struct DeviceBlocks {
     pub device: Device,
     dir: PathBuf,
+    /// What its changed-block tracking said at open, if it is trusted.
+    changes: Option<Changes>,
 }
 
 impl DeviceBlocks {
@@ -56,6 +58,7 @@ impl DeviceBlocks {
             )
         })?;
         Ok(DeviceBlocks {
+            changes: device.changes(),
             device,
             dir: dir.to_path_buf(),
         })
@@ -105,6 +108,24 @@ impl BlockSource for DeviceBlocks {
             self.dir.display(),
             self.dir.display()
         )
+    }
+
+    fn device_id(&self) -> Option<[u8; 16]> {
+        Some(self.device.config().uuid)
+    }
+
+    fn tracking_mark(&self) -> Option<u64> {
+        self.changes.as_ref().map(|c| c.mark)
+    }
+
+    fn changed_since_mark(&self, first: u64, count: u64) -> bool {
+        self.changes
+            .as_ref()
+            .is_none_or(|c| c.changed(first, count))
+    }
+
+    fn start_tracking(&self, mark: u64) -> io::Result<()> {
+        self.device.start_changes(mark).map_err(io_error)
     }
 }
 
