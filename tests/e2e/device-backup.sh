@@ -9,7 +9,9 @@
 # backups restore onto the same device by fingerprint (only the change
 # written back), onto a new one, and from the content-defined repository
 # whole; a served device, one holding data without --force and one too
-# small are refused.
+# small are refused. Changed-block tracking: the second backup walks only
+# the region changed; after a kill -9 the tracking is not trusted (the
+# backups walk everything, and are exact) until a backup starts it again.
 . "$(dirname "$0")/lib.sh"
 
 json() { python3 -c "import json,sys; print(json.load(sys.stdin)[sys.argv[1]])" "$1"; }
@@ -63,6 +65,9 @@ read2=$(json blocks_read <"$WORK/v2.json")
 [ "$read2" -le 16 ] || fail "the second backup read $read2 chunks for a 64 KiB change"
 [ "$(json parent <"$WORK/v2.json")" = v1 ] || fail "v1 is not v2's parent: $(cat "$WORK/v2.json")"
 [ "$(json blocks_from_parent <"$WORK/v2.json")" -gt 1000 ] || fail "nothing taken from v1"
+[ "$(json tracking <"$WORK/v1.json")" = True ] || fail "v1 did not start the tracking: $(cat "$WORK/v1.json")"
+[ "$(json blocks_unwalked <"$WORK/v2.json")" = $((32768 - 1024)) ] ||
+    fail "v2 walked more than the one region changed: $(cat "$WORK/v2.json")"
 "$DEDUP" restore "$WORK/repo" v2 "$WORK/v2.out"
 cp "$WORK/v1.want" "$WORK/v2.want"
 python3 - "$WORK/v2.want" <<'EOF'
@@ -146,6 +151,26 @@ if [ -n "${DEDUP_TEST_S3:-}" ]; then
     same_image "$WORK/dev" "$WORK/v2.want"
 fi
 
+log "a crash: the tracking is not trusted, the backups after it walk every block"
+serve "$WORK/dev"
+qemu-io -f raw -c "write -P 0x3c 88M 64K" -c flush "$(uri "$WORK/dev")" >/dev/null
+kill -KILL "$(cat "$WORK/dev/nbdkit.pid")"
+wait "$(cat "$WORK/dev.servepid")" || true
+"$DEDUP" backup "$WORK/repo" v3 --device "$WORK/dev" --json >"$WORK/v3.json"
+[ "$(json blocks_unwalked <"$WORK/v3.json")" = 0 ] || fail "trusted the tracking after a crash: $(cat "$WORK/v3.json")"
+[ "$(json tracking <"$WORK/v3.json")" = False ] || fail "tracking started on an unclean device"
+"$DEDUP" restore "$WORK/repo" v3 "$WORK/v3.out"
+serve "$WORK/dev"
+nbdcopy "$(uri "$WORK/dev")" "$WORK/v3.dev"
+stop "$WORK/dev"
+cmp "$WORK/v3.out" "$WORK/v3.dev" || fail "v3 differs from the device after its crash"
+rm -f "$WORK/v3.out" "$WORK/v3.dev"
+"$DEDUP" backup "$WORK/repo" v4 --device "$WORK/dev" --json >"$WORK/v4.json"
+[ "$(json blocks_unwalked <"$WORK/v4.json")" = 0 ] || fail "v4 trusted a tracking begun before the crash"
+[ "$(json tracking <"$WORK/v4.json")" = True ] || fail "v4 did not start the tracking again"
+"$DEDUP" backup "$WORK/repo" v5 --device "$WORK/dev" --json >"$WORK/v5.json"
+[ "$(json blocks_unwalked <"$WORK/v5.json")" = 32768 ] || fail "v5 walked an unchanged device: $(cat "$WORK/v5.json")"
+
 if [ "$COMPRESSION" = none ]; then
     log "a chunk damaged on disk stops the backup by name"
     serve "$WORK/dev"
@@ -155,7 +180,7 @@ if [ "$COMPRESSION" = none ]; then
     at=$(grep -obUa "DEDUP-MARKER-" "$WORK/dev/data" | head -1 | cut -d: -f1)
     [ -n "$at" ] || fail "the marker is not in the data file"
     printf 'X' | dd of="$WORK/dev/data" bs=1 seek=$((at + 100)) conv=notrunc status=none
-    if "$DEDUP" backup "$WORK/repo" v3 --device "$WORK/dev" 2>"$WORK/err"; then
+    if "$DEDUP" backup "$WORK/repo" v6 --device "$WORK/dev" 2>"$WORK/err"; then
         fail "a damaged chunk was backed up"
     fi
     grep -q "does not hold the bytes its recorded fingerprint names" "$WORK/err" ||
@@ -164,6 +189,6 @@ if [ "$COMPRESSION" = none ]; then
     "$DEDUP" list "$WORK/repo" --json | python3 -c '
 import json, sys
 names = sorted(b["name"] for b in json.load(sys.stdin))
-assert names == ["v1", "v2"], names'
+assert names == ["v1", "v2", "v3", "v4", "v5"], names'
 fi
 log "device backup passed"
