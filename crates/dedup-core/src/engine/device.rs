@@ -304,13 +304,23 @@ impl Device {
         &self,
         blocks: &[(Lbn, crate::fingerprint::Fingerprint)],
     ) -> Result<Vec<bool>> {
-        self.settled().map_known(blocks)
+        // Never mapped under a queued mutation that would land after it.
+        if let Some(wb) = self.write_back.get() {
+            wb.wait_all()?;
+        }
+        self.engine.map_known(blocks)
     }
 
     /// What changed since the changed-block tracking's mark, if the
     /// device tracks it and trusts it (`changes.rs`).
     pub fn changes(&self) -> Option<crate::changes::Changes> {
         self.settled().changes()
+    }
+
+    /// Whether `start_changes` can start the tracking: the device was
+    /// opened from its directory, to write or after a clean stop.
+    pub fn can_track(&self) -> bool {
+        self.engine.can_track()
     }
 
     /// Track changed blocks anew from `mark` (a backup that walked the

@@ -97,6 +97,7 @@ impl Repository {
         progress: &mut dyn FnMut(RestorePass, u64),
     ) -> RepoResult<BlocksRestored> {
         let (record, parts) = self.recipe_parts(name)?;
+        let record_again = record.clone();
         let len = record.report.bytes_in;
         let bs = target.block_size();
         let io = |what: &str, cause| RepoError::Io {
@@ -141,7 +142,9 @@ impl Repository {
                     .map_err(|e| io("mapping", e))?;
             }
         }
-        let (_, parts) = self.recipe_parts(name)?;
+        // The same recipe as the first pass's, never one of a backup
+        // deleted and made again under the name since.
+        let (_, parts) = self.recipe_parts_of(record_again)?;
         let mut at = 0u64;
         let mut pending: Vec<u8> = Vec::with_capacity(WRITE_BYTES);
         let mut pending_at = 0u64;
@@ -168,8 +171,14 @@ impl Repository {
                 Piece::Skipped(n) => at += n,
                 Piece::Damaged(n, e) => {
                     put(&mut pending, pending_at)?;
-                    target.zero(at, n).map_err(|e| io("writing", e))?;
-                    note(&mut damaged, at, n, e.to_string());
+                    // Only what was to be written: a part that fails now
+                    // also covers blocks the first pass left or mapped.
+                    for r in wanted.within(&(at..at + n)) {
+                        target
+                            .zero(r.start, r.end - r.start)
+                            .map_err(|e| io("writing", e))?;
+                        note(&mut damaged, r.start, r.end - r.start, e.to_string());
+                    }
                     at += n;
                 }
             }
@@ -283,7 +292,8 @@ impl Walk<'_> {
             .or_insert_with(|| repo.catalog(s.container).ok())
             .as_ref()?;
         let entry = catalog.entries().get(s.entry as usize)?;
-        s.is(&entry.fingerprint, s.len).then_some(entry.fingerprint)
+        s.is(&entry.fingerprint, entry.location.raw_len)
+            .then_some(entry.fingerprint)
     }
 
     /// Compare a run of consecutive blocks with the device's and map the
@@ -295,6 +305,13 @@ impl Walk<'_> {
             return Ok(());
         };
         let states = self.target.map(first, step.len() as u64)?;
+        if states.len() != step.len() {
+            return Err(io::Error::other(format!(
+                "the device answered {} states for {} blocks",
+                states.len(),
+                step.len()
+            )));
+        }
         let mut to_map = Vec::new();
         let mut zero_run: Option<(u64, u64)> = None;
         for (n, state) in step.iter().zip(&states) {

@@ -279,6 +279,15 @@ impl Wanted {
         let i = self.0.partition_point(|w| w.end <= range.start);
         self.0.get(i).is_some_and(|w| w.start < range.end)
     }
+
+    /// The wanted bytes of `range`, as ranges in order.
+    pub fn within(&self, range: &Range<u64>) -> Vec<Range<u64>> {
+        let i = self.0.partition_point(|w| w.end <= range.start);
+        (self.0[i..].iter())
+            .take_while(|w| w.start < range.end)
+            .map(|w| w.start.max(range.start)..w.end.min(range.end))
+            .collect()
+    }
 }
 
 /// One part of a backup's recipe to restore: its segments from stream
