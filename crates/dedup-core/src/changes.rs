@@ -16,7 +16,9 @@
 //! - a crash (the superblock says open, and a writable open moved the
 //!   generation), an inram roll-back, a thin replay: untracked;
 //! - a metadata copy put back (an older generation), a repair (it writes
-//!   the superblock), a grow (another logical size): untracked;
+//!   the superblock, and forgets the tracking), a grow (another logical
+//!   size, or, growing only the data space, a superblock written again):
+//!   untracked;
 //! - a damaged or missing file: untracked.
 //!
 //! A writable open deletes the file once read, so no later state of the
@@ -150,7 +152,7 @@ fn decode(bytes: &[u8], owner: Owner) -> Result<ChangeMap> {
     }
     let mut d = Decoder::new(&bytes[..bytes.len() - 4], S);
     if d.bytes(8)? != MAGIC {
-        return Err(Error::corrupt(S, "not one"));
+        return Err(Error::corrupt(S, "its magic is not DDUPCHG1"));
     }
     let found = Owner {
         uuid: d.array()?,
@@ -168,6 +170,16 @@ fn decode(bytes: &[u8], owner: Owner) -> Result<ChangeMap> {
     }
     let mark = d.u64()?;
     let words = d.u64()?;
+    if Some(bytes.len() as u64)
+        != words
+            .checked_mul(8)
+            .and_then(|w| w.checked_add(HEADER_LEN as u64 + 4))
+    {
+        return Err(Error::corrupt(
+            S,
+            format!("{} bytes for {words} words of bits", bytes.len()),
+        ));
+    }
     let mut bits = Vec::with_capacity(words.min(1 << 20) as usize);
     for _ in 0..words {
         bits.push(d.u64()?);
@@ -194,7 +206,14 @@ pub(crate) fn load(path: &Path, owner: Owner, logical_chunks: u64) -> ChangeMap 
     };
     match decode(&bytes, owner) {
         Ok(map) if map.bits.len() == words_for(logical_chunks) => map,
-        Ok(_) => ChangeMap::default(),
+        Ok(map) => {
+            debug!(
+                "{}: {} words of bits for {logical_chunks} chunks; untracked",
+                path.display(),
+                map.bits.len()
+            );
+            ChangeMap::default()
+        }
         Err(e) => {
             debug!("{}: {e}; untracked", path.display());
             ChangeMap::default()
@@ -210,15 +229,20 @@ pub(crate) fn save(path: &Path, owner: Owner, map: &ChangeMap) -> Result<()> {
     };
     let io = |e| Error::io(format!("saving {}", path.display()), e);
     let tmp = path.with_extension("tmp");
-    let mut f = dedup_common::perms::file_options()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)
-        .map_err(io)?;
-    f.write_all(&encode(owner, map, mark)).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)?;
+    let written = (|| {
+        let mut f = dedup_common::perms::file_options()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        f.write_all(&encode(owner, map, mark))?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(e));
+    }
     if let Some(dir) = path.parent() {
         std::fs::File::open(dir)
             .and_then(|d| d.sync_all())

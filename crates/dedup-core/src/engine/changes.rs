@@ -67,6 +67,11 @@ impl Engine {
         self.meta.lock().changes.changes()
     }
 
+    /// Whether `start_changes` can work (see `Device::can_track`).
+    pub(crate) fn can_track(&self) -> bool {
+        self.changes_at.is_some() && (self.writable || self.opened.is_some_and(|(_, clean)| clean))
+    }
+
     /// Track anew from `mark`. A device opened to read (a backup of a
     /// stopped device) saves it now, bound to the metadata as opened,
     /// which must have been stopped cleanly; a writable one saves it at
