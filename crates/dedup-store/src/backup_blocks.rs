@@ -156,10 +156,15 @@ impl Repository {
                     }
                     _ => false,
                 };
-                let mark = source.device_id().map(|device| DeviceMark {
-                    device,
-                    mark: u64::from_le_bytes(random_bytes().unwrap_or_default()),
-                });
+                // No mark without a good random one: two backups sharing
+                // one could take blocks from the wrong parent.
+                let mark = match (source.device_id(), random_bytes()) {
+                    (Some(device), Ok(bytes)) => Some(DeviceMark {
+                        device,
+                        mark: u64::from_le_bytes(bytes),
+                    }),
+                    _ => None,
+                };
                 append_by_fingerprint(
                     self,
                     &mut session,
@@ -174,7 +179,15 @@ impl Repository {
                     let committed = session.commit()?.report;
                     // After the commit: a tracking restarted for a backup
                     // that then failed would skip what only it walked.
-                    report.tracking = source.start_tracking(mark.mark).is_ok();
+                    report.tracking = match source.start_tracking(mark.mark) {
+                        Ok(()) => true,
+                        Err(e) => {
+                            tracing::warn!(
+                                "changed-block tracking not restarted ({e}): the next backup of this device walks every block"
+                            );
+                            false
+                        }
+                    };
                     return Ok((committed, report));
                 }
             }
@@ -285,9 +298,12 @@ struct Planned {
     reads: HashMap<Fingerprint, usize>,
     /// The zero block's reference, if this step or one before found it.
     zero_ref: Option<SegmentRef>,
+    /// Whether any block of the step is read (by the reader thread).
+    reading: bool,
 }
 
 /// A step's blocks read (those wanted) and hashed.
+#[derive(Default)]
 struct Read {
     bytes: Vec<u8>,
     /// By block of the step: the hash of each block read.
@@ -371,9 +387,14 @@ fn append_by_fingerprint(
                     .map_err(|e| e.into_repo(&io))?;
                 zero_ref = p.zero_ref;
                 // The reader is gone only if it panicked (a bug).
-                let buf = std::mem::take(&mut spare);
-                ask.send((first, p.wanted(), buf))
-                    .map_err(|_| io("reading", io::Error::other("the reading thread died")))?;
+                // A step with nothing to read (its blocks all found, or
+                // unchanged by the tracking) does not wait on the reader.
+                let wanted = p.wanted();
+                if p.reading {
+                    let buf = std::mem::take(&mut spare);
+                    ask.send((first, wanted, buf))
+                        .map_err(|_| io("reading", io::Error::other("the reading thread died")))?;
+                }
                 planned.push_back(p);
                 first += count;
                 if planned.len() < READ_AHEAD {
@@ -381,10 +402,13 @@ fn append_by_fingerprint(
                 }
             }
             let Some(p) = planned.pop_front() else { break };
-            let read = given
-                .recv()
-                .map_err(|_| io("reading", io::Error::other("the reading thread died")))?
-                .map_err(|e| io("reading", e))?;
+            let read = match p.reading {
+                true => given
+                    .recv()
+                    .map_err(|_| io("reading", io::Error::other("the reading thread died")))?
+                    .map_err(|e| io("reading", e))?,
+                false => Read::default(),
+            };
             report.blocks_read += read.blocks_read;
             report.bytes_read += read.blocks_read * bs as u64;
             let end = p.first + p.steps.len() as u64;
@@ -458,6 +482,7 @@ fn plan(
                 steps: refs.into_iter().map(Step::Found).collect(),
                 reads: HashMap::new(),
                 zero_ref,
+                reading: false,
             });
         }
     }
@@ -506,11 +531,15 @@ fn plan(
             }
         });
     }
+    let reading = steps
+        .iter()
+        .any(|s| matches!(s, Step::Store(_, Bytes::Here(_))));
     Ok(Planned {
         first,
         steps,
         reads: first_missing,
         zero_ref,
+        reading,
     })
 }
 
@@ -569,13 +598,9 @@ fn as_parent_had(
     let Some((repo, parent)) = parent else {
         return Ok(None);
     };
-    let mut refs = Vec::with_capacity(count as usize);
-    for block in first..first + count {
-        match parent.segment_at(repo, session, block * u64::from(bs))? {
-            Some(r) if r.len == bs => refs.push(r),
-            _ => return Ok(None),
-        }
-    }
+    let Some(refs) = parent.whole_blocks(repo, session, first * u64::from(bs), count, bs)? else {
+        return Ok(None);
+    };
     let confirmed = session.confirm_refs(&refs)?;
     Ok(confirmed.iter().all(|&ok| ok).then_some(refs))
 }

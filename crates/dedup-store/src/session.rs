@@ -341,18 +341,38 @@ impl BackupSession<'_> {
         // a reference into one this session does not hold is refused.
         self.repo
             .hold_pinned(self.id, &SegmentRef::containers(refs))?;
+        // A run of equal references (a device's zero blocks) is checked
+        // once, here and against its catalog below.
         let allowed: Vec<bool> = {
             let p = self.repo.protection();
+            let mut last: Option<(SegmentRef, bool)> = None;
             (refs.iter())
-                .map(|r| p.holds(self.id, r.container) && p.allows(r.container, r.entry))
+                .map(|r| match last {
+                    Some((l, a)) if l == *r => a,
+                    _ => {
+                        let a = p.holds(self.id, r.container) && p.allows(r.container, r.entry);
+                        last = Some((*r, a));
+                        a
+                    }
+                })
                 .collect()
         };
+        // Each container's catalog fetched once for the call.
+        let mut catalogs: HashMap<u64, Option<Arc<Catalog>>> = HashMap::new();
         let mut last: Option<(SegmentRef, Option<crate::format::Entry>)> = None;
         let mut out = Vec::with_capacity(refs.len());
         for (i, (r, allowed)) in refs.iter().zip(allowed).enumerate() {
             let entry = match &last {
                 Some((l, e)) if l == r => *e,
-                _ => self.catalog_entry(r.container, r.entry),
+                _ => {
+                    let repo = self.repo;
+                    let catalog = catalogs
+                        .entry(r.container)
+                        .or_insert_with(|| repo.catalog(r.container).ok());
+                    (catalog.as_ref())
+                        .and_then(|c| c.entries().get(r.entry as usize).copied())
+                        .filter(|e| !e.is_absent())
+                }
             };
             last = Some((*r, entry));
             out.push(allowed && entry.is_some_and(|e| matches(i, &e)));

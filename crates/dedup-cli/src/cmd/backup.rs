@@ -43,6 +43,11 @@ pub struct Args {
     /// and the report says why.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["stdin", "server", "paths"])]
     pub device: Option<PathBuf>,
+    /// With --device: walk every block, whatever the device's
+    /// changed-block tracking says (the tracking starts again from this
+    /// backup all the same).
+    #[arg(long, requires = "device")]
+    pub walk_all: bool,
     /// Backup group the backup belongs to.
     #[arg(long, default_value = "default")]
     pub group: String,
@@ -106,7 +111,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     keep_large_buffers_out_of_the_heap();
     let name = a.name.clone().unwrap_or_default();
     if let Some(dir) = &a.device {
-        return super::backup_device::run(&a.repo, &a.index, &name, &a.group, dir, a.json);
+        return super::backup_device::run(
+            &a.repo, &a.index, &name, &a.group, dir, a.walk_all, a.json,
+        );
     }
     if !a.paths.is_empty() {
         if a.stdin {

@@ -38,9 +38,13 @@ pub fn run(
     name: &str,
     group: &str,
     dir: &Path,
+    walk_all: bool,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let source = DeviceBlocks::open_to_read(dir)?;
+    let mut source = DeviceBlocks::open_to_read(dir)?;
+    if walk_all {
+        source.ignore_changes();
+    }
     let repo = open_indexed(repo_at, index)?;
     let bar = blocks_bar(name, source.blocks(), json)?;
     let start = Instant::now();
@@ -64,10 +68,18 @@ pub fn run(
     }
     let b = &report.blocks;
     let how = match &b.read_because {
-        None => format!(
-            "by fingerprint: {} blocks walked ({} zero), {} read from the device",
-            b.blocks, b.zero_blocks, b.blocks_read
-        ),
+        None => {
+            let skipped = match (b.blocks_unwalked, &b.parent) {
+                (0, _) | (_, None) => String::new(),
+                (n, Some(p)) => format!(", {n} more unchanged since {p} by the device's tracking"),
+            };
+            format!(
+                "by fingerprint: {} blocks walked ({} zero){skipped}, {} read from the device",
+                b.blocks - b.blocks_unwalked,
+                b.zero_blocks,
+                b.blocks_read
+            )
+        }
         Some(why) => format!("read and hashed whole, because {why}"),
     };
     outln!(

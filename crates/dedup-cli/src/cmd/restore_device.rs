@@ -63,8 +63,12 @@ pub fn run(
     // Closed cleanly whatever happened: what was restored stays, and a
     // restore that failed part-way is run again.
     let closed = target.device.close();
-    let r = result?;
-    closed?;
+    let r = match (result, closed) {
+        (Ok(r), Ok(())) => r,
+        (Err(e), Ok(())) => return Err(e.into()),
+        (Ok(_), Err(e)) => return Err(e.into()),
+        (Err(e), Err(c)) => anyhow::bail!("{e}; then closing the device failed too: {c}"),
+    };
     let seconds = start.elapsed().as_secs_f64();
     let code = name_damage(name, &r.damaged, &format!("`dedup store check {repo_at}`"));
     if json {

@@ -315,6 +315,43 @@ impl ParentRecipe {
             .and_then(|i| part.refs.get(i).copied()))
     }
 
+    /// The parent's references for `count` blocks of `bs` bytes from
+    /// stream byte `at`, if it has one whole block's segment starting at
+    /// each (as a backup by fingerprint of a device makes them) and the
+    /// parts read; their parts' containers held as `segment_at` holds
+    /// them. The caller confirms them before it references them.
+    pub(crate) fn whole_blocks(
+        &mut self,
+        repo: &Repository,
+        session: &mut BackupSession<'_>,
+        at: u64,
+        count: u64,
+        bs: u32,
+    ) -> RepoResult<Option<Vec<SegmentRef>>> {
+        let mut refs = Vec::with_capacity(count as usize);
+        let end = at + count * u64::from(bs);
+        let mut next = at;
+        while next < end {
+            let Some(part) = self.held_part_at(repo, session, next)? else {
+                return Ok(None);
+            };
+            let Ok(i) = part.starts.binary_search(&next) else {
+                return Ok(None);
+            };
+            for r in &part.refs[i..] {
+                if next == end {
+                    break;
+                }
+                if r.len != bs {
+                    return Ok(None);
+                }
+                refs.push(*r);
+                next += u64::from(bs);
+            }
+        }
+        Ok(Some(refs))
+    }
+
     /// `part_at`, its containers held for `session` (pinned together) the
     /// first time the part is loaded. Whether all were held does not
     /// matter here: each reuse checks its own containers.

@@ -46,16 +46,22 @@ impl DeviceBlocks {
         })
     }
 
+    /// Walk every block, whatever the tracking says (`--walk-all`).
+    pub fn ignore_changes(&mut self) {
+        self.changes = None;
+    }
+
     fn open(
         dir: &Path,
         what: &str,
         opts: impl Fn() -> OpenOptions,
     ) -> anyhow::Result<DeviceBlocks> {
         let paths = DevicePaths::from_dir(dir)?;
-        let device = layout::open(&paths, &opts()).map_err(|e| {
-            anyhow::anyhow!(
+        let device = layout::open(&paths, &opts()).map_err(|e| match e {
+            dedup_core::Error::Locked { .. } => anyhow::anyhow!(
                 "{e}\n(a device is {what} with --device while it is stopped: stop its server first)"
-            )
+            ),
+            e => e.into(),
         })?;
         Ok(DeviceBlocks {
             changes: device.changes(),
@@ -111,7 +117,8 @@ impl BlockSource for DeviceBlocks {
     }
 
     fn device_id(&self) -> Option<[u8; 16]> {
-        Some(self.device.config().uuid)
+        // Only a device that can start its tracking gets a mark recorded.
+        self.device.can_track().then_some(self.device.config().uuid)
     }
 
     fn tracking_mark(&self) -> Option<u64> {
