@@ -26,6 +26,7 @@ use serde::Serialize;
 
 use crate::backup::{BackupReport, DeviceMark};
 use crate::backup_stream::append_stream;
+pub use crate::block_map::{BlockMap, BlockState};
 use crate::crypto::random::random_bytes;
 use crate::error::repo::{RepoError, RepoResult};
 use crate::recipe::SegmentRef;
@@ -34,31 +35,6 @@ use crate::segmenter::Segmenting;
 use crate::session::BackupSession;
 use crate::tree::parent::ParentRecipe;
 use crate::writer::HASH;
-
-/// What a source knows of one block without reading it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BlockState {
-    /// Reads as zeros (never written, trimmed).
-    Zero,
-    /// Holds the bytes whose fingerprint (the source's hash) this is.
-    Known(Fingerprint),
-    /// Holds bytes the source keeps no fingerprint for: read them.
-    Unknown,
-}
-
-/// A device as blocks of one size, each known by its state: what a
-/// backup by fingerprint reads (`BlockSource`) and a restore by
-/// fingerprint writes (`restore::blocks::BlockTarget`) share.
-pub trait BlockMap {
-    /// Bytes in a block.
-    fn block_size(&self) -> u32;
-    /// Blocks in the device.
-    fn blocks(&self) -> u64;
-    /// The hash behind `BlockState::Known` fingerprints.
-    fn hash(&self) -> HashAlgo;
-    /// The states of blocks `first..first + count`, in order.
-    fn map(&self, first: u64, count: u64) -> io::Result<Vec<BlockState>>;
-}
 
 /// A device as a backup by fingerprint sees it: its map, and its blocks
 /// readable in runs.

@@ -76,6 +76,7 @@
 pub mod backup;
 pub mod backup_blocks;
 mod backup_stream;
+pub mod block_map;
 pub mod catalog_bytes;
 mod catalog_cache;
 mod catalog_spill;

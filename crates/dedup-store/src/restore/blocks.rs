@@ -32,7 +32,7 @@ use dedup_common::fingerprint::Fingerprint;
 use serde::Serialize;
 use std::collections::HashMap;
 
-use crate::backup_blocks::{BlockMap, BlockState};
+use crate::block_map::{BlockMap, BlockState};
 use crate::container::Catalog;
 use crate::error::repo::{RepoError, RepoResult};
 use crate::recipe::SegmentRef;
