@@ -60,6 +60,8 @@ log "a small change: only its chunks are read"
 serve "$WORK/dev"
 qemu-io -f raw -c "write -P 0x5a 80M 64K" "$(uri "$WORK/dev")" >/dev/null
 stop "$WORK/dev"
+changed=$(status "$WORK/dev" tracking | python3 -c "import ast,sys; print(ast.literal_eval(sys.stdin.read())['regions_changed'])")
+[ "$changed" = 1 ] || fail "dedup status shows $changed regions changed for one 64 KiB write"
 "$DEDUP" backup "$WORK/repo" v2 --device "$WORK/dev" --json >"$WORK/v2.json"
 read2=$(json blocks_read <"$WORK/v2.json")
 [ "$read2" -le 16 ] || fail "the second backup read $read2 chunks for a 64 KiB change"
@@ -156,6 +158,7 @@ serve "$WORK/dev"
 qemu-io -f raw -c "write -P 0x3c 88M 64K" -c flush "$(uri "$WORK/dev")" >/dev/null
 kill -KILL "$(cat "$WORK/dev/nbdkit.pid")"
 wait "$(cat "$WORK/dev.servepid")" || true
+"$DEDUP" status "$WORK/dev" | grep -q "Tracking         none" || fail "dedup status trusts the tracking after a crash"
 "$DEDUP" backup "$WORK/repo" v3 --device "$WORK/dev" --json >"$WORK/v3.json"
 [ "$(json blocks_unwalked <"$WORK/v3.json")" = 0 ] || fail "trusted the tracking after a crash: $(cat "$WORK/v3.json")"
 [ "$(json tracking <"$WORK/v3.json")" = False ] || fail "tracking started on an unclean device"

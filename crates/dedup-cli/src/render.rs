@@ -66,6 +66,21 @@ pub fn status(r: &StatusReport) -> String {
         s.physical_used_percent,
         format_size(s.physical_bytes_free)
     );
+    match &s.tracking {
+        Some(t) => {
+            let _ = writeln!(
+                o,
+                "  Tracking         {} regions of {} chunks changed since the last backup by fingerprint (mark {:016x})",
+                t.regions_changed, t.region_chunks, t.mark
+            );
+        }
+        None => {
+            let _ = writeln!(
+                o,
+                "  Tracking         none: the next backup by fingerprint (`dedup backup --device`) walks every block"
+            );
+        }
+    }
     if let Some(a) = s.data_allocated_bytes {
         let _ = writeln!(
             o,

@@ -177,6 +177,20 @@ pub struct Stats {
     /// embedded, metadata blocks, recovery), by name.
     #[serde(default)]
     pub backend_stats: std::collections::BTreeMap<String, u64>,
+    /// Changed-block tracking, if the device tracks and trusts it: the
+    /// mark a backup by fingerprint started it from, and the regions (of
+    /// `region_chunks` chunks) changed since. `None`: the next backup by
+    /// fingerprint walks every block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracking: Option<TrackingFigures>,
+}
+
+/// What `Stats::tracking` reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrackingFigures {
+    pub mark: u64,
+    pub regions_changed: u64,
+    pub region_chunks: u64,
 }
 
 pub(crate) fn ratio(num: u64, den: u64) -> f64 {

@@ -162,6 +162,7 @@ fn stats() -> Stats {
             ..Default::default()
         }),
         backend_stats: [("windows".to_string(), 5), ("c \"blocks\"".to_string(), 6)].into(),
+        tracking: None,
     }
 }
 

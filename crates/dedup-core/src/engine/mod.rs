@@ -477,7 +477,7 @@ impl Engine {
     }
 
     pub fn stats(&self) -> Stats {
-        let (usage, totals, awaiting_gc, blocks, placed) = {
+        let (usage, totals, awaiting_gc, blocks, placed, changes) = {
             let m = self.meta.lock();
             (
                 m.store.usage(),
@@ -485,6 +485,7 @@ impl Engine {
                 m.awaiting_gc,
                 self.space(&m),
                 self.placement.stats(),
+                m.changes.changes(),
             )
         };
         let packing = placed.packing;
@@ -534,6 +535,11 @@ impl Engine {
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v))
                 .collect(),
+            tracking: changes.map(|c| crate::stats::TrackingFigures {
+                mark: c.mark,
+                regions_changed: c.regions_changed(),
+                region_chunks: crate::changes::Changes::REGION_CHUNKS,
+            }),
         }
     }
 
