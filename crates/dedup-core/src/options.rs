@@ -142,6 +142,12 @@ pub struct OpenOptions {
     /// even with write-back on: for them a copy and a hand-over to an
     /// applier cost more than the write (0: every size may be queued).
     pub write_back_from_bytes: u64,
+    /// Opened only to read chunks and the LBN map (a backup by
+    /// fingerprint): a packing placement does not rebuild its block map
+    /// from every LBN and chunk record (the read path needs none of it),
+    /// so such an open's space and packing figures mean nothing. Ignored
+    /// with `writable`, `for_check`, or metadata that was rolled back.
+    pub lean: bool,
     /// Where changed-block tracking is saved at a clean stop, and the
     /// metadata file whose superblock it is bound to (`changes.rs`; set
     /// by `layout::open`). `None`: untracked.

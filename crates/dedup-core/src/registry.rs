@@ -207,6 +207,7 @@ pub fn open(
                 store.as_mut(),
                 opts.for_check,
                 kind.crash_safe,
+                opts.lean && !opts.writable && !opts.for_check && !rolled_back,
             )?),
         ),
         PlacementKind::Thin => {

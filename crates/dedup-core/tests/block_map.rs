@@ -118,3 +118,50 @@ fn after_an_unclean_stop_the_map_is_what_the_device_reads() {
     assert!(unmapped > 0 && known > 0, "{unmapped} {known}");
     assert_eq!(unknown, 0);
 }
+
+/// A lean open (what a backup by fingerprint uses) of a packing device
+/// skips rebuilding the block map and reads the same bytes and map as a
+/// full open, before and after an unclean stop.
+#[test]
+fn a_lean_open_reads_what_a_full_open_reads() {
+    let cfg = config(
+        "sparse/lz4",
+        CS as u32,
+        CHUNKS,
+        CHUNKS,
+        HashAlgo::Blake3,
+        false,
+    );
+    let mem = MemDevice::format(cfg, &BackendParams::default());
+    let mut rng = StdRng::seed_from_u64(11);
+    for clean in [true, false] {
+        {
+            let dev = mem.open_with(true).unwrap();
+            churn(&dev, &mut rng);
+            dev.flush().unwrap();
+            if clean {
+                dev.close().unwrap();
+            }
+        }
+        let open = |lean| {
+            mem.open_opts(dedup_core::OpenOptions {
+                writable: false,
+                lean,
+                ..mem.options()
+            })
+            .unwrap()
+        };
+        let (full, lean) = (open(false), open(true));
+        let mut a = vec![0u8; (CHUNKS as usize) * CS];
+        let mut b = a.clone();
+        full.read(0, &mut a).unwrap();
+        lean.read(0, &mut b).unwrap();
+        assert!(a == b, "clean {clean}: the same bytes");
+        assert_eq!(
+            full.block_map(0, CHUNKS).unwrap(),
+            lean.block_map(0, CHUNKS).unwrap(),
+            "clean {clean}"
+        );
+        check(&lean, 0, CHUNKS);
+    }
+}

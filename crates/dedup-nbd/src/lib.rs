@@ -363,6 +363,7 @@ impl Server for DedupPlugin {
                 defer_threads: true,
                 // layout::open names the changed-block tracking file.
                 changes: None,
+                lean: false,
             };
             // The trace file first: failing after the open would drop the
             // device unclosed, which an INRAM device takes for a crash.

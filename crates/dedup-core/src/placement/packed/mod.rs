@@ -113,6 +113,7 @@ pub fn open(
     meta: &mut dyn MetadataBackend,
     for_check: bool,
     punch: bool,
+    lean: bool,
 ) -> Result<Packed> {
     let addressing = cfg.addressing();
     let mut blocks = Blocks::new(cfg.physical_chunks, addressing);
@@ -150,14 +151,18 @@ pub fn open(
             }
         }
     };
-    scan_all(
-        |c, page| meta.lbn_map_scan(c, 4096, page),
-        |lbn, pbn| note(pbn, &|| format!("LBN {lbn}")),
-    )?;
-    scan_all(
-        |c, page| meta.hash_index_scan(c, 4096, page),
-        |_, pbn| note(pbn, &|| "a hash index entry".to_string()),
-    )?;
+    // Which slots are live, for allocation and the space figures: a
+    // lean open (to read chunks only) allocates nothing and skips it.
+    if !lean {
+        scan_all(
+            |c, page| meta.lbn_map_scan(c, 4096, page),
+            |lbn, pbn| note(pbn, &|| format!("LBN {lbn}")),
+        )?;
+        scan_all(
+            |c, page| meta.hash_index_scan(c, 4096, page),
+            |_, pbn| note(pbn, &|| "a hash index entry".to_string()),
+        )?;
+    }
     Ok(Packed {
         punch,
         state: Mutex::new(State {
