@@ -343,7 +343,9 @@ fn append_by_fingerprint(
             })
             .map_err(|e| io("starting a thread to read", e))?;
         let mut planned: std::collections::VecDeque<Planned> = Default::default();
-        let mut spare = Vec::new();
+        // Buffers the reader has given back, for the next steps it reads:
+        // a new one costs 4 MiB of zeros and its page faults.
+        let mut spares: Vec<Vec<u8>> = Vec::new();
         let mut before: Option<Read> = None;
         let mut zero_ref = None;
         let mut first = 0;
@@ -367,7 +369,7 @@ fn append_by_fingerprint(
                 // unchanged by the tracking) does not wait on the reader.
                 let wanted = p.wanted();
                 if p.reading {
-                    let buf = std::mem::take(&mut spare);
+                    let buf = spares.pop().unwrap_or_default();
                     ask.send((first, wanted, buf))
                         .map_err(|_| io("reading", io::Error::other("the reading thread died")))?;
                 }
@@ -391,8 +393,11 @@ fn append_by_fingerprint(
             store(session, source, p, &read, before.as_ref(), &zeros, &name)?;
             // The step before's bytes are free now; this one's stay for
             // the next step's `Bytes::Before`.
+            // (An unread step's is empty.)
             if let Some(b) = before.replace(read) {
-                spare = b.bytes;
+                if b.bytes.capacity() > 0 {
+                    spares.push(b.bytes);
+                }
             }
             progress(end);
         }
