@@ -72,8 +72,12 @@ impl Changes {
 
     /// Regions flagged.
     pub fn regions_changed(&self) -> u64 {
-        self.bits.iter().map(|w| u64::from(w.count_ones())).sum()
+        count_ones(&self.bits)
     }
+}
+
+fn count_ones(bits: &[u64]) -> u64 {
+    bits.iter().map(|w| u64::from(w.count_ones())).sum()
 }
 
 fn bit(bits: &[u64], region: u64) -> Option<bool> {
@@ -107,6 +111,12 @@ impl ChangeMap {
     pub fn start(&mut self, mark: u64, logical_chunks: u64) {
         self.mark = Some(mark);
         self.bits = vec![0; words_for(logical_chunks)];
+    }
+
+    /// The mark and the regions flagged since, if tracked, without a copy
+    /// of the bits (for `stats`, under the metadata mutex).
+    pub fn figures(&self) -> Option<(u64, u64)> {
+        Some((self.mark?, count_ones(&self.bits)))
     }
 
     /// What changed since the mark, if tracked.

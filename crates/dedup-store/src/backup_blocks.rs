@@ -126,7 +126,8 @@ impl Repository {
                 report.parent = parent.as_ref().map(|p| p.name.clone());
                 // The device's tracking counts only from the parent's walk:
                 // its mark is the one the parent recorded.
-                let tracked = match (&parent, source.device_id(), source.tracking_mark()) {
+                let device = source.device_id();
+                let tracked = match (&parent, device, source.tracking_mark()) {
                     (Some(p), Some(device), Some(mark)) => {
                         p.mark == Some(DeviceMark { device, mark })
                     }
@@ -134,7 +135,7 @@ impl Repository {
                 };
                 // No mark without a good random one: two backups sharing
                 // one could take blocks from the wrong parent.
-                let mark = match (source.device_id(), random_bytes()) {
+                let mark = match (device, random_bytes()) {
                     (Some(device), Ok(bytes)) => Some(DeviceMark {
                         device,
                         mark: u64::from_le_bytes(bytes),

@@ -216,12 +216,7 @@ impl BackupSession<'_> {
     /// Catalog entry `entry` of `container`, which this session holds;
     /// `None` if the catalog does not read or has no such entry.
     fn catalog_entry(&self, container: u64, entry: u32) -> Option<crate::format::Entry> {
-        let catalog = self.repo.catalog(container).ok()?;
-        catalog
-            .entries()
-            .get(entry as usize)
-            .copied()
-            .filter(|e| !e.is_absent())
+        entry_in(&*self.repo.catalog(container).ok()?, entry)
     }
 
     /// [`lookup`](Self::lookup), answered as the full reference (with the
@@ -281,21 +276,9 @@ impl BackupSession<'_> {
     /// nothing pushed), so a file is never half reused, half read.
     pub fn reuse_all(&mut self, refs: &[SegmentRef]) -> RepoResult<bool> {
         // The file's containers held (and pinned) together: one pin, not
-        // one per container.
-        if !self
-            .repo
-            .hold_pinned(self.id, &SegmentRef::containers(refs))?
-        {
+        // one per container; a reference into one not held is refused.
+        if !self.confirm_refs(refs)?.iter().all(|&ok| ok) {
             return Ok(false);
-        }
-        for r in refs {
-            let confirmed = self.repo.protection().allows(r.container, r.entry)
-                && self
-                    .catalog_entry(r.container, r.entry)
-                    .is_some_and(|e| r.is(&e.fingerprint, e.location.raw_len));
-            if !confirmed {
-                return Ok(false);
-            }
         }
         for r in refs {
             self.push(*r, false)?;
@@ -369,9 +352,7 @@ impl BackupSession<'_> {
                     let catalog = catalogs
                         .entry(r.container)
                         .or_insert_with(|| repo.catalog(r.container).ok());
-                    (catalog.as_ref())
-                        .and_then(|c| c.entries().get(r.entry as usize).copied())
-                        .filter(|e| !e.is_absent())
+                    catalog.as_ref().and_then(|c| entry_in(c, r.entry))
                 }
             };
             last = Some((*r, entry));
@@ -946,6 +927,15 @@ impl Drop for BackupSession<'_> {
         }
         self.repo.backup_ended();
     }
+}
+
+/// Entry `entry` of `catalog`, unless it is absent (or past its end).
+fn entry_in(catalog: &Catalog, entry: u32) -> Option<crate::format::Entry> {
+    catalog
+        .entries()
+        .get(entry as usize)
+        .copied()
+        .filter(|e| !e.is_absent())
 }
 
 #[cfg(test)]

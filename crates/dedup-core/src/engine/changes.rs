@@ -24,7 +24,7 @@ impl Engine {
         let clean = clean && self.recovery.is_none();
         self.opened = Some((owner, clean));
         if clean {
-            let chunks = self.cfg.logical_size / u64::from(self.cfg.chunk_size);
+            let chunks = self.cfg.logical_chunks();
             self.meta.get_mut().changes = changes::load(&at.file, owner, chunks);
         }
         if self.writable {
@@ -79,7 +79,7 @@ impl Engine {
     pub(crate) fn start_changes(&self, mark: u64) -> Result<()> {
         let _g = self.enter()?;
         let mut m = self.meta.lock();
-        let chunks = self.cfg.logical_size / u64::from(self.cfg.chunk_size);
+        let chunks = self.cfg.logical_chunks();
         if self.writable {
             m.changes.start(mark, chunks);
             return Ok(());

@@ -485,7 +485,7 @@ impl Engine {
                 m.awaiting_gc,
                 self.space(&m),
                 self.placement.stats(),
-                m.changes.changes(),
+                m.changes.figures(),
             )
         };
         let packing = placed.packing;
@@ -535,9 +535,9 @@ impl Engine {
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v))
                 .collect(),
-            tracking: changes.map(|c| crate::stats::TrackingFigures {
-                mark: c.mark,
-                regions_changed: c.regions_changed(),
+            tracking: changes.map(|(mark, regions_changed)| crate::stats::TrackingFigures {
+                mark,
+                regions_changed,
                 region_chunks: crate::changes::Changes::REGION_CHUNKS,
             }),
         }
