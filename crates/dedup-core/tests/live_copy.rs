@@ -15,10 +15,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{MemDevice, ModelDisk, Patterns};
-use dedup_core::backends::BackendParams;
 use dedup_core::blockfile::sim::{splitmix, SimDisk};
 use dedup_core::blockfile::MemBlockFile;
-use dedup_core::fingerprint::HashAlgo;
 use dedup_core::{Device, Error};
 
 const CS: usize = 4096;
@@ -50,15 +48,7 @@ fn open_on(md: &MemDevice, data: &Arc<MemBlockFile>, meta: Vec<u8>) -> dedup_cor
 }
 
 fn format(variant: &str) -> MemDevice {
-    let cfg = common::config(
-        variant,
-        CS as u32,
-        CHUNKS,
-        CHUNKS * 2,
-        HashAlgo::Blake3,
-        false,
-    );
-    MemDevice::format(cfg, &common::params(variant, BackendParams::default()))
+    common::variant_device(variant, CS as u32, CHUNKS, CHUNKS * 2)
 }
 
 /// One random life of a served device, then every copy put back.

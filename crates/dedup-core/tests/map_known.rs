@@ -9,10 +9,9 @@
 
 mod common;
 
-use common::{assert_consistent, params, read_all, ModelDisk, Patterns, VARIANTS};
-use dedup_core::backends::BackendParams;
+use common::{assert_consistent, read_all, variant_device, ModelDisk, Patterns, VARIANTS};
 use dedup_core::fingerprint::{Fingerprint, HashAlgo};
-use dedup_core::testrig::{config, MemDevice};
+use dedup_core::testrig::MemDevice;
 use dedup_core::Device;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -20,15 +19,7 @@ const CS: usize = 4096;
 const CHUNKS: u64 = 256;
 
 fn device(variant: &str) -> MemDevice {
-    let cfg = config(
-        variant,
-        CS as u32,
-        CHUNKS,
-        CHUNKS * 2,
-        HashAlgo::Blake3,
-        false,
-    );
-    MemDevice::format(cfg, &params(variant, BackendParams::default()))
+    variant_device(variant, CS as u32, CHUNKS, CHUNKS * 2)
 }
 
 /// Random writes of a few patterns over 1-4 chunks, and trims, on the

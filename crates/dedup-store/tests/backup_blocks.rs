@@ -7,19 +7,20 @@
 //! nothing committed; a repository whose segments the device's chunks
 //! cannot be is backed up by reading, exactly.
 
+mod blocks_support;
+
 use std::collections::HashSet;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use blocks_support::{content, options, BS};
 use dedup_common::fingerprint::{Fingerprint, HashAlgo};
 use dedup_store::backup_blocks::{BlockMap, BlockSource, BlockState, BlocksReport};
 use dedup_store::crypto::passphrase::for_this_thread;
 use dedup_store::crypto::KdfParams;
 use dedup_store::{CheckOptions, GcOptions, RepoError, RepoOptions, Repository, Segmenting};
-use rand::{rngs::StdRng, Rng, RngCore, SeedableRng};
-
-const BS: usize = 4096;
+use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// A device in RAM: each block zero (`None`) or its bytes, with the
 /// fingerprint its metadata recorded (`None`: it keeps none).
@@ -171,14 +172,6 @@ impl BlockSource for Model {
     }
 }
 
-fn options(segmenting: Segmenting) -> RepoOptions {
-    RepoOptions {
-        segmenting,
-        container_target: 256 << 10,
-        ..RepoOptions::default()
-    }
-}
-
 fn restore(repo: &Repository, name: &str) -> Vec<u8> {
     let mut out = Vec::new();
     repo.restore(name, &mut out).unwrap();
@@ -202,14 +195,6 @@ fn unique(model: &mut Model, range: std::ops::Range<usize>, rng: &mut StdRng) {
     for block in range {
         model.write(block, content(rng, 1 << 40), true);
     }
-}
-
-/// Random contents from a small pool (so blocks repeat), never all zeros.
-fn content(rng: &mut StdRng, pool: u64) -> Vec<u8> {
-    let mut b = vec![0u8; BS];
-    StdRng::seed_from_u64(rng.random_range(0..pool)).fill_bytes(&mut b);
-    b[0] |= 1;
-    b
 }
 
 #[test]

@@ -9,10 +9,13 @@
 //! image whole and says why; damage is named and written as zeros; a
 //! device too small is refused with nothing changed.
 
+mod blocks_support;
+
 use std::collections::HashMap;
 use std::io;
 use std::sync::Mutex;
 
+use blocks_support::{content, options, BS};
 use dedup_common::fingerprint::{Fingerprint, HashAlgo};
 use dedup_store::backup_blocks::{BlockMap, BlockState};
 use dedup_store::crypto::passphrase::for_this_thread;
@@ -21,9 +24,7 @@ use dedup_store::{
     container_name, BlockTarget, BlocksRestored, GcOptions, RepoOptions, Repository, RestorePass,
     Segmenting,
 };
-use rand::{rngs::StdRng, Rng, RngCore, SeedableRng};
-
-const BS: usize = 4096;
+use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// A deduplicating device in RAM: what it reads, and the chunks it keeps
 /// by fingerprint (those blocks hold, and garbage until `collect`).
@@ -153,24 +154,8 @@ impl BlockTarget for Device {
     }
 }
 
-fn options(segmenting: Segmenting) -> RepoOptions {
-    RepoOptions {
-        segmenting,
-        container_target: 256 << 10,
-        ..RepoOptions::default()
-    }
-}
-
 fn fixed(dir: &std::path::Path) -> Repository {
     Repository::init_with(dir, options(Segmenting::Fixed { size: 4096 })).unwrap()
-}
-
-/// Random contents from a pool (so blocks repeat), never all zeros.
-fn content(rng: &mut StdRng, pool: u64) -> Vec<u8> {
-    let mut b = vec![0u8; BS];
-    StdRng::seed_from_u64(rng.random_range(0..pool)).fill_bytes(&mut b);
-    b[0] |= 1;
-    b
 }
 
 /// Writes and trims over `n` random runs of 1-8 blocks.

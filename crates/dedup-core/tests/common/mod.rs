@@ -122,6 +122,20 @@ pub fn params(variant: &str, params: BackendParams) -> BackendParams {
     }
 }
 
+/// A formatted in-memory device of `variant` (see `VARIANTS`, its "@N"
+/// index budget applied), BLAKE3, verify off.
+pub fn variant_device(variant: &str, chunk_size: u32, logical: u64, physical: u64) -> MemDevice {
+    let cfg = config(
+        variant,
+        chunk_size,
+        logical,
+        physical,
+        HashAlgo::Blake3,
+        false,
+    );
+    MemDevice::format(cfg, &params(variant, BackendParams::default()))
+}
+
 /// Content patterns: pattern 0 is all zeros; the others are pseudo-random
 /// chunk images, so a write of pattern p over whole aligned chunks produces
 /// chunks identical to every other such write of p.
