@@ -74,6 +74,16 @@ impl Changes {
     pub fn regions_changed(&self) -> u64 {
         count_ones(&self.bits)
     }
+
+    /// The flags, 64 regions to a word (to send them over a socket).
+    pub fn words(&self) -> &[u64] {
+        &self.bits
+    }
+
+    /// What `words` gave, back (a region past them counts as changed).
+    pub fn from_words(mark: u64, bits: Vec<u64>) -> Changes {
+        Changes { mark, bits }
+    }
 }
 
 fn count_ones(bits: &[u64]) -> u64 {
@@ -111,6 +121,12 @@ impl ChangeMap {
     pub fn start(&mut self, mark: u64, logical_chunks: u64) {
         self.mark = Some(mark);
         self.bits = vec![0; words_for(logical_chunks)];
+    }
+
+    /// Go on from `mark` with the flags as they are: a snapshot's
+    /// tracking, started when it froze the map, once its backup names it.
+    pub fn remark(&mut self, mark: u64) {
+        self.mark = Some(mark);
     }
 
     /// The mark and the regions flagged since, if tracked, without a copy

@@ -111,3 +111,14 @@ pub fn thin_blocks(bytes: &[u8]) {
         check(&resealed);
     }
 }
+
+/// Parse arbitrary bytes as a snapshot session's `map` reply (the control
+/// socket's wire data, `control::snapshot`): an error, or exactly the
+/// blocks asked for, each a state the encoding names; never a panic.
+pub fn snapshot_reply(bytes: &[u8]) {
+    let count = bytes.first().map_or(0, |&b| u64::from(b));
+    let body = bytes.get(1..).unwrap_or_default();
+    if let Ok(states) = crate::control::snapshot::decode_states(body, count) {
+        assert_eq!(states.len() as u64, count);
+    }
+}

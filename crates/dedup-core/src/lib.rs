@@ -39,5 +39,5 @@ pub use dedup_common::{blake3_batch, compress, fingerprint, lock, perms, size, t
 
 pub use backends::OpenOptions;
 pub use changes::Changes;
-pub use engine::{ChunkState, Device};
+pub use engine::{ChunkState, Device, SnapshotStart};
 pub use error::{Error, Result};

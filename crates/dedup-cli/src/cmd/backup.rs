@@ -19,7 +19,7 @@ use super::shared::report::{mb_per_sec, print_json, ratio_text, IndexJson, Repor
 
 #[derive(clap::Args)]
 #[command(
-    about = "Back up files and directories, a stream from standard input, or a stopped dedup device, into a repository",
+    about = "Back up files and directories, a stream from standard input, or a dedup device (stopped or served), into a repository",
     after_help = "Files and directories are stored with their metadata (type, mode including setuid/setgid/sticky, owner, times to the nanosecond, symlink targets, hard links, fifos and devices, extended attributes); symlinks are never followed; sockets are skipped with a warning, as are files that vanish or cannot be read. Paths are kept as given, made relative like tar does: /home/me is stored as home/me, so `dedup restore REPO NAME /restore` recreates /restore/home/me. A file that changes while it is read is stored as read. A file whose size, mtime, ctime and inode are those the newest backup of files in the same group recorded is not read again: its segments are reused (after checking them against their containers).\n\nThe backup becomes visible only once all of it is durable; a backup that fails or is killed leaves no backup behind.\n\nExamples:\n  dedup backup ./repo home-monday /home\n  dedup backup ./repo etc-1 /etc --group etc --json\n  pg_dump db | dedup backup ./repo db-1 --stdin --group db --json\n  dedup backup ./repo vm-1 --device /var/lib/dedup/vm --group vm\n  dedup backup --server unix:/run/dedup-backup.sock home-monday /home\n  tar -cf - /home | dedup backup --server unix:/run/dedup-backup.sock home-tar --stdin\n  dedup backup --server tcp:127.0.0.1:7070 --psk backup.psk home-monday /home"
 )]
 pub struct Args {
@@ -35,8 +35,10 @@ pub struct Args {
     /// Back up standard input (a stream) instead of files.
     #[arg(long)]
     pub stdin: bool,
-    /// Back up the stopped dedup device in DIR, by the fingerprints its
-    /// metadata keeps: only chunks the repository lacks are read. Restores
+    /// Back up the dedup device in DIR, by the fingerprints its metadata
+    /// keeps: only chunks the repository lacks are read. A served device
+    /// is backed up through a snapshot of one instant while clients go
+    /// on writing. Restores
     /// as the device's image. Needs a repository of fixed segments of the
     /// device's chunk size (dedup store init REPO --segments fixed:4K),
     /// not encrypted; any other is backed up by reading the whole device,

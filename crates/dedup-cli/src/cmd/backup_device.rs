@@ -1,13 +1,15 @@
-//! `dedup backup REPO NAME --device DIR`: back up a stopped deduplicated
-//! device by the fingerprints its metadata keeps (issue 39): only chunks
-//! the repository lacks are read from the data file, each checked against
-//! its fingerprint. The backup restores as the device's image.
+//! `dedup backup REPO NAME --device DIR`: back up a deduplicated device
+//! by the fingerprints its metadata keeps (issue 39): only chunks the
+//! repository lacks are read from the data file, each checked against its
+//! fingerprint. A stopped device is opened here; a served one is backed
+//! up through a snapshot its server keeps while clients go on writing.
+//! The backup restores as the device's image.
 
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use dedup_store::backup_blocks::{BlockMap, BlocksReport};
+use dedup_store::backup_blocks::{BlockSource, BlocksReport};
 use dedup_store::{BackupReport, RepoLocation};
 use serde::Serialize;
 
@@ -16,12 +18,15 @@ use super::shared::device_blocks::DeviceBlocks;
 use super::shared::progress::blocks_bar;
 use super::shared::repo::open_indexed;
 use super::shared::report::{mb_per_sec, print_json, ratio_text, IndexJson, ReportJson};
+use super::shared::served_blocks::ServedBlocks;
 
 #[derive(Serialize)]
 struct Report {
     name: String,
     group: String,
     device: String,
+    /// Backed up through a snapshot its server kept (it was served).
+    served: bool,
     #[serde(flatten)]
     report: ReportJson,
     #[serde(flatten)]
@@ -41,14 +46,30 @@ pub fn run(
     walk_all: bool,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let mut source = DeviceBlocks::open_to_read(dir)?;
-    if walk_all {
-        source.ignore_changes();
-    }
     let repo = open_indexed(repo_at, index)?;
+    // Frozen as late as possible: the snapshot holds what clients
+    // overwrite until the backup ends.
+    let (source, served): (Box<dyn BlockSource>, bool) = match ServedBlocks::start(dir)? {
+        Some(mut s) => {
+            if walk_all {
+                s.ignore_changes();
+            }
+            (Box::new(s), true)
+        }
+        None => {
+            let mut s = DeviceBlocks::open_to_read(dir)?;
+            if walk_all {
+                s.ignore_changes();
+            }
+            (Box::new(s), false)
+        }
+    };
     let bar = blocks_bar(name, source.blocks(), json)?;
     let start = Instant::now();
-    let result = repo.backup_blocks(name, group, &source, &mut |done| bar.set_position(done));
+    let result = repo.backup_blocks(name, group, source.as_ref(), &mut |done| {
+        bar.set_position(done)
+    });
+    drop(source);
     bar.finish_and_clear();
     let (r, blocks): (BackupReport, BlocksReport) = result?;
     let seconds = start.elapsed().as_secs_f64();
@@ -56,6 +77,7 @@ pub fn run(
         name: name.into(),
         group: group.into(),
         device: dir.display().to_string(),
+        served,
         report: r.into(),
         blocks,
         index: IndexJson::of(&repo),
@@ -82,8 +104,13 @@ pub fn run(
         }
         Some(why) => format!("read and hashed whole, because {why}"),
     };
+    let at = if served {
+        " (served: a snapshot of one instant)"
+    } else {
+        ""
+    };
     outln!(
-        "Backed up device {} into {} as {} (group {}), {how}: {} in, {} new ({} written), dedup ratio {}; {:.1} s.",
+        "Backed up device {}{at} into {} as {} (group {}), {how}: {} in, {} new ({} written), dedup ratio {}; {:.1} s.",
         dir.display(),
         repo_at,
         name,

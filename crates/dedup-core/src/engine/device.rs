@@ -329,6 +329,29 @@ impl Device {
         self.settled().start_changes(mark)
     }
 
+    /// Freeze the LBN map for a backup while writes go on (see
+    /// `engine/snapshot.rs`): every write completed before this call is
+    /// in it, none begun after it returns.
+    pub fn snapshot_start(&self) -> Result<super::SnapshotStart> {
+        self.settled().snapshot_start()
+    }
+
+    /// What LBNs `first..first + count` held at the freeze.
+    pub fn snapshot_map(&self, first: Lbn, count: u64) -> Result<Vec<ChunkState>> {
+        self.engine.snapshot_map(first, count)
+    }
+
+    /// Whole chunks from LBN `first` as they were at the freeze.
+    pub fn snapshot_read(&self, first: Lbn, buf: &mut [u8]) -> Result<()> {
+        self.engine.snapshot_read(first, buf)
+    }
+
+    /// End the snapshot; with `mark` (its backup committed) the tracking
+    /// goes on from the freeze under that mark. Returns whether it did.
+    pub fn snapshot_end(&self, mark: Option<u64>) -> Result<bool> {
+        self.engine.snapshot_end(mark)
+    }
+
     /// What logical chunks `first..first + count` hold, after the queued
     /// mutations of that range (see `Engine::block_map`).
     pub fn block_map(&self, first: Lbn, count: u64) -> Result<Vec<ChunkState>> {

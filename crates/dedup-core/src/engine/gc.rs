@@ -99,6 +99,10 @@ impl Engine {
                     // re-referenced it since the scan.) The entry is
                     // removed by the pair the scan found, not looked up
                     // by fingerprint: a sampled index may not find it.
+                    // A chunk a running snapshot names waits for its end.
+                    if m.holds(*pbn) {
+                        continue;
+                    }
                     if m.store.refcount_get(*pbn)? == 1 && m.unindex(fp, *pbn)? {
                         m.release(self.placement.as_ref(), *pbn)?;
                         freed += 1;
@@ -172,6 +176,7 @@ impl Engine {
             let _quiet = self.commit_gate.write();
             let mut m = self.meta.lock();
             let round = self.placement.reclaim(m.store.as_mut(), RECLAIM_ROUND)?;
+            m.moved(&round.moved);
             if round.blocks_repacked > 0 {
                 self.commit_locked(&mut m)?;
             }

@@ -11,6 +11,8 @@ use crate::fingerprint::Fingerprint;
 use crate::placement::Placement;
 use crate::record::{Record, Totals};
 
+use super::snapshot::Frozen;
+
 pub(crate) struct Meta {
     pub(crate) store: Box<dyn MetadataBackend>,
     pub(crate) totals: Totals,
@@ -21,6 +23,8 @@ pub(crate) struct Meta {
     pub(crate) awaiting_gc: u64,
     /// The regions of the LBN map changed since the tracking's mark.
     pub(crate) changes: crate::changes::ChangeMap,
+    /// The LBN map as a served backup froze it, while that backup runs.
+    pub(crate) snapshot: Option<Frozen>,
 }
 
 impl Meta {
@@ -34,6 +38,7 @@ impl Meta {
     ) -> Result<Option<Pbn>> {
         let old = self.store.lbn_map_insert(lbn, pbn)?;
         self.changes.note(lbn);
+        self.preserve(lbn, old)?;
         self.totals.lbns_mapped += old.is_none() as u64;
         p.mapped(lbn, Some(pbn), fp);
         Ok(old)
@@ -44,10 +49,40 @@ impl Meta {
         let old = self.store.lbn_map_delete(lbn)?;
         if old.is_some() {
             self.changes.note(lbn);
+            self.preserve(lbn, old)?;
             self.totals.lbns_mapped = self.totals.lbns_mapped.saturating_sub(1);
             p.mapped(lbn, None, None);
         }
         Ok(old)
+    }
+
+    /// A snapshot keeps what `lbn` mapped to when it froze the map, the
+    /// first time the LBN changes after (copy-on-write of the map entry).
+    fn preserve(&mut self, lbn: Lbn, old: Option<Pbn>) -> Result<()> {
+        let Some(s) = self.snapshot.as_mut().filter(|s| !s.has(lbn)) else {
+            return Ok(());
+        };
+        s.since.note(lbn);
+        let fp = match old {
+            Some(pbn) => self.store.chunk_fingerprint(pbn)?,
+            None => None,
+        };
+        if let Some(s) = self.snapshot.as_mut() {
+            s.keep(lbn, old, fp);
+        }
+        Ok(())
+    }
+
+    /// A repack gave chunks new addresses: a snapshot follows them.
+    pub(crate) fn moved(&mut self, moves: &[(Pbn, Pbn)]) {
+        if let Some(s) = self.snapshot.as_mut() {
+            s.moved(moves);
+        }
+    }
+
+    /// Whether a snapshot holds `pbn` (it named it when it froze the map).
+    pub(crate) fn holds(&self, pbn: Pbn) -> bool {
+        self.snapshot.as_ref().is_some_and(|s| s.holds(pbn))
     }
 
     pub(crate) fn index(&mut self, fp: &Fingerprint, pbn: Pbn) -> Result<()> {
@@ -83,6 +118,15 @@ impl Meta {
     /// by the hash index alone (garbage); at 0 the placement may reuse
     /// its space after the next commit.
     pub(crate) fn release(&mut self, p: &dyn Placement, pbn: Pbn) -> Result<u32> {
+        if let Some(s) = self.snapshot.as_mut().filter(|s| s.holds(pbn)) {
+            // A chunk the snapshot names keeps its last reference until
+            // the snapshot ends (a collection skips such chunks, so only
+            // an undo on an error path gets here).
+            if self.store.refcount_get(pbn)? == 1 {
+                s.defer_release(pbn);
+                return Ok(1);
+            }
+        }
         let n = self.store.refcount_dec(pbn)?;
         match n {
             0 => p.freed(pbn),

@@ -20,6 +20,7 @@ mod map_known;
 mod meta;
 mod read_path;
 mod recover;
+mod snapshot;
 mod write_path;
 mod writeback;
 
@@ -54,6 +55,7 @@ pub use device::Device;
 pub use gc::GcReport;
 pub use read_path::{ChunkState, Extent, EXTENT_SCAN_CHUNKS};
 pub use recover::RecoveryReport;
+pub use snapshot::SnapshotStart;
 
 use locks::{FingerprintLocks, LbnLocks};
 pub(crate) use meta::Meta;
@@ -237,6 +239,7 @@ impl Engine {
                 totals: known.unwrap_or_default(),
                 awaiting_gc: pair.record.awaiting_gc.unwrap_or(0),
                 changes: Default::default(),
+                snapshot: None,
             }),
             placement: pair.placement,
             gate: RwLock::new(false),
@@ -447,6 +450,7 @@ impl Engine {
         }
         let lost = settle();
         let mut m = self.meta.lock();
+        self.end_snapshot_at_close(&mut m)?;
         // Everything out and committed, then the store marks itself clean.
         let p = self.placement.as_ref();
         p.before_commit(m.store.as_mut(), true)?;

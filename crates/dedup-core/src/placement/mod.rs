@@ -87,6 +87,10 @@ pub struct ReclaimReport {
     pub damaged_blocks: u64,
     /// The pass stopped at its budget; another may find more.
     pub more: bool,
+    /// Chunks given new addresses (old, new), for whoever names them
+    /// outside the store (a running snapshot).
+    #[serde(skip)]
+    pub moved: Vec<(Pbn, Pbn)>,
 }
 
 /// What `dedup status` reports about packing.

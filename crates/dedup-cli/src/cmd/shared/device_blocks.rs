@@ -75,6 +75,31 @@ impl DeviceBlocks {
     }
 }
 
+/// A chunk's state as a backup by fingerprint sees it.
+pub fn block_state(s: ChunkState) -> BlockState {
+    match s {
+        ChunkState::Unmapped => BlockState::Zero,
+        ChunkState::Known(fp) => BlockState::Known(fp),
+        ChunkState::Unknown => BlockState::Unknown,
+    }
+}
+
+/// Whether blocks may have changed since the tracking's mark (always,
+/// untracked).
+pub fn changed_since(changes: Option<&Changes>, first: u64, count: u64) -> bool {
+    changes.is_none_or(|c| c.changed(first, count))
+}
+
+/// A device's chunk that fails its fingerprint, named for a message.
+pub fn damaged_chunk(dir: &Path, block: u64, chunk_size: u32) -> String {
+    let offset = block * u64::from(chunk_size);
+    format!(
+        "chunk {block} (byte {offset}) of device {} does not hold the bytes its recorded fingerprint names: `dedup check {} --data` tells what is damaged",
+        dir.display(),
+        dir.display()
+    )
+}
+
 fn io_error(e: dedup_core::Error) -> io::Error {
     io::Error::other(e.to_string())
 }
@@ -94,14 +119,7 @@ impl BlockMap for DeviceBlocks {
 
     fn map(&self, first: u64, count: u64) -> io::Result<Vec<BlockState>> {
         let states = self.device.block_map(first, count).map_err(io_error)?;
-        Ok(states
-            .into_iter()
-            .map(|s| match s {
-                ChunkState::Unmapped => BlockState::Zero,
-                ChunkState::Known(fp) => BlockState::Known(fp),
-                ChunkState::Unknown => BlockState::Unknown,
-            })
-            .collect())
+        Ok(states.into_iter().map(block_state).collect())
     }
 }
 
@@ -112,12 +130,7 @@ impl BlockSource for DeviceBlocks {
     }
 
     fn describe(&self, block: u64) -> String {
-        let offset = block * u64::from(self.block_size());
-        format!(
-            "chunk {block} (byte {offset}) of device {} does not hold the bytes its recorded fingerprint names: `dedup check {} --data` tells what is damaged",
-            self.dir.display(),
-            self.dir.display()
-        )
+        damaged_chunk(&self.dir, block, self.block_size())
     }
 
     fn device_id(&self) -> Option<[u8; 16]> {
@@ -130,9 +143,7 @@ impl BlockSource for DeviceBlocks {
     }
 
     fn changed_since_mark(&self, first: u64, count: u64) -> bool {
-        self.changes
-            .as_ref()
-            .is_none_or(|c| c.changed(first, count))
+        changed_since(self.changes.as_ref(), first, count)
     }
 
     fn start_tracking(&self, mark: u64) -> io::Result<()> {

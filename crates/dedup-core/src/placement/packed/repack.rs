@@ -158,6 +158,7 @@ impl State {
         report.blocks_repacked = chosen.len() as u64;
         report.blocks_written = new_blocks.len() as u64;
         report.fragments_moved = placed.len() as u64;
+        report.moved = moves.into_iter().collect();
         self.stats.repacked_blocks += report.blocks_repacked;
         self.stats.repack_blocks_written += report.blocks_written;
         self.stats.fragments_moved += report.fragments_moved;

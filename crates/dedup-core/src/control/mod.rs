@@ -3,6 +3,8 @@
 //! device; one JSON request per line in, one JSON reply per line out:
 //! `{"op":"status"}` -> `{"ok":true,"result":{...}}` or `{"ok":false,"error":"..."}`.
 
+pub mod snapshot;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -56,6 +58,9 @@ pub enum Request {
     /// still runs: `dedup serve`'s second Ctrl-C, when clients that stay
     /// attached keep nbdkit from unloading. Requests after it fail.
     Save,
+    /// Freeze the LBN map for a backup and keep the connection as its
+    /// session (`snapshot.rs`).
+    Snapshot,
 }
 
 /// How `Request::Save` saves and closes the device: the server's own clean
@@ -152,6 +157,7 @@ fn serve_one(stream: UnixStream, device: &Device, save: &SaveHook) {
         .read_line(&mut line);
     let reply = match read {
         Ok(_) => match serde_json::from_str::<Request>(line.trim()) {
+            Ok(Request::Snapshot) => return snapshot::serve(&stream, device),
             Ok(req) => {
                 debug!("control request {req:?}");
                 execute(&req, device, save)
@@ -174,24 +180,34 @@ fn execute(req: &Request, device: &Device, save: &SaveHook) -> Result<serde_json
         Request::Gc => serde_json::to_value(device.gc()?),
         Request::Check { data } => serde_json::to_value(device.check(*data)?),
         Request::Save => serde_json::to_value(save(device)?),
+        Request::Snapshot => Err(Error::InvalidArgument(
+            "a snapshot is a session of its own (serve_one)".into(),
+        ))?,
     };
     value.map_err(|e| Error::InvalidArgument(format!("encoding reply: {e}")))
 }
 
-/// Send one request to a served device. `Ok(None)`: nobody is listening
-/// (the device is not being served, or its server died).
-pub fn request(path: &Path, req: &Request) -> Result<Option<serde_json::Value>> {
-    let stream = match UnixStream::connect(path) {
-        Ok(s) => s,
+/// Connect to a served device's socket; `Ok(None)`: nobody is listening.
+fn connect(path: &Path) -> Result<Option<UnixStream>> {
+    match UnixStream::connect(path) {
+        Ok(s) => Ok(Some(s)),
         Err(e)
             if matches!(
                 e.kind(),
                 std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
             ) =>
         {
-            return Ok(None)
+            Ok(None)
         }
-        Err(e) => return Err(Error::io(format!("connecting to {}", path.display()), e)),
+        Err(e) => Err(Error::io(format!("connecting to {}", path.display()), e)),
+    }
+}
+
+/// Send one request to a served device. `Ok(None)`: nobody is listening
+/// (the device is not being served, or its server died).
+pub fn request(path: &Path, req: &Request) -> Result<Option<serde_json::Value>> {
+    let Some(stream) = connect(path)? else {
+        return Ok(None);
     };
     // GC and check of a large device can take a while; status is instant.
     stream

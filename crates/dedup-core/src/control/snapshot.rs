@@ -1,0 +1,357 @@
+//! A backup of a served device through its control socket (issue 39):
+//! `{"op":"snapshot"}` freezes the LBN map (`engine/snapshot.rs`) and
+//! keeps the connection as a session, so the snapshot lives exactly as
+//! long as the backup's process holds the socket: a backup that dies ends
+//! it, and nothing outlives the server.
+//!
+//! After the first reply (a JSON line: `SnapshotInfo`), the client sends
+//! JSON lines (`SessionRequest`) and each reply is a JSON line,
+//! `{"ok":true,"bytes":N}` followed by N bytes, or `{"ok":false,"error":..}`:
+//! - `map`: one byte per block, 0 unmapped, 1 mapped with no fingerprint
+//!   kept, 2 followed by its 32-byte fingerprint;
+//! - `read`: the blocks' bytes;
+//! - `end`: no bytes; with a mark, the device's tracking goes on from the
+//!   freeze under it (the backup committed); the session then closes.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tracing::{debug, warn};
+
+use super::{Request, MAX_REQUEST};
+use crate::changes::Changes;
+use crate::engine::{ChunkState, Device};
+use crate::error::{Error, IoContext, Result};
+use crate::fingerprint::{Fingerprint, HashAlgo, FINGERPRINT_BYTES};
+
+/// Most blocks one `map` may ask for (33 MiB of reply at most).
+pub const MAX_MAP_BLOCKS: u64 = 1 << 20;
+/// Most bytes one `read` may ask for.
+pub const MAX_READ_BYTES: u64 = 16 << 20;
+
+const UNMAPPED: u8 = 0;
+const UNKNOWN: u8 = 1;
+const KNOWN: u8 = 2;
+
+/// What the server says when the snapshot starts.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    pub uuid: [u8; 16],
+    pub chunk_size: u32,
+    pub logical_size: u64,
+    pub hash: HashAlgo,
+    /// Whether `end` with a mark restarts the device's tracking.
+    pub can_track: bool,
+    /// The device's tracking at the freeze: its mark and flags.
+    pub changes: Option<(u64, Vec<u64>)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum SessionRequest {
+    Map { first: u64, count: u64 },
+    Read { first: u64, count: u64 },
+    End { mark: Option<u64> },
+}
+
+/// The server's side: run a session on `stream` until `end` or the
+/// client goes away; the snapshot ends with it either way.
+pub(super) fn serve(stream: &UnixStream, device: &Device) {
+    let mut out = stream;
+    let started = device.snapshot_start().and_then(|s| info(device, s));
+    let info = match started {
+        Ok(i) => i,
+        Err(e) => {
+            let _ = writeln!(
+                out,
+                "{}",
+                serde_json::json!({"ok": false, "error": e.to_string()})
+            );
+            return;
+        }
+    };
+    let ended = run(stream, device, &info);
+    if let Err(e) = &ended {
+        debug!("snapshot session: {e}");
+    }
+    if !matches!(ended, Ok(true)) {
+        if let Err(e) = device.snapshot_end(None) {
+            warn!("ending a snapshot: {e}");
+        }
+    }
+}
+
+fn info(device: &Device, s: crate::engine::SnapshotStart) -> Result<SnapshotInfo> {
+    let cfg = device.config();
+    Ok(SnapshotInfo {
+        uuid: cfg.uuid,
+        chunk_size: cfg.chunk_size,
+        logical_size: cfg.logical_size,
+        hash: cfg.hash,
+        can_track: s.can_track,
+        changes: s.changes.map(|c| (c.mark, c.words().to_vec())),
+    })
+}
+
+/// The session's loop; `Ok(true)` once `end` ended the snapshot.
+fn run(stream: &UnixStream, device: &Device, info: &SnapshotInfo) -> Result<bool> {
+    let mut out = stream;
+    let first = serde_json::json!({"ok": true, "result": info});
+    writeln!(out, "{first}").context(|| "answering a snapshot request".to_string())?;
+    let mut reader = BufReader::new(stream);
+    let cs = u64::from(info.chunk_size);
+    loop {
+        let mut line = String::new();
+        let n = Read::take(&mut reader, MAX_REQUEST)
+            .read_line(&mut line)
+            .context(|| "reading a snapshot request".to_string())?;
+        if n == 0 {
+            return Ok(false);
+        }
+        let req = serde_json::from_str::<SessionRequest>(line.trim())
+            .map_err(|e| Error::InvalidArgument(format!("bad snapshot request: {e}")))?;
+        let reply = match req {
+            SessionRequest::Map { first, count } if count <= MAX_MAP_BLOCKS => {
+                device.snapshot_map(first, count).map(|s| encode_states(&s))
+            }
+            SessionRequest::Read { first, count } if count.saturating_mul(cs) <= MAX_READ_BYTES => {
+                let mut buf = vec![0u8; (count * cs) as usize];
+                device.snapshot_read(first, &mut buf).map(|()| buf)
+            }
+            SessionRequest::Map { .. } | SessionRequest::Read { .. } => Err(Error::InvalidArgument(
+                format!("a snapshot request may cover at most {MAX_MAP_BLOCKS} blocks to map or {MAX_READ_BYTES} bytes to read"),
+            )),
+            SessionRequest::End { mark } => {
+                let restarted = device.snapshot_end(mark)?;
+                let body = serde_json::json!({"ok": true, "tracking": restarted, "bytes": 0});
+                writeln!(out, "{body}").context(|| "answering a snapshot request".to_string())?;
+                return Ok(true);
+            }
+        };
+        match reply {
+            Ok(bytes) => {
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::json!({"ok": true, "bytes": bytes.len()})
+                )
+                .and_then(|()| out.write_all(&bytes))
+                .context(|| "answering a snapshot request".to_string())?;
+            }
+            Err(e) => {
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::json!({"ok": false, "error": e.to_string()})
+                )
+                .context(|| "answering a snapshot request".to_string())?;
+            }
+        }
+    }
+}
+
+fn encode_states(states: &[ChunkState]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(states.len() * 8);
+    for s in states {
+        match s {
+            ChunkState::Unmapped => out.push(UNMAPPED),
+            ChunkState::Unknown => out.push(UNKNOWN),
+            ChunkState::Known(fp) => {
+                out.push(KNOWN);
+                out.extend_from_slice(&fp.0);
+            }
+        }
+    }
+    out
+}
+
+/// `count` block states from a `map` reply; anything else is an error.
+pub fn decode_states(bytes: &[u8], count: u64) -> Result<Vec<ChunkState>> {
+    let bad = |why: String| Error::corrupt("a snapshot's map reply", why);
+    let mut out = Vec::with_capacity(count.min(MAX_MAP_BLOCKS) as usize);
+    let mut rest = bytes;
+    while let Some((&tag, tail)) = rest.split_first() {
+        rest = tail;
+        out.push(match tag {
+            UNMAPPED => ChunkState::Unmapped,
+            UNKNOWN => ChunkState::Unknown,
+            KNOWN => {
+                if rest.len() < FINGERPRINT_BYTES {
+                    return Err(bad("it ends inside a fingerprint".into()));
+                }
+                let (fp, tail) = rest.split_at(FINGERPRINT_BYTES);
+                rest = tail;
+                let mut b = [0u8; FINGERPRINT_BYTES];
+                b.copy_from_slice(fp);
+                ChunkState::Known(Fingerprint(b))
+            }
+            t => return Err(bad(format!("block state {t} is not one this build knows"))),
+        });
+        if out.len() as u64 > count {
+            break;
+        }
+    }
+    if out.len() as u64 != count {
+        return Err(bad(format!(
+            "{} block states for {count} blocks",
+            out.len()
+        )));
+    }
+    Ok(out)
+}
+
+/// The client's side: a snapshot of a served device, held until `end`
+/// or drop (which ends it without restarting the tracking).
+pub struct SnapshotClient {
+    reader: BufReader<UnixStream>,
+    pub info: SnapshotInfo,
+}
+
+impl SnapshotClient {
+    /// Freeze the device served behind `socket`; `Ok(None)` if nobody
+    /// answers there (the device is not served).
+    pub fn start(socket: &Path) -> Result<Option<SnapshotClient>> {
+        let Some(stream) = super::connect(socket)? else {
+            return Ok(None);
+        };
+        stream
+            .set_read_timeout(Some(Duration::from_secs(3600)))
+            .context(|| "setting a socket timeout".to_string())?;
+        let mut c = SnapshotClient {
+            reader: BufReader::new(stream),
+            info: SnapshotInfo {
+                uuid: [0; 16],
+                chunk_size: 0,
+                logical_size: 0,
+                hash: HashAlgo::Blake3,
+                can_track: false,
+                changes: None,
+            },
+        };
+        c.send(&serde_json::to_string(&Request::Snapshot).expect("a request encodes"))?;
+        let v = c.reply_line()?;
+        c.info = serde_json::from_value(v["result"].clone())
+            .map_err(|e| Error::corrupt("a snapshot's first reply", e.to_string()))?;
+        if c.info.chunk_size == 0 || c.info.logical_size % u64::from(c.info.chunk_size) != 0 {
+            return Err(Error::corrupt(
+                "a snapshot's first reply",
+                format!(
+                    "chunk size {} for {} bytes",
+                    c.info.chunk_size, c.info.logical_size
+                ),
+            ));
+        }
+        Ok(Some(c))
+    }
+
+    /// What the device's tracking said at the freeze.
+    pub fn changes(&self) -> Option<Changes> {
+        let (mark, words) = self.info.changes.clone()?;
+        Some(Changes::from_words(mark, words))
+    }
+
+    pub fn map(&mut self, first: u64, count: u64) -> Result<Vec<ChunkState>> {
+        let bytes = self.ask(
+            &SessionRequest::Map { first, count },
+            count.saturating_mul(1 + FINGERPRINT_BYTES as u64),
+        )?;
+        decode_states(&bytes, count)
+    }
+
+    /// Fill `buf` (whole blocks) from block `first`, as at the freeze.
+    pub fn read(&mut self, first: u64, buf: &mut [u8]) -> Result<()> {
+        let cs = u64::from(self.info.chunk_size);
+        let count = buf.len() as u64 / cs;
+        let bytes = self.ask(&SessionRequest::Read { first, count }, count * cs)?;
+        if bytes.len() != buf.len() {
+            return Err(Error::corrupt(
+                "a snapshot's read reply",
+                format!("{} bytes for {} asked", bytes.len(), buf.len()),
+            ));
+        }
+        buf.copy_from_slice(&bytes);
+        Ok(())
+    }
+
+    /// End the snapshot; with `mark`, restart the device's tracking from
+    /// the freeze. Returns whether it did.
+    pub fn end(mut self, mark: Option<u64>) -> Result<bool> {
+        self.send(&serde_json::to_string(&SessionRequest::End { mark }).expect("encodes"))?;
+        let v = self.reply_line()?;
+        Ok(v["tracking"] == serde_json::Value::Bool(true))
+    }
+
+    fn ask(&mut self, req: &SessionRequest, most: u64) -> Result<Vec<u8>> {
+        self.send(&serde_json::to_string(req).expect("a request encodes"))?;
+        let v = self.reply_line()?;
+        let n = v["bytes"].as_u64().filter(|&n| n <= most).ok_or_else(|| {
+            Error::corrupt(
+                "a snapshot's reply",
+                format!("{} bytes announced, at most {most} expected", v["bytes"]),
+            )
+        })?;
+        let mut bytes = vec![0u8; n as usize];
+        self.reader
+            .read_exact(&mut bytes)
+            .context(|| "reading a snapshot's reply".to_string())?;
+        Ok(bytes)
+    }
+
+    fn send(&mut self, line: &str) -> Result<()> {
+        let mut w = self.reader.get_ref();
+        writeln!(w, "{line}").context(|| "sending to a device's server".to_string())
+    }
+
+    /// One reply line; an error reply becomes `Error::Remote`.
+    fn reply_line(&mut self) -> Result<serde_json::Value> {
+        let mut line = String::new();
+        let n = Read::take(&mut self.reader, MAX_REQUEST)
+            .read_line(&mut line)
+            .context(|| "reading a device server's reply".to_string())?;
+        if n == 0 {
+            return Err(Error::Remote(
+                "the device's server closed the snapshot (it stopped?)".into(),
+            ));
+        }
+        let v: serde_json::Value = serde_json::from_str(&line)
+            .map_err(|e| Error::corrupt("a device server's reply", e.to_string()))?;
+        if v["ok"] == serde_json::Value::Bool(true) {
+            Ok(v)
+        } else {
+            Err(Error::Remote(
+                v["error"].as_str().unwrap_or("no reason given").to_string(),
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_round_trip_and_bad_replies_are_errors() {
+        let fp = Fingerprint([7; FINGERPRINT_BYTES]);
+        let states = vec![
+            ChunkState::Unmapped,
+            ChunkState::Known(fp),
+            ChunkState::Unknown,
+            ChunkState::Known(fp),
+        ];
+        let bytes = encode_states(&states);
+        assert_eq!(decode_states(&bytes, 4).unwrap(), states);
+        // Short, long, cut inside a fingerprint, an unknown tag.
+        assert!(decode_states(&bytes, 5).is_err());
+        assert!(decode_states(&bytes, 3).is_err());
+        assert!(decode_states(&bytes[..bytes.len() - 1], 4).is_err());
+        let mut odd = bytes.clone();
+        odd[0] = 9;
+        assert!(decode_states(&odd, 4).is_err());
+        for cut in 0..bytes.len() {
+            let _ = decode_states(&bytes[..cut], 4);
+        }
+    }
+}
