@@ -5,7 +5,8 @@
 //! bytes stay those of the disk at the freeze while the device reads the
 //! disk as it is now. A second snapshot is refused while one runs; after
 //! the end the chunks it held are collected and the metadata checks
-//! clean. Through the control socket, a snapshot lives as long as its
+//! clean; with write-back, every write acknowledged before the freeze is
+//! in it. Through the control socket, a snapshot lives as long as its
 //! session. Changed-block tracking goes on from the freeze only when the
 //! snapshot ends with a mark.
 
@@ -85,8 +86,15 @@ fn snapshot_is(dev: &Device, frozen: &ModelDisk, rng: &mut StdRng, variant: &str
 #[test]
 fn a_snapshot_keeps_the_map_of_its_instant_while_writes_and_collections_go_on() {
     let patterns = Patterns::new(24, CS);
-    for (seed, variant) in VARIANTS.iter().enumerate() {
-        let mem = variant_device(variant, CS as u32, CHUNKS, CHUNKS * 3);
+    // Every variant, and the default with write-back (writes queued when
+    // acknowledged: the snapshot must still have every one of them).
+    let cases = VARIANTS
+        .iter()
+        .map(|&v| (v, 0))
+        .chain([("sparse", 8 << 20)]);
+    for (seed, (variant, write_back)) in cases.enumerate() {
+        let mut mem = variant_device(variant, CS as u32, CHUNKS, CHUNKS * 3);
+        mem.write_back_bytes = write_back;
         let dev = mem.open().unwrap();
         let mut rng = StdRng::seed_from_u64(seed as u64 + 900);
         let mut model = ModelDisk::new(CHUNKS as usize * CS, CS);
@@ -105,7 +113,7 @@ fn a_snapshot_keeps_the_map_of_its_instant_while_writes_and_collections_go_on() 
             assert_eq!(read_all(&dev), model.bytes, "{variant}: live bytes");
         }
         assert!(
-            !dev.snapshot_end(None).unwrap(),
+            !dev.snapshot_end(start.id, None).unwrap(),
             "{variant}: no tracking here"
         );
         assert!(
@@ -123,6 +131,26 @@ fn a_snapshot_keeps_the_map_of_its_instant_while_writes_and_collections_go_on() 
 }
 
 #[test]
+fn with_write_back_every_acknowledged_write_is_in_the_snapshot() {
+    let mut mem = variant_device("sparse", CS as u32, CHUNKS, CHUNKS * 4);
+    mem.write_back_bytes = 8 << 20;
+    let dev = mem.open().unwrap();
+    for round in 0..300u64 {
+        let lbn = round % CHUNKS;
+        let data = dedup_common::testdata::noise(round + 1, CS);
+        dev.write(lbn * CS as u64, &data, false).unwrap();
+        let s = dev.snapshot_start().unwrap();
+        let want = HashAlgo::Blake3.fingerprint(&data);
+        assert_eq!(
+            dev.snapshot_map(lbn, 1).unwrap(),
+            vec![ChunkState::Known(want)],
+            "round {round}"
+        );
+        dev.snapshot_end(s.id, None).unwrap();
+    }
+}
+
+#[test]
 fn what_a_snapshot_held_is_collected_after_its_end() {
     let mem = variant_device("sparse", CS as u32, CHUNKS, CHUNKS * 3);
     let dev = mem.open().unwrap();
@@ -134,7 +162,7 @@ fn what_a_snapshot_held_is_collected_after_its_end() {
         model.write(lbn * CS as u64, &data);
     }
     let frozen = model.clone();
-    dev.snapshot_start().unwrap();
+    let s = dev.snapshot_start().unwrap();
     for lbn in 0..64u64 {
         let data = dedup_common::testdata::noise(lbn + 1000, CS);
         dev.write(lbn * CS as u64, &data, false).unwrap();
@@ -143,9 +171,60 @@ fn what_a_snapshot_held_is_collected_after_its_end() {
     assert_eq!(during.reclaimed, 0, "a held chunk was collected");
     let mut rng = StdRng::seed_from_u64(7);
     snapshot_is(&dev, &frozen, &mut rng, "sparse");
-    dev.snapshot_end(None).unwrap();
+    dev.snapshot_end(s.id, None).unwrap();
     let after = dev.gc().unwrap();
     assert_eq!(after.reclaimed, 64, "the held chunks, once free");
+    assert_consistent(&dev);
+}
+
+#[test]
+fn a_stop_ends_a_running_snapshot_and_leaves_nothing_behind() {
+    let patterns = Patterns::new(24, CS);
+    for (seed, variant) in ["sparse", "disktable/zstd", "thin/none"]
+        .into_iter()
+        .enumerate()
+    {
+        let mem = variant_device(variant, CS as u32, CHUNKS, CHUNKS * 3);
+        let dev = mem.open().unwrap();
+        let mut rng = StdRng::seed_from_u64(seed as u64 + 300);
+        let mut model = ModelDisk::new(CHUNKS as usize * CS, CS);
+        churn(&dev, &mut model, &patterns, &mut rng, 100);
+        let s = dev.snapshot_start().unwrap();
+        churn(&dev, &mut model, &patterns, &mut rng, 100);
+        assert_consistent(&dev);
+        dev.close().unwrap();
+        assert!(!dev.snapshot_end(s.id, None).unwrap_or(false), "{variant}");
+        let dev = mem.open().unwrap();
+        assert_eq!(read_all(&dev), model.bytes, "{variant}");
+        dev.gc().unwrap();
+        assert_consistent(&dev);
+        assert_eq!(read_all(&dev), model.bytes, "{variant}");
+    }
+}
+
+#[test]
+fn a_snapshot_that_would_keep_too_much_is_given_up_and_says_so() {
+    let mem = variant_device("sparse", CS as u32, CHUNKS, CHUNKS * 3);
+    let dev = mem.open().unwrap();
+    let mut model = ModelDisk::new(CHUNKS as usize * CS, CS);
+    let patterns = Patterns::new(24, CS);
+    let mut rng = StdRng::seed_from_u64(5);
+    churn(&dev, &mut model, &patterns, &mut rng, 100);
+    let s = dev.snapshot_start_keeping(10).unwrap();
+    for lbn in 0..20u64 {
+        let data = dedup_common::testdata::noise(lbn + 500, CS);
+        dev.write(lbn * CS as u64, &data, false).unwrap();
+        model.write(lbn * CS as u64, &data);
+    }
+    let e = dev.snapshot_map(0, 1).unwrap_err().to_string();
+    assert!(e.contains("given up"), "{e}");
+    assert!(dev.snapshot_start().is_err(), "still one at a time");
+    assert!(
+        !dev.snapshot_end(s.id, Some(9)).unwrap(),
+        "no tracking from it"
+    );
+    dev.gc().unwrap();
+    assert_eq!(read_all(&dev), model.bytes);
     assert_consistent(&dev);
 }
 
@@ -162,7 +241,7 @@ fn writes_racing_a_snapshot_from_other_threads_never_reach_it() {
         let mut model = ModelDisk::new(CHUNKS as usize * CS, CS);
         churn(&dev, &mut model, &patterns, &mut rng, 120);
         let frozen = model.clone();
-        dev.snapshot_start().unwrap();
+        let s = dev.snapshot_start().unwrap();
         let live = std::thread::scope(|s| {
             let writer = s.spawn(|| {
                 let mut rng = StdRng::seed_from_u64(seed as u64 + 78);
@@ -179,7 +258,7 @@ fn writes_racing_a_snapshot_from_other_threads_never_reach_it() {
             writer.join().unwrap()
         });
         snapshot_is(&dev, &frozen, &mut rng, variant);
-        dev.snapshot_end(None).unwrap();
+        dev.snapshot_end(s.id, None).unwrap();
         dev.gc().unwrap();
         assert_eq!(read_all(&dev), live.bytes, "{variant}: live bytes");
         assert_consistent(&dev);
@@ -230,15 +309,16 @@ fn tracking_goes_on_from_the_freeze_only_when_the_snapshot_ends_with_a_mark() {
     );
     write_region(&dev, 5, 2);
     // Ended without a mark (the backup failed): as if never taken.
-    assert!(!dev.snapshot_end(None).unwrap());
+    assert!(!dev.snapshot_end(s.id + 1, None).unwrap(), "another's id");
+    assert!(!dev.snapshot_end(s.id, None).unwrap());
     let c = dev.changes().unwrap();
     assert_eq!((c.mark, regions(&c)), (1, BTreeSet::from([2, 5])));
 
-    dev.snapshot_start().unwrap();
+    let s = dev.snapshot_start().unwrap();
     write_region(&dev, 7, 3);
     write_region(&dev, 9, 4);
     // Ended with a mark: what changed since the freeze, under that mark.
-    assert!(dev.snapshot_end(Some(42)).unwrap());
+    assert!(dev.snapshot_end(s.id, Some(42)).unwrap());
     let c = dev.changes().unwrap();
     assert_eq!((c.mark, regions(&c)), (42, BTreeSet::from([7, 9])));
     dev.close().unwrap();
@@ -293,6 +373,39 @@ fn through_the_control_socket_a_snapshot_lives_as_long_as_its_session() {
     assert_eq!(c.changes().unwrap().mark, 5, "tracking untouched");
     assert!(c.end(Some(6)).unwrap());
     assert_eq!(dev.changes().unwrap().mark, 6);
+    server.stop();
+    dev.close().unwrap();
+}
+
+#[test]
+fn a_large_device_sends_its_tracking_whole() {
+    // 4 TiB: 16,384 words of flags, more than a reply line may hold.
+    let tmp = tempfile::tempdir().unwrap();
+    let mut opts = CreateOptions::new(4 << 40);
+    opts.backend = "sparse".into();
+    opts.physical_size = Some(64 << 20);
+    let dir = tmp.path().join("dev");
+    layout::create(&dir, &opts).unwrap();
+    let dev = Arc::new(
+        layout::open(
+            &DevicePaths::from_dir(&dir).unwrap(),
+            &OpenOptions {
+                writable: true,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    dev.start_changes(77).unwrap();
+    for region in [0u64, 1 << 19, (1 << 20) - 1] {
+        write_region(&dev, region, region + 1);
+    }
+    let sock = tmp.path().join("control.sock");
+    let server = ControlServer::start(&sock, dev.clone(), Arc::new(|_: &Device| Ok(()))).unwrap();
+    let c = SnapshotClient::start(&sock).unwrap().unwrap();
+    assert_eq!(c.changes(), dev.changes());
+    assert_eq!(c.changes().unwrap().regions_changed(), 3);
+    drop(c);
     server.stop();
     dev.close().unwrap();
 }

@@ -4,9 +4,11 @@
 //! long as the backup's process holds the socket: a backup that dies ends
 //! it, and nothing outlives the server.
 //!
-//! After the first reply (a JSON line: `SnapshotInfo`), the client sends
-//! JSON lines (`SessionRequest`) and each reply is a JSON line,
-//! `{"ok":true,"bytes":N}` followed by N bytes, or `{"ok":false,"error":..}`:
+//! Every reply is a JSON line, `{"ok":true,...,"bytes":N}` followed by N
+//! bytes, or `{"ok":false,"error":..}`. The first (`SnapshotInfo` as
+//! `result`) is followed by the tracking's flags, 64 regions to a
+//! little-endian `u64`. Then the client sends JSON lines
+//! (`SessionRequest`):
 //! - `map`: one byte per block, 0 unmapped, 1 mapped with no fingerprint
 //!   kept, 2 followed by its 32-byte fingerprint;
 //! - `read`: the blocks' bytes;
@@ -23,7 +25,7 @@ use tracing::{debug, warn};
 
 use super::{Request, MAX_REQUEST};
 use crate::changes::Changes;
-use crate::engine::{ChunkState, Device};
+use crate::engine::{ChunkState, Device, SnapshotStart};
 use crate::error::{Error, IoContext, Result};
 use crate::fingerprint::{Fingerprint, HashAlgo, FINGERPRINT_BYTES};
 
@@ -45,9 +47,15 @@ pub struct SnapshotInfo {
     pub hash: HashAlgo,
     /// Whether `end` with a mark restarts the device's tracking.
     pub can_track: bool,
-    /// The device's tracking at the freeze: its mark and flags.
-    pub changes: Option<(u64, Vec<u64>)>,
+    /// The mark of the device's tracking at the freeze, if tracked (its
+    /// flags follow the reply).
+    pub changes_mark: Option<u64>,
 }
+
+/// How long a session waits for its client's next request (a backup's
+/// commit runs between its last read and `end`), and for a reply to go.
+const SESSION_IDLE: Duration = Duration::from_secs(3600);
+const SESSION_SEND: Duration = Duration::from_secs(600);
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -61,9 +69,8 @@ pub enum SessionRequest {
 /// client goes away; the snapshot ends with it either way.
 pub(super) fn serve(stream: &UnixStream, device: &Device) {
     let mut out = stream;
-    let started = device.snapshot_start().and_then(|s| info(device, s));
-    let info = match started {
-        Ok(i) => i,
+    let start = match device.snapshot_start() {
+        Ok(s) => s,
         Err(e) => {
             let _ = writeln!(
                 out,
@@ -73,46 +80,63 @@ pub(super) fn serve(stream: &UnixStream, device: &Device) {
             return;
         }
     };
-    let ended = run(stream, device, &info);
+    let id = start.id;
+    let ended = run(stream, device, start);
     if let Err(e) = &ended {
         debug!("snapshot session: {e}");
     }
     if !matches!(ended, Ok(true)) {
-        if let Err(e) = device.snapshot_end(None) {
+        if let Err(e) = device.snapshot_end(id, None) {
             warn!("ending a snapshot: {e}");
         }
     }
 }
 
-fn info(device: &Device, s: crate::engine::SnapshotStart) -> Result<SnapshotInfo> {
+/// The session's loop; `Ok(true)` once `end` ended the snapshot.
+fn run(stream: &UnixStream, device: &Device, start: SnapshotStart) -> Result<bool> {
+    let ctx = || "a snapshot session".to_string();
+    stream.set_read_timeout(Some(SESSION_IDLE)).context(ctx)?;
+    stream.set_write_timeout(Some(SESSION_SEND)).context(ctx)?;
     let cfg = device.config();
-    Ok(SnapshotInfo {
+    let info = SnapshotInfo {
         uuid: cfg.uuid,
         chunk_size: cfg.chunk_size,
         logical_size: cfg.logical_size,
         hash: cfg.hash,
-        can_track: s.can_track,
-        changes: s.changes.map(|c| (c.mark, c.words().to_vec())),
-    })
-}
-
-/// The session's loop; `Ok(true)` once `end` ended the snapshot.
-fn run(stream: &UnixStream, device: &Device, info: &SnapshotInfo) -> Result<bool> {
+        can_track: start.can_track,
+        changes_mark: start.changes.as_ref().map(|c| c.mark),
+    };
+    let words: Vec<u8> = (start.changes.as_ref().map_or(&[][..], |c| c.words()))
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect();
     let mut out = stream;
-    let first = serde_json::json!({"ok": true, "result": info});
-    writeln!(out, "{first}").context(|| "answering a snapshot request".to_string())?;
+    let first = serde_json::json!({"ok": true, "result": info, "bytes": words.len()});
+    writeln!(out, "{first}")
+        .and_then(|()| out.write_all(&words))
+        .context(ctx)?;
     let mut reader = BufReader::new(stream);
     let cs = u64::from(info.chunk_size);
     loop {
         let mut line = String::new();
         let n = Read::take(&mut reader, MAX_REQUEST)
             .read_line(&mut line)
-            .context(|| "reading a snapshot request".to_string())?;
+            .context(ctx)?;
         if n == 0 {
             return Ok(false);
         }
-        let req = serde_json::from_str::<SessionRequest>(line.trim())
-            .map_err(|e| Error::InvalidArgument(format!("bad snapshot request: {e}")))?;
+        let req = match serde_json::from_str::<SessionRequest>(line.trim()) {
+            Ok(r) => r,
+            Err(e) => {
+                let e = Error::InvalidArgument(format!("bad snapshot request: {e}"));
+                let _ = writeln!(
+                    out,
+                    "{}",
+                    serde_json::json!({"ok": false, "error": e.to_string()})
+                );
+                return Err(e);
+            }
+        };
         let reply = match req {
             SessionRequest::Map { first, count } if count <= MAX_MAP_BLOCKS => {
                 device.snapshot_map(first, count).map(|s| encode_states(&s))
@@ -125,9 +149,9 @@ fn run(stream: &UnixStream, device: &Device, info: &SnapshotInfo) -> Result<bool
                 format!("a snapshot request may cover at most {MAX_MAP_BLOCKS} blocks to map or {MAX_READ_BYTES} bytes to read"),
             )),
             SessionRequest::End { mark } => {
-                let restarted = device.snapshot_end(mark)?;
+                let restarted = device.snapshot_end(start.id, mark)?;
                 let body = serde_json::json!({"ok": true, "tracking": restarted, "bytes": 0});
-                writeln!(out, "{body}").context(|| "answering a snapshot request".to_string())?;
+                writeln!(out, "{body}").context(ctx)?;
                 return Ok(true);
             }
         };
@@ -139,7 +163,7 @@ fn run(stream: &UnixStream, device: &Device, info: &SnapshotInfo) -> Result<bool
                     serde_json::json!({"ok": true, "bytes": bytes.len()})
                 )
                 .and_then(|()| out.write_all(&bytes))
-                .context(|| "answering a snapshot request".to_string())?;
+                .context(ctx)?;
             }
             Err(e) => {
                 writeln!(
@@ -147,7 +171,7 @@ fn run(stream: &UnixStream, device: &Device, info: &SnapshotInfo) -> Result<bool
                     "{}",
                     serde_json::json!({"ok": false, "error": e.to_string()})
                 )
-                .context(|| "answering a snapshot request".to_string())?;
+                .context(ctx)?;
             }
         }
     }
@@ -208,6 +232,8 @@ pub fn decode_states(bytes: &[u8], count: u64) -> Result<Vec<ChunkState>> {
 pub struct SnapshotClient {
     reader: BufReader<UnixStream>,
     pub info: SnapshotInfo,
+    /// The tracking's flags at the freeze, if tracked.
+    changes: Option<Changes>,
 }
 
 impl SnapshotClient {
@@ -220,37 +246,50 @@ impl SnapshotClient {
         stream
             .set_read_timeout(Some(Duration::from_secs(3600)))
             .context(|| "setting a socket timeout".to_string())?;
-        let mut c = SnapshotClient {
-            reader: BufReader::new(stream),
-            info: SnapshotInfo {
-                uuid: [0; 16],
-                chunk_size: 0,
-                logical_size: 0,
-                hash: HashAlgo::Blake3,
-                can_track: false,
-                changes: None,
-            },
-        };
-        c.send(&serde_json::to_string(&Request::Snapshot).expect("a request encodes"))?;
-        let v = c.reply_line()?;
-        c.info = serde_json::from_value(v["result"].clone())
+        let mut reader = BufReader::new(stream);
+        let line = serde_json::to_string(&Request::Snapshot).expect("a request encodes");
+        send(&reader, &line)?;
+        let v = reply_line(&mut reader)?;
+        let info: SnapshotInfo = serde_json::from_value(v["result"].clone())
             .map_err(|e| Error::corrupt("a snapshot's first reply", e.to_string()))?;
-        if c.info.chunk_size == 0 || c.info.logical_size % u64::from(c.info.chunk_size) != 0 {
-            return Err(Error::corrupt(
-                "a snapshot's first reply",
-                format!(
-                    "chunk size {} for {} bytes",
-                    c.info.chunk_size, c.info.logical_size
-                ),
-            ));
+        let bad = |why: String| Error::corrupt("a snapshot's first reply", why);
+        if info.chunk_size == 0 || info.logical_size % u64::from(info.chunk_size) != 0 {
+            return Err(bad(format!(
+                "chunk size {} for {} bytes",
+                info.chunk_size, info.logical_size
+            )));
         }
-        Ok(Some(c))
+        let chunks = info.logical_size / u64::from(info.chunk_size);
+        let words = chunks.div_ceil(Changes::REGION_CHUNKS).div_ceil(64);
+        let want = if info.changes_mark.is_some() {
+            words * 8
+        } else {
+            0
+        };
+        let bytes = payload(&mut reader, &v, want)?;
+        if bytes.len() as u64 != want {
+            return Err(bad(format!(
+                "{} bytes of flags for {words} words",
+                bytes.len()
+            )));
+        }
+        let changes = info.changes_mark.map(|mark| {
+            let words = bytes
+                .chunks_exact(8)
+                .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+                .collect();
+            Changes::from_words(mark, words)
+        });
+        Ok(Some(SnapshotClient {
+            reader,
+            info,
+            changes,
+        }))
     }
 
     /// What the device's tracking said at the freeze.
     pub fn changes(&self) -> Option<Changes> {
-        let (mark, words) = self.info.changes.clone()?;
-        Some(Changes::from_words(mark, words))
+        self.changes.clone()
     }
 
     pub fn map(&mut self, first: u64, count: u64) -> Result<Vec<ChunkState>> {
@@ -279,53 +318,66 @@ impl SnapshotClient {
     /// End the snapshot; with `mark`, restart the device's tracking from
     /// the freeze. Returns whether it did.
     pub fn end(mut self, mark: Option<u64>) -> Result<bool> {
-        self.send(&serde_json::to_string(&SessionRequest::End { mark }).expect("encodes"))?;
-        let v = self.reply_line()?;
+        let line = serde_json::to_string(&SessionRequest::End { mark }).expect("encodes");
+        send(&self.reader, &line)?;
+        let v = reply_line(&mut self.reader)?;
         Ok(v["tracking"] == serde_json::Value::Bool(true))
     }
 
     fn ask(&mut self, req: &SessionRequest, most: u64) -> Result<Vec<u8>> {
-        self.send(&serde_json::to_string(req).expect("a request encodes"))?;
-        let v = self.reply_line()?;
-        let n = v["bytes"].as_u64().filter(|&n| n <= most).ok_or_else(|| {
-            Error::corrupt(
-                "a snapshot's reply",
-                format!("{} bytes announced, at most {most} expected", v["bytes"]),
-            )
-        })?;
-        let mut bytes = vec![0u8; n as usize];
-        self.reader
-            .read_exact(&mut bytes)
-            .context(|| "reading a snapshot's reply".to_string())?;
-        Ok(bytes)
+        send(
+            &self.reader,
+            &serde_json::to_string(req).expect("a request encodes"),
+        )?;
+        let v = reply_line(&mut self.reader)?;
+        payload(&mut self.reader, &v, most)
     }
+}
 
-    fn send(&mut self, line: &str) -> Result<()> {
-        let mut w = self.reader.get_ref();
-        writeln!(w, "{line}").context(|| "sending to a device's server".to_string())
-    }
+fn send(reader: &BufReader<UnixStream>, line: &str) -> Result<()> {
+    let mut w = reader.get_ref();
+    writeln!(w, "{line}").context(|| "sending to a device's server".to_string())
+}
 
-    /// One reply line; an error reply becomes `Error::Remote`.
-    fn reply_line(&mut self) -> Result<serde_json::Value> {
-        let mut line = String::new();
-        let n = Read::take(&mut self.reader, MAX_REQUEST)
-            .read_line(&mut line)
-            .context(|| "reading a device server's reply".to_string())?;
-        if n == 0 {
-            return Err(Error::Remote(
-                "the device's server closed the snapshot (it stopped?)".into(),
-            ));
-        }
-        let v: serde_json::Value = serde_json::from_str(&line)
-            .map_err(|e| Error::corrupt("a device server's reply", e.to_string()))?;
-        if v["ok"] == serde_json::Value::Bool(true) {
-            Ok(v)
-        } else {
-            Err(Error::Remote(
-                v["error"].as_str().unwrap_or("no reason given").to_string(),
-            ))
-        }
+/// One reply line; an error reply becomes `Error::Remote`.
+fn reply_line(reader: &mut BufReader<UnixStream>) -> Result<serde_json::Value> {
+    let mut line = String::new();
+    let n = Read::take(&mut *reader, MAX_REQUEST)
+        .read_line(&mut line)
+        .context(|| "reading a device server's reply".to_string())?;
+    if n == 0 {
+        return Err(Error::Remote(
+            "the device's server closed the snapshot (it stopped?)".into(),
+        ));
     }
+    let v: serde_json::Value = serde_json::from_str(&line)
+        .map_err(|e| Error::corrupt("a device server's reply", e.to_string()))?;
+    if v["ok"] == serde_json::Value::Bool(true) {
+        Ok(v)
+    } else {
+        Err(Error::Remote(
+            v["error"].as_str().unwrap_or("no reason given").to_string(),
+        ))
+    }
+}
+
+/// The bytes a reply line announced, at most `most`.
+fn payload(
+    reader: &mut BufReader<UnixStream>,
+    v: &serde_json::Value,
+    most: u64,
+) -> Result<Vec<u8>> {
+    let n = v["bytes"].as_u64().filter(|&n| n <= most).ok_or_else(|| {
+        Error::corrupt(
+            "a snapshot's reply",
+            format!("{} bytes announced, at most {most} expected", v["bytes"]),
+        )
+    })?;
+    let mut bytes = vec![0u8; n as usize];
+    reader
+        .read_exact(&mut bytes)
+        .context(|| "reading a snapshot's reply".to_string())?;
+    Ok(bytes)
 }
 
 #[cfg(test)]

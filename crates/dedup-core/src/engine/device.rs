@@ -333,7 +333,18 @@ impl Device {
     /// `engine/snapshot.rs`): every write completed before this call is
     /// in it, none begun after it returns.
     pub fn snapshot_start(&self) -> Result<super::SnapshotStart> {
-        self.settled().snapshot_start()
+        self.snapshot_start_keeping(super::snapshot::MAX_KEPT)
+    }
+
+    /// `snapshot_start`, given up past `max_kept` LBNs kept (tests ask
+    /// for few). A queued write that cannot be applied (write-back
+    /// stalled) refuses the snapshot: an acknowledged write would be
+    /// missing from it.
+    pub fn snapshot_start_keeping(&self, max_kept: usize) -> Result<super::SnapshotStart> {
+        if let Some(wb) = self.write_back.get() {
+            wb.wait_all()?;
+        }
+        self.engine.snapshot_start(max_kept)
     }
 
     /// What LBNs `first..first + count` held at the freeze.
@@ -346,10 +357,10 @@ impl Device {
         self.engine.snapshot_read(first, buf)
     }
 
-    /// End the snapshot; with `mark` (its backup committed) the tracking
+    /// End snapshot `id`; with `mark` (its backup committed) the tracking
     /// goes on from the freeze under that mark. Returns whether it did.
-    pub fn snapshot_end(&self, mark: Option<u64>) -> Result<bool> {
-        self.engine.snapshot_end(mark)
+    pub fn snapshot_end(&self, id: u64, mark: Option<u64>) -> Result<bool> {
+        self.engine.snapshot_end(id, mark)
     }
 
     /// What logical chunks `first..first + count` hold, after the queued

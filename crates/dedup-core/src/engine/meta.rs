@@ -38,7 +38,7 @@ impl Meta {
     ) -> Result<Option<Pbn>> {
         let old = self.store.lbn_map_insert(lbn, pbn)?;
         self.changes.note(lbn);
-        self.preserve(lbn, old)?;
+        self.preserve(p, lbn, old);
         self.totals.lbns_mapped += old.is_none() as u64;
         p.mapped(lbn, Some(pbn), fp);
         Ok(old)
@@ -49,7 +49,7 @@ impl Meta {
         let old = self.store.lbn_map_delete(lbn)?;
         if old.is_some() {
             self.changes.note(lbn);
-            self.preserve(lbn, old)?;
+            self.preserve(p, lbn, old);
             self.totals.lbns_mapped = self.totals.lbns_mapped.saturating_sub(1);
             p.mapped(lbn, None, None);
         }
@@ -58,19 +58,43 @@ impl Meta {
 
     /// A snapshot keeps what `lbn` mapped to when it froze the map, the
     /// first time the LBN changes after (copy-on-write of the map entry).
-    fn preserve(&mut self, lbn: Lbn, old: Option<Pbn>) -> Result<()> {
-        let Some(s) = self.snapshot.as_mut().filter(|s| !s.has(lbn)) else {
-            return Ok(());
+    /// Cannot fail, since the map has changed already: a fingerprint that
+    /// cannot be read is kept as unknown (the backup reads and hashes the
+    /// chunk), and a snapshot that would keep too much is abandoned.
+    fn preserve(&mut self, p: &dyn Placement, lbn: Lbn, old: Option<Pbn>) {
+        let Some(s) = self.snapshot.as_mut().filter(|s| s.wants(lbn)) else {
+            return;
         };
         s.since.note(lbn);
+        if s.full() {
+            let deferred = s.abandon();
+            // Failures are logged; the write that got here stands.
+            let _ = self.release_all(p, deferred);
+            return;
+        }
         let fp = match old {
-            Some(pbn) => self.store.chunk_fingerprint(pbn)?,
+            Some(pbn) => self.store.chunk_fingerprint(pbn).unwrap_or(None),
             None => None,
         };
         if let Some(s) = self.snapshot.as_mut() {
             s.keep(lbn, old, fp);
         }
-        Ok(())
+    }
+
+    /// Releases a snapshot deferred, now that it has ended: every one is
+    /// tried; the first failure is returned (a failed one leaves a chunk
+    /// counted that `dedup check --repair` gives back).
+    pub(crate) fn release_all(&mut self, p: &dyn Placement, deferred: Vec<Pbn>) -> Result<()> {
+        let mut first = Ok(());
+        for pbn in deferred {
+            if let Err(e) = self.release(p, pbn) {
+                tracing::warn!("releasing chunk {pbn} after a snapshot: {e}");
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
     }
 
     /// A repack gave chunks new addresses: a snapshot follows them.
@@ -120,8 +144,11 @@ impl Meta {
     pub(crate) fn release(&mut self, p: &dyn Placement, pbn: Pbn) -> Result<u32> {
         if let Some(s) = self.snapshot.as_mut().filter(|s| s.holds(pbn)) {
             // A chunk the snapshot names keeps its last reference until
-            // the snapshot ends (a collection skips such chunks, so only
-            // an undo on an error path gets here).
+            // the snapshot ends. A collection skips held chunks, so only
+            // a chunk the hash index does not hold gets here (a verify
+            // mode collision's, an undone write's); a commit meanwhile
+            // saves its count as 1, which a crash before the end leaves
+            // for `dedup check --repair` to give back.
             if self.store.refcount_get(pbn)? == 1 {
                 s.defer_release(pbn);
                 return Ok(1);

@@ -7,11 +7,17 @@
 //! chunk's fingerprint). The snapshot reads an LBN from what it kept, or
 //! else from the live map, which has not changed there since the freeze.
 //!
-//! The chunks it kept are *held*: a collection skips them, and a release
-//! that would free one waits for the snapshot's end. Nothing of this is
-//! written to the metadata: a crash ends the snapshot with the process
-//! and leaves the device as if none had been taken (the chunks it held
-//! are garbage for the next collection).
+//! The chunks it kept are *held*: a collection skips them, a release
+//! that would free one waits for the snapshot's end, and a repack that
+//! moves one tells the snapshot its new address. Nothing of the snapshot
+//! is written to the metadata: a crash ends it with the process, and the
+//! chunks it held are garbage for the next collection. (Except a chunk
+//! the hash index does not hold, such as a verify-mode collision's: its
+//! deferred release is not in the metadata, so after a crash during a
+//! backup it stays counted until `dedup check --repair`.)
+//!
+//! A snapshot keeps at most `MAX_KEPT` LBNs; past that it is given up and
+//! its backup fails, saying why.
 //!
 //! Changed-block tracking: the snapshot starts flags of its own at the
 //! freeze. When its backup has committed, the device's tracking goes on
@@ -19,6 +25,7 @@
 //! way leaves the device's tracking as it was.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{chunking, ChunkState, Engine};
 use crate::changes::{ChangeMap, Changes};
@@ -28,8 +35,20 @@ use crate::fingerprint::Fingerprint;
 use crate::placement::ReadPiece;
 use crate::stats::Counters;
 
+/// Most LBNs a snapshot keeps (about 100 bytes of RAM each: 400 MB, the
+/// first overwrites of 16 GiB of 4 KiB chunks while one backup runs).
+/// Past it the snapshot is given up and its backup fails, saying why,
+/// rather than the server's memory growing without bound.
+pub const MAX_KEPT: usize = 4 << 20;
+
+/// Snapshot ids, so that a session ends only its own.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
 /// What a snapshot kept of the map (see the module's comment).
 pub(crate) struct Frozen {
+    id: u64,
+    /// `MAX_KEPT`, or less in a test.
+    max_kept: usize,
     /// LBNs changed since the freeze: what each mapped to then.
     kept: HashMap<Lbn, Option<(Pbn, Option<Fingerprint>)>>,
     held: HashSet<Pbn>,
@@ -37,11 +56,30 @@ pub(crate) struct Frozen {
     deferred: Vec<Pbn>,
     /// Regions changed since the freeze.
     pub(crate) since: ChangeMap,
+    /// Given up (it would have kept more than `MAX_KEPT`): it holds
+    /// nothing and reads nothing, and ends without restarting the tracking.
+    abandoned: bool,
 }
 
 impl Frozen {
-    pub(crate) fn has(&self, lbn: Lbn) -> bool {
-        self.kept.contains_key(&lbn)
+    /// Whether the first change of `lbn` since the freeze is yet to be kept.
+    pub(crate) fn wants(&self, lbn: Lbn) -> bool {
+        !self.abandoned && !self.kept.contains_key(&lbn)
+    }
+
+    pub(crate) fn full(&self) -> bool {
+        self.kept.len() >= self.max_kept
+    }
+
+    /// Give the snapshot up; returns the releases it deferred.
+    pub(crate) fn abandon(&mut self) -> Vec<Pbn> {
+        tracing::warn!(
+            "a backup's snapshot is given up: more than {MAX_KEPT} chunks were overwritten while it ran"
+        );
+        self.abandoned = true;
+        self.kept = HashMap::new();
+        self.held = HashSet::new();
+        std::mem::take(&mut self.deferred)
     }
 
     pub(crate) fn keep(&mut self, lbn: Lbn, old: Option<Pbn>, fp: Option<Fingerprint>) {
@@ -89,6 +127,8 @@ impl Frozen {
 /// What a snapshot tells its backup when it starts.
 #[derive(Clone, Debug)]
 pub struct SnapshotStart {
+    /// What ends it (`snapshot_end`).
+    pub id: u64,
     /// What the device's tracking said changed since its mark, at the
     /// freeze (`None`: untracked, walk everything).
     pub changes: Option<Changes>,
@@ -103,8 +143,9 @@ enum Then {
 }
 
 impl Engine {
-    /// Freeze the LBN map. One snapshot at a time.
-    pub(crate) fn snapshot_start(&self) -> Result<SnapshotStart> {
+    /// Freeze the LBN map, keeping at most `max_kept` LBNs (`MAX_KEPT`).
+    /// One snapshot at a time.
+    pub(crate) fn snapshot_start(&self, max_kept: usize) -> Result<SnapshotStart> {
         let _g = self.enter()?;
         let mut m = self.meta.lock();
         if m.snapshot.is_some() {
@@ -114,28 +155,36 @@ impl Engine {
         }
         let mut since = ChangeMap::default();
         since.start(0, self.cfg.logical_chunks());
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         m.snapshot = Some(Frozen {
+            id,
+            max_kept,
+            abandoned: false,
             kept: HashMap::new(),
             held: HashSet::new(),
             deferred: Vec::new(),
             since,
         });
         Ok(SnapshotStart {
+            id,
             changes: m.changes.changes(),
             can_track: self.writable && self.changes_at.is_some(),
         })
     }
 
-    /// End the snapshot. With `mark` (its backup committed, naming it),
-    /// the device's tracking goes on from the freeze under that mark.
-    /// Returns whether it did.
-    pub(crate) fn snapshot_end(&self, mark: Option<u64>) -> Result<bool> {
+    /// End snapshot `id` (another is left alone). With `mark` (its backup
+    /// committed, naming it), the device's tracking goes on from the
+    /// freeze under that mark. Returns whether it did.
+    pub(crate) fn snapshot_end(&self, id: u64, mark: Option<u64>) -> Result<bool> {
         let mut m = self.meta.lock();
+        if m.snapshot.as_ref().is_none_or(|s| s.id != id) {
+            return Ok(false);
+        }
         let Some(s) = m.snapshot.take() else {
             return Ok(false);
         };
         let restarted = match mark {
-            Some(mark) if self.writable && self.changes_at.is_some() => {
+            Some(mark) if self.writable && self.changes_at.is_some() && !s.abandoned => {
                 let mut since = s.since;
                 since.remark(mark);
                 m.changes = since;
@@ -143,7 +192,7 @@ impl Engine {
             }
             _ => false,
         };
-        self.release_deferred(&mut m, s.deferred)?;
+        m.release_all(self.placement.as_ref(), s.deferred)?;
         Ok(restarted)
     }
 
@@ -151,16 +200,9 @@ impl Engine {
     /// unfinished (the device's tracking goes on as it was).
     pub(super) fn end_snapshot_at_close(&self, m: &mut super::Meta) -> Result<()> {
         match m.snapshot.take() {
-            Some(s) => self.release_deferred(m, s.deferred),
+            Some(s) => m.release_all(self.placement.as_ref(), s.deferred),
             None => Ok(()),
         }
-    }
-
-    fn release_deferred(&self, m: &mut super::Meta, deferred: Vec<Pbn>) -> Result<()> {
-        for pbn in deferred {
-            m.release(self.placement.as_ref(), pbn)?;
-        }
-        Ok(())
     }
 
     /// The states of LBNs `first..first + count` at the freeze.
@@ -233,6 +275,11 @@ impl Engine {
                     .into(),
             ));
         };
+        if s.abandoned {
+            return Err(Error::InvalidArgument(format!(
+                "the backup's snapshot was given up: more than {MAX_KEPT} chunks were overwritten while it ran (back up when the device is quieter, or stopped)"
+            )));
+        }
         if let Some(kept) = s.kept.get(&lbn) {
             return Ok(match *kept {
                 None => Then::Unmapped,
