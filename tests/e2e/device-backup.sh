@@ -88,6 +88,21 @@ e2fsck -fn "$WORK/live.img" >"$WORK/fsck.txt" 2>&1 || { cat "$WORK/fsck.txt"; fa
 "$DEDUP" restore "$WORK/repo" quiet "$WORK/quiet.img"
 nbdcopy "$(uri "$WORK/dev")" "$WORK/quiet.dev"
 cmp "$WORK/quiet.img" "$WORK/quiet.dev" || fail "a served backup of a quiet device differs from it"
+log "through a backup server (store serve): read whole, and says so"
+"$DEDUP" store init "$WORK/srepo" --segments fixed:4K >/dev/null
+"$DEDUP" store serve "$WORK/srepo" --socket "$WORK/store.sock" >"$WORK/store.log" 2>&1 &
+spid=$!
+on_exit "kill -TERM $spid; wait $spid"
+for _ in $(seq 200); do grep -qs "dedup: serving" "$WORK/store.log" && break; sleep 0.1; done
+"$DEDUP" backup --server "unix:$WORK/store.sock" viaserver --device "$WORK/dev" --json >"$WORK/via.json"
+[ "$(json served <"$WORK/via.json")" = True ] || fail "not through a snapshot: $(cat "$WORK/via.json")"
+json read_because <"$WORK/via.json" | grep -q "through a backup server" || fail "why not named: $(cat "$WORK/via.json")"
+[ "$(json blocks_read <"$WORK/via.json")" = 32768 ] || fail "not read whole: $(cat "$WORK/via.json")"
+kill -TERM "$spid"
+wait "$spid" || fail "dedup store serve exited $?"
+"$DEDUP" restore "$WORK/srepo" viaserver "$WORK/via.img"
+cmp "$WORK/via.img" "$WORK/quiet.dev" || fail "the backup through the server differs from the device"
+rm -f "$WORK/via.img"
 rm -f "$WORK/live.img" "$WORK/quiet.img" "$WORK/quiet.dev"
 "$DEDUP" delete "$WORK/repo" live >/dev/null
 "$DEDUP" delete "$WORK/repo" quiet >/dev/null

@@ -170,14 +170,7 @@ impl Repository {
             }
             Some(why) => {
                 report.read_because = Some(why);
-                let mut image = Image {
-                    source,
-                    next: 0,
-                    block: Vec::new(),
-                    taken: 0,
-                    report: &mut report,
-                    progress,
-                };
+                let mut image = image_reader(source, &mut report, progress);
                 append_stream(&mut session, self.config.segmenting, &mut image)
                     .map_err(|e| e.into_repo(|| format!("reading the device for backup {name}")))?;
             }
@@ -683,6 +676,25 @@ fn store(
 }
 
 /// A source's image as a stream, for a backup that reads it.
+/// `source`'s image as a stream, block after block from the first (what
+/// a backup that cannot go by fingerprint reads, here or through a
+/// backup server), counting the blocks read into `report` and telling
+/// `progress` the blocks done.
+pub fn image_reader<'a>(
+    source: &'a dyn BlockSource,
+    report: &'a mut BlocksReport,
+    progress: &'a mut (dyn FnMut(u64) + Send),
+) -> impl io::Read + Send + 'a {
+    Image {
+        source,
+        next: 0,
+        block: Vec::new(),
+        taken: 0,
+        report,
+        progress,
+    }
+}
+
 struct Image<'a> {
     source: &'a dyn BlockSource,
     /// The next block to read.

@@ -20,7 +20,7 @@ use super::shared::report::{mb_per_sec, print_json, ratio_text, IndexJson, Repor
 #[derive(clap::Args)]
 #[command(
     about = "Back up files and directories, a stream from standard input, or a dedup device (stopped or served), into a repository",
-    after_help = "Files and directories are stored with their metadata (type, mode including setuid/setgid/sticky, owner, times to the nanosecond, symlink targets, hard links, fifos and devices, extended attributes); symlinks are never followed; sockets are skipped with a warning, as are files that vanish or cannot be read. Paths are kept as given, made relative like tar does: /home/me is stored as home/me, so `dedup restore REPO NAME /restore` recreates /restore/home/me. A file that changes while it is read is stored as read. A file whose size, mtime, ctime and inode are those the newest backup of files in the same group recorded is not read again: its segments are reused (after checking them against their containers).\n\nThe backup becomes visible only once all of it is durable; a backup that fails or is killed leaves no backup behind.\n\nExamples:\n  dedup backup ./repo home-monday /home\n  dedup backup ./repo etc-1 /etc --group etc --json\n  pg_dump db | dedup backup ./repo db-1 --stdin --group db --json\n  dedup backup ./repo vm-1 --device /var/lib/dedup/vm --group vm\n  dedup backup --server unix:/run/dedup-backup.sock home-monday /home\n  tar -cf - /home | dedup backup --server unix:/run/dedup-backup.sock home-tar --stdin\n  dedup backup --server tcp:127.0.0.1:7070 --psk backup.psk home-monday /home"
+    after_help = "Files and directories are stored with their metadata (type, mode including setuid/setgid/sticky, owner, times to the nanosecond, symlink targets, hard links, fifos and devices, extended attributes); symlinks are never followed; sockets are skipped with a warning, as are files that vanish or cannot be read. Paths are kept as given, made relative like tar does: /home/me is stored as home/me, so `dedup restore REPO NAME /restore` recreates /restore/home/me. A file that changes while it is read is stored as read. A file whose size, mtime, ctime and inode are those the newest backup of files in the same group recorded is not read again: its segments are reused (after checking them against their containers).\n\nThe backup becomes visible only once all of it is durable; a backup that fails or is killed leaves no backup behind.\n\nExamples:\n  dedup backup ./repo home-monday /home\n  dedup backup ./repo etc-1 /etc --group etc --json\n  pg_dump db | dedup backup ./repo db-1 --stdin --group db --json\n  dedup backup ./repo vm-1 --device /var/lib/dedup/vm --group vm\n  dedup backup --server unix:/run/dedup-backup.sock home-monday /home\n  dedup backup --server unix:/run/dedup-backup.sock vm-1 --device /var/lib/dedup/vm\n  tar -cf - /home | dedup backup --server unix:/run/dedup-backup.sock home-tar --stdin\n  dedup backup --server tcp:127.0.0.1:7070 --psk backup.psk home-monday /home"
 )]
 pub struct Args {
     /// Repository: a directory or s3://BUCKET/PREFIX (see `dedup store init`).
@@ -43,7 +43,8 @@ pub struct Args {
     /// device's chunk size (dedup store init REPO --segments fixed:4K),
     /// not encrypted; any other is backed up by reading the whole device,
     /// and the report says why.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["stdin", "server", "paths"])]
+    /// With --server, the device is read whole and sent as its image.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["stdin", "paths"])]
     pub device: Option<PathBuf>,
     /// With --device: walk every block, whatever the device's
     /// changed-block tracking says (the tracking starts again from this
@@ -194,6 +195,12 @@ fn remote(server: &Endpoint, a: &Args) -> anyhow::Result<ExitCode> {
         .map(PathBuf::from)
         .chain(a.paths.iter().cloned())
         .collect();
+    if let Some(dir) = &a.device {
+        if !paths.is_empty() {
+            bail!("give either --device or files and directories, not both");
+        }
+        return super::backup_remote::run_device(&remote, &name, &a.group, dir, a.json);
+    }
     if !paths.is_empty() {
         if a.stdin {
             bail!("give either files and directories or --stdin, not both");

@@ -9,16 +9,15 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use dedup_store::backup_blocks::{BlockSource, BlocksReport};
+use dedup_store::backup_blocks::BlocksReport;
 use dedup_store::{BackupReport, RepoLocation};
 use serde::Serialize;
 
 use super::shared::args::IndexArgs;
-use super::shared::device_blocks::DeviceBlocks;
 use super::shared::progress::blocks_bar;
 use super::shared::repo::open_indexed;
 use super::shared::report::{mb_per_sec, print_json, ratio_text, IndexJson, ReportJson};
-use super::shared::served_blocks::ServedBlocks;
+use super::shared::served_blocks::served_or_stopped;
 
 #[derive(Serialize)]
 struct Report {
@@ -49,21 +48,7 @@ pub fn run(
     let repo = open_indexed(repo_at, index)?;
     // Frozen as late as possible: the snapshot holds what clients
     // overwrite until the backup ends.
-    let (source, served): (Box<dyn BlockSource>, bool) = match ServedBlocks::start(dir)? {
-        Some(mut s) => {
-            if walk_all {
-                s.ignore_changes();
-            }
-            (Box::new(s), true)
-        }
-        None => {
-            let mut s = DeviceBlocks::open_to_read(dir)?;
-            if walk_all {
-                s.ignore_changes();
-            }
-            (Box::new(s), false)
-        }
-    };
+    let (source, served) = served_or_stopped(dir, walk_all)?;
     let bar = blocks_bar(name, source.blocks(), json)?;
     let start = Instant::now();
     let result = repo.backup_blocks(name, group, source.as_ref(), &mut |done| {

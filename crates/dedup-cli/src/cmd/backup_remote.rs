@@ -1,22 +1,27 @@
-//! `dedup backup --server`: back a stream, or files and directories, up
-//! through `dedup store serve` with the pipelined client (cut and hashed
-//! here, only new segments sent; a walk's tree goes with the commit).
+//! `dedup backup --server`: back a stream, files and directories, or a
+//! dedup device's image up through `dedup store serve` with the pipelined
+//! client (cut and hashed here, only new segments sent; a walk's tree
+//! goes with the commit).
 
 use std::io;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use std::path::Path;
+
 use dedup_core::size::format_size;
+use dedup_store::backup_blocks::{image_reader, BlocksReport};
 use dedup_store::rpc::{BackupOptions, Endpoint};
 use dedup_store::{TreeWalk, WalkCounts};
 use serde::Serialize;
 
-use super::shared::progress::server_backup_spinner;
+use super::shared::progress::{blocks_bar, server_backup_spinner};
 use super::shared::repo::Remote;
 use super::shared::report::{
     counts_text, mb_per_sec, print_json, reused_text, skipped_text, ReportJson,
 };
+use super::shared::served_blocks::served_or_stopped;
 
 #[derive(Serialize)]
 struct Report {
@@ -34,6 +39,12 @@ struct Report {
     /// What a backup of files reused from its parent without reading.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     parent: Option<ParentJson>,
+    /// What a backup of a device read, and why not by fingerprint.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    blocks: Option<BlocksReport>,
+    /// Whether that device was served (read through a snapshot).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    served: Option<bool>,
     seconds: f64,
     mb_per_sec: f64,
 }
@@ -65,7 +76,40 @@ pub fn run(remote: &Remote<'_>, name: &str, group: &str, json: bool) -> anyhow::
         &|n| bar.set_position(n),
     );
     bar.finish_and_clear();
-    report(remote.server, b?, None, start, json)
+    report(remote.server, b?, None, None, start, json)
+}
+
+/// Why a device backed up through a backup server is read whole.
+const DEVICE_READ_BECAUSE: &str = "through a backup server the device is read and hashed whole (its fingerprints are not sent to the server); back up into the repository directly to go by fingerprint";
+
+/// A dedup device's image (served: through a snapshot of one instant),
+/// read block by block and sent as a stream.
+pub fn run_device(
+    remote: &Remote<'_>,
+    name: &str,
+    group: &str,
+    dir: &Path,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let client = remote.connect()?;
+    let (source, served) = served_or_stopped(dir, true)?;
+    let mut blocks = BlocksReport {
+        blocks: source.blocks(),
+        read_because: Some(DEVICE_READ_BECAUSE.into()),
+        ..BlocksReport::default()
+    };
+    let bar = blocks_bar(name, source.blocks(), json)?;
+    let start = Instant::now();
+    let b = {
+        let mut progress = |n| bar.set_position(n);
+        let image = image_reader(source.as_ref(), &mut blocks, &mut progress);
+        client.backup_stream(name, group, image, None, &BackupOptions::default(), &|_| {})
+    };
+    bar.finish_and_clear();
+    // Ended only now: a served device's snapshot held what it read.
+    drop(source);
+    let device = Device { blocks, served };
+    report(remote.server, b?, None, Some(device), start, json)
 }
 
 /// Files and directories, with their metadata.
@@ -103,7 +147,13 @@ pub fn run_files(
             parent_refused: b.parent_refused,
         },
     };
-    report(remote.server, b.backup, Some(files), start, json)
+    report(remote.server, b.backup, Some(files), None, start, json)
+}
+
+/// What a backup of a device adds to its report.
+struct Device {
+    blocks: BlocksReport,
+    served: bool,
 }
 
 /// What a backup of files adds to its report.
@@ -117,6 +167,7 @@ fn report(
     server: &Endpoint,
     b: dedup_store::rpc::WireBackup,
     files: Option<Files>,
+    device: Option<Device>,
     start: Instant,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
@@ -134,6 +185,8 @@ fn report(
         counts,
         warnings,
         parent,
+        served: device.as_ref().map(|d| d.served),
+        blocks: device.map(|d| d.blocks),
         seconds,
         mb_per_sec: mb_per_sec(r.bytes_in, seconds),
     };
@@ -156,6 +209,9 @@ fn report(
         report.mb_per_sec,
         skipped_text(report.warnings.as_ref().map_or(0, Vec::len))
     );
+    if let Some(why) = report.blocks.as_ref().and_then(|b| b.read_because.as_ref()) {
+        outln!("The device was read whole: {why}.");
+    }
     if let Some(ParentJson {
         parent: Some(p),
         files_unchanged,

@@ -15,6 +15,26 @@ use dedup_store::backup_blocks::{BlockMap, BlockSource, BlockState};
 
 use super::device_blocks::{block_state, changed_since, damaged_chunk};
 
+/// The device in `dir` as a block source: a snapshot through its server
+/// if it is served (`true`), else opened here, stopped. With `walk_all`,
+/// its changed-block tracking is ignored.
+pub fn served_or_stopped(
+    dir: &Path,
+    walk_all: bool,
+) -> anyhow::Result<(Box<dyn BlockSource>, bool)> {
+    if let Some(mut s) = ServedBlocks::start(dir)? {
+        if walk_all {
+            s.ignore_changes();
+        }
+        return Ok((Box::new(s), true));
+    }
+    let mut s = super::device_blocks::DeviceBlocks::open_to_read(dir)?;
+    if walk_all {
+        s.ignore_changes();
+    }
+    Ok((Box::new(s), false))
+}
+
 pub struct ServedBlocks {
     /// `None` once the snapshot has ended.
     client: Mutex<Option<SnapshotClient>>,
