@@ -81,6 +81,19 @@ pub fn status(r: &StatusReport) -> String {
             );
         }
     }
+    if let Some(f) = &s.snapshot {
+        let _ = match f.given_up {
+            false => writeln!(
+                o,
+                "  Snapshot         a backup is running: {} LBNs changed since it froze the map, {} chunks held until it ends (no collection frees them)",
+                f.lbns_kept, f.chunks_held
+            ),
+            true => writeln!(
+                o,
+                "  Snapshot         given up (too much changed while the backup ran): its backup fails"
+            ),
+        };
+    }
     if let Some(a) = s.data_allocated_bytes {
         let _ = writeln!(
             o,

@@ -183,6 +183,21 @@ pub struct Stats {
     /// fingerprint walks every block.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracking: Option<TrackingFigures>,
+    /// A backup's snapshot, while one runs: why a collection leaves the
+    /// chunks it holds alone until it ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotFigures>,
+}
+
+/// What `Stats::snapshot` reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotFigures {
+    /// LBNs changed since the freeze, whose earlier mapping it keeps.
+    pub lbns_kept: u64,
+    /// Chunks it holds (no collection frees them until it ends).
+    pub chunks_held: u64,
+    /// Given up: it kept too much, and its backup fails.
+    pub given_up: bool,
 }
 
 /// What `Stats::tracking` reports.

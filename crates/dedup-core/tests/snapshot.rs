@@ -169,9 +169,15 @@ fn what_a_snapshot_held_is_collected_after_its_end() {
     }
     let during = dev.gc().unwrap();
     assert_eq!(during.reclaimed, 0, "a held chunk was collected");
+    let shown = dev.stats().snapshot.unwrap();
+    assert_eq!(
+        (shown.lbns_kept, shown.chunks_held, shown.given_up),
+        (64, 64, false)
+    );
     let mut rng = StdRng::seed_from_u64(7);
     snapshot_is(&dev, &frozen, &mut rng, "sparse");
     dev.snapshot_end(s.id, None).unwrap();
+    assert!(dev.stats().snapshot.is_none());
     let after = dev.gc().unwrap();
     assert_eq!(after.reclaimed, 64, "the held chunks, once free");
     assert_consistent(&dev);
@@ -218,6 +224,7 @@ fn a_snapshot_that_would_keep_too_much_is_given_up_and_says_so() {
     }
     let e = dev.snapshot_map(0, 1).unwrap_err().to_string();
     assert!(e.contains("given up"), "{e}");
+    assert!(dev.stats().snapshot.unwrap().given_up);
     assert!(dev.snapshot_start().is_err(), "still one at a time");
     assert!(
         !dev.snapshot_end(s.id, Some(9)).unwrap(),

@@ -163,6 +163,7 @@ fn stats() -> Stats {
         }),
         backend_stats: [("windows".to_string(), 5), ("c \"blocks\"".to_string(), 6)].into(),
         tracking: None,
+        snapshot: None,
     }
 }
 

@@ -481,7 +481,7 @@ impl Engine {
     }
 
     pub fn stats(&self) -> Stats {
-        let (usage, totals, awaiting_gc, blocks, placed, changes) = {
+        let (usage, totals, awaiting_gc, blocks, placed, changes, snapshot) = {
             let m = self.meta.lock();
             (
                 m.store.usage(),
@@ -490,6 +490,7 @@ impl Engine {
                 self.space(&m),
                 self.placement.stats(),
                 m.changes.figures(),
+                m.snapshot.as_ref().map(|s| s.figures()),
             )
         };
         let packing = placed.packing;
@@ -544,6 +545,7 @@ impl Engine {
                 regions_changed,
                 region_chunks: crate::changes::Changes::REGION_CHUNKS,
             }),
+            snapshot,
         }
     }
 

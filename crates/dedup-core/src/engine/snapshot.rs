@@ -67,6 +67,15 @@ impl Frozen {
         !self.abandoned && !self.kept.contains_key(&lbn)
     }
 
+    /// What `dedup status` shows of it.
+    pub(crate) fn figures(&self) -> crate::stats::SnapshotFigures {
+        crate::stats::SnapshotFigures {
+            lbns_kept: self.kept.len() as u64,
+            chunks_held: self.held.len() as u64,
+            given_up: self.abandoned,
+        }
+    }
+
     pub(crate) fn full(&self) -> bool {
         self.kept.len() >= self.max_kept
     }
