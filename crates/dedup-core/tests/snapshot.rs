@@ -199,7 +199,10 @@ fn a_stop_ends_a_running_snapshot_and_leaves_nothing_behind() {
         churn(&dev, &mut model, &patterns, &mut rng, 100);
         assert_consistent(&dev);
         dev.close().unwrap();
-        assert!(!dev.snapshot_end(s.id, None).unwrap_or(false), "{variant}");
+        assert!(
+            !dev.snapshot_end(s.id, None).unwrap(),
+            "{variant}: ended by the stop"
+        );
         let dev = mem.open().unwrap();
         assert_eq!(read_all(&dev), model.bytes, "{variant}");
         dev.gc().unwrap();
@@ -210,29 +213,52 @@ fn a_stop_ends_a_running_snapshot_and_leaves_nothing_behind() {
 
 #[test]
 fn a_snapshot_that_would_keep_too_much_is_given_up_and_says_so() {
-    let mem = variant_device("sparse", CS as u32, CHUNKS, CHUNKS * 3);
-    let dev = mem.open().unwrap();
-    let mut model = ModelDisk::new(CHUNKS as usize * CS, CS);
-    let patterns = Patterns::new(24, CS);
-    let mut rng = StdRng::seed_from_u64(5);
-    churn(&dev, &mut model, &patterns, &mut rng, 100);
-    let s = dev.snapshot_start_keeping(10).unwrap();
-    for lbn in 0..20u64 {
-        let data = dedup_common::testdata::noise(lbn + 500, CS);
-        dev.write(lbn * CS as u64, &data, false).unwrap();
-        model.write(lbn * CS as u64, &data);
+    for variant in ["sparse", "thin/none"] {
+        let mem = variant_device(variant, CS as u32, CHUNKS, CHUNKS * 3);
+        let dev = mem.open().unwrap();
+        let mut model = ModelDisk::new(CHUNKS as usize * CS, CS);
+        // 64 unique chunks, frozen, then overwritten with others.
+        for lbn in 0..64u64 {
+            let data = dedup_common::testdata::noise(lbn + 1, CS);
+            dev.write(lbn * CS as u64, &data, false).unwrap();
+            model.write(lbn * CS as u64, &data);
+        }
+        let s = dev.snapshot_start_keeping(10).unwrap();
+        let mut buf = vec![0u8; CS];
+        dev.snapshot_read(0, &mut buf).unwrap();
+        for lbn in 0..30u64 {
+            let data = dedup_common::testdata::noise(lbn + 500, CS);
+            dev.write(lbn * CS as u64, &data, false).unwrap();
+            model.write(lbn * CS as u64, &data);
+        }
+        let e = dev.snapshot_read(0, &mut buf).unwrap_err().to_string();
+        assert!(
+            e.contains("given up") && e.contains("10 chunks"),
+            "{variant}: {e}"
+        );
+        assert!(dev.snapshot_map(40, 1).is_err(), "{variant}");
+        let shown = dev.stats().snapshot.unwrap();
+        // What it held before it was given up, it holds to its end.
+        assert!(
+            shown.given_up && shown.chunks_held == 10,
+            "{variant}: {shown:?}"
+        );
+        assert!(
+            dev.snapshot_start().is_err(),
+            "{variant}: still one at a time"
+        );
+        let during = dev.gc().unwrap();
+        assert!(
+            !dev.snapshot_end(s.id, Some(9)).unwrap(),
+            "{variant}: no tracking from it"
+        );
+        let after = dev.gc().unwrap();
+        if variant == "sparse" {
+            assert_eq!((during.reclaimed, after.reclaimed), (20, 10), "{variant}");
+        }
+        assert_eq!(read_all(&dev), model.bytes, "{variant}");
+        assert_consistent(&dev);
     }
-    let e = dev.snapshot_map(0, 1).unwrap_err().to_string();
-    assert!(e.contains("given up"), "{e}");
-    assert!(dev.stats().snapshot.unwrap().given_up);
-    assert!(dev.snapshot_start().is_err(), "still one at a time");
-    assert!(
-        !dev.snapshot_end(s.id, Some(9)).unwrap(),
-        "no tracking from it"
-    );
-    dev.gc().unwrap();
-    assert_eq!(read_all(&dev), model.bytes);
-    assert_consistent(&dev);
 }
 
 #[test]

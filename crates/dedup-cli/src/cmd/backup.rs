@@ -49,7 +49,7 @@ pub struct Args {
     /// With --device: walk every block, whatever the device's
     /// changed-block tracking says (the tracking starts again from this
     /// backup all the same).
-    #[arg(long, requires = "device")]
+    #[arg(long, requires = "device", conflicts_with = "server")]
     pub walk_all: bool,
     /// Backup group the backup belongs to.
     #[arg(long, default_value = "default")]

@@ -33,6 +33,9 @@ use crate::fingerprint::{Fingerprint, HashAlgo, FINGERPRINT_BYTES};
 pub const MAX_MAP_BLOCKS: u64 = 1 << 20;
 /// Most bytes one `read` may ask for.
 pub const MAX_READ_BYTES: u64 = 16 << 20;
+/// Most words of tracking flags a client takes (16 MiB: 512 TiB of 4 KiB
+/// chunks), whatever size a reply claims.
+const MAX_FLAG_WORDS: u64 = 2 << 20;
 
 const UNMAPPED: u8 = 0;
 const UNKNOWN: u8 = 1;
@@ -261,6 +264,12 @@ impl SnapshotClient {
         }
         let chunks = info.logical_size / u64::from(info.chunk_size);
         let words = chunks.div_ceil(Changes::REGION_CHUNKS).div_ceil(64);
+        if words > MAX_FLAG_WORDS {
+            return Err(bad(format!(
+                "{} bytes of device, more than any device has",
+                info.logical_size
+            )));
+        }
         let want = if info.changes_mark.is_some() {
             words * 8
         } else {

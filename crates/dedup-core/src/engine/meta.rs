@@ -38,7 +38,7 @@ impl Meta {
     ) -> Result<Option<Pbn>> {
         let old = self.store.lbn_map_insert(lbn, pbn)?;
         self.changes.note(lbn);
-        self.preserve(p, lbn, old);
+        self.preserve(lbn, old);
         self.totals.lbns_mapped += old.is_none() as u64;
         p.mapped(lbn, Some(pbn), fp);
         Ok(old)
@@ -49,7 +49,7 @@ impl Meta {
         let old = self.store.lbn_map_delete(lbn)?;
         if old.is_some() {
             self.changes.note(lbn);
-            self.preserve(p, lbn, old);
+            self.preserve(lbn, old);
             self.totals.lbns_mapped = self.totals.lbns_mapped.saturating_sub(1);
             p.mapped(lbn, None, None);
         }
@@ -61,15 +61,13 @@ impl Meta {
     /// Cannot fail, since the map has changed already: a fingerprint that
     /// cannot be read is kept as unknown (the backup reads and hashes the
     /// chunk), and a snapshot that would keep too much is abandoned.
-    fn preserve(&mut self, p: &dyn Placement, lbn: Lbn, old: Option<Pbn>) {
+    fn preserve(&mut self, lbn: Lbn, old: Option<Pbn>) {
         let Some(s) = self.snapshot.as_mut().filter(|s| s.wants(lbn)) else {
             return;
         };
         s.since.note(lbn);
         if s.full() {
-            let deferred = s.abandon();
-            // Failures are logged; the write that got here stands.
-            let _ = self.release_all(p, deferred);
+            s.abandon();
             return;
         }
         let fp = match old {

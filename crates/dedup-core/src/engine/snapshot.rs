@@ -35,8 +35,9 @@ use crate::fingerprint::Fingerprint;
 use crate::placement::ReadPiece;
 use crate::stats::Counters;
 
-/// Most LBNs a snapshot keeps (about 100 bytes of RAM each: 400 MB, the
-/// first overwrites of 16 GiB of 4 KiB chunks while one backup runs).
+/// Most LBNs a snapshot keeps (with the chunks they hold, up to about 130
+/// bytes of RAM each: some 500 MB, the first overwrites of 16 GiB of 4 KiB
+/// chunks while one backup runs).
 /// Past it the snapshot is given up and its backup fails, saying why,
 /// rather than the server's memory growing without bound.
 pub const MAX_KEPT: usize = 4 << 20;
@@ -56,8 +57,9 @@ pub(crate) struct Frozen {
     deferred: Vec<Pbn>,
     /// Regions changed since the freeze.
     pub(crate) since: ChangeMap,
-    /// Given up (it would have kept more than `MAX_KEPT`): it holds
-    /// nothing and reads nothing, and ends without restarting the tracking.
+    /// Given up (it would have kept more than `max_kept`): it keeps and
+    /// reads nothing more (what it held, it holds until its end), and
+    /// ends without restarting the tracking.
     abandoned: bool,
 }
 
@@ -80,15 +82,17 @@ impl Frozen {
         self.kept.len() >= self.max_kept
     }
 
-    /// Give the snapshot up; returns the releases it deferred.
-    pub(crate) fn abandon(&mut self) -> Vec<Pbn> {
+    /// Give the snapshot up: it keeps no more, and reads nothing more.
+    /// What it holds stays held until its end, so a read already past
+    /// its lookup still gets the bytes of the freeze (the held chunks
+    /// are at most `max_kept`).
+    pub(crate) fn abandon(&mut self) {
         tracing::warn!(
-            "a backup's snapshot is given up: more than {MAX_KEPT} chunks were overwritten while it ran"
+            "a backup's snapshot is given up: more than {} chunks were overwritten while it ran",
+            self.max_kept
         );
         self.abandoned = true;
         self.kept = HashMap::new();
-        self.held = HashSet::new();
-        std::mem::take(&mut self.deferred)
     }
 
     pub(crate) fn keep(&mut self, lbn: Lbn, old: Option<Pbn>, fp: Option<Fingerprint>) {
@@ -201,7 +205,9 @@ impl Engine {
             }
             _ => false,
         };
-        m.release_all(self.placement.as_ref(), s.deferred)?;
+        // Failures are logged (a chunk left counted, for `check
+        // --repair`); the tracking restarted all the same.
+        let _ = m.release_all(self.placement.as_ref(), s.deferred);
         Ok(restarted)
     }
 
@@ -286,7 +292,8 @@ impl Engine {
         };
         if s.abandoned {
             return Err(Error::InvalidArgument(format!(
-                "the backup's snapshot was given up: more than {MAX_KEPT} chunks were overwritten while it ran (back up when the device is quieter, or stopped)"
+                "the backup's snapshot was given up: more than {} chunks were overwritten while it ran (back up when the device is quieter, or stopped)",
+                s.max_kept
             )));
         }
         if let Some(kept) = s.kept.get(&lbn) {
