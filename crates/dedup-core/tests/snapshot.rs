@@ -49,6 +49,16 @@ fn churn(dev: &Device, model: &mut ModelDisk, patterns: &Patterns, rng: &mut Std
     }
 }
 
+/// Chunks `lbns` written with unique contents (seeded from `seed`), on
+/// the device and the model.
+fn unique(dev: &Device, model: &mut ModelDisk, lbns: std::ops::Range<u64>, seed: u64) {
+    for lbn in lbns {
+        let data = dedup_common::testdata::noise(lbn + seed, CS);
+        dev.write(lbn * CS as u64, &data, false).unwrap();
+        model.write(lbn * CS as u64, &data);
+    }
+}
+
 /// The snapshot's map and bytes are `frozen`'s, read in pieces of
 /// varying size.
 fn snapshot_is(dev: &Device, frozen: &ModelDisk, rng: &mut StdRng, variant: &str) {
@@ -156,17 +166,10 @@ fn what_a_snapshot_held_is_collected_after_its_end() {
     let dev = mem.open().unwrap();
     let mut model = ModelDisk::new(CHUNKS as usize * CS, CS);
     // 64 unique chunks, frozen, then all overwritten with other unique ones.
-    for lbn in 0..64u64 {
-        let data = dedup_common::testdata::noise(lbn + 1, CS);
-        dev.write(lbn * CS as u64, &data, false).unwrap();
-        model.write(lbn * CS as u64, &data);
-    }
+    unique(&dev, &mut model, 0..64, 1);
     let frozen = model.clone();
     let s = dev.snapshot_start().unwrap();
-    for lbn in 0..64u64 {
-        let data = dedup_common::testdata::noise(lbn + 1000, CS);
-        dev.write(lbn * CS as u64, &data, false).unwrap();
-    }
+    unique(&dev, &mut model, 0..64, 1000);
     let during = dev.gc().unwrap();
     assert_eq!(during.reclaimed, 0, "a held chunk was collected");
     let shown = dev.stats().snapshot.unwrap();
@@ -218,19 +221,11 @@ fn a_snapshot_that_would_keep_too_much_is_given_up_and_says_so() {
         let dev = mem.open().unwrap();
         let mut model = ModelDisk::new(CHUNKS as usize * CS, CS);
         // 64 unique chunks, frozen, then overwritten with others.
-        for lbn in 0..64u64 {
-            let data = dedup_common::testdata::noise(lbn + 1, CS);
-            dev.write(lbn * CS as u64, &data, false).unwrap();
-            model.write(lbn * CS as u64, &data);
-        }
+        unique(&dev, &mut model, 0..64, 1);
         let s = dev.snapshot_start_keeping(10).unwrap();
         let mut buf = vec![0u8; CS];
         dev.snapshot_read(0, &mut buf).unwrap();
-        for lbn in 0..30u64 {
-            let data = dedup_common::testdata::noise(lbn + 500, CS);
-            dev.write(lbn * CS as u64, &data, false).unwrap();
-            model.write(lbn * CS as u64, &data);
-        }
+        unique(&dev, &mut model, 0..30, 500);
         let e = dev.snapshot_read(0, &mut buf).unwrap_err().to_string();
         assert!(
             e.contains("given up") && e.contains("10 chunks"),
