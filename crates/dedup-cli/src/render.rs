@@ -90,7 +90,7 @@ pub fn status(r: &StatusReport) -> String {
             ),
             true => writeln!(
                 o,
-                "  Snapshot         given up (too much changed while the backup ran): its backup fails"
+                "  Snapshot         given up (too much changed while the backup ran): its backup's later reads fail"
             ),
         };
     }

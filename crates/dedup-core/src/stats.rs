@@ -196,7 +196,8 @@ pub struct SnapshotFigures {
     pub lbns_kept: u64,
     /// Chunks it holds (no collection frees them until it ends).
     pub chunks_held: u64,
-    /// Given up: it kept too much, and its backup fails.
+    /// Given up: it would have kept too much, and its backup's later
+    /// reads fail.
     pub given_up: bool,
 }
 

@@ -13,7 +13,7 @@
 use super::chunking;
 use super::Engine;
 use crate::config::Lbn;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::fingerprint::Fingerprint;
 use crate::stats::Counters;
 
@@ -26,10 +26,7 @@ impl Engine {
         let _g = self.enter()?;
         let cs = u64::from(self.cfg.chunk_size);
         for &(lbn, _) in blocks {
-            let offset = lbn
-                .checked_mul(cs)
-                .ok_or_else(|| Error::InvalidArgument(format!("LBN {lbn} is past any device")))?;
-            self.check_range(offset, cs)?;
+            self.check_lbns(lbn, 1)?;
         }
         if self.cfg.verify {
             return Ok(vec![false; blocks.len()]);

@@ -409,6 +409,15 @@ impl Engine {
         }
     }
 
+    /// `check_range` of LBNs `first..first + count`.
+    pub(crate) fn check_lbns(&self, first: crate::config::Lbn, count: u64) -> Result<()> {
+        let cs = u64::from(self.cfg.chunk_size);
+        let offset = first
+            .checked_mul(cs)
+            .ok_or_else(|| Error::InvalidArgument(format!("LBN {first} is past any device")))?;
+        self.check_range(offset, count.saturating_mul(cs))
+    }
+
     /// FLUSH: every write completed before this call is made durable (for
     /// crash-safe backends); data first, so no durable mapping names a chunk
     /// whose bytes are not on disk.

@@ -45,10 +45,7 @@ impl Engine {
     pub fn block_map(&self, first: Lbn, count: u64) -> Result<Vec<ChunkState>> {
         let _g = self.enter()?;
         let cs = self.cfg.chunk_size as u64;
-        let offset = first
-            .checked_mul(cs)
-            .ok_or_else(|| Error::InvalidArgument(format!("LBN {first} is past any device")))?;
-        self.check_range(offset, count.saturating_mul(cs))?;
+        self.check_lbns(first, count)?;
         let mut out = Vec::with_capacity(count as usize);
         let lbns: Vec<Lbn> = (first..first + count).collect();
         for batch in lbns.chunks(chunking::batch_chunks(cs as usize)) {

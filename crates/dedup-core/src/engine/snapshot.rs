@@ -16,8 +16,8 @@
 //! deferred release is not in the metadata, so after a crash during a
 //! backup it stays counted until `dedup check --repair`.)
 //!
-//! A snapshot keeps at most `MAX_KEPT` LBNs; past that it is given up and
-//! its backup fails, saying why.
+//! A snapshot keeps at most `MAX_KEPT` LBNs; past that it is given up:
+//! its later reads fail, saying why (what it held stays held to its end).
 //!
 //! Changed-block tracking: the snapshot starts flags of its own at the
 //! freeze. When its backup has committed, the device's tracking goes on
@@ -38,8 +38,8 @@ use crate::stats::Counters;
 /// Most LBNs a snapshot keeps (with the chunks they hold, up to about 130
 /// bytes of RAM each: some 500 MB, the first overwrites of 16 GiB of 4 KiB
 /// chunks while one backup runs).
-/// Past it the snapshot is given up and its backup fails, saying why,
-/// rather than the server's memory growing without bound.
+/// Past it the snapshot is given up and its later reads fail, saying
+/// why, rather than the server's memory growing without bound.
 pub const MAX_KEPT: usize = 4 << 20;
 
 /// Snapshot ids, so that a session ends only its own.
@@ -190,10 +190,7 @@ impl Engine {
     /// freeze under that mark. Returns whether it did.
     pub(crate) fn snapshot_end(&self, id: u64, mark: Option<u64>) -> Result<bool> {
         let mut m = self.meta.lock();
-        if m.snapshot.as_ref().is_none_or(|s| s.id != id) {
-            return Ok(false);
-        }
-        let Some(s) = m.snapshot.take() else {
+        let Some(s) = m.snapshot.take_if(|s| s.id == id) else {
             return Ok(false);
         };
         let restarted = match mark {
@@ -306,13 +303,5 @@ impl Engine {
             None => Then::Unmapped,
             Some(pbn) => Then::Chunk(pbn, m.store.chunk_fingerprint(pbn)?),
         })
-    }
-
-    fn check_lbns(&self, first: Lbn, count: u64) -> Result<()> {
-        let cs = self.cfg.chunk_size as u64;
-        let offset = first
-            .checked_mul(cs)
-            .ok_or_else(|| Error::InvalidArgument(format!("LBN {first} is past any device")))?;
-        self.check_range(offset, count.saturating_mul(cs))
     }
 }
