@@ -38,12 +38,11 @@ pub struct Args {
     /// Back up the dedup device in DIR, by the fingerprints its metadata
     /// keeps: only chunks the repository lacks are read. A served device
     /// is backed up through a snapshot of one instant while clients go
-    /// on writing. Restores
-    /// as the device's image. Needs a repository of fixed segments of the
-    /// device's chunk size (dedup store init REPO --segments fixed:4K),
-    /// not encrypted; any other is backed up by reading the whole device,
-    /// and the report says why.
-    /// With --server, the device is read whole and sent as its image.
+    /// on writing. Restores as the device's image. Needs a repository of
+    /// fixed segments of the device's chunk size (dedup store init REPO
+    /// --segments fixed:4K), not encrypted; any other is backed up by
+    /// reading the whole device, and the report says why. With --server,
+    /// the device is read whole and sent as its image.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["stdin", "paths"])]
     pub device: Option<PathBuf>,
     /// With --device: walk every block, whatever the device's

@@ -4,11 +4,9 @@
 //! goes with the commit).
 
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
-
-use std::path::Path;
 
 use dedup_core::size::format_size;
 use dedup_store::backup_blocks::{image_reader, BlocksReport};

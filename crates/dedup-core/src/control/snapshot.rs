@@ -75,11 +75,7 @@ pub(super) fn serve(stream: &UnixStream, device: &Device) {
     let start = match device.snapshot_start() {
         Ok(s) => s,
         Err(e) => {
-            let _ = writeln!(
-                out,
-                "{}",
-                serde_json::json!({"ok": false, "error": e.to_string()})
-            );
+            let _ = writeln!(out, "{}", refusal(&e));
             return;
         }
     };
@@ -120,6 +116,9 @@ fn run(stream: &UnixStream, device: &Device, start: SnapshotStart) -> Result<boo
         .context(ctx)?;
     let mut reader = BufReader::new(stream);
     let cs = u64::from(info.chunk_size);
+    // Reused from request to request: a read's 16 MiB at most, a map's
+    // 33 MiB at most.
+    let (mut read_buf, mut map_buf) = (Vec::new(), Vec::new());
     loop {
         let mut line = String::new();
         let n = Read::take(&mut reader, MAX_REQUEST)
@@ -132,21 +131,22 @@ fn run(stream: &UnixStream, device: &Device, start: SnapshotStart) -> Result<boo
             Ok(r) => r,
             Err(e) => {
                 let e = Error::InvalidArgument(format!("bad snapshot request: {e}"));
-                let _ = writeln!(
-                    out,
-                    "{}",
-                    serde_json::json!({"ok": false, "error": e.to_string()})
-                );
+                let _ = writeln!(out, "{}", refusal(&e));
                 return Err(e);
             }
         };
-        let reply = match req {
+        let reply: Result<&[u8]> = match req {
             SessionRequest::Map { first, count } if count <= MAX_MAP_BLOCKS => {
-                device.snapshot_map(first, count).map(|s| encode_states(&s))
+                device.snapshot_map(first, count).map(|s| {
+                    encode_states(&s, &mut map_buf);
+                    &map_buf[..]
+                })
             }
             SessionRequest::Read { first, count } if count.saturating_mul(cs) <= MAX_READ_BYTES => {
-                let mut buf = vec![0u8; (count * cs) as usize];
-                device.snapshot_read(first, &mut buf).map(|()| buf)
+                read_buf.resize((count * cs) as usize, 0);
+                device
+                    .snapshot_read(first, &mut read_buf)
+                    .map(|()| &read_buf[..])
             }
             SessionRequest::Map { .. } | SessionRequest::Read { .. } => Err(Error::InvalidArgument(
                 format!("a snapshot request may cover at most {MAX_MAP_BLOCKS} blocks to map or {MAX_READ_BYTES} bytes to read"),
@@ -165,23 +165,22 @@ fn run(stream: &UnixStream, device: &Device, start: SnapshotStart) -> Result<boo
                     "{}",
                     serde_json::json!({"ok": true, "bytes": bytes.len()})
                 )
-                .and_then(|()| out.write_all(&bytes))
+                .and_then(|()| out.write_all(bytes))
                 .context(ctx)?;
             }
-            Err(e) => {
-                writeln!(
-                    out,
-                    "{}",
-                    serde_json::json!({"ok": false, "error": e.to_string()})
-                )
-                .context(ctx)?;
-            }
+            Err(e) => writeln!(out, "{}", refusal(&e)).context(ctx)?,
         }
     }
 }
 
-fn encode_states(states: &[ChunkState]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(states.len() * 8);
+/// The reply line of a request refused for `e`.
+fn refusal(e: &Error) -> serde_json::Value {
+    serde_json::json!({"ok": false, "error": e.to_string()})
+}
+
+/// `states` as a `map` reply's bytes, into `out` (cleared first).
+fn encode_states(states: &[ChunkState], out: &mut Vec<u8>) {
+    out.clear();
     for s in states {
         match s {
             ChunkState::Unmapped => out.push(UNMAPPED),
@@ -192,7 +191,6 @@ fn encode_states(states: &[ChunkState]) -> Vec<u8> {
             }
         }
     }
-    out
 }
 
 /// `count` block states from a `map` reply; anything else is an error.
@@ -313,32 +311,40 @@ impl SnapshotClient {
     pub fn read(&mut self, first: u64, buf: &mut [u8]) -> Result<()> {
         let cs = u64::from(self.info.chunk_size);
         let count = buf.len() as u64 / cs;
-        let bytes = self.ask(&SessionRequest::Read { first, count }, count * cs)?;
-        if bytes.len() != buf.len() {
+        let v = self.request(&SessionRequest::Read { first, count })?;
+        let n = announced(&v, count * cs)?;
+        if n != buf.len() {
             return Err(Error::corrupt(
                 "a snapshot's read reply",
-                format!("{} bytes for {} asked", bytes.len(), buf.len()),
+                format!("{n} bytes for {} asked", buf.len()),
             ));
         }
-        buf.copy_from_slice(&bytes);
-        Ok(())
+        // Straight into the caller's buffer: a first backup reads the
+        // whole image through here.
+        self.reader
+            .read_exact(buf)
+            .context(|| "reading a snapshot's reply".to_string())
     }
 
     /// End the snapshot; with `mark`, restart the device's tracking from
     /// the freeze. Returns whether it did.
     pub fn end(mut self, mark: Option<u64>) -> Result<bool> {
-        let line = serde_json::to_string(&SessionRequest::End { mark }).expect("encodes");
-        send(&self.reader, &line)?;
-        let v = reply_line(&mut self.reader)?;
+        let v = self.request(&SessionRequest::End { mark })?;
         Ok(v["tracking"] == serde_json::Value::Bool(true))
     }
 
-    fn ask(&mut self, req: &SessionRequest, most: u64) -> Result<Vec<u8>> {
+    /// Send `req`; its reply line.
+    fn request(&mut self, req: &SessionRequest) -> Result<serde_json::Value> {
         send(
             &self.reader,
             &serde_json::to_string(req).expect("a request encodes"),
         )?;
-        let v = reply_line(&mut self.reader)?;
+        reply_line(&mut self.reader)
+    }
+
+    /// Send `req`; the bytes of its reply, at most `most`.
+    fn ask(&mut self, req: &SessionRequest, most: u64) -> Result<Vec<u8>> {
+        let v = self.request(req)?;
         payload(&mut self.reader, &v, most)
     }
 }
@@ -370,19 +376,24 @@ fn reply_line(reader: &mut BufReader<UnixStream>) -> Result<serde_json::Value> {
     }
 }
 
-/// The bytes a reply line announced, at most `most`.
-fn payload(
-    reader: &mut BufReader<UnixStream>,
-    v: &serde_json::Value,
-    most: u64,
-) -> Result<Vec<u8>> {
+/// The bytes a reply line announces, at most `most`.
+fn announced(v: &serde_json::Value, most: u64) -> Result<usize> {
     let n = v["bytes"].as_u64().filter(|&n| n <= most).ok_or_else(|| {
         Error::corrupt(
             "a snapshot's reply",
             format!("{} bytes announced, at most {most} expected", v["bytes"]),
         )
     })?;
-    let mut bytes = vec![0u8; n as usize];
+    Ok(n as usize)
+}
+
+/// The bytes a reply line announced, at most `most`.
+fn payload(
+    reader: &mut BufReader<UnixStream>,
+    v: &serde_json::Value,
+    most: u64,
+) -> Result<Vec<u8>> {
+    let mut bytes = vec![0u8; announced(v, most)?];
     reader
         .read_exact(&mut bytes)
         .context(|| "reading a snapshot's reply".to_string())?;
@@ -402,7 +413,8 @@ mod tests {
             ChunkState::Unknown,
             ChunkState::Known(fp),
         ];
-        let bytes = encode_states(&states);
+        let mut bytes = Vec::new();
+        encode_states(&states, &mut bytes);
         assert_eq!(decode_states(&bytes, 4).unwrap(), states);
         // Short, long, cut inside a fingerprint, an unknown tag.
         assert!(decode_states(&bytes, 5).is_err());

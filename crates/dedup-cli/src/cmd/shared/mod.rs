@@ -1,8 +1,9 @@
 //! What the commands share, one layer below all of them: clap arguments
 //! and their value parsers (`args`), report types and their text
 //! (`report`), reaching a device (`device`), a stopped device as blocks
-//! (`device_blocks`) or a served one through a snapshot (`served_blocks`), or a backup repository, here
-//! or through a server (`repo`), key files (`psk`), progress bars
+//! (`device_blocks`) or a served one through a snapshot
+//! (`served_blocks`), or a backup repository, here or through a server
+//! (`repo`), key files (`psk`), progress bars
 //! (`progress`) and a trace's statistics (`trace_stats`). A command module
 //! imports these and never another command, nor do these import a command,
 //! so imports run one way (`scripts/module-cycles crates/dedup-cli`).
