@@ -12,8 +12,10 @@
 //!
 //! The backup is a stream backup of the device's image (restored as an
 //! image, like `nbdcopy | dedup backup --stdin`): an unmapped block is the
-//! zero block's segment. A device whose chunks cannot be segments (another
-//! size or hash, an encrypted repository whose fingerprints are keyed, a
+//! zero block's segment. In an encrypted repository the device's plain
+//! fingerprints are turned into its keyed ones (`SegmentHash::from_plain`).
+//! A device whose chunks cannot be segments (another size or hash, an
+//! encrypted repository whose fingerprints key the bytes themselves, a
 //! repository of content-defined segments) is backed up by reading and
 //! hashing its image, and the report says why.
 
@@ -31,6 +33,7 @@ use crate::crypto::random::random_bytes;
 use crate::error::repo::{RepoError, RepoResult};
 use crate::recipe::SegmentRef;
 use crate::repo::Repository;
+use crate::segment_hash::SegmentHash;
 use crate::segmenter::Segmenting;
 use crate::session::BackupSession;
 use crate::tree::parent::ParentRecipe;
@@ -201,34 +204,48 @@ impl Repository {
     /// cannot name this repository's segments, if they cannot: for a
     /// backup by fingerprint, and for a restore by fingerprint.
     pub(crate) fn why_not_by_fingerprint(&self, size: u32, hash: HashAlgo) -> Option<String> {
-        match self.config.segmenting {
-            Segmenting::Fixed { size: s } if s == size => {}
-            Segmenting::Fixed { size: s } => {
-                return Some(format!(
-                    "the device's chunks are {size} bytes and the repository's segments {s}"
-                ))
-            }
-            Segmenting::FastCdc { .. } => {
-                return Some(
-                    "the repository cuts content-defined segments (made with --segments fastcdc); \
-                     one made with --segments fixed:4K takes a device's chunks as they are"
-                        .into(),
-                )
-            }
-        }
-        if hash != HASH {
-            return Some(format!(
-                "the device fingerprints chunks with {hash} and the repository with {HASH}"
-            ));
-        }
-        if self.segment_hash().is_keyed() {
-            return Some(
-                "the repository is encrypted: its fingerprints are keyed, the device's are not"
-                    .into(),
-            );
-        }
-        None
+        why_not_by_fingerprint(self.config.segmenting, self.segment_hash(), size, hash)
     }
+}
+
+/// Why a device's fingerprints (of `size`-byte chunks, by `device`)
+/// cannot name the segments of a repository that cuts them so and names
+/// them by `hash`, if they cannot: here, and through a backup server.
+pub(crate) fn why_not_by_fingerprint(
+    segmenting: Segmenting,
+    hash: SegmentHash,
+    size: u32,
+    device: HashAlgo,
+) -> Option<String> {
+    match segmenting {
+        Segmenting::Fixed { size: s } if s == size => {}
+        Segmenting::Fixed { size: s } => {
+            return Some(format!(
+                "the device's chunks are {size} bytes and the repository's segments {s}"
+            ))
+        }
+        Segmenting::FastCdc { .. } => {
+            return Some(
+                "the repository cuts content-defined segments (made with --segments fastcdc); \
+                 one made with --segments fixed:4K takes a device's chunks as they are"
+                    .into(),
+            )
+        }
+    }
+    if device != HASH {
+        return Some(format!(
+            "the device fingerprints chunks with {device} and the repository with {HASH}"
+        ));
+    }
+    if hash.from_plain(&Fingerprint([0; 32])).is_none() {
+        return Some(
+            "the repository is encrypted with fingerprints keyed over segments' bytes (made \
+             by a build before config version 3), so the device's cannot name them; a \
+             repository made since keys the plain digest and takes them"
+                .into(),
+        );
+    }
+    None
 }
 
 /// A device backup's parent: its name, the device mark it recorded, and
@@ -274,11 +291,11 @@ struct Planned {
 
 /// A step's blocks read (those wanted) and hashed.
 #[derive(Default)]
-struct Read {
-    bytes: Vec<u8>,
+pub(crate) struct Read {
+    pub(crate) bytes: Vec<u8>,
     /// By block of the step: the hash of each block read.
-    hashed: Vec<Option<Fingerprint>>,
-    blocks_read: u64,
+    pub(crate) hashed: Vec<Option<Fingerprint>>,
+    pub(crate) blocks_read: u64,
 }
 
 impl Planned {
@@ -296,7 +313,7 @@ impl Planned {
 
 impl Read {
     /// Block `j` of the step (of `bs` bytes).
-    fn block(&self, j: usize, bs: usize) -> &[u8] {
+    pub(crate) fn block(&self, j: usize, bs: usize) -> &[u8] {
         &self.bytes[j * bs..(j + 1) * bs]
     }
 }
@@ -317,7 +334,11 @@ fn append_by_fingerprint(
 ) -> RepoResult<()> {
     let bs = source.block_size() as usize;
     let zeros = vec![0u8; bs];
-    let zero_fp = HASH.fingerprint(&zeros);
+    // Every fingerprint below is the repository's: the device's plain
+    // ones are turned into it as they are mapped (`plan`), read bytes
+    // are hashed its way (`read_wanted`).
+    let hash = session.segment_hash();
+    let zero_fp = hash.of(&zeros);
     let name = session.name().to_string();
     let io = |what: &str, cause| RepoError::Io {
         context: format!("{what} the device for backup {name}"),
@@ -330,7 +351,10 @@ fn append_by_fingerprint(
             .name("dedup-blocks".into())
             .spawn_scoped(scope, move || {
                 for (first, wanted, buf) in asked {
-                    if give.send(read_wanted(source, first, &wanted, buf)).is_err() {
+                    if give
+                        .send(read_wanted(source, hash, first, &wanted, buf))
+                        .is_err()
+                    {
                         return;
                     }
                 }
@@ -461,12 +485,22 @@ fn plan(
             });
         }
     }
-    let states = source.map(first, count).map_err(PlanError::Source)?;
+    let mut states = source.map(first, count).map_err(PlanError::Source)?;
     if states.len() as u64 != count {
         return Err(PlanError::Source(io::Error::other(format!(
             "{} states for {count} blocks",
             states.len()
         ))));
+    }
+    // The device's plain fingerprints as the repository's (the same in
+    // the clear; keyed over them if encrypted).
+    let hash = session.segment_hash();
+    for state in &mut states {
+        if let BlockState::Known(fp) = state {
+            *state = hash
+                .from_plain(fp)
+                .map_or(BlockState::Unknown, BlockState::Known);
+        }
     }
     let from_parent =
         unchanged(session, source, first, &states, parent).map_err(PlanError::Repo)?;
@@ -581,9 +615,10 @@ fn as_parent_had(
 }
 
 /// Read the wanted blocks of the step at `first` into `buf` (in runs of
-/// consecutive blocks) and hash each.
-fn read_wanted(
+/// consecutive blocks) and hash each as the repository does.
+pub(crate) fn read_wanted(
     source: &dyn BlockSource,
+    hash: SegmentHash,
     first: u64,
     wanted: &[bool],
     mut buf: Vec<u8>,
@@ -605,7 +640,7 @@ fn read_wanted(
         i = end;
     }
     let read: Vec<usize> = (0..wanted.len()).filter(|&i| wanted[i]).collect();
-    let fps = HASH.fingerprint_many(
+    let fps = hash.of_many(
         &read
             .iter()
             .map(|&i| &buf[i * bs..(i + 1) * bs])
@@ -625,7 +660,7 @@ fn read_wanted(
 /// `source.read`, tried again while it is `Interrupted`, with a panic in
 /// it (a bug in a source) an error that fails the backup rather than the
 /// process.
-fn read_caught(source: &dyn BlockSource, first: u64, buf: &mut [u8]) -> io::Result<()> {
+pub(crate) fn read_caught(source: &dyn BlockSource, first: u64, buf: &mut [u8]) -> io::Result<()> {
     loop {
         let read =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| source.read(first, buf)))

@@ -6,6 +6,11 @@
 //! avg, max (u32 each; 0 for fixed), container target (u64), then the
 //! compression of new segments (1: `Compression::code`) and 7 zero bytes.
 //! Version 1 (still read) ends after the container target and means lz4.
+//! Version 3 is version 2 with the first of those 7 bytes saying what an
+//! encrypted repository's fingerprints key (`KeyedOf::code`); a config
+//! of version 2 or 1 keys the bytes. A config is written as version 2
+//! where that is what it says, so older builds still open it, and as
+//! version 3 only where they would hash wrongly (and so must refuse it).
 
 use dedup_common::compress::Compression;
 
@@ -15,7 +20,7 @@ use crate::segmenter::Segmenting;
 
 pub const CONFIG_OBJECT: &str = "config";
 const MAGIC: [u8; 8] = *b"DDUPREPO";
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RepoConfig {
@@ -26,6 +31,36 @@ pub struct RepoConfig {
     /// How new segments are compressed (each segment records its own, so
     /// this may change without rewriting anything).
     pub compression: Compression,
+    /// What an encrypted repository's keyed fingerprints are taken over
+    /// (`segment_hash.rs`); a repository in the clear ignores it.
+    pub keyed_of: KeyedOf,
+}
+
+/// What an encrypted repository's keyed BLAKE3 fingerprints hash.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyedOf {
+    /// The segment's bytes: repositories made before config version 3.
+    Bytes,
+    /// The segment's plain BLAKE3, so a fingerprint can be had from a
+    /// device's plain one without the bytes: the default since.
+    PlainDigest,
+}
+
+impl KeyedOf {
+    fn code(self) -> u8 {
+        match self {
+            KeyedOf::Bytes => 0,
+            KeyedOf::PlainDigest => 1,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<KeyedOf> {
+        match code {
+            0 => Some(KeyedOf::Bytes),
+            1 => Some(KeyedOf::PlainDigest),
+            _ => None,
+        }
+    }
 }
 
 impl RepoConfig {
@@ -47,8 +82,9 @@ impl RepoConfig {
             body.extend_from_slice(&v.to_le_bytes());
         }
         body.extend_from_slice(&self.container_target.to_le_bytes());
-        body.extend_from_slice(&[self.compression.code(), 0, 0, 0, 0, 0, 0, 0]);
-        frame(MAGIC, VERSION, &body)
+        let keyed = self.keyed_of.code();
+        body.extend_from_slice(&[self.compression.code(), keyed, 0, 0, 0, 0, 0, 0]);
+        frame(MAGIC, if keyed == 0 { 2 } else { VERSION }, &body)
     }
 
     pub fn decode(bytes: &[u8]) -> RepoResult<RepoConfig> {
@@ -59,18 +95,23 @@ impl RepoConfig {
         let (a, b, c) = (r.u32()?, r.u32()?, r.u32()?);
         let container_target = r.u64()?;
         let corrupt = |d: String| RepoError::corrupt(CONFIG_OBJECT, d);
-        let compression = if version >= 2 {
+        let (compression, keyed_of) = if version >= 2 {
             let c = r.bytes(8)?;
-            if c[1..] != [0; 7] {
+            // Version 2 has no keyed byte: there it is reserved, zero.
+            let reserved = if version >= 3 { &c[2..] } else { &c[1..] };
+            if reserved.iter().any(|&b| b != 0) {
                 return Err(corrupt(format!(
-                    "reserved bytes {:02x?} are not zero",
-                    &c[1..]
+                    "reserved bytes {reserved:02x?} are not zero"
                 )));
             }
-            Compression::from_code(c[0])
-                .ok_or_else(|| corrupt(format!("unknown compression code {:#04x}", c[0])))?
+            let compression = Compression::from_code(c[0])
+                .ok_or_else(|| corrupt(format!("unknown compression code {:#04x}", c[0])))?;
+            let keyed_of = KeyedOf::from_code(c[1]).ok_or_else(|| {
+                corrupt(format!("unknown way of keying fingerprints {:#04x}", c[1]))
+            })?;
+            (compression, keyed_of)
         } else {
-            Compression::Lz4
+            (Compression::Lz4, KeyedOf::Bytes)
         };
         r.finish()?;
         let segmenting = match kind {
@@ -91,6 +132,7 @@ impl RepoConfig {
             segmenting,
             container_target,
             compression,
+            keyed_of,
         })
     }
 }
@@ -106,7 +148,29 @@ mod tests {
             segmenting: Segmenting::DEFAULT,
             container_target: 1 << 20,
             compression,
+            keyed_of: KeyedOf::Bytes,
         }
+    }
+
+    #[test]
+    fn keyed_over_the_plain_digest_is_version_3_and_bytes_stays_version_2() {
+        let bytes = config(Compression::Lz4).encode();
+        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 2);
+        let digest = RepoConfig {
+            keyed_of: KeyedOf::PlainDigest,
+            ..config(Compression::Lz4)
+        };
+        let bytes = digest.encode();
+        assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 3);
+        assert_eq!(RepoConfig::decode(&bytes).unwrap(), digest);
+        // Version 2 with the keyed byte set: a reserved byte, refused.
+        let mut body = bytes[12..bytes.len() - 4].to_vec();
+        let e = RepoConfig::decode(&frame(MAGIC, 2, &body)).unwrap_err();
+        assert!(e.to_string().contains("reserved"), "{e}");
+        let at = body.len() - 7;
+        body[at] = 9;
+        let e = RepoConfig::decode(&frame(MAGIC, 3, &body)).unwrap_err();
+        assert!(e.to_string().contains("keying fingerprints"), "{e}");
     }
 
     #[test]

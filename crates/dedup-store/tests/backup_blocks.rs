@@ -7,170 +7,21 @@
 //! nothing committed; a repository whose segments the device's chunks
 //! cannot be is backed up by reading, exactly.
 
+mod blocks_model;
 mod blocks_support;
 
 use std::collections::HashSet;
-use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use blocks_support::{content, options, BS};
-use dedup_common::fingerprint::{Fingerprint, HashAlgo};
-use dedup_store::backup_blocks::{BlockMap, BlockSource, BlockState, BlocksReport};
+use blocks_model::{Fault, Model, REGION};
+use blocks_support::{content, encrypted, options, BS};
+use dedup_common::fingerprint::HashAlgo;
+use dedup_store::backup_blocks::BlocksReport;
+use dedup_store::config::KeyedOf;
 use dedup_store::crypto::passphrase::for_this_thread;
-use dedup_store::crypto::KdfParams;
 use dedup_store::{CheckOptions, GcOptions, RepoError, RepoOptions, Repository, Segmenting};
 use rand::{rngs::StdRng, Rng, SeedableRng};
-
-/// A device in RAM: each block zero (`None`) or its bytes, with the
-/// fingerprint its metadata recorded (`None`: it keeps none).
-struct Model {
-    block_size: usize,
-    blocks: Vec<Option<(Vec<u8>, Option<Fingerprint>)>>,
-    reads: AtomicU64,
-    /// What the next read does instead of reading, once.
-    fault: Mutex<Option<Fault>>,
-    /// Called with each window's first block as it is mapped.
-    on_map: Option<Box<dyn Fn(u64) + Sync>>,
-    /// Changed-block tracking, when the model keeps it: the mark and the
-    /// regions (of `REGION` blocks) changed since.
-    tracking: Option<Tracking>,
-}
-
-/// The model's tracking: its mark and the regions changed since, if any.
-type Tracking = Mutex<Option<(u64, HashSet<u64>)>>;
-
-/// Blocks in a tracked region of the model.
-const REGION: u64 = 1024;
-
-#[derive(Clone, Copy, Debug)]
-enum Fault {
-    /// `ErrorKind::Interrupted`: try again.
-    Interrupted,
-    Fails,
-    Panics,
-}
-
-impl Model {
-    fn new(blocks: usize, block_size: usize) -> Model {
-        Model {
-            block_size,
-            blocks: vec![None; blocks],
-            reads: AtomicU64::new(0),
-            fault: Mutex::new(None),
-            on_map: None,
-            tracking: None,
-        }
-    }
-
-    fn write(&mut self, block: usize, bytes: Vec<u8>, recorded: bool) {
-        let fp = recorded.then(|| HashAlgo::Blake3.fingerprint(&bytes));
-        self.blocks[block] = Some((bytes, fp));
-        self.note(block);
-    }
-
-    fn trim(&mut self, block: usize) {
-        self.blocks[block] = None;
-        self.note(block);
-    }
-
-    /// A change to `block`, for the tracking.
-    fn note(&mut self, block: usize) {
-        if let Some(Some((_, changed))) = self.tracking.as_mut().map(|t| t.get_mut().unwrap()) {
-            changed.insert(block as u64 / REGION);
-        }
-    }
-
-    /// Blocks with bytes and no fingerprint.
-    fn unknown(&self) -> usize {
-        self.blocks
-            .iter()
-            .flatten()
-            .filter(|b| b.1.is_none())
-            .count()
-    }
-
-    fn image(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.blocks.len() * self.block_size);
-        for b in &self.blocks {
-            match b {
-                Some((bytes, _)) => out.extend_from_slice(bytes),
-                None => out.resize(out.len() + self.block_size, 0),
-            }
-        }
-        out
-    }
-}
-
-impl BlockMap for Model {
-    fn block_size(&self) -> u32 {
-        self.block_size as u32
-    }
-    fn blocks(&self) -> u64 {
-        self.blocks.len() as u64
-    }
-    fn hash(&self) -> HashAlgo {
-        HashAlgo::Blake3
-    }
-    fn map(&self, first: u64, count: u64) -> io::Result<Vec<BlockState>> {
-        if let Some(hook) = &self.on_map {
-            hook(first);
-        }
-        Ok(self.blocks[first as usize..(first + count) as usize]
-            .iter()
-            .map(|b| match b {
-                None => BlockState::Zero,
-                Some((_, Some(fp))) => BlockState::Known(*fp),
-                Some((_, None)) => BlockState::Unknown,
-            })
-            .collect())
-    }
-}
-
-impl BlockSource for Model {
-    fn read(&self, first: u64, buf: &mut [u8]) -> io::Result<()> {
-        let fault = self.fault.lock().unwrap().take();
-        match fault {
-            None => {}
-            Some(Fault::Interrupted) => return Err(io::ErrorKind::Interrupted.into()),
-            Some(Fault::Fails) => return Err(io::Error::other("the disk said no")),
-            Some(Fault::Panics) => panic!("a source that panics"),
-        }
-        for (i, out) in buf.chunks_mut(self.block_size).enumerate() {
-            self.reads.fetch_add(1, Ordering::Relaxed);
-            match &self.blocks[first as usize + i] {
-                Some((bytes, _)) => out.copy_from_slice(bytes),
-                None => out.fill(0),
-            }
-        }
-        Ok(())
-    }
-    fn describe(&self, block: u64) -> String {
-        format!("model block {block}")
-    }
-    fn device_id(&self) -> Option<[u8; 16]> {
-        self.tracking.as_ref().map(|_| [9; 16])
-    }
-    fn tracking_mark(&self) -> Option<u64> {
-        let t = self.tracking.as_ref()?.lock().unwrap();
-        t.as_ref().map(|(mark, _)| *mark)
-    }
-    fn changed_since_mark(&self, first: u64, count: u64) -> bool {
-        let Some(t) = &self.tracking else { return true };
-        match &*t.lock().unwrap() {
-            Some((_, changed)) => {
-                (first / REGION..=(first + count - 1) / REGION).any(|r| changed.contains(&r))
-            }
-            None => true,
-        }
-    }
-    fn start_tracking(&self, mark: u64) -> io::Result<()> {
-        if let Some(t) = &self.tracking {
-            *t.lock().unwrap() = Some((mark, HashSet::new()));
-        }
-        Ok(())
-    }
-}
 
 fn restore(repo: &Repository, name: &str) -> Vec<u8> {
     let mut out = Vec::new();
@@ -199,10 +50,18 @@ fn unique(model: &mut Model, range: std::ops::Range<usize>, rng: &mut StdRng) {
 
 #[test]
 fn backups_by_fingerprint_restore_the_image_and_read_only_what_is_new() {
-    for seed in 0..3u64 {
+    for seed in 0..4u64 {
         let tmp = tempfile::tempdir().unwrap();
-        let repo =
-            Repository::init_with(tmp.path(), options(Segmenting::Fixed { size: 4096 })).unwrap();
+        // The last in an encrypted repository: the device's plain
+        // fingerprints name its keyed ones.
+        let sealed = seed == 3;
+        let _p = sealed.then(|| for_this_thread(b"device backups"));
+        let how = match sealed {
+            true => encrypted(Segmenting::Fixed { size: 4096 }),
+            false => options(Segmenting::Fixed { size: 4096 }),
+        };
+        let repo = Repository::init_with(tmp.path(), how).unwrap();
+        assert_eq!(repo.is_encrypted(), sealed);
         // Parents of many parts (a part's containers held as it loads).
         if seed == 1 {
             repo.set_recipe_part_segments(300);
@@ -277,9 +136,14 @@ fn backups_by_fingerprint_restore_the_image_and_read_only_what_is_new() {
 
 #[test]
 fn a_chunk_that_does_not_match_its_fingerprint_stops_the_backup_by_name() {
+    a_chunk_that_does_not_match(options(Segmenting::Fixed { size: 4096 }));
+    let _p = for_this_thread(b"device backups");
+    a_chunk_that_does_not_match(encrypted(Segmenting::Fixed { size: 4096 }));
+}
+
+fn a_chunk_that_does_not_match(how: RepoOptions) {
     let tmp = tempfile::tempdir().unwrap();
-    let repo =
-        Repository::init_with(tmp.path(), options(Segmenting::Fixed { size: 4096 })).unwrap();
+    let repo = Repository::init_with(tmp.path(), how).unwrap();
     let mut rng = StdRng::seed_from_u64(7);
     let mut model = Model::new(2000, BS);
     unique(&mut model, 0..1500, &mut rng);
@@ -335,18 +199,19 @@ fn a_repository_the_chunks_cannot_name_is_backed_up_by_reading() {
     )
     .unwrap();
     let _p = for_this_thread(b"device backups");
-    let encrypted = Repository::init_with(
+    // Encrypted as builds before config version 3 made them.
+    let keyed_bytes = Repository::init_with(
         tmp.path().join("enc"),
         RepoOptions {
-            encryption: Some(KdfParams::FOR_TESTS),
-            ..options(Segmenting::Fixed { size: 4096 })
+            keyed_of: KeyedOf::Bytes,
+            ..encrypted(Segmenting::Fixed { size: 4096 })
         },
     )
     .unwrap();
     for (repo, why) in [
         (&fastcdc, "content-defined"),
         (&fixed8k, "segments 8192"),
-        (&encrypted, "encrypted"),
+        (&keyed_bytes, "keyed over segments' bytes"),
     ] {
         let mut model = Model::new(2500, BS);
         fill(&mut model, &mut rng);

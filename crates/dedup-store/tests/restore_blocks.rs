@@ -15,11 +15,11 @@ use std::collections::HashMap;
 use std::io;
 use std::sync::Mutex;
 
-use blocks_support::{content, options, BS};
+use blocks_support::{content, encrypted, options, BS};
 use dedup_common::fingerprint::{Fingerprint, HashAlgo};
 use dedup_store::backup_blocks::{BlockMap, BlockState};
+use dedup_store::config::KeyedOf;
 use dedup_store::crypto::passphrase::for_this_thread;
-use dedup_store::crypto::KdfParams;
 use dedup_store::{
     container_name, BlockTarget, BlocksRestored, GcOptions, RepoOptions, Repository, RestorePass,
     Segmenting,
@@ -203,11 +203,28 @@ fn lacking(dev: &Device, image: &[u8]) -> u64 {
         .count() as u64
 }
 
+/// The (non-zero) blocks of `image` that `dev` does not hold where they
+/// are.
+fn differing(dev: &Device, image: &[u8]) -> u64 {
+    let now = dev.image();
+    (image.chunks(BS).zip(now.chunks(BS)))
+        .filter(|(b, d)| b.iter().any(|&x| x != 0) && b != d)
+        .count() as u64
+}
+
 #[test]
 fn restores_by_fingerprint_write_only_what_the_device_lacks() {
-    for seed in 0..6u64 {
+    for seed in 0..8u64 {
         let tmp = tempfile::tempdir().unwrap();
-        let repo = fixed(tmp.path());
+        // The last two encrypted: blocks are compared through the keyed
+        // fingerprints, and what differs is written, never mapped.
+        let sealed = seed >= 6;
+        let _p = sealed.then(|| for_this_thread(b"device restores"));
+        let repo = match sealed {
+            true => Repository::init_with(tmp.path(), encrypted(Segmenting::Fixed { size: 4096 }))
+                .unwrap(),
+            false => fixed(tmp.path()),
+        };
         // Recipes of many parts, so steps and parts end apart.
         if seed % 2 == 1 {
             repo.set_recipe_part_segments(300);
@@ -228,6 +245,7 @@ fn restores_by_fingerprint_write_only_what_the_device_lacks() {
                     }
                     let (name, image) = &live[rng.random_range(0..live.len())];
                     let lacks = lacking(&dev, image);
+                    let differs = differing(&dev, image);
                     let before = dev.counts();
                     let r = restore(&repo, name, &dev);
                     assert!(
@@ -238,6 +256,16 @@ fn restores_by_fingerprint_write_only_what_the_device_lacks() {
                     let (written, mapped) = dev.counts();
                     assert_eq!(r.bytes_written, written - before.0);
                     assert_eq!(r.blocks_mapped, mapped - before.1);
+                    if sealed {
+                        assert_eq!(r.blocks_mapped, 0);
+                        assert_eq!(
+                            r.bytes_written,
+                            differs * BS as u64,
+                            "seed {seed} round {round}: written only what differed"
+                        );
+                        assert_eq!(r.blocks_unchanged + r.blocks_zeroed + differs, r.blocks);
+                        continue;
+                    }
                     assert_eq!(
                         r.bytes_written,
                         lacks * BS as u64,
@@ -315,15 +343,19 @@ fn what_cannot_be_named_is_written_and_the_report_says_why() {
     let fastcdc =
         Repository::init_with(tmp.path().join("cdc"), options(Segmenting::fastcdc(8192))).unwrap();
     let _p = for_this_thread(b"device restores");
-    let encrypted = Repository::init_with(
+    // Encrypted as builds before config version 3 made them.
+    let keyed_bytes = Repository::init_with(
         tmp.path().join("enc"),
         RepoOptions {
-            encryption: Some(KdfParams::FOR_TESTS),
-            ..options(Segmenting::Fixed { size: 4096 })
+            keyed_of: KeyedOf::Bytes,
+            ..encrypted(Segmenting::Fixed { size: 4096 })
         },
     )
     .unwrap();
-    for (repo, why) in [(&fastcdc, "content-defined"), (&encrypted, "encrypted")] {
+    for (repo, why) in [
+        (&fastcdc, "content-defined"),
+        (&keyed_bytes, "keyed over segments' bytes"),
+    ] {
         repo.backup_stream("img", "dev", &image[..]).unwrap();
         let target = Device::new(1000);
         churn(&target, &mut rng, 50, 400);

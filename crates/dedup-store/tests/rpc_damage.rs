@@ -24,8 +24,7 @@ fn repository(dir: &Path, stream: &[u8]) -> Repository {
         segmenting: Segmenting::Fixed { size: 4096 },
         container_target: 256 << 10,
         compression: Compression::Lz4,
-        force: false,
-        encryption: None,
+        ..RepoOptions::default()
     };
     let repo = Repository::init_with(dir.join("repo"), options).unwrap();
     repo.set_recipe_part_segments(16);

@@ -178,9 +178,10 @@ fn ranged_reads_with_sizes_agree(store: Arc<dyn ObjectStore>) {
             assert_eq!(tail, store.get_tail(name, n).unwrap(), "{name} tail {n}");
         }
     }
+    use dedup_store::config::KeyedOf;
     use dedup_store::crypto::sealed::FRAME;
     use dedup_store::crypto::{MasterKey, SealedStore};
-    let sealed = SealedStore::new(store, &MasterKey::random().unwrap());
+    let sealed = SealedStore::new(store, &MasterKey::random().unwrap(), KeyedOf::PlainDigest);
     let plain: Vec<u8> = (0..3 * FRAME as usize + 77)
         .map(|i| (i % 251) as u8)
         .collect();

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use dedup_store::config::KeyedOf;
 use dedup_store::crypto::sealed::FRAME;
 use dedup_store::crypto::{MasterKey, SealedStore};
 use dedup_store::{Error, LocalDir, ObjectStore, Result};
@@ -55,7 +56,7 @@ fn sealed(dir: &std::path::Path, basic: bool) -> SealedStore {
     } else {
         Arc::new(local)
     };
-    SealedStore::new(inner, &MasterKey::random().unwrap())
+    SealedStore::new(inner, &MasterKey::random().unwrap(), KeyedOf::PlainDigest)
 }
 
 fn bytes(len: usize, seed: u8) -> Vec<u8> {
@@ -200,7 +201,7 @@ impl ObjectStore for Lying {
 fn a_store_below_that_sends_too_few_bytes_is_refused_not_a_panic() {
     let tmp = tempfile::tempdir().unwrap();
     let inner = Arc::new(Lying(LocalDir::open(tmp.path()).unwrap()));
-    let store = SealedStore::new(inner, &MasterKey::random().unwrap());
+    let store = SealedStore::new(inner, &MasterKey::random().unwrap(), KeyedOf::PlainDigest);
     let plain = bytes(3 * FRAME as usize + 10, 9);
     store.put("containers/0000000000000002", &plain).unwrap();
     let name = "containers/0000000000000002";

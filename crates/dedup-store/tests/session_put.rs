@@ -61,8 +61,7 @@ fn repo(fail: bool) -> (tempfile::TempDir, Repository) {
         segmenting: Segmenting::DEFAULT,
         container_target: 16 << 10,
         compression: Compression::Lz4,
-        force: false,
-        encryption: None,
+        ..RepoOptions::default()
     };
     drop(Repository::init_with(tmp.path(), options).unwrap());
     let repo = Repository::open_wrapped(tmp.path(), |inner| {

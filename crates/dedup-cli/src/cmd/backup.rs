@@ -40,9 +40,10 @@ pub struct Args {
     /// is backed up through a snapshot of one instant while clients go
     /// on writing. Restores as the device's image. Needs a repository of
     /// fixed segments of the device's chunk size (dedup store init REPO
-    /// --segments fixed:4K), not encrypted; any other is backed up by
-    /// reading the whole device, and the report says why. With --server,
-    /// the device is read whole and sent as its image.
+    /// --segments fixed:4K), in the clear or encrypted (not one encrypted
+    /// by a build before 2026-12-01); any other is backed up by reading
+    /// the whole device, and the report says why. With --server, by
+    /// fingerprint too: only chunks the server lacks are read and sent.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["stdin", "paths"])]
     pub device: Option<PathBuf>,
     /// With --device: walk every block, whatever the device's

@@ -1,7 +1,7 @@
 //! `dedup backup --server`: back a stream, files and directories, or a
-//! dedup device's image up through `dedup store serve` with the pipelined
-//! client (cut and hashed here, only new segments sent; a walk's tree
-//! goes with the commit).
+//! dedup device up through `dedup store serve`: a stream or files with
+//! the pipelined client (cut and hashed here, only new segments sent; a
+//! walk's tree goes with the commit), a device by its fingerprints.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use dedup_core::size::format_size;
-use dedup_store::backup_blocks::{image_reader, BlocksReport};
+use dedup_store::backup_blocks::BlocksReport;
 use dedup_store::rpc::{BackupOptions, Endpoint};
 use dedup_store::{TreeWalk, WalkCounts};
 use serde::Serialize;
@@ -77,11 +77,10 @@ pub fn run(remote: &Remote<'_>, name: &str, group: &str, json: bool) -> anyhow::
     report(remote.server, b?, None, None, start, json)
 }
 
-/// Why a device backed up through a backup server is read whole.
-const DEVICE_READ_BECAUSE: &str = "through a backup server the device is read and hashed whole (its fingerprints are not sent to the server); back up into the repository directly to go by fingerprint";
-
-/// A dedup device's image (served: through a snapshot of one instant),
-/// read block by block and sent as a stream.
+/// A dedup device (served: through a snapshot of one instant), by its
+/// fingerprints where the repository's segments can be its chunks: only
+/// the chunks the server lacks are read and sent. Else its image is read
+/// whole and sent as a stream, and the report says why.
 pub fn run_device(
     remote: &Remote<'_>,
     name: &str,
@@ -91,23 +90,15 @@ pub fn run_device(
 ) -> anyhow::Result<ExitCode> {
     let client = remote.connect()?;
     let (source, served) = served_or_stopped(dir, true)?;
-    let mut blocks = BlocksReport {
-        blocks: source.blocks(),
-        read_because: Some(DEVICE_READ_BECAUSE.into()),
-        ..BlocksReport::default()
-    };
     let bar = blocks_bar(name, source.blocks(), json)?;
     let start = Instant::now();
-    let b = {
-        let mut progress = |n| bar.set_position(n);
-        let image = image_reader(source.as_ref(), &mut blocks, &mut progress);
-        client.backup_stream(name, group, image, None, &BackupOptions::default(), &|_| {})
-    };
+    let b = client.backup_blocks(name, group, source.as_ref(), &|n| bar.set_position(n));
     bar.finish_and_clear();
     // Ended only now: a served device's snapshot held what it read.
     drop(source);
+    let (b, blocks) = b?;
     let device = Device { blocks, served };
-    report(remote.server, b?, None, Some(device), start, json)
+    report(remote.server, b, None, Some(device), start, json)
 }
 
 /// Files and directories, with their metadata.
@@ -207,8 +198,18 @@ fn report(
         report.mb_per_sec,
         skipped_text(report.warnings.as_ref().map_or(0, Vec::len))
     );
-    if let Some(why) = report.blocks.as_ref().and_then(|b| b.read_because.as_ref()) {
-        outln!("The device was read whole: {why}.");
+    match report.blocks.as_ref() {
+        Some(BlocksReport {
+            read_because: Some(why),
+            ..
+        }) => outln!("The device was read and hashed whole, because {why}."),
+        Some(b) => outln!(
+            "By fingerprint: {} blocks walked ({} zero), {} read from the device.",
+            b.blocks,
+            b.zero_blocks,
+            b.blocks_read
+        ),
+        None => {}
     }
     if let Some(ParentJson {
         parent: Some(p),

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use super::keys::MasterKey;
 use super::sealed::{open, seal_into, Layout, ObjectKey, FRAME, SEALED_FRAME};
+use crate::config::KeyedOf;
 use crate::error::{Error, Result};
 use crate::objects::{whole_range, ObjectStore};
 use crate::segment_hash::SegmentHash;
@@ -30,12 +31,13 @@ const SPARE_BUFFERS: usize = 4;
 
 impl SealedStore {
     /// `inner` with every object sealed under `master`'s object key, and
-    /// segments fingerprinted with its fingerprint key.
-    pub fn new(inner: Arc<dyn ObjectStore>, master: &MasterKey) -> SealedStore {
+    /// segments fingerprinted with its fingerprint key over what
+    /// `keyed_of` says (the config's).
+    pub fn new(inner: Arc<dyn ObjectStore>, master: &MasterKey, keyed_of: KeyedOf) -> SealedStore {
         SealedStore {
             inner,
             key: master.object_key(),
-            hash: SegmentHash::keyed(master.fingerprint_key()),
+            hash: SegmentHash::keyed(master.fingerprint_key(), keyed_of),
             spare: Mutex::new(Vec::new()),
         }
     }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::Repository;
-use crate::config::{RepoConfig, CONFIG_OBJECT};
+use crate::config::{KeyedOf, RepoConfig, CONFIG_OBJECT};
 use crate::crypto::keys::{params_of, unwrap, wrap, KdfParams, MasterKey, KEYS_PREFIX};
 use crate::crypto::random::random_bytes;
 use crate::crypto::{passphrase, SealedStore};
@@ -114,9 +114,14 @@ fn unlock(
             .and_then(|bytes| unwrap(name, &bytes, &given));
         match opened {
             Ok(Some(master)) => {
-                let sealed = SealedStore::new(store.clone(), &master);
+                let sealed = SealedStore::new(store.clone(), &master, KeyedOf::Bytes);
                 match sealed.open_whole(CONFIG_OBJECT, config.clone()) {
                     Ok(plain) => {
+                        // Fingerprints as the config says; a config that
+                        // does not decode is refused by the caller.
+                        let keyed_of =
+                            RepoConfig::decode(&plain).map_or(KeyedOf::Bytes, |c| c.keyed_of);
+                        let sealed = SealedStore::new(store.clone(), &master, keyed_of);
                         let key = name.clone();
                         let clear = store.clone();
                         return Ok((sealed, Unlocked { master, key, clear }, plain));
@@ -164,7 +169,7 @@ pub(crate) fn init_encrypted(
     let master = MasterKey::random()?;
     let name = new_key_name()?;
     store.put(&name, &wrap(&name, &master, &passphrase, params)?)?;
-    let sealed = SealedStore::new(store.clone(), &master);
+    let sealed = SealedStore::new(store.clone(), &master, config.keyed_of);
     if let Err(e) = sealed.put(CONFIG_OBJECT, &config.encode()) {
         let _ = store.delete(&name);
         return Err(e.into());

@@ -29,7 +29,7 @@ use dedup_common::compress::Compression;
 
 use crate::backup::{validate_name, BackupRecord, BACKUPS_PREFIX};
 use crate::catalog_cache::{cached_catalog, CatalogCache, DEFAULT_CATALOGS};
-use crate::config::{RepoConfig, CONFIG_OBJECT};
+use crate::config::{KeyedOf, RepoConfig, CONFIG_OBJECT};
 use crate::container::Catalog;
 use crate::crypto::keys::KdfParams;
 use crate::crypto::passphrase;
@@ -66,6 +66,10 @@ pub struct RepoOptions {
     /// under the given passphrase (`crypto::passphrase`) with this KDF
     /// cost. `None`: nothing is encrypted.
     pub encryption: Option<KdfParams>,
+    /// What an encrypted repository's keyed fingerprints hash
+    /// (`config::KeyedOf`): the plain digest unless a test asks for a
+    /// repository as older builds made them.
+    pub keyed_of: KeyedOf,
 }
 
 impl Default for RepoOptions {
@@ -76,6 +80,7 @@ impl Default for RepoOptions {
             compression: Compression::Lz4,
             force: false,
             encryption: None,
+            keyed_of: KeyedOf::PlainDigest,
         }
     }
 }
@@ -169,6 +174,11 @@ impl Repository {
             segmenting: options.segmenting,
             container_target: options.container_target,
             compression: options.compression,
+            // In the clear, nothing is keyed: written as older builds read.
+            keyed_of: match options.encryption {
+                Some(_) => options.keyed_of,
+                None => KeyedOf::Bytes,
+            },
         };
         // A refused put (Exists) means a repository is already there.
         match options.encryption {
@@ -461,7 +471,7 @@ impl Repository {
 
     /// The key of the segments' fingerprints, if the repository is
     /// encrypted: what a client of `store serve` hashes with.
-    pub fn fingerprint_key(&self) -> Option<[u8; 32]> {
+    pub fn fingerprint_key(&self) -> Option<([u8; 32], KeyedOf)> {
         self.segment_hash().key()
     }
 

@@ -21,10 +21,17 @@
 //! (as a restore to a file does), never leaving the device's old bytes
 //! there unnamed.
 //!
+//! In an encrypted repository whose fingerprints key the plain digest
+//! (`config::KeyedOf`), the comparison goes on by turning the device's
+//! fingerprints into the repository's, but no block is mapped: a keyed
+//! fingerprint cannot be turned back into the plain one the device's
+//! hash index holds, so a block the device lacks where it is is written
+//! (the write path still stores it once).
+//!
 //! Where the device's chunks cannot be the repository's segments (another
-//! size or hash, keyed fingerprints), every byte is wanted: the image is
-//! written whole through the device's write path, which still stores each
-//! chunk once, and the report says why.
+//! size or hash, fingerprints keyed over the bytes), every byte is wanted:
+//! the image is written whole through the device's write path, which still
+//! stores each chunk once, and the report says why.
 
 use std::io;
 
@@ -39,7 +46,7 @@ use crate::recipe::SegmentRef;
 use crate::repo::Repository;
 use crate::restore::salvage::{note, DamagedRange};
 use crate::restore::{Piece, Wanted};
-use crate::writer::HASH;
+use crate::segment_hash::SegmentHash;
 
 /// A deduplicating device as a restore by fingerprint sees it: its map
 /// (whose hash `map_known` takes too), and writes.
@@ -129,11 +136,13 @@ impl Repository {
             }
             None => {
                 r.by_fingerprint = true;
+                let hash = self.segment_hash();
                 let mut walk = Walk {
                     repo: self,
                     target,
                     bs: u64::from(bs),
-                    zero_fp: HASH.fingerprint(&vec![0u8; bs as usize]),
+                    hash,
+                    zero_fp: hash.of(&vec![0u8; bs as usize]),
                     catalogs: HashMap::new(),
                     wanted: &mut wanted,
                     report: &mut r,
@@ -208,6 +217,9 @@ struct Walk<'a> {
     repo: &'a Repository,
     target: &'a dyn BlockTarget,
     bs: u64,
+    /// The repository's: the device's fingerprints are compared as it
+    /// names them.
+    hash: SegmentHash,
     zero_fp: Fingerprint,
     /// Catalogs of this part, by container (a part names a few).
     catalogs: HashMap<u64, Option<std::sync::Arc<Catalog>>>,
@@ -318,7 +330,9 @@ impl Walk<'_> {
             let zero = n.fp == self.zero_fp;
             match (zero, state) {
                 (true, BlockState::Zero) => self.report.blocks_unchanged += 1,
-                (false, BlockState::Known(fp)) if *fp == n.fp => self.report.blocks_unchanged += 1,
+                (false, BlockState::Known(fp)) if self.hash.from_plain(fp) == Some(n.fp) => {
+                    self.report.blocks_unchanged += 1
+                }
                 (true, _) => {
                     self.report.blocks_zeroed += 1;
                     zero_run = match zero_run {
@@ -331,6 +345,8 @@ impl Walk<'_> {
                         }
                     };
                 }
+                // The device's index holds plain fingerprints only.
+                (false, _) if self.hash.is_keyed() => want(others, n.block, self.bs),
                 (false, _) => to_map.push((n.block, n.fp)),
             }
         }
@@ -347,14 +363,9 @@ impl Walk<'_> {
             )));
         }
         for ((block, _), mapped) in to_map.iter().zip(done) {
-            if mapped {
-                self.report.blocks_mapped += 1;
-                continue;
-            }
-            let range = block * self.bs..(block + 1) * self.bs;
-            match others.last_mut() {
-                Some(last) if last.end == range.start => last.end = range.end,
-                _ => others.push(range),
+            match mapped {
+                true => self.report.blocks_mapped += 1,
+                false => want(others, *block, self.bs),
             }
         }
         Ok(())
@@ -366,5 +377,15 @@ impl Walk<'_> {
             Some((first, count)) => self.target.zero(first * self.bs, count * self.bs),
             None => Ok(()),
         }
+    }
+}
+
+/// Add block `block` (of `bs` bytes) to the ranges still wanted, joined
+/// to the last one where they touch.
+fn want(others: &mut Vec<std::ops::Range<u64>>, block: u64, bs: u64) {
+    let range = block * bs..(block + 1) * bs;
+    match others.last_mut() {
+        Some(last) if last.end == range.start => last.end = range.end,
+        _ => others.push(range),
     }
 }

@@ -27,6 +27,7 @@ use super::serve_restore;
 use super::server::Shared;
 use super::stream::{Deadlined, Stream};
 use super::tls;
+use crate::config::KeyedOf;
 use crate::error::repo::RepoError;
 use crate::repo::Repository;
 use crate::session::BackupSession;
@@ -412,7 +413,9 @@ impl<'r> Conn<'r> {
         Ok(Reply::Begun {
             session: id,
             segmenting: self.repo.config().segmenting.into(),
-            fingerprint_key: self.repo.fingerprint_key().map(WireKey),
+            fingerprint_key: self.repo.fingerprint_key().map(|(k, _)| WireKey(k)),
+            keyed_plain_digest: (self.repo.fingerprint_key())
+                .is_some_and(|(_, of)| of == KeyedOf::PlainDigest),
         })
     }
 

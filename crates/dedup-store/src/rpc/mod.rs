@@ -26,6 +26,7 @@
 
 pub mod auth;
 mod batch;
+mod blocks;
 mod connection;
 mod found;
 pub(crate) mod frame;

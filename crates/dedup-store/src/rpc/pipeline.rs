@@ -20,6 +20,7 @@ use super::batch::{cut_into, Batch, Batcher};
 use super::client::{unexpected, Client, ClientError, Pending};
 use super::item_ref::ItemRef;
 use super::protocol::{Call, ErrorKind, Reply, WireBackup, MAX_BATCH, MAX_FRAME, MAX_TREE};
+use crate::config::KeyedOf;
 use crate::segment_hash::SegmentHash;
 use crate::segmenter::Segmenting;
 use crate::tree::parent::ParentIndex;
@@ -110,14 +111,14 @@ type Fps = Vec<Option<[u8; 32]>>;
 /// file cut on its own (as a backup of files made where the repository is
 /// cuts them: segments never span two files, so a later local backup can
 /// reuse an unchanged file's segments).
-enum Source<'w, R> {
+pub(super) enum Source<'w, R> {
     Stream(R),
     Files(&'w mut TreeWalk, Option<&'w ParentIndex>, &'w mut Reused),
 }
 
 /// Files a walk did not read: their bytes are the parent's.
 #[derive(Default)]
-struct Reused {
+pub(super) struct Reused {
     files: u64,
     bytes: u64,
 }
@@ -261,7 +262,7 @@ impl Client {
 
     /// Start a backup session: its id, how the repository cuts streams
     /// and how it fingerprints segments.
-    fn begin(
+    pub(super) fn begin(
         &self,
         name: &str,
         group: &str,
@@ -274,10 +275,17 @@ impl Client {
                 session,
                 segmenting,
                 fingerprint_key,
+                keyed_plain_digest,
             } => Ok((
                 session,
                 segmenting.check().map_err(ClientError::Protocol)?,
-                fingerprint_key.map_or(SegmentHash::PLAIN, |k| SegmentHash::keyed(k.0)),
+                fingerprint_key.map_or(SegmentHash::PLAIN, |k| {
+                    let of = match keyed_plain_digest {
+                        true => KeyedOf::PlainDigest,
+                        false => KeyedOf::Bytes,
+                    };
+                    SegmentHash::keyed(k.0, of)
+                }),
             )),
             other => Err(unexpected(&other)),
         }
@@ -285,7 +293,7 @@ impl Client {
 
     /// Commit the session with `tree` if its stream went through, else
     /// abort it. A tree larger than `opts.tree_part` goes ahead in parts.
-    fn end(
+    pub(super) fn end(
         &self,
         session: u64,
         piped: Result<(), ClientError>,
@@ -324,7 +332,7 @@ impl Client {
         }
     }
 
-    fn pipeline<R: Read + Send>(
+    pub(super) fn pipeline<R: Read + Send>(
         &self,
         session: u64,
         (segmenting, hash): (Segmenting, SegmentHash),

@@ -31,7 +31,9 @@ use crate::segmenter::Segmenting;
 /// 9: `Begun` carries the key of an encrypted repository's fingerprints.
 /// 10: TCP is TLS 1.3, and key proofs cover the session's exporter.
 /// 11: a GC's report says how long it waited for writers.
-pub const PROTOCOL_VERSION: u32 = 11;
+/// 12: `Begun` says whether the key hashes each segment's plain BLAKE3
+/// (config version 3), so a device's fingerprints can name segments.
+pub const PROTOCOL_VERSION: u32 = 12;
 
 /// Largest segment the server takes: what a container holds.
 pub const MAX_SEGMENT: usize = crate::format::MAX_SEGMENT_LEN;
@@ -224,6 +226,9 @@ pub enum Reply {
         /// encrypted (keyed BLAKE3), which the client hashes with: over a
         /// Unix socket (0600) or TLS (`tls.rs`), never in the clear.
         fingerprint_key: Option<WireKey>,
+        /// The key hashes each segment's plain BLAKE3, not its bytes
+        /// (`config::KeyedOf::PlainDigest`).
+        keyed_plain_digest: bool,
     },
     /// One answer per fingerprint, in order.
     Found(Vec<bool>),

@@ -285,7 +285,7 @@ fn a_catalog_is_read_in_one_request_when_it_fits_the_tail() {
     let s3 =
         Arc::new(S3Store::over(Arc::new(InMemory::new()), "p", "s3://memory/p".into()).unwrap());
     let key = crate::crypto::keys::MasterKey::random().unwrap();
-    let sealed = SealedStore::new(s3.clone(), &key);
+    let sealed = SealedStore::new(s3.clone(), &key, crate::config::KeyedOf::PlainDigest);
     // 40 segments: a catalog of a few KiB; 12,000: over 256 KiB (32
     // bytes of fingerprint each do not compress).
     for (id, segments, gets) in [(1, 40, 1), (2, 12_000, 2)] {

@@ -2,6 +2,7 @@
 //! fingerprint (`backup_blocks.rs`, `restore_blocks.rs`): the block size,
 //! the repositories they use, and block contents that repeat.
 
+use dedup_store::crypto::KdfParams;
 use dedup_store::{RepoOptions, Segmenting};
 use rand::{rngs::StdRng, Rng, RngCore, SeedableRng};
 
@@ -13,6 +14,17 @@ pub fn options(segmenting: Segmenting) -> RepoOptions {
         segmenting,
         container_target: 256 << 10,
         ..RepoOptions::default()
+    }
+}
+
+/// `options` of an encrypted repository (as every `s3://` one is by
+/// default), its fingerprints keyed over the plain digest; the caller
+/// gives the passphrase (`for_this_thread`).
+#[allow(dead_code)] // not every test file makes one
+pub fn encrypted(segmenting: Segmenting) -> RepoOptions {
+    RepoOptions {
+        encryption: Some(KdfParams::FOR_TESTS),
+        ..options(segmenting)
     }
 }
 

@@ -1,0 +1,173 @@
+//! A block device backed up through `dedup store serve` by its
+//! fingerprints (issue 39), in the clear and encrypted, against the plain
+//! model device of `backup_blocks.rs`: each backup restores as the
+//! device's image, and only the chunks the server lacked (or the device
+//! kept no fingerprint of) were read. A chunk whose bytes do not match its
+//! recorded fingerprint stops the backup by name with nothing committed;
+//! a repository the chunks cannot name gets the image read whole.
+
+mod blocks_model;
+mod blocks_support;
+mod rpc_support;
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+
+use blocks_model::Model;
+use blocks_support::{content, encrypted, options, BS};
+use dedup_common::fingerprint::HashAlgo;
+use dedup_store::backup_blocks::BlocksReport;
+use dedup_store::crypto::passphrase::for_this_thread;
+use dedup_store::rpc::{Client, ServerLimits};
+use dedup_store::{CheckOptions, RepoOptions, Repository, Segmenting};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use rpc_support::Running;
+
+fn serve(dir: &Path, how: RepoOptions) -> Running {
+    let repo = Repository::init_with(dir.join("repo"), how).unwrap();
+    repo.set_recipe_part_segments(300);
+    Running::serving(repo, dir, ServerLimits::default())
+}
+
+fn backup(c: &Client, name: &str, model: &Model) -> BlocksReport {
+    let last = std::sync::atomic::AtomicU64::new(0);
+    let (b, report) = c
+        .backup_blocks(name, "dev", model, &|done| {
+            assert!(done > last.swap(done, Ordering::Relaxed));
+        })
+        .unwrap();
+    assert_eq!(
+        last.into_inner(),
+        model.blocks.len() as u64,
+        "progress reaches the end"
+    );
+    assert_eq!(
+        b.report.bytes_in,
+        (model.blocks.len() * model.block_size) as u64
+    );
+    report
+}
+
+fn restored(c: &Client, name: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    let salvage = c.restore(name, &mut out).unwrap();
+    assert!(salvage.damaged.is_empty(), "{salvage:?}");
+    out
+}
+
+/// Random writes (most recorded, some not, some of zeros) and trims.
+fn churn(model: &mut Model, rng: &mut StdRng, n: usize) {
+    for _ in 0..n {
+        let block = rng.random_range(0..model.blocks.len());
+        match rng.random_range(0..20) {
+            0 | 1 => model.trim(block),
+            2 | 3 => model.write(block, content(rng, 4000), false),
+            4 => model.write(block, vec![0; BS], true),
+            _ => model.write(block, content(rng, 4000), true),
+        }
+    }
+}
+
+#[test]
+fn a_device_through_a_server_is_backed_up_by_its_fingerprints() {
+    for (seed, sealed) in [(1u64, false), (2, true)] {
+        let _p = sealed.then(|| for_this_thread(b"served devices"));
+        let dir = tempfile::tempdir().unwrap();
+        let how = match sealed {
+            true => encrypted(Segmenting::Fixed { size: 4096 }),
+            false => options(Segmenting::Fixed { size: 4096 }),
+        };
+        let server = serve(dir.path(), how);
+        let c = server.client();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut model = Model::new(2 * 1024 + 300, BS);
+        let mut stored: HashSet<Vec<u8>> = HashSet::new();
+        let mut live = Vec::new();
+        for round in 0..4 {
+            churn(&mut model, &mut rng, if round == 0 { 3000 } else { 400 });
+            // Contents the device names that the repository lacks: each
+            // read once at most.
+            let new_known = (model.blocks.iter().flatten())
+                .filter(|(bytes, fp)| fp.is_some() && !stored.contains(bytes))
+                .map(|(bytes, _)| bytes.clone())
+                .collect::<HashSet<_>>()
+                .len();
+            let unknown = model.unknown();
+            model.reads.store(0, Ordering::Relaxed);
+            let name = format!("dev-{round}");
+            let report = backup(&c, &name, &model);
+            assert!(report.by_fingerprint, "{report:?}");
+            assert_eq!(report.blocks_read, model.reads.load(Ordering::Relaxed));
+            assert!(
+                report.blocks_read <= (unknown + new_known) as u64,
+                "sealed {sealed} round {round}: read {} blocks, {unknown} unnamed and {new_known} new",
+                report.blocks_read
+            );
+            let zero = model.blocks.iter().filter(|b| b.is_none()).count() as u64;
+            assert_eq!(report.zero_blocks, zero);
+            let image = model.image();
+            stored.extend(image.chunks(BS).map(<[u8]>::to_vec));
+            live.push((name, image));
+            for (name, image) in &live {
+                assert!(restored(&c, name) == *image, "sealed {sealed}: {name}");
+            }
+        }
+        // Nothing changed: only the unnamed blocks are read.
+        model.reads.store(0, Ordering::Relaxed);
+        let report = backup(&c, "again", &model);
+        assert_eq!(report.blocks_read, model.unknown() as u64);
+        drop(c);
+        server.shut();
+        let repo = Repository::open_read_only(dir.path().join("repo")).unwrap();
+        assert_eq!(repo.is_encrypted(), sealed);
+        let check = repo.check(CheckOptions { data: true }, &|_| {}).unwrap();
+        assert!(check.is_clean(), "{check:?}");
+    }
+}
+
+#[test]
+fn a_chunk_that_does_not_match_its_fingerprint_stops_a_served_backup_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), options(Segmenting::Fixed { size: 4096 }));
+    let c = server.client();
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut model = Model::new(2000, BS);
+    for block in 0..1500 {
+        model.write(block, content(&mut rng, 1 << 40), true);
+    }
+    backup(&c, "good", &model);
+    let image = model.image();
+    model.write(1700, content(&mut rng, 1 << 40), true);
+    let lie = HashAlgo::Blake3.fingerprint(&content(&mut rng, 1 << 40));
+    model.blocks[1700].as_mut().unwrap().1 = Some(lie);
+    let e = c
+        .backup_blocks("bad", "dev", &model, &|_| {})
+        .expect_err("refused");
+    assert!(e.to_string().contains("model block 1700"), "{e}");
+    assert!(e.to_string().contains("nothing was committed"), "{e}");
+    let names: Vec<String> = c.list().unwrap().into_iter().map(|b| b.name).collect();
+    assert_eq!(names, ["good"]);
+    assert!(restored(&c, "good") == image);
+    // The same client goes on: repaired, it backs up.
+    let bytes = model.blocks[1700].as_ref().unwrap().0.clone();
+    model.write(1700, bytes, true);
+    backup(&c, "repaired", &model);
+    assert!(restored(&c, "repaired") == model.image());
+}
+
+#[test]
+fn a_repository_the_chunks_cannot_name_gets_the_image_through_a_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), options(Segmenting::fastcdc(8192)));
+    let c = server.client();
+    let mut rng = StdRng::seed_from_u64(11);
+    let mut model = Model::new(1500, BS);
+    churn(&mut model, &mut rng, 2000);
+    let report = backup(&c, "img", &model);
+    assert!(!report.by_fingerprint);
+    let because = report.read_because.clone().unwrap();
+    assert!(because.contains("content-defined"), "{because}");
+    assert_eq!(report.blocks_read, 1500);
+    assert!(restored(&c, "img") == model.image());
+}
