@@ -128,8 +128,16 @@ mod tests {
                 }
             }
         }
-        // The three ways name the same bytes three ways.
-        let fps: Vec<Fingerprint> = ways.iter().map(|h| h.of(refs[0])).collect();
+        // Each way is its formula (FORMATS), and the three differ.
+        let d = refs[0];
+        let fps: Vec<Fingerprint> = ways.iter().map(|h| h.of(d)).collect();
+        assert_eq!(fps[0].0, *blake3::hash(d).as_bytes());
+        assert_eq!(fps[1].0, *blake3::keyed_hash(&key, d).as_bytes());
+        let digest = blake3::hash(d);
+        assert_eq!(
+            fps[2].0,
+            *blake3::keyed_hash(&key, digest.as_bytes()).as_bytes()
+        );
         assert!(fps[0] != fps[1] && fps[1] != fps[2] && fps[0] != fps[2]);
     }
 }

@@ -128,8 +128,14 @@ fn a_device_through_a_server_is_backed_up_by_its_fingerprints() {
 
 #[test]
 fn a_chunk_that_does_not_match_its_fingerprint_stops_a_served_backup_by_name() {
+    a_chunk_that_does_not_match(options(Segmenting::Fixed { size: 4096 }));
+    let _p = for_this_thread(b"served devices");
+    a_chunk_that_does_not_match(encrypted(Segmenting::Fixed { size: 4096 }));
+}
+
+fn a_chunk_that_does_not_match(how: RepoOptions) {
     let dir = tempfile::tempdir().unwrap();
-    let server = serve(dir.path(), options(Segmenting::Fixed { size: 4096 }));
+    let server = serve(dir.path(), how);
     let c = server.client();
     let mut rng = StdRng::seed_from_u64(7);
     let mut model = Model::new(2000, BS);

@@ -6,15 +6,19 @@
 mod rpc_support;
 
 use dedup_common::testdata::noise;
+use dedup_store::config::KeyedOf;
 use dedup_store::crypto::passphrase::for_this_thread;
 use dedup_store::crypto::KdfParams;
 use dedup_store::rpc::{BackupOptions, ServerLimits};
 use dedup_store::{RepoOptions, Repository};
 use rpc_support::Running;
 
-fn encrypted(dir: &std::path::Path) -> Repository {
+/// An encrypted repository whose fingerprints key what `keyed_of` says:
+/// the plain digest (made since config version 3) or the bytes (before).
+fn encrypted(dir: &std::path::Path, keyed_of: KeyedOf) -> Repository {
     let options = RepoOptions {
         encryption: Some(KdfParams::FOR_TESTS),
+        keyed_of,
         ..RepoOptions::default()
     };
     Repository::init_with(dir.join("repo"), options).unwrap();
@@ -23,11 +27,17 @@ fn encrypted(dir: &std::path::Path) -> Repository {
 
 #[test]
 fn clients_back_up_with_keyed_fingerprints_and_deduplicate() {
+    for keyed_of in [KeyedOf::PlainDigest, KeyedOf::Bytes] {
+        clients_deduplicate(keyed_of);
+    }
+}
+
+fn clients_deduplicate(keyed_of: KeyedOf) {
     let dir = tempfile::tempdir().unwrap();
     let _p = for_this_thread(b"served");
     // Some of the data backed up directly, before the server runs.
     let bytes = noise(21, 1 << 20);
-    let repo = encrypted(dir.path());
+    let repo = encrypted(dir.path(), keyed_of);
     repo.backup_stream("direct", "g", &bytes[..]).unwrap();
     let server = Running::serving(repo, dir.path(), ServerLimits::default());
     let c = server.client();

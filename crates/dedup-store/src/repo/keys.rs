@@ -117,10 +117,15 @@ fn unlock(
                 let sealed = SealedStore::new(store.clone(), &master, KeyedOf::Bytes);
                 match sealed.open_whole(CONFIG_OBJECT, config.clone()) {
                     Ok(plain) => {
-                        // Fingerprints as the config says; a config that
-                        // does not decode is refused by the caller.
-                        let keyed_of =
-                            RepoConfig::decode(&plain).map_or(KeyedOf::Bytes, |c| c.keyed_of);
+                        // Fingerprints as the config says: one that does
+                        // not decode opens nothing (a check would else
+                        // hash every segment the wrong way).
+                        let keyed_of = RepoConfig::decode(&plain)
+                            .map_err(|e| RepoError::NotARepository {
+                                repo: repo.clone(),
+                                detail: e.to_string(),
+                            })?
+                            .keyed_of;
                         let sealed = SealedStore::new(store.clone(), &master, keyed_of);
                         let key = name.clone();
                         let clear = store.clone();

@@ -31,8 +31,8 @@ use crate::segment_hash::SegmentHash;
 
 /// Bytes of blocks per window: one lookup and one append.
 const WINDOW_BYTES: u64 = 4 << 20;
-/// Appends sent and not yet answered, so the server stores one window
-/// while this client reads the next.
+/// Appends sent and not yet answered: the server stores them while this
+/// client reads the next windows.
 const IN_FLIGHT: usize = 4;
 /// Fingerprints remembered as sent in this session (about 12 MiB);
 /// forgetting only costs a lookup that finds them.
@@ -107,19 +107,40 @@ enum Bytes {
     Block(usize),
 }
 
+/// A window mapped and its lookup sent, not yet answered.
+struct Planned {
+    first: u64,
+    states: Vec<BlockState>,
+    /// Each block's fingerprint as the repository names it; `None` for
+    /// one the device keeps none of (read and hashed when finished).
+    named: Vec<Option<Fingerprint>>,
+    /// The fingerprints asked about, and the answer to come.
+    lookup: Option<(Vec<[u8; 32]>, Pending)>,
+}
+
 impl Windows<'_> {
+    /// Every window in order. The next window's lookup is sent before
+    /// this one's blocks are read, so the server answers it while this
+    /// client reads, and stores this window's append while it reads the
+    /// next (a connection's requests are answered in order: a lookup
+    /// sent after an append would wait for it).
     fn all(&mut self, progress: &(dyn Fn(u64) + Sync)) -> Result<(), ClientError> {
         let bs = u64::from(self.source.block_size());
         let per = (WINDOW_BYTES / bs).clamp(1, 1024);
         let zeros = vec![0u8; bs as usize];
         let zero_fp = self.hash.of(&zeros);
         let mut buf = Vec::new();
-        let mut first = 0;
-        while first < self.report.blocks {
-            let count = per.min(self.report.blocks - first);
-            self.window(first, count, (&zeros, zero_fp), &mut buf)?;
-            first += count;
-            progress(first);
+        let blocks = self.report.blocks;
+        let mut next = (blocks > 0)
+            .then(|| self.plan(0, per.min(blocks), zero_fp))
+            .transpose()?;
+        while let Some(window) = next.take() {
+            let end = window.first + window.states.len() as u64;
+            if end < blocks {
+                next = Some(self.plan(end, per.min(blocks - end), zero_fp)?);
+            }
+            self.finish(window, &zeros, &mut buf)?;
+            progress(end);
         }
         while let Some(p) = self.acks.pop_front() {
             ack(p)?;
@@ -127,27 +148,19 @@ impl Windows<'_> {
         Ok(())
     }
 
-    /// Blocks `first..first + count`: named, looked up, the missing ones
-    /// read and checked, and all appended in order.
-    fn window(
+    /// Map blocks `first..first + count`, name each as the repository
+    /// does, and send their lookup.
+    fn plan(
         &mut self,
         first: u64,
         count: u64,
-        (zeros, zero_fp): (&[u8], Fingerprint),
-        buf: &mut Vec<u8>,
-    ) -> Result<(), ClientError> {
-        let bs = self.source.block_size() as usize;
-        let name = self.name;
-        let local = |what: &str, e: io::Error| {
-            ClientError::Local(format!("{what} the device for backup {name}: {e}"))
-        };
-        let states = (self.source.map(first, count)).map_err(|e| local("mapping", e))?;
+        zero_fp: Fingerprint,
+    ) -> Result<Planned, ClientError> {
+        let states = (self.source.map(first, count)).map_err(|e| self.local("mapping", e))?;
         if states.len() as u64 != count {
             let e = io::Error::other(format!("{} states for {count} blocks", states.len()));
-            return Err(local("mapping", e));
+            return Err(self.local("mapping", e));
         }
-        // Each block's fingerprint as the repository names it; `None`
-        // for one the device keeps none of (read and hashed below).
         let named: Vec<Option<Fingerprint>> = (states.iter())
             .map(|s| match s {
                 BlockState::Zero => Some(zero_fp),
@@ -157,7 +170,47 @@ impl Windows<'_> {
             .collect();
         self.report.zero_blocks +=
             (states.iter()).filter(|s| **s == BlockState::Zero).count() as u64;
-        let found = self.lookup(&named)?;
+        // Every distinct one, even if sent already: the set of those sent
+        // may be cleared (`MAX_SENT`) before this window is finished.
+        let mut asked = HashSet::new();
+        let fingerprints: Vec<[u8; 32]> = (named.iter().flatten())
+            .filter(|fp| asked.insert(**fp))
+            .map(|fp| fp.0)
+            .collect();
+        let lookup = match fingerprints.is_empty() {
+            true => None,
+            false => {
+                let call = Call::Lookup {
+                    session: self.session,
+                    fingerprints: fingerprints.clone(),
+                };
+                Some((fingerprints, self.client.send(call)?))
+            }
+        };
+        Ok(Planned {
+            first,
+            states,
+            named,
+            lookup,
+        })
+    }
+
+    /// A planned window: its lookup's answer, the missing blocks read and
+    /// checked, and all its blocks appended in order.
+    fn finish(
+        &mut self,
+        Planned {
+            first,
+            states,
+            named,
+            lookup,
+        }: Planned,
+        zeros: &[u8],
+        buf: &mut Vec<u8>,
+    ) -> Result<(), ClientError> {
+        let bs = self.source.block_size() as usize;
+        let found = self.found(lookup)?;
+        // Sent since the lookup went (by the window before) counts too.
         let had =
             |fp: &Fingerprint, sent: &HashSet<Fingerprint>| found.contains(fp) || sent.contains(fp);
         // The blocks to read: every unnamed one, and the first block of
@@ -180,7 +233,7 @@ impl Windows<'_> {
             }
         }
         let read = read_wanted(self.source, self.hash, first, &wanted, std::mem::take(buf))
-            .map_err(|e| local("reading", e))?;
+            .map_err(|e| self.local("reading", e))?;
         self.report.blocks_read += read.blocks_read;
         self.report.bytes_read += read.blocks_read * bs as u64;
         let mut items = Vec::with_capacity(states.len());
@@ -227,25 +280,16 @@ impl Windows<'_> {
         Ok(())
     }
 
-    /// Which of the named fingerprints not sent in this session the
-    /// repository has (held for the session from now on).
-    fn lookup(
+    /// The answer to a window's lookup: the fingerprints the repository
+    /// has (held for the session from now on).
+    fn found(
         &mut self,
-        named: &[Option<Fingerprint>],
+        lookup: Option<(Vec<[u8; 32]>, Pending)>,
     ) -> Result<HashSet<Fingerprint>, ClientError> {
-        let mut asked = HashSet::new();
-        let fingerprints: Vec<[u8; 32]> = (named.iter().flatten())
-            .filter(|fp| !self.sent.contains(*fp) && asked.insert(**fp))
-            .map(|fp| fp.0)
-            .collect();
-        if fingerprints.is_empty() {
+        let Some((fingerprints, pending)) = lookup else {
             return Ok(HashSet::new());
-        }
-        let call = Call::Lookup {
-            session: self.session,
-            fingerprints: fingerprints.clone(),
         };
-        match self.client.call(call) {
+        match pending.wait() {
             Ok(Reply::Found(f)) if f.len() == fingerprints.len() => {
                 Ok((fingerprints.into_iter().zip(f))
                     .filter(|(_, had)| *had)
@@ -262,6 +306,10 @@ impl Windows<'_> {
                 Err(e)
             }
         }
+    }
+
+    fn local(&self, what: &str, e: io::Error) -> ClientError {
+        ClientError::Local(format!("{what} the device for backup {}: {e}", self.name))
     }
 }
 
