@@ -88,7 +88,7 @@ e2fsck -fn "$WORK/live.img" >"$WORK/fsck.txt" 2>&1 || { cat "$WORK/fsck.txt"; fa
 "$DEDUP" restore "$WORK/repo" quiet "$WORK/quiet.img"
 nbdcopy "$(uri "$WORK/dev")" "$WORK/quiet.dev"
 cmp "$WORK/quiet.img" "$WORK/quiet.dev" || fail "a served backup of a quiet device differs from it"
-log "through a backup server (store serve), encrypted: by fingerprint"
+log "through a backup server (store serve), encrypted: by fingerprint, then by the tracking"
 spass="store e2e $RANDOM$RANDOM"
 DEDUP_PASSWORD=$spass "$DEDUP" store init "$WORK/srepo" --encryption on --segments fixed:4K >/dev/null
 DEDUP_PASSWORD=$spass "$DEDUP" store serve "$WORK/srepo" --socket "$WORK/store.sock" >"$WORK/store.log" 2>&1 &
@@ -102,6 +102,8 @@ first_read=$(json blocks_read <"$WORK/via.json")
 [ "$first_read" -lt 32768 ] || fail "every block read: $(cat "$WORK/via.json")"
 "$DEDUP" backup --server "unix:$WORK/store.sock" viaserver2 --device "$WORK/dev" --json >"$WORK/via.json"
 [ "$(json blocks_read <"$WORK/via.json")" = 0 ] || fail "the unchanged device was read again: $(cat "$WORK/via.json")"
+[ "$(json blocks_unwalked <"$WORK/via.json")" = 32768 ] && [ "$(json parent <"$WORK/via.json")" = viaserver ] ||
+    fail "the tracking did not spare the walk through the server: $(cat "$WORK/via.json")"
 kill -TERM "$spid"
 wait "$spid" || fail "dedup store serve exited $?"
 for b in viaserver viaserver2; do

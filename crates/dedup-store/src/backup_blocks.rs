@@ -97,6 +97,11 @@ pub struct BlocksReport {
     /// changed-block tracking says they did not change since the parent
     /// (which recorded the tracking's mark).
     pub blocks_unwalked: u64,
+    /// Through a backup server: why the parent could not be taken from
+    /// (changed or damaged since it was picked), so the backup was made
+    /// again walking every block.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent_refused: Option<String>,
     /// Whether the device's tracking restarted from this backup, so the
     /// next one can skip what does not change (else it walks every block).
     pub tracking: bool,
@@ -187,7 +192,7 @@ impl Repository {
     /// block is then looked up, never a reason to fail), nor is one of
     /// another device a danger: each block taken from it is confirmed by
     /// its whole fingerprint in the container's catalog.
-    fn parent_image(&self, group: &str, size: u64) -> Option<ParentImage> {
+    pub(crate) fn parent_image(&self, group: &str, size: u64) -> Option<ParentImage> {
         let newest = (self.list_backups_all().ok()?.backups.into_iter())
             .filter(|b| b.group == group && b.tree.is_none() && b.report.bytes_in <= size)
             .max_by_key(|b| b.time)?;
@@ -250,10 +255,10 @@ pub(crate) fn why_not_by_fingerprint(
 
 /// A device backup's parent: its name, the device mark it recorded, and
 /// its recipe.
-struct ParentImage {
-    name: String,
-    mark: Option<DeviceMark>,
-    recipe: ParentRecipe,
+pub(crate) struct ParentImage {
+    pub(crate) name: String,
+    pub(crate) mark: Option<DeviceMark>,
+    pub(crate) recipe: ParentRecipe,
 }
 
 /// One block of a step: where it is stored already, or what must be read

@@ -13,8 +13,9 @@ mod rpc_support;
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::Ordering;
+use std::sync::Mutex;
 
-use blocks_model::Model;
+use blocks_model::{Model, REGION};
 use blocks_support::{content, encrypted, options, BS};
 use dedup_common::fingerprint::HashAlgo;
 use dedup_store::backup_blocks::BlocksReport;
@@ -176,4 +177,77 @@ fn a_repository_the_chunks_cannot_name_gets_the_image_through_a_server() {
     assert!(because.contains("content-defined"), "{because}");
     assert_eq!(report.blocks_read, 1500);
     assert!(restored(&c, "img") == model.image());
+}
+
+/// Changed-block tracking through a server: regions unchanged since the
+/// parent are taken from it without a walk, a lost tracking walks
+/// everything, and marks set through the server and beside the
+/// repository count for each other. Tracking that lies (a region past
+/// the parent's end called unchanged) makes the server refuse the parent,
+/// and the backup is made again walking every block, exactly.
+#[test]
+fn tracked_changes_are_all_a_served_backup_walks() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), options(Segmenting::Fixed { size: 4096 }));
+    let c = server.client();
+    let mut rng = StdRng::seed_from_u64(21);
+    let mut model = Model::new(8 * REGION as usize, BS);
+    model.tracking = Some(Mutex::new(None));
+    for block in 0..3000 {
+        model.write(block, content(&mut rng, 1 << 40), true);
+    }
+    let first = backup(&c, "t0", &model);
+    assert_eq!(first.blocks_unwalked, 0, "no parent, no tracking yet");
+    assert!(first.tracking);
+    for round in 1..9 {
+        let regions = [rng.random_range(0..8u64), rng.random_range(0..8u64)];
+        for _ in 0..rng.random_range(1..50) {
+            let r = regions[rng.random_range(0..2)];
+            let block = (r * REGION + rng.random_range(0..REGION)) as usize;
+            match rng.random_range(0..5) {
+                0 => model.trim(block),
+                1 => model.write(block, content(&mut rng, 5000), false),
+                _ => model.write(block, content(&mut rng, 5000), true),
+            }
+        }
+        let lost = round % 4 == 1;
+        if lost {
+            *model.tracking.as_ref().unwrap().lock().unwrap() = None;
+        }
+        let changed = {
+            let t = model.tracking.as_ref().unwrap().lock().unwrap();
+            t.as_ref().map_or(0, |(_, c)| c.len() as u64)
+        };
+        let name = format!("t{round}");
+        // Every third backup beside the repository, while it is served.
+        let report = match round % 3 {
+            0 => {
+                let repo = Repository::open(dir.path().join("repo")).unwrap();
+                repo.backup_blocks(&name, "dev", &model, &mut |_| {})
+                    .unwrap()
+                    .1
+            }
+            _ => backup(&c, &name, &model),
+        };
+        assert!(restored(&c, &name) == model.image(), "round {round}");
+        assert!(report.tracking);
+        let want = if lost { 0 } else { (8 - changed) * REGION };
+        assert_eq!(report.blocks_unwalked, want, "round {round}: {report:?}");
+        assert_eq!(report.parent.is_some(), !lost, "round {round}: {report:?}");
+    }
+    // Grown by two regions the tracking does not know of: the server
+    // cannot take them from the parent, and the backup walks everything.
+    model.blocks.resize(10 * REGION as usize, None);
+    model.reads.store(0, Ordering::Relaxed);
+    // (Its progress starts again from 0 for the second try.)
+    let (_, report) = c.backup_blocks("grown", "dev", &model, &|_| {}).unwrap();
+    let why = report.parent_refused.clone().expect("the parent refused");
+    assert!(why.contains("could be reused"), "{why}");
+    assert_eq!(report.blocks_unwalked, 0, "{report:?}");
+    assert!(restored(&c, "grown") == model.image());
+    drop(c);
+    server.shut();
+    let repo = Repository::open_read_only(dir.path().join("repo")).unwrap();
+    let check = repo.check(CheckOptions { data: true }, &|_| {}).unwrap();
+    assert!(check.is_clean(), "{check:?}");
 }

@@ -43,13 +43,14 @@ pub struct Args {
     /// --segments fixed:4K), in the clear or encrypted (not one encrypted
     /// by a build before 2026-12-01); any other is backed up by reading
     /// the whole device, and the report says why. With --server, by
-    /// fingerprint too: only chunks the server lacks are read and sent.
+    /// fingerprint too: only chunks the server lacks are read and sent,
+    /// and regions unchanged since the parent are taken from it.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["stdin", "paths"])]
     pub device: Option<PathBuf>,
     /// With --device: walk every block, whatever the device's
     /// changed-block tracking says (the tracking starts again from this
     /// backup all the same).
-    #[arg(long, requires = "device", conflicts_with = "server")]
+    #[arg(long, requires = "device")]
     pub walk_all: bool,
     /// Backup group the backup belongs to.
     #[arg(long, default_value = "default")]
@@ -199,7 +200,7 @@ fn remote(server: &Endpoint, a: &Args) -> anyhow::Result<ExitCode> {
         if !paths.is_empty() {
             bail!("give either --device or files and directories, not both");
         }
-        return super::backup_remote::run_device(&remote, &name, &a.group, dir, a.json);
+        return super::backup_remote::run_device(&remote, &name, &a.group, dir, a.walk_all, a.json);
     }
     if !paths.is_empty() {
         if a.stdin {

@@ -86,10 +86,11 @@ pub fn run_device(
     name: &str,
     group: &str,
     dir: &Path,
+    walk_all: bool,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let client = remote.connect()?;
-    let (source, served) = served_or_stopped(dir, true)?;
+    let (source, served) = served_or_stopped(dir, walk_all)?;
     let bar = blocks_bar(name, source.blocks(), json)?;
     let start = Instant::now();
     let b = client.backup_blocks(name, group, source.as_ref(), &|n| bar.set_position(n));
@@ -203,12 +204,21 @@ fn report(
             read_because: Some(why),
             ..
         }) => outln!("The device was read and hashed whole, because {why}."),
-        Some(b) => outln!(
-            "By fingerprint: {} blocks walked ({} zero), {} read from the device.",
-            b.blocks,
-            b.zero_blocks,
-            b.blocks_read
-        ),
+        Some(b) => {
+            let skipped = match (b.blocks_unwalked, &b.parent) {
+                (0, _) | (_, None) => String::new(),
+                (n, Some(p)) => format!(", {n} more unchanged since {p} by the device's tracking"),
+            };
+            outln!(
+                "By fingerprint: {} blocks walked ({} zero){skipped}, {} read from the device.",
+                b.blocks - b.blocks_unwalked,
+                b.zero_blocks,
+                b.blocks_read
+            );
+            if let Some(why) = &b.parent_refused {
+                eprintln!("warning: the parent backup could not be taken from, so every block was walked: {why}");
+            }
+        }
         None => {}
     }
     if let Some(ParentJson {

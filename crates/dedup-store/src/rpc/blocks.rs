@@ -21,11 +21,13 @@ use dedup_common::fingerprint::Fingerprint;
 use super::client::{unexpected, Client, ClientError, Pending};
 use super::item_ref::ItemRef;
 use super::pipeline::{BackupOptions, Source};
-use super::protocol::{Call, Reply, WireBackup};
+use super::protocol::{Call, ErrorKind, Reply, WireBackup};
+use crate::backup::DeviceMark;
 use crate::backup_blocks::{
     image_reader, read_wanted, why_not_by_fingerprint, BlockSource, BlocksReport,
 };
 use crate::block_map::BlockState;
+use crate::crypto::random::random_bytes;
 use crate::error::repo::RepoError;
 use crate::segment_hash::SegmentHash;
 
@@ -43,6 +45,9 @@ impl Client {
     /// by its fingerprints when its chunks can be the repository's
     /// segments, else its image read whole and sent by the pipelined
     /// client (the report says why). `progress` is told the blocks done.
+    /// If the parent cannot be taken from after all (changed or damaged
+    /// since the server picked it), the backup is made again walking
+    /// every block, and `parent_refused` says why.
     pub fn backup_blocks(
         &self,
         name: &str,
@@ -50,12 +55,34 @@ impl Client {
         source: &dyn BlockSource,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<(WireBackup, BlocksReport), ClientError> {
+        match self.backup_blocks_with(name, group, source, progress, true) {
+            Err(ClientError::Server(e)) if e.kind == ErrorKind::ParentUnusable => {
+                let (b, mut report) =
+                    self.backup_blocks_with(name, group, source, progress, false)?;
+                report.parent_refused = Some(e.message);
+                Ok((b, report))
+            }
+            other => other,
+        }
+    }
+
+    /// `backup_blocks`, taking unchanged regions from the parent if
+    /// `with_parent` and the device's tracking allows.
+    fn backup_blocks_with(
+        &self,
+        name: &str,
+        group: &str,
+        source: &dyn BlockSource,
+        progress: &(dyn Fn(u64) + Sync),
+        with_parent: bool,
+    ) -> Result<(WireBackup, BlocksReport), ClientError> {
         let (session, segmenting, hash) = self.begin(name, group)?;
         let mut report = BlocksReport {
             blocks: source.blocks(),
             ..BlocksReport::default()
         };
         let opts = BackupOptions::default();
+        let mut mark = None;
         let piped =
             match why_not_by_fingerprint(segmenting, hash, source.block_size(), source.hash()) {
                 Some(why) => {
@@ -67,21 +94,84 @@ impl Client {
                 }
                 None => {
                     report.by_fingerprint = true;
-                    let mut windows = Windows {
-                        client: self,
-                        session,
-                        name,
-                        hash,
-                        source,
-                        report: &mut report,
-                        sent: HashSet::new(),
-                        acks: VecDeque::new(),
-                    };
-                    windows.all(progress)
+                    self.tracked(session, source, with_parent, &mut report)
+                        .and_then(|(tracked, m)| {
+                            mark = m;
+                            let mut windows = Windows {
+                                client: self,
+                                session,
+                                name,
+                                hash,
+                                source,
+                                report: &mut report,
+                                sent: HashSet::new(),
+                                acks: VecDeque::new(),
+                            };
+                            windows.all(tracked, progress)
+                        })
+                        .and_then(|()| match mark {
+                            None => Ok(()),
+                            Some(m) => match self.call(Call::DeviceMark {
+                                session,
+                                device: m.device,
+                                mark: m.mark,
+                            })? {
+                                Reply::MarkSet => Ok(()),
+                                other => Err(unexpected(&other)),
+                            },
+                        })
                 }
             };
         let backup = self.end(session, piped, None, &opts)?;
+        if let Some(m) = mark {
+            // After the commit: a tracking restarted for a backup that
+            // then failed would skip what only it walked.
+            report.tracking = match source.start_tracking(m.mark) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(
+                        "changed-block tracking not restarted ({e}): the next backup of this device walks every block"
+                    );
+                    false
+                }
+            };
+        }
         Ok((backup, report))
+    }
+
+    /// Whether the device's tracking counts from the parent the server
+    /// picks for `session` (asked only of a tracked device, and only if
+    /// `with_parent`), and the mark this backup records: a fresh random
+    /// one, if the device has an identity and one can be drawn.
+    fn tracked(
+        &self,
+        session: u64,
+        source: &dyn BlockSource,
+        with_parent: bool,
+        report: &mut BlocksReport,
+    ) -> Result<(bool, Option<DeviceMark>), ClientError> {
+        let device = source.device_id();
+        let mut tracked = false;
+        if let (true, Some(device), Some(now)) = (with_parent, device, source.tracking_mark()) {
+            let size = source.blocks() * u64::from(source.block_size());
+            match self.call(Call::ParentImage { session, size })? {
+                Reply::ParentImage { name, mark } => {
+                    tracked = name.is_some() && mark == Some((device, now));
+                    report.parent = name.filter(|_| tracked);
+                }
+                other => return Err(unexpected(&other)),
+            }
+        }
+        // No mark without a good random one: two backups sharing one could
+        // take blocks from the wrong parent.
+        let mark = match (device, random_bytes()) {
+            (Some(device), Ok(bytes)) => Some(DeviceMark {
+                device,
+                mark: u64::from_le_bytes(bytes),
+            }),
+            _ => None,
+        };
+        Ok((tracked, mark))
     }
 }
 
@@ -107,9 +197,13 @@ enum Bytes {
     Block(usize),
 }
 
-/// A window mapped and its lookup sent, not yet answered.
+/// A window mapped and its lookup sent, not yet answered; or one the
+/// device's tracking says did not change, taken from the parent.
 struct Planned {
     first: u64,
+    count: u64,
+    /// Taken from the parent whole: not mapped, nothing looked up.
+    unchanged: bool,
     states: Vec<BlockState>,
     /// Each block's fingerprint as the repository names it; `None` for
     /// one the device keeps none of (read and hashed when finished).
@@ -124,20 +218,32 @@ impl Windows<'_> {
     /// client reads, and stores this window's append while it reads the
     /// next (a connection's requests are answered in order: a lookup
     /// sent after an append would wait for it).
-    fn all(&mut self, progress: &(dyn Fn(u64) + Sync)) -> Result<(), ClientError> {
+    fn all(&mut self, tracked: bool, progress: &(dyn Fn(u64) + Sync)) -> Result<(), ClientError> {
         let bs = u64::from(self.source.block_size());
         let per = (WINDOW_BYTES / bs).clamp(1, 1024);
         let zeros = vec![0u8; bs as usize];
         let zero_fp = self.hash.of(&zeros);
         let mut buf = Vec::new();
         let blocks = self.report.blocks;
-        let mut next = (blocks > 0)
-            .then(|| self.plan(0, per.min(blocks), zero_fp))
-            .transpose()?;
+        let plan = |w: &mut Self, first: u64| {
+            let count = per.min(blocks - first);
+            match tracked && !w.source.changed_since_mark(first, count) {
+                true => Ok(Planned {
+                    first,
+                    count,
+                    unchanged: true,
+                    states: Vec::new(),
+                    named: Vec::new(),
+                    lookup: None,
+                }),
+                false => w.plan(first, count, zero_fp),
+            }
+        };
+        let mut next = (blocks > 0).then(|| plan(self, 0)).transpose()?;
         while let Some(window) = next.take() {
-            let end = window.first + window.states.len() as u64;
+            let end = window.first + window.count;
             if end < blocks {
-                next = Some(self.plan(end, per.min(blocks - end), zero_fp)?);
+                next = Some(plan(self, end)?);
             }
             self.finish(window, &zeros, &mut buf)?;
             progress(end);
@@ -189,6 +295,8 @@ impl Windows<'_> {
         };
         Ok(Planned {
             first,
+            count,
+            unchanged: false,
             states,
             named,
             lookup,
@@ -201,6 +309,8 @@ impl Windows<'_> {
         &mut self,
         Planned {
             first,
+            count,
+            unchanged,
             states,
             named,
             lookup,
@@ -209,6 +319,19 @@ impl Windows<'_> {
         buf: &mut Vec<u8>,
     ) -> Result<(), ClientError> {
         let bs = self.source.block_size() as usize;
+        if unchanged {
+            // The server takes the parent's segments for these bytes, each
+            // confirmed against its catalog, or fails the append with
+            // `ParentUnusable` (and the backup is made again without it).
+            let run = [ItemRef::Parent {
+                offset: first * bs as u64,
+                len: count * bs as u64,
+            }];
+            let append = self.client.send_append(self.session, &run)?;
+            self.report.blocks_from_parent += count;
+            self.report.blocks_unwalked += count;
+            return self.in_flight(append);
+        }
         let found = self.found(lookup)?;
         // Sent since the lookup went (by the window before) counts too.
         let had =
@@ -270,10 +393,16 @@ impl Windows<'_> {
         let append = self.client.send_append(self.session, &items);
         drop(items);
         *buf = read.bytes;
-        self.acks.push_back(append?);
         if self.sent.len() > MAX_SENT {
             self.sent.clear();
         }
+        self.in_flight(append?)
+    }
+
+    /// Keep `append` among those in flight, waiting for the oldest past
+    /// `IN_FLIGHT`.
+    fn in_flight(&mut self, append: Pending) -> Result<(), ClientError> {
+        self.acks.push_back(append);
         while self.acks.len() > IN_FLIGHT {
             ack(self.acks.pop_front().expect("non-empty"))?;
         }

@@ -27,6 +27,7 @@ use super::serve_restore;
 use super::server::Shared;
 use super::stream::{Deadlined, Stream};
 use super::tls;
+use crate::backup::DeviceMark;
 use crate::config::KeyedOf;
 use crate::error::repo::RepoError;
 use crate::repo::Repository;
@@ -332,6 +333,16 @@ impl<'r> Conn<'r> {
             }
             Call::TreePart { session, bytes } => self.tree_part(session, &bytes),
             Call::ParentTree { session, at } => self.parent_tree(session, at),
+            Call::ParentImage { session, size } => self.parent_image(session, size),
+            Call::DeviceMark {
+                session,
+                device,
+                mark,
+            } => {
+                let live = (self.sessions.get_mut(&session)).ok_or_else(|| no_session(session))?;
+                live.session.set_device_mark(DeviceMark { device, mark });
+                Ok(Reply::MarkSet)
+            }
             Call::Abort { session } => self.take(session).map(|_| Reply::Aborted),
             Call::Restore { .. } => Err(bad("a restore is answered by the connection loop")),
             // A damaged backup object is named, the others still listed.
@@ -527,6 +538,36 @@ impl<'r> Conn<'r> {
             total: p.total,
             bytes,
         })
+    }
+
+    /// The session's parent image (`Call::ParentImage`): picked and its
+    /// recipe loaded here, once. One that cannot be read is none: the
+    /// client then walks every block.
+    fn parent_image(&mut self, id: u64, size: u64) -> Answer {
+        let repo = self.repo;
+        let live = self.sessions.get_mut(&id).ok_or_else(|| no_session(id))?;
+        if live.parent_asked {
+            return Err(bad("this session asked for its parent already"));
+        }
+        live.parent_asked = true;
+        let Some(p) = repo.parent_image(live.session.group(), size) else {
+            return Ok(Reply::ParentImage {
+                name: None,
+                mark: None,
+            });
+        };
+        let reply = Reply::ParentImage {
+            name: Some(p.name.clone()),
+            mark: p.mark.map(|m| (m.device, m.mark)),
+        };
+        live.parent = Some(Parent {
+            name: p.name,
+            tree: Vec::new(),
+            total: 0,
+            recipe: p.recipe,
+            next: 0,
+        });
+        Ok(reply)
     }
 
     /// Add `bytes` to the session's tree; past `MAX_TREE` the backup is

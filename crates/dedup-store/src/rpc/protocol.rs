@@ -33,7 +33,10 @@ use crate::segmenter::Segmenting;
 /// 11: a GC's report says how long it waited for writers.
 /// 12: `Begun` says whether the key hashes each segment's plain BLAKE3
 /// (config version 3), so a device's fingerprints can name segments.
-pub const PROTOCOL_VERSION: u32 = 12;
+/// 13: `ParentImage` and `DeviceMark`, so a device backup through a
+/// server takes regions its tracking says are unchanged from its parent
+/// and records the mark the next one walks from.
+pub const PROTOCOL_VERSION: u32 = 13;
 
 /// Largest segment the server takes: what a container holds.
 pub const MAX_SEGMENT: usize = crate::format::MAX_SEGMENT_LEN;
@@ -169,6 +172,23 @@ pub enum Call {
         session: u64,
         at: u64,
     },
+    /// The session's parent image: the newest stream backup of its group
+    /// of at most `size` bytes, as a device backup beside the repository
+    /// picks it. The server holds its recipe for the session's
+    /// `Item::Parent`s (a session has one parent: this or `ParentTree`).
+    /// Answered with `ParentImage`.
+    ParentImage {
+        session: u64,
+        size: u64,
+    },
+    /// The device and changed-block tracking mark this backup walked from,
+    /// kept in its record from the commit on (`BackupRecord::device_mark`).
+    /// Answered with `MarkSet`.
+    DeviceMark {
+        session: u64,
+        device: [u8; 16],
+        mark: u64,
+    },
 }
 
 /// One segment of a stream, in order.
@@ -232,6 +252,13 @@ pub enum Reply {
     },
     /// One answer per fingerprint, in order.
     Found(Vec<bool>),
+    /// The session's parent image, if it has one: its name and the device
+    /// and mark it recorded.
+    ParentImage {
+        name: Option<String>,
+        mark: Option<([u8; 16], u64)>,
+    },
+    MarkSet,
     /// Stream bytes appended so far.
     Appended {
         bytes_in: u64,
