@@ -107,6 +107,41 @@ pub struct BlocksReport {
     pub tracking: bool,
 }
 
+impl BlocksReport {
+    /// How the device was backed up, in words: by fingerprint (blocks
+    /// walked, unchanged by the tracking, read) or read whole and why.
+    pub fn how(&self) -> String {
+        let Some(why) = &self.read_because else {
+            let skipped = match (self.blocks_unwalked, &self.parent) {
+                (0, _) | (_, None) => String::new(),
+                (n, Some(p)) => format!(", {n} more unchanged since {p} by the device's tracking"),
+            };
+            return format!(
+                "by fingerprint: {} blocks walked ({} zero){skipped}, {} read from the device",
+                self.blocks - self.blocks_unwalked,
+                self.zero_blocks,
+                self.blocks_read
+            );
+        };
+        format!("read and hashed whole, because {why}")
+    }
+}
+
+/// Restart `source`'s tracking from `mark`, once the backup that recorded
+/// it has committed (a tracking restarted for a backup that then failed
+/// would skip what only it walked); whether it restarted.
+pub(crate) fn restart_tracking(source: &dyn BlockSource, mark: DeviceMark) -> bool {
+    match source.start_tracking(mark.mark) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(
+                "changed-block tracking not restarted ({e}): the next backup of this device walks every block"
+            );
+            false
+        }
+    }
+}
+
 /// Blocks looked up, read and stored as one step: 4 MiB of 4 KiB blocks.
 const STEP_BLOCKS: u64 = 1024;
 
@@ -162,17 +197,7 @@ impl Repository {
                 if let Some(mark) = mark {
                     session.set_device_mark(mark);
                     let committed = session.commit()?.report;
-                    // After the commit: a tracking restarted for a backup
-                    // that then failed would skip what only it walked.
-                    report.tracking = match source.start_tracking(mark.mark) {
-                        Ok(()) => true,
-                        Err(e) => {
-                            tracing::warn!(
-                                "changed-block tracking not restarted ({e}): the next backup of this device walks every block"
-                            );
-                            false
-                        }
-                    };
+                    report.tracking = restart_tracking(source, mark);
                     return Ok((committed, report));
                 }
             }

@@ -354,16 +354,7 @@ fn tracked_changes_are_all_a_backup_walks_and_a_lost_tracking_walks_everything()
     assert!(first.tracking);
     for round in 1..10 {
         // Changes in two regions at most.
-        let regions = [rng.random_range(0..8u64), rng.random_range(0..8u64)];
-        for _ in 0..rng.random_range(1..50) {
-            let r = regions[rng.random_range(0..2)];
-            let block = (r * REGION + rng.random_range(0..REGION)) as usize;
-            match rng.random_range(0..5) {
-                0 => model.trim(block),
-                1 => model.write(block, content(&mut rng, 5000), false),
-                _ => model.write(block, content(&mut rng, 5000), true),
-            }
-        }
+        model.change_two_regions(&mut rng, 8, |rng| content(rng, 5000));
         let lost = match round % 4 {
             // A crash or a repair: untracked.
             1 => {

@@ -200,16 +200,7 @@ fn tracked_changes_are_all_a_served_backup_walks() {
     assert_eq!(first.blocks_unwalked, 0, "no parent, no tracking yet");
     assert!(first.tracking);
     for round in 1..9 {
-        let regions = [rng.random_range(0..8u64), rng.random_range(0..8u64)];
-        for _ in 0..rng.random_range(1..50) {
-            let r = regions[rng.random_range(0..2)];
-            let block = (r * REGION + rng.random_range(0..REGION)) as usize;
-            match rng.random_range(0..5) {
-                0 => model.trim(block),
-                1 => model.write(block, content(&mut rng, 5000), false),
-                _ => model.write(block, content(&mut rng, 5000), true),
-            }
-        }
+        model.change_two_regions(&mut rng, 8, |rng| content(rng, 5000));
         let lost = round % 4 == 1;
         if lost {
             *model.tracking.as_ref().unwrap().lock().unwrap() = None;

@@ -73,22 +73,7 @@ pub fn run(
         print_json(&report)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let b = &report.blocks;
-    let how = match &b.read_because {
-        None => {
-            let skipped = match (b.blocks_unwalked, &b.parent) {
-                (0, _) | (_, None) => String::new(),
-                (n, Some(p)) => format!(", {n} more unchanged since {p} by the device's tracking"),
-            };
-            format!(
-                "by fingerprint: {} blocks walked ({} zero){skipped}, {} read from the device",
-                b.blocks - b.blocks_unwalked,
-                b.zero_blocks,
-                b.blocks_read
-            )
-        }
-        Some(why) => format!("read and hashed whole, because {why}"),
-    };
+    let how = report.blocks.how();
     let at = if served {
         " (served: a snapshot of one instant)"
     } else {

@@ -199,27 +199,13 @@ fn report(
         report.mb_per_sec,
         skipped_text(report.warnings.as_ref().map_or(0, Vec::len))
     );
-    match report.blocks.as_ref() {
-        Some(BlocksReport {
-            read_because: Some(why),
-            ..
-        }) => outln!("The device was read and hashed whole, because {why}."),
-        Some(b) => {
-            let skipped = match (b.blocks_unwalked, &b.parent) {
-                (0, _) | (_, None) => String::new(),
-                (n, Some(p)) => format!(", {n} more unchanged since {p} by the device's tracking"),
-            };
-            outln!(
-                "By fingerprint: {} blocks walked ({} zero){skipped}, {} read from the device.",
-                b.blocks - b.blocks_unwalked,
-                b.zero_blocks,
-                b.blocks_read
+    if let Some(b) = report.blocks.as_ref() {
+        outln!("The device was backed up {}.", b.how());
+        if let Some(why) = &b.parent_refused {
+            eprintln!(
+                "warning: the parent backup could not be taken from, so every block was walked: {why}"
             );
-            if let Some(why) = &b.parent_refused {
-                eprintln!("warning: the parent backup could not be taken from, so every block was walked: {why}");
-            }
         }
-        None => {}
     }
     if let Some(ParentJson {
         parent: Some(p),

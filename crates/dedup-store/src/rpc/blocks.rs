@@ -24,7 +24,7 @@ use super::pipeline::{BackupOptions, Source};
 use super::protocol::{Call, ErrorKind, Reply, WireBackup};
 use crate::backup::DeviceMark;
 use crate::backup_blocks::{
-    image_reader, read_wanted, why_not_by_fingerprint, BlockSource, BlocksReport,
+    image_reader, read_wanted, restart_tracking, why_not_by_fingerprint, BlockSource, BlocksReport,
 };
 use crate::block_map::BlockState;
 use crate::crypto::random::random_bytes;
@@ -124,17 +124,7 @@ impl Client {
             };
         let backup = self.end(session, piped, None, &opts)?;
         if let Some(m) = mark {
-            // After the commit: a tracking restarted for a backup that
-            // then failed would skip what only it walked.
-            report.tracking = match source.start_tracking(m.mark) {
-                Ok(()) => true,
-                Err(e) => {
-                    tracing::warn!(
-                        "changed-block tracking not restarted ({e}): the next backup of this device walks every block"
-                    );
-                    false
-                }
-            };
+            report.tracking = restart_tracking(source, m);
         }
         Ok((backup, report))
     }

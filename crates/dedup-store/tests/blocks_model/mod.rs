@@ -12,6 +12,7 @@ use std::sync::Mutex;
 
 use dedup_common::fingerprint::{Fingerprint, HashAlgo};
 use dedup_store::backup_blocks::{BlockMap, BlockSource, BlockState};
+use rand::{rngs::StdRng, Rng};
 
 /// A device in RAM: each block zero (`None`) or its bytes, with the
 /// fingerprint its metadata recorded (`None`: it keeps none).
@@ -160,5 +161,27 @@ impl BlockSource for Model {
             *t.lock().unwrap() = Some((mark, HashSet::new()));
         }
         Ok(())
+    }
+}
+
+impl Model {
+    /// Up to 50 writes (some unrecorded) and trims within two random
+    /// regions of the first `regions`, contents from `content`.
+    pub fn change_two_regions(
+        &mut self,
+        rng: &mut StdRng,
+        regions: u64,
+        content: impl Fn(&mut StdRng) -> Vec<u8>,
+    ) {
+        let two = [rng.random_range(0..regions), rng.random_range(0..regions)];
+        for _ in 0..rng.random_range(1..50) {
+            let r = two[rng.random_range(0..2)];
+            let block = (r * REGION + rng.random_range(0..REGION)) as usize;
+            match rng.random_range(0..5) {
+                0 => self.trim(block),
+                1 => self.write(block, content(rng), false),
+                _ => self.write(block, content(rng), true),
+            }
+        }
     }
 }
