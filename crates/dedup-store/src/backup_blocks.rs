@@ -627,7 +627,8 @@ fn unchanged(
 /// if the parent has one whole block's segment at each and every one is
 /// confirmed (held for the session, its catalog entry with the
 /// reference's check and length); else `None`, and the window is walked.
-fn as_parent_had(
+/// Also how a backup server takes a device backup's `Parent` runs.
+pub(crate) fn as_parent_had(
     session: &mut BackupSession<'_>,
     parent: Option<&mut (&Repository, &mut ParentRecipe)>,
     first: u64,

@@ -358,13 +358,12 @@ fn tracked_changes_are_all_a_backup_walks_and_a_lost_tracking_walks_everything()
         let lost = match round % 4 {
             // A crash or a repair: untracked.
             1 => {
-                *model.tracking.as_ref().unwrap().lock().unwrap() = None;
+                model.untrack();
                 true
             }
             // A damaged or foreign file: another mark.
             2 => {
-                let t = &mut *model.tracking.as_ref().unwrap().lock().unwrap();
-                t.as_mut().unwrap().0 ^= 1;
+                model.foreign_mark();
                 true
             }
             _ => false,

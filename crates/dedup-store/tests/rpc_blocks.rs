@@ -20,10 +20,11 @@ use blocks_support::{content, encrypted, options, BS};
 use dedup_common::fingerprint::HashAlgo;
 use dedup_store::backup_blocks::BlocksReport;
 use dedup_store::crypto::passphrase::for_this_thread;
+use dedup_store::rpc::protocol::{Call, Reply};
 use dedup_store::rpc::{Client, ServerLimits};
 use dedup_store::{CheckOptions, RepoOptions, Repository, Segmenting};
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use rpc_support::Running;
+use rpc_support::{begin, Running};
 
 fn serve(dir: &Path, how: RepoOptions) -> Running {
     let repo = Repository::init_with(dir.join("repo"), how).unwrap();
@@ -201,10 +202,31 @@ fn tracked_changes_are_all_a_served_backup_walks() {
     assert!(first.tracking);
     for round in 1..9 {
         model.change_two_regions(&mut rng, 8, |rng| content(rng, 5000));
-        let lost = round % 4 == 1;
-        if lost {
-            *model.tracking.as_ref().unwrap().lock().unwrap() = None;
-        }
+        let lost = match round % 4 {
+            // A crash or a repair: untracked.
+            1 => {
+                model.untrack();
+                true
+            }
+            // A damaged or foreign file: another mark, so the parent's
+            // does not count.
+            2 => {
+                model.foreign_mark();
+                true
+            }
+            // A newer backup in the group that is not this device's (a
+            // stream, no mark): the parent now, and nothing is taken.
+            3 if round == 7 => {
+                // Backup times are in seconds: newer by one at least.
+                std::thread::sleep(std::time::Duration::from_millis(1100));
+                let other = vec![7u8; 3 * REGION as usize * BS];
+                let opts = dedup_store::rpc::BackupOptions::default();
+                c.backup_stream("other", "dev", &other[..], None, &opts, &|_| {})
+                    .unwrap();
+                true
+            }
+            _ => false,
+        };
         let changed = {
             let t = model.tracking.as_ref().unwrap().lock().unwrap();
             t.as_ref().map_or(0, |(_, c)| c.len() as u64)
@@ -224,7 +246,9 @@ fn tracked_changes_are_all_a_served_backup_walks() {
         assert!(report.tracking);
         let want = if lost { 0 } else { (8 - changed) * REGION };
         assert_eq!(report.blocks_unwalked, want, "round {round}: {report:?}");
-        assert_eq!(report.parent.is_some(), !lost, "round {round}: {report:?}");
+        if round % 3 != 0 {
+            assert_eq!(report.parent.is_some(), !lost, "round {round}: {report:?}");
+        }
     }
     // Grown by two regions the tracking does not know of: the server
     // cannot take them from the parent, and the backup walks everything.
@@ -241,4 +265,81 @@ fn tracked_changes_are_all_a_served_backup_walks() {
     let repo = Repository::open_read_only(dir.path().join("repo")).unwrap();
     let check = repo.check(CheckOptions { data: true }, &|_| {}).unwrap();
     assert!(check.is_clean(), "{check:?}");
+}
+
+/// A session has one parent, asked once; a device mark is refused on a
+/// backup of files, and a parent image in a repository of content-defined
+/// segments (no device's blocks).
+#[test]
+fn a_server_refuses_mixed_parents_and_marks_on_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), options(Segmenting::Fixed { size: 4096 }));
+    let c = server.client();
+    let refused = |c: &Client, call: Call, what: &str| match c.call(call) {
+        Err(e) => assert!(e.to_string().contains(what), "{e}"),
+        Ok(r) => panic!("answered {r:?}"),
+    };
+    let image = begin(&c, "image");
+    let first = c.call(Call::ParentImage {
+        session: image,
+        size: 1 << 20,
+    });
+    assert!(
+        matches!(first, Ok(Reply::ParentImage { name: None, .. })),
+        "{first:?}"
+    );
+    refused(
+        &c,
+        Call::ParentImage {
+            session: image,
+            size: 1 << 20,
+        },
+        "asked for its parent already",
+    );
+    refused(
+        &c,
+        Call::ParentTree {
+            session: image,
+            at: 0,
+        },
+        "parent image already",
+    );
+    let files = begin(&c, "files");
+    assert!(matches!(
+        c.call(Call::ParentTree {
+            session: files,
+            at: 0
+        }),
+        Ok(Reply::ParentTree { name: None, .. })
+    ));
+    let mark = |session| Call::DeviceMark {
+        session,
+        device: [1; 16],
+        mark: 2,
+    };
+    refused(&c, mark(files), "a device mark on a backup of files");
+    refused(
+        &c,
+        Call::ParentImage {
+            session: files,
+            size: 1,
+        },
+        "asked for its parent already",
+    );
+    assert!(matches!(c.call(mark(image)), Ok(Reply::MarkSet)));
+    drop(c);
+    server.shut();
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), options(Segmenting::fastcdc(8192)));
+    let c = server.client();
+    let s = begin(&c, "cdc");
+    refused(
+        &c,
+        Call::ParentImage {
+            session: s,
+            size: 1,
+        },
+        "fixed segments",
+    );
 }

@@ -180,6 +180,16 @@ fn report(
         seconds,
         mb_per_sec: mb_per_sec(r.bytes_in, seconds),
     };
+    // Worth saying even with --json: stderr.
+    if let Some(why) = report
+        .blocks
+        .as_ref()
+        .and_then(|b| b.parent_refused.as_ref())
+    {
+        eprintln!(
+            "warning: the parent backup could not be taken from, so every block was walked: {why}"
+        );
+    }
     if json {
         print_json(&report)?;
         return Ok(ExitCode::SUCCESS);
@@ -201,11 +211,6 @@ fn report(
     );
     if let Some(b) = report.blocks.as_ref() {
         outln!("The device was backed up {}.", b.how());
-        if let Some(why) = &b.parent_refused {
-            eprintln!(
-                "warning: the parent backup could not be taken from, so every block was walked: {why}"
-            );
-        }
     }
     if let Some(ParentJson {
         parent: Some(p),

@@ -9,9 +9,13 @@
 //! stores them. A chunk read whose bytes do not match its recorded
 //! fingerprint stops the backup by name, before it is sent.
 //!
-//! Unlike a backup beside the repository, this one takes nothing from a
-//! parent and restarts no changed-block tracking: every block's
-//! fingerprint is walked and looked up, and only new chunks are read.
+//! With changed-block tracking, the server picks the parent as a backup
+//! beside the repository does (`ParentImage`); if its mark is the
+//! device's, each window the tracking calls unchanged goes as one
+//! `Parent` run, which the server takes as whole blocks confirmed
+//! against their catalogs, and the backup records a new mark
+//! (`DeviceMark`) for the next. A parent the server cannot take from
+//! fails the backup, which is made again walking every block.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
@@ -266,11 +270,12 @@ impl Windows<'_> {
             .collect();
         self.report.zero_blocks +=
             (states.iter()).filter(|s| **s == BlockState::Zero).count() as u64;
-        // Every distinct one, even if sent already: the set of those sent
-        // may be cleared (`MAX_SENT`) before this window is finished.
+        // Not those sent already: if the set is cleared (`MAX_SENT`)
+        // before this window is finished, such a segment goes as `New`
+        // again, which the server finds stored (harmless).
         let mut asked = HashSet::new();
         let fingerprints: Vec<[u8; 32]> = (named.iter().flatten())
-            .filter(|fp| asked.insert(**fp))
+            .filter(|fp| !self.sent.contains(*fp) && asked.insert(**fp))
             .map(|fp| fp.0)
             .collect();
         let lookup = match fingerprints.is_empty() {

@@ -28,9 +28,11 @@ use super::server::Shared;
 use super::stream::{Deadlined, Stream};
 use super::tls;
 use crate::backup::DeviceMark;
+use crate::backup_blocks::as_parent_had;
 use crate::config::KeyedOf;
 use crate::error::repo::RepoError;
 use crate::repo::Repository;
+use crate::segmenter::Segmenting;
 use crate::session::BackupSession;
 use crate::tree::parent::{parent_for_client, ParentRecipe, Unchanged};
 use crate::writer::HASH;
@@ -47,10 +49,21 @@ struct Live<'r> {
     found: Found,
     /// The tree object's bytes sent so far in `TreePart`s.
     tree: Vec<u8>,
-    /// Whether the client asked for the parent (`ParentTree`), and the
-    /// parent then found, if any.
-    parent_asked: bool,
+    /// Which parent the client asked for (once: `ParentTree` or
+    /// `ParentImage`), and the parent then found, if any.
+    parent_asked: Option<Asked>,
     parent: Option<Parent>,
+}
+
+/// Which parent a session asked for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Asked {
+    /// A backup of files' (`ParentTree`).
+    Tree,
+    /// A device image's, of this block size (`ParentImage`): its runs
+    /// are taken only as whole blocks, as a backup beside the repository
+    /// takes them.
+    Image(u32),
 }
 
 /// A session's parent: the tree object its client is sent, and the
@@ -340,6 +353,11 @@ impl<'r> Conn<'r> {
                 mark,
             } => {
                 let live = (self.sessions.get_mut(&session)).ok_or_else(|| no_session(session))?;
+                // A mark says the backup is the device's image: never on
+                // a backup of files.
+                if live.parent_asked == Some(Asked::Tree) || !live.tree.is_empty() {
+                    return Err(bad("a device mark on a backup of files"));
+                }
                 live.session.set_device_mark(DeviceMark { device, mark });
                 Ok(Reply::MarkSet)
             }
@@ -417,7 +435,7 @@ impl<'r> Conn<'r> {
                 session,
                 found: Found::new(MAX_PENDING),
                 tree: Vec::new(),
-                parent_asked: false,
+                parent_asked: None,
                 parent: None,
             },
         );
@@ -497,8 +515,11 @@ impl<'r> Conn<'r> {
     fn parent_tree(&mut self, id: u64, at: u64) -> Answer {
         let repo = self.repo;
         let live = self.sessions.get_mut(&id).ok_or_else(|| no_session(id))?;
-        if !live.parent_asked {
-            live.parent_asked = true;
+        if live.parent_asked.is_some_and(|a| a != Asked::Tree) {
+            return Err(bad("this session asked for a parent image already"));
+        }
+        if live.parent_asked.is_none() {
+            live.parent_asked = Some(Asked::Tree);
             let newest = repo
                 .newest_files_backup(live.session.group())
                 .map_err(repo_err)?;
@@ -546,10 +567,15 @@ impl<'r> Conn<'r> {
     fn parent_image(&mut self, id: u64, size: u64) -> Answer {
         let repo = self.repo;
         let live = self.sessions.get_mut(&id).ok_or_else(|| no_session(id))?;
-        if live.parent_asked {
+        if live.parent_asked.is_some() {
             return Err(bad("this session asked for its parent already"));
         }
-        live.parent_asked = true;
+        let Segmenting::Fixed { size: bs } = repo.config().segmenting else {
+            return Err(bad(
+                "a parent image is for a repository of fixed segments (a device's blocks)",
+            ));
+        };
+        live.parent_asked = Some(Asked::Image(bs));
         let Some(p) = repo.parent_image(live.session.group(), size) else {
             return Ok(Reply::ParentImage {
                 name: None,
@@ -667,7 +693,7 @@ fn append_one(
         }
         ItemRef::Parent { offset, len } => {
             let p = live.parent.as_mut().ok_or_else(|| {
-                bad("a parent item in a session without a parent (ask ParentTree; it named none)")
+                bad("a parent item in a session without a parent (ask ParentTree or ParentImage; it named none)")
             })?;
             let end = offset.checked_add(len).filter(|_| len > 0).ok_or_else(|| {
                 bad(format!(
@@ -683,17 +709,39 @@ fn append_one(
                     ),
                 ));
             }
-            let file = Unchanged { offset, size: len };
-            let taken = p
-                .recipe
-                .reuse(repo, &mut live.session, file)
-                .map_err(repo_err)?;
+            let taken = match live.parent_asked {
+                // Whole blocks, each one segment, confirmed, or none.
+                Some(Asked::Image(bs)) => {
+                    let bs64 = u64::from(bs);
+                    let whole = (offset % bs64 == 0 && len % bs64 == 0)
+                        .then(|| {
+                            let run = Some(&mut (repo, &mut p.recipe));
+                            as_parent_had(&mut live.session, run, offset / bs64, len / bs64, bs)
+                        })
+                        .transpose()
+                        .map_err(repo_err)?
+                        .flatten();
+                    match whole {
+                        Some(refs) => {
+                            for r in refs {
+                                live.session.push(r, false).map_err(repo_err)?;
+                            }
+                            len
+                        }
+                        None => 0,
+                    }
+                }
+                _ => {
+                    let file = Unchanged { offset, size: len };
+                    (p.recipe.reuse(repo, &mut live.session, file)).map_err(repo_err)?
+                }
+            };
             p.next = end;
             if taken != len {
                 return Err(WireError::new(
                     ErrorKind::ParentUnusable,
                     format!(
-                        "bytes {offset}..{end} of the parent backup {}: only the first {taken} could be reused (changed or damaged since its tree was sent); back up again without it",
+                        "bytes {offset}..{end} of the parent backup {}: only the first {taken} could be reused (changed or damaged since it was picked); back up again without it",
                         p.name
                     ),
                 ));

@@ -185,3 +185,16 @@ impl Model {
         }
     }
 }
+
+impl Model {
+    /// The tracking lost, as after a crash or a repair.
+    pub fn untrack(&self) {
+        *self.tracking.as_ref().unwrap().lock().unwrap() = None;
+    }
+
+    /// Another mark than the one set, as a damaged or foreign file has.
+    pub fn foreign_mark(&self) {
+        let t = &mut *self.tracking.as_ref().unwrap().lock().unwrap();
+        t.as_mut().unwrap().0 ^= 1;
+    }
+}
