@@ -127,6 +127,17 @@ impl BlocksReport {
     }
 }
 
+/// A fresh mark for a backup of `device` to record, if the device has an
+/// identity. No mark without a good random one: two backups sharing one
+/// could take blocks from the wrong parent.
+pub(crate) fn new_mark(device: Option<[u8; 16]>) -> Option<DeviceMark> {
+    let bytes = random_bytes().ok()?;
+    Some(DeviceMark {
+        device: device?,
+        mark: u64::from_le_bytes(bytes),
+    })
+}
+
 /// Restart `source`'s tracking from `mark`, once the backup that recorded
 /// it has committed (a tracking restarted for a backup that then failed
 /// would skip what only it walked); whether it restarted.
@@ -176,15 +187,7 @@ impl Repository {
                     }
                     _ => false,
                 };
-                // No mark without a good random one: two backups sharing
-                // one could take blocks from the wrong parent.
-                let mark = match (device, random_bytes()) {
-                    (Some(device), Ok(bytes)) => Some(DeviceMark {
-                        device,
-                        mark: u64::from_le_bytes(bytes),
-                    }),
-                    _ => None,
-                };
+                let mark = new_mark(device);
                 append_by_fingerprint(
                     self,
                     &mut session,

@@ -28,10 +28,10 @@ use super::pipeline::{BackupOptions, Source};
 use super::protocol::{Call, ErrorKind, Reply, WireBackup};
 use crate::backup::DeviceMark;
 use crate::backup_blocks::{
-    image_reader, read_wanted, restart_tracking, why_not_by_fingerprint, BlockSource, BlocksReport,
+    image_reader, new_mark, read_wanted, restart_tracking, why_not_by_fingerprint, BlockSource,
+    BlocksReport,
 };
 use crate::block_map::BlockState;
-use crate::crypto::random::random_bytes;
 use crate::error::repo::RepoError;
 use crate::segment_hash::SegmentHash;
 
@@ -156,16 +156,7 @@ impl Client {
                 other => return Err(unexpected(&other)),
             }
         }
-        // No mark without a good random one: two backups sharing one could
-        // take blocks from the wrong parent.
-        let mark = match (device, random_bytes()) {
-            (Some(device), Ok(bytes)) => Some(DeviceMark {
-                device,
-                mark: u64::from_le_bytes(bytes),
-            }),
-            _ => None,
-        };
-        Ok((tracked, mark))
+        Ok((tracked, new_mark(device)))
     }
 }
 
