@@ -11,6 +11,7 @@ use dedup_store::crypto::KdfParams;
 use dedup_store::s3::requests_sent;
 use dedup_store::{RepoOptions, Repository};
 
+#[path = "store/s3_support/mod.rs"]
 mod s3_support;
 use s3_support::bucket_prefix;
 
