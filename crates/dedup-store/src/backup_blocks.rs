@@ -718,17 +718,27 @@ fn store(
     name: &str,
 ) -> RepoResult<()> {
     let bs = source.block_size() as usize;
+    // Blocks found stored go to the recipe a run at a time.
+    let mut found: Vec<SegmentRef> = Vec::with_capacity(p.steps.len());
     for step in p.steps {
-        match step {
-            Step::Found(r) => session.push(r, false)?,
+        let (fp, bytes) = match step {
+            Step::Found(r) => {
+                found.push(r);
+                continue;
+            }
+            Step::Store(fp, bytes) => (fp, bytes),
+        };
+        session.push_found(&found)?;
+        found.clear();
+        match (fp, bytes) {
             // Known, and checked by the step before (which stopped the
             // backup had it not matched).
-            Step::Store(Some(fp), Bytes::Zero) => session.append_hashed(zeros, fp)?,
-            Step::Store(Some(fp), Bytes::Before(j)) => {
+            (Some(fp), Bytes::Zero) => session.append_hashed(zeros, fp)?,
+            (Some(fp), Bytes::Before(j)) => {
                 let before = before.expect("a step before the one that names it");
                 session.append_hashed(before.block(j, bs), fp)?;
             }
-            Step::Store(fp, Bytes::Here(j)) => {
+            (fp, Bytes::Here(j)) => {
                 let got = read.hashed[j].expect("every block to store from was read");
                 if fp.is_some_and(|fp| fp != got) {
                     return Err(RepoError::SourceMismatch {
@@ -738,10 +748,10 @@ fn store(
                 }
                 session.append_hashed(read.block(j, bs), got)?;
             }
-            Step::Store(None, _) => unreachable!("only blocks read are unnamed"),
+            (None, _) => unreachable!("only blocks read are unnamed"),
         }
     }
-    Ok(())
+    session.push_found(&found)
 }
 
 /// A source's image as a stream, for a backup that reads it.

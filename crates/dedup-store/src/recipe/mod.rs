@@ -103,7 +103,14 @@ impl SegmentRef {
 
     /// The containers `refs` name, each once, in order.
     pub fn containers(refs: &[SegmentRef]) -> Vec<u64> {
-        let mut ids: Vec<u64> = refs.iter().map(|r| r.container).collect();
+        // Runs of one container (a part's references mostly come so) are
+        // one id before the sort.
+        let mut ids: Vec<u64> = Vec::new();
+        for r in refs {
+            if ids.last() != Some(&r.container) {
+                ids.push(r.container);
+            }
+        }
         ids.sort_unstable();
         ids.dedup();
         ids
@@ -133,18 +140,24 @@ impl Recipe {
 
     /// The raw body of version 5: stream length, count, then the columns.
     fn columns(&self) -> Vec<u8> {
-        let mut body = Vec::with_capacity(16 + self.segments.len() * REF_LEN);
-        body.extend_from_slice(&self.stream_len.to_le_bytes());
-        body.extend_from_slice(&(self.segments.len() as u64).to_le_bytes());
         let refs = &self.segments;
-        refs.iter()
-            .for_each(|s| body.extend_from_slice(&s.container.to_le_bytes()));
-        refs.iter()
-            .for_each(|s| body.extend_from_slice(&s.entry.to_le_bytes()));
-        refs.iter()
-            .for_each(|s| body.extend_from_slice(&s.len.to_le_bytes()));
-        refs.iter()
-            .for_each(|s| body.extend_from_slice(&s.check.to_le_bytes()));
+        let n = refs.len();
+        // Each column written into its place, not grown a field at a time:
+        // a recipe part is 64 Ki references, a large device's backup
+        // hundreds of parts.
+        let mut body = vec![0u8; 16 + n * REF_LEN];
+        let (head, cols) = body.split_at_mut(16);
+        head[..8].copy_from_slice(&self.stream_len.to_le_bytes());
+        head[8..].copy_from_slice(&(n as u64).to_le_bytes());
+        let (containers, cols) = cols.split_at_mut(n * 8);
+        let (entries, cols) = cols.split_at_mut(n * 4);
+        let (lens, checks) = cols.split_at_mut(n * 4);
+        for (i, s) in refs.iter().enumerate() {
+            containers[i * 8..i * 8 + 8].copy_from_slice(&s.container.to_le_bytes());
+            entries[i * 4..i * 4 + 4].copy_from_slice(&s.entry.to_le_bytes());
+            lens[i * 4..i * 4 + 4].copy_from_slice(&s.len.to_le_bytes());
+            checks[i * 8..i * 8 + 8].copy_from_slice(&s.check.to_le_bytes());
+        }
         body
     }
 

@@ -723,9 +723,7 @@ fn append_one(
                         .flatten();
                     match whole {
                         Some(refs) => {
-                            for r in refs {
-                                live.session.push(r, false).map_err(repo_err)?;
-                            }
+                            live.session.push_found(&refs).map_err(repo_err)?;
                             len
                         }
                         None => 0,
