@@ -993,6 +993,69 @@ mod tests {
     }
 
     #[test]
+    fn found_segments_pushed_a_run_at_a_time_make_the_recipe_one_at_a_time_does() {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = Repository::init(tmp.path()).unwrap();
+        let mut s = repo.begin_backup("seed", "g").unwrap();
+        let data = |i: u32| i.to_le_bytes().repeat(i as usize + 1);
+        let refs: Vec<SegmentRef> = (0..40u32)
+            .map(|i| {
+                let d = data(i);
+                let (container, entry, fp) = s.store(&d).unwrap();
+                let r = SegmentRef {
+                    container,
+                    entry,
+                    len: d.len() as u32,
+                    check: crate::recipe::fingerprint_check(&fp),
+                };
+                s.push(r, true).unwrap();
+                r
+            })
+            .collect();
+        s.commit().unwrap();
+        // Runs that end before, on and past part boundaries (parts of 7).
+        let runs = [0usize, 3, 4, 7, 1, 0, 15, 10];
+        repo.set_recipe_part_segments(7);
+        let backup = |name: &str, by_run: bool| {
+            let mut s = repo.begin_backup(name, "g").unwrap();
+            let mut at = 0;
+            for &n in &runs {
+                let run = &refs[at..at + n];
+                match by_run {
+                    true => s.push_found(run).unwrap(),
+                    false => run.iter().for_each(|r| s.push(*r, false).unwrap()),
+                }
+                at += n;
+            }
+            let parts = s
+                .parts
+                .iter()
+                .map(|p| (p.segments, p.bytes))
+                .collect::<Vec<_>>();
+            let record = s.commit().unwrap();
+            (parts, record.report)
+        };
+        let (one_parts, one) = backup("one", false);
+        let (run_parts, run) = backup("run", true);
+        assert_eq!(
+            one_parts.len(),
+            5,
+            "40 references in parts of 7, the last 5 at commit"
+        );
+        assert_eq!(run_parts, one_parts);
+        assert_eq!(run.bytes_in, one.bytes_in);
+        assert_eq!(run.segments_duplicate, one.segments_duplicate);
+        assert_eq!(one.segments_duplicate, 40);
+        let image = |name: &str| {
+            let mut out = Vec::new();
+            repo.restore(name, &mut out).unwrap();
+            out
+        };
+        assert_eq!(image("one"), (0..40).flat_map(data).collect::<Vec<u8>>());
+        assert_eq!(image("run"), image("one"));
+    }
+
+    #[test]
     fn a_session_a_client_sends_to_remembers_more_than_the_client() {
         let tmp = tempfile::tempdir().unwrap();
         let repo = Repository::init(tmp.path()).unwrap();
