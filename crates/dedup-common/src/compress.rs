@@ -220,6 +220,14 @@ thread_local! {
         const { RefCell::new(None) };
 }
 
+/// `data` as one zstd frame at `level`, with this thread's context,
+/// whatever its size (`None` only for want of memory): for framed objects
+/// that keep their own bound on expansion, such as a backup store's
+/// recipe parts.
+pub fn zstd_frame(data: &[u8], level: i32) -> Option<Vec<u8>> {
+    zstd_compress(data, level, ZstdTuning::default())
+}
+
 /// `data` compressed at `level` and `tuning` with this thread's context
 /// (`None` if zstd refuses, which it does only for want of memory).
 fn zstd_compress(data: &[u8], level: i32, tuning: ZstdTuning) -> Option<Vec<u8>> {

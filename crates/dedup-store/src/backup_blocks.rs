@@ -728,7 +728,7 @@ fn store(
             }
             Step::Store(fp, bytes) => (fp, bytes),
         };
-        session.push_found(&found)?;
+        session.push_all(&found, false)?;
         found.clear();
         match (fp, bytes) {
             // Known, and checked by the step before (which stopped the
@@ -751,7 +751,7 @@ fn store(
             (None, _) => unreachable!("only blocks read are unnamed"),
         }
     }
-    session.push_found(&found)
+    session.push_all(&found, false)
 }
 
 /// A source's image as a stream, for a backup that reads it.

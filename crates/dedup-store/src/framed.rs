@@ -62,23 +62,12 @@ pub fn frame_zstd_bounded(
 
 /// `body` compressed at the objects' level.
 fn zstd_packed(body: &[u8]) -> Vec<u8> {
-    thread_local! {
-        // One context a thread, kept: a backup's recipe parts are
-        // compressed one after another, and a fresh context allocates and
-        // clears its tables each time (a twentieth of an incremental
-        // device backup's time on a 64 GiB device, 256 parts).
-        static CONTEXT: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
-            const { std::cell::RefCell::new(None) };
-    }
-    // zstd in memory fails only on a bad level, and this one is good.
-    CONTEXT.with(|c| {
-        let mut c = c.borrow_mut();
-        if c.is_none() {
-            *c = Some(zstd::bulk::Compressor::new(OBJECT_LEVEL).expect("zstd takes its level"));
-        }
-        let c = c.as_mut().expect("just made");
-        c.compress(body).expect("zstd compresses in memory")
-    })
+    // This thread's context, kept: a backup's recipe parts are compressed
+    // one after another, and a fresh context allocates and clears its
+    // tables each time (a twentieth of an incremental device backup's
+    // time on a 64 GiB device, 256 parts). zstd in memory fails only for
+    // want of memory.
+    dedup_common::compress::zstd_frame(body, OBJECT_LEVEL).expect("zstd compresses in memory")
 }
 
 /// The frame of `packed`, a body of `raw_len` bytes compressed.

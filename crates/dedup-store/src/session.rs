@@ -280,9 +280,7 @@ impl BackupSession<'_> {
         if !self.confirm_refs(refs)?.iter().all(|&ok| ok) {
             return Ok(false);
         }
-        for r in refs {
-            self.push(*r, false)?;
-        }
+        self.push_all(refs, false)?;
         Ok(true)
     }
 
@@ -347,10 +345,10 @@ impl BackupSession<'_> {
         // Each container's catalog fetched once for the call.
         let mut catalogs: HashMap<u64, Option<Arc<Catalog>>> = HashMap::new();
         let mut out = Vec::with_capacity(refs.len());
+        let repo = self.repo;
         let mut start = 0;
         for (&end, allowed) in runs.iter().zip(allowed) {
             let r = refs[start];
-            let repo = self.repo;
             let entry = match allowed {
                 true => catalogs
                     .entry(r.container)
@@ -451,38 +449,31 @@ impl BackupSession<'_> {
     /// Add the next segment of the stream to the recipe; `new` if this
     /// backup stored it. A full part of the recipe is written first.
     pub(crate) fn push(&mut self, segment: SegmentRef, new: bool) -> RepoResult<()> {
-        let part = self.repo.part_segments.load(Ordering::Relaxed);
-        if self.recipe.segments.len() >= part {
-            self.write_part()?;
-        }
-        let len = u64::from(segment.len);
-        self.report.bytes_in += len;
-        if new {
-            self.report.segments_new += 1;
-            self.report.bytes_new += len;
-        } else {
-            self.report.segments_duplicate += 1;
-        }
-        self.recipe.segments.push(segment);
-        Ok(())
+        self.push_all(std::slice::from_ref(&segment), new)
     }
 
-    /// `push` of segments found stored, in order (a device's unchanged
-    /// window, taken from its parent): the recipe grows by the slice, a
-    /// part written wherever `push` would have written one. On a 64 GiB
-    /// device these are 16 million references a backup, mostly one zero
-    /// block's, so not one call each.
-    pub(crate) fn push_found(&mut self, segments: &[SegmentRef]) -> RepoResult<()> {
+    /// `push` of each of `segments`, in order, a run at a time: the
+    /// recipe grows by slices, a part written wherever `push` one by one
+    /// would have written one (before a segment, when the recipe is
+    /// full). A device's unchanged windows come so: on a 64 GiB device
+    /// 16 million references a backup, mostly one zero block's.
+    pub(crate) fn push_all(&mut self, segments: &[SegmentRef], new: bool) -> RepoResult<()> {
         let part = self.repo.part_segments.load(Ordering::Relaxed);
         let mut rest = segments;
         while !rest.is_empty() {
             if self.recipe.segments.len() >= part {
                 self.write_part()?;
             }
-            let room = part.saturating_sub(self.recipe.segments.len()).max(1);
+            let room = part - self.recipe.segments.len();
             let (now, later) = rest.split_at(room.min(rest.len()));
-            self.report.bytes_in += now.iter().map(|s| u64::from(s.len)).sum::<u64>();
-            self.report.segments_duplicate += now.len() as u64;
+            let bytes = now.iter().map(|s| u64::from(s.len)).sum::<u64>();
+            self.report.bytes_in += bytes;
+            if new {
+                self.report.segments_new += now.len() as u64;
+                self.report.bytes_new += bytes;
+            } else {
+                self.report.segments_duplicate += now.len() as u64;
+            }
             self.recipe.segments.extend_from_slice(now);
             rest = later;
         }
@@ -993,7 +984,7 @@ mod tests {
     }
 
     #[test]
-    fn found_segments_pushed_a_run_at_a_time_make_the_recipe_one_at_a_time_does() {
+    fn segments_pushed_a_run_at_a_time_make_the_recipe_one_at_a_time_does() {
         let tmp = tempfile::tempdir().unwrap();
         let repo = Repository::init(tmp.path()).unwrap();
         let mut s = repo.begin_backup("seed", "g").unwrap();
@@ -1022,7 +1013,7 @@ mod tests {
             for &n in &runs {
                 let run = &refs[at..at + n];
                 match by_run {
-                    true => s.push_found(run).unwrap(),
+                    true => s.push_all(run, false).unwrap(),
                     false => run.iter().for_each(|r| s.push(*r, false).unwrap()),
                 }
                 at += n;

@@ -723,7 +723,7 @@ fn append_one(
                         .flatten();
                     match whole {
                         Some(refs) => {
-                            live.session.push_found(&refs).map_err(repo_err)?;
+                            live.session.push_all(&refs, false).map_err(repo_err)?;
                             len
                         }
                         None => 0,
