@@ -17,17 +17,24 @@ use crate::error::Error;
 /// and leaves the rest zero; one device never mixes algorithms.
 pub const FINGERPRINT_BYTES: usize = 32;
 
+// Clippy takes the hidden `Weak4` for a non-exhaustive marker; it is a
+// real algorithm, for tests.
+#[allow(clippy::manual_non_exhaustive)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum HashAlgo {
     Blake3,
     Sha256,
     Md5,
-    /// Unit tests only (feature `weak-hash`, which dedup-core's tests turn
-    /// on): 4 bits of fingerprint, so distinct chunks collide all the time
-    /// and verify mode has to earn its keep.
-    #[cfg(feature = "weak-hash")]
+    /// dedup-core's unit tests of verify mode only: 4 bits of fingerprint,
+    /// so distinct chunks collide all the time and verify mode has to earn
+    /// its keep. No name, JSON or on-disk code yields it (`from_code`,
+    /// `FromStr` and serde refuse it; only those unit tests map its code
+    /// back), so no real device or repository can have it. It is compiled
+    /// in rather than behind a feature because a test-only feature made
+    /// Cargo build this crate and every crate above it twice.
     #[doc(hidden)]
+    #[serde(skip)]
     Weak4,
 }
 
@@ -39,7 +46,6 @@ impl HashAlgo {
             HashAlgo::Blake3 => "blake3",
             HashAlgo::Sha256 => "sha256",
             HashAlgo::Md5 => "md5",
-            #[cfg(feature = "weak-hash")]
             HashAlgo::Weak4 => "weak4",
         }
     }
@@ -50,16 +56,12 @@ impl HashAlgo {
             HashAlgo::Blake3 => 1,
             HashAlgo::Sha256 => 2,
             HashAlgo::Md5 => 3,
-            #[cfg(feature = "weak-hash")]
             HashAlgo::Weak4 => 0xf4,
         }
     }
 
+    /// The algorithm an on-disk code names; never `Weak4`.
     pub fn from_code(code: u8) -> Option<HashAlgo> {
-        #[cfg(feature = "weak-hash")]
-        if code == 0xf4 {
-            return Some(HashAlgo::Weak4);
-        }
         HashAlgo::ALL.into_iter().find(|a| a.code() == code)
     }
 
@@ -68,7 +70,6 @@ impl HashAlgo {
         match self {
             HashAlgo::Blake3 | HashAlgo::Sha256 => 32,
             HashAlgo::Md5 => 16,
-            #[cfg(feature = "weak-hash")]
             HashAlgo::Weak4 => 1,
         }
     }
@@ -80,7 +81,6 @@ impl HashAlgo {
             HashAlgo::Blake3 => bytes.copy_from_slice(blake3::hash(chunk).as_bytes()),
             HashAlgo::Sha256 => bytes.copy_from_slice(&Sha256::digest(chunk)),
             HashAlgo::Md5 => bytes[..16].copy_from_slice(&Md5::digest(chunk)),
-            #[cfg(feature = "weak-hash")]
             HashAlgo::Weak4 => bytes[0] = blake3::hash(chunk).as_bytes()[0] & 0x0f,
         }
         Fingerprint(bytes)
@@ -188,6 +188,10 @@ mod tests {
             assert_eq!(a.name().parse::<HashAlgo>().unwrap(), a);
         }
         assert!(HashAlgo::from_code(0).is_none());
+        // The test-only hash is never read back from a name, a code or JSON.
+        assert!(HashAlgo::from_code(HashAlgo::Weak4.code()).is_none());
+        assert!("weak4".parse::<HashAlgo>().is_err());
+        assert!(serde_json::from_str::<HashAlgo>("\"weak4\"").is_err());
         assert!("crc32".parse::<HashAlgo>().is_err());
     }
 }

@@ -36,7 +36,7 @@
 //! # Adding a store
 //! Start from `backends/skeleton.rs` (a documented minimal store), register
 //! it in `registry/`, and run the conformance suite
-//! (`tests/seams.rs` and the model suite in `tests/model.rs`).
+//! (`tests/device/seams.rs` and the model suite in `tests/device/model.rs`).
 
 use crate::blockfile::written::Listed;
 use crate::config::{Lbn, Pbn};
@@ -187,7 +187,7 @@ impl MetaIoStats {
 /// The metadata store: 18 methods. Every one is called by the engine (or
 /// by a placement's hook, with the engine's metadata mutex held). What only
 /// some stores do is `Upkeep`'s, which every store also implements (most
-/// with an empty `impl`): the seam stays these 18 (`tests/seams.rs`
+/// with an empty `impl`): the seam stays these 18 (`tests/device/seams.rs`
 /// counts them).
 pub trait MetadataBackend: Upkeep + Send {
     // ---- linear store: the LBN map --------------------------------------

@@ -28,7 +28,7 @@ pub mod record;
 pub mod registry;
 pub mod stats;
 pub mod superblock;
-#[cfg(any(test, feature = "test-rig"))]
+#[doc(hidden)]
 pub mod testrig;
 pub mod zeroed;
 

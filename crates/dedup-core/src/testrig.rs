@@ -1,8 +1,10 @@
 //! The in-memory device rig every engine test builds on, written once: a
 //! device on two memory disks that a test can open, close, crash, damage
-//! and reopen. The engine's unit tests reach it as `crate::testrig`; the
-//! integration tests (`tests/`) through the `test-rig` feature, which the
-//! crate's own dev-dependency turns on, so it is never in a served build.
+//! and reopen. The engine's unit tests reach it as `crate::testrig`, the
+//! integration tests (`tests/device/`) as `dedup_core::testrig`. It is
+//! compiled into every build (hidden from the docs; nothing outside the
+//! tests calls it) because a test-only feature made Cargo build the crate
+//! twice in a workspace test run.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -14,7 +14,7 @@
 //!
 //! Register it with a `StoreKind` and a row in `kinds.rs`, and
 //! arms in `registry.rs` (`format`, `open`, `metadata_space`). Test it first with a hand-built `registry::Pair`, as
-//! `tests/seams.rs` does.
+//! `tests/device/seams.rs` does.
 
 use std::collections::{btree_map::Entry, BTreeMap};
 

@@ -222,7 +222,7 @@ impl Engine {
     }
 
     /// Run a device on a store and placement the caller built (the
-    /// registry, or a test of a new store or placement: `tests/seams.rs`).
+    /// registry, or a test of a new store or placement: `tests/device/seams.rs`).
     pub fn assemble(
         cfg: DeviceConfig,
         pair: registry::Pair,

@@ -30,7 +30,7 @@
 //!
 //! # Adding a placement
 //! Start from `placement/skeleton.rs`, register it in `registry/`, and run
-//! the conformance suite (`tests/seams.rs`).
+//! the conformance suite (`tests/device/seams.rs`).
 
 pub mod packed;
 pub mod plain;

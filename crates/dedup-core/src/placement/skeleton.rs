@@ -26,7 +26,7 @@
 //! `kinds.rs` (see `DeviceConfig::placement` for how a device
 //! picks its placement) and an
 //! arm in `registry.rs` `open`. Test it first, unregistered, with a
-//! hand-built `registry::Pair` as `tests/seams.rs` does for this skeleton.
+//! hand-built `registry::Pair` as `tests/device/seams.rs` does for this skeleton.
 
 use std::sync::Arc;
 

@@ -6,7 +6,7 @@
 //! verified and checked. And recovery's cost: the same uncommitted work on
 //! a small and a sixteen times larger device is the same work.
 
-mod common;
+use crate::common;
 
 use common::MemDevice;
 use dedup_core::backends::BackendParams;

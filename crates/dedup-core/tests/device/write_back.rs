@@ -4,7 +4,7 @@
 //! it, and a queued write that fails must be reported, not lost silently.
 //! A slow data device keeps the queue full, so these run against it.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! every backend. Nothing may fail with ENOSPC (overwritten chunks are
 //! reclaimed as the space is needed), and every pass reads back exactly.
 
-mod common;
+use crate::common;
 
 use common::{MemDevice, VARIANTS};
 use dedup_core::backends::BackendParams;

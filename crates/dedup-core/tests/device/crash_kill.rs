@@ -10,7 +10,7 @@
 //!
 //! `DEDUP_KILLS` scales the run (default 200 kills per backend).
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -157,6 +157,9 @@ fn kill_suite(backend: &str, test_name: &str) {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(200);
+    // The harness names a test by its path below the crate root.
+    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+    let test_path = format!("{module}::{test_name}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(99);
     for seed in 0..kills {
         let scratch = common::scratch_dir();
@@ -166,7 +169,7 @@ fn kill_suite(backend: &str, test_name: &str) {
         opts.params.txn_writes = seed % 3 * 7; // 0, 7, 14
         layout::create(&dir, &opts).unwrap();
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", test_name, "--nocapture", "--test-threads=1"])
+            .args(["--exact", &test_path, "--nocapture", "--test-threads=1"])
             .env("DEDUP_KILL_CHILD", format!("{}:{seed}", dir.display()))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())

@@ -4,7 +4,7 @@
 //! Eq. 2 predicts for the sampling period the budget forces, and every
 //! chunk must read back right whatever the index missed.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -14,7 +14,7 @@
 //! its last clean stop (each chunk: that content or zeros). Power loss,
 //! where unsynced writes vanish too, is `crash.rs`'s job.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 

@@ -4,7 +4,7 @@
 //! fails its own chunk's read and nothing else; the hash index bound is
 //! an ENOSPC that loses nothing.
 
-mod common;
+use crate::common;
 
 use common::{assert_consistent, config, read_all, MemDevice, ModelDisk};
 use dedup_core::backends::BackendParams;

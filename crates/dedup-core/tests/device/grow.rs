@@ -4,7 +4,7 @@
 //! takes the new chunks after growing; bad requests are refused by name and
 //! change nothing; an interrupted grow leaves the old device as it was.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

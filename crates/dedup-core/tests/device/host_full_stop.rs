@@ -7,7 +7,7 @@
 //! through a TRIM while writes stall for space, and resume the stalled
 //! write once the room its error names is freed.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::Arc;

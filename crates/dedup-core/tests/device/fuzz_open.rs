@@ -4,7 +4,7 @@
 //! panic. `DEDUP_FUZZ_CORPUS=DIR` also writes the unmutated images to DIR,
 //! to seed `cargo fuzz run open_metadata DIR`.
 
-mod common;
+use crate::common;
 
 use dedup_core::fingerprint::HashAlgo;
 use dedup_core::fuzzing;

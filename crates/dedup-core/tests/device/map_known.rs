@@ -7,7 +7,7 @@
 //! takes nothing it needs. Verify mode maps nothing (it shares a chunk
 //! only after comparing bytes); an LBN past the end is refused.
 
-mod common;
+use crate::common;
 
 use common::{assert_consistent, read_all, variant_device, ModelDisk, Patterns, VARIANTS};
 use dedup_core::fingerprint::{Fingerprint, HashAlgo};

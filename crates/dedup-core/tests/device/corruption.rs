@@ -5,7 +5,7 @@
 //! hit bytes nothing uses and every chunk reads back exactly as written.
 //! Wrong data served while `check` is clean fails the test.
 
-mod common;
+use crate::common;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};

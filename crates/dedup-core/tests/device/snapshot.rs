@@ -10,7 +10,7 @@
 //! session. Changed-block tracking goes on from the freeze only when the
 //! snapshot ends with a mark.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

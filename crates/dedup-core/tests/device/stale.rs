@@ -6,7 +6,7 @@
 //! older metadata only after verifying every chunk: each block then reads
 //! its content as of that metadata, or zeros, never something else.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! running alongside match per-thread models; readers racing writers and GC
 //! never see another chunk's bytes.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;

@@ -505,7 +505,7 @@ fn skeleton_store_keeps_the_trait_contract() {
 /// `Upkeep` trait's, with defaults, so a new store writes 18 methods.
 #[test]
 fn the_metadata_seam_has_the_18_methods_its_docs_promise() {
-    let src = include_str!("../src/backend.rs");
+    let src = include_str!("../../src/backend.rs");
     let start = src
         .find("pub trait MetadataBackend")
         .expect("backend.rs declares the seam");
@@ -518,6 +518,6 @@ fn the_metadata_seam_has_the_18_methods_its_docs_promise() {
         .collect();
     assert_eq!(methods.len(), 18, "MetadataBackend: {methods:?}");
     assert!(src.contains("The metadata store: 18 methods."));
-    let architecture = include_str!("../../../docs/ARCHITECTURE.md");
+    let architecture = include_str!("../../../../docs/ARCHITECTURE.md");
     assert!(architecture.contains("18 methods"));
 }

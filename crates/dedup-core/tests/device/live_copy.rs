@@ -10,7 +10,7 @@
 //! nothing (group commit), so the copy is still the device's metadata. A
 //! copy served must read, block for block, what the model says.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

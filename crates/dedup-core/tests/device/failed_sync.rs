@@ -6,7 +6,7 @@
 //! are safe. Here every FLUSH that succeeds must be true: after a restart,
 //! everything written before it reads back.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

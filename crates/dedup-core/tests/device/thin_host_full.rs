@@ -9,7 +9,7 @@
 //! restart (with EIO), so the write acknowledged before it was lost and
 //! the metadata could not be saved at stop.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;

@@ -12,7 +12,7 @@
 //! timing, so a replay cuts near the same point, not always at it). `DEDUP_CRASH_SEEDS`
 //! scales the run (default 40 seeds per backend).
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::Arc;

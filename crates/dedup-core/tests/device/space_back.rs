@@ -4,7 +4,7 @@
 //! follow the data in use; and GC repacks only what gives back at least
 //! as much as it rewrites. Every surviving chunk still reads back.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! zero chunks, TRIM, garbage collection, ENOSPC and verify mode, each with
 //! the reference counts the paper prescribes.
 
-mod common;
+use crate::common;
 
 use common::{assert_consistent, MemDevice, Patterns};
 use dedup_core::Error;
