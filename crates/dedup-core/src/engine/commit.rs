@@ -111,7 +111,7 @@ impl Engine {
     /// helper thread, started now, which the store waits for where its
     /// order needs the data durable (`Upkeep::commit_beside_data`).
     /// A FLUSH then costs about one synchronous write instead of two in a
-    /// row. On a crash test's disks (`data_sync_beside` false) the sync
+    /// row. On a crash test's disks (no `data_sync`) the sync
     /// runs when the store asks for it, which keeps the I/O in one order.
     fn commit_beside_data(&self, m: &mut super::Meta, record: &[u64]) -> Result<()> {
         let p = self.placement.as_ref();
@@ -128,45 +128,31 @@ impl Engine {
             None => None,
         };
         let listed = listed.as_deref();
-        std::thread::scope(|scope| {
-            // On a crash test's disks, or with no thread to be had, no
-            // helper: the sync runs when the store asks for it.
-            let mut sync = self
-                .data_sync_beside
-                .then(|| {
-                    std::thread::Builder::new()
-                        .name("dedup-data-sync".into())
-                        .spawn_scoped(scope, || p.sync_written())
-                        .ok()
-                })
-                .flatten();
-            // A store that fails before it asks: the sync still runs
-            // (or is joined), and a failure of it stops the device.
-            let mut asked = false;
-            let mut synced = || {
-                asked = true;
-                match sync.take() {
-                    Some(handle) => handle.join().unwrap_or_else(|_| {
-                        Err(crate::error::Error::Io {
-                            context: "syncing the data device: the thread doing it panicked".into(),
-                            cause: std::io::Error::other("data sync thread panicked"),
-                        })
-                    }),
-                    None => p.sync_written(),
-                }
-            };
-            let committed = match m.store.commit_beside_data(record, listed, &mut synced) {
-                Some(committed) => committed,
-                None => synced().and_then(|_| m.store.commit(record)),
-            };
-            if !asked {
-                match sync.take() {
-                    Some(handle) => drop(handle.join()),
-                    None => drop(p.sync_written()),
-                }
+        // On a crash test's disks, or with no thread to be had, no
+        // helper: the sync runs when the store asks for it.
+        let mut sync = self.data_sync.as_ref().and_then(|d| d.start());
+        // A store that fails before it asks: the sync still runs (or is
+        // waited for, as `Started` does when dropped), and a failure of it
+        // stops the device.
+        let mut asked = false;
+        let mut synced = || {
+            asked = true;
+            match sync.take() {
+                Some(started) => started.wait(),
+                None => p.sync_written(),
             }
-            committed
-        })
+        };
+        let committed = match m.store.commit_beside_data(record, listed, &mut synced) {
+            Some(committed) => committed,
+            None => synced().and_then(|_| m.store.commit(record)),
+        };
+        if !asked {
+            match sync.take() {
+                Some(started) => drop(started.wait()),
+                None => drop(p.sync_written()),
+            }
+        }
+        committed
     }
 
     /// A commit that must not fail for a full host filesystem (a close,

@@ -205,34 +205,56 @@ impl Device {
             device: self,
             small,
         };
-        if what == Mutation::Write && !asked.alone() {
-            // It would be applied here, and so queue behind a commit that
-            // waits for the gate and wait out its syncs too: it waits for
-            // the commit to take the gate instead, and is then queued.
-            e.await_commit_room();
-        }
-        let during_commit = what == Mutation::Write && e.commit_room().is_some();
-        let worth_queueing = asked.alone() || during_commit;
-        if !worth_queueing && wb.idle() {
-            let _done = OnDrop(|| wb.bypassed());
-            e.perform(what, offset, len, buf)?;
-        } else {
-            let req = Request {
-                what,
-                offset,
-                len,
-                buf,
+        // A write found no commit under way below, but one may take the
+        // gate before the write's batch does: applied here, the write
+        // would then wait out that commit's syncs. Such a write is refused
+        // by the gate, nothing done, and decided again, once, now that the
+        // commit holds the gate (queued if it can be). Each pass is the
+        // decision made before: nothing of the first is left behind.
+        let mut may_refuse = what == Mutation::Write;
+        loop {
+            if what == Mutation::Write && !asked.alone() {
+                // It would be applied here, and so queue behind a commit
+                // that waits for the gate and wait out its syncs too: it
+                // waits for the commit to take the gate instead, and is
+                // then queued.
+                e.await_commit_room();
+            }
+            let during_commit = what == Mutation::Write && e.commit_room().is_some();
+            let refuse = may_refuse && !during_commit;
+            may_refuse = false;
+            let perform = || match refuse {
+                true => e.perform_unless_committing(what, offset, len, buf),
+                false => e.perform(what, offset, len, buf).map(|()| true),
             };
-            match wb.submit(req, &asked) {
-                Admit::Queued => Counters::add(&e.counters.write_back_requests, 1),
-                Admit::Direct { held, after } => {
-                    let _done = OnDrop(|| wb.done_direct(held));
-                    match after {
-                        Wait::All => wb.wait_all(),
-                        Wait::Overlapping => wb.wait_range(offset, len),
-                    }?;
-                    e.perform(what, offset, len, buf)?;
+            let worth_queueing = asked.alone() || during_commit;
+            let applied = if !worth_queueing && wb.idle() {
+                let _done = OnDrop(|| wb.bypassed());
+                perform()?
+            } else {
+                let req = Request {
+                    what,
+                    offset,
+                    len,
+                    buf,
+                };
+                match wb.submit(req, &asked) {
+                    Admit::Queued => {
+                        Counters::add(&e.counters.write_back_requests, 1);
+                        true
+                    }
+                    Admit::Direct { held, after } => {
+                        let _done = OnDrop(|| wb.done_direct(held));
+                        match after {
+                            Wait::All => wb.wait_all(),
+                            Wait::Overlapping => wb.wait_range(offset, len),
+                        }?;
+                        perform()?
+                    }
                 }
+            };
+            if applied {
+                break;
             }
         }
         if what != Mutation::Write && wb.stalled() {

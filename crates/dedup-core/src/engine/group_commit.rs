@@ -15,7 +15,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
-use parking_lot::{Mutex, MutexGuard};
+use std::sync::MutexGuard;
+
+use super::gate::Turn;
 
 #[derive(Default)]
 pub(super) struct GroupCommit {
@@ -30,7 +32,7 @@ pub(super) struct GroupCommit {
     batches_committed: AtomicU64,
     /// FLUSHes commit one at a time, so the ones waiting behind a commit
     /// can find it covered them.
-    turn: Mutex<()>,
+    turn: Turn,
 }
 
 /// A commit in progress: its number and the batches it captures.

@@ -12,7 +12,9 @@ mod changes;
 mod check;
 mod chunking;
 mod commit;
+mod data_sync;
 mod device;
+mod gate;
 mod gc;
 mod group_commit;
 mod locks;
@@ -80,12 +82,12 @@ const NOT_COMMITTING: u64 = u64::MAX;
 pub(crate) struct Engine {
     cfg: DeviceConfig,
     meta: Mutex<Meta>,
-    placement: Box<dyn Placement>,
+    placement: Arc<dyn Placement>,
     /// Requests hold it shared; `close` takes it exclusively, so it waits for
     /// requests in flight and turns later ones away.
     gate: RwLock<bool>,
     /// Write batches hold it shared, commits exclusively (see `commit.rs`).
-    commit_gate: RwLock<()>,
+    commit_gate: gate::Gate,
     /// `commit_room`: `NOT_COMMITTING`, or set by `commit` while it holds
     /// the gate.
     commit_room: AtomicU64,
@@ -103,9 +105,10 @@ pub(crate) struct Engine {
     /// Commits must run when the store or placement asks, even if the
     /// store is not crash-safe (thin's `ideal` ends windows in them).
     commits: bool,
-    /// A commit may sync the data device on a helper thread while the
-    /// store writes its journal (false for a crash test's disks).
-    data_sync_beside: bool,
+    /// The thread that syncs the data device while a commit's journal
+    /// is written; `None` for a crash test's disks, whose I/O stays in
+    /// one order.
+    data_sync: Option<data_sync::DataSync>,
     /// What each commit wrote to the data device (journaled stores).
     written: Option<Arc<crate::blockfile::written::WrittenBlocks>>,
     /// Opened to serve (false: to inspect, writing nothing).
@@ -232,6 +235,8 @@ impl Engine {
         let counters = Counters::default();
         counters.load(&pair.record.counters);
         let known = pair.record.totals;
+        let placement: Arc<dyn Placement> = Arc::from(pair.placement);
+        let data_sync = (!pair.data_ordered).then(|| data_sync::DataSync::new(placement.clone()));
         let mut device = Engine {
             cfg,
             meta: Mutex::new(Meta {
@@ -241,9 +246,9 @@ impl Engine {
                 changes: Default::default(),
                 snapshot: None,
             }),
-            placement: pair.placement,
+            placement,
             gate: RwLock::new(false),
-            commit_gate: RwLock::new(()),
+            commit_gate: Default::default(),
             commit_room: AtomicU64::new(NOT_COMMITTING),
             commits_waiting: AtomicU64::new(0),
             room_lock: Mutex::new(()),
@@ -251,7 +256,7 @@ impl Engine {
             group: Default::default(),
             move_gate: RwLock::new(()),
             commits: pair.commits,
-            data_sync_beside: !pair.data_ordered,
+            data_sync,
             written: pair.written,
             writable: opts.writable,
             lbn_locks: LbnLocks::default(),

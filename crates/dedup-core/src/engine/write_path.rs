@@ -57,6 +57,14 @@ pub(crate) enum Source<'a> {
     Zeros,
 }
 
+/// Whether a write batch waits for a commit that holds the commit gate or
+/// waits for it, or gives up at once (nothing done).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GateWait {
+    Wait,
+    Refuse,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Plan {
     /// All zeros: unmap, store nothing.
@@ -127,36 +135,66 @@ impl Engine {
     /// Count and apply one mutation whose range was checked (`buf` is the
     /// data of a write, empty otherwise).
     pub(crate) fn perform(&self, what: Mutation, offset: u64, len: u64, buf: &[u8]) -> Result<()> {
-        let c = &self.counters;
-        match what {
-            Mutation::Write => {
-                Counters::add(&c.write_requests, 1);
-                Counters::add(&c.bytes_written, len);
-                self.apply(offset, buf.len(), Source::Bytes(buf))
-            }
-            Mutation::Discard | Mutation::WriteZeroes => {
-                let requests = match what {
-                    Mutation::Discard => &c.discard_requests,
-                    _ => &c.write_zeroes_requests,
-                };
-                Counters::add(requests, 1);
-                self.apply(offset, len as usize, Source::Zeros)
-            }
-        }
+        self.perform_unless(what, offset, len, buf, GateWait::Wait)
+            .map(|_| ())
     }
 
-    fn apply(&self, offset: u64, len: usize, src: Source) -> Result<()> {
+    /// `perform`, unless a commit holds the commit gate or waits for it
+    /// when the first batch would start: then nothing is done or counted
+    /// and it returns false. Write-back then queues the write instead of
+    /// letting it wait out the commit's syncs (`Device::mutate`).
+    pub(crate) fn perform_unless_committing(
+        &self,
+        what: Mutation,
+        offset: u64,
+        len: u64,
+        buf: &[u8],
+    ) -> Result<bool> {
+        self.perform_unless(what, offset, len, buf, GateWait::Refuse)
+    }
+
+    fn perform_unless(
+        &self,
+        what: Mutation,
+        offset: u64,
+        len: u64,
+        buf: &[u8],
+        gate: GateWait,
+    ) -> Result<bool> {
+        let c = &self.counters;
+        let (requests, src, len) = match what {
+            Mutation::Write => (&c.write_requests, Source::Bytes(buf), buf.len()),
+            Mutation::Discard => (&c.discard_requests, Source::Zeros, len as usize),
+            Mutation::WriteZeroes => (&c.write_zeroes_requests, Source::Zeros, len as usize),
+        };
+        let applied = self.apply(offset, len, src, gate);
+        if !matches!(applied, Ok(false)) {
+            Counters::add(requests, 1);
+            if what == Mutation::Write {
+                Counters::add(&c.bytes_written, len as u64);
+            }
+        }
+        applied
+    }
+
+    /// Apply the batches of a mutation; false if `gate` refused the first
+    /// (later ones always wait: the mutation is then under way).
+    fn apply(&self, offset: u64, len: usize, src: Source, mut gate: GateWait) -> Result<bool> {
         let cs = self.cfg.chunk_size as usize;
         let pieces = chunking::pieces(offset, len, cs);
         for batch in pieces.chunks(chunking::batch_chunks(cs)) {
-            let wants_commit = self.write_making_room(batch, src).inspect_err(|e| {
+            let wants_commit = self.write_making_room(batch, src, gate).inspect_err(|e| {
                 if matches!(e, Error::NoSpace { .. }) {
                     Counters::add(&self.counters.nospace_errors, 1);
                 }
             })?;
+            let Some(wants_commit) = wants_commit else {
+                return Ok(false);
+            };
+            gate = GateWait::Wait;
             self.commit_if_wanted(wants_commit)?;
         }
-        Ok(())
+        Ok(true)
     }
 
     /// A batch, making room when the device is full (GC, and a commit to
@@ -164,14 +202,21 @@ impl Engine {
     /// the room first; a batch that keeps losing it goes on chunk by chunk,
     /// each needing at most one new chunk, so it fails with ENOSPC only
     /// when no room can be made at all.
-    fn write_making_room(&self, batch: &[Piece], src: Source<'_>) -> Result<bool> {
-        match self.write_retrying(batch, src, RECLAIM_ATTEMPTS) {
+    fn write_making_room(
+        &self,
+        batch: &[Piece],
+        src: Source<'_>,
+        gate: GateWait,
+    ) -> Result<Option<bool>> {
+        match self.write_retrying(batch, src, RECLAIM_ATTEMPTS, gate) {
             Err(Error::NoSpace { .. }) if batch.len() > 1 => {
                 let mut wants_commit = false;
                 for one in batch.chunks(1) {
-                    wants_commit |= self.write_retrying(one, src, CHUNK_RECLAIM_ATTEMPTS)?;
+                    wants_commit |= self
+                        .write_retrying(one, src, CHUNK_RECLAIM_ATTEMPTS, GateWait::Wait)?
+                        .unwrap_or(false);
                 }
-                Ok(wants_commit)
+                Ok(Some(wants_commit))
             }
             other => other,
         }
@@ -179,10 +224,16 @@ impl Engine {
 
     /// `write_batch`, making room and trying again up to `attempts` times
     /// while making room finds any.
-    fn write_retrying(&self, batch: &[Piece], src: Source<'_>, attempts: u32) -> Result<bool> {
+    fn write_retrying(
+        &self,
+        batch: &[Piece],
+        src: Source<'_>,
+        attempts: u32,
+        gate: GateWait,
+    ) -> Result<Option<bool>> {
         let mut tried = 0;
         loop {
-            match self.write_batch(batch, src) {
+            match self.write_batch(batch, src, gate) {
                 Err(Error::NoSpace { .. }) if tried < attempts && self.reclaim_for_space()? => {
                     tried += 1;
                     // Let the writers that took the room finish with it.
@@ -193,12 +244,24 @@ impl Engine {
         }
     }
 
-    /// One batch under its locks. Returns whether a commit is wanted.
-    fn write_batch(&self, pieces: &[Piece], src: Source<'_>) -> Result<bool> {
+    /// One batch under its locks. Returns whether a commit is wanted, or
+    /// `None` if `gate` refused to wait for a commit (nothing was done).
+    fn write_batch(
+        &self,
+        pieces: &[Piece],
+        src: Source<'_>,
+        gate: GateWait,
+    ) -> Result<Option<bool>> {
         let cs = self.cfg.chunk_size as usize;
         let _lbn_guards = self.lbn_locks.write_many(pieces.iter().map(|p| p.lbn));
         // No commit may capture this batch half-applied.
-        let _batch = self.commit_gate.read();
+        let _batch = match gate {
+            GateWait::Wait => self.commit_gate.read(),
+            GateWait::Refuse => match self.commit_gate.try_read() {
+                Some(batch) => batch,
+                None => return Ok(None),
+            },
+        };
         self.group.batch();
 
         let partial = pieces.iter().any(|p| !p.is_full(cs));
@@ -270,7 +333,9 @@ impl Engine {
         }
         let mut m = self.meta.lock();
         self.phase_b(&mut m, &chunks, src)?;
-        Ok(m.store.wants_commit() || self.placement.wants_commit())
+        Ok(Some(
+            m.store.wants_commit() || self.placement.wants_commit(),
+        ))
     }
 
     /// The current bytes of the partial chunks of a batch, for
@@ -585,5 +650,52 @@ impl Chunk<'_> {
             self.plan,
             Plan::NewLater | Plan::Collision { stored: None, .. }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Mutation;
+    use crate::testrig::MemDevice;
+
+    const CS: usize = 4096;
+
+    /// A write that may not wait for a commit does nothing while one holds
+    /// the commit gate (no data, no counters), and is applied once the
+    /// gate is free: `Device::mutate` relies on both to queue it instead.
+    #[test]
+    fn a_write_that_may_not_wait_for_a_commit_does_nothing_during_one() {
+        let mem = MemDevice::new(CS as u32, 16, 16);
+        let dev = mem.open().unwrap();
+        let e = &dev.engine;
+        let data = vec![7u8; CS];
+        {
+            let _commit = e.commit_gate.write();
+            let applied = e.perform_unless_committing(Mutation::Write, 0, CS as u64, &data);
+            assert!(!applied.unwrap());
+        }
+        let counters = dev.stats().counters;
+        assert_eq!((counters.write_requests, counters.bytes_written), (0, 0));
+        let mut got = vec![1u8; CS];
+        dev.read(0, &mut got).unwrap();
+        assert_eq!(got, vec![0u8; CS], "nothing was written");
+
+        let applied = e.perform_unless_committing(Mutation::Write, 0, CS as u64, &data);
+        assert!(applied.unwrap());
+        let counters = dev.stats().counters;
+        assert_eq!(
+            (counters.write_requests, counters.bytes_written),
+            (1, CS as u64)
+        );
+        dev.read(0, &mut got).unwrap();
+        assert_eq!(got, data);
+        // A write of several batches goes on once its first is applied.
+        let big = vec![9u8; 16 * CS];
+        let applied = e.perform_unless_committing(Mutation::Write, 0, big.len() as u64, &big);
+        assert!(applied.unwrap());
+        let mut all = vec![0u8; 16 * CS];
+        dev.read(0, &mut all).unwrap();
+        assert_eq!(all, big);
+        assert!(dev.check(true).unwrap().is_clean());
     }
 }
