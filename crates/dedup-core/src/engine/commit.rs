@@ -107,8 +107,8 @@ impl Engine {
         Ok(())
     }
 
-    /// The store's commit, with the placement's data sync beside it: on a
-    /// helper thread, started now, which the store waits for where its
+    /// The store's commit, with the placement's data sync beside it: on
+    /// the device's data-sync thread, started now, which the store waits for where its
     /// order needs the data durable (`Upkeep::commit_beside_data`).
     /// A FLUSH then costs about one synchronous write instead of two in a
     /// row. On a crash test's disks (no `data_sync`) the sync
