@@ -30,11 +30,12 @@ pub enum HashAlgo {
     /// so distinct chunks collide all the time and verify mode has to earn
     /// its keep. No name, JSON or on-disk code yields it (`from_code`,
     /// `FromStr` and serde refuse it; only those unit tests map its code
-    /// back), so no real device or repository can have it. It is compiled
+    /// back), so no real device or repository can have it, and a device
+    /// made with it in a test cannot be reopened. It is compiled
     /// in rather than behind a feature because a test-only feature made
     /// Cargo build this crate and every crate above it twice.
     #[doc(hidden)]
-    #[serde(skip)]
+    #[serde(skip_deserializing)]
     Weak4,
 }
 

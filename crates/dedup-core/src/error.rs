@@ -203,3 +203,12 @@ impl<T> IoContext<T> for io::Result<T> {
         self.map_err(|e| Error::io(what(), e))
     }
 }
+
+/// What a caught panic said, if it said it with a string.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
+}

@@ -46,6 +46,9 @@ impl MemDevice {
     }
 
     /// The default store, with the hash and verify mode given.
+    /// `HashAlgo::Weak4` is for the crate's unit tests: only a unit-test
+    /// build maps its on-disk code back, so such a device made from an
+    /// integration test cannot be reopened.
     pub fn with(
         chunk_size: u32,
         logical_chunks: u64,

@@ -72,6 +72,8 @@ impl DataSync {
                 }
             })
             .ok()?;
+        // The thread just started waits on `asked`, so this send fails
+        // only if it already died; then the caller syncs inline.
         ask.send(()).ok()?;
         *worker = Some(Worker {
             ask,
@@ -100,12 +102,13 @@ impl Started<'_> {
             _ => {
                 // The thread panicked mid-sync: the next commit starts
                 // another; this one's sync is not known to have happened.
-                if let Some(w) = worker.take() {
-                    let _ = w.thread.join();
-                }
+                let why = match worker.take().map(|w| w.thread.join()) {
+                    Some(Err(payload)) => crate::error::panic_message(payload.as_ref()),
+                    _ => "it stopped without answering".to_string(),
+                };
                 Err(Error::Io {
                     context: "syncing the data device: the thread doing it panicked".into(),
-                    cause: std::io::Error::other("data sync thread panicked"),
+                    cause: std::io::Error::other(format!("data sync thread panicked: {why}")),
                 })
             }
         }

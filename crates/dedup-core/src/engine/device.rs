@@ -223,9 +223,12 @@ impl Device {
             let during_commit = what == Mutation::Write && e.commit_room().is_some();
             let refuse = may_refuse && !during_commit;
             may_refuse = false;
-            let perform = || match refuse {
-                true => e.perform_unless_committing(what, offset, len, buf),
-                false => e.perform(what, offset, len, buf).map(|()| true),
+            let perform = || {
+                if refuse {
+                    e.perform_unless_committing(what, offset, len, buf)
+                } else {
+                    e.perform(what, offset, len, buf).map(|()| true)
+                }
             };
             let worth_queueing = asked.alone() || during_commit;
             let applied = if !worth_queueing && wb.idle() {

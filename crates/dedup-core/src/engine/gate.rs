@@ -8,8 +8,7 @@
 //! with fio's random writes and a FLUSH every 8 (two cores), write-back
 //! appliers waiting for the gate and FLUSHes waiting for their turn made
 //! 26,285 `sched_yield` calls in five seconds (2,702 after). std's locks
-//! wait on a futex after
-//! a short spin without yielding. What they guard is `()`, so a panic
+//! wait on a futex after a short spin without yielding. What they guard is `()`, so a panic
 //! while one was held (poison) leaves nothing inconsistent to refuse.
 
 use std::sync::{
@@ -25,8 +24,11 @@ impl Gate {
         self.0.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Shared now, or `None` if it is held or waited for exclusively
-    /// (std's lock makes new readers wait behind a waiting writer).
+    /// Shared now, or `None` if it is held or waited for exclusively:
+    /// std's futex RwLock on Linux prefers a waiting writer, so a new
+    /// reader is refused while any commit holds the gate or waits for it,
+    /// but for a moment as the last reader leaves, before the waiting
+    /// commit wakes (the reader then goes first; nothing depends on it).
     pub fn try_read(&self) -> Option<RwLockReadGuard<'_, ()>> {
         match self.0.try_read() {
             Ok(g) => Some(g),

@@ -14,7 +14,6 @@
 //! exclusive commit gate (`Engine::commits`); others commit as before.
 
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
-
 use std::sync::MutexGuard;
 
 use super::gate::Turn;

@@ -107,7 +107,8 @@ pub(crate) struct Engine {
     commits: bool,
     /// The thread that syncs the data device while a commit's journal
     /// is written; `None` for a crash test's disks, whose I/O stays in
-    /// one order.
+    /// one order. Declared before `_lock` so that it drops first: the
+    /// thread is gone before another process may open the device.
     data_sync: Option<data_sync::DataSync>,
     /// What each commit wrote to the data device (journaled stores).
     written: Option<Arc<crate::blockfile::written::WrittenBlocks>>,

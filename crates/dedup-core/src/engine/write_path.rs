@@ -167,23 +167,40 @@ impl Engine {
             Mutation::Discard => (&c.discard_requests, Source::Zeros, len as usize),
             Mutation::WriteZeroes => (&c.write_zeroes_requests, Source::Zeros, len as usize),
         };
-        let applied = self.apply(offset, len, src, gate);
-        if !matches!(applied, Ok(false)) {
+        // Counted once the first batch is done (or failed), before any
+        // commit it asks for: a commit never persists a mutation's effect
+        // without its count, and a refused one is not counted at all.
+        let count = || {
             Counters::add(requests, 1);
             if what == Mutation::Write {
                 Counters::add(&c.bytes_written, len as u64);
             }
-        }
-        applied
+        };
+        self.apply(offset, len, src, gate, count)
     }
 
     /// Apply the batches of a mutation; false if `gate` refused the first
-    /// (later ones always wait: the mutation is then under way).
-    fn apply(&self, offset: u64, len: usize, src: Source, mut gate: GateWait) -> Result<bool> {
+    /// (later ones always wait: the mutation is then under way). `count`
+    /// runs once unless refused: after the first batch, before its commit.
+    fn apply(
+        &self,
+        offset: u64,
+        len: usize,
+        src: Source,
+        mut gate: GateWait,
+        count: impl FnOnce(),
+    ) -> Result<bool> {
         let cs = self.cfg.chunk_size as usize;
         let pieces = chunking::pieces(offset, len, cs);
+        let mut count = Some(count);
         for batch in pieces.chunks(chunking::batch_chunks(cs)) {
-            let wants_commit = self.write_making_room(batch, src, gate).inspect_err(|e| {
+            let wants_commit = self.write_making_room(batch, src, gate);
+            if !matches!(wants_commit, Ok(None)) {
+                if let Some(count) = count.take() {
+                    count();
+                }
+            }
+            let wants_commit = wants_commit.inspect_err(|e| {
                 if matches!(e, Error::NoSpace { .. }) {
                     Counters::add(&self.counters.nospace_errors, 1);
                 }
@@ -193,6 +210,10 @@ impl Engine {
             };
             gate = GateWait::Wait;
             self.commit_if_wanted(wants_commit)?;
+        }
+        // A zero-length mutation has no batch but is still a request.
+        if let Some(count) = count {
+            count();
         }
         Ok(true)
     }

@@ -161,6 +161,9 @@ fn kill_suite(backend: &str, test_name: &str) {
     let module = module_path!().split_once("::").map_or("", |(_, m)| m);
     let test_path = format!("{module}::{test_name}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(99);
+    // A suite whose children all died before their first op (a child that
+    // fails to start, say) would check nothing but empty devices.
+    let mut kills_after_an_op = 0;
     for seed in 0..kills {
         let scratch = common::scratch_dir();
         let dir = scratch.path().join("dev");
@@ -189,6 +192,7 @@ fn kill_suite(backend: &str, test_name: &str) {
         child.wait().unwrap();
         let progress = std::fs::read_to_string(dir.join("progress")).unwrap_or_default();
         let done: Option<usize> = progress.lines().filter_map(|l| l.parse().ok()).max();
+        kills_after_an_op += usize::from(done.is_some());
         let at = format!("{backend}, seed {seed}, killed after op {done:?}");
         let dev = open_rw(&dir).unwrap_or_else(|e| panic!("{at}: reopen failed: {e}"));
         let got = common::read_all(&dev);
@@ -203,6 +207,10 @@ fn kill_suite(backend: &str, test_name: &str) {
         assert!(report.is_clean(), "{at}: {:#?}", report.problems);
         dev.close().unwrap();
     }
+    assert!(
+        kills_after_an_op > 0 || kills == 0,
+        "{backend}: no child got past its first op before being killed"
+    );
 }
 
 #[test]

@@ -12,7 +12,7 @@
 //!
 //! To test a new store or placement, swap it into the `Pair` of one of the
 //! tests below. The skeletons persist nothing, so devices are never
-//! reopened here; a persistent store also belongs in `tests/model.rs`,
+//! reopened here; a persistent store also belongs in `tests/device/model.rs`,
 //! which reopens and crashes devices, once it is registered.
 
 use std::collections::HashSet;

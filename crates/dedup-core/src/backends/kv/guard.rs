@@ -44,11 +44,7 @@ impl Guard {
         match catch_unwind(AssertUnwindSafe(f)) {
             Ok(r) => r,
             Err(panic) => {
-                let why = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic".to_string());
+                let why = crate::error::panic_message(panic.as_ref());
                 tracing::error!("{}: storage engine panicked: {why}", self.structure);
                 let e = self.error(&why);
                 self.poisoned = Some(why);
