@@ -184,6 +184,23 @@ log "restored onto a new device: every chunk written once; a device too small is
     fail "the copies are not stored once: $(cat "$WORK/s2.json")"
 "$DEDUP" check "$WORK/dev2" --data >/dev/null || fail "the new device does not check clean"
 same_image "$WORK/dev2" "$WORK/v2.want"
+
+log "from an encrypted repository: what the device holds elsewhere is mapped, not written"
+pass="device e2e $RANDOM$RANDOM"
+DEDUP_PASSWORD=$pass "$DEDUP" store init "$WORK/sealed" --segments fixed:4K --encryption on >/dev/null
+DEDUP_PASSWORD=$pass "$DEDUP" backup "$WORK/sealed" v2 --device "$WORK/dev2" >/dev/null
+# The change's 64 KiB moved: zeros where v2 has them, a copy 20 MiB on.
+serve "$WORK/dev2"
+qemu-io -f raw -c "write -P 0x5a 100M 64K" -c "write -z 80M 64K" "$(uri "$WORK/dev2")" >/dev/null
+stop "$WORK/dev2"
+DEDUP_PASSWORD=$pass "$DEDUP" restore "$WORK/sealed" v2 --device "$WORK/dev2" --force --json >"$WORK/r3.json"
+[ "$(json by_fingerprint <"$WORK/r3.json")" = True ] || fail "encrypted, not by fingerprint: $(cat "$WORK/r3.json")"
+[ "$(json blocks_mapped <"$WORK/r3.json")" -ge 16 ] ||
+    fail "encrypted: the blocks held 20 MiB on were not mapped: $(cat "$WORK/r3.json")"
+[ "$(json bytes_written <"$WORK/r3.json")" -le $((64 << 10)) ] ||
+    fail "encrypted: wrote more than the 64 KiB overwritten: $(cat "$WORK/r3.json")"
+"$DEDUP" check "$WORK/dev2" --data >/dev/null || fail "the device does not check clean after the encrypted restore"
+same_image "$WORK/dev2" "$WORK/v2.want"
 "$DEDUP" create "$WORK/small" --size 64M --backend "$BACKEND" --compression "$COMPRESSION" >/dev/null
 if "$DEDUP" restore "$WORK/repo" v2 --device "$WORK/small" 2>"$WORK/err"; then
     fail "a 128 MiB image was restored onto a 64 MiB device"

@@ -23,10 +23,9 @@
 //!
 //! In an encrypted repository whose fingerprints key the plain digest
 //! (`config::KeyedOf`), the comparison goes on by turning the device's
-//! fingerprints into the repository's, but no block is mapped: a keyed
-//! fingerprint cannot be turned back into the plain one the device's
-//! hash index holds, so a block the device lacks where it is is written
-//! (the write path still stores it once).
+//! fingerprints into the repository's; a block the device lacks where it
+//! is waits for one walk of the device's map to find its plain
+//! fingerprint, then is mapped the same way (`restore::keyed`).
 //!
 //! Where the device's chunks cannot be the repository's segments (another
 //! size or hash, fingerprints keyed over the bytes), every byte is wanted:
@@ -44,6 +43,7 @@ use crate::container::Catalog;
 use crate::error::repo::{RepoError, RepoResult};
 use crate::recipe::SegmentRef;
 use crate::repo::Repository;
+use crate::restore::keyed::KeyedWaiting;
 use crate::restore::salvage::{note, DamagedRange};
 use crate::restore::{Piece, Wanted};
 use crate::segment_hash::SegmentHash;
@@ -144,10 +144,12 @@ impl Repository {
                     hash,
                     zero_fp: hash.of(&vec![0u8; bs as usize]),
                     catalogs: HashMap::new(),
+                    keyed: hash.is_keyed().then(KeyedWaiting::default),
                     wanted: &mut wanted,
                     report: &mut r,
                 };
                 walk.all(parts, &mut |done| progress(RestorePass::Compare, done))
+                    .and_then(|()| walk.map_keyed())
                     .map_err(|e| io("mapping", e))?;
             }
         }
@@ -223,6 +225,9 @@ struct Walk<'a> {
     zero_fp: Fingerprint,
     /// Catalogs of this part, by container (a part names a few).
     catalogs: HashMap<u64, Option<std::sync::Arc<Catalog>>>,
+    /// In a keyed repository: the blocks to map once the pass is done,
+    /// and the trims held back till then.
+    keyed: Option<KeyedWaiting>,
     wanted: &'a mut Wanted,
     report: &'a mut BlocksRestored,
 }
@@ -345,8 +350,14 @@ impl Walk<'_> {
                         }
                     };
                 }
-                // The device's index holds plain fingerprints only.
-                (false, _) if self.hash.is_keyed() => want(others, n.block, self.bs),
+                // The device's index holds plain fingerprints only: wanted
+                // unless `map_keyed` finds the plain one.
+                (false, _) if self.keyed.is_some() => {
+                    if let Some(keyed) = self.keyed.as_mut() {
+                        keyed.wait(n.block, n.fp);
+                    }
+                    want(others, n.block, self.bs)
+                }
                 (false, _) => to_map.push((n.block, n.fp)),
             }
         }
@@ -371,12 +382,27 @@ impl Walk<'_> {
         Ok(())
     }
 
-    /// Trim a run of blocks (first, count), if any.
+    /// Trim a run of blocks (first, count), if any (in a keyed
+    /// repository, once `map_keyed` is done).
     fn zero_blocks(&mut self, run: Option<(u64, u64)>) -> io::Result<()> {
-        match run {
-            Some((first, count)) => self.target.zero(first * self.bs, count * self.bs),
-            None => Ok(()),
+        match (run, self.keyed.as_mut()) {
+            (None, _) => Ok(()),
+            (Some((first, count)), Some(keyed)) => keyed.trim(self.target, first, count),
+            (Some((first, count)), None) => self.target.zero(first * self.bs, count * self.bs),
         }
+    }
+
+    /// In a keyed repository, after the pass: map the blocks set aside
+    /// whose plain fingerprints the device's map gives, and want them no
+    /// more.
+    fn map_keyed(&mut self) -> io::Result<()> {
+        let Some(keyed) = self.keyed.take() else {
+            return Ok(());
+        };
+        let mapped = keyed.resolve(self.target, &self.hash)?;
+        self.report.blocks_mapped += mapped.len() as u64;
+        self.wanted.remove_blocks(&mapped, self.bs);
+        Ok(())
     }
 }
 

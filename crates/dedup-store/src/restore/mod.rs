@@ -8,6 +8,7 @@
 
 pub(crate) mod at_offsets;
 pub(crate) mod blocks;
+mod keyed;
 pub(crate) mod salvage;
 
 use std::io::Write;
@@ -280,6 +281,31 @@ impl Wanted {
         self.0.get(i).is_some_and(|w| w.start < range.end)
     }
 
+    /// Take the whole blocks `blocks` (in order) of `bs` bytes out of the
+    /// wanted ranges.
+    pub fn remove_blocks(&mut self, blocks: &[u64], bs: u64) {
+        let mut out = Vec::with_capacity(self.0.len() + blocks.len());
+        let mut blocks = blocks.iter().map(|b| b * bs..(b + 1) * bs).peekable();
+        for range in self.0.drain(..) {
+            let mut start = range.start;
+            while let Some(gone) = blocks.peek().filter(|g| g.start < range.end).cloned() {
+                if gone.start > start {
+                    out.push(start..gone.start);
+                }
+                start = start.max(gone.end);
+                // A block past this range's end may reach into the next.
+                if gone.end > range.end {
+                    break;
+                }
+                blocks.next();
+            }
+            if start < range.end {
+                out.push(start..range.end);
+            }
+        }
+        self.0 = out;
+    }
+
     /// The wanted bytes of `range`, as ranges in order.
     pub fn within(&self, range: &Range<u64>) -> Vec<Range<u64>> {
         let i = self.0.partition_point(|w| w.end <= range.start);
@@ -395,4 +421,40 @@ fn check_run(catalog: &Catalog, run: &[SegmentRef], recipe: &str) -> RepoResult<
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Wanted;
+
+    /// Blocks taken out of the wanted ranges, checked against a set of
+    /// wanted bytes.
+    #[test]
+    fn remove_blocks_takes_out_exactly_those_blocks() {
+        use rand::{Rng, SeedableRng};
+        let bs = 4u64;
+        for seed in 0..200 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let mut wanted = Wanted::default();
+            let mut model = vec![false; 400];
+            let mut at = 0u64;
+            while at < 380 {
+                let start = at + rng.random_range(0..12);
+                let end = (start + rng.random_range(1..30)).min(400);
+                wanted.push(start..end);
+                model[start as usize..end as usize].fill(true);
+                at = end;
+            }
+            let mut blocks: Vec<u64> = (0..100).filter(|_| rng.random_bool(0.3)).collect();
+            blocks.dedup();
+            for b in &blocks {
+                model[(b * bs) as usize..((b + 1) * bs) as usize].fill(false);
+            }
+            wanted.remove_blocks(&blocks, bs);
+            let got: Vec<bool> = (0..400u64).map(|i| wanted.overlaps(&(i..i + 1))).collect();
+            assert_eq!(got, model, "seed {seed}");
+            assert!(wanted.0.windows(2).all(|w| w[0].end <= w[1].start));
+            assert!(wanted.0.iter().all(|r| !r.is_empty()));
+        }
+    }
 }
