@@ -8,8 +8,9 @@
 //! with fio's random writes and a FLUSH every 8 (two cores), write-back
 //! appliers waiting for the gate and FLUSHes waiting for their turn made
 //! 26,285 `sched_yield` calls in five seconds (2,702 after). std's locks
-//! wait on a futex after a short spin without yielding. What they guard is `()`, so a panic
-//! while one was held (poison) leaves nothing inconsistent to refuse.
+//! wait on a futex after a short spin without yielding. What they guard
+//! is `()`, so a panic while one was held (poison) leaves nothing
+//! inconsistent to refuse.
 
 use std::sync::{
     Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError,

@@ -350,29 +350,22 @@ impl Walk<'_> {
                         }
                     };
                 }
-                // The device's index holds plain fingerprints only: wanted
-                // unless `map_keyed` finds the plain one.
-                (false, _) if self.keyed.is_some() => {
-                    if let Some(keyed) = self.keyed.as_mut() {
+                (false, _) => match self.keyed.as_mut() {
+                    // The device's index holds plain fingerprints only:
+                    // wanted unless `map_keyed` finds the plain one.
+                    Some(keyed) => {
                         keyed.wait(n.block, n.fp);
+                        want(others, n.block, self.bs)
                     }
-                    want(others, n.block, self.bs)
-                }
-                (false, _) => to_map.push((n.block, n.fp)),
+                    None => to_map.push((n.block, n.fp)),
+                },
             }
         }
         self.zero_blocks(zero_run)?;
         if to_map.is_empty() {
             return Ok(());
         }
-        let done = self.target.map_known(&to_map)?;
-        if done.len() != to_map.len() {
-            return Err(io::Error::other(format!(
-                "the device answered {} of {} blocks",
-                done.len(),
-                to_map.len()
-            )));
-        }
+        let done = map_known_checked(self.target, &to_map)?;
         for ((block, _), mapped) in to_map.iter().zip(done) {
             match mapped {
                 true => self.report.blocks_mapped += 1,
@@ -404,6 +397,22 @@ impl Walk<'_> {
         self.wanted.remove_blocks(&mapped, self.bs);
         Ok(())
     }
+}
+
+/// `target.map_known`, refusing an answer of another length than asked.
+pub(super) fn map_known_checked(
+    target: &dyn BlockTarget,
+    blocks: &[(u64, Fingerprint)],
+) -> io::Result<Vec<bool>> {
+    let done = target.map_known(blocks)?;
+    if done.len() != blocks.len() {
+        return Err(io::Error::other(format!(
+            "the device answered {} of {} blocks",
+            done.len(),
+            blocks.len()
+        )));
+    }
+    Ok(done)
 }
 
 /// Add block `block` (of `bs` bytes) to the ranges still wanted, joined

@@ -26,7 +26,7 @@ use std::io;
 
 use dedup_common::fingerprint::Fingerprint;
 
-use super::blocks::BlockTarget;
+use super::blocks::{map_known_checked, BlockTarget};
 use crate::block_map::BlockState;
 use crate::segment_hash::SegmentHash;
 
@@ -49,14 +49,12 @@ pub(super) struct KeyedWaiting {
 }
 
 impl KeyedWaiting {
-    /// Set block `block` aside to map by `keyed` later; false if there is
-    /// no room left (the caller writes it).
-    pub fn wait(&mut self, block: u64, keyed: Fingerprint) -> bool {
-        if self.waiting.len() >= MAX_WAITING {
-            return false;
+    /// Set block `block` aside to map by `keyed` later, if there is room
+    /// (the caller wants it either way; what is not set aside is written).
+    pub fn wait(&mut self, block: u64, keyed: Fingerprint) {
+        if self.waiting.len() < MAX_WAITING {
+            self.waiting.push((block, keyed));
         }
-        self.waiting.push((block, keyed));
-        true
     }
 
     /// Trim a run after the walk (or now, if too many wait).
@@ -99,14 +97,7 @@ impl KeyedWaiting {
             .collect();
         let mut mapped = Vec::new();
         for batch in known.chunks(STEP_BLOCKS as usize) {
-            let done = target.map_known(batch)?;
-            if done.len() != batch.len() {
-                return Err(io::Error::other(format!(
-                    "the device answered {} of {} blocks",
-                    done.len(),
-                    batch.len()
-                )));
-            }
+            let done = map_known_checked(target, batch)?;
             mapped.extend(
                 batch
                     .iter()
