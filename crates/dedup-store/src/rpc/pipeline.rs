@@ -360,6 +360,18 @@ impl Client {
         let (looked_tx, looked_rx) = sync_channel::<(Batch, Fps, Option<Pending>)>(opts.in_flight);
         // Blocks sent, back to the reader to read into again.
         let (spares_tx, spares_rx) = sync_channel::<Vec<u8>>(8);
+        // A hasher takes a token before a batch and the lookup stage gives
+        // it back as it passes a batch on in order: at most `window`
+        // batches are between the two. Hashers finish out of order, and
+        // without this the lookup stage would hold every batch that one
+        // slow (preempted) hasher's batch keeps waiting, and the hashers,
+        // running ahead, would hash them all before `probing` is seen.
+        let window = opts.hashers * 4;
+        let (tokens_tx, tokens_rx) = sync_channel::<()>(window);
+        for _ in 0..window {
+            tokens_tx.send(()).expect("room for every token");
+        }
+        let tokens_rx = Arc::new(Mutex::new(tokens_rx));
         let stop = AtomicBool::new(false);
         // Set by the store stage while lookups find little; read by the
         // hashers, a few batches ahead of it.
@@ -369,8 +381,14 @@ impl Client {
                 s.spawn(|| read_batches(segmenting, source, opts, raw_tx, spares_rx, &stop));
             for _ in 0..opts.hashers {
                 let (raw_rx, hashed_tx) = (raw_rx.clone(), hashed_tx.clone());
+                let tokens_rx = tokens_rx.clone();
                 let probing = &probing;
                 s.spawn(move || loop {
+                    // No token: the lookup stage has stopped.
+                    let token = tokens_rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                    if token.is_err() {
+                        return;
+                    }
                     let job = raw_rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
                     let Ok((seq, batch)) = job else { return };
                     let every = match probing.load(Ordering::Relaxed) {
@@ -397,7 +415,7 @@ impl Client {
                     }
                 });
             }
-            drop((hashed_tx, raw_rx));
+            drop((hashed_tx, raw_rx, tokens_rx));
             let looking = s.spawn(move || -> Result<(), ClientError> {
                 // Hashers finish out of order; lookups go in stream order.
                 let (mut next, mut early) = (0u64, BTreeMap::new());
@@ -418,6 +436,8 @@ impl Client {
                         if looked_tx.send((batch, fps, p)).is_err() {
                             return Ok(());
                         }
+                        // Never full: one token back for one taken.
+                        let _ = tokens_tx.try_send(());
                     }
                 }
                 Ok(())

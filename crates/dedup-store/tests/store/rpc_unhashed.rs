@@ -211,7 +211,10 @@ fn new_data_goes_unhashed_and_a_repeat_of_the_repository_is_looked_up_again() {
     let segments = first.report.segments_new + first.report.segments_duplicate;
     assert_eq!(sent.known + sent.new + sent.unhashed, segments, "{sent:?}");
     // Past the batches hashed before the first answer came back, 7 in 8
-    // segments go unhashed, and only the others are looked up.
+    // segments go unhashed, and only the others are looked up. However
+    // the threads are scheduled, at most 11 of the 256 batches are hashed
+    // whole first (the 8 the hashers may take ahead of the lookups, the 2
+    // in flight and the one answered): over 83 % go unhashed.
     assert!(
         sent.unhashed * 100 > segments * 80,
         "{sent:?} of {segments}"
