@@ -12,6 +12,7 @@
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::io::Read;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
@@ -356,7 +357,11 @@ impl Client {
         // send fails and it stops too (were it held here, a reader blocked
         // on a full queue would wait forever after a failure downstream).
         let raw_rx = Arc::new(Mutex::new(raw_rx));
-        let (hashed_tx, hashed_rx) = sync_channel::<(u64, Batch, Fps)>(opts.hashers * 2);
+        // A hasher that panicked sends why instead of its batch: the
+        // others would wait for its token, and the lookup stage for its
+        // batch, for ever.
+        let (hashed_tx, hashed_rx) =
+            sync_channel::<Result<(u64, Batch, Fps), String>>(opts.hashers * 2);
         let (looked_tx, looked_rx) = sync_channel::<(Batch, Fps, Option<Pending>)>(opts.in_flight);
         // Blocks sent, back to the reader to read into again.
         let (spares_tx, spares_rx) = sync_channel::<Vec<u8>>(8);
@@ -406,11 +411,17 @@ impl Client {
                         .filter(|&(i, _)| probe(i))
                         .map(|(_, b)| b)
                         .collect();
-                    let mut hashed = hash.of_many(&probed).into_iter();
+                    let hashed =
+                        std::panic::catch_unwind(AssertUnwindSafe(|| hash.of_many(&probed)));
+                    let Ok(hashed) = hashed else {
+                        let _ = hashed_tx.send(Err("a hashing thread panicked".into()));
+                        return;
+                    };
+                    let mut hashed = hashed.into_iter();
                     let fps = (0..batch.len())
                         .map(|i| probe(i).then(|| hashed.next().map(|f| f.0)).flatten())
                         .collect();
-                    if hashed_tx.send((seq, batch, fps)).is_err() {
+                    if hashed_tx.send(Ok((seq, batch, fps))).is_err() {
                         return;
                     }
                 });
@@ -419,7 +430,8 @@ impl Client {
             let looking = s.spawn(move || -> Result<(), ClientError> {
                 // Hashers finish out of order; lookups go in stream order.
                 let (mut next, mut early) = (0u64, BTreeMap::new());
-                for (seq, batch, fps) in hashed_rx {
+                for hashed in hashed_rx {
+                    let (seq, batch, fps) = hashed.map_err(ClientError::Local)?;
                     early.insert(seq, (batch, fps));
                     while let Some((batch, fps)) = early.remove(&next) {
                         next += 1;
