@@ -122,3 +122,22 @@ pub fn snapshot_reply(bytes: &[u8]) {
         assert_eq!(states.len() as u64, count);
     }
 }
+
+/// Parse arbitrary bytes as the pages of changed-block flags that a
+/// snapshot session sends and the tracking file keeps (`change_flags`),
+/// for a device whose size the first two bytes give: an error, or flags
+/// that give back exactly these bytes and answer any range; never a panic.
+pub fn change_pages(bytes: &[u8]) {
+    let Some((size, body)) = bytes.split_first_chunk::<2>() else {
+        return;
+    };
+    let chunks = u64::from(u16::from_le_bytes(*size)) << 16;
+    if let Ok(c) = crate::changes::Changes::from_page_bytes(0, body, chunks) {
+        assert_eq!(c.page_bytes(), body);
+        for (i, w) in body.chunks(8).take(16).enumerate() {
+            let first = w.iter().fold(0u64, |a, &b| a << 8 | u64::from(b)) % (chunks + 2);
+            let _ = c.changed(first, 1 + (i as u64) * 997);
+        }
+        let _ = c.regions_changed();
+    }
+}

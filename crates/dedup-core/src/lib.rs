@@ -8,6 +8,7 @@
 pub mod backend;
 pub mod backends;
 pub mod blockfile;
+mod change_flags;
 pub mod changes;
 mod codec;
 pub mod config;

@@ -402,14 +402,15 @@ fn append_by_fingerprint(
         let mut first = 0;
         loop {
             if first < report.blocks {
-                let count = STEP_BLOCKS.min(report.blocks - first);
+                let most = STEP_BLOCKS.min(report.blocks - first);
+                let (count, unchanged) = next_window(source, tracked, first, most);
                 let earlier = planned.back().map(|p| &p.reads);
                 let at = Window {
                     first,
                     count,
                     zero_fp,
                     zero_ref,
-                    unchanged: tracked && !source.changed_since_mark(first, count),
+                    unchanged,
                 };
                 let parent = parent.as_deref_mut().map(|p| (repo, p));
                 let p = plan(session, source, at, parent, earlier, report)
@@ -454,6 +455,36 @@ fn append_by_fingerprint(
         }
         Ok(())
     })
+}
+
+/// The blocks the device's tracking is asked about at a time: its
+/// regions are as small (`dedup_core::changes`).
+const TRACKED_BLOCKS: u64 = 64;
+
+/// The next window of a walk from block `first`, at most `most` blocks:
+/// where the device's tracking is asked (`tracked`), the longest run of
+/// 64-block pieces it answers alike, and whether they are unchanged since
+/// the parent's walk (taken from the parent without a walk). A step of
+/// 1,024 blocks where one block changed would otherwise walk all 1,024,
+/// each costing a read of its chunk record, most of them cold. Also how a
+/// client of a backup server cuts its windows.
+pub(crate) fn next_window(
+    source: &dyn BlockSource,
+    tracked: bool,
+    first: u64,
+    most: u64,
+) -> (u64, bool) {
+    if !tracked || most == 0 {
+        return (most, false);
+    }
+    let end = first + most;
+    let piece = |at: u64| TRACKED_BLOCKS.min(end - at);
+    let changed = source.changed_since_mark(first, piece(first));
+    let mut next = first + piece(first);
+    while next < end && source.changed_since_mark(next, piece(next)) == changed {
+        next += piece(next);
+    }
+    (next - first, !changed)
 }
 
 /// Why planning a step failed: the source or the repository.

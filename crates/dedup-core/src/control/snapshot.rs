@@ -33,9 +33,9 @@ use crate::fingerprint::{Fingerprint, HashAlgo, FINGERPRINT_BYTES};
 pub const MAX_MAP_BLOCKS: u64 = 1 << 20;
 /// Most bytes one `read` may ask for.
 pub const MAX_READ_BYTES: u64 = 16 << 20;
-/// Most words of tracking flags a client takes (16 MiB: 512 TiB of 4 KiB
-/// chunks), whatever size a reply claims.
-const MAX_FLAG_WORDS: u64 = 2 << 20;
+/// Most tracking regions a device may have (512 TiB of 4 KiB chunks): a
+/// client takes no more flags, whatever size a reply claims.
+const MAX_FLAG_REGIONS: u64 = 1 << 31;
 
 const UNMAPPED: u8 = 0;
 const UNKNOWN: u8 = 1;
@@ -105,10 +105,10 @@ fn run(stream: &UnixStream, device: &Device, start: SnapshotStart) -> Result<boo
         can_track: start.can_track,
         changes_mark: start.changes.as_ref().map(|c| c.mark),
     };
-    let words: Vec<u8> = (start.changes.as_ref().map_or(&[][..], |c| c.words()))
-        .iter()
-        .flat_map(|w| w.to_le_bytes())
-        .collect();
+    let words: Vec<u8> = start
+        .changes
+        .as_ref()
+        .map_or_else(Vec::new, |c| c.page_bytes());
     let mut out = stream;
     let first = serde_json::json!({"ok": true, "result": info, "bytes": words.len()});
     writeln!(out, "{first}")
@@ -261,32 +261,21 @@ impl SnapshotClient {
             )));
         }
         let chunks = info.logical_size / u64::from(info.chunk_size);
-        let words = chunks.div_ceil(Changes::REGION_CHUNKS).div_ceil(64);
-        if words > MAX_FLAG_WORDS {
+        if chunks.div_ceil(Changes::REGION_CHUNKS) > MAX_FLAG_REGIONS {
             return Err(bad(format!(
                 "{} bytes of device, more than any device has",
                 info.logical_size
             )));
         }
-        let want = if info.changes_mark.is_some() {
-            words * 8
-        } else {
-            0
+        let most = match info.changes_mark {
+            Some(_) => Changes::most_bytes(chunks),
+            None => 0,
         };
-        let bytes = payload(&mut reader, &v, want)?;
-        if bytes.len() as u64 != want {
-            return Err(bad(format!(
-                "{} bytes of flags for {words} words",
-                bytes.len()
-            )));
-        }
-        let changes = info.changes_mark.map(|mark| {
-            let words = bytes
-                .chunks_exact(8)
-                .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
-                .collect();
-            Changes::from_words(mark, words)
-        });
+        let bytes = payload(&mut reader, &v, most)?;
+        let changes = match info.changes_mark {
+            Some(mark) => Some(Changes::from_page_bytes(mark, &bytes, chunks).map_err(bad)?),
+            None => None,
+        };
         Ok(Some(SnapshotClient {
             reader,
             info,

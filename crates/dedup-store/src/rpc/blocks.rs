@@ -28,8 +28,8 @@ use super::pipeline::{BackupOptions, Source};
 use super::protocol::{Call, ErrorKind, Reply, WireBackup};
 use crate::backup::DeviceMark;
 use crate::backup_blocks::{
-    image_reader, new_mark, read_wanted, restart_tracking, why_not_by_fingerprint, BlockSource,
-    BlocksReport,
+    image_reader, new_mark, next_window, read_wanted, restart_tracking, why_not_by_fingerprint,
+    BlockSource, BlocksReport,
 };
 use crate::block_map::BlockState;
 use crate::error::repo::RepoError;
@@ -211,8 +211,8 @@ impl Windows<'_> {
         let mut buf = Vec::new();
         let blocks = self.report.blocks;
         let plan = |w: &mut Self, first: u64| {
-            let count = per.min(blocks - first);
-            match tracked && !w.source.changed_since_mark(first, count) {
+            let (count, unchanged) = next_window(w.source, tracked, first, per.min(blocks - first));
+            match unchanged {
                 true => Ok(Planned {
                     first,
                     count,

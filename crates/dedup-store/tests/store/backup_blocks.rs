@@ -14,7 +14,7 @@ use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use blocks_model::{Fault, Model, REGION};
+use blocks_model::{Fault, Model, REGION, REGIONS};
 use blocks_support::{content, encrypted, options, BS};
 use dedup_common::fingerprint::HashAlgo;
 use dedup_store::backup_blocks::BlocksReport;
@@ -346,7 +346,7 @@ fn tracked_changes_are_all_a_backup_walks_and_a_lost_tracking_walks_everything()
     let repo =
         Repository::init_with(tmp.path(), options(Segmenting::Fixed { size: 4096 })).unwrap();
     let mut rng = StdRng::seed_from_u64(21);
-    let mut model = Model::new(8 * REGION as usize, BS);
+    let mut model = Model::new((REGIONS * REGION) as usize, BS);
     model.tracking = Some(Mutex::new(None));
     unique(&mut model, 0..3000, &mut rng);
     let first = backup(&repo, "t0", &model);
@@ -354,7 +354,7 @@ fn tracked_changes_are_all_a_backup_walks_and_a_lost_tracking_walks_everything()
     assert!(first.tracking);
     for round in 1..10 {
         // Changes in two regions at most.
-        model.change_two_regions(&mut rng, 8, |rng| content(rng, 5000));
+        model.change_two_regions(&mut rng, REGIONS, |rng| content(rng, 5000));
         let lost = match round % 4 {
             // A crash or a repair: untracked.
             1 => {
@@ -384,7 +384,7 @@ fn tracked_changes_are_all_a_backup_walks_and_a_lost_tracking_walks_everything()
         } else {
             assert_eq!(
                 report.blocks_unwalked,
-                (8 - changed) * REGION,
+                (REGIONS - changed) * REGION,
                 "round {round}: only the changed regions walked"
             );
         }

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
-use blocks_model::{Model, REGION};
+use blocks_model::{Model, REGION, REGIONS};
 use blocks_support::{content, encrypted, options, BS};
 use dedup_common::fingerprint::HashAlgo;
 use dedup_store::backup_blocks::BlocksReport;
@@ -192,7 +192,7 @@ fn tracked_changes_are_all_a_served_backup_walks() {
     let server = serve(dir.path(), options(Segmenting::Fixed { size: 4096 }));
     let c = server.client();
     let mut rng = StdRng::seed_from_u64(21);
-    let mut model = Model::new(8 * REGION as usize, BS);
+    let mut model = Model::new((REGIONS * REGION) as usize, BS);
     model.tracking = Some(Mutex::new(None));
     for block in 0..3000 {
         model.write(block, content(&mut rng, 1 << 40), true);
@@ -201,7 +201,7 @@ fn tracked_changes_are_all_a_served_backup_walks() {
     assert_eq!(first.blocks_unwalked, 0, "no parent, no tracking yet");
     assert!(first.tracking);
     for round in 1..9 {
-        model.change_two_regions(&mut rng, 8, |rng| content(rng, 5000));
+        model.change_two_regions(&mut rng, REGIONS, |rng| content(rng, 5000));
         let lost = match round % 4 {
             // A crash or a repair: untracked.
             1 => {
@@ -244,7 +244,11 @@ fn tracked_changes_are_all_a_served_backup_walks() {
         };
         assert!(restored(&c, &name) == model.image(), "round {round}");
         assert!(report.tracking);
-        let want = if lost { 0 } else { (8 - changed) * REGION };
+        let want = if lost {
+            0
+        } else {
+            (REGIONS - changed) * REGION
+        };
         assert_eq!(report.blocks_unwalked, want, "round {round}: {report:?}");
         if round % 3 != 0 {
             assert_eq!(report.parent.is_some(), !lost, "round {round}: {report:?}");
@@ -252,7 +256,7 @@ fn tracked_changes_are_all_a_served_backup_walks() {
     }
     // Grown by two regions the tracking does not know of: the server
     // cannot take them from the parent, and the backup walks everything.
-    model.blocks.resize(10 * REGION as usize, None);
+    model.blocks.resize(((REGIONS + 2) * REGION) as usize, None);
     model.reads.store(0, Ordering::Relaxed);
     // (Its progress starts again from 0 for the second try.)
     let (_, report) = c.backup_blocks("grown", "dev", &model, &|_| {}).unwrap();

@@ -32,8 +32,12 @@ pub struct Model {
 /// The model's tracking: its mark and the regions changed since, if any.
 pub type Tracking = Mutex<Option<(u64, HashSet<u64>)>>;
 
-/// Blocks in a tracked region of the model.
-pub const REGION: u64 = 1024;
+/// Blocks in a tracked region of the model: as small as a device's, so
+/// a walk's step of 1,024 blocks holds changed and unchanged regions.
+pub const REGION: u64 = 64;
+/// Regions of the models the tracking tests back up: 4,096 blocks, four
+/// steps.
+pub const REGIONS: u64 = 64;
 
 #[derive(Clone, Copy, Debug)]
 pub enum Fault {
