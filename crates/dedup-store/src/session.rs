@@ -331,30 +331,49 @@ impl BackupSession<'_> {
             runs.push(end);
             i = end;
         }
+        // References run in container order, mostly: what is asked of a
+        // container (held? its catalog) is asked once a run of them, not
+        // once a reference (a device backup confirms millions).
         let allowed: Vec<bool> = {
             let p = self.repo.protection();
+            let mut held: Option<(u64, bool)> = None;
             let mut start = 0;
             (runs.iter())
                 .map(|&end| {
                     let r = refs[start];
                     start = end;
-                    p.holds(self.id, r.container) && p.allows(r.container, r.entry)
+                    let holds = match held {
+                        Some((c, h)) if c == r.container => h,
+                        _ => {
+                            let h = p.holds(self.id, r.container);
+                            held = Some((r.container, h));
+                            h
+                        }
+                    };
+                    holds && p.allows(r.container, r.entry)
                 })
                 .collect()
         };
         // Each container's catalog fetched once for the call.
         let mut catalogs: HashMap<u64, Option<Arc<Catalog>>> = HashMap::new();
+        let mut last: Option<(u64, Option<Arc<Catalog>>)> = None;
         let mut out = Vec::with_capacity(refs.len());
         let repo = self.repo;
         let mut start = 0;
         for (&end, allowed) in runs.iter().zip(allowed) {
             let r = refs[start];
             let entry = match allowed {
-                true => catalogs
-                    .entry(r.container)
-                    .or_insert_with(|| repo.catalog(r.container).ok())
-                    .as_ref()
-                    .and_then(|c| entry_in(c, r.entry)),
+                true => {
+                    if last.as_ref().is_none_or(|(c, _)| *c != r.container) {
+                        let catalog = catalogs
+                            .entry(r.container)
+                            .or_insert_with(|| repo.catalog(r.container).ok())
+                            .clone();
+                        last = Some((r.container, catalog));
+                    }
+                    let catalog = last.as_ref().and_then(|(_, c)| c.as_ref());
+                    catalog.and_then(|c| entry_in(c, r.entry))
+                }
                 false => None,
             };
             out.extend((start..end).map(|i| entry.is_some_and(|e| matches(i, &e))));
