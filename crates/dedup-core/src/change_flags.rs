@@ -7,6 +7,8 @@
 
 use crate::codec::Encoder;
 
+/// log2 of the chunks in a region.
+pub const REGION_SHIFT: u32 = 6;
 /// log2 of the regions on a page.
 const PAGE_SHIFT: u32 = 12;
 const PAGE_WORDS: usize = 1 << (PAGE_SHIFT - 6);
@@ -23,7 +25,7 @@ pub(crate) struct Flags {
 
 /// The page slots of a device of `logical_chunks`.
 pub(crate) fn pages_for(logical_chunks: u64) -> u64 {
-    logical_chunks.div_ceil(1 << (crate::changes::REGION_SHIFT + PAGE_SHIFT))
+    logical_chunks.div_ceil(1 << (REGION_SHIFT + PAGE_SHIFT))
 }
 
 impl Flags {
@@ -147,7 +149,7 @@ mod tests {
 
     /// Chunks of a device of `regions` regions.
     fn chunks(regions: u64) -> u64 {
-        regions << crate::changes::REGION_SHIFT
+        regions << REGION_SHIFT
     }
 
     #[test]

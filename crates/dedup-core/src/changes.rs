@@ -43,10 +43,9 @@ use crate::codec::{is_sealed, seal, Decoder, Encoder};
 use crate::config::Lbn;
 use crate::error::{Error, Result};
 
+pub use crate::change_flags::REGION_SHIFT;
 use crate::change_flags::{pages_for, Flags, PAGE_BYTES};
 
-/// log2 of the chunks in a region.
-pub const REGION_SHIFT: u32 = 6;
 /// The file's name in a device directory.
 pub const CHANGES_NAME: &str = "changes";
 /// Version 2: regions of 64 chunks, paged (version 1 kept a bit per 1,024
