@@ -21,6 +21,9 @@ type Page = Box<[u64; PAGE_WORDS]>;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Flags {
     pages: Vec<Option<Page>>,
+    /// Regions flagged: `stats` asks under the metadata mutex, where a
+    /// count of every page would take as long as the pages are many.
+    flagged: u64,
 }
 
 /// The page slots of a device of `logical_chunks`.
@@ -32,6 +35,7 @@ impl Flags {
     pub(crate) fn for_chunks(logical_chunks: u64) -> Flags {
         Flags {
             pages: vec![None; pages_for(logical_chunks) as usize],
+            flagged: 0,
         }
     }
 
@@ -41,7 +45,9 @@ impl Flags {
         };
         let page = page.get_or_insert_with(|| Box::new([0; PAGE_WORDS]));
         let i = region & ((1 << PAGE_SHIFT) - 1);
-        page[(i / 64) as usize] |= 1 << (i % 64);
+        let (word, bit) = (&mut page[(i / 64) as usize], 1 << (i % 64));
+        self.flagged += u64::from(*word & bit == 0);
+        *word |= bit;
     }
 
     /// Whether any region of `first..=last` is flagged; a region past
@@ -82,10 +88,7 @@ impl Flags {
     }
 
     pub(crate) fn count(&self) -> u64 {
-        (self.pages.iter().flatten())
-            .flat_map(|p| p.iter())
-            .map(|w| u64::from(w.count_ones()))
-            .sum()
+        self.flagged
     }
 
     /// The pages made, each as its index and words (`PAGE_BYTES`).
@@ -133,6 +136,7 @@ impl Flags {
             for (w, b) in page.iter_mut().zip(chunk[8..].chunks_exact(8)) {
                 *w = u64::from_le_bytes(b.try_into().expect("8 bytes"));
             }
+            flags.flagged += page.iter().map(|w| u64::from(w.count_ones())).sum::<u64>();
             *slot = Some(page);
             last = Some(k);
         }

@@ -72,6 +72,9 @@ pub struct Changes {
 impl Changes {
     /// Chunks in a region.
     pub const REGION_CHUNKS: u64 = 1 << REGION_SHIFT;
+    /// The flags' format on the snapshot socket (`page_bytes`): 2, as the
+    /// tracking file's `DDUPCHG2`.
+    pub const FORMAT: u32 = 2;
 
     /// Whether any chunk of `first..first + count` may have changed since
     /// the mark (a region past the map counts as changed).

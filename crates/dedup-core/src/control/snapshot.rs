@@ -53,6 +53,13 @@ pub struct SnapshotInfo {
     /// The mark of the device's tracking at the freeze, if tracked (its
     /// flags follow the reply).
     pub changes_mark: Option<u64>,
+    /// The flags' format (`Changes::FORMAT`). A server built before it
+    /// sends none, and a dense bitmap of 1,024-chunk regions: a client
+    /// reads those bytes and does not trust them (untracked, the backup
+    /// walks everything), since a bitmap can happen to parse as pages and
+    /// then say changed regions did not change.
+    #[serde(default)]
+    pub changes_format: Option<u32>,
 }
 
 /// How long a session waits for its client's next request (a backup's
@@ -104,6 +111,7 @@ fn run(stream: &UnixStream, device: &Device, start: SnapshotStart) -> Result<boo
         hash: cfg.hash,
         can_track: start.can_track,
         changes_mark: start.changes.as_ref().map(|c| c.mark),
+        changes_format: Some(Changes::FORMAT),
     };
     let words: Vec<u8> = start
         .changes
@@ -271,10 +279,20 @@ impl SnapshotClient {
             Some(_) => Changes::most_bytes(chunks),
             None => 0,
         };
+        // (An older server's bitmap is never longer than the pages.)
         let bytes = payload(&mut reader, &v, most)?;
-        let changes = match info.changes_mark {
-            Some(mark) => Some(Changes::from_page_bytes(mark, &bytes, chunks).map_err(bad)?),
-            None => None,
+        let changes = match (info.changes_mark, info.changes_format) {
+            (Some(mark), Some(Changes::FORMAT)) => {
+                Some(Changes::from_page_bytes(mark, &bytes, chunks).map_err(bad)?)
+            }
+            (Some(_), format) => {
+                debug!(
+                    "the server sends tracking flags of format {format:?}, not {}: untracked",
+                    Changes::FORMAT
+                );
+                None
+            }
+            (None, _) => None,
         };
         Ok(Some(SnapshotClient {
             reader,
@@ -382,16 +400,90 @@ fn payload(
     v: &serde_json::Value,
     most: u64,
 ) -> Result<Vec<u8>> {
-    let mut bytes = vec![0u8; announced(v, most)?];
-    reader
-        .read_exact(&mut bytes)
+    let n = announced(v, most)?;
+    // Read, not allocated up front: memory follows the bytes that come,
+    // whatever a reply claims.
+    let mut bytes = Vec::new();
+    Read::take(&mut *reader, n as u64)
+        .read_to_end(&mut bytes)
         .context(|| "reading a snapshot's reply".to_string())?;
+    if bytes.len() != n {
+        return Err(Error::corrupt(
+            "a snapshot's reply",
+            format!("{n} bytes announced, {} came", bytes.len()),
+        ));
+    }
     Ok(bytes)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server that answers one snapshot request with `info` and `flags`.
+    fn fake_server(dir: &Path, info: serde_json::Value, flags: Vec<u8>) -> std::path::PathBuf {
+        let path = dir.join("control.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(&stream);
+            let mut request = String::new();
+            reader.read_line(&mut request).unwrap();
+            let first = serde_json::json!({"ok": true, "result": info, "bytes": flags.len()});
+            let mut out = &stream;
+            writeln!(out, "{first}").unwrap();
+            out.write_all(&flags).unwrap();
+            // Held open until the client has read what it wants.
+            let _ = reader.read_line(&mut request);
+        });
+        path
+    }
+
+    /// A device of 65 words of the old bitmap (1,024-chunk regions):
+    /// 16.25 GiB of 4 KiB chunks, 17 page slots; its 520 bytes parse as a
+    /// page whose index is the first word.
+    fn older_reply(format: Option<u32>) -> (serde_json::Value, Vec<u8>) {
+        let chunks: u64 = 65 * 64 * 1024;
+        let mut words = vec![0u64; 65];
+        words[0] = 1; // region 0 changed: the index of a page that parses
+        words[40] = u64::MAX;
+        let uuid = [0u8; 16];
+        let info = serde_json::json!({
+            "uuid": uuid, "chunk_size": 4096, "logical_size": chunks * 4096,
+            "hash": "blake3", "can_track": true, "changes_mark": 7,
+            "changes_format": format,
+        });
+        (info, words.iter().flat_map(|w| w.to_le_bytes()).collect())
+    }
+
+    #[test]
+    fn flags_from_a_server_that_names_no_format_are_not_trusted() {
+        let dir = tempfile::tempdir().unwrap();
+        let (info, flags) = older_reply(None);
+        // What it sends would parse as pages, saying region 40 * 64 did
+        // not change.
+        let chunks: u64 = 65 * 64 * 1024;
+        let misread = Changes::from_page_bytes(7, &flags, chunks).unwrap();
+        assert!(!misread.changed(40 * 64 * 1024, 64 * 1024));
+        let client = SnapshotClient::start(&fake_server(dir.path(), info, flags))
+            .unwrap()
+            .unwrap();
+        assert_eq!(client.changes(), None, "untracked: walk everything");
+    }
+
+    #[test]
+    fn flags_in_this_format_are_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let (info, _) = older_reply(Some(Changes::FORMAT));
+        let chunks = 65 * 64 * 1024u64;
+        let mut page = 1u64.to_le_bytes().to_vec();
+        page.extend((0..64).flat_map(|i| u64::from(i == 3).to_le_bytes()));
+        let want = Changes::from_page_bytes(7, &page, chunks).unwrap();
+        let client = SnapshotClient::start(&fake_server(dir.path(), info, page))
+            .unwrap()
+            .unwrap();
+        assert_eq!(client.changes(), Some(want));
+    }
 
     #[test]
     fn states_round_trip_and_bad_replies_are_errors() {
