@@ -457,9 +457,9 @@ fn append_by_fingerprint(
     })
 }
 
-/// The blocks the device's tracking is asked about at a time: its
-/// regions are as small (`dedup_core::changes`).
-const TRACKED_BLOCKS: u64 = 64;
+/// The blocks the device's tracking is asked about at a time: a region
+/// of its flags, of a chunk each (a device's blocks are its chunks).
+const TRACKED_BLOCKS: u64 = dedup_core::Changes::REGION_CHUNKS;
 
 /// The next window of a walk from block `first`, at most `most` blocks:
 /// where the device's tracking is asked (`tracked`), the longest run of

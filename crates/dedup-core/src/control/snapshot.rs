@@ -113,14 +113,14 @@ fn run(stream: &UnixStream, device: &Device, start: SnapshotStart) -> Result<boo
         changes_mark: start.changes.as_ref().map(|c| c.mark),
         changes_format: Some(Changes::FORMAT),
     };
-    let words: Vec<u8> = start
+    let flags: Vec<u8> = start
         .changes
         .as_ref()
         .map_or_else(Vec::new, |c| c.page_bytes());
     let mut out = stream;
-    let first = serde_json::json!({"ok": true, "result": info, "bytes": words.len()});
+    let first = serde_json::json!({"ok": true, "result": info, "bytes": flags.len()});
     writeln!(out, "{first}")
-        .and_then(|()| out.write_all(&words))
+        .and_then(|()| out.write_all(&flags))
         .context(ctx)?;
     let mut reader = BufReader::new(stream);
     let cs = u64::from(info.chunk_size);
